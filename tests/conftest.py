@@ -1,0 +1,20 @@
+"""Shared pytest set-up: quiet TensorFlow logs and locate the read-only shared data folder."""
+
+import os
+import pathlib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+SHARED_DATA = SHARED_DIR / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    """`../shared/data` beside the checkout; tests that need it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (it ships beside the checkout as ../shared/data)")
+    return SHARED_DATA

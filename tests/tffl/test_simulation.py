@@ -1,0 +1,129 @@
+"""tffl.simulation: the round loop's metrics, checkpoints and resume, on a process with known math.
+
+The toy process keeps a running vector state s; a round adds the mean over the sampled clients of
+(their data sum) — so every round's state is an exact closed form the test computes independently.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tffl import participation
+from tffl import simulation
+
+
+class _SumProcess:
+    def __init__(self, nan_at=None):
+        self.nan_at = nan_at
+        self.calls = 0
+
+    def initialize(self):
+        return {"s": np.zeros(2, np.float64), "t": np.int64(0)}
+
+    def next(self, state, datasets):
+        self.calls += 1
+        sums = [sum(x.numpy() for x in ds) for ds in datasets]
+        new = {"s": state["s"] + np.mean(sums, axis=0), "t": state["t"] + 1}
+        loss = float("nan") if self.nan_at == int(new["t"]) else float(np.sum(new["s"]))
+        return new, {"client_work": {"train": {"loss": loss, "accuracy": 0.5}}}
+
+
+_CLIENTS = [f"c{i}" for i in range(6)]
+
+
+def _data(cid, round_num):
+    i = _CLIENTS.index(cid)
+    return tf.data.Dataset.from_tensor_slices(np.array([[i, round_num]], np.float64))
+
+
+def _run(tmp_path, rounds, resume=False, process=None, config=None, **kw):
+    return simulation.run_rounds(
+        process or _SumProcess(),
+        participation.UniformSampler(_CLIENTS, 3, seed=1),
+        _data,
+        rounds=rounds,
+        output_dir=tmp_path,
+        config=config or {"seed": 1},
+        resume=resume,
+        log=None,
+        **kw,
+    )
+
+
+def _expected_state(rounds):
+    sampler = participation.UniformSampler(_CLIENTS, 3, seed=1)
+    s = np.zeros(2)
+    for t in range(1, rounds + 1):
+        ids = sampler.sample(t).client_ids
+        s = s + np.mean([[_CLIENTS.index(c), t] for c in ids], axis=0)
+    return s
+
+
+def test_state_metrics_and_files(tmp_path):
+    result = _run(tmp_path, rounds=4, evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])},
+                  eval_every=2)
+    np.testing.assert_allclose(result.state["s"], _expected_state(4))
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["train_loss"] == pytest.approx(np.sum(_expected_state(4)))
+    assert rows[-1]["train_accuracy"] == 0.5 and rows[0]["clients"] == 3
+    assert "eval_norm" in rows[1] and "eval_norm" in rows[3] and "eval_norm" not in rows[0]
+    assert (tmp_path / "checkpoints" / "round_000004").is_dir()
+
+
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
+    full = _run(tmp_path / "full", rounds=6)
+    _run(tmp_path / "cut", rounds=3)
+    resumed_process = _SumProcess()
+    resumed = _run(tmp_path / "cut", rounds=6, resume=True, process=resumed_process)
+    assert resumed.first_round == 4 and resumed_process.calls == 3
+    np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
+    drop = set(simulation.TIMING_COLUMNS)
+    a = [{k: v for k, v in r.items() if k not in drop}
+         for r in simulation.read_metrics(tmp_path / "full" / "metrics.csv")]
+    b = [{k: v for k, v in r.items() if k not in drop}
+         for r in simulation.read_metrics(tmp_path / "cut" / "metrics.csv")]
+    assert a == b
+
+
+def test_rows_after_the_last_checkpoint_are_dropped_on_resume(tmp_path):
+    _run(tmp_path, rounds=5, checkpoint_every=2)  # checkpoints at 2, 4 and 5
+    (tmp_path / "checkpoints" / "round_000005").rename(tmp_path / "gone")
+    import shutil
+    shutil.rmtree(tmp_path / "gone")
+    result = _run(tmp_path, rounds=5, resume=True, checkpoint_every=2)
+    assert result.first_round == 5
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_existing_run_without_resume_is_refused(tmp_path):
+    _run(tmp_path, rounds=2)
+    with pytest.raises(simulation.ResumeError, match="pass --resume"):
+        _run(tmp_path, rounds=4)
+
+
+def test_resume_with_other_config_is_refused(tmp_path):
+    _run(tmp_path, rounds=2, config={"seed": 1, "learning_rate": 0.1})
+    with pytest.raises(simulation.ResumeError, match="differs in: learning_rate"):
+        _run(tmp_path, rounds=4, resume=True, config={"seed": 1, "learning_rate": 0.2})
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    with pytest.raises(simulation.NonFiniteLossError, match="round 3: training loss is nan"):
+        _run(tmp_path, rounds=5, process=_SumProcess(nan_at=3))
+    assert (tmp_path / "checkpoints" / "round_000002").is_dir()
+    assert not (tmp_path / "checkpoints" / "round_000003").exists()
+
+
+def test_flatten_metrics():
+    flat = simulation.flatten_metrics({"a": {"b": np.float32(1.5), "c": ()}, "d": [1, 2]})
+    assert flat == {"a/b": 1.5, "d/0": 1.0, "d/1": 2.0}
+    assert math.isnan(simulation.flatten_metrics({"x": float("nan")})["x"])
+
+
+def test_rounds_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="rounds=0"):
+        _run(tmp_path, rounds=0)

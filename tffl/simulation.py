@@ -1,0 +1,270 @@
+"""The one simulation loop: sample clients, run `next`, record metrics, checkpoint, resume.
+
+Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
+
+1. asks the sampler for the round's client ids (a pure function of the seed and `t`);
+2. builds each chosen client's dataset with `client_dataset_fn(client_id, t)`;
+3. calls `process.next(state, datasets)` and flattens the returned metrics;
+4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
+5. appends a row to `<output_dir>/metrics.csv`, prints a progress line, and checkpoints the state.
+
+Resuming (`resume=True`) loads the newest checkpoint in `<output_dir>/checkpoints`, checks that it
+was written with the same configuration, drops any `metrics.csv` rows after it, and continues at
+the next round; because sampling and client data depend only on `(seed, t)`, the resumed run's
+metrics equal an uninterrupted run's.
+
+Example:
+
+>>> result = run_rounds(process, sampler, client_dataset_fn, rounds=10, output_dir="runs/a")
+>>> result.history[-1]["train_loss"]
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import pathlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import tensorflow as tf
+
+from tffl import checkpoint
+from tffl import communication
+from tffl.participation import Participation
+
+METRICS_FILE = "metrics.csv"
+CHECKPOINT_DIR = "checkpoints"
+# Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
+_LEADING_COLUMNS = (
+    "round",
+    "clients",
+    "train_loss",
+    "train_accuracy",
+    "bytes_down_per_client",
+    "bytes_up_per_client",
+    "round_seconds",
+)
+# Columns that depend on the machine, not on the math: left out of resume comparisons.
+TIMING_COLUMNS = ("round_seconds",)
+
+
+class Sampler(Protocol):
+    def sample(self, round_num: int) -> Participation: ...
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN or infinite loss; the last good checkpoint is kept."""
+
+
+class ResumeError(ValueError):
+    """The output directory holds a run that cannot be continued as asked."""
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    state: Any
+    history: list[dict[str, Any]]
+    first_round: int  # the first round this call ran (1 for a fresh run)
+
+
+def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
+    """Nested metrics (dicts, attrs, tuples) as `{"a/b/c": float}`; empty structures vanish."""
+    flat = {}
+    if isinstance(metrics, Mapping):
+        items = metrics.items()
+    elif hasattr(metrics, "_asdict"):
+        items = metrics._asdict().items()
+    elif isinstance(metrics, list | tuple):
+        items = ((str(i), v) for i, v in enumerate(metrics))
+    else:
+        value = np.asarray(metrics.numpy() if hasattr(metrics, "numpy") else metrics)
+        if value.size == 1:
+            return {prefix: float(value.reshape(()))}
+        return {f"{prefix}/{i}": float(v) for i, v in enumerate(value.reshape(-1))}
+    for key, value in items:
+        flat.update(flatten_metrics(value, f"{prefix}/{key}" if prefix else str(key)))
+    return flat
+
+
+def _summary_metrics(flat: dict[str, float]) -> dict[str, float]:
+    """Short aliases `train_loss` / `train_accuracy` for the process's training metrics."""
+    out = {}
+    for key, value in flat.items():
+        parts = key.split("/")
+        if "train" not in parts:
+            continue
+        if parts[-1] == "loss" and "train_loss" not in out:
+            out["train_loss"] = value
+        elif parts[-1].endswith("accuracy") and "train_accuracy" not in out:
+            out["train_accuracy"] = value
+    return out
+
+
+def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
+    """Rows of a `metrics.csv`, with numbers parsed (`round` and `clients` as int)."""
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            parsed = {}
+            for key, value in row.items():
+                if value in ("", None):
+                    continue
+                parsed[key] = int(value) if key in ("round", "clients") else float(value)
+            rows.append(parsed)
+    return rows
+
+
+def _write_metrics(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+    """Writes all rows to `path` atomically (temp file + rename)."""
+    keys = {k for row in rows for k in row}
+    columns = [c for c in _LEADING_COLUMNS if c in keys] + sorted(keys - set(_LEADING_COLUMNS))
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _format(v) for k, v in row.items()})
+    os.replace(tmp, path)
+
+
+def _format(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)  # round-trips exactly
+    return value
+
+
+def _progress_line(row: dict[str, Any], rounds: int) -> str:
+    width = len(str(rounds))
+    parts = [f"round {row['round']:>{width}}/{rounds}"]
+    for key, label in (("train_loss", "loss"), ("train_accuracy", "acc")):
+        if key in row:
+            parts.append(f"{label} {row[key]:.4f}")
+    for key, value in row.items():
+        if key.startswith("eval_"):
+            parts.append(f"{key} {value:.4f}")
+    if "bytes_up_per_client" in row:
+        parts.append(f"up {row['bytes_up_per_client'] / 1024:.1f} KiB/client")
+    parts.append(f"{row['round_seconds']:.2f} s")
+    return "  ".join(parts)
+
+
+def run_rounds(
+    process: Any,
+    sampler: Sampler,
+    client_dataset_fn: Callable[[str, int], tf.data.Dataset],
+    rounds: int,
+    output_dir: os.PathLike | str,
+    evaluate_fn: Callable[[Any], Mapping[str, float]] | None = None,
+    eval_every: int = 0,
+    checkpoint_every: int = 1,
+    config: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    log: Callable[[str], None] | None = print,
+) -> SimulationResult:
+    """Runs `rounds` rounds of `process` (see the module docstring).
+
+    Args:
+      process: has `initialize()` and `next(state, client_datasets)`; `next` returns either a
+        `tff.learning.templates.LearningProcessOutput` or a `(state, metrics)` pair.
+      sampler: picks each round's clients (`UniformSampler`, `FullParticipation`, SRPFL, ...).
+      client_dataset_fn: `(client_id, round_num) -> tf.data.Dataset` for that client's round.
+      rounds: total rounds of the run (a resumed run stops at the same total).
+      output_dir: where `metrics.csv` and `checkpoints/` go.
+      evaluate_fn: `state -> {name: value}`; reported as `eval_<name>`.
+      eval_every: evaluate every this many rounds (0: only after the last round).
+      checkpoint_every: checkpoint every this many rounds (the last round always).
+      config: the run's configuration, stored with checkpoints; resuming with a different
+        configuration raises `ResumeError`.
+      resume: continue from the newest checkpoint in `output_dir` if there is one. Without it, an
+        `output_dir` that already holds checkpoints raises `ResumeError` (nothing is overwritten).
+      log: where progress lines go (`None`: silent).
+
+    Returns:
+      A `SimulationResult` with the final state and every round's metrics row (resumed runs
+      include the rows from before the interruption).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} must be at least 1")
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir = output_dir / CHECKPOINT_DIR
+    metrics_path = output_dir / METRICS_FILE
+    config = dict(config or {})
+    say = log or (lambda _: None)
+
+    state = process.initialize()
+    history: list[dict[str, Any]] = []
+    first_round = 1
+    found = checkpoint.latest(checkpoint_dir)
+    if found is not None:
+        done, path = found
+        if not resume:
+            raise ResumeError(
+                f"{output_dir} already holds a run (checkpoint of round {done}); pass --resume to "
+                "continue it, or choose another --output_dir"
+            )
+        state, _, meta = checkpoint.load(path, template=state)
+        if meta["config"] != config:
+            changed = sorted(
+                k for k in set(meta["config"]) | set(config)
+                if meta["config"].get(k) != config.get(k)
+            )
+            raise ResumeError(
+                f"cannot resume {output_dir}: its run used a different configuration "
+                f"(differs in: {', '.join(changed)}); use the original flags or another --output_dir"
+            )
+        if metrics_path.exists():
+            history = [r for r in read_metrics(metrics_path) if r["round"] <= done]
+        first_round = done + 1
+        say(f"resuming {output_dir} after round {done}")
+        if first_round > rounds:
+            say(f"run already complete ({done} of {rounds} rounds)")
+            return SimulationResult(state, history, first_round)
+
+    try:
+        traffic = communication.round_traffic(process.next)
+    except ValueError as e:
+        traffic = None
+        say(f"note: bytes per client not reported: {e}")
+
+    for round_num in range(first_round, rounds + 1):
+        participation = sampler.sample(round_num)
+        datasets = [client_dataset_fn(cid, round_num) for cid in participation.client_ids]
+        start = time.perf_counter()
+        output = process.next(state, datasets)
+        seconds = time.perf_counter() - start
+        if hasattr(output, "state"):
+            state, metrics = output.state, output.metrics
+        else:
+            state, metrics = output
+        flat = flatten_metrics(metrics)
+        row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
+        row.update(_summary_metrics(flat))
+        if traffic is not None:
+            row["bytes_down_per_client"] = traffic.down
+            row["bytes_up_per_client"] = traffic.up
+        row["round_seconds"] = seconds
+        row.update(participation.info)
+        row.update(flat)
+        loss = row.get("train_loss")
+        if loss is not None and not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"round {round_num}: training loss is {loss}; the run stopped and its last good "
+                f"checkpoint is kept in {checkpoint_dir}. Lower the learning rate and rerun "
+                "with a fresh --output_dir."
+            )
+        is_last = round_num == rounds
+        if evaluate_fn is not None and (is_last or (eval_every and round_num % eval_every == 0)):
+            for key, value in evaluate_fn(state).items():
+                row[f"eval_{key}"] = float(value)
+        history.append(row)
+        _write_metrics(metrics_path, history)
+        if is_last or round_num % checkpoint_every == 0:
+            checkpoint.save(checkpoint_dir, round_num, state, config=config)
+        say(_progress_line(row, rounds))
+    return SimulationResult(state, history, first_round)
