@@ -1,0 +1,211 @@
+"""The small models of the papers, with variable roles.
+
+- `build_rolora_mnist_net`: RoLoRA's toy f(x) = ReLU(x·A·B)·W_out (`rolora.md` §2.5):
+  A (784×16, Gaussian, `lora_a`), B (16×784, zeros, `lora_b`), W_out (784×10, fixed, `frozen`);
+  no W0. `linear=True` drops the ReLU (NeurIPS Figure 6).
+- `build_lenet_cnn`: FedRep/SRPFL/FLUTE CIFAR CNN (`srpfl.md` §7.3, `flute.md` §6.2):
+  conv1 (5×5, c1) → ReLU → maxpool 2 → conv2 (5×5, c2) → ReLU → maxpool 2 → flatten →
+  fc1 → ReLU → fc2 → ReLU [→ Dropout] → fc3 (logits). CIFAR-10: c=(64, 64), fc=(120, 64);
+  CIFAR-100: c=(64, 128), fc=(256, 128), Dropout 0.6 before the head.
+- `build_mlp`: (FE)MNIST MLP 784 → 512 → 256 → 64 → num_classes with ReLU.
+
+All return logits (use `from_logits=True` losses; the authors' code feeds log-softmax / softmax
+outputs to its losses instead). Roles for `split="fedrep"` (FedRep / FedPer / FLUTE / SRPFL):
+the last layer is `head`, the rest `shared`. For `split="lg"` (LG-FedAvg): the last two dense
+layers are `shared` (global) and the lower layers are personal, tagged `head`.
+"""
+
+import tensorflow as tf
+
+from tffl import roles
+
+
+class LowRankDense(tf.keras.layers.Layer):
+    """y = x·A·B with A (d_in×r, `lora_a`, Gaussian N(0, σ²)) and B (r×units, `lora_b`, zeros).
+
+    Example:
+
+    >>> layer = LowRankDense(units=6, rank=2, seed=0)
+    >>> layer(tf.ones((3, 4))).shape
+    TensorShape([3, 6])
+    """
+
+    def __init__(self, units: int, rank: int, stddev: float = 0.02, seed: int | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            raise ValueError(f"LoRA rank must be a positive integer, got rank={rank!r}.")
+        self.units, self.rank, self.stddev, self.seed = int(units), rank, float(stddev), seed
+
+    def build(self, input_shape):
+        d_in = int(input_shape[-1])
+        if self.rank > min(d_in, self.units):
+            raise ValueError(
+                f"LoRA rank={self.rank} exceeds min(d_in, d_out)=min({d_in}, {self.units})."
+            )
+        self.lora_a = self.add_weight(
+            name="lora_a", shape=(d_in, self.rank),
+            initializer=tf.keras.initializers.RandomNormal(stddev=self.stddev, seed=self.seed),
+        )
+        self.lora_b = self.add_weight(name="lora_b", shape=(self.rank, self.units),
+                                      initializer="zeros")
+        roles.tag(self.lora_a, roles.LORA_A)
+        roles.tag(self.lora_b, roles.LORA_B)
+        self.built = True
+
+    def call(self, inputs):
+        return tf.matmul(tf.matmul(inputs, self.lora_a), self.lora_b)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(units=self.units, rank=self.rank, stddev=self.stddev, seed=self.seed)
+        return config
+
+
+class FixedLinear(tf.keras.layers.Layer):
+    """y = x·W with W (d_in×units) created non-trainable (role `frozen`, Glorot-uniform, seeded).
+
+    The variable is non-trainable from creation (not frozen afterwards), which TFF's
+    `functional_model_from_keras` requires.
+
+    Example:
+
+    >>> layer = FixedLinear(3, seed=0)
+    >>> layer(tf.ones((2, 5))).shape, layer.trainable_weights
+    (TensorShape([2, 3]), [])
+    """
+
+    def __init__(self, units: int, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.seed = int(units), seed
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            name="kernel", shape=(int(input_shape[-1]), self.units), trainable=False,
+            initializer=tf.keras.initializers.GlorotUniform(seed=self.seed),
+        )
+        roles.tag(self.kernel, roles.FROZEN)
+        self.built = True
+
+    def call(self, inputs):
+        return tf.matmul(inputs, self.kernel)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(units=self.units, seed=self.seed)
+        return config
+
+
+def build_rolora_mnist_net(
+    input_dim: int = 784,
+    rank: int = 16,
+    num_classes: int = 10,
+    a_stddev: float = 0.02,
+    linear: bool = False,
+    seed: int = 0,
+) -> tf.keras.Model:
+    """RoLoRA's two-layer MNIST net: logits = ReLU(x·A·B)·W_out, W_out fixed (Glorot, `seed`).
+
+    Example:
+
+    >>> model = build_rolora_mnist_net()
+    >>> [(v.shape.as_list(), roles.role_of(v)) for v in model.weights]
+    [([784, 16], 'lora_a'), ([16, 784], 'lora_b'), ([784, 10], 'frozen')]
+    """
+    inputs = tf.keras.Input(shape=(input_dim,), name="pixels")
+    hidden = LowRankDense(input_dim, rank, stddev=a_stddev, seed=seed, name="lora")(inputs)
+    if not linear:
+        hidden = tf.keras.layers.ReLU(name="relu")(hidden)
+    logits = FixedLinear(num_classes, seed=seed + 1, name="w_out")(hidden)
+    return tf.keras.Model(inputs, logits, name="rolora_mnist")
+
+
+def _tag_split(layers: list[tf.keras.layers.Layer], split: str) -> None:
+    if split == "fedrep":
+        personal = layers[-1:]
+    elif split == "lg":
+        personal = layers[:-2]
+    else:
+        raise ValueError(f"Unknown split {split!r}; expected 'fedrep' or 'lg'.")
+    for layer in layers:
+        roles.tag_layer(layer, roles.HEAD if layer in personal else roles.SHARED)
+
+
+def build_lenet_cnn(
+    num_classes: int = 10,
+    variant: str = "cifar10",
+    input_shape: tuple[int, int, int] = (32, 32, 3),
+    split: str = "fedrep",
+    seed: int = 0,
+) -> tf.keras.Model:
+    """The FedRep / SRPFL / FLUTE CIFAR CNN (see module docstring); weights named conv1..fc3.
+
+    Example:
+
+    >>> model = build_lenet_cnn()
+    >>> [l.name for l in model.layers if l.weights]
+    ['conv1', 'conv2', 'fc1', 'fc2', 'fc3']
+    >>> model.get_layer("fc1").kernel.shape  # 64 channels * 5 * 5 = 1600
+    TensorShape([1600, 120])
+    """
+    if variant == "cifar10":
+        channels, units, dropout = (64, 64), (120, 64), 0.0
+    elif variant == "cifar100":
+        channels, units, dropout = (64, 128), (256, 128), 0.6
+    else:
+        raise ValueError(f"Unknown CNN variant {variant!r}; expected 'cifar10' or 'cifar100'.")
+    init = tf.keras.initializers.GlorotUniform
+    conv1 = tf.keras.layers.Conv2D(channels[0], 5, activation="relu", name="conv1",
+                                   kernel_initializer=init(seed))
+    conv2 = tf.keras.layers.Conv2D(channels[1], 5, activation="relu", name="conv2",
+                                   kernel_initializer=init(seed + 1))
+    fc1 = tf.keras.layers.Dense(units[0], activation="relu", name="fc1",
+                                kernel_initializer=init(seed + 2))
+    fc2 = tf.keras.layers.Dense(units[1], activation="relu", name="fc2",
+                                kernel_initializer=init(seed + 3))
+    fc3 = tf.keras.layers.Dense(num_classes, name="fc3", kernel_initializer=init(seed + 4))
+    inputs = tf.keras.Input(shape=input_shape, name="image")
+    x = tf.keras.layers.MaxPooling2D(2, name="pool1")(conv1(inputs))
+    x = tf.keras.layers.MaxPooling2D(2, name="pool2")(conv2(x))
+    x = tf.keras.layers.Flatten(name="flatten")(x)
+    x = fc2(fc1(x))
+    if dropout:
+        x = tf.keras.layers.Dropout(dropout, seed=seed, name="dropout")(x)
+    logits = fc3(x)
+    _tag_split([conv1, conv2, fc1, fc2, fc3], split)
+    return tf.keras.Model(inputs, logits, name=f"lenet_{variant}")
+
+
+def build_mlp(
+    input_dim: int = 784,
+    hidden: tuple[int, ...] = (512, 256, 64),
+    num_classes: int = 10,
+    split: str = "fedrep",
+    seed: int = 0,
+) -> tf.keras.Model:
+    """The (FE)MNIST MLP: layer_input → layer_hidden1 → layer_hidden2 (ReLU) → layer_out.
+
+    Example:
+
+    >>> model = build_mlp()
+    >>> [tuple(l.kernel.shape) for l in model.layers if l.weights]
+    [(784, 512), (512, 256), (256, 64), (64, 10)]
+    """
+    names = ["layer_input", "layer_hidden1", "layer_hidden2"][: len(hidden)]
+    if len(hidden) != 3:
+        names = [f"layer_hidden{i}" for i in range(len(hidden))]
+    dense = [
+        tf.keras.layers.Dense(units, activation="relu", name=name,
+                              kernel_initializer=tf.keras.initializers.GlorotUniform(seed + i))
+        for i, (units, name) in enumerate(zip(hidden, names))
+    ]
+    dense.append(tf.keras.layers.Dense(
+        num_classes, name="layer_out",
+        kernel_initializer=tf.keras.initializers.GlorotUniform(seed + len(hidden)),
+    ))
+    inputs = tf.keras.Input(shape=(input_dim,), name="pixels")
+    x = inputs
+    for layer in dense:
+        x = layer(x)
+    _tag_split(dense, split)
+    return tf.keras.Model(inputs, x, name="mlp")

@@ -1,0 +1,90 @@
+"""RoLoRA MNIST net, FedRep/FLUTE CNN and MLP: closed forms, shapes, roles, TFF functional."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.paper_models import LowRankDense, build_lenet_cnn, build_mlp, build_rolora_mnist_net
+from tffl import roles
+
+
+def test_rolora_net_matches_closed_form_and_roles():
+    model = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5)
+    a, b, w_out = (v.numpy() for v in model.weights)
+    assert a.shape == (12, 3) and b.shape == (3, 12) and w_out.shape == (12, 4)
+    assert [roles.role_of(v) for v in model.weights] == ["lora_a", "lora_b", "frozen"]
+    assert [roles.role_of(v) for v in model.trainable_variables] == ["lora_a", "lora_b"]
+    assert not b.any() and a.std() > 0
+    x = np.random.default_rng(0).normal(size=(5, 12)).astype(np.float32)
+    np.testing.assert_array_equal(model(x).numpy(), np.zeros((5, 4)))  # B = 0
+    b = np.random.default_rng(1).normal(size=(3, 12)).astype(np.float32)
+    model.weights[1].assign(b)
+    np.testing.assert_allclose(model(x).numpy(), np.maximum(x @ a @ b, 0) @ w_out, atol=1e-5)
+    linear = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, linear=True)
+    linear.set_weights([a, b, w_out])
+    np.testing.assert_allclose(linear(x).numpy(), x @ a @ b @ w_out, atol=1e-5)
+
+
+def test_rolora_net_defaults_are_the_papers():
+    model = build_rolora_mnist_net()
+    assert [tuple(v.shape) for v in model.weights] == [(784, 16), (16, 784), (784, 10)]
+
+
+def test_low_rank_dense_bad_rank_and_config():
+    with pytest.raises(ValueError, match="rank=0"):
+        LowRankDense(4, 0)
+    with pytest.raises(ValueError, match=r"rank=5 exceeds min\(d_in, d_out\)=min\(3, 4\)"):
+        LowRankDense(4, 5)(tf.ones((1, 3)))
+    layer = LowRankDense(4, 2, stddev=0.1, seed=3)
+    assert LowRankDense.from_config(layer.get_config()).get_config() == layer.get_config()
+
+
+@pytest.mark.parametrize("variant, classes, dims", [
+    ("cifar10", 10, [(5, 5, 3, 64), (5, 5, 64, 64), (1600, 120), (120, 64), (64, 10)]),
+    ("cifar100", 100, [(5, 5, 3, 64), (5, 5, 64, 128), (3200, 256), (256, 128), (128, 100)]),
+])
+def test_cnn_shapes_and_fedrep_roles(variant, classes, dims):
+    model = build_lenet_cnn(classes, variant=variant)
+    kernels = [l.kernel for l in model.layers if l.weights]
+    assert [tuple(k.shape) for k in kernels] == dims
+    assert model(tf.zeros((2, 32, 32, 3))).shape == (2, classes)
+    fc3 = model.get_layer("fc3")
+    assert {roles.role_of(v) for v in fc3.weights} == {"head"}
+    others = [v for v in model.weights if all(v is not w for w in fc3.weights)]
+    assert {roles.role_of(v) for v in others} == {"shared"}
+
+
+def test_mlp_closed_form_and_lg_split():
+    model = build_mlp(input_dim=6, hidden=(5, 4, 3), num_classes=2)
+    x = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    h = x
+    ws = model.get_weights()
+    for i in range(3):
+        h = np.maximum(h @ ws[2 * i] + ws[2 * i + 1], 0)
+    np.testing.assert_allclose(model(x).numpy(), h @ ws[6] + ws[7], atol=1e-5)
+    lg = build_mlp(split="lg")
+    by_layer = {l.name: {roles.role_of(v) for v in l.weights} for l in lg.layers if l.weights}
+    assert by_layer == {"layer_input": {"head"}, "layer_hidden1": {"head"},
+                        "layer_hidden2": {"shared"}, "layer_out": {"shared"}}
+    with pytest.raises(ValueError, match="'fedavg'"):
+        build_mlp(split="fedavg")
+
+
+def test_tff_functional_model_of_rolora_net():
+    import tensorflow_federated as tff
+
+    def model_fn():
+        tf.keras.utils.set_random_seed(0)
+        return build_rolora_mnist_net(input_dim=8, rank=2, num_classes=3)
+
+    functional = tff.learning.models.functional_model_from_keras(
+        model_fn, loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=(tf.TensorSpec((None, 8)), tf.TensorSpec((None,), tf.int32)))
+    (a, b), (w_out,) = functional.initial_weights
+    b = np.random.default_rng(0).normal(size=b.shape).astype(np.float32)
+    x = np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32)
+    with tf.Graph().as_default() as graph:
+        out = functional.predict_on_batch(((a, b), (w_out,)), x, False)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            got = sess.run(out)
+    np.testing.assert_allclose(got, np.maximum(x @ a @ b, 0) @ w_out, atol=1e-5)
