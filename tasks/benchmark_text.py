@@ -1,0 +1,111 @@
+"""Time loading, tokenizing and partitioning the whole SST-2 train set into federated clients.
+
+Run `python -m tasks.benchmark_text --data_dir ../shared/data/sst2 --vocab path/to/vocab.txt`.
+Without `--vocab` a word-level WordPiece vocabulary of the `--vocab_size` most frequent lower-cased
+training words is built first (its time is reported separately). Prints one line per stage and a
+total; `measure()` returns the same figures as a dict of seconds.
+
+Example:
+
+>>> figures = measure("../shared/data/sst2", vocab="vocab.txt", num_clients=50)  # doctest: +SKIP
+>>> sorted(figures)  # doctest: +SKIP
+['build_vocab', 'client_data', 'first_batches', 'load_tsv', 'partition', 'tokenize', 'total']
+"""
+
+import argparse
+import collections
+import os
+import pathlib
+import time
+
+import numpy as np
+
+from tasks import client_data as client_data_lib
+from tasks import partition as partition_lib
+from tasks import text as text_lib
+from tasks import text_files
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def frequency_vocabulary(texts, vocab_size: int) -> list[str]:
+    """Special tokens then the `vocab_size` most frequent lower-cased whitespace words (ties: a-z).
+
+    Example:
+
+    >>> frequency_vocabulary(["b a a", "c a b"], 2)[5:]
+    ['a', 'b']
+    """
+    counts = collections.Counter(w for t in texts for w in str(t).lower().split())
+    words = sorted(counts, key=lambda w: (-counts[w], w))[:vocab_size]
+    return list(SPECIAL_TOKENS) + [w for w in words if w not in SPECIAL_TOKENS]
+
+
+def measure(
+    data_dir: str | os.PathLike,
+    vocab: str | os.PathLike | None = None,
+    num_clients: int = 50,
+    sequence_length: int = 64,
+    scheme: str = "dirichlet",
+    alpha: float = 0.5,
+    vocab_size: int = 20000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Seconds per stage: load_tsv, build_vocab, tokenize, partition, client_data, first_batches."""
+    times: dict[str, float] = {}
+    start = last = time.perf_counter()
+
+    def lap(name):
+        nonlocal last
+        now = time.perf_counter()
+        times[name] = now - last
+        last = now
+
+    train = text_files.load_glue_tsv(data_dir, "sst2", splits=("train",))["train"]
+    lap("load_tsv")
+    vocabulary = vocab if vocab is not None else frequency_vocabulary(train.segments[0], vocab_size)
+    packer = text_lib.bert_packer(vocabulary, sequence_length, lowercase=True)
+    lap("build_vocab")
+    features = text_lib.tokenize(train.segments, packer)
+    lap("tokenize")
+    kwargs = {"alpha": alpha} if scheme == "dirichlet" else {}
+    parts = partition_lib.partition(train.labels, num_clients, scheme, seed, **kwargs)
+    lap("partition")
+    data = client_data_lib.ArrayClientData(features, train.labels, parts)
+    lap("client_data")
+    fn = client_data_lib.preprocess_fn(batch_size=32, shuffle_buffer=1000, seed=seed)
+    for cid in data.client_ids:
+        next(iter(fn(data.create_tf_dataset_for_client(cid))))
+    lap("first_batches")
+    times["total"] = last - start
+    times["num_examples"] = float(len(train))
+    return times
+
+
+def main(argv=None) -> dict[str, float]:
+    """Parse flags, run `measure`, print the figures."""
+    default_dir = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", default=str(default_dir))
+    parser.add_argument("--vocab", default=None, help="WordPiece vocab.txt (default: build one)")
+    parser.add_argument("--num_clients", type=int, default=50)
+    parser.add_argument("--sequence_length", type=int, default=64)
+    parser.add_argument("--scheme", default="dirichlet", choices=partition_lib.SCHEMES)
+    parser.add_argument("--alpha", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    figures = measure(
+        args.data_dir, args.vocab, args.num_clients, args.sequence_length, args.scheme, args.alpha
+    )
+    n = int(figures.pop("num_examples"))
+    print(f"SST-2 train: {n} examples -> {args.num_clients} clients ({args.scheme}), "
+          f"sequence_length={args.sequence_length}, vocab={args.vocab or 'frequency'}")
+    for name, seconds in figures.items():
+        print(f"  {name:>14s}: {seconds:7.2f} s")
+    print(f"  tokenize rate : {n / max(figures['tokenize'], 1e-9):,.0f} examples/s")
+    return figures
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    np.set_printoptions(precision=3)
+    main()
