@@ -7,6 +7,7 @@ flag value such as `--algorithm=fedavg --task=digits` becomes objects.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -31,21 +32,17 @@ class RunTask:
 
 
 def _client_dataset_fn(
-    client_arrays: dict[str, tuple[np.ndarray, np.ndarray]],
-    batch_size: int,
-    local_steps: int,
-    seed: int,
+    train_data, batch_size: int, local_steps: int, seed: int
 ) -> Callable[[str, int], tf.data.Dataset]:
     """Client `cid`'s data for round `t`: shuffled with a seed of `(seed, t, cid)`, repeated,
     batched, and cut to `local_steps` batches (so each client takes exactly that many steps)."""
-    index = {cid: i for i, cid in enumerate(client_arrays)}
+    index = {cid: i for i, cid in enumerate(train_data.client_ids)}
 
     def dataset(cid: str, round_num: int) -> tf.data.Dataset:
-        x, y = client_arrays[cid]
         shuffle_seed = int(np.random.SeedSequence((seed, round_num, index[cid])).generate_state(1)[0])
         return (
-            tf.data.Dataset.from_tensor_slices((x, y))
-            .shuffle(len(x), seed=shuffle_seed, reshuffle_each_iteration=False)
+            train_data.create_tf_dataset_for_client(cid)
+            .shuffle(_SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
             .repeat()
             .batch(batch_size)
             .take(local_steps)
@@ -54,52 +51,86 @@ def _client_dataset_fn(
     return dataset
 
 
-def _mlp(input_dim: int, hidden: int, num_classes: int, seed: int) -> tf.keras.Model:
-    """x -> ReLU(x W1 + b1) W2 + b2 (logits), with seeded Glorot initialization."""
-    init = tf.keras.initializers.GlorotUniform
-    return tf.keras.Sequential(
-        [
-            tf.keras.Input((input_dim,)),
-            tf.keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(seed)),
-            tf.keras.layers.Dense(num_classes, kernel_initializer=init(seed + 1)),
-        ]
-    )
+_SHUFFLE_BUFFER = 10_000  # larger than any client's data here: a full shuffle
 
 
-def _digits_task(num_clients: int, batch_size: int, local_steps: int, seed: int) -> RunTask:
-    from tasks import images
-    from tasks import partition
+def _run_task(task, hidden: int, batch_size: int, local_steps: int, seed: int) -> RunTask:
+    """Wraps a `tasks.task.Task` of flat features with an MLP for the round loop."""
+    from models import paper_models
 
-    x, y = images.load_digits()
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = len(x) // 5
-    test_idx, train_idx = order[:n_test], order[n_test:]
-    x_train, y_train = x[train_idx], y[train_idx]
-    parts = partition.iid(y_train, num_clients=num_clients, seed=seed)
-    client_arrays = {cid: (x_train[idx], y_train[idx]) for cid, idx in parts.items()}
+    input_dim = int(task.element_spec[0].shape[-1])
 
     def keras_model_fn() -> tf.keras.Model:
-        return _mlp(input_dim=64, hidden=32, num_classes=10, seed=seed)
+        return paper_models.build_mlp(
+            input_dim=input_dim, hidden=(hidden,), num_classes=task.num_classes, seed=seed
+        )
 
-    test = tf.data.Dataset.from_tensor_slices((x[test_idx], y[test_idx])).batch(256)
-    input_spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
+    input_spec = tf.nest.map_structure(
+        lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), task.element_spec
+    )
+    sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
+    n_train = sum(sizes.values()) if isinstance(sizes, dict) else "?"
     return RunTask(
-        description=f"digits (sklearn 8x8, {len(train_idx)} train / {n_test} test)",
-        client_ids=list(client_arrays),
-        client_dataset_fn=_client_dataset_fn(client_arrays, batch_size, local_steps, seed),
+        description=f"{task.name} ({n_train} train examples, MLP {input_dim}-{hidden}-"
+        f"{task.num_classes})",
+        client_ids=list(task.train_data.client_ids),
+        client_dataset_fn=_client_dataset_fn(task.train_data, batch_size, local_steps, seed),
         keras_model_fn=keras_model_fn,
         input_spec=input_spec,
-        evaluate=evaluation.make_keras_evaluator(keras_model_fn, test),
+        evaluate=evaluation.make_keras_evaluator(keras_model_fn, task.global_test_data.batch(256)),
     )
 
 
-_TASK_BUILDERS = {"digits": _digits_task}
+def _scheme_kwargs(partition: str, classes_per_client: int, dirichlet_alpha: float) -> dict:
+    if partition == "shards":
+        return {"classes_per_client": classes_per_client}
+    if partition == "dirichlet":
+        return {"alpha": dirichlet_alpha}
+    return {}
 
 
-def build_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int) -> RunTask:
+def _digits_task(num_clients, batch_size, local_steps, seed, partition, data_dir, **kw) -> RunTask:
+    from tasks import task as task_lib
+
+    del data_dir
+    task = task_lib.digits_task(num_clients, scheme=partition, seed=seed,
+                                **_scheme_kwargs(partition, **kw))
+    return _run_task(task, hidden=32, batch_size=batch_size, local_steps=local_steps, seed=seed)
+
+
+def _mnist_task(num_clients, batch_size, local_steps, seed, partition, data_dir, **kw) -> RunTask:
+    from tasks import task as task_lib
+
+    path = pathlib.Path(data_dir) / "mnist" / "mnist_5k.csv.gz"
+    task = task_lib.mnist_csv_task(path, num_clients, scheme=partition, seed=seed,
+                                   **_scheme_kwargs(partition, **kw))
+    return _run_task(task, hidden=200, batch_size=batch_size, local_steps=local_steps, seed=seed)
+
+
+_TASK_BUILDERS = {"digits": _digits_task, "mnist": _mnist_task}
+TASKS = tuple(_TASK_BUILDERS)
+PARTITIONS = ("iid", "shards", "dirichlet")
+
+
+def build_task(
+    name: str,
+    num_clients: int,
+    batch_size: int,
+    local_steps: int,
+    seed: int,
+    partition: str = "iid",
+    classes_per_client: int = 2,
+    dirichlet_alpha: float = 0.5,
+    data_dir: str | pathlib.Path = "../shared/data",
+) -> RunTask:
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(_TASK_BUILDERS)}")
-    return _TASK_BUILDERS[name](num_clients, batch_size, local_steps, seed)
+    if partition not in PARTITIONS:
+        raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
+    return _TASK_BUILDERS[name](
+        num_clients, batch_size, local_steps, seed, partition, data_dir,
+        classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha,
+    )
 
 
 def build_algorithm(
