@@ -1,0 +1,398 @@
+"""tffl.lora_fl: federated LoRA processes checked against independent numpy computations.
+
+The test model is linear, y = x·W0 + x·A·B (W0 frozen, A `lora_a`, B `lora_b`), with the Keras
+MSE loss ℓ = (1/(n·d_out)) Σ (ŷ − y)² per batch, whose gradients numpy computes by hand:
+G = (2/(n·d_out))·(ŷ − y), ∇_B ℓ = (x·A)ᵀ·G, ∇_A ℓ = xᵀ·G·Bᵀ.
+"""
+
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks.subspace import sin_theta
+from tasks.synthetic import rolora_linear
+from models.paper_models import LowRankDense
+from tffl import lora_fl
+from tffl import participation
+from tffl import roles
+from tffl import runtime
+from tffl import simulation
+
+
+class _LinearLora(tf.keras.layers.Layer):
+    """y = x·W0 + x·A·B with W0 (d_in×d_out, frozen), A (d_in×r, lora_a), B (r×d_out, lora_b)."""
+
+    def __init__(self, w0, a0, **kwargs):
+        super().__init__(**kwargs)
+        self.w0, self.a0 = np.asarray(w0, np.float32), np.asarray(a0, np.float32)
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(name="kernel", shape=self.w0.shape, trainable=False,
+                                      initializer=tf.constant_initializer(self.w0))
+        self.lora_a = self.add_weight(name="lora_a", shape=self.a0.shape,
+                                      initializer=tf.constant_initializer(self.a0))
+        self.lora_b = self.add_weight(name="lora_b", shape=(self.a0.shape[1], self.w0.shape[1]),
+                                      initializer="zeros")
+        roles.tag(self.kernel, roles.FROZEN)
+        roles.tag(self.lora_a, roles.LORA_A)
+        roles.tag(self.lora_b, roles.LORA_B)
+
+    def call(self, x):
+        return tf.matmul(x, self.kernel) + tf.matmul(tf.matmul(x, self.lora_a), self.lora_b)
+
+
+def _model_fn(layers):
+    """Builder of a stack of `_LinearLora` layers given as [(w0, a0), ...]."""
+
+    def build():
+        x = tf.keras.Input((layers[0][0].shape[0],))
+        y = x
+        for k, (w0, a0) in enumerate(layers):
+            y = _LinearLora(w0, a0, name=f"lora_{k}")(y)
+        return tf.keras.Model(x, y)
+
+    return build
+
+
+def _spec(d_in, d_out):
+    return (tf.TensorSpec([None, d_in], tf.float32), tf.TensorSpec([None, d_out], tf.float32))
+
+
+def _datasets(clients, batch_size):
+    return [tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size) for x, y in clients]
+
+
+def _local_sgd(a, b, w0, x, y, lr, batch_size, train):
+    """Independent numpy replica of one client's pass: SGD on the factors named in `train`."""
+    a, b = a.astype(np.float64).copy(), b.astype(np.float64).copy()
+    for s in range(0, len(x), batch_size):
+        xb, yb = x[s:s + batch_size].astype(np.float64), y[s:s + batch_size].astype(np.float64)
+        g = 2.0 / yb.size * (xb @ w0 + xb @ a @ b - yb)
+        grad_a, grad_b = xb.T @ g @ b.T, (xb @ a).T @ g
+        if "a" in train:
+            a = a - lr * grad_a
+        if "b" in train:
+            b = b - lr * grad_b
+    return a, b
+
+
+def _weighted_mean(values, counts):
+    counts = np.asarray(counts, np.float64)
+    return sum(c * v for c, v in zip(counts, values)) / counts.sum()
+
+
+@pytest.fixture(scope="module")
+def tff_runtime():
+    with runtime.local_runtime() as context:
+        yield context
+    assert runtime.running_workers() == []
+
+
+# A small problem shared by the exactness tests: d_in=4, d_out=3, r=2, three clients of unequal size
+# (4, 6, 2 examples; batch 2, so 2, 3 and 1 local steps), weighted mean by examples.
+_RNG = np.random.default_rng(0)
+_D_IN, _D_OUT, _R = 4, 3, 2
+_W0 = _RNG.normal(size=(_D_IN, _D_OUT)).astype(np.float32)
+_A0 = _RNG.normal(size=(_D_IN, _R)).astype(np.float32)
+_B0 = (0.5 * _RNG.normal(size=(_R, _D_OUT))).astype(np.float32)  # set as a non-zero start
+_CLIENTS = [(_RNG.normal(size=(n, _D_IN)).astype(np.float32),
+             _RNG.normal(size=(n, _D_OUT)).astype(np.float32)) for n in (4, 6, 2)]
+_COUNTS = [len(x) for x, _ in _CLIENTS]
+_LR, _BATCH = 0.1, 2
+
+
+def _small_process(name, **kwargs):
+    return lora_fl.build_lora_process(
+        name, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
+        loss_fn=tf.keras.losses.MeanSquaredError, **kwargs)
+
+
+def _start(process, b0=_B0):
+    """Initial state with B set to `b0` (tests `set_model_weights` and a non-zero B start)."""
+    state = process.initialize()
+    weights = process.get_model_weights(state)
+    np.testing.assert_array_equal(weights.trainable[0], _A0)   # [A, B] trainable, [W0] frozen
+    np.testing.assert_array_equal(weights.trainable[1], np.zeros((_R, _D_OUT)))
+    weights = tff.learning.models.ModelWeights(
+        trainable=[weights.trainable[0], b0], non_trainable=weights.non_trainable)
+    return process.set_model_weights(state, weights)
+
+
+def test_rolora_rounds_are_exact(tff_runtime):
+    """B round: B̄ = Σ n_i B_i/Σ n_i, and A0·B̄ = mean_i(A0·B_i); A round from (A0, B̄):
+    Ā = mean_i A_i and Ā·B̄ = mean_i(A_i·B̄); both against numpy local SGD."""
+    process = _small_process("rolora")
+    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+
+    b_locals = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "b")[1] for x, y in _CLIENTS]
+    b_bar = _weighted_mean(b_locals, _COUNTS)
+    np.testing.assert_allclose(b_new, b_bar, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_A0 @ b_new, _weighted_mean([_A0 @ b for b in b_locals], _COUNTS),
+                               rtol=1e-5, atol=1e-5)
+
+    a_locals = [_local_sgd(_A0, b_bar, _W0, x, y, _LR, _BATCH, "a")[0] for x, y in _CLIENTS]
+    np.testing.assert_allclose(a_new, _weighted_mean(a_locals, _COUNTS), rtol=1e-5, atol=1e-5)
+    mean_product = _weighted_mean([a @ b_bar for a in a_locals], _COUNTS)
+    np.testing.assert_allclose(a_new @ b_new, mean_product, rtol=1e-4, atol=1e-5)
+    assert int(output.state["round_num"]) == 2
+    assert set(output.metrics) == {"b_round", "a_round"}
+    assert output.metrics["b_round"]["train"]["num_examples"] == sum(_COUNTS)
+    # The B-round loss is the example-weighted loss before each local step, from numpy:
+    loss_sum = 0.0
+    for x, y in _CLIENTS:
+        b = _B0.astype(np.float64)
+        for s in range(0, len(x), _BATCH):
+            xb, yb = x[s:s + _BATCH], y[s:s + _BATCH]
+            loss_sum += len(xb) * np.mean((xb @ _W0 + xb @ _A0 @ b - yb) ** 2)
+            b = _local_sgd(_A0, b, _W0, xb, yb, _LR, _BATCH, "b")[1]
+    np.testing.assert_allclose(output.metrics["b_round"]["train"]["loss"],
+                               loss_sum / sum(_COUNTS), rtol=1e-5)
+
+
+def test_fedavg_lora_averages_factors_and_shows_the_gap(tff_runtime):
+    """FedAvg-LoRA: A ← mean A_i, B ← mean B_i (numpy), and mean_i(A_iB_i) ≠ Ā·B̄ visibly."""
+    process = _small_process("fedavg_lora")
+    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+
+    local = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "ab") for x, y in _CLIENTS]
+    a_bar = _weighted_mean([a for a, _ in local], _COUNTS)
+    b_bar = _weighted_mean([b for _, b in local], _COUNTS)
+    np.testing.assert_allclose(a_new, a_bar, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b_new, b_bar, rtol=1e-5, atol=1e-5)
+    mean_product = _weighted_mean([a @ b for a, b in local], _COUNTS)
+    gap = np.linalg.norm(mean_product - a_new @ b_new) / np.linalg.norm(mean_product)
+    print(f"FedAvg-LoRA relative gap {gap:.3g}")
+    assert gap > 1e-2, gap   # the aggregation "interference" RoLoRA removes
+    assert int(output.state["round_num"]) == 1
+
+
+def test_ffa_lora_keeps_a_and_averages_b(tff_runtime):
+    process = _small_process("ffa_lora")
+    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+    np.testing.assert_array_equal(a_new, _A0)
+    b_locals = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "b")[1] for x, y in _CLIENTS]
+    np.testing.assert_allclose(b_new, _weighted_mean(b_locals, _COUNTS), rtol=1e-5, atol=1e-6)
+
+
+def test_flexlora_is_truncated_svd_of_mean_product(tff_runtime):
+    """FlexLoRA with r=1 < rank of mean_i(A_iB_i): A·B = best rank-1 approximation (numpy SVD),
+    A = U_1·√s_1 and B = √s_1·V_1ᵀ so AᵀA = B·Bᵀ = s_1."""
+    a0 = _A0[:, :1]
+    process = lora_fl.build_flexlora(_model_fn([(_W0, a0)]), _spec(_D_IN, _D_OUT), _LR,
+                                     loss_fn=tf.keras.losses.MeanSquaredError)
+    b0 = _B0[:1]
+    state = process.initialize()
+    weights = process.get_model_weights(state)
+    state = process.set_model_weights(state, tff.learning.models.ModelWeights(
+        trainable=[weights.trainable[0], b0], non_trainable=weights.non_trainable))
+    output = process.next(state, _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+
+    local = [_local_sgd(a0, b0, _W0, x, y, _LR, _BATCH, "ab") for x, y in _CLIENTS]
+    u, s, vt = np.linalg.svd(_weighted_mean([a @ b for a, b in local], _COUNTS))
+    assert s[1] > 1e-3 * s[0]   # the mean product really has rank > 1
+    np.testing.assert_allclose(a_new @ b_new, s[0] * np.outer(u[:, 0], vt[0]), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(a_new.T @ a_new, [[s[0]]], rtol=1e-4)
+    np.testing.assert_allclose(b_new @ b_new.T, [[s[0]]], rtol=1e-4)
+
+
+def _two_layer(d_in, d_hidden, d_out, r, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(d_in, d_hidden)), rng.normal(size=(d_in, r))),
+            (rng.normal(size=(d_hidden, d_out)), rng.normal(size=(d_hidden, r)))]
+
+
+@pytest.mark.parametrize("dims", [(8, 8, 8), (6, 5, 3)])
+def test_upload_per_communication_round(dims):
+    """Per adapted matrix: B round r·d_out·4 bytes, A round r·d_in·4, FedAvg-LoRA r·(d_in+d_out)·4;
+    plus METRIC_UPLOAD_BYTES (float32 loss sum and example count). TFF's own DAF sizing of each
+    round's computation agrees, adding the weighted mean's float32 weight (4 bytes), or nothing
+    for a plain sum (an unweighted mean adds a 4-byte client count). Square matrices: RoLoRA and
+    FFA-LoRA upload half of FedAvg-LoRA."""
+    d_in, d_hidden, d_out = dims
+    r = 2
+    layers = _two_layer(d_in, d_hidden, d_out, r)
+    matrices = [(d_in, d_hidden), (d_hidden, d_out)]
+    spec = _spec(d_in, d_out)
+    up = {}
+    for name in ("fedavg_lora", "ffa_lora", "rolora"):
+        process = lora_fl.build_lora_process(name, _model_fn(layers), spec, 0.1,
+                                             loss_fn=tf.keras.losses.MeanSquaredError)
+        up[name] = lora_fl.upload_bytes_per_communication_round(process)
+        for round_name, traffic in lora_fl.traffic_per_communication_round(process).items():
+            assert traffic.up == up[name][round_name] + 4
+    metric = lora_fl.METRIC_UPLOAD_BYTES
+    assert metric == 8
+    b_bytes = sum(r * o * 4 for _, o in matrices)
+    a_bytes = sum(r * i * 4 for i, _ in matrices)
+    assert up["fedavg_lora"] == {"ab_round": a_bytes + b_bytes + metric}
+    assert up["ffa_lora"] == {"b_round": b_bytes + metric}
+    assert up["rolora"] == {"b_round": b_bytes + metric, "a_round": a_bytes + metric}
+    if d_in == d_hidden == d_out:
+        half = (up["fedavg_lora"]["ab_round"] - metric) / 2
+        assert up["ffa_lora"]["b_round"] - metric == half
+        assert up["rolora"]["b_round"] - metric == half == up["rolora"]["a_round"] - metric
+
+    summed = lora_fl.build_rolora(_model_fn(layers), spec, 0.1,
+                                  aggregator=tff.aggregators.SumFactory(),
+                                  loss_fn=tf.keras.losses.MeanSquaredError)
+    traffic = lora_fl.traffic_per_communication_round(summed)
+    assert {k: t.up for k, t in traffic.items()} == up["rolora"]
+
+
+def _row_mse():
+    return lambda y, p: tf.reduce_mean(tf.reduce_sum(tf.square(y - p), axis=-1))
+
+
+def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
+    """rolora.md §2.1: Y_i = X_i a* b*ᵀ (homogeneous, noiseless; N=4, m=40, d=10), f = X a bᵀ with a
+    frozen zero base. RoLoRA (10 local GD steps per round, η = 0.1) drives sin θ(a, a*) below 1e-3
+    within 15 `next` calls (30 communication rounds); FFA-LoRA's a never moves, so its sin θ
+    stays at sin θ(a⁰, a*)."""
+    n, m, d = 4, 40, 10
+    problem = rolora_linear(num_clients=n, num_samples=m, dim=d, seed=0)
+    rng = np.random.default_rng(1)
+    a0 = rng.normal(size=(d, 1))
+    a0 /= np.linalg.norm(a0)
+    initial = sin_theta(a0, problem.a_star)
+    assert initial > 0.5
+    layers = [(np.zeros((d, d)), a0)]
+    clients = [(problem.features[i].astype(np.float32), problem.targets[i].astype(np.float32))
+               for i in range(n)]
+    datasets = [ds.repeat(10) for ds in _datasets(clients, m)]   # 10 full-batch local steps
+    processes = {name: lora_fl.build_lora_process(name, _model_fn(layers), _spec(d, d), 0.1,
+                                                  loss_fn=_row_mse)
+                 for name in ("rolora", "ffa_lora")}
+    angles = {}
+    for name, process in processes.items():
+        state = process.initialize()
+        history = []
+        for _ in range(15):
+            state = process.next(state, datasets).state
+            history.append(sin_theta(process.get_model_weights(state).trainable[0],
+                                     problem.a_star))
+        angles[name] = history
+    print("sin theta per next call:", {k: [f"{a:.2g}" for a in v] for k, v in angles.items()})
+    assert angles["rolora"][-1] < 1e-3, angles["rolora"]
+    np.testing.assert_allclose(angles["ffa_lora"], initial, atol=1e-6)
+
+
+def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
+    """With noise 0, `gaussian_fixed` is the mean over `clients_per_round` of the clipped deltas,
+    clip(Δ) = Δ·min(1, c/‖Δ‖): checked per round against numpy. With noise > 0 a round runs and
+    gives finite weights."""
+    clip = 0.05
+    dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=0.0, clients_per_round=len(_CLIENTS), clip=clip)
+    process = _small_process("rolora", aggregator=dp)
+    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+
+    def clipped_mean(deltas):
+        return sum(dl * min(1.0, clip / np.linalg.norm(dl)) for dl in deltas) / len(deltas)
+
+    b_deltas = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "b")[1] - _B0 for x, y in _CLIENTS]
+    assert min(np.linalg.norm(dl) for dl in b_deltas) > clip   # clipping really acts
+    b_bar = _B0 + clipped_mean(b_deltas)
+    np.testing.assert_allclose(b_new, b_bar, rtol=1e-5, atol=1e-6)
+    a_deltas = [_local_sgd(_A0, b_bar, _W0, x, y, _LR, _BATCH, "a")[0] - _A0 for x, y in _CLIENTS]
+    np.testing.assert_allclose(a_new, _A0 + clipped_mean(a_deltas), rtol=1e-5, atol=1e-6)
+
+    noisy = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=1.0, clients_per_round=len(_CLIENTS), clip=clip)
+    process = _small_process("rolora", aggregator=noisy)
+    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    a_new, b_new = process.get_model_weights(output.state).trainable
+    assert np.isfinite(a_new).all() and np.isfinite(b_new).all()
+    assert not np.allclose(b_new, b_bar)
+
+
+def test_rolora_then_ffa_schedule(tff_runtime):
+    """4 communication rounds, first half RoLoRA: one RoLoRA `next` (B and A rounds), then two
+    B-only rounds in which A stays fixed; the switch reads `round_num` from the server state."""
+    process = lora_fl.build_rolora_then_ffa(
+        0.5, 4, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
+        loss_fn=tf.keras.losses.MeanSquaredError)
+    state = process.initialize()
+    seen = []
+    for _ in range(3):
+        state, metrics = process.next(state, _datasets(_CLIENTS, _BATCH))
+        seen.append((int(state["round_num"]), sorted(metrics),
+                     process.get_model_weights(state).trainable[0]))
+    assert [s[:2] for s in seen] == [(2, ["a_round", "b_round"]), (3, ["b_round"]),
+                                     (4, ["b_round"])]
+    assert not np.allclose(seen[0][2], _A0)
+    np.testing.assert_array_equal(seen[1][2], seen[0][2])
+    np.testing.assert_array_equal(seen[2][2], seen[0][2])
+
+
+def _lora_with_head():
+    """x (12) → LowRankDense(6, rank 2) [A: lora_a, B: lora_b] → Dense(3) logits [role head]."""
+    x = tf.keras.Input((12,))
+    head = tf.keras.layers.Dense(3, name="head")
+    logits = head(LowRankDense(6, 2, stddev=0.5, seed=0, name="lora")(x))
+    roles.tag_layer(head, roles.HEAD)
+    return tf.keras.Model(x, logits)
+
+
+def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
+    """RoLoRA on a classifier whose head (role `head`) is trained and uploaded in both rounds,
+    driven by `tffl.simulation.run_rounds` (metrics, checkpoints, resume); the state's `round_num`
+    counts communication rounds."""
+    spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
+    process = lora_fl.build_rolora(_lora_with_head, spec, client_learning_rate=0.5)
+    head_bytes = (6 * 3 + 3) * 4
+    assert lora_fl.upload_bytes_per_communication_round(process) == {
+        "b_round": 2 * 6 * 4 + head_bytes + 8, "a_round": 12 * 2 * 4 + head_bytes + 8}
+    rng = np.random.default_rng(0)
+    data = {f"c{i}": (rng.normal(size=(8, 12)).astype(np.float32),
+                      rng.integers(0, 3, size=8).astype(np.int32)) for i in range(3)}
+
+    def client_dataset_fn(client_id, round_num):
+        return tf.data.Dataset.from_tensor_slices(data[client_id]).batch(4)
+
+    sampler = participation.FullParticipation(sorted(data))
+    first = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=2,
+                                  output_dir=tmp_path, log=None)
+    assert int(first.state["round_num"]) == 4
+    weights = process.get_model_weights(first.state).trainable
+    initial = process.get_model_weights(process.initialize()).trainable
+    assert [w.shape for w in weights] == [(12, 2), (2, 6), (6, 3), (3,)]
+    for before, after in zip(initial, weights):
+        assert not np.allclose(before, after)
+    rows = first.history
+    assert rows[-1]["b_round/train/num_examples"] == 24.0
+    assert np.isfinite(rows[-1]["a_round/train/loss"])
+    assert rows[-1]["train_loss"] == rows[-1]["b_round/train/loss"]
+    assert rows[1]["a_round/train/loss"] < rows[0]["b_round/train/loss"]
+    resumed = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=3,
+                                    output_dir=tmp_path, resume=True, log=None)
+    assert resumed.first_round == 3 and int(resumed.state["round_num"]) == 6
+
+
+def _dense_only():
+    x = tf.keras.Input((3,))
+    return tf.keras.Model(x, tf.keras.layers.Dense(2)(x))
+
+
+def test_model_without_lora_variables_is_rejected():
+    with pytest.raises(ValueError, match="no trainable LoRA factors"):
+        lora_fl.build_rolora(_dense_only, _spec(3, 2), 0.1)
+
+
+def test_unknown_algorithm_and_bad_learning_rate():
+    with pytest.raises(ValueError, match="unknown LoRA algorithm 'fedsgd'"):
+        lora_fl.build_lora_process("fedsgd", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
+    with pytest.raises(ValueError, match="client_learning_rate=0"):
+        lora_fl.build_lora_process("rolora", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0)
+    with pytest.raises(ValueError, match="extra_roles may hold"):
+        lora_fl.build_ffa_lora(_model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1,
+                               extra_roles=(roles.LORA_A,))
+    with pytest.raises(ValueError, match="rolora_fraction=1.5"):
+        lora_fl.build_rolora_then_ffa(1.5, 10, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)

@@ -1,0 +1,187 @@
+"""The one client training loop of the LoRA algorithms: plain SGD on the variables of given roles.
+
+Every LoRA algorithm in `tffl.lora_fl` (FedAvg-LoRA, FFA-LoRA, RoLoRA's B and A rounds, FlexLoRA)
+runs the same loop; only the set of trained roles differs. For a client with batches
+(x_1, y_1), …, (x_K, y_K) (one pass over its dataset; the caller limits it with `.take(K)`):
+
+    θ_S ← θ_S − η · ∇_{θ_S} ℓ(y_k, f(x_k; θ))      k = 1..K,  S = variables whose role is trained
+
+every other variable stays at the broadcast value. The loop returns the final θ_S, the sum over
+batches of n_k·ℓ_k (ℓ_k the batch loss *before* step k, n_k the batch size) and Σ n_k.
+
+Also here: `inspect_model`, which reads a model's variables (shapes, dtypes, roles) once, in a
+throw-away graph, so that TFF types can be built without creating an eager Keras model.
+
+Example:
+
+>>> spec = inspect_model(model_fn, input_spec)
+>>> spec.indices([roles.LORA_B])          # positions in `model.trainable_variables`
+(1,)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl import roles
+
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableInfo:
+    """One model variable: `name`, `shape` (tuple of ints), numpy `dtype` and `role`."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    role: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The variables of a Keras model, in `trainable_variables` / `non_trainable_variables` order.
+
+    This is the layout of `tff.learning.models.ModelWeights(trainable, non_trainable)` used by
+    every process in `tffl.lora_fl`.
+    """
+
+    trainable: tuple[VariableInfo, ...]
+    non_trainable: tuple[VariableInfo, ...]
+
+    def indices(self, wanted_roles: Sequence[str]) -> tuple[int, ...]:
+        """Positions in `trainable` of the variables whose role is in `wanted_roles`."""
+        wanted = set(wanted_roles)
+        return tuple(i for i, v in enumerate(self.trainable) if v.role in wanted)
+
+    def weights_type(self) -> tff.Type:
+        """TFF type of the model's `ModelWeights` (tensors of fully known shape)."""
+
+        def tensors(infos):
+            return [tff.TensorType(v.dtype, v.shape) for v in infos]
+
+        return tff.types.to_type(
+            tff.learning.models.ModelWeights(
+                trainable=tensors(self.trainable), non_trainable=tensors(self.non_trainable)
+            )
+        )
+
+
+def split_batch(batch):
+    """`(x, y)` of a batch given as a tuple/list `(x, y)` or a mapping with keys `x` and `y`."""
+    if isinstance(batch, Mapping):
+        return batch["x"], batch["y"]
+    x, y = batch
+    return x, y
+
+
+def element_type(input_spec) -> tff.Type:
+    """TFF type of a dataset element described by a structure of `tf.TensorSpec`s.
+
+    Plain dicts become `OrderedDict`s with sorted keys (the order `tf.nest` and `tf.data` use),
+    which TFF needs to serialize datasets with named elements.
+    """
+
+    def convert(spec):
+        if isinstance(spec, tff.Type):
+            return spec
+        if isinstance(spec, tf.TensorSpec):
+            return tff.TensorType(spec.dtype.as_numpy_dtype, spec.shape.as_list())
+        if isinstance(spec, dict) and not isinstance(spec, collections.OrderedDict):
+            return collections.OrderedDict((k, convert(spec[k])) for k in sorted(spec))
+        if isinstance(spec, Mapping):
+            return collections.OrderedDict((k, convert(v)) for k, v in spec.items())
+        if isinstance(spec, (tuple, list)):
+            return type(spec)(convert(v) for v in spec)
+        raise TypeError(f"input_spec leaves must be tf.TensorSpec, got {type(spec).__name__}")
+
+    return tff.types.to_type(convert(input_spec))
+
+
+def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> tf.keras.Model:
+    """Calls `keras_model_fn()` and makes sure its variables exist (calls it on zeros if needed)."""
+    model = keras_model_fn()
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(f"keras_model_fn must return a tf.keras.Model, got {type(model).__name__}")
+    if not model.built:
+        x_spec, _ = split_batch(input_spec)
+        dummy = tf.nest.map_structure(
+            lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), x_spec
+        )
+        model(dummy, training=False)
+    return model
+
+
+def inspect_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> ModelSpec:
+    """Builds the model once in a fresh graph and records its variables' shapes, dtypes, roles.
+
+    Raises:
+      ValueError: if a variable's shape is not fully known.
+    """
+
+    def info(variable):
+        shape = tuple(variable.shape.as_list())
+        if any(d is None for d in shape):
+            raise ValueError(f"variable {variable.name} has a partly unknown shape {shape}")
+        return VariableInfo(variable.name, shape, np.dtype(variable.dtype.as_numpy_dtype),
+                            roles.role_of(variable))
+
+    with tf.Graph().as_default():
+        model = build_model(keras_model_fn, input_spec)
+        return ModelSpec(
+            trainable=tuple(info(v) for v in model.trainable_variables),
+            non_trainable=tuple(info(v) for v in model.non_trainable_variables),
+        )
+
+
+def build_training_loop(
+    model: tf.keras.Model,
+    loss_fn: LossFn,
+    learning_rate: float,
+    train_indices: Sequence[int],
+) -> Callable:
+    """The client loop: assign the broadcast weights, then SGD on `trainable[train_indices]`.
+
+    Args:
+      model: the client's Keras model (built).
+      loss_fn: `(y_true, y_pred) -> scalar` batch loss ℓ (e.g. a `tf.keras.losses.Loss`).
+      learning_rate: η > 0.
+      train_indices: positions in `model.trainable_variables` of the variables to train (S).
+
+    Returns:
+      A `tf.function` `(weights: ModelWeights, dataset) -> (new_values, loss_sum, num_examples)`
+      where `new_values` is the list of the trained variables' final values (in `train_indices`
+      order), `loss_sum` = Σ_k n_k·ℓ_k (float32) and `num_examples` = Σ_k n_k (float32).
+    """
+    trainable = model.trainable_variables
+    non_trainable = model.non_trainable_variables
+    trained = [trainable[i] for i in train_indices]
+
+    @tf.function
+    def loop(weights, dataset):
+        for variable, value in zip(trainable, weights.trainable, strict=True):
+            variable.assign(value)
+        for variable, value in zip(non_trainable, weights.non_trainable, strict=True):
+            variable.assign(value)
+        loss_sum = tf.constant(0.0, tf.float32)
+        num_examples = tf.constant(0.0, tf.float32)
+        for batch in dataset:
+            x, y = split_batch(batch)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, trained,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            for variable, grad in zip(trained, grads):
+                variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
+            n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
+            loss_sum += tf.cast(loss, tf.float32) * n
+            num_examples += n
+        return [v.read_value() for v in trained], loss_sum, num_examples
+
+    return loop
