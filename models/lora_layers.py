@@ -10,6 +10,7 @@ in the row-vector convention of the RoLoRA paper (`shared/specs/rolora.md` §1.1
 - B ∈ R^{r×d_out}: up-projection, role `lora_b`, zeros, so at initialization y equals the
   wrapped layer's output exactly.
 - W0, b: role `frozen`; the wrapped layer is set non-trainable.
+- `tffl.roles.link_lora(A, B, W0, α/r)` records which kernel the factors adapt (FLoRA needs it).
 
 For `EinsumDense` (e.g. BERT's attention query, kernel (hidden, heads, head_dim) with equation
 `abc,cde->abde`, or the attention output, kernel (heads, head_dim, hidden) with `abcd,cde->abe`),
@@ -121,6 +122,8 @@ class LoraLayer(tf.keras.layers.Wrapper):
             )
         roles.tag(self.lora_a, roles.LORA_A)
         roles.tag(self.lora_b, roles.LORA_B)
+        # Tells tffl which frozen kernel (A, B) adapt (FLoRA merges scale·A·B into it).
+        roles.link_lora(self.lora_a, self.lora_b, self.layer.kernel, self.scale)
         self.built = True
 
     def call(self, inputs, training=None):

@@ -2,7 +2,9 @@
 
 - `build_rolora_mnist_net`: RoLoRA's toy f(x) = ReLU(x·A·B)·W_out (`rolora.md` §2.5):
   A (784×16, Gaussian, `lora_a`), B (16×784, zeros, `lora_b`), W_out (784×10, fixed, `frozen`);
-  no W0. `linear=True` drops the ReLU (NeurIPS Figure 6).
+  no W0. `linear=True` drops the ReLU (NeurIPS Figure 6). With the ReLU, B = 0 gives exactly zero
+  gradients (ReLU'(0) = 0): pass `b_stddev=1e-3` (B ~ N(0, 1e-6)) to train it. `base_kernel=True`
+  adds a frozen zero W0 (x·(W0 + A·B)) that FLoRA merges the adapter into.
 - `build_lenet_cnn`: FedRep/SRPFL/FLUTE CIFAR CNN (`srpfl.md` §7.3, `flute.md` §6.2):
   conv1 (5×5, c1) → ReLU → maxpool 2 → conv2 (5×5, c2) → ReLU → maxpool 2 → flatten →
   fc1 → ReLU → fc2 → ReLU [→ Dropout] → fc3 (logits). CIFAR-10: c=(64, 64), fc=(120, 64);
@@ -21,7 +23,12 @@ from tffl import roles
 
 
 class LowRankDense(tf.keras.layers.Layer):
-    """y = x·A·B with A (d_in×r, `lora_a`, Gaussian N(0, σ²)) and B (r×units, `lora_b`, zeros).
+    """y = x·A·B with A (d_in×r, `lora_a`, Gaussian N(0, σ²)) and B (r×units, `lora_b`, zeros,
+    or N(0, `b_stddev`²) when `b_stddev` > 0, seeded by `seed` + 2).
+
+    With `base_kernel=True`, y = x·(W0 + A·B) with W0 (d_in×units) zeros and frozen (role
+    `frozen`, non-trainable from creation), linked to (A, B) by `tffl.roles.link_lora` with
+    scale 1, so that FLoRA can merge the adapter into it.
 
     Example:
 
@@ -31,11 +38,15 @@ class LowRankDense(tf.keras.layers.Layer):
     """
 
     def __init__(self, units: int, rank: int, stddev: float = 0.02, seed: int | None = None,
-                 **kwargs):
+                 b_stddev: float = 0.0, base_kernel: bool = False, **kwargs):
         super().__init__(**kwargs)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
             raise ValueError(f"LoRA rank must be a positive integer, got rank={rank!r}.")
+        if not b_stddev >= 0:
+            raise ValueError(f"b_stddev must be >= 0, got b_stddev={b_stddev!r}.")
         self.units, self.rank, self.stddev, self.seed = int(units), rank, float(stddev), seed
+        self.b_stddev = float(b_stddev)
+        self.base_kernel = bool(base_kernel)
 
     def build(self, input_shape):
         d_in = int(input_shape[-1])
@@ -47,18 +58,30 @@ class LowRankDense(tf.keras.layers.Layer):
             name="lora_a", shape=(d_in, self.rank),
             initializer=tf.keras.initializers.RandomNormal(stddev=self.stddev, seed=self.seed),
         )
+        b_init = ("zeros" if self.b_stddev == 0 else tf.keras.initializers.RandomNormal(
+            stddev=self.b_stddev, seed=None if self.seed is None else self.seed + 2))
         self.lora_b = self.add_weight(name="lora_b", shape=(self.rank, self.units),
-                                      initializer="zeros")
+                                      initializer=b_init)
         roles.tag(self.lora_a, roles.LORA_A)
         roles.tag(self.lora_b, roles.LORA_B)
+        self.kernel = None
+        if self.base_kernel:
+            self.kernel = self.add_weight(name="kernel", shape=(d_in, self.units),
+                                          initializer="zeros", trainable=False)
+            roles.tag(self.kernel, roles.FROZEN)
+            roles.link_lora(self.lora_a, self.lora_b, self.kernel, 1.0)
         self.built = True
 
     def call(self, inputs):
-        return tf.matmul(tf.matmul(inputs, self.lora_a), self.lora_b)
+        outputs = tf.matmul(tf.matmul(inputs, self.lora_a), self.lora_b)
+        if self.kernel is not None:
+            outputs = tf.matmul(inputs, self.kernel) + outputs
+        return outputs
 
     def get_config(self):
         config = super().get_config()
-        config.update(units=self.units, rank=self.rank, stddev=self.stddev, seed=self.seed)
+        config.update(units=self.units, rank=self.rank, stddev=self.stddev, seed=self.seed,
+                      b_stddev=self.b_stddev, base_kernel=self.base_kernel)
         return config
 
 
@@ -103,8 +126,18 @@ def build_rolora_mnist_net(
     a_stddev: float = 0.02,
     linear: bool = False,
     seed: int = 0,
+    b_stddev: float = 0.0,
+    base_kernel: bool = False,
 ) -> tf.keras.Model:
     """RoLoRA's two-layer MNIST net: logits = ReLU(x·A·B)·W_out, W_out fixed (Glorot, `seed`).
+
+    A ~ N(0, `a_stddev`²); B = 0 by default, as the paper states. With the ReLU that init cannot
+    train: h = x·A·B = 0 and ReLU'(0) = 0, so ∂ℓ/∂h = 0 and ∇_B ℓ = (x·A)ᵀ·∂ℓ/∂h = 0,
+    ∇_A ℓ = xᵀ·(∂ℓ/∂h)·Bᵀ = 0 exactly, for every batch. Pass a small `b_stddev` (e.g. 1e-3,
+    B ~ N(0, b_stddev²)) to train the ReLU net; `linear=True` trains from B = 0 (∇_B ≠ 0).
+    `base_kernel=True` adds a frozen zero W0 (hidden = ReLU(x·(W0 + A·B))) linked to the adapter:
+    FLoRA (`tffl.lora_fl.build_flora`) needs it to merge into (it resets B to 0 every round, so
+    with the ReLU it trains only once W0 ≠ 0, i.e. from an initial B ≠ 0: `b_stddev` > 0).
 
     Example:
 
@@ -113,7 +146,8 @@ def build_rolora_mnist_net(
     [([784, 16], 'lora_a'), ([16, 784], 'lora_b'), ([784, 10], 'frozen')]
     """
     inputs = tf.keras.Input(shape=(input_dim,), name="pixels")
-    hidden = LowRankDense(input_dim, rank, stddev=a_stddev, seed=seed, name="lora")(inputs)
+    hidden = LowRankDense(input_dim, rank, stddev=a_stddev, seed=seed, b_stddev=b_stddev,
+                          base_kernel=base_kernel, name="lora")(inputs)
     if not linear:
         hidden = tf.keras.layers.ReLU(name="relu")(hidden)
     logits = FixedLinear(num_classes, seed=seed + 1, name="w_out")(hidden)

@@ -45,6 +45,19 @@ class VariableInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinkInfo:
+    """A `tffl.roles.link_lora` link by position: `trainable[a_index]` = A (d_in, r),
+    `trainable[b_index]` = B (r, d_out) adapt the frozen kernel W0 at position `base_index` of
+    `non_trainable` (or of `trainable` when `base_trainable`), as W0 + `scale`·A·B."""
+
+    a_index: int
+    b_index: int
+    base_index: int
+    base_trainable: bool
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """The variables of a Keras model, in `trainable_variables` / `non_trainable_variables` order.
 
@@ -54,6 +67,8 @@ class ModelSpec:
 
     trainable: tuple[VariableInfo, ...]
     non_trainable: tuple[VariableInfo, ...]
+    # The LoRA factors that declared their base kernel (`tffl.roles.link_lora`), in A order.
+    links: tuple[LinkInfo, ...] = ()
 
     def indices(self, wanted_roles: Sequence[str]) -> tuple[int, ...]:
         """Positions in `trainable` of the variables whose role is in `wanted_roles`."""
@@ -119,10 +134,12 @@ def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> tf.
 
 
 def inspect_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> ModelSpec:
-    """Builds the model once in a fresh graph and records its variables' shapes, dtypes, roles.
+    """Builds the model once in a fresh graph and records its variables' shapes, dtypes, roles,
+    and the `tffl.roles.link_lora` links of its trainable `lora_a` variables (by position).
 
     Raises:
-      ValueError: if a variable's shape is not fully known.
+      ValueError: if a variable's shape is not fully known, or a link names a variable that is
+        not among the model's (trainable B, any base kernel).
     """
 
     def info(variable):
@@ -132,11 +149,33 @@ def inspect_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> M
         return VariableInfo(variable.name, shape, np.dtype(variable.dtype.as_numpy_dtype),
                             roles.role_of(variable))
 
+    def position(variables, variable):
+        return next((k for k, v in enumerate(variables) if v is variable), None)
+
     with tf.Graph().as_default():
         model = build_model(keras_model_fn, input_spec)
+        trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
+        links = []
+        for a_index, variable in enumerate(trainable):
+            link = roles.lora_link(variable)
+            if link is None:
+                continue
+            b_index = position(trainable, link.lora_b)
+            base_index = position(non_trainable, link.base_kernel)
+            base_trainable = base_index is None
+            if base_trainable:
+                base_index = position(trainable, link.base_kernel)
+            if b_index is None or base_index is None:
+                raise ValueError(
+                    f"LoRA link of {variable.name}: its B ({link.lora_b.name}) must be a "
+                    f"trainable and its base kernel ({link.base_kernel.name}) a variable of the "
+                    "model"
+                )
+            links.append(LinkInfo(a_index, b_index, base_index, base_trainable, link.scale))
         return ModelSpec(
-            trainable=tuple(info(v) for v in model.trainable_variables),
-            non_trainable=tuple(info(v) for v in model.non_trainable_variables),
+            trainable=tuple(info(v) for v in trainable),
+            non_trainable=tuple(info(v) for v in non_trainable),
+            links=tuple(links),
         )
 
 

@@ -1,6 +1,7 @@
 """Bytes per client per round, read off the TFF types that cross the SERVER/CLIENTS boundary.
 
-TFF compiles a round (`process.next`) into a `DistributeAggregateForm` (DAF): the values the server
+TFF compiles a round (`process.next`) into a `DistributeAggregateForm` (DAF, or a `MapReduceForm`
+where it cannot build a DAF): the values the server
 broadcasts are the result of `server_to_client_broadcast` (placed at CLIENTS), and everything a client
 sends back is the result of `client_work` (placed at CLIENTS, the inputs of the aggregation). The
 size of one client's copy of a type is the sum over its tensors of
@@ -58,18 +59,32 @@ def type_bytes(type_spec: tff.Type) -> int:
 def round_traffic(next_computation: tff.Computation) -> RoundTraffic:
     """Per-client bytes down and up of one round of `next_computation` (a federated computation).
 
+    Read off TFF's DistributeAggregateForm; where TFF 0.87 cannot build that form (a round that
+    uses `tff.federated_aggregate`, e.g. FLoRA's stacking), off its MapReduceForm instead:
+    down = the client input that `prepare` produces, up = the result of `work` (everything a
+    client feeds into the aggregations).
+
     Raises:
-      ValueError: if TFF cannot express the computation in DistributeAggregateForm.
+      ValueError: if TFF can express the computation in neither form.
     """
     try:
         daf = tff.backends.mapreduce.get_distribute_aggregate_form_for_computation(
             next_computation
         )
-    except Exception as e:  # TFF raises several internal error types here.
-        raise ValueError(
-            f"cannot derive client traffic: TFF could not compile `next` to "
-            f"DistributeAggregateForm ({type(e).__name__}: {e})"
-        ) from e
-    down = type_bytes(daf.server_to_client_broadcast.type_signature.result)
-    up = type_bytes(daf.client_work.type_signature.result)
-    return RoundTraffic(down=down, up=up)
+        return RoundTraffic(
+            down=type_bytes(daf.server_to_client_broadcast.type_signature.result),
+            up=type_bytes(daf.client_work.type_signature.result),
+        )
+    except Exception as daf_error:  # TFF raises several internal error types here.
+        try:
+            form = tff.backends.mapreduce.get_map_reduce_form_for_computation(next_computation)
+        except Exception as mrf_error:
+            raise ValueError(
+                "cannot derive client traffic: TFF could not compile `next` to "
+                f"DistributeAggregateForm ({type(daf_error).__name__}: {daf_error}) nor to "
+                f"MapReduceForm ({type(mrf_error).__name__}: {mrf_error})"
+            ) from mrf_error
+        return RoundTraffic(
+            down=type_bytes(form.prepare.type_signature.result),
+            up=type_bytes(form.work.type_signature.result),
+        )

@@ -18,6 +18,7 @@ float32 metric scalars (`loss_sum`, `num_examples`); the server applies the aggr
 | `ffa_lora`     | 1                                | B (+ extra); A frozen at its init      |
 | `rolora`       | 2: `b_round` then `a_round`      | B (+ extra), then A (+ extra)          |
 | `flexlora`     | 1                                | A, B trained; uploads A_iB_i − AB     |
+| `flora`        | 1                                | A_i, B_i (from B = 0); merged into W0 |
 
 RoLoRA's exactness: in the B round every client holds the same A, so mean_i(A·B_i) = A·mean_i(B_i);
 in the A round every client holds the same B̄, so mean_i(A_i·B̄) = mean_i(A_i)·B̄. FedAvg-LoRA's
@@ -30,6 +31,17 @@ FlexLoRA (Bai et al. 2024): clients train A and B; the server forms P = A·B + m
 = mean_i(A_iB_i) and takes the rank-r truncated SVD P ≈ U_r S_r V_rᵀ, A = U_r S_r^{1/2},
 B = S_r^{1/2} V_rᵀ. In TFF the server only ever sees aggregates, so each client uploads its product
 delta (d_in·d_out values per adapted matrix) and the aggregator (replaceable, e.g. DP) acts on it.
+
+FLoRA (Wang et al. 2024): every round starts from a fresh adapter (A random, B = 0); clients train
+A and B and upload the factors A_i, B_i; the aggregation "stacks" them along the rank axis,
+[p_1A_1 … p_NA_N]·[B_1; …; B_N] = Σ_i p_i·A_i·B_i (a `tff.federated_aggregate` accumulating
+p_i·A_i·B_i into a d_in×d_out sum, so the upload stays r·(d_in + d_out) per matrix); the server
+merges W0 ← W0 + scale·Σ_i p_i A_iB_i into the frozen kernel the adapter is linked to
+(`tffl.roles.link_lora`, scale = the layer's α/r, reshaped to the kernel's shape) and restarts the
+adapter: A ← `flora_a_init(seed, round_num)` (identical for all clients), B ← 0. The first round
+uses the model's own initial A. TFF's DistributeAggregateForm cannot hold a `federated_aggregate`
+(TFF 0.87), so `tffl.communication.round_traffic(process.next)` raises for FLoRA;
+`traffic_per_communication_round` reads its traffic off the MapReduceForm instead.
 
 `build_rolora_then_ffa` gives the paper's "x% RoLoRA + (100−x)% FFA-LoRA" schedule.
 
@@ -70,7 +82,7 @@ from tffl import client_training
 from tffl import communication
 from tffl import roles
 
-ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora")
+ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora")
 # The float32 scalars every client uploads besides the trained factors: loss sum and example count.
 METRIC_UPLOAD_BYTES = 2 * 4
 
@@ -179,16 +191,7 @@ class _SubRound:
                 trainable=trainable, non_trainable=list(weights.non_trainable)
             )
 
-        self.weighted = isinstance(config.aggregator, tff.aggregators.WeightedAggregationFactory)
-        if self.weighted:
-            self.aggregator = config.aggregator.create(
-                update_type, tff.TensorType(np.float32)
-            )
-        elif isinstance(config.aggregator, tff.aggregators.UnweightedAggregationFactory):
-            self.aggregator = config.aggregator.create(update_type)
-        else:
-            raise TypeError("aggregator must be a tff.aggregators Weighted- or "
-                            f"UnweightedAggregationFactory, got {type(config.aggregator).__name__}")
+        self.aggregator, self.weighted = _create_aggregator(config.aggregator, update_type)
         self.client_work = client_work
         self.server_apply = server_apply
 
@@ -196,8 +199,14 @@ class _SubRound:
         """What one client sends in this round: the result type of `client_work`."""
         return self.client_work.type_signature.result
 
-    def run(self, model, aggregator_state, data):
-        """Federated body: (model@S, aggregator state@S, data@C) -> (model, state, metrics)@S."""
+    def initialize_aggregator(self):
+        return self.aggregator.initialize()
+
+    def run(self, model, aggregator_state, data, round_num=None):
+        """Federated body: (model@S, aggregator state@S, data@C) -> (model, state, metrics)@S.
+
+        `round_num` (unused here) is the server's count of communication rounds after this one.
+        """
         at_clients = tff.federated_broadcast(model)
         out = tff.federated_map(self.client_work, (at_clients, data))
         if self.weighted:
@@ -205,14 +214,198 @@ class _SubRound:
         else:
             agg = self.aggregator.next(aggregator_state, out.update)
         new_model = tff.federated_map(self.server_apply, (model, agg.result))
-        loss_sum = tff.federated_sum(out.loss_sum)
-        num_examples = tff.federated_sum(out.num_examples)
-        loss = tff.federated_map(_safe_divide, (loss_sum, num_examples))
-        train = tff.federated_zip(collections.OrderedDict(loss=loss, num_examples=num_examples))
         metrics = tff.federated_zip(
-            collections.OrderedDict(train=train, aggregator=agg.measurements)
+            collections.OrderedDict(train=_train_metrics(out), aggregator=agg.measurements)
         )
         return new_model, agg.state, metrics
+
+
+def _create_aggregator(factory, update_type):
+    """(`tff.templates.AggregationProcess` for `update_type`, whether it is weighted)."""
+    if isinstance(factory, tff.aggregators.WeightedAggregationFactory):
+        return factory.create(update_type, tff.TensorType(np.float32)), True
+    if isinstance(factory, tff.aggregators.UnweightedAggregationFactory):
+        return factory.create(update_type), False
+    raise TypeError("aggregator must be a tff.aggregators Weighted- or "
+                    f"UnweightedAggregationFactory, got {type(factory).__name__}")
+
+
+def _train_metrics(out):
+    """Federated: the `train` metrics (example-weighted loss, example count) of a round."""
+    loss_sum = tff.federated_sum(out.loss_sum)
+    num_examples = tff.federated_sum(out.num_examples)
+    loss = tff.federated_map(_safe_divide, (loss_sum, num_examples))
+    return tff.federated_zip(collections.OrderedDict(loss=loss, num_examples=num_examples))
+
+
+def flora_a_init(shape: tuple[int, int], seed: int, round_num, pair: int, num_pairs: int
+                 ) -> tf.Tensor:
+    """FLoRA's fresh A for communication round `round_num` (a tf function of a scalar tensor):
+
+        A ~ U(−1/√d_in, 1/√d_in),  `tf.random.stateless_uniform(shape, [seed, t·L + k])`
+
+    with t = `round_num` (a scalar tensor: the communication rounds done, ≥ 1), k = `pair`
+    (position of the adapter among the L = `num_pairs` linked adapters). Drawn by the server, the
+    same for all clients; PEFT's default LoRA-A distribution. (Round 0 uses the model's own A.)
+    """
+    bound = 1.0 / np.sqrt(shape[0])
+    stream = tf.cast(round_num, tf.int64) * num_pairs + pair
+    return tf.random.stateless_uniform(
+        shape, tf.stack([tf.constant(seed, tf.int64), stream]), minval=-bound, maxval=bound
+    )
+
+
+class _FloraRound:
+    """FLoRA's communication round (Wang et al. 2024, `rolora.md` §1.4.4).
+
+    Every client trains (A, B) (+ the `extra_roles` variables) from the broadcast adapter, in which
+    B = 0, and uploads its factors A_i (d_in×r), B_i (r×d_out) — not their product. The
+    aggregation "stacks" them: [p_1A_1 … p_NA_N]·[B_1; …; B_N] = Σ_i p_i·A_i·B_i, computed by a
+    `tff.federated_aggregate` whose accumulate step adds p_i·A_i·B_i into a d_in×d_out accumulator
+    (p_i = n_i/Σn with a weighted `aggregator`, 1/N with an unweighted one). The server merges
+    W0 ← W0 + scale·reshape(Σ_i p_i A_iB_i, W0.shape) into each linked frozen kernel, then
+    restarts the adapter: A ← `flora_a_init(…, round_num)`, B ← 0. The `extra_roles` deltas go
+    through `aggregator` (which therefore does not act on the factors: no DP on them).
+    """
+
+    def __init__(self, name: str, config: _Config, seed: int):
+        self.name = name
+        spec = config.spec
+        links = spec.links
+        linked = {link.a_index for link in links}
+        unlinked = [spec.trainable[i].name for i in spec.indices([roles.LORA_A])
+                    if i not in linked]
+        if unlinked:
+            raise ValueError(
+                "FLoRA merges each adapter into its frozen base kernel, so every lora_a must be "
+                "linked to one with tffl.roles.link_lora (models.lora_layers does this); "
+                f"unlinked: {', '.join(unlinked)}"
+            )
+        self.train_indices = spec.indices((roles.LORA_A, roles.LORA_B, *config.extra_roles))
+        paired = {k for link in links for k in (link.a_index, link.b_index)}
+        single = [k for k in self.train_indices if k not in paired]
+        position = {k: p for p, k in enumerate(self.train_indices)}
+        weights_type = spec.weights_type()
+        data_type = tff.SequenceType(client_training.element_type(config.input_spec))
+        dims = [(spec.trainable[link.a_index].shape[0], spec.trainable[link.b_index].shape[1])
+                for link in links]
+        dtype = spec.trainable[links[0].a_index].dtype
+
+        @tff.tensorflow.computation(weights_type, data_type)
+        def client_work(weights, dataset):
+            model = client_training.build_model(config.keras_model_fn, config.input_spec)
+            loop = client_training.build_training_loop(
+                model, config.loss_fn(), config.learning_rate, self.train_indices
+            )
+            new_values, loss_sum, num_examples = loop(weights, dataset)
+            factors = [(new_values[position[link.a_index]], new_values[position[link.b_index]])
+                       for link in links]
+            update = [new_values[position[k]] - weights.trainable[k] for k in single]
+            return collections.OrderedDict(
+                factors=factors, update=update, loss_sum=loss_sum, num_examples=num_examples
+            )
+
+        result_type = client_work.type_signature.result
+        factors_type = result_type["factors"]
+        self.has_update = bool(single)
+        if self.has_update:
+            self.aggregator, self.weighted = _create_aggregator(config.aggregator,
+                                                                result_type["update"])
+        else:
+            _, self.weighted = _create_aggregator(config.aggregator, tff.TensorType(np.float32))
+            self.aggregator = None
+
+        @tff.tensorflow.computation
+        def zero():
+            return collections.OrderedDict(
+                products=[tf.zeros(d, dtype) for d in dims], weight=tf.constant(0.0, tf.float32)
+            )
+
+        acc_type = zero.type_signature.result
+
+        def add_products(acc, factors, weight):
+            return collections.OrderedDict(
+                products=[p + tf.cast(weight, p.dtype) * (a @ b)
+                          for p, (a, b) in zip(acc["products"], factors)],
+                weight=acc["weight"] + weight,
+            )
+
+        if self.weighted:
+            @tff.tensorflow.computation(acc_type, (factors_type, np.float32))
+            def accumulate(acc, value):
+                factors, weight = value
+                return add_products(acc, factors, weight)
+        else:
+            @tff.tensorflow.computation(acc_type, factors_type)
+            def accumulate(acc, factors):
+                return add_products(acc, factors, tf.constant(1.0, tf.float32))
+
+        @tff.tensorflow.computation(acc_type, acc_type)
+        def merge(x, y):
+            return collections.OrderedDict(
+                products=[p + q for p, q in zip(x["products"], y["products"])],
+                weight=x["weight"] + y["weight"],
+            )
+
+        @tff.tensorflow.computation(acc_type)
+        def report(acc):
+            return [tf.math.divide_no_nan(p, tf.cast(acc["weight"], p.dtype))
+                    for p in acc["products"]]
+
+        self._zero, self._accumulate, self._merge, self._report = zero, accumulate, merge, report
+        products_type = report.type_signature.result
+        update_type = result_type["update"]
+
+        @tff.tensorflow.computation(weights_type, products_type, update_type, np.int32)
+        def server_apply(weights, products, update, round_num):
+            trainable, non_trainable = list(weights.trainable), list(weights.non_trainable)
+            for k, (link, product) in enumerate(zip(links, products)):
+                base = trainable if link.base_trainable else non_trainable
+                kernel = base[link.base_index]
+                base[link.base_index] = kernel + tf.cast(
+                    link.scale * tf.reshape(product, tf.shape(kernel)), kernel.dtype)
+                a, b = trainable[link.a_index], trainable[link.b_index]
+                trainable[link.a_index] = tf.cast(
+                    flora_a_init(tuple(a.shape), seed, round_num, k, len(links)), a.dtype)
+                trainable[link.b_index] = tf.zeros_like(b)
+            for k, delta in zip(single, update):
+                trainable[k] = trainable[k] + delta
+            return tff.learning.models.ModelWeights(trainable=trainable,
+                                                    non_trainable=non_trainable)
+
+        self.client_work = client_work
+        self.server_apply = server_apply
+
+    def upload_type(self) -> tff.Type:
+        """What one client sends: its factors (+ extra-role deltas) and the two metric scalars."""
+        return self.client_work.type_signature.result
+
+    def initialize_aggregator(self):
+        if self.aggregator is not None:
+            return self.aggregator.initialize()
+        return tff.federated_value(np.int32(0), tff.SERVER)   # placeholder state
+
+    def run(self, model, aggregator_state, data, round_num=None):
+        at_clients = tff.federated_broadcast(model)
+        out = tff.federated_map(self.client_work, (at_clients, data))
+        value = (tff.federated_zip((out.factors, out.num_examples)) if self.weighted
+                 else out.factors)
+        products = tff.federated_aggregate(value, self._zero(), self._accumulate, self._merge,
+                                           self._report)
+        if self.aggregator is None:
+            update, new_agg_state = tff.federated_value([], tff.SERVER), aggregator_state
+            measurements = tff.federated_value(collections.OrderedDict(), tff.SERVER)
+        elif self.weighted:
+            agg = self.aggregator.next(aggregator_state, out.update, out.num_examples)
+            update, new_agg_state, measurements = agg.result, agg.state, agg.measurements
+        else:
+            agg = self.aggregator.next(aggregator_state, out.update)
+            update, new_agg_state, measurements = agg.result, agg.state, agg.measurements
+        new_model = tff.federated_map(self.server_apply, (model, products, update, round_num))
+        metrics = tff.federated_zip(
+            collections.OrderedDict(train=_train_metrics(out), aggregator=measurements)
+        )
+        return new_model, new_agg_state, metrics
 
 
 @tff.tensorflow.computation(np.float32, np.float32)
@@ -232,11 +425,63 @@ class LoraLearningProcess(tff.learning.templates.LearningProcess):
     """
 
     def __init__(self, algorithm, initialize_fn, next_fn, get_fn, set_fn, communication_rounds,
-                 upload_types):
+                 upload_types, spec: client_training.ModelSpec | None = None):
         super().__init__(initialize_fn, next_fn, get_fn, set_fn)
         self.algorithm = algorithm
         self.communication_rounds = communication_rounds
         self.upload_types = upload_types
+        self.spec = spec
+
+    @property
+    def set_model_weights(self):
+        """`(state, ModelWeights) -> state`; the weights' shapes are checked against the model's
+        first (e.g. LoRA factors of another rank raise a `ValueError` naming the variable)."""
+        if self.spec is None:
+            return self._set_model_weights
+        return _CheckedSetWeights(self._set_model_weights, self.spec)
+
+
+class _CheckedSetWeights:
+    """The `set_model_weights` computation behind a shape check against a `ModelSpec`; other
+    attributes (e.g. `type_signature`) are the computation's."""
+
+    def __init__(self, computation, spec: client_training.ModelSpec):
+        self._computation, self._spec = computation, spec
+
+    def __getattr__(self, name):
+        return getattr(self._computation, name)
+
+    def __call__(self, state, weights):
+        check_weights_shapes(self._spec, weights)
+        return self._computation(state, weights)
+
+
+def check_weights_shapes(spec: client_training.ModelSpec, weights) -> None:
+    """Checks `weights` (`ModelWeights` or `(trainable, non_trainable)`) against `spec`.
+
+    Raises:
+      ValueError: a count differs, or a value's shape differs from its variable's, naming the
+        variable, its role and both shapes (e.g. LoRA factors of another rank).
+    """
+    if hasattr(weights, "trainable"):
+        groups = (weights.trainable, weights.non_trainable)
+    else:
+        groups = tuple(weights)
+    for kind, infos, values in zip(("trainable", "non_trainable"),
+                                   (spec.trainable, spec.non_trainable), groups):
+        values = list(values)
+        if len(values) != len(infos):
+            raise ValueError(f"set_model_weights: the model has {len(infos)} {kind} variables, "
+                             f"got {len(values)} values")
+        for info, value in zip(infos, values):
+            shape = tuple(np.shape(value))
+            if shape != info.shape:
+                raise ValueError(
+                    f"set_model_weights: {kind} variable {info.name} (role {info.role}) has shape "
+                    f"{info.shape} in this process's model, got a value of shape {shape}"
+                    + (" (LoRA factors of another rank?)"
+                       if info.role in (roles.LORA_A, roles.LORA_B) else "")
+                )
 
 
 def _increment(k: int) -> tff.Computation:
@@ -264,7 +509,7 @@ def _compose(algorithm: str, config: _Config, sub_rounds: Sequence[_SubRound]
     @tff.federated_computation
     def initialize():
         states = collections.OrderedDict(
-            (r.name, r.aggregator.initialize()) for r in sub_rounds
+            (r.name, r.initialize_aggregator()) for r in sub_rounds
         )
         return tff.federated_zip(collections.OrderedDict(
             model=tff.federated_eval(initial_weights, tff.SERVER),
@@ -285,8 +530,12 @@ def _compose(algorithm: str, config: _Config, sub_rounds: Sequence[_SubRound]
                 (r.name, state.aggregator[r.name]) for r in sub_rounds
             )
             metrics = collections.OrderedDict()
-            for r in rounds:
-                model, agg_states[r.name], metrics[r.name] = r.run(model, agg_states[r.name], data)
+            for k, r in enumerate(rounds):
+                # The count of communication rounds once `r` is done (FLoRA seeds its new A by it).
+                round_num = (tff.federated_map(_increment(k + 1), state.round_num)
+                             if isinstance(r, _FloraRound) else None)
+                model, agg_states[r.name], metrics[r.name] = r.run(
+                    model, agg_states[r.name], data, round_num)
             new_state = tff.federated_zip(collections.OrderedDict(
                 model=model,
                 round_num=tff.federated_map(_increment(len(rounds)), state.round_num),
@@ -314,7 +563,7 @@ def _compose(algorithm: str, config: _Config, sub_rounds: Sequence[_SubRound]
 
     upload_types = collections.OrderedDict((r.name, r.upload_type()) for r in sub_rounds)
     return LoraLearningProcess(algorithm, initialize, next_fn, get_model_weights,
-                               set_model_weights, rounds, upload_types)
+                               set_model_weights, rounds, upload_types, spec)
 
 
 def _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator, extra_roles
@@ -403,7 +652,19 @@ def build_flexlora(keras_model_fn, input_spec, client_learning_rate, loss_fn=Non
     return _compose("flexlora", config, [_SubRound("ab_round", config, train, _PRODUCT)])
 
 
-for _builder in (build_fedavg_lora, build_ffa_lora, build_rolora, build_flexlora):
+def build_flora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
+                aggregator=None, extra_roles=(roles.HEAD,), seed: int = 0) -> LoraLearningProcess:
+    """FLoRA: clients train A, B from (A, B = 0) and upload A_i, B_i; the server merges
+    W0 ← W0 + scale·Σ_i p_i·A_i·B_i (stacking) and restarts the adapter (A ← `flora_a_init` with
+    `seed` and the round number, B ← 0). Every `lora_a` must be linked to its frozen kernel
+    (`tffl.roles.link_lora`); `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and
+    aggregates the `extra_roles` deltas."""
+    config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
+                     extra_roles)
+    return _compose("flora", config, [_FloraRound("ab_round", config, int(seed))])
+
+
+for _builder in (build_fedavg_lora, build_ffa_lora, build_rolora, build_flexlora, build_flora):
     if _builder.__doc__:  # None under `python -OO`
         _builder.__doc__ += _BUILDER_DOC_ARGS
 
@@ -412,6 +673,7 @@ _BUILDERS = {
     "fedavg_lora": build_fedavg_lora,
     "ffa_lora": build_ffa_lora,
     "flexlora": build_flexlora,
+    "flora": build_flora,
 }
 
 
@@ -441,10 +703,10 @@ def upload_bytes_per_communication_round(process: LoraLearningProcess) -> dict[s
 def traffic_per_communication_round(
     process: LoraLearningProcess,
 ) -> dict[str, communication.RoundTraffic]:
-    """`tffl.communication.round_traffic` of each communication round's own computation."""
+    """`tffl.communication.round_traffic` of each communication round's own computation (FLoRA's
+    round holds a `tff.federated_aggregate`, so its figure comes from the MapReduceForm)."""
     return {name: communication.round_traffic(comp)
             for name, comp in process.communication_rounds.items()}
-
 
 
 class RoloraThenFfa:

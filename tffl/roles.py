@@ -16,6 +16,11 @@ carries a role:
 A role is attached with `tag(variable, role)` (models do this when they build their weights). An
 untagged variable gets a default: `frozen` when it is not trainable, else `shared`.
 
+A LoRA layer also declares which frozen kernel its factors adapt, with
+`link_lora(lora_a, lora_b, base_kernel, scale)`: the layer computes x·W0 + scale·x·A·B where W0 is
+`base_kernel` viewed as a (d_in, d_out) matrix (its leading axes flattened into d_in). Algorithms
+that merge the adapter into the base weights (FLoRA) need that link; `lora_link(lora_a)` reads it.
+
 Example:
 
 >>> layer = tf.keras.layers.Dense(2)
@@ -25,6 +30,7 @@ Example:
 ['head', 'head']
 """
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -40,6 +46,18 @@ ROLES = (FROZEN, LORA_A, LORA_B, SHARED, HEAD, SHORTCUT)
 PERSONAL_ROLES = (HEAD, SHORTCUT)
 
 _ATTR = "_tffl_role"
+_LINK_ATTR = "_tffl_lora_link"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoraLink:
+    """The adapter (A = `lora_a`, B = `lora_b`) of the frozen `base_kernel` W0, applied as
+    W0 + scale·A·B (A·B reshaped to W0's shape)."""
+
+    lora_a: tf.Variable
+    lora_b: tf.Variable
+    base_kernel: tf.Variable
+    scale: float
 
 
 def _check_role(role: str) -> str:
@@ -63,6 +81,31 @@ def tag_layer(layer: tf.keras.layers.Layer, role: str) -> None:
         tag(variable, role)
     for variable in layer.non_trainable_weights:
         tag(variable, FROZEN)
+
+
+def link_lora(lora_a: tf.Variable, lora_b: tf.Variable, base_kernel: tf.Variable,
+              scale: float) -> None:
+    """Records on `lora_a` that (A, B) adapt `base_kernel`: W = W0 + scale·A·B.
+
+    Shapes: A (d_in, r), B (r, d_out), base_kernel any shape with d_in·d_out elements whose
+    row-major reshape to (d_in, d_out) is the matrix the layer multiplies (true for `Dense` and for
+    `EinsumDense` kernels (*in_dims, *out_dims)).
+
+    Raises:
+      ValueError: if the shapes do not fit together.
+    """
+    a_shape, b_shape = tuple(lora_a.shape.as_list()), tuple(lora_b.shape.as_list())
+    size = base_kernel.shape.num_elements()
+    if (len(a_shape) != 2 or len(b_shape) != 2 or a_shape[1] != b_shape[0]
+            or size != a_shape[0] * b_shape[1]):
+        raise ValueError(f"cannot link LoRA factors {a_shape}, {b_shape} to a base kernel of "
+                         f"shape {tuple(base_kernel.shape.as_list())}")
+    setattr(lora_a, _LINK_ATTR, LoraLink(lora_a, lora_b, base_kernel, float(scale)))
+
+
+def lora_link(lora_a: tf.Variable) -> LoraLink | None:
+    """The `LoraLink` recorded by `link_lora` on `lora_a`, or None."""
+    return getattr(lora_a, _LINK_ATTR, None)
 
 
 def role_of(variable: tf.Variable) -> str:

@@ -96,6 +96,17 @@ def test_shapes_roles_and_trainable_variables():
     assert sum(int(np.prod(v.shape)) for v in lora.trainable_weights) == 2 * (8 + 8)
 
 
+@pytest.mark.parametrize("make", [lambda: _dense(units=6, d_in=5), lambda: _query()])
+def test_link_to_base_kernel(make):
+    """`tffl.roles.lora_link(A)` names B, the wrapped kernel and the scale α/r."""
+    base = make()
+    lora = wrap_with_lora(base, rank=2, alpha=3.0)
+    link = roles.lora_link(lora.lora_a)
+    assert link.lora_b is lora.lora_b and link.base_kernel is base.kernel
+    assert link.scale == 1.5
+    assert roles.lora_link(lora.lora_b) is None
+
+
 def test_a_init_is_seeded_and_peft_uniform():
     a1 = LoraDense(_dense(units=40, d_in=30), rank=4, seed=7).lora_a.numpy()
     a2 = LoraDense(_dense(units=40, d_in=30), rank=4, seed=7).lora_a.numpy()

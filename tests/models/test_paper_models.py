@@ -30,12 +30,67 @@ def test_rolora_net_defaults_are_the_papers():
     assert [tuple(v.shape) for v in model.weights] == [(784, 16), (16, 784), (784, 10)]
 
 
+def _grads(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, model(x))
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def test_rolora_net_relu_cannot_train_from_b_zero():
+    """ReLU(x·A·B) at B = 0: h = 0 and ReLU'(0) = 0, so ∇_A = ∇_B = 0 exactly (the paper's init
+    cannot train); the linear net has ∇_B = (x·A)ᵀ·(softmax − onehot)·W_outᵀ/n ≠ 0 (numpy);
+    `b_stddev=1e-3` gives B ≠ 0 and non-zero gradients for both factors."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 12)).astype(np.float32)
+    y = rng.integers(0, 4, size=6)
+    relu = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5)
+    grad_a, grad_b = _grads(relu, x, y)
+    assert not grad_a.any() and not grad_b.any()
+
+    linear = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
+                                    linear=True)
+    a, _, w_out = (v.numpy().astype(np.float64) for v in linear.weights)
+    logits = np.zeros((6, 4))
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    g = (p - np.eye(4)[y]) / len(x)
+    np.testing.assert_allclose(_grads(linear, x, y)[1], (x @ a).T @ g @ w_out.T, rtol=1e-4,
+                               atol=1e-7)
+
+    noisy = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
+                                   b_stddev=1e-3)
+    b = noisy.weights[1].numpy()
+    assert 0 < b.std() < 1e-2
+    grad_a, grad_b = _grads(noisy, x, y)
+    assert np.abs(grad_a).max() > 0 and np.abs(grad_b).max() > 0
+
+
+def test_rolora_net_with_a_linked_base_kernel():
+    """`base_kernel=True`: a frozen zero W0 (12, 12), linked to (A, B) with scale 1, and
+    logits = ReLU(x·(W0 + A·B))·W_out (numpy)."""
+    model = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
+                                   b_stddev=0.1, base_kernel=True)
+    a, b, w0, w_out = model.weights
+    assert [roles.role_of(v) for v in model.weights] == ["lora_a", "lora_b", "frozen", "frozen"]
+    assert [v.name for v in model.trainable_variables] == [a.name, b.name]
+    assert not w0.numpy().any() and w0.shape == (12, 12)
+    link = roles.lora_link(a)
+    assert link.lora_b is b and link.base_kernel is w0 and link.scale == 1.0
+    w0.assign(np.random.default_rng(2).normal(size=(12, 12)).astype(np.float32))
+    x = np.random.default_rng(0).normal(size=(5, 12)).astype(np.float32)
+    a, b, w0, w_out = (v.numpy() for v in model.weights)
+    np.testing.assert_allclose(model(x).numpy(), np.maximum(x @ (w0 + a @ b), 0) @ w_out,
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_low_rank_dense_bad_rank_and_config():
     with pytest.raises(ValueError, match="rank=0"):
         LowRankDense(4, 0)
     with pytest.raises(ValueError, match=r"rank=5 exceeds min\(d_in, d_out\)=min\(3, 4\)"):
         LowRankDense(4, 5)(tf.ones((1, 3)))
-    layer = LowRankDense(4, 2, stddev=0.1, seed=3)
+    with pytest.raises(ValueError, match="b_stddev must be >= 0"):
+        LowRankDense(4, 2, b_stddev=-1.0)
+    layer = LowRankDense(4, 2, stddev=0.1, seed=3, b_stddev=1e-3, base_kernel=True)
     assert LowRankDense.from_config(layer.get_config()).get_config() == layer.get_config()
 
 
