@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tffl import evaluation
 from tffl import fedavg
+from tffl import lora_fl
 from tffl import participation
 
 
@@ -52,15 +53,35 @@ def _client_dataset_fn(
 
 
 _SHUFFLE_BUFFER = 10_000  # larger than any client's data here: a full shuffle
+# lora_net_base adds a frozen (zero) base kernel W0 linked to the adapter, for FLoRA to merge into.
+MODELS = ("mlp", "lora_net", "lora_net_base")
+LORA_NET_B_STDDEV = 1e-3
 
 
-def _run_task(task, hidden: int, batch_size: int, local_steps: int, seed: int) -> RunTask:
-    """Wraps a `tasks.task.Task` of flat features with an MLP for the round loop."""
+def _run_task(
+    task, hidden: int, batch_size: int, local_steps: int, seed: int, model: str, rank: int
+) -> RunTask:
+    """Wraps a `tasks.task.Task` of flat features with a model for the round loop.
+
+    `model="mlp"`: x -> ReLU(x W1 + b1) W2 + b2 (all trainable, for FedAvg).
+    `model="lora_net"`: RoLoRA's two-layer net logits = ReLU(x A B) W_out (A: d x rank, B: rank x
+    d, W_out fixed), with B initialized N(0, 1e-3^2) instead of the paper's 0 because ReLU'(0) = 0
+    would leave every gradient exactly zero (see models.paper_models.build_rolora_mnist_net).
+    """
     from models import paper_models
 
     input_dim = int(task.element_spec[0].shape[-1])
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if model != "mlp" and not 1 <= rank <= input_dim:
+        raise ValueError(f"flag --rank={rank}: must be between 1 and the input width {input_dim}")
 
     def keras_model_fn() -> tf.keras.Model:
+        if model in ("lora_net", "lora_net_base"):
+            return paper_models.build_rolora_mnist_net(
+                input_dim=input_dim, rank=rank, num_classes=task.num_classes, seed=seed,
+                b_stddev=LORA_NET_B_STDDEV, base_kernel=model == "lora_net_base",
+            )
         return paper_models.build_mlp(
             input_dim=input_dim, hidden=(hidden,), num_classes=task.num_classes, seed=seed
         )
@@ -70,9 +91,12 @@ def _run_task(task, hidden: int, batch_size: int, local_steps: int, seed: int) -
     )
     sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
     n_train = sum(sizes.values()) if isinstance(sizes, dict) else "?"
+    shape = (f"MLP {input_dim}-{hidden}-{task.num_classes}" if model == "mlp"
+             else f"ReLU(x(W0+AB))W_out, d={input_dim}, r={rank}" if model == "lora_net_base"
+             else f"ReLU(xAB)W_out, d={input_dim}, r={rank}")
     return RunTask(
-        description=f"{task.name} ({n_train} train examples, MLP {input_dim}-{hidden}-"
-        f"{task.num_classes})",
+        description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
+        f"clients; {shape})",
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=_client_dataset_fn(task.train_data, batch_size, local_steps, seed),
         keras_model_fn=keras_model_fn,
@@ -89,22 +113,20 @@ def _scheme_kwargs(partition: str, classes_per_client: int, dirichlet_alpha: flo
     return {}
 
 
-def _digits_task(num_clients, batch_size, local_steps, seed, partition, data_dir, **kw) -> RunTask:
+def _digits_task(num_clients, seed, partition, data_dir, **kw):
     from tasks import task as task_lib
 
     del data_dir
-    task = task_lib.digits_task(num_clients, scheme=partition, seed=seed,
-                                **_scheme_kwargs(partition, **kw))
-    return _run_task(task, hidden=32, batch_size=batch_size, local_steps=local_steps, seed=seed)
+    return task_lib.digits_task(num_clients, scheme=partition, seed=seed,
+                                **_scheme_kwargs(partition, **kw)), 32
 
 
-def _mnist_task(num_clients, batch_size, local_steps, seed, partition, data_dir, **kw) -> RunTask:
+def _mnist_task(num_clients, seed, partition, data_dir, **kw):
     from tasks import task as task_lib
 
     path = pathlib.Path(data_dir) / "mnist" / "mnist_5k.csv.gz"
-    task = task_lib.mnist_csv_task(path, num_clients, scheme=partition, seed=seed,
-                                   **_scheme_kwargs(partition, **kw))
-    return _run_task(task, hidden=200, batch_size=batch_size, local_steps=local_steps, seed=seed)
+    return task_lib.mnist_csv_task(path, num_clients, scheme=partition, seed=seed,
+                                   **_scheme_kwargs(partition, **kw)), 200
 
 
 _TASK_BUILDERS = {"digits": _digits_task, "mnist": _mnist_task}
@@ -122,15 +144,34 @@ def build_task(
     classes_per_client: int = 2,
     dirichlet_alpha: float = 0.5,
     data_dir: str | pathlib.Path = "../shared/data",
+    model: str = "mlp",
+    rank: int = 16,
 ) -> RunTask:
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(_TASK_BUILDERS)}")
     if partition not in PARTITIONS:
         raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
-    return _TASK_BUILDERS[name](
-        num_clients, batch_size, local_steps, seed, partition, data_dir,
+    task, hidden = _TASK_BUILDERS[name](
+        num_clients, seed, partition, data_dir,
         classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha,
     )
+    return _run_task(task, hidden, batch_size, local_steps, seed, model=model, rank=rank)
+
+
+LORA_ALGORITHMS = lora_fl.ALGORITHMS
+ALGORITHMS = ("fedavg", *LORA_ALGORITHMS)
+
+
+def model_for(algorithm: str) -> str:
+    """The model an algorithm trains: LoRA algorithms need role-tagged LoRA factors."""
+    if algorithm == "flora":
+        return "lora_net_base"
+    return "lora_net" if algorithm in LORA_ALGORITHMS else "mlp"
+
+
+def communication_rounds_per_next(algorithm: str) -> int:
+    """Communication rounds in one `next` call (RoLoRA: a B round, then an A round)."""
+    return 2 if algorithm == "rolora" else 1
 
 
 def build_algorithm(
@@ -143,7 +184,11 @@ def build_algorithm(
             client_learning_rate=client_learning_rate,
             server_learning_rate=server_learning_rate,
         )
-    raise ValueError(f"unknown algorithm {name!r}; choose one of fedavg")
+    if name in LORA_ALGORITHMS:
+        return lora_fl.build_lora_process(
+            name, task.keras_model_fn, task.input_spec, client_learning_rate=client_learning_rate
+        )
+    raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
 def build_sampler(task: RunTask, clients_per_round: int, seed: int):

@@ -1,19 +1,24 @@
-r"""Federated training from the command line: one algorithm, one task, one round loop.
+r"""Federated training from the command line: algorithms x one task, one round loop.
 
-The defaults run offline in about a minute on 2 CPU cores: FedAvg of a small MLP on scikit-learn's
-bundled 8x8 digits (1,797 real images), split IID over 20 clients, 10 per round, 30 rounds.
+The defaults run offline in about a minute on 2 CPU cores: RoLoRA vs FedAvg-LoRA vs FFA-LoRA on
+RoLoRA's two-layer net ReLU(x A B) W_out (rank 16) over scikit-learn's bundled 8x8 digits (1,797
+real images), split 5 clients x 2 classes, all clients every round, 100 communication rounds.
 
     uv run python scripts/train.py
-    uv run python scripts/train.py --rounds=50 --learning_rate=0.1 --output_dir=runs/digits
+    uv run python scripts/train.py --algorithm=rolora --num_clients=10 --classes_per_client=1
+    uv run python scripts/train.py --algorithm=fedavg --partition=iid --num_clients=20 \
+        --clients_per_round=10 --learning_rate=0.1 --rounds=30 --output_dir=runs/digits
     uv run python scripts/train.py --output_dir=runs/digits --resume     # continue a stopped run
-    uv run python scripts/train.py --task=mnist --partition=shards --classes_per_client=2
+    uv run python scripts/train.py --task=mnist                          # the real MNIST-5k CSV
 
-Each run writes to --output_dir (default: runs/<task>-<algorithm>-<time>):
-  metrics.csv          one row per round (train loss/accuracy, eval, bytes per client, seconds)
+Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>), or to
+--output_dir/<algorithm>/ when several are compared:
+  metrics.csv          one row per `next` (train loss, eval, bytes down/up per client, seconds;
+                       RoLoRA's row holds its B round and its A round, `b_round/...`, `a_round/...`)
   checkpoints/         the newest server states; --resume continues after the last one
   summary.json         final metrics and the flags used
-  tff_worker.log       the TFF C++ worker's own log
-TF/TFF log noise is off unless --verbosity is given (e.g. --verbosity=1).
+and a comparison of several algorithms goes to comparison.csv / comparison.md; the TFF C++
+worker's own log to tff_worker.log. TF/TFF log noise is off unless --verbosity is given.
 """
 
 from __future__ import annotations
@@ -44,16 +49,20 @@ from tffl import runtime  # noqa: E402, F401
 
 from scripts import registry  # noqa: E402
 
-ALGORITHMS = ("fedavg",)
 _DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-_ALGORITHM = flags.DEFINE_enum("algorithm", "fedavg", ALGORITHMS, "Federated algorithm.")
+_ALGORITHM = flags.DEFINE_list(
+    "algorithm", "rolora,fedavg_lora,ffa_lora",
+    "Algorithm, or a comma-separated list to compare on the same task: "
+    + ", ".join(registry.ALGORITHMS) + ". fedavg trains an MLP; the LoRA algorithms train "
+    "RoLoRA's two-layer net ReLU(x A B) W_out.",
+)
 _TASK = flags.DEFINE_enum(
     "task", "digits", registry.TASKS,
     "Task: digits (sklearn, bundled) or mnist (MNIST-5k CSV under --data_dir).",
 )
 _PARTITION = flags.DEFINE_enum(
-    "partition", "iid", registry.PARTITIONS,
+    "partition", "shards", registry.PARTITIONS,
     "Client split: iid, shards (--classes_per_client classes each), dirichlet (--dirichlet_alpha).",
 )
 _CLASSES_PER_CLIENT = flags.DEFINE_integer("classes_per_client", 2, "Classes per client (shards).")
@@ -61,13 +70,20 @@ _DIRICHLET_ALPHA = flags.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concent
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", str(_DEFAULT_DATA_DIR), "Folder of the real data sets (mnist/mnist_5k.csv.gz)."
 )
-_NUM_CLIENTS = flags.DEFINE_integer("num_clients", 20, "Clients the data is split over.")
-_CLIENTS_PER_ROUND = flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.")
-_ROUNDS = flags.DEFINE_integer("rounds", 30, "Communication rounds.")
+_NUM_CLIENTS = flags.DEFINE_integer("num_clients", 5, "Clients the data is split over.")
+_CLIENTS_PER_ROUND = flags.DEFINE_integer("clients_per_round", 5, "Clients sampled per round.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 100,
+    "Communication rounds (RoLoRA runs them in pairs: a B round then an A round, one row each "
+    "pair in metrics.csv).",
+)
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 10, "Local SGD steps per client per round.")
+_RANK = flags.DEFINE_integer("rank", 16, "LoRA rank r of the LoRA algorithms' adapters.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.1, "Client learning rate.")
-_SERVER_LEARNING_RATE = flags.DEFINE_float("server_learning_rate", 1.0, "Server learning rate.")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate (plain SGD).")
+_SERVER_LEARNING_RATE = flags.DEFINE_float(
+    "server_learning_rate", 1.0, "Server learning rate (fedavg; the LoRA algorithms average)."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for data split, model init and client sampling.")
 _EVAL_EVERY = flags.DEFINE_integer(
     "eval_every", 5, "Evaluate on the test set every this many rounds (0: only at the end)."
@@ -80,7 +96,7 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --output_dir f
 
 # Flags that name a run's math; --resume refuses a checkpoint written with other values.
 _RUN_FLAGS = (
-    "algorithm", "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "clients_per_round", "local_steps", "batch_size",
+    "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank", "clients_per_round", "local_steps", "batch_size",
     "learning_rate", "server_learning_rate", "seed",
 )
 
@@ -101,6 +117,15 @@ def _validate_flags() -> pathlib.Path:
                  "checkpoint_every", "classes_per_client"):
         _positive(name)
     _positive("eval_every", minimum=0)
+    _positive("rank")
+    unknown = [a for a in _ALGORITHM.value if a not in registry.ALGORITHMS]
+    if unknown or not _ALGORITHM.value:
+        raise UsageError(
+            f"flag --algorithm={','.join(_ALGORITHM.value)}: unknown {', '.join(unknown) or 'empty'};"
+            f" choose from {', '.join(registry.ALGORITHMS)}"
+        )
+    if len(set(_ALGORITHM.value)) != len(_ALGORITHM.value):
+        raise UsageError(f"flag --algorithm={','.join(_ALGORITHM.value)}: names repeat")
     for name in ("learning_rate", "server_learning_rate", "dirichlet_alpha"):
         if not flags.FLAGS[name].value > 0:
             raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be > 0")
@@ -115,7 +140,8 @@ def _validate_flags() -> pathlib.Path:
         raise UsageError("flag --resume needs --output_dir naming the run to continue")
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        output_dir = pathlib.Path("runs") / f"{_TASK.value}-{_ALGORITHM.value}-{stamp}"
+        name = "-".join(_ALGORITHM.value) if len(_ALGORITHM.value) <= 3 else "compare"
+        output_dir = pathlib.Path("runs") / f"{_TASK.value}-{name}-{stamp}"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / ".write_test"
@@ -147,12 +173,15 @@ def _quiet_python_logs() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def run(output_dir: pathlib.Path) -> dict:
-    """Builds the task and algorithm from the flags and runs the round loop; returns the summary."""
+def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
+    """Builds the task and `algorithm` from the flags, runs the round loop; returns the summary.
+
+    Must run inside `runtime.local_runtime()`.
+    """
     from tffl import simulation
 
     tf.keras.utils.set_random_seed(_SEED.value)
-    config = {name: flags.FLAGS[name].value for name in _RUN_FLAGS}
+    config = {name: flags.FLAGS[name].value for name in _RUN_FLAGS} | {"algorithm": algorithm}
     task = registry.build_task(
         _TASK.value,
         num_clients=_NUM_CLIENTS.value,
@@ -163,42 +192,112 @@ def run(output_dir: pathlib.Path) -> dict:
         classes_per_client=_CLASSES_PER_CLIENT.value,
         dirichlet_alpha=_DIRICHLET_ALPHA.value,
         data_dir=_DATA_DIR.value,
+        model=registry.model_for(algorithm),
+        rank=_RANK.value,
     )
+    per_next = registry.communication_rounds_per_next(algorithm)
+    driver_rounds = -(-_ROUNDS.value // per_next)  # ceil: a RoLoRA pair is one `next`
     print(
-        f"tffl: {_ALGORITHM.value} on {task.description}; {_NUM_CLIENTS.value} clients, "
-        f"{_CLIENTS_PER_ROUND.value} per round, {_ROUNDS.value} rounds -> {output_dir}",
+        f"tffl: {algorithm} on {task.description}; {_CLIENTS_PER_ROUND.value} clients per round, "
+        f"{driver_rounds * per_next} communication rounds -> {output_dir}",
         flush=True,
     )
     started = time.perf_counter()
-    with runtime.local_runtime(log_dir=output_dir):
-        process = registry.build_algorithm(
-            _ALGORITHM.value,
-            task,
-            client_learning_rate=_LEARNING_RATE.value,
-            server_learning_rate=_SERVER_LEARNING_RATE.value,
-        )
-        result = simulation.run_rounds(
-            process,
-            sampler=registry.build_sampler(task, _CLIENTS_PER_ROUND.value, _SEED.value),
-            client_dataset_fn=task.client_dataset_fn,
-            rounds=_ROUNDS.value,
-            output_dir=output_dir,
-            evaluate_fn=lambda state: task.evaluate(process.get_model_weights(state)),
-            eval_every=_EVAL_EVERY.value,
-            checkpoint_every=_CHECKPOINT_EVERY.value,
-            config=config,
-            resume=_RESUME.value,
-            log=lambda line: print(line, flush=True),
-        )
-    last = result.history[-1] if result.history else {}
+    process = registry.build_algorithm(
+        algorithm,
+        task,
+        client_learning_rate=_LEARNING_RATE.value,
+        server_learning_rate=_SERVER_LEARNING_RATE.value,
+    )
+    result = simulation.run_rounds(
+        process,
+        sampler=registry.build_sampler(task, _CLIENTS_PER_ROUND.value, _SEED.value),
+        client_dataset_fn=task.client_dataset_fn,
+        rounds=driver_rounds,
+        output_dir=output_dir,
+        evaluate_fn=lambda state: task.evaluate(process.get_model_weights(state)),
+        eval_every=max(1, _EVAL_EVERY.value // per_next) if _EVAL_EVERY.value else 0,
+        checkpoint_every=_CHECKPOINT_EVERY.value,
+        config=config,
+        resume=_RESUME.value,
+        log=lambda line: print(line, flush=True),
+    )
+    history = result.history
+    last = history[-1] if history else {}
+    evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
     summary = {
+        "algorithm": algorithm,
         "flags": config | {"rounds": _ROUNDS.value},
         "rounds_completed": last.get("round", 0),
+        "communication_rounds": last.get("communication_rounds", 0),
+        "best_eval_accuracy": max(evals) if evals else None,
+        "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
         "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+_TABLE_COLUMNS = (
+    ("algorithm", "algorithm", "{}"),
+    ("comm. rounds", "communication_rounds", "{}"),
+    ("test acc (final)", "eval_accuracy", "{:.4f}"),
+    ("test acc (best)", "best_eval_accuracy", "{:.4f}"),
+    ("train loss", "train_loss", "{:.4f}"),
+    ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
+    ("seconds", "wall_seconds_this_run", "{:.1f}"),
+)
+
+
+def _comparison_rows(summaries: list[dict]) -> list[dict]:
+    rows = []
+    for s in summaries:
+        final = s["final"]
+        comm = max(1, s["communication_rounds"])
+        rows.append({
+            "algorithm": s["algorithm"],
+            "communication_rounds": s["communication_rounds"],
+            "eval_accuracy": final.get("eval_accuracy", float("nan")),
+            "best_eval_accuracy": s["best_eval_accuracy"] or float("nan"),
+            "train_loss": final.get("train_loss", float("nan")),
+            "upload_per_round_kib": s["upload_bytes_per_client_total"] / comm / 1024,
+            "wall_seconds_this_run": s["wall_seconds_this_run"],
+        })
+    return rows
+
+
+def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
+    """Writes comparison.csv and comparison.md; returns the Markdown table."""
+    import csv
+
+    rows = _comparison_rows(summaries)
+    with open(output_dir / "comparison.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[key for _, key, _ in _TABLE_COLUMNS])
+        writer.writeheader()
+        writer.writerows(rows)
+    header = "| " + " | ".join(title for title, _, _ in _TABLE_COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in _TABLE_COLUMNS) + "|"
+    lines = [header, rule] + [
+        "| " + " | ".join(fmt.format(row[key]) for _, key, fmt in _TABLE_COLUMNS) + " |"
+        for row in rows
+    ]
+    table = "\n".join(lines)
+    flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
+    (output_dir / "comparison.md").write_text(f"{flag_line}\n\n{table}\n")
+    return table
+
+
+def run(output_dir: pathlib.Path) -> list[dict]:
+    """Runs every algorithm of --algorithm (each in its own sub-directory when there are several)
+    on one managed TFF worker; returns their summaries."""
+    algorithms = _ALGORITHM.value
+    summaries = []
+    with runtime.local_runtime(log_dir=output_dir):
+        for algorithm in algorithms:
+            run_dir = output_dir / algorithm if len(algorithms) > 1 else output_dir
+            summaries.append(run_algorithm(algorithm, run_dir))
+    return summaries
 
 
 def main(argv: list[str]) -> int:
@@ -211,7 +310,7 @@ def main(argv: list[str]) -> int:
         output_dir = _validate_flags()
         if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
             _quiet_python_logs()
-        summary = run(output_dir)
+        summaries = run(output_dir)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
         if os.environ.get("TFFL_DEBUG"):
             raise
@@ -222,20 +321,23 @@ def main(argv: list[str]) -> int:
             raise
         sys.stderr.write(f"train.py: error: {e}\n")
         return 1
-    final = summary["final"]
-    print(
-        "done: {} rounds; train loss {:.4f}, train accuracy {:.4f}; test loss {:.4f}, "
-        "test accuracy {:.4f}; {:.1f} s. Results in {}".format(
-            summary["rounds_completed"],
-            final.get("train_loss", float("nan")),
-            final.get("train_accuracy", float("nan")),
-            final.get("eval_loss", float("nan")),
-            final.get("eval_accuracy", float("nan")),
-            summary["wall_seconds_this_run"],
-            output_dir,
-        ),
-        flush=True,
-    )
+    if len(summaries) > 1:
+        print("\n" + write_comparison(output_dir, summaries) + "\n", flush=True)
+    for summary in summaries:
+        final = summary["final"]
+        print(
+            "done: {} {} communication rounds; train loss {:.4f}; test loss {:.4f}, "
+            "test accuracy {:.4f}; {:.1f} s.".format(
+                summary["algorithm"],
+                summary["communication_rounds"],
+                final.get("train_loss", float("nan")),
+                final.get("eval_loss", float("nan")),
+                final.get("eval_accuracy", float("nan")),
+                summary["wall_seconds_this_run"],
+            ),
+            flush=True,
+        )
+    print(f"Results in {output_dir}", flush=True)
     return 0
 
 

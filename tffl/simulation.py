@@ -42,6 +42,7 @@ CHECKPOINT_DIR = "checkpoints"
 # Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
 _LEADING_COLUMNS = (
     "round",
+    "communication_rounds",
     "clients",
     "train_loss",
     "train_accuracy",
@@ -92,17 +93,69 @@ def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
 
 
 def _summary_metrics(flat: dict[str, float]) -> dict[str, float]:
-    """Short aliases `train_loss` / `train_accuracy` for the process's training metrics."""
+    """Short aliases `train_loss` / `train_accuracy` for the process's training metrics (the last
+    ones reported: for a `next` of several communication rounds, those of its last round)."""
     out = {}
     for key, value in flat.items():
         parts = key.split("/")
         if "train" not in parts:
             continue
-        if parts[-1] == "loss" and "train_loss" not in out:
+        if parts[-1] == "loss":
             out["train_loss"] = value
-        elif parts[-1].endswith("accuracy") and "train_accuracy" not in out:
+        elif parts[-1].endswith("accuracy"):
             out["train_accuracy"] = value
     return out
+
+
+def _sub_round_computations(process: Any) -> dict[str, Any]:
+    """`{name: computation}` of the communication rounds inside one `next`, if the process says."""
+    for owner in (process, getattr(process, "rolora", None)):
+        rounds = getattr(owner, "communication_rounds", None)
+        if isinstance(rounds, Mapping) and rounds:
+            return dict(rounds)
+    return {}
+
+
+class _Traffic:
+    """Bytes per client for each row: the whole `next`, or the sum over the communication rounds
+    that `next` ran (a process with `communication_rounds`, e.g. RoLoRA's `b_round` + `a_round`,
+    reports metrics under those names, which tells which rounds ran)."""
+
+    def __init__(self, process: Any, say: Callable[[str], None]):
+        self.per_round: dict[str, communication.RoundTraffic] = {}
+        self.whole: communication.RoundTraffic | None = None
+        try:
+            sub_rounds = _sub_round_computations(process)
+            if sub_rounds:
+                self.per_round = {
+                    name: communication.round_traffic(comp) for name, comp in sub_rounds.items()
+                }
+            else:
+                self.whole = communication.round_traffic(process.next)
+        except ValueError as e:
+            say(f"note: bytes per client not reported: {e}")
+
+    def columns(self, metrics: Any) -> dict[str, float]:
+        if self.whole is not None:
+            return {
+                "communication_rounds": 1,
+                "bytes_down_per_client": self.whole.down,
+                "bytes_up_per_client": self.whole.up,
+            }
+        ran = [n for n in self.per_round if isinstance(metrics, Mapping) and n in metrics]
+        if not ran and len(self.per_round) == 1:
+            ran = list(self.per_round)  # a one-round process reports its metrics unkeyed
+        if not ran:
+            return {"communication_rounds": 1} if not self.per_round else {}
+        out: dict[str, float] = {
+            "communication_rounds": len(ran),
+            "bytes_down_per_client": sum(self.per_round[n].down for n in ran),
+            "bytes_up_per_client": sum(self.per_round[n].up for n in ran),
+        }
+        for name in ran:
+            out[f"{name}/bytes_down_per_client"] = self.per_round[name].down
+            out[f"{name}/bytes_up_per_client"] = self.per_round[name].up
+        return out
 
 
 def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
@@ -114,7 +167,10 @@ def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
             for key, value in row.items():
                 if value in ("", None):
                     continue
-                parsed[key] = int(value) if key in ("round", "clients") else float(value)
+                parsed[key] = (
+                    int(value) if key in ("round", "clients", "communication_rounds")
+                    else float(value)
+                )
             rows.append(parsed)
     return rows
 
@@ -226,11 +282,8 @@ def run_rounds(
             say(f"run already complete ({done} of {rounds} rounds)")
             return SimulationResult(state, history, first_round)
 
-    try:
-        traffic = communication.round_traffic(process.next)
-    except ValueError as e:
-        traffic = None
-        say(f"note: bytes per client not reported: {e}")
+    traffic = _Traffic(process, say)
+    communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
 
     for round_num in range(first_round, rounds + 1):
         participation = sampler.sample(round_num)
@@ -245,9 +298,9 @@ def run_rounds(
         flat = flatten_metrics(metrics)
         row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
         row.update(_summary_metrics(flat))
-        if traffic is not None:
-            row["bytes_down_per_client"] = traffic.down
-            row["bytes_up_per_client"] = traffic.up
+        row.update(traffic.columns(metrics))
+        communication_rounds += int(row.pop("communication_rounds", 1))
+        row["communication_rounds"] = communication_rounds
         row["round_seconds"] = seconds
         row.update(participation.info)
         row.update(flat)

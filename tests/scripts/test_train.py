@@ -13,7 +13,8 @@ import pytest
 from tffl import simulation
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-_FAST = ["--num_clients=6", "--clients_per_round=3", "--local_steps=3", "--eval_every=2"]
+_FAST = ["--algorithm=fedavg", "--partition=iid", "--num_clients=6", "--clients_per_round=3",
+         "--local_steps=3", "--eval_every=2", "--learning_rate=0.1"]
 
 
 def _run(*args, timeout=300):
@@ -39,6 +40,9 @@ def _rows(path):
         (["--learning_rate=-1"], "--learning_rate"),
         (["--output_dir=/proc/tffl_not_writable"], "--output_dir"),
         (["--resume"], "--resume"),
+        (["--algorithm=rolora,rolora"], "--algorithm"),
+        (["--rank=0"], "--rank"),
+        (["--rank=65"], "--rank"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag):
@@ -47,14 +51,14 @@ def test_bad_flags_are_one_clear_line(args, flag):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1, proc.stderr
     assert flag in err[0] and "Traceback" not in proc.stderr
-    if flag == "--algorithm":
-        assert "fedavg" in err[0]  # the allowed values are named
+    if args == ["--algorithm=nope"]:
+        assert "fedavg" in err[0] and "rolora" in err[0]  # the allowed values are named
 
 
 def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
     proc = _run(*_FAST, "--rounds=3", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    assert "done: 3 rounds" in proc.stdout and "round 3/3" in proc.stdout
+    assert "done: fedavg 3 communication rounds" in proc.stdout and "round 3/3" in proc.stdout
     rows = _rows(tmp_path)
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert rows[-1]["bytes_up_per_client"] > 0 and "eval_accuracy" in rows[-1]
@@ -101,3 +105,26 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert _rows(cut) == _rows(full)
+
+
+def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
+    """Per client per communication round, from the TFF types: RoLoRA's B round uploads B
+    (r x d_out float32) and its A round A (d_in x r), FFA-LoRA B, FedAvg-LoRA both; each also
+    uploads two float32 metric scalars and the float32 weight of the (default, example-weighted)
+    mean: 12 bytes. Digits: d_in = d_out = 64; r = 4."""
+    r, d, extra = 4, 64, 12
+    proc = _run("--algorithm=rolora,fedavg_lora,ffa_lora", "--rank=4", "--rounds=4",
+                "--local_steps=2", "--eval_every=2", f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rolora = simulation.read_metrics(tmp_path / "rolora" / "metrics.csv")
+    fedavg_lora = simulation.read_metrics(tmp_path / "fedavg_lora" / "metrics.csv")
+    ffa_lora = simulation.read_metrics(tmp_path / "ffa_lora" / "metrics.csv")
+    assert [row["communication_rounds"] for row in rolora] == [2, 4]  # B+A pairs
+    assert [row["communication_rounds"] for row in fedavg_lora] == [1, 2, 3, 4]
+    assert rolora[0]["b_round/bytes_up_per_client"] == r * d * 4 + extra
+    assert rolora[0]["a_round/bytes_up_per_client"] == d * r * 4 + extra
+    assert ffa_lora[0]["bytes_up_per_client"] == r * d * 4 + extra
+    assert fedavg_lora[0]["bytes_up_per_client"] == 2 * r * d * 4 + extra
+    table = (tmp_path / "comparison.md").read_text()
+    assert all(name in table for name in ("rolora", "fedavg_lora", "ffa_lora"))
+    assert "| rolora | 4 |" in table
