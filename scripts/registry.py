@@ -158,7 +158,7 @@ def build_task(
     return _run_task(task, hidden, batch_size, local_steps, seed, model=model, rank=rank)
 
 
-LORA_ALGORITHMS = lora_fl.ALGORITHMS
+LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")
 ALGORITHMS = ("fedavg", *LORA_ALGORITHMS)
 
 
@@ -169,13 +169,34 @@ def model_for(algorithm: str) -> str:
     return "lora_net" if algorithm in LORA_ALGORITHMS else "mlp"
 
 
-def communication_rounds_per_next(algorithm: str) -> int:
-    """Communication rounds in one `next` call (RoLoRA: a B round, then an A round)."""
-    return 2 if algorithm == "rolora" else 1
+def driver_rounds(
+    algorithm: str, communication_rounds: int, rolora_fraction: float = 0.5
+) -> tuple[int, int]:
+    """`(next calls, communication rounds they make)` for a target of `communication_rounds` T.
+
+    RoLoRA: each call is a B round then an A round, so ceil(T/2) calls (T rounded up to even);
+    rolora_ffa: B+A pairs until round(x*T) rounds are done, then single B rounds; others: T.
+    """
+    if algorithm == "rolora":
+        calls = -(-communication_rounds // 2)
+        return calls, 2 * calls
+    if algorithm == "rolora_ffa":
+        switch = round(rolora_fraction * communication_rounds)
+        done = calls = 0
+        while done < communication_rounds:
+            done += 2 if done + 2 <= switch else 1
+            calls += 1
+        return calls, done
+    return communication_rounds, communication_rounds
 
 
 def build_algorithm(
-    name: str, task: RunTask, client_learning_rate: float, server_learning_rate: float
+    name: str,
+    task: RunTask,
+    client_learning_rate: float,
+    server_learning_rate: float,
+    communication_rounds: int = 1,
+    rolora_fraction: float = 0.5,
 ):
     if name == "fedavg":
         return fedavg.build_fedavg(
@@ -183,6 +204,11 @@ def build_algorithm(
             task.input_spec,
             client_learning_rate=client_learning_rate,
             server_learning_rate=server_learning_rate,
+        )
+    if name == "rolora_ffa":
+        return lora_fl.build_rolora_then_ffa(
+            rolora_fraction, communication_rounds, task.keras_model_fn, task.input_spec,
+            client_learning_rate=client_learning_rate,
         )
     if name in LORA_ALGORITHMS:
         return lora_fl.build_lora_process(

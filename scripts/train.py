@@ -79,6 +79,10 @@ _ROUNDS = flags.DEFINE_integer(
 )
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 10, "Local SGD steps per client per round.")
 _RANK = flags.DEFINE_integer("rank", 16, "LoRA rank r of the LoRA algorithms' adapters.")
+_ROLORA_FRACTION = flags.DEFINE_float(
+    "rolora_fraction", 0.5,
+    "rolora_ffa: fraction x of the communication rounds run as RoLoRA before FFA-LoRA takes over.",
+)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate (plain SGD).")
 _SERVER_LEARNING_RATE = flags.DEFINE_float(
@@ -96,7 +100,8 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --output_dir f
 
 # Flags that name a run's math; --resume refuses a checkpoint written with other values.
 _RUN_FLAGS = (
-    "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank", "clients_per_round", "local_steps", "batch_size",
+    "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
+    "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
     "learning_rate", "server_learning_rate", "seed",
 )
 
@@ -118,6 +123,8 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     _positive("eval_every", minimum=0)
     _positive("rank")
+    if not 0.0 <= _ROLORA_FRACTION.value <= 1.0:
+        raise UsageError(f"flag --rolora_fraction={_ROLORA_FRACTION.value}: must be in [0, 1]")
     unknown = [a for a in _ALGORITHM.value if a not in registry.ALGORITHMS]
     if unknown or not _ALGORITHM.value:
         raise UsageError(
@@ -195,11 +202,13 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         model=registry.model_for(algorithm),
         rank=_RANK.value,
     )
-    per_next = registry.communication_rounds_per_next(algorithm)
-    driver_rounds = -(-_ROUNDS.value // per_next)  # ceil: a RoLoRA pair is one `next`
+    driver_rounds, comm_rounds = registry.driver_rounds(
+        algorithm, _ROUNDS.value, _ROLORA_FRACTION.value
+    )
+    per_next = max(1, round(comm_rounds / driver_rounds))
     print(
         f"tffl: {algorithm} on {task.description}; {_CLIENTS_PER_ROUND.value} clients per round, "
-        f"{driver_rounds * per_next} communication rounds -> {output_dir}",
+        f"{comm_rounds} communication rounds ({driver_rounds} rows) -> {output_dir}",
         flush=True,
     )
     started = time.perf_counter()
@@ -208,6 +217,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         task,
         client_learning_rate=_LEARNING_RATE.value,
         server_learning_rate=_SERVER_LEARNING_RATE.value,
+        communication_rounds=_ROUNDS.value,
+        rolora_fraction=_ROLORA_FRACTION.value,
     )
     result = simulation.run_rounds(
         process,

@@ -45,3 +45,18 @@ def test_unknown_names_are_clear_errors(tmp_path):
         registry.build_task("digits", 2, 1, 1, 0, partition="nope")
     with pytest.raises(FileNotFoundError, match="mnist_5k.csv.gz"):
         registry.build_task("mnist", 2, 1, 1, 0, data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "algorithm, rounds, fraction, expected",
+    [
+        ("fedavg_lora", 7, 0.5, (7, 7)),
+        ("rolora", 8, 0.5, (4, 8)),
+        ("rolora", 9, 0.5, (5, 10)),  # a RoLoRA call is always a B round and an A round
+        ("rolora_ffa", 9, 0.5, (7, 9)),  # switch at round(4.5) = 4: 2 pairs, then 5 B rounds
+        ("rolora_ffa", 10, 1.0, (5, 10)),
+        ("rolora_ffa", 10, 0.0, (10, 10)),
+    ],
+)
+def test_driver_rounds(algorithm, rounds, fraction, expected):
+    assert registry.driver_rounds(algorithm, rounds, fraction) == expected
