@@ -1,0 +1,255 @@
+"""Linear FedRep (SRPFL Algorithm 2 without doubling) as TFF federated computations.
+
+Model (`shared/specs/srpfl.md` §4.1): client i has y = w_i*ᵀ B*ᵀ x + z, B* ∈ R^{d×k} orthonormal,
+w_i* ∈ R^k its personal head. Client i's round-t objective on its batch X_i ∈ R^{m_i×d},
+y_i ∈ R^{m_i} is (srpfl.md §2.3)
+
+    f̂_i(w, B) = (1/(2 m_i)) ‖X_i B w − y_i‖².
+
+One round (`next`, srpfl.md §2.3 main loop and eqs. 16–18, FedRep §6.1 with τ_φ = 1):
+
+1. the server broadcasts B (d×k, orthonormal columns);
+2. client i solves its head exactly, w_i = argmin_w f̂_i(w, B) (least squares; the minimum-norm
+   solution if X_i B is rank deficient), which equals ((1/m) BᵀX_iᵀX_iB)⁻¹ (1/m) BᵀX_iᵀy_i;
+3. client i takes one gradient step on B with w_i frozen,
+   B_i = B − η ∇_B f̂_i(w_i, B),  ∇_B f̂_i = (1/m_i) X_iᵀ (X_i B w_i − y_i) w_iᵀ   (d×k);
+4. the server takes the *unweighted* mean B̄ = (1/n) Σ_i B_i (`tff.federated_mean`) and
+   orthonormalizes, B ← Q of B̄ = QR with the signs fixed so that diag(R) ≥ 0.
+
+Personal state: none. In Algorithm 2 the head is recomputed *exactly* from the broadcast B and
+the round's batch ("exact head minimization", τ_h → ∞), so the previous w_i is never read: TFF's
+stateless clients lose nothing, and the server state is only B and the round count. (The generic
+Algorithm 1 / neural FedRep warm-starts heads from the stored h_i; that variant is not this file.)
+Fresh samples per round (Algorithm 2 samples a new batch each round) are the caller's business:
+pass new (X_i, y_i) to each `next`.
+
+Client data: one value per client, an `OrderedDict(x=float32[m_i, d], y=float32[m_i])` of
+tensors (not a `tf.data` sequence: the exact head solve needs the whole batch at once, and tensors
+are the simplest form TFF 0.87 accepts). m_i may differ between clients (the type has shape
+[None, d]); the server mean stays unweighted, as in the paper. Inside the client computation the
+algebra runs in float64 and results are cast back to float32.
+
+Method-of-moments initialization (srpfl.md §2.3 "Initialization", §5.2): client i uploads
+P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d); the server forms (1/N) Σ_i P_i (= (1/(Nm)) Σ_i Σ_j
+y_ij² x_ij x_ijᵀ for equal m) and B⁰ = its top-k eigenvectors (`tf.linalg.eigh`, d×k). Use a
+separate batch from the first round's (as the paper does).
+
+Metrics of a round (at the server): `loss` = (1/n) Σ_i f̂_i(w_i, B), the mean client objective at
+the exact heads and the *broadcast* B (before the step); `num_clients` = n. The subspace distance
+to B* is the caller's (tffl has no ground truth): e.g. `tasks.subspace.principal_angle_distance`.
+
+Example:
+
+>>> process = build_fedrep_linear(dim=20, rank=2, learning_rate=0.5)
+>>> data = [collections.OrderedDict(x=x_i, y=y_i) for x_i, y_i in zip(xs, ys)]
+>>> with runtime.local_runtime():
+...     state = process.initialize_by_moments(data)      # or process.initialize()
+...     output = process.next(state, data)
+...     b = process.get_representation(output.state)      # float32 (d, k)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def _orthonormalize(b: tf.Tensor) -> tf.Tensor:
+    """Q of the thin QR b = QR (d×k), column signs fixed so that diag(R) ≥ 0."""
+    q, r = tf.linalg.qr(b)
+    diag = tf.linalg.diag_part(r)
+    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
+    return q * signs[tf.newaxis, :]
+
+
+def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
+    """w = argmin_w ‖X B w − y‖² (k,), float64, via `tf.linalg.lstsq` (orthogonal decomposition,
+    minimum-norm solution when X B is rank deficient)."""
+    return tf.linalg.lstsq(x64 @ b64, y64[:, tf.newaxis], fast=False)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedRepLinearProcess:
+    """Linear FedRep: server state `OrderedDict(representation=float32[d, k], round_num=int32)`.
+
+    Attributes (all TFF computations; the methods below add shape checks):
+      initialize_computation: () -> state@SERVER, B = orthonormalized N(0, 1) d×k (seeded).
+      moments_computation: (data@CLIENTS) -> state@SERVER, method of moments.
+      next_computation: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, metrics)`.
+      head: (float32[d, k], data) -> float32[k], one client's exact head (for personalization and
+        evaluation with a learned B).
+      dim, rank, learning_rate: d, k, η.
+    """
+
+    initialize_computation: tff.Computation
+    moments_computation: tff.Computation
+    next_computation: tff.Computation
+    set_representation_computation: tff.Computation
+    head: tff.Computation
+    dim: int
+    rank: int
+    learning_rate: float
+
+    def _check_data(self, client_data) -> None:
+        for i, item in enumerate(client_data):
+            x, y = np.shape(item["x"]), np.shape(item["y"])
+            if len(x) != 2 or x[1] != self.dim or len(y) != 1 or y[0] != x[0]:
+                raise ValueError(f"client {i}: expected x of shape (m, {self.dim}) and y of shape "
+                                 f"(m,), got {x} and {y}")
+
+    def initialize(self):
+        """State with a seeded random orthonormal B (d×k) and round_num 0."""
+        return self.initialize_computation()
+
+    def initialize_by_moments(self, client_data):
+        """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ."""
+        self._check_data(client_data)
+        return self.moments_computation(client_data)
+
+    def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
+        """One FedRep round on `client_data` (a list of `{x: (m_i, d), y: (m_i,)}`)."""
+        self._check_data(client_data)
+        return self.next_computation(state, client_data)
+
+    @staticmethod
+    def get_representation(state) -> np.ndarray:
+        """B (d×k, float32) of a state."""
+        return np.asarray(state["representation"])
+
+    def set_representation(self, state, representation):
+        """A copy of `state` with B set to the orthonormalized `representation` (d×k)."""
+        shape = np.shape(representation)
+        if shape != (self.dim, self.rank):
+            raise ValueError(f"representation must have shape ({self.dim}, {self.rank}), "
+                             f"got {shape}")
+        return self.set_representation_computation(
+            state, np.asarray(representation, np.float32))
+
+
+def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
+                        ) -> FedRepLinearProcess:
+    """Linear FedRep (SRPFL Algorithm 2, no doubling): d = `dim`, k = `rank`, η = `learning_rate`.
+
+    Args:
+      dim: d ≥ 1, the feature dimension.
+      rank: k, 1 ≤ k ≤ d, the representation dimension.
+      learning_rate: η > 0, the step on B of the (1/m)-normalized gradient (srpfl.md §5.2 suggests
+        0.1–0.5; the theory needs η ≤ 1/(8 σ̄²_max,*)).
+      seed: seed of `initialize`'s random B.
+
+    Raises:
+      ValueError: d < 1, k ≤ 0 or k > d, or η ≤ 0 (or not finite).
+    """
+    dim, rank = int(dim), int(rank)
+    if dim < 1:
+        raise ValueError(f"dim={dim} must be >= 1")
+    if not 1 <= rank <= dim:
+        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate={learning_rate} must be a finite number > 0")
+    eta = float(learning_rate)
+
+    b_type = tff.TensorType(np.float32, [dim, rank])
+    data_type = tff.StructWithPythonType(
+        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
+        collections.OrderedDict,
+    )
+
+    @tff.tensorflow.computation(b_type, data_type)
+    def head(b, data):
+        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        return tf.cast(_head(tf.cast(b, tf.float64), x64, y64), tf.float32)
+
+    @tff.tensorflow.computation(b_type, data_type)
+    def client_update(b, data):
+        """(B, {X_i, y_i}) -> {representation: B_i, loss: f̂_i(w_i, B)}."""
+        b64 = tf.cast(b, tf.float64)
+        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        w = _head(b64, x64, y64)                                    # (k,)
+        residual = tf.linalg.matvec(x64 @ b64, w) - y64             # (m,)
+        grad = (tf.linalg.matvec(x64, residual, transpose_a=True)[:, tf.newaxis]
+                * w[tf.newaxis, :]) / m                             # (d, k)
+        loss = tf.reduce_sum(residual**2) / (2.0 * m)
+        return collections.OrderedDict(
+            representation=tf.cast(b64 - eta * grad, tf.float32), loss=tf.cast(loss, tf.float32)
+        )
+
+    @tff.tensorflow.computation(data_type)
+    def client_moments(data):
+        """P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d)."""
+        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        p = tf.linalg.matmul(x64 * (y64**2)[:, tf.newaxis], x64, transpose_a=True) / m
+        return tf.cast(p, tf.float32)
+
+    @tff.tensorflow.computation(tff.TensorType(np.float32, [dim, dim]))
+    def top_eigenvectors(p):
+        """The top-k eigenvectors (d×k, by decreasing eigenvalue) of the symmetric p."""
+        p64 = tf.cast(p, tf.float64)
+        _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
+        return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
+
+    @tff.tensorflow.computation
+    def random_representation():
+        g = tf.random.stateless_normal([dim, rank], seed=[int(seed), 0], dtype=tf.float64)
+        return tf.cast(_orthonormalize(g), tf.float32)
+
+    @tff.tensorflow.computation(b_type)
+    def server_orthonormalize(b_bar):
+        return tf.cast(_orthonormalize(tf.cast(b_bar, tf.float64)), tf.float32)
+
+    @tff.tensorflow.computation(b_type)
+    def fresh_state(b):
+        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
+                                                                 tff.SERVER))
+
+    @tff.federated_computation(tff.FederatedType(data_type, tff.CLIENTS))
+    def initialize_by_moments(data):
+        moments = tff.federated_mean(tff.federated_map(client_moments, data))
+        return tff.federated_map(fresh_state, tff.federated_map(top_eigenvectors, moments))
+
+    state_type = initialize.type_signature.result
+
+    @tff.tensorflow.computation(state_type.member)
+    def increment(state):
+        return state["round_num"] + 1
+
+    @tff.tensorflow.computation(state_type.member, b_type)
+    def with_representation(state, b):
+        b = tf.cast(_orthonormalize(tf.cast(b, tf.float64)), tf.float32)
+        return collections.OrderedDict(representation=b, round_num=state["round_num"])
+
+    @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(state, data):
+        b = tff.federated_broadcast(state.representation)
+        out = tff.federated_map(client_update, (b, data))
+        b_bar = tff.federated_mean(out.representation)
+        new_state = tff.federated_zip(collections.OrderedDict(
+            representation=tff.federated_map(server_orthonormalize, b_bar),
+            round_num=tff.federated_map(increment, state),
+        ))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            loss=tff.federated_mean(out.loss),
+            num_clients=tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS)),
+        ))
+        return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+    return FedRepLinearProcess(
+        initialize_computation=initialize,
+        moments_computation=initialize_by_moments,
+        next_computation=next_fn,
+        set_representation_computation=with_representation,
+        head=head,
+        dim=dim,
+        rank=rank,
+        learning_rate=eta,
+    )
