@@ -128,8 +128,13 @@ def build_rolora_mnist_net(
     seed: int = 0,
     b_stddev: float = 0.0,
     base_kernel: bool = False,
+    trainable_head: bool = False,
 ) -> tf.keras.Model:
     """RoLoRA's two-layer MNIST net: logits = ReLU(x·A·B)·W_out, W_out fixed (Glorot, `seed`).
+
+    `trainable_head=True` makes the output layer a trainable Dense (kernel and bias, Glorot
+    `seed + 1`) tagged `head`: the personalized algorithms' model with a LoRA representation
+    (`tffl.personalized`, FedRep heads over RoLoRA-averaged adapters).
 
     A ~ N(0, `a_stddev`²); B = 0 by default, as the paper states. With the ReLU that init cannot
     train: h = x·A·B = 0 and ReLU'(0) = 0, so ∂ℓ/∂h = 0 and ∇_B ℓ = (x·A)ᵀ·∂ℓ/∂h = 0,
@@ -150,7 +155,14 @@ def build_rolora_mnist_net(
                           base_kernel=base_kernel, name="lora")(inputs)
     if not linear:
         hidden = tf.keras.layers.ReLU(name="relu")(hidden)
-    logits = FixedLinear(num_classes, seed=seed + 1, name="w_out")(hidden)
+    if trainable_head:
+        head = tf.keras.layers.Dense(
+            num_classes, name="head",
+            kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 1))
+        logits = head(hidden)
+        roles.tag_layer(head, roles.HEAD)
+    else:
+        logits = FixedLinear(num_classes, seed=seed + 1, name="w_out")(hidden)
     return tf.keras.Model(inputs, logits, name="rolora_mnist")
 
 

@@ -15,9 +15,10 @@ import numpy as np
 import tensorflow as tf
 
 from tffl import evaluation
-from tffl import fedavg
 from tffl import lora_fl
 from tffl import participation
+from tffl import personalized
+from tffl import srpfl
 
 
 @dataclasses.dataclass
@@ -30,6 +31,9 @@ class RunTask:
     keras_model_fn: Callable[[], tf.keras.Model]
     input_spec: Any
     evaluate: Callable[[Any], dict[str, float]]
+    # Per-client evaluation data: `() -> (client ids, train datasets, test datasets)`, batched;
+    # the clients with a non-empty test split, each train dataset one pass over its data.
+    client_eval_data: Callable[[], tuple[list[str], list, list]] | None = None
 
 
 def _client_dataset_fn(
@@ -52,9 +56,29 @@ def _client_dataset_fn(
     return dataset
 
 
+def _client_eval_data(task, batch_size: int):
+    """`() -> (ids, train, test)` for personalized evaluation, built once on first call."""
+    cache = {}
+
+    def build():
+        if "data" not in cache:
+            with_test = set(task.test_data.client_ids)
+            ids = [cid for cid in task.train_data.client_ids if cid in with_test]
+            train = [task.train_data.create_tf_dataset_for_client(cid).batch(batch_size)
+                     for cid in ids]
+            test = [task.test_data.create_tf_dataset_for_client(cid).batch(256) for cid in ids]
+            cache["data"] = (ids, train, test)
+        return cache["data"]
+
+    return build
+
+
 _SHUFFLE_BUFFER = 10_000  # larger than any client's data here: a full shuffle
 # lora_net_base adds a frozen (zero) base kernel W0 linked to the adapter, for FLoRA to merge into.
-MODELS = ("mlp", "lora_net", "lora_net_base")
+# pfl_mlp / pfl_mlp_lg: x -> hidden -> hidden/2 -> classes with FedRep's split (last layer `head`)
+# or LG-FedAvg's (first layer local, tagged `head`); lora_head_net: the LoRA net with a trainable
+# `head` output layer (personalization over a LoRA representation).
+MODELS = ("mlp", "lora_net", "lora_net_base", "pfl_mlp", "pfl_mlp_lg", "lora_head_net")
 LORA_NET_B_STDDEV = 1e-3
 
 
@@ -73,14 +97,23 @@ def _run_task(
     input_dim = int(task.element_spec[0].shape[-1])
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    if model != "mlp" and not 1 <= rank <= input_dim:
+
+    lora = model in ("lora_net", "lora_net_base", "lora_head_net")
+    if lora and not 1 <= rank <= input_dim:
         raise ValueError(f"flag --rank={rank}: must be between 1 and the input width {input_dim}")
 
     def keras_model_fn() -> tf.keras.Model:
-        if model in ("lora_net", "lora_net_base"):
+        if lora:
             return paper_models.build_rolora_mnist_net(
                 input_dim=input_dim, rank=rank, num_classes=task.num_classes, seed=seed,
                 b_stddev=LORA_NET_B_STDDEV, base_kernel=model == "lora_net_base",
+                trainable_head=model == "lora_head_net",
+            )
+        if model in ("pfl_mlp", "pfl_mlp_lg"):
+            return paper_models.build_mlp(
+                input_dim=input_dim, hidden=(hidden, max(1, hidden // 2)),
+                num_classes=task.num_classes, seed=seed,
+                split="lg" if model == "pfl_mlp_lg" else "fedrep",
             )
         return paper_models.build_mlp(
             input_dim=input_dim, hidden=(hidden,), num_classes=task.num_classes, seed=seed
@@ -91,9 +124,15 @@ def _run_task(
     )
     sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
     n_train = sum(sizes.values()) if isinstance(sizes, dict) else "?"
-    shape = (f"MLP {input_dim}-{hidden}-{task.num_classes}" if model == "mlp"
-             else f"ReLU(x(W0+AB))W_out, d={input_dim}, r={rank}" if model == "lora_net_base"
-             else f"ReLU(xAB)W_out, d={input_dim}, r={rank}")
+    shape = {
+        "mlp": f"MLP {input_dim}-{hidden}-{task.num_classes}",
+        "pfl_mlp": f"MLP {input_dim}-{hidden}-{max(1, hidden // 2)}-{task.num_classes}, "
+                   "last layer personal",
+        "pfl_mlp_lg": f"MLP {input_dim}-{hidden}-{max(1, hidden // 2)}-{task.num_classes}, "
+                      "first layer local",
+        "lora_net_base": f"ReLU(x(W0+AB))W_out, d={input_dim}, r={rank}",
+        "lora_head_net": f"ReLU(xAB)W_head, d={input_dim}, r={rank}, W_head personal",
+    }.get(model, f"ReLU(xAB)W_out, d={input_dim}, r={rank}")
     return RunTask(
         description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
         f"clients; {shape})",
@@ -102,6 +141,7 @@ def _run_task(
         keras_model_fn=keras_model_fn,
         input_spec=input_spec,
         evaluate=evaluation.make_keras_evaluator(keras_model_fn, task.global_test_data.batch(256)),
+        client_eval_data=_client_eval_data(task, batch_size),
     )
 
 
@@ -159,25 +199,38 @@ def build_task(
 
 
 LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")
-ALGORITHMS = ("fedavg", *LORA_ALGORITHMS)
+PERSONALIZED_ALGORITHMS = personalized.ALGORITHMS
+ALGORITHMS = (*PERSONALIZED_ALGORITHMS, *LORA_ALGORITHMS)
+# The representation of the personalized algorithms: a whole MLP, or LoRA adapters averaged
+# jointly (FedAvg-LoRA-style) or alternately (RoLoRA-style: a B round, then an A round).
+REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
+PARTICIPATIONS = ("uniform", "full", "srpfl")
+STRAGGLER_MODELS = ("fixed", "dynamic")
 
 
-def model_for(algorithm: str) -> str:
-    """The model an algorithm trains: LoRA algorithms need role-tagged LoRA factors."""
+def model_for(algorithm: str, representation: str = "mlp") -> str:
+    """The model an algorithm trains: LoRA algorithms need role-tagged LoRA factors; the
+    personalized ones a `head` (LG-FedAvg: local lower layers) and a representation."""
     if algorithm == "flora":
         return "lora_net_base"
-    return "lora_net" if algorithm in LORA_ALGORITHMS else "mlp"
+    if algorithm in LORA_ALGORITHMS:
+        return "lora_net"
+    if representation != "mlp":
+        return "lora_head_net"
+    return "pfl_mlp_lg" if algorithm == "lg_fedavg" else "pfl_mlp"
 
 
 def driver_rounds(
-    algorithm: str, communication_rounds: int, rolora_fraction: float = 0.5
+    algorithm: str, communication_rounds: int, rolora_fraction: float = 0.5,
+    representation: str = "mlp",
 ) -> tuple[int, int]:
     """`(next calls, communication rounds they make)` for a target of `communication_rounds` T.
 
     RoLoRA: each call is a B round then an A round, so ceil(T/2) calls (T rounded up to even);
     rolora_ffa: B+A pairs until round(x*T) rounds are done, then single B rounds; others: T.
     """
-    if algorithm == "rolora":
+    if algorithm == "rolora" or (algorithm in PERSONALIZED_ALGORITHMS
+                                 and representation == "lora_alternating"):
         calls = -(-communication_rounds // 2)
         return calls, 2 * calls
     if algorithm == "rolora_ffa":
@@ -197,12 +250,18 @@ def build_algorithm(
     server_learning_rate: float,
     communication_rounds: int = 1,
     rolora_fraction: float = 0.5,
+    representation: str = "mlp",
+    local_epochs: int = 1,
+    head_epochs: int = 1,
+    representation_epochs: int = 1,
+    finetune_epochs: int | None = None,
 ):
-    if name == "fedavg":
-        return fedavg.build_fedavg(
-            task.keras_model_fn,
-            task.input_spec,
-            client_learning_rate=client_learning_rate,
+    if name in PERSONALIZED_ALGORITHMS:
+        return personalized.build_personalized_process(
+            name, task.keras_model_fn, task.input_spec, client_learning_rate,
+            local_epochs=local_epochs, head_epochs=head_epochs,
+            representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
+            lora_schedule="alternating" if representation == "lora_alternating" else "joint",
             server_learning_rate=server_learning_rate,
         )
     if name == "rolora_ffa":
@@ -217,5 +276,44 @@ def build_algorithm(
     raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
-def build_sampler(task: RunTask, clients_per_round: int, seed: int):
-    return participation.UniformSampler(task.client_ids, clients_per_round, seed)
+def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",
+                  initial_participants: int = 1, stage_rounds: int | str = 10,
+                  straggler: str = "fixed", communication_cost: float = 0.0):
+    """`uniform`: `clients_per_round` clients drawn per round; `full`: every client every round,
+    with the simulated wall-clock of the straggler model (FedRep's baseline clock); `srpfl`: of
+    all clients, the fastest n take part, n0 = `initial_participants` doubling after each stage
+    of `stage_rounds` rounds (an int or "lemma_b1")."""
+    if kind == "uniform":
+        return participation.UniformSampler(task.client_ids, clients_per_round, seed)
+    if straggler not in STRAGGLER_MODELS:
+        raise ValueError(f"unknown straggler model {straggler!r}; choose one of "
+                         f"{', '.join(STRAGGLER_MODELS)}")
+    times = (srpfl.FixedExponentialTimes() if straggler == "fixed"
+             else srpfl.DynamicExponentialTimes())
+    if kind == "full":
+        return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost)
+    if kind == "srpfl":
+        return srpfl.SrpflSampler(task.client_ids, initial_participants, seed, times,
+                                  stage_rounds=stage_rounds, communication_cost=communication_cost)
+    raise ValueError(f"unknown participation {kind!r}; choose one of {', '.join(PARTICIPATIONS)}")
+
+
+def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, float]]:
+    """The `evaluate_fn` of `tffl.simulation.run_rounds` for a process of
+    `PERSONALIZED_ALGORITHMS`: every client with test data evaluated on its own test set
+    (`personal_*`; with its stored personal state, or after fine-tuning for FedAvg-FT), plus the
+    global model on the pooled test set (`loss`, `accuracy`) for FedAvg and FedAvg-FT, whose
+    global model is the whole model."""
+
+    def evaluate(state, store=None) -> dict[str, float]:
+        ids, train, test = task.client_eval_data()
+        if store is not None:
+            metrics = process.evaluate(state, store.lookup(ids), train, test)
+        else:
+            metrics = process.evaluate(state, train, test)
+        out = {f"personal_{k}": v for k, v in metrics.items() if k != "num_examples"}
+        if store is None:
+            out.update(task.evaluate(process.get_model_weights(state)))
+        return out
+
+    return evaluate

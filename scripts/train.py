@@ -54,9 +54,42 @@ _DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared
 _ALGORITHM = flags.DEFINE_list(
     "algorithm", "rolora,fedavg_lora,ffa_lora",
     "Algorithm, or a comma-separated list to compare on the same task: "
-    + ", ".join(registry.ALGORITHMS) + ". fedavg trains an MLP; the LoRA algorithms train "
+    + ", ".join(registry.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
+    "fedavg, fedavg_ft) train an MLP (or, with --representation=lora*, a LoRA net with a "
+    "personal head) and are evaluated on every client's own test set; the LoRA algorithms train "
     "RoLoRA's two-layer net ReLU(x A B) W_out.",
 )
+_REPRESENTATION = flags.DEFINE_enum(
+    "representation", "mlp", registry.REPRESENTATIONS,
+    "Personalized algorithms: the shared representation is an MLP (mlp), LoRA adapters averaged "
+    "jointly (lora), or alternately, RoLoRA-style (lora_alternating: a B round then an A round).",
+)
+_LOCAL_EPOCHS = flags.DEFINE_integer(
+    "local_epochs", 1, "fedper, lg_fedavg, fedavg(_ft): local epochs (passes over the "
+    "--local_steps batches of the round).")
+_HEAD_EPOCHS = flags.DEFINE_integer(
+    "head_epochs", 10, "fedrep: head epochs tau_h per round (the SRPFL/FedRep code: 10).")
+_REPRESENTATION_EPOCHS = flags.DEFINE_integer(
+    "representation_epochs", 1, "fedrep: representation epochs tau_r per round after the head.")
+_FINETUNE_EPOCHS = flags.DEFINE_integer(
+    "finetune_epochs", None, "Head fine-tuning epochs on each client's training data before "
+    "personalized evaluation (default: 10 for fedavg_ft, 0 for the others).")
+_PARTICIPATION = flags.DEFINE_enum(
+    "participation", "uniform", registry.PARTICIPATIONS,
+    "Who trains each round: uniform (--clients_per_round drawn at random), full (all clients, "
+    "with the simulated wall-clock of --straggler), srpfl (the fastest n of all clients, n from "
+    "--initial_participants doubling after each stage of --stage_rounds rounds).",
+)
+_INITIAL_PARTICIPANTS = flags.DEFINE_integer(
+    "initial_participants", 2, "srpfl: n0, the participants of the first stage.")
+_STAGE_ROUNDS = flags.DEFINE_string(
+    "stage_rounds", "10", "srpfl: rounds per stage, an integer or lemma_b1 (the paper's Lemma B.1).")
+_STRAGGLER = flags.DEFINE_enum(
+    "straggler", "fixed", registry.STRAGGLER_MODELS,
+    "full/srpfl: client compute times, fixed Exp(1) draws or redrawn every round from "
+    "Exp(lambda_i), lambda_i ~ U[1/N, 1].")
+_COMMUNICATION_COST = flags.DEFINE_float(
+    "communication_cost", 0.0, "full/srpfl: simulated communication time added to every round.")
 _TASK = flags.DEFINE_enum(
     "task", "digits", registry.TASKS,
     "Task: digits (sklearn, bundled) or mnist (MNIST-5k CSV under --data_dir).",
@@ -86,7 +119,9 @@ _ROLORA_FRACTION = flags.DEFINE_float(
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate (plain SGD).")
 _SERVER_LEARNING_RATE = flags.DEFINE_float(
-    "server_learning_rate", 1.0, "Server learning rate (fedavg; the LoRA algorithms average)."
+    "server_learning_rate", 1.0,
+    "Server learning rate of the personalized algorithms (phi += lr * mean delta); the LoRA "
+    "algorithms average.",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for data split, model init and client sampling.")
 _EVAL_EVERY = flags.DEFINE_integer(
@@ -102,7 +137,9 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --output_dir f
 _RUN_FLAGS = (
     "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
     "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
-    "learning_rate", "server_learning_rate", "seed",
+    "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
+    "head_epochs", "representation_epochs", "finetune_epochs", "participation",
+    "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
 
 
@@ -123,6 +160,27 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     _positive("eval_every", minimum=0)
     _positive("rank")
+    for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants"):
+        _positive(name)
+    if _FINETUNE_EPOCHS.value is not None:
+        _positive("finetune_epochs", minimum=0)
+    if _STAGE_ROUNDS.value != "lemma_b1":
+        try:
+            stage_rounds = int(_STAGE_ROUNDS.value)
+        except ValueError:
+            stage_rounds = 0
+        if stage_rounds < 1:
+            raise UsageError(f"flag --stage_rounds={_STAGE_ROUNDS.value}: must be an integer "
+                             ">= 1 or lemma_b1")
+    if not _COMMUNICATION_COST.value >= 0:
+        raise UsageError(f"flag --communication_cost={_COMMUNICATION_COST.value}: must be >= 0")
+    if _PARTICIPATION.value == "srpfl" and _INITIAL_PARTICIPANTS.value > _NUM_CLIENTS.value:
+        raise UsageError(
+            f"flag --initial_participants={_INITIAL_PARTICIPANTS.value}: must be <= "
+            f"--num_clients={_NUM_CLIENTS.value} (SRPFL picks the fastest n0 of all clients)")
+    if _FINETUNE_EPOCHS.value and "fedavg" in _ALGORITHM.value:
+        raise UsageError(f"flag --finetune_epochs={_FINETUNE_EPOCHS.value}: fedavg evaluates the "
+                         "global model as it is; use --algorithm=fedavg_ft to fine-tune heads")
     if not 0.0 <= _ROLORA_FRACTION.value <= 1.0:
         raise UsageError(f"flag --rolora_fraction={_ROLORA_FRACTION.value}: must be in [0, 1]")
     unknown = [a for a in _ALGORITHM.value if a not in registry.ALGORITHMS]
@@ -199,15 +257,21 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         classes_per_client=_CLASSES_PER_CLIENT.value,
         dirichlet_alpha=_DIRICHLET_ALPHA.value,
         data_dir=_DATA_DIR.value,
-        model=registry.model_for(algorithm),
+        model=registry.model_for(algorithm, _REPRESENTATION.value),
         rank=_RANK.value,
     )
     driver_rounds, comm_rounds = registry.driver_rounds(
-        algorithm, _ROUNDS.value, _ROLORA_FRACTION.value
+        algorithm, _ROUNDS.value, _ROLORA_FRACTION.value, _REPRESENTATION.value
     )
     per_next = max(1, round(comm_rounds / driver_rounds))
+    who = {
+        "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",
+        "full": f"all {_NUM_CLIENTS.value} clients per round ({_STRAGGLER.value} speeds)",
+        "srpfl": f"SRPFL: fastest {_INITIAL_PARTICIPANTS.value} of {_NUM_CLIENTS.value}, doubling "
+                 f"every {_STAGE_ROUNDS.value} rounds ({_STRAGGLER.value} speeds)",
+    }[_PARTICIPATION.value]
     print(
-        f"tffl: {algorithm} on {task.description}; {_CLIENTS_PER_ROUND.value} clients per round, "
+        f"tffl: {algorithm} on {task.description}; {who}, "
         f"{comm_rounds} communication rounds ({driver_rounds} rows) -> {output_dir}",
         flush=True,
     )
@@ -219,14 +283,31 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         server_learning_rate=_SERVER_LEARNING_RATE.value,
         communication_rounds=_ROUNDS.value,
         rolora_fraction=_ROLORA_FRACTION.value,
+        representation=_REPRESENTATION.value,
+        local_epochs=_LOCAL_EPOCHS.value,
+        head_epochs=_HEAD_EPOCHS.value,
+        representation_epochs=_REPRESENTATION_EPOCHS.value,
+        finetune_epochs=_FINETUNE_EPOCHS.value,
+    )
+    if algorithm in registry.PERSONALIZED_ALGORITHMS:
+        evaluate_fn = registry.personalized_evaluator(task, process)
+    else:
+        def evaluate_fn(state):
+            return task.evaluate(process.get_model_weights(state))
+    stage_rounds = _STAGE_ROUNDS.value
+    sampler = registry.build_sampler(
+        task, _CLIENTS_PER_ROUND.value, _SEED.value, kind=_PARTICIPATION.value,
+        initial_participants=_INITIAL_PARTICIPANTS.value,
+        stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),
+        straggler=_STRAGGLER.value, communication_cost=_COMMUNICATION_COST.value,
     )
     result = simulation.run_rounds(
         process,
-        sampler=registry.build_sampler(task, _CLIENTS_PER_ROUND.value, _SEED.value),
+        sampler=sampler,
         client_dataset_fn=task.client_dataset_fn,
         rounds=driver_rounds,
         output_dir=output_dir,
-        evaluate_fn=lambda state: task.evaluate(process.get_model_weights(state)),
+        evaluate_fn=evaluate_fn,
         eval_every=max(1, _EVAL_EVERY.value // per_next) if _EVAL_EVERY.value else 0,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         config=config,
@@ -236,12 +317,14 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
     history = result.history
     last = history[-1] if history else {}
     evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
+    personal = [r["eval_personal_accuracy"] for r in history if "eval_personal_accuracy" in r]
     summary = {
         "algorithm": algorithm,
         "flags": config | {"rounds": _ROUNDS.value},
         "rounds_completed": last.get("round", 0),
         "communication_rounds": last.get("communication_rounds", 0),
         "best_eval_accuracy": max(evals) if evals else None,
+        "best_personal_accuracy": max(personal) if personal else None,
         "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
         "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
@@ -255,6 +338,9 @@ _TABLE_COLUMNS = (
     ("comm. rounds", "communication_rounds", "{}"),
     ("test acc (final)", "eval_accuracy", "{:.4f}"),
     ("test acc (best)", "best_eval_accuracy", "{:.4f}"),
+    ("personalized acc (final)", "eval_personal_accuracy", "{:.4f}"),
+    ("personalized acc (best)", "best_personal_accuracy", "{:.4f}"),
+    ("simulated time", "simulated_time", "{:.1f}"),
     ("train loss", "train_loss", "{:.4f}"),
     ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
     ("seconds", "wall_seconds_this_run", "{:.1f}"),
@@ -271,6 +357,9 @@ def _comparison_rows(summaries: list[dict]) -> list[dict]:
             "communication_rounds": s["communication_rounds"],
             "eval_accuracy": final.get("eval_accuracy", float("nan")),
             "best_eval_accuracy": s["best_eval_accuracy"] or float("nan"),
+            "eval_personal_accuracy": final.get("eval_personal_accuracy", float("nan")),
+            "best_personal_accuracy": s["best_personal_accuracy"] or float("nan"),
+            "simulated_time": final.get("simulated_time", float("nan")),
             "train_loss": final.get("train_loss", float("nan")),
             "upload_per_round_kib": s["upload_bytes_per_client_total"] / comm / 1024,
             "wall_seconds_this_run": s["wall_seconds_this_run"],
@@ -311,6 +400,16 @@ def run(output_dir: pathlib.Path) -> list[dict]:
     return summaries
 
 
+def _final_eval(final: dict) -> str:
+    parts = []
+    if "eval_accuracy" in final:
+        parts.append("test loss {:.4f}, test accuracy {:.4f}".format(
+            final.get("eval_loss", float("nan")), final["eval_accuracy"]))
+    if "eval_personal_accuracy" in final:
+        parts.append("personalized test accuracy {:.4f}".format(final["eval_personal_accuracy"]))
+    return "; ".join(parts) or "not evaluated"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -337,13 +436,11 @@ def main(argv: list[str]) -> int:
     for summary in summaries:
         final = summary["final"]
         print(
-            "done: {} {} communication rounds; train loss {:.4f}; test loss {:.4f}, "
-            "test accuracy {:.4f}; {:.1f} s.".format(
+            "done: {} {} communication rounds; train loss {:.4f}; {}; {:.1f} s.".format(
                 summary["algorithm"],
                 summary["communication_rounds"],
                 final.get("train_loss", float("nan")),
-                final.get("eval_loss", float("nan")),
-                final.get("eval_accuracy", float("nan")),
+                _final_eval(final),
                 summary["wall_seconds_this_run"],
             ),
             flush=True,

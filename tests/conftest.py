@@ -18,3 +18,14 @@ def shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (it ships beside the checkout as ../shared/data)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def tff_runtime():
+    """One managed TFF worker for a test module (`tffl.runtime.local_runtime`); checks at the end
+    that no `worker_binary` is left running."""
+    from tffl import runtime
+
+    with runtime.local_runtime() as context:
+        yield context
+    assert runtime.running_workers() == []

@@ -1,13 +1,15 @@
-"""The one client training loop of the LoRA algorithms: plain SGD on the variables of given roles.
+"""The one client training loop: plain SGD on the variables of given roles, phase by phase.
 
-Every LoRA algorithm in `tffl.lora_fl` (FedAvg-LoRA, FFA-LoRA, RoLoRA's B and A rounds, FlexLoRA)
-runs the same loop; only the set of trained roles differs. For a client with batches
-(x_1, y_1), …, (x_K, y_K) (one pass over its dataset; the caller limits it with `.take(K)`):
+Every algorithm (the LoRA ones in `tffl.lora_fl`, the personalized ones in `tffl.personalized`)
+runs the same loop, `build_phased_loop`; only the phases (which roles, how many epochs) differ.
+For a client with batches (x_1, y_1), …, (x_K, y_K) (one pass over its dataset; the caller limits
+it with `.take(K)`), a phase that trains the set S for E epochs runs E passes of
 
     θ_S ← θ_S − η · ∇_{θ_S} ℓ(y_k, f(x_k; θ))      k = 1..K,  S = variables whose role is trained
 
-every other variable stays at the broadcast value. The loop returns the final θ_S, the sum over
-batches of n_k·ℓ_k (ℓ_k the batch loss *before* step k, n_k the batch size) and Σ n_k.
+every other variable stays at its current value. The loop returns the final trainable values, and
+over the last phase the sum of n_k·ℓ_k (ℓ_k the batch loss *before* step k, n_k the batch size),
+the number of correct argmax predictions and Σ n_k.
 
 Also here: `inspect_model`, which reads a model's variables (shapes, dtypes, roles) once, in a
 throw-away graph, so that TFF types can be built without creating an eager Keras model.
@@ -179,28 +181,57 @@ def inspect_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> M
         )
 
 
-def build_training_loop(
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One local phase: `epochs` passes over the client's dataset training the variables at
+    positions `train_indices` of `model.trainable_variables` (all others stay fixed)."""
+
+    train_indices: tuple[int, ...]
+    epochs: int = 1
+
+
+def build_phased_loop(
     model: tf.keras.Model,
     loss_fn: LossFn,
     learning_rate: float,
-    train_indices: Sequence[int],
+    phases: Sequence[Phase],
 ) -> Callable:
-    """The client loop: assign the broadcast weights, then SGD on `trainable[train_indices]`.
+    """The one client training loop: assign the given weights, then SGD phase by phase.
+
+    For phase p with trained set S_p and E_p epochs, for each of the E_p passes over the
+    dataset's batches (x_k, y_k):
+
+        θ_{S_p} ← θ_{S_p} − η · ∇_{θ_{S_p}} ℓ(y_k, f(x_k; θ))
+
+    e.g. FedRep's head phase then representation phase (the second sees the first's head), or a
+    single phase for FedAvg-style joint training.
 
     Args:
       model: the client's Keras model (built).
       loss_fn: `(y_true, y_pred) -> scalar` batch loss ℓ (e.g. a `tf.keras.losses.Loss`).
       learning_rate: η > 0.
-      train_indices: positions in `model.trainable_variables` of the variables to train (S).
+      phases: the phases, run in order; each trains at least one variable, epochs ≥ 1.
 
     Returns:
-      A `tf.function` `(weights: ModelWeights, dataset) -> (new_values, loss_sum, num_examples)`
-      where `new_values` is the list of the trained variables' final values (in `train_indices`
-      order), `loss_sum` = Σ_k n_k·ℓ_k (float32) and `num_examples` = Σ_k n_k (float32).
+      A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final
+      values of all `model.trainable_variables`), and over the batches of the *last* phase:
+      `loss_sum` = Σ_k n_k·ℓ_k (ℓ_k the batch loss before step k), `num_correct` = number of
+      examples whose argmax prediction equals an integer label (0 unless the model outputs
+      [batch, classes] scores for integer labels), `num_examples` = Σ_k n_k (all float32).
     """
     trainable = model.trainable_variables
     non_trainable = model.non_trainable_variables
-    trained = [trainable[i] for i in train_indices]
+    for phase in phases:
+        if not phase.train_indices:
+            raise ValueError("a training phase must train at least one variable")
+        if phase.epochs < 1:
+            raise ValueError(f"a training phase needs epochs >= 1, got {phase.epochs}")
+
+    def correct(y, pred):
+        if not (y.dtype.is_integer and pred.shape.rank == 2 and (pred.shape[-1] or 0) > 1):
+            return tf.constant(0.0, tf.float32)
+        labels = tf.cast(tf.reshape(y, [-1]), tf.int64)
+        return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1), labels), tf.float32))
 
     @tf.function
     def loop(weights, dataset):
@@ -209,18 +240,54 @@ def build_training_loop(
         for variable, value in zip(non_trainable, weights.non_trainable, strict=True):
             variable.assign(value)
         loss_sum = tf.constant(0.0, tf.float32)
+        num_correct = tf.constant(0.0, tf.float32)
         num_examples = tf.constant(0.0, tf.float32)
-        for batch in dataset:
-            x, y = split_batch(batch)
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, trained,
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            for variable, grad in zip(trained, grads):
-                variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
-            n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
-            loss_sum += tf.cast(loss, tf.float32) * n
-            num_examples += n
-        return [v.read_value() for v in trained], loss_sum, num_examples
+        for p, phase in enumerate(phases):
+            trained = [trainable[i] for i in phase.train_indices]
+            last = p == len(phases) - 1
+            data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
+            for batch in data:
+                x, y = split_batch(batch)
+                with tf.GradientTape() as tape:
+                    pred = model(x, training=True)
+                    loss = loss_fn(y, pred)
+                grads = tape.gradient(loss, trained,
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                for variable, grad in zip(trained, grads):
+                    variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
+                if last:
+                    n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
+                    loss_sum += tf.cast(loss, tf.float32) * n
+                    num_correct += correct(y, pred)
+                    num_examples += n
+        return dict(
+            trainable=[v.read_value() for v in trainable],
+            loss_sum=loss_sum,
+            num_correct=num_correct,
+            num_examples=num_examples,
+        )
+
+    return loop
+
+
+def build_training_loop(
+    model: tf.keras.Model,
+    loss_fn: LossFn,
+    learning_rate: float,
+    train_indices: Sequence[int],
+) -> Callable:
+    """One phase of `build_phased_loop`: one pass of SGD on `trainable[train_indices]`.
+
+    Returns:
+      A `tf.function` `(weights: ModelWeights, dataset) -> (new_values, loss_sum, num_examples)`
+      where `new_values` is the list of the trained variables' final values (in `train_indices`
+      order), `loss_sum` = Σ_k n_k·ℓ_k (float32) and `num_examples` = Σ_k n_k (float32).
+    """
+    phased = build_phased_loop(model, loss_fn, learning_rate, [Phase(tuple(train_indices), 1)])
+
+    def loop(weights, dataset):
+        out = phased(weights, dataset)
+        return ([out["trainable"][i] for i in train_indices], out["loss_sum"],
+                out["num_examples"])
 
     return loop

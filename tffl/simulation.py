@@ -8,6 +8,11 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
 5. appends a row to `<output_dir>/metrics.csv`, prints a progress line, and checkpoints the state.
 
+Personalized processes (`tffl.personal_state`: stateful clients, e.g. FedRep's heads) also get
+the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
+is written back, clients that were not sampled keep theirs, and the store is saved in every
+checkpoint (and restored on resume). Their `evaluate_fn` receives `(state, store)`.
+
 Resuming (`resume=True`) loads the newest checkpoint in `<output_dir>/checkpoints`, checks that it
 was written with the same configuration, drops any `metrics.csv` rows after it, and continues at
 the next round; because sampling and client data depend only on `(seed, t)`, the resumed run's
@@ -35,6 +40,7 @@ import tensorflow as tf
 
 from tffl import checkpoint
 from tffl import communication
+from tffl import personal_state
 from tffl.participation import Participation
 
 METRICS_FILE = "metrics.csv"
@@ -71,6 +77,8 @@ class SimulationResult:
     state: Any
     history: list[dict[str, Any]]
     first_round: int  # the first round this call ran (1 for a fresh run)
+    # The personal-state store of a personalized process (None otherwise).
+    personal_store: personal_state.PersonalStore | None = None
 
 
 def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
@@ -124,6 +132,10 @@ class _Traffic:
     def __init__(self, process: Any, say: Callable[[str], None]):
         self.per_round: dict[str, communication.RoundTraffic] = {}
         self.whole: communication.RoundTraffic | None = None
+        declared = getattr(process, "traffic", None)
+        if isinstance(declared, Mapping) and declared:
+            self.per_round = dict(declared)  # sized by the process from its own TFF types
+            return
         try:
             sub_rounds = _sub_round_computations(process)
             if sub_rounds:
@@ -215,7 +227,7 @@ def run_rounds(
     client_dataset_fn: Callable[[str, int], tf.data.Dataset],
     rounds: int,
     output_dir: os.PathLike | str,
-    evaluate_fn: Callable[[Any], Mapping[str, float]] | None = None,
+    evaluate_fn: Callable[..., Mapping[str, float]] | None = None,
     eval_every: int = 0,
     checkpoint_every: int = 1,
     config: Mapping[str, Any] | None = None,
@@ -226,12 +238,15 @@ def run_rounds(
 
     Args:
       process: has `initialize()` and `next(state, client_datasets)`; `next` returns either a
-        `tff.learning.templates.LearningProcessOutput` or a `(state, metrics)` pair.
+        `tff.learning.templates.LearningProcessOutput` or a `(state, metrics)` pair. A
+        personalized process (`tffl.personal_state.is_personalized`) has
+        `next(state, client_datasets, personal_states)` returning a `PersonalizedOutput`.
       sampler: picks each round's clients (`UniformSampler`, `FullParticipation`, SRPFL, ...).
       client_dataset_fn: `(client_id, round_num) -> tf.data.Dataset` for that client's round.
       rounds: total rounds of the run (a resumed run stops at the same total).
       output_dir: where `metrics.csv` and `checkpoints/` go.
-      evaluate_fn: `state -> {name: value}`; reported as `eval_<name>`.
+      evaluate_fn: `state -> {name: value}` (`(state, personal_store) -> ...` for a personalized
+        process); reported as `eval_<name>`.
       eval_every: evaluate every this many rounds (0: only after the last round).
       checkpoint_every: checkpoint every this many rounds (the last round always).
       config: the run's configuration, stored with checkpoints; resuming with a different
@@ -254,6 +269,8 @@ def run_rounds(
     say = log or (lambda _: None)
 
     state = process.initialize()
+    personalized = personal_state.is_personalized(process)
+    store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
     history: list[dict[str, Any]] = []
     first_round = 1
     found = checkpoint.latest(checkpoint_dir)
@@ -264,7 +281,7 @@ def run_rounds(
                 f"{output_dir} already holds a run (checkpoint of round {done}); pass --resume to "
                 "continue it, or choose another --output_dir"
             )
-        state, _, meta = checkpoint.load(path, template=state)
+        state, extra, meta = checkpoint.load(path, template=state)
         if meta["config"] != config:
             changed = sorted(
                 k for k in set(meta["config"]) | set(config)
@@ -274,13 +291,15 @@ def run_rounds(
                 f"cannot resume {output_dir}: its run used a different configuration "
                 f"(differs in: {', '.join(changed)}); use the original flags or another --output_dir"
             )
+        if store is not None:
+            store.load_arrays(extra)
         if metrics_path.exists():
             history = [r for r in read_metrics(metrics_path) if r["round"] <= done]
         first_round = done + 1
         say(f"resuming {output_dir} after round {done}")
         if first_round > rounds:
             say(f"run already complete ({done} of {rounds} rounds)")
-            return SimulationResult(state, history, first_round)
+            return SimulationResult(state, history, first_round, store)
 
     traffic = _Traffic(process, say)
     communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
@@ -289,7 +308,11 @@ def run_rounds(
         participation = sampler.sample(round_num)
         datasets = [client_dataset_fn(cid, round_num) for cid in participation.client_ids]
         start = time.perf_counter()
-        output = process.next(state, datasets)
+        if store is not None:
+            output = process.next(state, datasets, store.lookup(participation.client_ids))
+            store.update(participation.client_ids, output.personal_states)
+        else:
+            output = process.next(state, datasets)
         seconds = time.perf_counter() - start
         if hasattr(output, "state"):
             state, metrics = output.state, output.metrics
@@ -313,11 +336,13 @@ def run_rounds(
             )
         is_last = round_num == rounds
         if evaluate_fn is not None and (is_last or (eval_every and round_num % eval_every == 0)):
-            for key, value in evaluate_fn(state).items():
+            evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
+            for key, value in evaluated.items():
                 row[f"eval_{key}"] = float(value)
         history.append(row)
         _write_metrics(metrics_path, history)
         if is_last or round_num % checkpoint_every == 0:
-            checkpoint.save(checkpoint_dir, round_num, state, config=config)
+            checkpoint.save(checkpoint_dir, round_num, state, config=config,
+                            extra=store.to_arrays() if store is not None else None)
         say(_progress_line(row, rounds))
-    return SimulationResult(state, history, first_round)
+    return SimulationResult(state, history, first_round, store)

@@ -1,0 +1,356 @@
+"""tffl.personalized (+ the stateful-clients driver): FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT.
+
+The model in the numpy checks is linear, f(x) = x·W·h with W (d×k, role `shared`) the
+representation and h (k×1, role `head`) the personal head, loss L = mean_n (x_n W h − y_n)², so
+
+    ∇_h L = (2/n) (XW)ᵀ r,   ∇_W L = (2/n) Xᵀ r hᵀ,   r = XWh − y,
+
+and every client dataset is one full batch, so an epoch is one gradient step.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl import checkpoint
+from tffl import participation
+from tffl import personal_state
+from tffl import personalized
+from tffl import roles
+from tffl import simulation
+
+D, K = 4, 2
+SPEC = (tf.TensorSpec([None, D], tf.float32), tf.TensorSpec([None, 1], tf.float32))
+LR = 0.05
+
+
+def _linear_model(head=True, representation=True):
+    inputs = tf.keras.Input((D,))
+    rep = tf.keras.layers.Dense(K, use_bias=False, name="rep",
+                                kernel_initializer=tf.keras.initializers.GlorotUniform(1))
+    out = tf.keras.layers.Dense(1, use_bias=False, name="out",
+                                kernel_initializer=tf.keras.initializers.GlorotUniform(2))
+    model = tf.keras.Model(inputs, out(rep(inputs)))
+    if representation:
+        roles.tag_layer(rep, roles.SHARED)
+    else:
+        rep.trainable = False
+        roles.tag_layer(rep, roles.FROZEN)
+    if head:
+        roles.tag_layer(out, roles.HEAD)
+    return model
+
+
+def _build(algorithm, **kwargs):
+    return personalized.build_personalized_process(
+        algorithm, _linear_model, SPEC, LR, loss_fn=tf.keras.losses.MeanSquaredError, **kwargs)
+
+
+def _clients(sizes=(5, 8, 3), seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(n, D)).astype(np.float32), rng.normal(size=(n, 1)).astype(np.float32))
+            for n in sizes]
+
+
+def _datasets(clients):
+    return [tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)) for x, y in clients]
+
+
+def _grads(x, y, w, h):
+    r = x @ w @ h - y
+    n = len(x)
+    return 2 / n * x.T @ r @ h.T, 2 / n * (x @ w).T @ r
+
+
+def _numpy_round(algorithm, clients, w, heads, tau_h=1, tau_r=1, epochs=1):
+    """One round in float64: (new W, new heads, client losses of the last phase)."""
+    new_w, new_heads, counts = [], [], []
+    for (x, y), h in zip(clients, heads):
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        wi, hi = w.copy(), h.copy()
+        if algorithm == "fedrep":
+            for _ in range(tau_h):
+                hi = hi - LR * _grads(x, y, wi, hi)[1]
+            for _ in range(tau_r):
+                wi = wi - LR * _grads(x, y, wi, hi)[0]
+        else:  # joint (FedPer, LG-FedAvg, FedAvg)
+            for _ in range(epochs):
+                gw, gh = _grads(x, y, wi, hi)
+                wi, hi = wi - LR * gw, hi - LR * gh
+        new_w.append(wi)
+        new_heads.append(hi)
+        counts.append(len(x))
+    counts = np.array(counts, float)
+    w_bar = w + sum(c * (wi - w) for c, wi in zip(counts, new_w)) / counts.sum()
+    return w_bar, new_heads
+
+
+def _initial(process):
+    weights = process.get_model_weights(process.initialize())
+    return np.asarray(weights.trainable[0], np.float64), np.asarray(weights.trainable[1],
+                                                                    np.float64)
+
+
+def test_fedrep_two_rounds_equal_numpy_and_heads_carry_over(tff_runtime):
+    """Round 2 must start each client's head from the head it returned in round 1."""
+    process = _build("fedrep", head_epochs=3, representation_epochs=2)
+    clients = _clients()
+    w, h0 = _initial(process)
+    state = process.initialize()
+    personal = [process.initialize_personal(str(i)) for i in range(3)]
+    heads = [h0] * 3
+    for _ in range(2):
+        out = process.next(state, _datasets(clients), personal)
+        state, personal = out.state, out.personal_states
+        w, heads = _numpy_round("fedrep", clients, w, heads, tau_h=3, tau_r=2)
+        got_w = process.get_model_weights(state).trainable[0]
+        np.testing.assert_allclose(got_w, w, rtol=2e-5, atol=1e-6)
+        for got, want in zip(personal, heads):
+            np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
+    # The server never sees a head: its copy is still the initial one.
+    np.testing.assert_array_equal(process.get_model_weights(state).trainable[1], h0)
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "lg_fedavg"])
+def test_joint_local_training_equals_numpy(tff_runtime, algorithm):
+    process = _build(algorithm, local_epochs=2)
+    clients = _clients(seed=1)
+    w, h0 = _initial(process)
+    out = process.next(process.initialize(), _datasets(clients),
+                       [process.initialize_personal(str(i)) for i in range(3)])
+    w1, heads = _numpy_round(algorithm, clients, w, [h0] * 3, epochs=2)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], w1,
+                               rtol=2e-5, atol=1e-6)
+    for got, want in zip(out.personal_states, heads):
+        np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
+
+
+def test_fedavg_averages_everything_with_example_weights(tff_runtime):
+    process = _build("fedavg")
+    assert not personal_state.is_personalized(process)
+    clients = _clients(seed=2)
+    w, h = _initial(process)
+    out = process.next(process.initialize(), _datasets(clients))
+    local = []
+    for x, y in clients:
+        gw, gh = _grads(x.astype(float), y.astype(float), w, h)
+        local.append((w - LR * gw, h - LR * gh))
+    n = np.array([len(x) for x, _ in clients], float)
+    weights = process.get_model_weights(out.state)
+    np.testing.assert_allclose(weights.trainable[0],
+                               sum(c * a for c, (a, _) in zip(n, local)) / n.sum(), rtol=2e-5)
+    np.testing.assert_allclose(weights.trainable[1],
+                               sum(c * b for c, (_, b) in zip(n, local)) / n.sum(), rtol=2e-5)
+
+
+def test_server_learning_rate_scales_the_mean_delta(tff_runtime):
+    process = _build("fedper", server_learning_rate=0.5)
+    clients = _clients(seed=3)
+    w, h0 = _initial(process)
+    out = process.next(process.initialize(), _datasets(clients),
+                       [process.initialize_personal("a")] * 3)
+    w1, _ = _numpy_round("fedper", clients, w, [h0] * 3)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0],
+                               w + 0.5 * (w1 - w), rtol=2e-5, atol=1e-6)
+
+
+def test_evaluation_uses_each_clients_head_and_fedavg_ft_finetunes(tff_runtime):
+    """Personalized MSE of client i = mean (x W h_i − y)²; FedAvg-FT first takes E_ft head steps
+    from the global head on the client's training batch."""
+    clients, tests = _clients(seed=4), _clients(sizes=(6, 2, 4), seed=5)
+    fedrep = _build("fedrep")
+    w, h0 = _initial(fedrep)
+    heads = [h0 + 0.1 * i for i in range(3)]
+    metrics = fedrep.evaluate(fedrep.initialize(), [[h.astype(np.float32)] for h in heads],
+                              _datasets(clients), _datasets(tests))
+    errors = [np.sum((x @ w @ h - y) ** 2) for (x, y), h in zip(tests, heads)]
+    n = sum(len(x) for x, _ in tests)
+    assert metrics["loss"] == pytest.approx(sum(errors) / n, rel=1e-5)
+    assert metrics["num_examples"] == n
+
+    ft = _build("fedavg_ft", finetune_epochs=3)
+    w, h = _initial(ft)
+    metrics = ft.evaluate(ft.initialize(), _datasets(clients), _datasets(tests))
+    errors = []
+    for (x, y), (xt, yt) in zip(clients, tests):
+        hi = h.copy()
+        for _ in range(3):
+            hi = hi - LR * _grads(x.astype(float), y.astype(float), w, hi)[1]
+        errors.append(np.sum((xt @ w @ hi - yt) ** 2))
+    assert metrics["loss"] == pytest.approx(sum(errors) / n, rel=1e-4)
+
+
+def test_upload_holds_only_the_aggregated_variables():
+    """FedRep and LG-FedAvg upload the representation deltas (d·k floats) + 3 metric floats + the
+    weight; FedAvg also the head (k floats)."""
+    assert _build("fedrep").traffic["round"].up == (D * K + 3 + 1) * 4
+    assert _build("fedavg").traffic["round"].up == (D * K + K + 3 + 1) * 4
+    assert _build("fedrep").traffic["round"].down == (D * K + K) * 4
+
+
+class _Scripted:
+    """A sampler with a fixed list of clients per round."""
+
+    def __init__(self, rounds):
+        self.rounds = rounds
+
+    def sample(self, round_num):
+        return participation.Participation(list(self.rounds[round_num - 1]))
+
+
+_SCHEDULE = [("a", "b"), ("b", "c"), ("a", "c"), ("b",)]
+
+
+def _run(process, tmp_path, rounds, resume=False, name="run"):
+    data = dict(zip("abc", _clients(sizes=(4, 6, 5), seed=7)))
+    return simulation.run_rounds(
+        process, _Scripted(_SCHEDULE), lambda cid, t: _datasets([data[cid]])[0], rounds=rounds,
+        output_dir=tmp_path / name, config={"test": 1}, resume=resume, log=None)
+
+
+def test_heads_survive_rounds_without_their_client(tff_runtime, tmp_path):
+    process = _build("fedrep")
+    result = _run(process, tmp_path, rounds=2)
+    store = result.personal_store
+    assert store.client_ids() == ["a", "b", "c"]
+    # "a" trained in round 1 only; recompute its round-1 head independently.
+    w, h0 = _initial(process)
+    data = dict(zip("abc", _clients(sizes=(4, 6, 5), seed=7)))
+    _, heads = _numpy_round("fedrep", [data["a"], data["b"]], w, [h0, h0])
+    np.testing.assert_allclose(store.get("a")[0], heads[0], rtol=2e-5, atol=1e-6)
+    # A client that never trained gets the model's initial head.
+    np.testing.assert_array_equal(store.get("z")[0], h0)
+    # Round 3 trains "a" again, from its round-1 head (not from h0).
+    result3 = _run(process, tmp_path, rounds=3, resume=True)
+    assert not np.allclose(result3.personal_store.get("a")[0], store.get("a")[0])
+    np.testing.assert_array_equal(result3.personal_store.get("b")[0], store.get("b")[0])
+
+
+def test_personal_store_survives_checkpoint_and_resume(tff_runtime, tmp_path):
+    process = _build("fedrep")
+    straight = _run(process, tmp_path, rounds=4, name="straight")
+    _run(process, tmp_path, rounds=2, name="split")
+    resumed = _run(_build("fedrep"), tmp_path, rounds=4, resume=True, name="split")
+    assert resumed.first_round == 3
+    for cid in "abc":
+        np.testing.assert_array_equal(resumed.personal_store.get(cid)[0],
+                                      straight.personal_store.get(cid)[0])
+    for got, want in zip(tf.nest.flatten(resumed.state), tf.nest.flatten(straight.state)):
+        np.testing.assert_array_equal(got, want)
+    # The checkpoint itself holds every client's head.
+    _, path = checkpoint.latest(tmp_path / "split" / "checkpoints")
+    _, extra, _ = checkpoint.load(path, template=process.initialize())
+    assert sorted(extra) == ["a/0000", "b/0000", "c/0000"]
+
+
+def test_resume_with_another_head_shape_is_refused(tff_runtime, tmp_path):
+    process = _build("fedrep")
+    _run(process, tmp_path, rounds=1, name="r")
+    store = personal_state.PersonalStore(lambda cid: [np.zeros((K + 1, 1), np.float32)])
+    _, path = checkpoint.latest(tmp_path / "r" / "checkpoints")
+    _, extra, _ = checkpoint.load(path, template=process.initialize())
+    with pytest.raises(ValueError, match="checkpoint shape"):
+        store.load_arrays(extra)
+
+
+def test_bad_input_raises_clear_errors():
+    with pytest.raises(ValueError, match="needs personal variables"):
+        personalized.build_personalized_process(
+            "fedrep", lambda: _linear_model(head=False), SPEC, LR)
+    with pytest.raises(ValueError, match="needs a representation"):
+        personalized.build_personalized_process(
+            "fedper", lambda: _linear_model(representation=False), SPEC, LR)
+    for kwargs, match in [({"head_epochs": 0}, "head_epochs"),
+                          ({"representation_epochs": -1}, "representation_epochs"),
+                          ({"local_epochs": 0}, "local_epochs"),
+                          ({"finetune_epochs": -1}, "finetune_epochs"),
+                          ({"lora_schedule": "zigzag"}, "lora_schedule"),
+                          ({"server_learning_rate": 0.0}, "server_learning_rate")]:
+        with pytest.raises(ValueError, match=match):
+            _build("fedrep", **kwargs)
+    with pytest.raises(ValueError, match="unknown personalized algorithm 'fedx'"):
+        _build("fedx")
+    with pytest.raises(ValueError, match="fedavg_ft"):
+        _build("fedavg", finetune_epochs=2)
+    with pytest.raises(ValueError, match="lora_a/lora_b"):
+        _build("fedrep", lora_schedule="alternating")
+
+
+def test_mismatched_personal_states_raise(tff_runtime):
+    process = _build("fedrep")
+    datasets = _datasets(_clients())
+    with pytest.raises(ValueError, match="3 client datasets but 2 personal states"):
+        process.next(process.initialize(), datasets, [process.initialize_personal("a")] * 2)
+    with pytest.raises(ValueError, match=r"must have shape \(2, 1\)"):
+        process.next(process.initialize(), datasets, [[np.zeros((3, 1), np.float32)]] * 3)
+
+
+def _lora_classifier():
+    from models import backbones
+    from models import lora_targets
+
+    backbone = backbones.build_bert_backbone(vocabulary_size=50, num_layers=1, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=8)
+    lora_targets.apply_lora(backbone, lora_targets.LoraConfig(rank=2, targets=("query", "value")))
+    lora_targets.freeze_non_lora(backbone)
+    return backbones.build_classifier(backbone, num_classes=3)
+
+
+def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_runtime):
+    """The combination the papers never ran: FedRep heads, LoRA adapters on a KerasNLP BERT
+    representation, averaged RoLoRA-style. In the B round A is fixed and B is averaged; in the
+    A round the reverse; every client's head is trained and kept personal."""
+    x_spec = collections.OrderedDict(
+        padding_mask=tf.TensorSpec([None, 8], tf.int32),
+        segment_ids=tf.TensorSpec([None, 8], tf.int32),
+        token_ids=tf.TensorSpec([None, 8], tf.int32))
+    spec = (x_spec, tf.TensorSpec([None], tf.int32))
+    process = personalized.build_personalized_process(
+        "fedrep", _lora_classifier, spec, 0.5, lora_schedule="alternating")
+    assert list(process.communication_rounds) == ["b_round", "a_round"]
+    info = process.spec.trainable
+    a_idx = process.spec.indices([roles.LORA_A])
+    b_idx = process.spec.indices([roles.LORA_B])
+    assert {info[k].role for k in process.personal_indices} == {roles.HEAD}
+    # Each round uploads one factor of every adapter: half of the factors' bytes.
+    factor_bytes = {name: sum(4 * np.prod(info[k].shape) for k in idx)
+                    for name, idx in (("b_round", b_idx), ("a_round", a_idx))}
+    for name in ("b_round", "a_round"):
+        assert process.traffic[name].up == factor_bytes[name] + 16
+
+    def dataset(seed):
+        r = np.random.default_rng(seed)
+        x = collections.OrderedDict(
+            padding_mask=np.ones((6, 8), np.int32), segment_ids=np.zeros((6, 8), np.int32),
+            token_ids=r.integers(1, 50, (6, 8)).astype(np.int32))
+        return tf.data.Dataset.from_tensor_slices((x, r.integers(0, 3, 6).astype(np.int32))
+                                                  ).batch(3)
+
+    datasets = [dataset(s) for s in (1, 2)]
+    # Start from B ≠ 0 (as after some training): with B = 0 an A step is exactly zero, and in
+    # this tiny random network one B round moves B by only ~1e-6.
+    state = process.initialize()
+    weights = process.get_model_weights(state)
+    rng = np.random.default_rng(0)
+    trainable = [rng.normal(0, 0.3, w.shape).astype(np.float32) if k in b_idx else w
+                 for k, w in enumerate(weights.trainable)]
+    state = process.set_model_weights(state, tff.learning.models.ModelWeights(
+        trainable, list(weights.non_trainable)))
+    before = process.get_model_weights(state).trainable
+    b_only = process.communication_rounds["b_round"](
+        state, datasets, [process.initialize_personal("x")] * 2)
+    after_b = process.get_model_weights(b_only[0]).trainable
+    for k in a_idx:
+        np.testing.assert_array_equal(after_b[k], before[k])
+    assert any(not np.array_equal(after_b[k], before[k]) for k in b_idx)
+    heads = b_only[1]
+    assert not np.array_equal(heads[0][0], heads[1][0])   # personal, not averaged
+    out = process.next(state, datasets, [process.initialize_personal("x")] * 2)
+    after = process.get_model_weights(out.state).trainable
+    assert any(not np.array_equal(after[k], after_b[k]) for k in a_idx)
+    np.testing.assert_array_equal(after[process.personal_indices[0]],
+                                  before[process.personal_indices[0]])
+    assert np.isfinite(out.metrics["a_round"]["train"]["loss"])
