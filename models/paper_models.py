@@ -119,6 +119,36 @@ class FixedLinear(tf.keras.layers.Layer):
         return config
 
 
+class ShortcutMix(tf.keras.layers.Layer):
+    """AdaptPFL's mix of the representation path and the personal shortcut:
+    y = (1 − α)·main + α·shortcut, α ∈ [0, 1] fixed (adaptpfl.md §1.2, θ_i = (1−α)Bw_i + α s_i).
+
+    With α = 0 the output is `main` exactly (bit for bit), so AdaptPFL reduces to FedRep.
+
+    Example:
+
+    >>> ShortcutMix(0.25)([tf.ones((1, 2)), tf.zeros((1, 2))]).numpy()
+    array([[0.75, 0.75]], dtype=float32)
+    """
+
+    def __init__(self, alpha: float, **kwargs):
+        super().__init__(**kwargs)
+        alpha = float(alpha)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"shortcut alpha={alpha} must be in [0, 1] (0: FedRep's model, "
+                             "1: the shortcut alone)")
+        self.alpha = alpha
+
+    def call(self, inputs):
+        main, shortcut = inputs
+        return (1.0 - self.alpha) * main + self.alpha * shortcut
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(alpha=self.alpha)
+        return config
+
+
 def build_rolora_mnist_net(
     input_dim: int = 784,
     rank: int = 16,
@@ -228,8 +258,13 @@ def build_mlp(
     num_classes: int = 10,
     split: str = "fedrep",
     seed: int = 0,
+    shortcut_alpha: float | None = None,
 ) -> tf.keras.Model:
     """The (FE)MNIST MLP: layer_input → layer_hidden1 → layer_hidden2 (ReLU) → layer_out.
+
+    `shortcut_alpha=α` adds AdaptPFL's personal shortcut (adaptpfl.md §1.2): a linear map
+    `shortcut` from the input to the logits (no bias, zero at init, role `shortcut`), and outputs
+    (1 − α)·MLP(x) + α·shortcut(x) (`ShortcutMix`); α must be in [0, 1].
 
     Example:
 
@@ -254,4 +289,10 @@ def build_mlp(
     for layer in dense:
         x = layer(x)
     _tag_split(dense, split)
+    if shortcut_alpha is not None:
+        mix = ShortcutMix(shortcut_alpha, name="mix")  # validates α before anything is built
+        shortcut = tf.keras.layers.Dense(num_classes, use_bias=False, name="shortcut",
+                                         kernel_initializer="zeros")
+        x = mix([x, shortcut(inputs)])
+        roles.tag_layer(shortcut, roles.SHORTCUT)
     return tf.keras.Model(inputs, x, name="mlp")

@@ -78,12 +78,15 @@ _SHUFFLE_BUFFER = 10_000  # larger than any client's data here: a full shuffle
 # pfl_mlp / pfl_mlp_lg: x -> hidden -> hidden/2 -> classes with FedRep's split (last layer `head`)
 # or LG-FedAvg's (first layer local, tagged `head`); lora_head_net: the LoRA net with a trainable
 # `head` output layer (personalization over a LoRA representation).
-MODELS = ("mlp", "lora_net", "lora_net_base", "pfl_mlp", "pfl_mlp_lg", "lora_head_net")
+# pfl_mlp_shortcut: pfl_mlp plus AdaptPFL's personal shortcut x -> logits mixed with weight α.
+MODELS = ("mlp", "lora_net", "lora_net_base", "pfl_mlp", "pfl_mlp_lg", "pfl_mlp_shortcut",
+          "lora_head_net")
 LORA_NET_B_STDDEV = 1e-3
 
 
 def _run_task(
-    task, hidden: int, batch_size: int, local_steps: int, seed: int, model: str, rank: int
+    task, hidden: int, batch_size: int, local_steps: int, seed: int, model: str, rank: int,
+    shortcut_alpha: float = 0.5,
 ) -> RunTask:
     """Wraps a `tasks.task.Task` of flat features with a model for the round loop.
 
@@ -109,11 +112,12 @@ def _run_task(
                 b_stddev=LORA_NET_B_STDDEV, base_kernel=model == "lora_net_base",
                 trainable_head=model == "lora_head_net",
             )
-        if model in ("pfl_mlp", "pfl_mlp_lg"):
+        if model in ("pfl_mlp", "pfl_mlp_lg", "pfl_mlp_shortcut"):
             return paper_models.build_mlp(
                 input_dim=input_dim, hidden=(hidden, max(1, hidden // 2)),
                 num_classes=task.num_classes, seed=seed,
                 split="lg" if model == "pfl_mlp_lg" else "fedrep",
+                shortcut_alpha=shortcut_alpha if model == "pfl_mlp_shortcut" else None,
             )
         return paper_models.build_mlp(
             input_dim=input_dim, hidden=(hidden,), num_classes=task.num_classes, seed=seed
@@ -130,6 +134,9 @@ def _run_task(
                    "last layer personal",
         "pfl_mlp_lg": f"MLP {input_dim}-{hidden}-{max(1, hidden // 2)}-{task.num_classes}, "
                       "first layer local",
+        "pfl_mlp_shortcut": f"(1-{shortcut_alpha})·MLP {input_dim}-{hidden}-"
+                            f"{max(1, hidden // 2)}-{task.num_classes} + {shortcut_alpha}·"
+                            "shortcut(x), last layer and shortcut personal",
         "lora_net_base": f"ReLU(x(W0+AB))W_out, d={input_dim}, r={rank}",
         "lora_head_net": f"ReLU(xAB)W_head, d={input_dim}, r={rank}, W_head personal",
     }.get(model, f"ReLU(xAB)W_out, d={input_dim}, r={rank}")
@@ -186,6 +193,7 @@ def build_task(
     data_dir: str | pathlib.Path = "../shared/data",
     model: str = "mlp",
     rank: int = 16,
+    shortcut_alpha: float = 0.5,
 ) -> RunTask:
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(_TASK_BUILDERS)}")
@@ -195,7 +203,10 @@ def build_task(
         num_clients, seed, partition, data_dir,
         classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha,
     )
-    return _run_task(task, hidden, batch_size, local_steps, seed, model=model, rank=rank)
+    if not 0.0 <= shortcut_alpha <= 1.0:
+        raise ValueError(f"flag --shortcut_alpha={shortcut_alpha}: must be in [0, 1]")
+    return _run_task(task, hidden, batch_size, local_steps, seed, model=model, rank=rank,
+                     shortcut_alpha=shortcut_alpha)
 
 
 LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")
@@ -215,6 +226,11 @@ def model_for(algorithm: str, representation: str = "mlp") -> str:
         return "lora_net_base"
     if algorithm in LORA_ALGORITHMS:
         return "lora_net"
+    if algorithm == "adaptpfl":
+        if representation != "mlp":
+            raise ValueError("adaptpfl's shortcut model has an MLP representation; use "
+                             "--representation=mlp")
+        return "pfl_mlp_shortcut"
     if representation != "mlp":
         return "lora_head_net"
     return "pfl_mlp_lg" if algorithm == "lg_fedavg" else "pfl_mlp"
@@ -255,12 +271,15 @@ def build_algorithm(
     head_epochs: int = 1,
     representation_epochs: int = 1,
     finetune_epochs: int | None = None,
+    shortcut_epochs: int = 1,
+    flute: personalized.FluteConfig | None = None,
 ):
     if name in PERSONALIZED_ALGORITHMS:
         return personalized.build_personalized_process(
             name, task.keras_model_fn, task.input_spec, client_learning_rate,
             local_epochs=local_epochs, head_epochs=head_epochs,
             representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
+            shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
             lora_schedule="alternating" if representation == "lora_alternating" else "joint",
             server_learning_rate=server_learning_rate,
         )

@@ -55,7 +55,7 @@ _ALGORITHM = flags.DEFINE_list(
     "algorithm", "rolora,fedavg_lora,ffa_lora",
     "Algorithm, or a comma-separated list to compare on the same task: "
     + ", ".join(registry.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
-    "fedavg, fedavg_ft) train an MLP (or, with --representation=lora*, a LoRA net with a "
+    "fedavg, fedavg_ft, flute, adaptpfl) train an MLP (or, with --representation=lora*, a LoRA net with a "
     "personal head) and are evaluated on every client's own test set; the LoRA algorithms train "
     "RoLoRA's two-layer net ReLU(x A B) W_out.",
 )
@@ -70,7 +70,22 @@ _LOCAL_EPOCHS = flags.DEFINE_integer(
 _HEAD_EPOCHS = flags.DEFINE_integer(
     "head_epochs", 10, "fedrep: head epochs tau_h per round (the SRPFL/FedRep code: 10).")
 _REPRESENTATION_EPOCHS = flags.DEFINE_integer(
-    "representation_epochs", 1, "fedrep: representation epochs tau_r per round after the head.")
+    "representation_epochs", 1, "fedrep, flute, adaptpfl: representation epochs per round after "
+    "the head (flute trains head and representation jointly in them).")
+_SHORTCUT_EPOCHS = flags.DEFINE_integer(
+    "shortcut_epochs", 1, "adaptpfl: shortcut epochs tau_s per round, between head and "
+    "representation.")
+_SHORTCUT_ALPHA = flags.DEFINE_float(
+    "shortcut_alpha", 0.5, "adaptpfl: the mixing weight alpha in [0, 1] of the personal shortcut "
+    "(0 is FedRep).")
+_FLUTE_FEATURE_PENALTY = flags.DEFINE_float(
+    "flute_feature_penalty", 0.005, "flute: lambda1 on mean ||features||^2.")
+_FLUTE_HEAD_PENALTY = flags.DEFINE_float("flute_head_penalty", 0.0025,
+                                         "flute: lambda2 on ||H||_F^2.")
+_FLUTE_NC_PENALTY = flags.DEFINE_float("flute_nc_penalty", 0.25,
+                                       "flute: lambda3 on the neural-collapse term NC(H).")
+_FLUTE_NC_STEP = flags.DEFINE_float("flute_nc_step", 0.5,
+                                    "flute: eta_r, the step on NC of the heads after training.")
 _FINETUNE_EPOCHS = flags.DEFINE_integer(
     "finetune_epochs", None, "Head fine-tuning epochs on each client's training data before "
     "personalized evaluation (default: 10 for fedavg_ft, 0 for the others).")
@@ -139,6 +154,8 @@ _RUN_FLAGS = (
     "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
     "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
+    "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
+    "flute_nc_penalty", "flute_nc_step",
     "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
 
@@ -160,8 +177,18 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     _positive("eval_every", minimum=0)
     _positive("rank")
-    for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants"):
+    for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants",
+                 "shortcut_epochs"):
         _positive(name)
+    if not 0.0 <= _SHORTCUT_ALPHA.value <= 1.0:
+        raise UsageError(f"flag --shortcut_alpha={_SHORTCUT_ALPHA.value}: must be in [0, 1]")
+    for name in ("flute_feature_penalty", "flute_head_penalty", "flute_nc_penalty",
+                 "flute_nc_step"):
+        if not flags.FLAGS[name].value >= 0:
+            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be >= 0")
+    if "adaptpfl" in _ALGORITHM.value and _REPRESENTATION.value != "mlp":
+        raise UsageError(f"flag --representation={_REPRESENTATION.value}: adaptpfl's shortcut "
+                         "model needs --representation=mlp")
     if _FINETUNE_EPOCHS.value is not None:
         _positive("finetune_epochs", minimum=0)
     if _STAGE_ROUNDS.value != "lemma_b1":
@@ -243,6 +270,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
 
     Must run inside `runtime.local_runtime()`.
     """
+    from tffl import personalized
     from tffl import simulation
 
     tf.keras.utils.set_random_seed(_SEED.value)
@@ -259,6 +287,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         data_dir=_DATA_DIR.value,
         model=registry.model_for(algorithm, _REPRESENTATION.value),
         rank=_RANK.value,
+        shortcut_alpha=_SHORTCUT_ALPHA.value,
     )
     driver_rounds, comm_rounds = registry.driver_rounds(
         algorithm, _ROUNDS.value, _ROLORA_FRACTION.value, _REPRESENTATION.value
@@ -288,6 +317,10 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         head_epochs=_HEAD_EPOCHS.value,
         representation_epochs=_REPRESENTATION_EPOCHS.value,
         finetune_epochs=_FINETUNE_EPOCHS.value,
+        shortcut_epochs=_SHORTCUT_EPOCHS.value,
+        flute=personalized.FluteConfig(
+            feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
+            nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value),
     )
     if algorithm in registry.PERSONALIZED_ALGORITHMS:
         evaluate_fn = registry.personalized_evaluator(task, process)

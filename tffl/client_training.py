@@ -188,6 +188,10 @@ class Phase:
 
     train_indices: tuple[int, ...]
     epochs: int = 1
+    # An extra term of this phase's objective, `penalty(features) -> scalar`, added to the batch
+    # loss ℓ; `features` are the activations `features_model` returns beside the predictions
+    # (e.g. FLUTE's λ1·mean‖ψ(x)‖² + λ2‖H‖² + λ3·NC(H), which closes over the head variable).
+    penalty: Callable[[tf.Tensor], tf.Tensor] | None = None
 
 
 def build_phased_loop(
@@ -195,6 +199,7 @@ def build_phased_loop(
     loss_fn: LossFn,
     learning_rate: float,
     phases: Sequence[Phase],
+    features_model: tf.keras.Model | None = None,
 ) -> Callable:
     """The one client training loop: assign the given weights, then SGD phase by phase.
 
@@ -211,11 +216,14 @@ def build_phased_loop(
       loss_fn: `(y_true, y_pred) -> scalar` batch loss ℓ (e.g. a `tf.keras.losses.Loss`).
       learning_rate: η > 0.
       phases: the phases, run in order; each trains at least one variable, epochs ≥ 1.
+      features_model: a model sharing `model`'s layers that returns `[features, predictions]`;
+        needed when a phase has a `penalty`, whose steps then minimize ℓ + penalty(features).
 
     Returns:
       A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final
       values of all `model.trainable_variables`), and over the batches of the *last* phase:
-      `loss_sum` = Σ_k n_k·ℓ_k (ℓ_k the batch loss before step k), `num_correct` = number of
+      `loss_sum` = Σ_k n_k·ℓ_k (ℓ_k the batch data loss before step k, without any penalty),
+      `num_correct` = number of
       examples whose argmax prediction equals an integer label (0 unless the model outputs
       [batch, classes] scores for integer labels), `num_examples` = Σ_k n_k (all float32).
     """
@@ -226,6 +234,8 @@ def build_phased_loop(
             raise ValueError("a training phase must train at least one variable")
         if phase.epochs < 1:
             raise ValueError(f"a training phase needs epochs >= 1, got {phase.epochs}")
+        if phase.penalty is not None and features_model is None:
+            raise ValueError("a phase with a penalty needs features_model")
 
     def correct(y, pred):
         if not (y.dtype.is_integer and pred.shape.rank == 2 and (pred.shape[-1] or 0) > 1):
@@ -249,9 +259,15 @@ def build_phased_loop(
             for batch in data:
                 x, y = split_batch(batch)
                 with tf.GradientTape() as tape:
-                    pred = model(x, training=True)
-                    loss = loss_fn(y, pred)
-                grads = tape.gradient(loss, trained,
+                    if phase.penalty is None:
+                        pred = model(x, training=True)
+                        loss = loss_fn(y, pred)
+                        objective = loss
+                    else:
+                        features, pred = features_model(x, training=True)
+                        loss = loss_fn(y, pred)
+                        objective = loss + tf.cast(phase.penalty(features), loss.dtype)
+                grads = tape.gradient(objective, trained,
                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 for variable, grad in zip(trained, grads):
                     variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)

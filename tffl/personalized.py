@@ -80,7 +80,7 @@ from tffl import lora_fl
 from tffl import roles
 from tffl.personal_state import PersonalizedOutput
 
-ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft")
+ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl")
 LORA_SCHEDULES = ("joint", "alternating")
 REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
 PERSONAL_ROLES = (roles.HEAD,)
@@ -102,6 +102,112 @@ class _Config:
     aggregator: Any
     spec: client_training.ModelSpec
     personal_indices: tuple[int, ...]
+    flute: FluteConfig | None = None
+    # FLUTE: position of the head kernel H (k×m) in `trainable`, and m.
+    head_kernel_index: int | None = None
+    num_classes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FluteConfig:
+    """Deep FLUTE's regularizers (flute.md §4.2–4.4): the local objective is
+
+        CE + λ1·mean_batch ‖ψ(x)‖² + λ2·‖H‖²_F + λ3·NC(H; u_i)
+
+    (the feature term only in the representation phase, as in the official code), and after local
+    training the head takes one gradient step of size η_r on NC (the server step of Algorithm 2).
+
+    Attributes:
+      feature_penalty: λ1 ≥ 0. The code sums ‖ψ(x)‖² over a batch of 10 with 0.0005; the paper's
+        Eq. (10) averages, as here: 0.005 is the code's value per example.
+      head_penalty: λ2 ≥ 0 (code: 0.0025).
+      nc_penalty: λ3 ≥ 0 (code: 0.25).
+      nc_step: η_r ≥ 0, the NC step on the heads (code: 0.5).
+    """
+
+    feature_penalty: float = 0.005
+    head_penalty: float = 0.0025
+    nc_penalty: float = 0.25
+    nc_step: float = 0.5
+
+    def __post_init__(self):
+        for name in ("feature_penalty", "head_penalty", "nc_penalty", "nc_step"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ValueError(f"FLUTE {name}={value} must be a finite number >= 0")
+
+
+def neural_collapse(head_kernel: tf.Tensor, classes: tf.Tensor) -> tf.Tensor:
+    """NC_i(H) = ‖ HᵀH/‖HᵀH‖_F − (1/√(m−1)) (u uᵀ) ⊙ (I_m − 11ᵀ/m) ‖_F  (flute.md §4.2).
+
+    Args:
+      head_kernel: H, shape (k, m) (a Keras Dense kernel: features × classes).
+      classes: u, shape (m,), 1 for the classes the client holds, else 0.
+
+    The client's sub-block of the m-class simplex-ETF Gram matrix is the target; heads of absent
+    classes are pushed to 0. Norms use √(Σx² + 1e-12) so the gradient exists at 0.
+    """
+    h = tf.convert_to_tensor(head_kernel)
+    m = h.shape[-1]
+    dtype = h.dtype
+
+    def frobenius(a):
+        return tf.sqrt(tf.reduce_sum(tf.square(a)) + tf.constant(1e-12, dtype))
+
+    gram = tf.matmul(h, h, transpose_a=True)
+    gram = gram / frobenius(gram)
+    u = tf.cast(classes, dtype)
+    centering = tf.eye(m, dtype=dtype) - tf.ones((m, m), dtype) / m
+    target = (u[:, tf.newaxis] * u[tf.newaxis, :]) * centering / np.sqrt(m - 1.0)
+    return frobenius(gram - target)
+
+
+def _features_model(model: tf.keras.Model, head_kernel: tf.Variable) -> tf.keras.Model:
+    """`[input of the head layer, model output]`: the features ψ(x) beside the predictions."""
+    for layer in model.layers:
+        if any(w is head_kernel for w in layer.trainable_weights):
+            return tf.keras.Model(model.inputs, [layer.input, model.output])
+    raise ValueError(f"FLUTE: the head kernel {head_kernel.name} is not the kernel of a top-level "
+                     "layer of the functional model, so its input features cannot be read")
+
+
+def _class_indicator(previous: tf.Tensor, dataset, num_classes: int) -> tf.Tensor:
+    """u_i: the classes seen in `dataset`'s labels, or-ed into the `previous` indicator."""
+
+    def add(acc, batch):
+        _, y = client_training.split_batch(batch)
+        labels = tf.cast(tf.reshape(y, [-1]), tf.int32)
+        seen = tf.reduce_max(tf.one_hot(labels, num_classes, dtype=acc.dtype), axis=0)
+        return tf.maximum(acc, seen)
+
+    return dataset.reduce(tf.cast(previous, tf.float32), add)
+
+
+def _flute_phases(phases, model, flute: FluteConfig, kernel_index: int, classes,
+                  head_indices: Sequence[int]):
+    """The phases with FLUTE's penalties: head phases get λ2‖H‖² + λ3·NC, the others also
+    λ1·mean‖ψ(x)‖²."""
+    kernel = model.trainable_variables[kernel_index]
+
+    def head_terms():
+        return (flute.head_penalty * tf.reduce_sum(tf.square(kernel))
+                + flute.nc_penalty * neural_collapse(kernel, classes))
+
+    def head_only(features):
+        del features
+        return head_terms()
+
+    def with_features(features):
+        flat = tf.reshape(features, [tf.shape(features)[0], -1])
+        return (flute.feature_penalty * tf.reduce_mean(tf.reduce_sum(tf.square(flat), axis=1))
+                + head_terms())
+
+    out = []
+    for phase in phases:
+        head_phase = set(phase.train_indices) <= set(head_indices)
+        out.append(dataclasses.replace(
+            phase, penalty=head_only if head_phase else with_features))
+    return out
 
 
 def _with_personal(weights, personal_indices, personal):
@@ -126,22 +232,43 @@ class _Round:
         self.personal = bool(personal_indices)
         weights_type = spec.weights_type()
         data_type = tff.SequenceType(client_training.element_type(config.input_spec))
-        personal_type = personal_state_type(spec, personal_indices)
+        personal_type = personal_state_type(spec, personal_indices, config.num_classes
+                                            if config.flute else 0)
+        flute = config.flute
 
         def work(weights, personal, dataset):
             model = client_training.build_model(config.keras_model_fn, config.input_spec)
+            personal = list(personal)
+            features_model, round_phases, classes = None, phases, None
+            if flute is not None:
+                classes = _class_indicator(personal.pop(), dataset, config.num_classes)
+                kernel = model.trainable_variables[config.head_kernel_index]
+                features_model = _features_model(model, kernel)
+                round_phases = _flute_phases(phases, model, flute, config.head_kernel_index,
+                                             classes, personal_indices)
             loop = client_training.build_phased_loop(model, config.loss_fn(),
-                                                     config.learning_rate, phases)
+                                                     config.learning_rate, round_phases,
+                                                     features_model)
             out = loop(_with_personal(weights, personal_indices, personal), dataset)
-            trained = out["trainable"]
+            trained = list(out["trainable"])
+            if flute is not None and flute.nc_step > 0:
+                # Algorithm 2's server step on Σ_j NC_j(H_j): its gradient in H_i is ∇NC_i(H_i),
+                # so each head's step needs only that head; it is taken here, on the client.
+                k = config.head_kernel_index
+                with tf.GradientTape() as tape:
+                    tape.watch(trained[k])
+                    nc = neural_collapse(trained[k], classes)
+                trained[k] = trained[k] - flute.nc_step * tape.gradient(nc, trained[k])
             upload = collections.OrderedDict(
                 update=[trained[k] - weights.trainable[k] for k in self.upload_indices],
                 loss_sum=out["loss_sum"],
                 num_correct=out["num_correct"],
                 num_examples=out["num_examples"],
             )
-            return collections.OrderedDict(
-                upload=upload, personal=[trained[k] for k in personal_indices])
+            new_personal = [trained[k] for k in personal_indices]
+            if flute is not None:
+                new_personal.append(classes)
+            return collections.OrderedDict(upload=upload, personal=new_personal)
 
         if self.personal:
             @tff.tensorflow.computation(weights_type, personal_type, data_type)
@@ -207,12 +334,15 @@ def _train_metrics(upload):
     ))
 
 
-def personal_state_type(spec: client_training.ModelSpec, personal_indices: Sequence[int]
-                        ) -> tff.Type:
-    """TFF type of one client's personal state: a list of its personal variables' tensors."""
-    return tff.types.to_type(
-        [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
-         for k in personal_indices])
+def personal_state_type(spec: client_training.ModelSpec, personal_indices: Sequence[int],
+                        num_classes: int = 0) -> tff.Type:
+    """TFF type of one client's personal state: a list of its personal variables' tensors (and,
+    for FLUTE, `num_classes` > 0, its float32 class indicator u_i)."""
+    types = [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
+             for k in personal_indices]
+    if num_classes:
+        types.append(tff.TensorType(np.float32, [num_classes]))
+    return tff.types.to_type(types)
 
 
 def _build_evaluate_loop(model, loss_fn):
@@ -287,8 +417,10 @@ class PersonalizedProcess:
     """
 
     def __init__(self, algorithm, initialize_fn, next_fn, get_fn, set_fn, communication_rounds,
-                 traffic, upload_types, evaluate_fn, spec, personal_indices, finetune_epochs):
+                 traffic, upload_types, evaluate_fn, spec, personal_indices, finetune_epochs,
+                 class_indicator_size=0):
         self.algorithm = algorithm
+        self.class_indicator_size = class_indicator_size
         self.initialize = initialize_fn
         self.next_computation = next_fn
         self.get_model_weights = get_fn
@@ -307,13 +439,16 @@ class PersonalizedProcess:
         return self.initialize.type_signature.result
 
     def initialize_personal(self, client_id: str) -> list[np.ndarray]:
-        """Client `client_id`'s personal state before it ever trains: the model's initial head
-        (the same for every client; `client_id` is accepted for the template)."""
+        """Client `client_id`'s personal state before it ever trains: the model's initial personal
+        variables (the same for every client; `client_id` is accepted for the template), and for
+        FLUTE a zero class indicator."""
         del client_id
         if self._initial_personal is None:
             weights = self.get_model_weights(self.initialize())
             self._initial_personal = [np.asarray(weights.trainable[k])
                                       for k in self.personal_indices]
+            if self.class_indicator_size:  # FLUTE: no class seen yet
+                self._initial_personal.append(np.zeros(self.class_indicator_size, np.float32))
         return [v.copy() for v in self._initial_personal]
 
     def _check_personal(self, client_data, personal_states) -> None:
@@ -323,14 +458,18 @@ class PersonalizedProcess:
                              "personal states: pass one personal state per client, in order")
         for i, values in enumerate(personal_states):
             values = list(values)
-            if len(values) != len(self.personal_indices):
-                raise ValueError(f"personal state {i} has {len(values)} tensors; the model has "
-                                 f"{len(self.personal_indices)} personal variables")
-            for k, value in zip(self.personal_indices, values):
-                info = self.spec.trainable[k]
-                if tuple(np.shape(value)) != info.shape:
-                    raise ValueError(f"personal state {i}: {info.name} must have shape "
-                                     f"{info.shape}, got {tuple(np.shape(value))}")
+            expected = len(self.personal_indices) + (1 if self.class_indicator_size else 0)
+            if len(values) != expected:
+                raise ValueError(f"personal state {i} has {len(values)} tensors; this process's "
+                                 f"has {expected}")
+            shapes = [(self.spec.trainable[k].name, self.spec.trainable[k].shape)
+                      for k in self.personal_indices]
+            if self.class_indicator_size:
+                shapes.append(("class indicator", (self.class_indicator_size,)))
+            for (name, shape), value in zip(shapes, values):
+                if tuple(np.shape(value)) != shape:
+                    raise ValueError(f"personal state {i}: {name} must have shape "
+                                     f"{shape}, got {tuple(np.shape(value))}")
 
     def next(self, state, client_data, personal_states) -> PersonalizedOutput:
         """One `next` (1 or 2 communication rounds) on the clients' datasets and states."""
@@ -372,7 +511,9 @@ def build_personalized_process(
     local_epochs: int = 1,
     head_epochs: int = 1,
     representation_epochs: int = 1,
+    shortcut_epochs: int = 1,
     finetune_epochs: int | None = None,
+    flute: FluteConfig | None = None,
     lora_schedule: str = "joint",
     loss_fn: Callable[[], client_training.LossFn] | None = None,
     aggregator=None,
@@ -388,7 +529,12 @@ def build_personalized_process(
       client_learning_rate: local SGD step η > 0.
       local_epochs: E ≥ 1, epochs of joint training (FedPer, LG-FedAvg, FedAvg, FedAvg-FT).
       head_epochs: τ_h ≥ 1, FedRep's head epochs per round.
-      representation_epochs: τ_r ≥ 1, FedRep's representation epochs per round.
+      representation_epochs: τ_r ≥ 1, FedRep's (FLUTE's, AdaptPFL's τ_b) representation epochs
+        per round.
+      shortcut_epochs: τ_s ≥ 1, AdaptPFL's shortcut epochs (between the head and the
+        representation phases).
+      flute: FLUTE's regularizers (default `FluteConfig()`, the official code's values); only for
+        `algorithm="flute"`.
       finetune_epochs: E_ft ≥ 0, head fine-tuning epochs before evaluation (default 10 for
         `fedavg_ft`, as in srpfl.md §6.4; 0 otherwise; `fedavg` must keep 0).
       lora_schedule: "joint" or "alternating" (RoLoRA-style B then A rounds; needs LoRA factors).
@@ -416,6 +562,12 @@ def build_personalized_process(
     local_epochs = _check_epochs("local_epochs", local_epochs)
     head_epochs = _check_epochs("head_epochs (τ_h)", head_epochs)
     representation_epochs = _check_epochs("representation_epochs (τ_r)", representation_epochs)
+    shortcut_epochs = _check_epochs("shortcut_epochs (τ_s)", shortcut_epochs)
+    if flute is not None and algorithm != "flute":
+        raise ValueError(f"flute regularizers were given for algorithm {algorithm!r}; they "
+                         "apply only to 'flute'")
+    if algorithm == "flute" and flute is None:
+        flute = FluteConfig()
     if finetune_epochs is None:
         finetune_epochs = 10 if algorithm == "fedavg_ft" else 0
     finetune_epochs = _check_epochs("finetune_epochs", finetune_epochs, minimum=0)
@@ -425,6 +577,7 @@ def build_personalized_process(
 
     spec = client_training.inspect_model(keras_model_fn, input_spec)
     head = spec.indices(PERSONAL_ROLES)
+    shortcut = spec.indices([roles.SHORTCUT])
     representation = spec.indices(REPRESENTATION_ROLES)
     layout = ", ".join(f"{v.name}:{v.role}" for v in spec.trainable) or "none"
     if not head and algorithm != "fedavg":
@@ -439,7 +592,28 @@ def build_personalized_process(
             f"{layout}")
     if not head + representation:
         raise ValueError(f"{algorithm}: the model has no trainable variables to train")
+    if algorithm == "adaptpfl" and not shortcut:
+        raise ValueError(
+            f"adaptpfl needs a personal shortcut (variables with role {roles.SHORTCUT!r}), but "
+            "the model has none: build it with a shortcut branch, e.g. "
+            f"models.paper_models.build_mlp(shortcut_alpha=α). Trainable variables: {layout}")
     personal = () if algorithm in ("fedavg", "fedavg_ft") else head
+    if algorithm == "adaptpfl":
+        personal = tuple(sorted(head + shortcut))
+    kernel_index, num_classes = None, 0
+    if algorithm == "flute":
+        kernels = [k for k in head if len(spec.trainable[k].shape) == 2]
+        if len(kernels) != 1:
+            raise ValueError(f"flute needs exactly one head kernel H (k×m), found "
+                             f"{[spec.trainable[k].name for k in kernels]}")
+        kernel_index = kernels[0]
+        num_classes = spec.trainable[kernel_index].shape[1]
+        if num_classes < 2:
+            raise ValueError(f"flute's neural-collapse term needs m >= 2 classes, the head "
+                             f"kernel {spec.trainable[kernel_index].name} has {num_classes}")
+        y_spec = client_training.split_batch(input_spec)[1]
+        if not y_spec.dtype.is_integer:
+            raise ValueError(f"flute needs integer class labels, got {y_spec.dtype.name}")
     config = _Config(
         keras_model_fn=keras_model_fn,
         input_spec=input_spec,
@@ -449,11 +623,20 @@ def build_personalized_process(
         aggregator=aggregator if aggregator is not None else tff.aggregators.MeanFactory(),
         spec=spec,
         personal_indices=tuple(personal),
+        flute=flute,
+        head_kernel_index=kernel_index,
+        num_classes=num_classes,
     )
 
     def phases_for(rep: tuple[int, ...]) -> list[client_training.Phase]:
-        if algorithm == "fedrep":
+        if algorithm in ("fedrep", "flute"):
+            # FLUTE as the official code runs it: head-only epochs, then joint epochs.
+            second = rep if algorithm == "fedrep" else tuple(sorted(head + rep))
             return [client_training.Phase(head, head_epochs),
+                    client_training.Phase(second, representation_epochs)]
+        if algorithm == "adaptpfl":
+            return [client_training.Phase(head, head_epochs),
+                    client_training.Phase(shortcut, shortcut_epochs),
                     client_training.Phase(rep, representation_epochs)]
         return [client_training.Phase(tuple(sorted(head + rep)), local_epochs)]
 
@@ -502,7 +685,9 @@ def _compose(algorithm, config: _Config, rounds: Sequence[_Round], head: tuple[i
     state_type = initialize.type_signature.result
     data_type = tff.FederatedType(
         tff.SequenceType(client_training.element_type(config.input_spec)), tff.CLIENTS)
-    personal_type = tff.FederatedType(personal_state_type(spec, personal_indices), tff.CLIENTS)
+    personal_type = tff.FederatedType(
+        personal_state_type(spec, personal_indices, config.num_classes if config.flute else 0),
+        tff.CLIENTS)
 
     def body(state, data, personal, which):
         model = state.model
@@ -542,7 +727,8 @@ def _compose(algorithm, config: _Config, rounds: Sequence[_Round], head: tuple[i
 
     def client_eval(weights, personal, train_ds, test_ds):
         model = client_training.build_model(config.keras_model_fn, config.input_spec)
-        weights = _with_personal(weights, personal_indices, personal)
+        weights = _with_personal(weights, personal_indices,
+                                 list(personal)[:len(personal_indices)])
         if finetune:
             loop = client_training.build_phased_loop(model, config.loss_fn(),
                                                      config.learning_rate, finetune)
@@ -596,8 +782,13 @@ def _compose(algorithm, config: _Config, rounds: Sequence[_Round], head: tuple[i
         return collections.OrderedDict(model=weights, round_num=state["round_num"],
                                        aggregator=state["aggregator"])
 
-    cls = PersonalizedProcess if has_personal else PersonalizationProcess
-    return cls(algorithm, initialize, next_fn, get_model_weights, set_model_weights,
-               communication_rounds, traffic, upload_types, evaluate, spec, personal_indices,
-               finetune_epochs)
+    if not has_personal:
+        return PersonalizationProcess(
+            algorithm, initialize, next_fn, get_model_weights, set_model_weights,
+            communication_rounds, traffic, upload_types, evaluate, spec, personal_indices,
+            finetune_epochs)
+    return PersonalizedProcess(
+        algorithm, initialize, next_fn, get_model_weights, set_model_weights,
+        communication_rounds, traffic, upload_types, evaluate, spec, personal_indices,
+        finetune_epochs, class_indicator_size=config.num_classes if config.flute else 0)
 

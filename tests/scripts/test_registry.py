@@ -60,3 +60,26 @@ def test_unknown_names_are_clear_errors(tmp_path):
 )
 def test_driver_rounds(algorithm, rounds, fraction, expected):
     assert registry.driver_rounds(algorithm, rounds, fraction) == expected
+
+
+def test_personalized_wiring():
+    assert registry.model_for("fedrep") == "pfl_mlp"
+    assert registry.model_for("lg_fedavg") == "pfl_mlp_lg"
+    assert registry.model_for("fedper", "lora_alternating") == "lora_head_net"
+    # FedRep heads over RoLoRA-style adapters: each call is a B round and an A round.
+    assert registry.driver_rounds("fedrep", 9, representation="lora_alternating") == (5, 10)
+    assert registry.driver_rounds("fedrep", 9) == (9, 9)
+
+
+def test_samplers_by_name():
+    task = registry.build_task("digits", 8, 4, 1, 0)
+    srpfl = registry.build_sampler(task, 8, 0, kind="srpfl", initial_participants=2,
+                                   stage_rounds=3)
+    assert [len(srpfl.sample(t).client_ids) for t in (1, 3, 4, 7)] == [2, 2, 4, 8]
+    full = registry.build_sampler(task, 3, 0, kind="full", straggler="dynamic")
+    assert len(full.sample(1).client_ids) == 8 and full.sample(2).info["simulated_time"] > 0
+    assert len(registry.build_sampler(task, 3, 0).sample(1).client_ids) == 3
+    with pytest.raises(ValueError, match="unknown participation 'some'"):
+        registry.build_sampler(task, 3, 0, kind="some")
+    with pytest.raises(ValueError, match="unknown straggler model 'slow'"):
+        registry.build_sampler(task, 3, 0, kind="full", straggler="slow")

@@ -43,6 +43,19 @@ def _rows(path):
         (["--algorithm=rolora,rolora"], "--algorithm"),
         (["--rank=0"], "--rank"),
         (["--rank=65"], "--rank"),
+        (["--algorithm=fedrep", "--head_epochs=0"], "--head_epochs"),
+        (["--algorithm=fedrep", "--representation_epochs=-2"], "--representation_epochs"),
+        (["--participation=srpfl", "--num_clients=6", "--clients_per_round=6",
+          "--initial_participants=7"], "--initial_participants"),
+        (["--participation=srpfl", "--stage_rounds=0"], "--stage_rounds"),
+        (["--participation=srpfl", "--stage_rounds=ten"], "--stage_rounds"),
+        (["--communication_cost=-1"], "--communication_cost"),
+        (["--algorithm=fedavg", "--finetune_epochs=3"], "--finetune_epochs"),
+        (["--algorithm=adaptpfl", "--shortcut_alpha=1.5"], "--shortcut_alpha"),
+        (["--algorithm=adaptpfl", "--shortcut_alpha=-0.1"], "--shortcut_alpha"),
+        (["--algorithm=flute", "--flute_nc_penalty=-1"], "--flute_nc_penalty"),
+        (["--algorithm=flute", "--flute_feature_penalty=-0.5"], "--flute_feature_penalty"),
+        (["--algorithm=adaptpfl", "--representation=lora"], "--representation"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
@@ -130,3 +143,25 @@ def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
     table = (tmp_path / "comparison.md").read_text()
     assert all(name in table for name in ("rolora", "fedavg_lora", "ffa_lora"))
     assert "| rolora | 4 |" in table
+
+
+def test_fedrep_with_srpfl_participation(tmp_path):
+    """FedRep on the MLP's split: SRPFL takes the fastest 2, 4, then all 6 clients (stages of 2
+    rounds), reports the simulated clock, uploads only the representation, and evaluates every
+    client on its own test set with its own head."""
+    proc = _run("--algorithm=fedrep", "--participation=srpfl", "--num_clients=6",
+                "--clients_per_round=6", "--initial_participants=2", "--stage_rounds=2",
+                "--rounds=5", "--local_steps=2", "--head_epochs=2", "--learning_rate=0.1",
+                "--eval_every=5", f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(tmp_path)
+    assert [r["participants"] for r in rows] == [2, 2, 4, 4, 6]
+    assert [r["clients"] for r in rows] == [2, 2, 4, 4, 6]
+    times = [r["simulated_time"] for r in rows]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    # MLP 64-32-16-10: the representation is the two hidden layers; the head never goes up.
+    representation = 64 * 32 + 32 + 32 * 16 + 16
+    assert rows[0]["bytes_up_per_client"] == representation * 4 + 3 * 4 + 4
+    assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
+    assert "eval_accuracy" not in rows[-1]  # no global model to test: heads are personal
+    assert "personalized test accuracy" in proc.stdout

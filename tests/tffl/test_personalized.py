@@ -354,3 +354,198 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     np.testing.assert_array_equal(after[process.personal_indices[0]],
                                   before[process.personal_indices[0]])
     assert np.isfinite(out.metrics["a_round"]["train"]["loss"])
+
+
+# ---- FLUTE (deep, Algorithm 2) and AdaptPFL (deep) -------------------------------------------
+
+M = 3  # classes
+
+
+def _numpy_nc(h, u):
+    """Independent numpy NC_i(H) = ‖HᵀH/‖HᵀH‖_F − (1/√(m−1)) (uuᵀ) ⊙ (I − 11ᵀ/m)‖_F."""
+    m = h.shape[1]
+    gram = h.T @ h
+    gram = gram / np.sqrt(np.sum(gram**2) + 1e-12)
+    target = np.outer(u, u) * (np.eye(m) - np.ones((m, m)) / m) / np.sqrt(m - 1)
+    return np.sqrt(np.sum((gram - target) ** 2) + 1e-12)
+
+
+def test_neural_collapse_matches_numpy_vanishes_at_the_etf_and_has_the_right_gradient():
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(4, M))
+    u = np.array([1.0, 0.0, 1.0])
+    assert float(personalized.neural_collapse(h, u)) == pytest.approx(_numpy_nc(h, u), rel=1e-10)
+    # A 3-class simplex ETF (120° apart) with every class present is a zero of NC.
+    angles = 2 * np.pi * np.arange(M) / M
+    etf = np.stack([np.cos(angles), np.sin(angles)])
+    assert float(personalized.neural_collapse(etf, np.ones(M))) < 1e-5
+    # Gradient against central finite differences of the numpy formula.
+    var = tf.Variable(h)
+    with tf.GradientTape() as tape:
+        value = personalized.neural_collapse(var, u)
+    grad = tape.gradient(value, var).numpy()
+    eps, numeric = 1e-6, np.zeros_like(h)
+    for idx in np.ndindex(*h.shape):
+        step = np.zeros_like(h)
+        step[idx] = eps
+        numeric[idx] = (_numpy_nc(h + step, u) - _numpy_nc(h - step, u)) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+
+
+def _classifier(shortcut_alpha=None):
+    """x (D) -> features x·W (K, role shared) -> logits = features·H + b (M, role head)."""
+    inputs = tf.keras.Input((D,))
+    rep = tf.keras.layers.Dense(K, use_bias=False, name="rep",
+                                kernel_initializer=tf.keras.initializers.GlorotUniform(1))
+    head = tf.keras.layers.Dense(M, name="head",
+                                 kernel_initializer=tf.keras.initializers.GlorotUniform(2))
+    logits = head(rep(inputs))
+    roles.tag_layer(rep, roles.SHARED)
+    roles.tag_layer(head, roles.HEAD)
+    if shortcut_alpha is not None:
+        from models import paper_models
+
+        shortcut = tf.keras.layers.Dense(M, use_bias=False, name="shortcut",
+                                         kernel_initializer="zeros")
+        logits = paper_models.ShortcutMix(shortcut_alpha)([logits, shortcut(inputs)])
+        roles.tag_layer(shortcut, roles.SHORTCUT)
+    return tf.keras.Model(inputs, logits)
+
+
+CLASS_SPEC = (tf.TensorSpec([None, D], tf.float32), tf.TensorSpec([None], tf.int32))
+
+
+def _class_clients(seed, sizes=(6, 5)):
+    rng = np.random.default_rng(seed)
+    # Client 0 holds classes {0, 1}, client 1 classes {1, 2}.
+    return [(rng.normal(size=(n, D)).astype(np.float32),
+             (rng.integers(0, 2, n) + i).astype(np.int32)) for i, n in enumerate(sizes)]
+
+
+def _class_datasets(clients):
+    return [tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)) for x, y in clients]
+
+
+def _numeric_grad(f, params, name, eps=1e-6):
+    value = params[name]
+    grad = np.zeros_like(value)
+    for idx in np.ndindex(*value.shape):
+        up = dict(params)
+        down = dict(params)
+        step = np.zeros_like(value)
+        step[idx] = eps
+        up[name], down[name] = value + step, value - step
+        grad[idx] = (f(up) - f(down)) / (2 * eps)
+    return grad
+
+
+def test_flute_round_equals_finite_difference_numpy():
+    """One FLUTE round (head epoch, joint epoch, NC step of η_r, mean of W) against numpy, with
+    every gradient taken by central finite differences of the numpy objective."""
+    cfg = personalized.FluteConfig(feature_penalty=0.05, head_penalty=0.02, nc_penalty=0.3,
+                                   nc_step=0.4)
+    process = personalized.build_personalized_process("flute", _classifier, CLASS_SPEC, LR,
+                                                      flute=cfg)
+    clients = _class_clients(seed=11)
+    from tffl import runtime
+
+    with runtime.local_runtime():
+        state = process.initialize()
+        weights = process.get_model_weights(state)
+        out = process.next(state, _class_datasets(clients),
+                           [process.initialize_personal(c) for c in "ab"])
+        got_w = process.get_model_weights(out.state).trainable[0]
+
+    w0, h0, b0 = (np.asarray(v, np.float64) for v in weights.trainable)
+
+    def objective(p, x, y, u, features_term):
+        logits = x @ p["w"] @ p["h"] + p["b"]
+        logits = logits - logits.max(axis=1, keepdims=True)
+        ce = np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
+        value = ce + cfg.head_penalty * np.sum(p["h"] ** 2) + cfg.nc_penalty * _numpy_nc(p["h"], u)
+        if features_term:
+            value += cfg.feature_penalty * np.mean(np.sum((x @ p["w"]) ** 2, axis=1))
+        return value
+
+    new_ws, sizes = [], []
+    for (x, y), personal in zip(clients, out.personal_states):
+        x = x.astype(np.float64)
+        u = np.zeros(M)
+        u[np.unique(y)] = 1.0
+        np.testing.assert_array_equal(personal[2], u)   # the class indicator is personal state
+        p = {"w": w0.copy(), "h": h0.copy(), "b": b0.copy()}
+        # Head epoch: H and b, no feature term.
+        f = lambda q: objective(q, x, y, u, False)  # noqa: E731
+        gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+        p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+        # Joint epoch: W, H, b with the feature term.
+        f = lambda q: objective(q, x, y, u, True)  # noqa: E731
+        gw, gh, gb = (_numeric_grad(f, p, k) for k in ("w", "h", "b"))
+        p = {"w": p["w"] - LR * gw, "h": p["h"] - LR * gh, "b": p["b"] - LR * gb}
+        # NC step on the head.
+        p["h"] = p["h"] - cfg.nc_step * _numeric_grad(lambda q: _numpy_nc(q["h"], u), p, "h")
+        np.testing.assert_allclose(personal[0], p["h"], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(personal[1], p["b"], rtol=1e-4, atol=1e-6)
+        new_ws.append(p["w"])
+        sizes.append(len(x))
+    expected_w = sum(n * w for n, w in zip(sizes, new_ws)) / sum(sizes)
+    np.testing.assert_allclose(got_w, expected_w, rtol=1e-4, atol=1e-6)
+
+
+def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
+    fedrep = personalized.build_personalized_process(
+        "fedrep", _classifier, CLASS_SPEC, LR, head_epochs=2, representation_epochs=2)
+    adapt = personalized.build_personalized_process(
+        "adaptpfl", lambda: _classifier(shortcut_alpha=0.0), CLASS_SPEC, LR, head_epochs=2,
+        shortcut_epochs=3, representation_epochs=2)
+    shortcut = adapt.spec.indices([roles.SHORTCUT])
+    assert [adapt.spec.trainable[k].name for k in adapt.personal_indices] == [
+        "head/kernel:0", "head/bias:0", "shortcut/kernel:0"]
+    data = _class_datasets(_class_clients(seed=3))
+    s_f, s_a = fedrep.initialize(), adapt.initialize()
+    p_f = [fedrep.initialize_personal(c) for c in "ab"]
+    p_a = [adapt.initialize_personal(c) for c in "ab"]
+    for _ in range(3):
+        out_f, out_a = fedrep.next(s_f, data, p_f), adapt.next(s_a, data, p_a)
+        s_f, p_f, s_a, p_a = out_f.state, out_f.personal_states, out_a.state, out_a.personal_states
+        w_f = fedrep.get_model_weights(s_f).trainable
+        w_a = [v for k, v in enumerate(adapt.get_model_weights(s_a).trainable)
+               if k not in shortcut]
+        for a, b in zip(w_a, w_f):
+            np.testing.assert_array_equal(a, b)
+        for pa, pf in zip(p_a, p_f):
+            np.testing.assert_array_equal(pa[0], pf[0])
+            np.testing.assert_array_equal(pa[1], pf[1])
+            np.testing.assert_array_equal(pa[2], np.zeros((D, M)))  # α = 0: the shortcut is idle
+
+
+def test_adaptpfl_trains_the_shortcut_when_alpha_is_positive(tff_runtime):
+    adapt = personalized.build_personalized_process(
+        "adaptpfl", lambda: _classifier(shortcut_alpha=0.5), CLASS_SPEC, LR)
+    out = adapt.next(adapt.initialize(), _class_datasets(_class_clients(seed=4)),
+                     [adapt.initialize_personal(c) for c in "ab"])
+    assert np.abs(out.personal_states[0][2]).max() > 0
+    # Only the representation goes up: W (D×K) + 3 metric floats + the weight.
+    assert adapt.traffic["round"].up == (D * K + 4) * 4
+
+
+def test_flute_and_adaptpfl_bad_input():
+    with pytest.raises(ValueError, match="nc_penalty=-1"):
+        personalized.FluteConfig(nc_penalty=-1.0)
+    with pytest.raises(ValueError, match="feature_penalty=nan"):
+        personalized.FluteConfig(feature_penalty=float("nan"))
+    with pytest.raises(ValueError, match="apply only to 'flute'"):
+        personalized.build_personalized_process("fedrep", _classifier, CLASS_SPEC, LR,
+                                                flute=personalized.FluteConfig())
+    with pytest.raises(ValueError, match="adaptpfl needs a personal shortcut"):
+        personalized.build_personalized_process("adaptpfl", _classifier, CLASS_SPEC, LR)
+    with pytest.raises(ValueError, match="shortcut_epochs"):
+        personalized.build_personalized_process(
+            "adaptpfl", lambda: _classifier(0.5), CLASS_SPEC, LR, shortcut_epochs=0)
+    with pytest.raises(ValueError, match=r"alpha=1.5 must be in \[0, 1\]"):
+        _classifier(shortcut_alpha=1.5)
+    with pytest.raises(ValueError, match="m >= 2 classes"):
+        personalized.build_personalized_process("flute", _linear_model, SPEC, LR)
+    float_labels = (CLASS_SPEC[0], tf.TensorSpec([None], tf.float32))
+    with pytest.raises(ValueError, match="integer class labels"):
+        personalized.build_personalized_process("flute", _classifier, float_labels, LR)
