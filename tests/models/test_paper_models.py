@@ -143,3 +143,29 @@ def test_tff_functional_model_of_rolora_net():
         with tf.compat.v1.Session(graph=graph) as sess:
             got = sess.run(out)
     np.testing.assert_allclose(got, np.maximum(x @ a @ b, 0) @ w_out, atol=1e-5)
+
+
+def test_shortcut_mix_closed_form_config_and_roles():
+    from models.paper_models import ShortcutMix
+
+    rng = np.random.default_rng(0)
+    main, short = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(
+        np.float32)
+    mix = ShortcutMix(0.3)
+    np.testing.assert_allclose(mix([main, short]), 0.7 * main + 0.3 * short, rtol=1e-6)
+    assert ShortcutMix.from_config(mix.get_config()).get_config() == mix.get_config()
+    # α = 0 is the main path bit for bit.
+    np.testing.assert_array_equal(ShortcutMix(0.0)([main, short]), main)
+    for bad in (-0.01, 1.01):
+        with pytest.raises(ValueError, match=f"alpha={bad}"):
+            ShortcutMix(bad)
+    model = build_mlp(input_dim=5, hidden=(4, 3), num_classes=2, shortcut_alpha=0.5)
+    by_role = {v.name: roles.role_of(v) for v in model.trainable_variables}
+    assert by_role["shortcut/kernel:0"] == roles.SHORTCUT
+    assert by_role["layer_out/kernel:0"] == roles.HEAD
+    x = rng.normal(size=(2, 5)).astype(np.float32)
+    # The shortcut starts at zero: the output is half the MLP's.
+    plain = build_mlp(input_dim=5, hidden=(4, 3), num_classes=2)
+    np.testing.assert_allclose(model(x), 0.5 * plain(x), rtol=1e-6)
+    with pytest.raises(ValueError, match="alpha=2.0"):
+        build_mlp(input_dim=5, hidden=(4,), num_classes=2, shortcut_alpha=2.0)

@@ -549,3 +549,23 @@ def test_flute_and_adaptpfl_bad_input():
     float_labels = (CLASS_SPEC[0], tf.TensorSpec([None], tf.float32))
     with pytest.raises(ValueError, match="integer class labels"):
         personalized.build_personalized_process("flute", _classifier, float_labels, LR)
+
+
+def test_flute_with_a_lora_representation(tff_runtime):
+    """FLUTE over LoRA adapters: A and B are the representation (uploaded and averaged), the
+    trainable output layer the personal head."""
+    from models import paper_models
+
+    def model_fn():
+        return paper_models.build_rolora_mnist_net(input_dim=D, rank=2, num_classes=M, seed=0,
+                                                   b_stddev=0.1, trainable_head=True)
+
+    process = personalized.build_personalized_process("flute", model_fn, CLASS_SPEC, LR)
+    spec = process.spec
+    lora = spec.indices([roles.LORA_A, roles.LORA_B])
+    assert process.traffic["round"].up == (
+        sum(4 * np.prod(spec.trainable[k].shape) for k in lora) + 16)
+    out = process.next(process.initialize(), _class_datasets(_class_clients(seed=5)),
+                       [process.initialize_personal(c) for c in "ab"])
+    assert np.isfinite(out.metrics["train"]["loss"])
+    np.testing.assert_array_equal(out.personal_states[1][2], [0.0, 1.0, 1.0])
