@@ -1,0 +1,699 @@
+r"""SRPFL vs FedRep on the linear synthetic task: simulated time to reach a target distance.
+
+Theorem 4.6 of SRPFL (shared/specs/srpfl.md §4.6) bounds the ratio of expected wall-clock times
+to reach ε = ĉ × (the N-client floor),
+
+    E[T_SRPFL] / E[T_FedRep] ≤ (6(c+1) + 4 ln(1/(ĉ−1))) / (ln N + 2 ln(1/(ĉ−1))),
+
+so SRPFL's advantage grows like log N. This script measures both times for every N in
+--num_clients (default 100 and 1000) and prints the table.
+
+    python scripts/srpfl_speedup.py                      # N = 100, 1000: 3-5 min on 2 CPUs
+    python scripts/srpfl_speedup.py --num_clients=100 --repeats=1 --communication_cost=0,1,10
+
+What is run, for each N and each repeat (seed = --seed + repeat; a new problem, new data and new
+compute times per repeat):
+
+* Problem: `tasks.synthetic.fedrep_linear`, y = w_i*ᵀ B*ᵀ x + z with B* ∈ R^{d×k} orthonormal,
+  its own head w_i* per client (‖w_i*‖ = √k) and z ~ N(0, σ²). Algorithm 2 draws a fresh batch of
+  m samples per client per round: round t's batch is `resample` of a seed derived from
+  (seed, t), the same draw for both methods (a client selected by SRPFL in round t sees exactly
+  the batch FedRep's copy of it sees). Round 0's batch is used only for the initialization.
+* Initialization, shared by both methods: B⁰ = method of moments (`initialize_by_moments`, the
+  top-k eigenvectors of the mean of P_i = (1/m) Σ_j y_ij² x_ij x_ijᵀ) over the first
+  min(--init_clients, N) clients (0: all N, as Algorithm 2 writes it). The default, 100 clients,
+  gives every N the same initial distance, which is what Theorem 4.6 assumes (a constant E0;
+  Lemma B.3 starts FedRep at a constant distance, so FedRep needs ~½ log N more rounds to reach
+  a floor ∝ 1/√N). With all N clients the initial distance itself shrinks like 1/√N, the rate of
+  the floor, so FedRep's rounds to ε no longer grow with N and that part of the log N advantage
+  goes away (docs/RESULTS.md shows both). The init round is charged to neither method.
+* Both methods run the same TFF process, `tffl.fedrep_linear` (exact least-squares heads, one
+  gradient step on B with step η, server mean and QR).
+* FedRep: all N clients every round, for exactly --fedrep_rounds rounds. A round's wall clock is
+  the slowest of the N compute times plus the communication cost C (`FullParticipationClock`).
+* The N-client floor is the median of dist(B^t, B*) (principal-angle distance,
+  `tasks.subspace.principal_angle_distance`) over FedRep's last --floor_window rounds; the target
+  is ε = ĉ × floor with ĉ = --target_factor. The paper needs 1 < ĉ so that ε is reachable, and
+  ĉ below √(N / n_last) (n_last the stage before all N; √2 when N/n0 is a power of 2) so that ε
+  needs all N clients; the script says so when ĉ is above that.
+* SRPFL: `tffl.srpfl.SrpflSampler` picks the n_r fastest of the N clients of each round
+  (n_r = min(N, n0·2^r), stage r lasting τ_r rounds, the last stage open-ended) and the round's
+  data list is built from exactly those client ids; a round's wall clock is the slowest selected
+  compute time plus C. SRPFL stops at the first round with dist ≤ ε, or after --max_rounds.
+  Stage lengths (--stage_rounds): an int τ for every stage, or `lemma_b1`, Lemma B.1's τ_r
+  (`lemma_b1_stage_rounds`) for the contraction constant a of Theorem 4.5 (dist⁺ ≈ √(1−a) dist
+  away from the floor). --contraction gives a, or `fit` estimates it from the FedRep run of the
+  same repeat: ρ = median of dist_t / dist_{t−1} over the FedRep rounds whose previous distance is
+  above 5 × floor, a = 1 − ρ² (the theorem's own a = ½ η E0 σ̄²_min is a loose lower bound and
+  gives stages several times longer than needed).
+* Compute times (--straggler): `iid` (default), i.i.d. Exp(1) redrawn every round, the model of
+  Theorem 4.6 (redrawn per round, Remark 3.1); `fixed`, one Exp(1) draw per client for the whole
+  run (the paper's Figs 3 and 5); `dynamic`, λ_i ~ U[1/N, 1] once and Exp(λ_i) every round (the
+  paper's Figs 4 and 6). Both methods see the same times (same seed).
+
+Reported, per N, C and method (means over --repeats):
+
+* rounds to target: the first round t ≥ 1 with dist(B^t, B*) ≤ ε;
+* simulated time to target: Σ_{s ≤ t} (slowest participant of round s + C), i.e. the sampler's
+  and the clock's `simulated_time(t)`;
+* E[time]: the same sum with each slowest time replaced by its expectation under Exp(1),
+  E[𝒯_(n)] = H_N − H_{N−n} (`expected_order_statistic`), i.e. the time the measured rounds cost
+  on average; `iid`/`fixed` only;
+* speedup: FedRep time / SRPFL time, per repeat, and as mean FedRep time / mean SRPFL time (the
+  ratio of expectations of Theorem 4.6);
+* Thm 4.6 bound: the speedup the theorem guarantees, (ln N + 2 ln(1/(ĉ−1))) / (6(C+1) +
+  4 ln(1/(ĉ−1))) with λ = 1; a value below 1 guarantees nothing.
+
+Writes `srpfl_speedup.csv` (one row per N, repeat, method and C) and `srpfl_speedup.md` (the
+flags and the printed tables) to --output_dir (default runs/srpfl_speedup), and the TFF worker's
+log to `tff_worker.log`. A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1
+re-raises).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+# Quiet TensorFlow's C++ logs before it is imported, unless the user asked for verbosity.
+if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+
+import collections  # noqa: E402
+import csv  # noqa: E402
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+
+import numpy as np  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+# TensorFlow, TFF and the tffl/tasks modules (which import them) are imported only after the
+# flags are validated, so that a bad flag fails in about a second.
+
+STRAGGLERS = ("iid", "fixed", "dynamic")
+METHODS = ("fedrep", "srpfl")
+# Rounds whose previous distance is above this multiple of the floor are "transient" for the fit
+# of the contraction constant a.
+_TRANSIENT_FACTOR = 5.0
+_FALLBACK_CONTRACTION = 0.25
+
+_NUM_CLIENTS = flags.DEFINE_list(
+    "num_clients", "100,1000",
+    "N, or a comma-separated list of N: clients (all sampled every round).")
+_INITIAL_PARTICIPANTS = flags.DEFINE_integer(
+    "initial_participants", 10, "n0, SRPFL's participants in its first stage (1 <= n0 <= N).")
+_DIM = flags.DEFINE_integer("dim", 20, "d, the feature dimension.")
+_RANK = flags.DEFINE_integer("rank", 2, "k, the representation dimension (1 <= k <= d).")
+_SAMPLES = flags.DEFINE_integer(
+    "samples_per_client", 20, "m, fresh samples per client per round (>= k).")
+_NOISE_STD = flags.DEFINE_float("noise_std", 0.1, "σ, the label noise std (>= 0).")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "η, the step on B (> 0).")
+_STAGE_ROUNDS = flags.DEFINE_string(
+    "stage_rounds", "lemma_b1",
+    "SRPFL rounds per stage: an int τ > 0 for every stage, or lemma_b1 (Lemma B.1 with a = "
+    "--contraction).")
+_CONTRACTION = flags.DEFINE_string(
+    "contraction", "fit",
+    "a of Theorem 4.5 for --stage_rounds=lemma_b1: a number in (0, 1), or fit (from the FedRep "
+    "run: a = 1 − ρ², ρ the median per-round distance ratio away from the floor).")
+_STRAGGLER = flags.DEFINE_enum(
+    "straggler", "iid", STRAGGLERS,
+    "Compute times: iid (Exp(1) redrawn every round, Theorem 4.6), fixed (one Exp(1) draw per "
+    "client), dynamic (λ_i ~ U[1/N, 1], Exp(λ_i) every round).")
+_COMMUNICATION_COST = flags.DEFINE_list(
+    "communication_cost", "0,1,10", "C >= 0 added to every round's wall clock; a list gives rows "
+    "for each (the runs do not depend on C).")
+_TARGET_FACTOR = flags.DEFINE_float(
+    "target_factor", 1.1, "ĉ > 1: the target distance is ĉ × the N-client floor.")
+_FEDREP_ROUNDS = flags.DEFINE_integer(
+    "fedrep_rounds", 30, "Rounds FedRep runs; its last --floor_window rounds give the floor.")
+_FLOOR_WINDOW = flags.DEFINE_integer(
+    "floor_window", 10, "The floor is the median distance of FedRep's last this many rounds.")
+_MAX_ROUNDS = flags.DEFINE_integer(
+    "max_rounds", 100, "SRPFL stops at the target or after this many rounds.")
+_INIT_CLIENTS = flags.DEFINE_integer(
+    "init_clients", 100,
+    "The first min(this, N) clients' moments give the shared initial B (0: all N, as Algorithm "
+    "2). A fixed number keeps the initial distance independent of N, as Theorem 4.6 assumes.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Independent repeats per N (seeds seed, seed+1, …).")
+_SEED = flags.DEFINE_integer("seed", 0, "Base seed (>= 0) of problem, data and compute times.")
+_LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Print a progress line every this many rounds "
+                                  "(0: only one line per run).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/srpfl_speedup", "Where the tables go.")
+
+
+class UsageError(ValueError):
+    """A flag value that cannot work; reported as one line, exit status 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything `run_comparison` needs (the flags, parsed). See the module docstring."""
+
+    num_clients: tuple[int, ...] = (100, 1000)
+    initial_participants: int = 10
+    dim: int = 20
+    rank: int = 2
+    samples_per_client: int = 20
+    noise_std: float = 0.1
+    learning_rate: float = 0.5
+    stage_rounds: int | str = "lemma_b1"
+    contraction: float | str = "fit"
+    straggler: str = "iid"
+    communication_costs: tuple[float, ...] = (0.0, 1.0, 10.0)
+    target_factor: float = 1.1
+    fedrep_rounds: int = 30
+    floor_window: int = 10
+    max_rounds: int = 100
+    init_clients: int = 100
+    repeats: int = 3
+    seed: int = 0
+    log_every: int = 10
+
+
+# ------------------------------------------------------------------------------------------------
+# Flags -> Config
+
+
+def _int_list(name: str) -> tuple[int, ...]:
+    values = flags.FLAGS[name].value
+    if not values:
+        raise UsageError(f"flag --{name}: give at least one value")
+    out = []
+    for v in values:
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not an integer") from None
+    return tuple(out)
+
+
+def _float_list(name: str) -> tuple[float, ...]:
+    values = flags.FLAGS[name].value
+    if not values:
+        raise UsageError(f"flag --{name}: give at least one value")
+    out = []
+    for v in values:
+        try:
+            out.append(float(v))
+        except ValueError:
+            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not a number") from None
+    return tuple(out)
+
+
+def _at_least(name: str, value, minimum) -> None:
+    if value < minimum:
+        raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
+
+
+def config_from_flags() -> Config:
+    """Validates the flags together; raises `UsageError` (one line naming the flag)."""
+    num_clients = _int_list("num_clients")
+    for n in num_clients:
+        _at_least("num_clients", n, 1)
+    if len(set(num_clients)) != len(num_clients):
+        raise UsageError(f"flag --num_clients={','.join(map(str, num_clients))}: values repeat")
+    n0 = _INITIAL_PARTICIPANTS.value
+    _at_least("initial_participants", n0, 1)
+    if n0 > min(num_clients):
+        raise UsageError(f"flag --initial_participants={n0}: must be <= every --num_clients "
+                         f"(smallest N = {min(num_clients)})")
+    _at_least("dim", _DIM.value, 1)
+    _at_least("rank", _RANK.value, 1)
+    if _RANK.value > _DIM.value:
+        raise UsageError(f"flag --rank={_RANK.value}: must be <= --dim={_DIM.value}")
+    if _SAMPLES.value < _RANK.value:
+        raise UsageError(f"flag --samples_per_client={_SAMPLES.value}: must be >= --rank="
+                         f"{_RANK.value} (each client solves its k-dimensional head)")
+    if not (math.isfinite(_NOISE_STD.value) and _NOISE_STD.value >= 0):
+        raise UsageError(f"flag --noise_std={_NOISE_STD.value}: must be a finite number >= 0")
+    if not (math.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
+        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be a finite "
+                         "number > 0")
+    stage_rounds: int | str = _STAGE_ROUNDS.value
+    if stage_rounds != "lemma_b1":
+        try:
+            stage_rounds = int(stage_rounds)
+        except ValueError:
+            raise UsageError(f"flag --stage_rounds={stage_rounds}: must be an int > 0 or "
+                             "lemma_b1") from None
+        _at_least("stage_rounds", stage_rounds, 1)
+    contraction: float | str = _CONTRACTION.value
+    if contraction != "fit":
+        try:
+            contraction = float(contraction)
+        except ValueError:
+            contraction = float("nan")
+        if not 0 < contraction < 1:
+            raise UsageError(f"flag --contraction={_CONTRACTION.value}: must be a number in "
+                             "(0, 1) or fit")
+    costs = _float_list("communication_cost")
+    for c in costs:
+        if not (math.isfinite(c) and c >= 0):
+            raise UsageError(f"flag --communication_cost={','.join(_COMMUNICATION_COST.value)}: "
+                             f"{c} must be a finite number >= 0")
+    target_factor = _TARGET_FACTOR.value
+    if not (math.isfinite(target_factor) and target_factor > 1):
+        raise UsageError(f"flag --target_factor={target_factor}: must be > 1 (the target is "
+                         "ĉ × the floor, and the floor itself is only reached on average)")
+    _at_least("fedrep_rounds", _FEDREP_ROUNDS.value, 2)
+    _at_least("floor_window", _FLOOR_WINDOW.value, 1)
+    if _FLOOR_WINDOW.value >= _FEDREP_ROUNDS.value:
+        raise UsageError(f"flag --floor_window={_FLOOR_WINDOW.value}: must be < --fedrep_rounds="
+                         f"{_FEDREP_ROUNDS.value} (the floor is the end of a longer run)")
+    _at_least("max_rounds", _MAX_ROUNDS.value, 1)
+    _at_least("init_clients", _INIT_CLIENTS.value, 0)
+    _at_least("repeats", _REPEATS.value, 1)
+    _at_least("seed", _SEED.value, 0)
+    _at_least("log_every", _LOG_EVERY.value, 0)
+    return Config(
+        num_clients=num_clients,
+        initial_participants=n0,
+        dim=_DIM.value,
+        rank=_RANK.value,
+        samples_per_client=_SAMPLES.value,
+        noise_std=_NOISE_STD.value,
+        learning_rate=_LEARNING_RATE.value,
+        stage_rounds=stage_rounds,
+        contraction=contraction,
+        straggler=_STRAGGLER.value,
+        communication_costs=costs,
+        target_factor=target_factor,
+        fedrep_rounds=_FEDREP_ROUNDS.value,
+        floor_window=_FLOOR_WINDOW.value,
+        max_rounds=_MAX_ROUNDS.value,
+        init_clients=_INIT_CLIENTS.value,
+        repeats=_REPEATS.value,
+        seed=_SEED.value,
+        log_every=_LOG_EVERY.value,
+    )
+
+
+def _output_dir() -> pathlib.Path:
+    output_dir = pathlib.Path(_OUTPUT_DIR.value)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"flag --output_dir={output_dir}: cannot write there "
+                         f"({e.strerror or e}); choose a writable directory") from None
+    return output_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# The comparison
+
+
+def straggler_model(name: str):
+    """The compute-time model of --straggler (see the module docstring)."""
+    from tffl import srpfl
+
+    if name == "iid":
+        return srpfl.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
+    if name == "fixed":
+        return srpfl.FixedExponentialTimes(rate=1.0)
+    if name == "dynamic":
+        return srpfl.DynamicExponentialTimes()
+    raise ValueError(f"straggler={name!r}: choose from {', '.join(STRAGGLERS)}")
+
+
+def round_seed(seed: int, round_num: int) -> int:
+    """Seed of round `round_num`'s fresh batch (round 0: the initialization batch)."""
+    return int(np.random.SeedSequence([seed, round_num]).generate_state(1)[0])
+
+
+def first_round_at_or_below(distances: Sequence[float], target: float) -> int | None:
+    """The first round t ≥ 1 (distances[t − 1] is the distance after round t) with
+    distance ≤ target, or None."""
+    for t, dist in enumerate(distances, start=1):
+        if dist <= target:
+            return t
+    return None
+
+
+def fit_contraction(initial_distance: float, distances: Sequence[float], floor: float
+                    ) -> float | None:
+    """a = 1 − ρ², ρ = median of dist_t / dist_{t−1} over rounds with dist_{t−1} > 5 × floor.
+
+    None when fewer than two rounds are that far from the floor.
+    """
+    seq = [initial_distance, *distances]
+    ratios = [seq[t] / seq[t - 1] for t in range(1, len(seq))
+              if seq[t - 1] > _TRANSIENT_FACTOR * floor]
+    if len(ratios) < 2:
+        return None
+    rho = float(np.median(ratios))
+    return float(np.clip(1.0 - rho**2, 0.01, 0.99))
+
+
+def theorem_4_6_speedup(num_clients: int, communication_cost: float, target_factor: float
+                        ) -> float:
+    """The speedup Theorem 4.6 guarantees for Exp(1) times (λ = 1, so c = C):
+    (ln N + 2 ln(1/(ĉ−1))) / (6(C+1) + 4 ln(1/(ĉ−1))); NaN outside the theorem's 1 < ĉ < √2."""
+    if not 1 < target_factor < math.sqrt(2):
+        return math.nan
+    log_c = math.log(1.0 / (target_factor - 1.0))
+    return (math.log(num_clients) + 2 * log_c) / (6 * (communication_cost + 1) + 4 * log_c)
+
+
+def _clients(batch, ids) -> list[collections.OrderedDict]:
+    return [collections.OrderedDict(x=batch.features[i].astype(np.float32),
+                                    y=batch.targets[i].astype(np.float32)) for i in ids]
+
+
+def _run_one(config: Config, process, num_clients: int, repeat: int,
+             log: Callable[[str], None]) -> list[dict]:
+    """Both methods on one problem (one N, one repeat); rows for every C and method."""
+    from tasks import subspace
+    from tasks import synthetic
+    from tffl import srpfl
+
+    seed = config.seed + repeat
+    tag = f"N={num_clients} repeat {repeat + 1}/{config.repeats}"
+    problem = synthetic.fedrep_linear(
+        num_clients, config.samples_per_client, config.dim, config.rank,
+        noise_std=config.noise_std, seed=seed)
+
+    def batch(round_num):
+        return problem.resample(round_seed(seed, round_num))
+
+    def dist(state):
+        return subspace.principal_angle_distance(process.get_representation(state),
+                                                 problem.b_star)
+
+    init_ids = range(min(config.init_clients or num_clients, num_clients))
+    state0 = process.initialize_by_moments(_clients(batch(0), init_ids))
+    init_dist = dist(state0)
+    model = straggler_model(config.straggler)
+    ids = [f"client_{i:04d}" for i in range(num_clients)]
+    index = {cid: i for i, cid in enumerate(ids)}
+
+    # FedRep: all N clients, a fixed number of rounds (its end defines the floor).
+    started = time.perf_counter()
+    state, fedrep_dists, fedrep_counts = state0, [], []
+    for t in range(1, config.fedrep_rounds + 1):
+        output = process.next(state, _clients(batch(t), range(num_clients)))
+        state = output.state
+        fedrep_dists.append(dist(state))
+        fedrep_counts.append(int(output.metrics["num_clients"]))
+        if config.log_every and t % config.log_every == 0:
+            log(f"  {tag} fedrep round {t}/{config.fedrep_rounds}: dist {fedrep_dists[-1]:.5f}, "
+                f"{fedrep_counts[-1]} clients, {time.perf_counter() - started:.1f} s")
+    window = fedrep_dists[-config.floor_window:]
+    floor = float(np.median(window))
+    target = config.target_factor * floor
+    fedrep_hit = first_round_at_or_below(fedrep_dists, target)
+    earlier = fedrep_dists[-2 * config.floor_window:-config.floor_window]
+    plateau_note = ""
+    if len(earlier) == config.floor_window and np.median(earlier) > 1.25 * floor:
+        plateau_note = (f" (not yet flat: median of the {config.floor_window} rounds before is "
+                        f"{np.median(earlier) / floor:.2f} × floor; raise --fedrep_rounds)")
+    log(f"{tag} fedrep: {config.fedrep_rounds} rounds, {time.perf_counter() - started:.1f} s; "
+        f"init dist {init_dist:.4f}, floor {floor:.5f} (median of rounds "
+        f"{config.fedrep_rounds - config.floor_window + 1}-{config.fedrep_rounds}){plateau_note}, "
+        f"target {target:.5f}, reached at round {fedrep_hit}")
+
+    # SRPFL's stage lengths.
+    a = None
+    if config.stage_rounds == "lemma_b1":
+        if config.contraction == "fit":
+            a = fit_contraction(init_dist, fedrep_dists, floor)
+            if a is None:
+                log(f"{tag}: too few FedRep rounds far from the floor to fit a; using a = "
+                    f"{_FALLBACK_CONTRACTION}")
+                a = _FALLBACK_CONTRACTION
+        else:
+            a = float(config.contraction)
+
+    def sampler(cost):
+        return srpfl.SrpflSampler(ids, config.initial_participants, seed, model,
+                                  stage_rounds=config.stage_rounds, communication_cost=cost,
+                                  lemma_b1_a=0.25 if a is None else a)
+
+    schedule = sampler(0.0)
+    stages = " ".join(f"{n}×{tau}" for n, tau in zip(schedule.sizes, schedule.stage_rounds))
+    stages = f"{stages} {schedule.sizes[-1]}×∞".strip()
+
+    # SRPFL: the fastest n_r each round, until the target.
+    started = time.perf_counter()
+    state, srpfl_dists, srpfl_counts, participants = state0, [], [], []
+    srpfl_hit = None
+    for t in range(1, config.max_rounds + 1):
+        part = schedule.sample(t)
+        selected = [index[cid] for cid in part.client_ids]
+        output = process.next(state, _clients(batch(t), selected))
+        state = output.state
+        srpfl_dists.append(dist(state))
+        srpfl_counts.append(int(output.metrics["num_clients"]))
+        participants.append(len(selected))
+        if config.log_every and t % config.log_every == 0:
+            log(f"  {tag} srpfl round {t}: dist {srpfl_dists[-1]:.5f}, {len(selected)} clients "
+                f"(stage {part.info['stage']}), {time.perf_counter() - started:.1f} s")
+        if srpfl_dists[-1] <= target:
+            srpfl_hit = t
+            break
+    log(f"{tag} srpfl: stages n×τ {stages}"
+        + (f" (Lemma B.1, a = {a:.3f})" if a is not None else "")
+        + f"; reached the target at round {srpfl_hit} "
+        f"({participants[-1]} clients), {time.perf_counter() - started:.1f} s")
+
+    expected = {n: srpfl.expected_order_statistic(n, num_clients)
+                for n in set(schedule.sizes)} if config.straggler != "dynamic" else None
+    common = dict(num_clients=num_clients, repeat=repeat, seed=seed, init_distance=init_dist,
+                  floor=floor, target=target, contraction_a=a, stages=stages)
+    rows = []
+    for cost in config.communication_costs:
+        clock = srpfl.FullParticipationClock(ids, seed, model, communication_cost=cost)
+        srpfl_clock = sampler(cost)
+        for method, hit, dists, counts, clock_fn in (
+            ("fedrep", fedrep_hit, fedrep_dists, fedrep_counts, clock.simulated_time),
+            ("srpfl", srpfl_hit, srpfl_dists, srpfl_counts, srpfl_clock.simulated_time),
+        ):
+            sizes = counts[:hit] if hit else []
+            rows.append(common | dict(
+                method=method,
+                communication_cost=cost,
+                rounds_to_target=hit,
+                simulated_time=clock_fn(hit) if hit else math.nan,
+                expected_time=(sum(expected[n] + cost for n in sizes)
+                               if hit and expected is not None else math.nan),
+                distances=tuple(dists),
+                participants=tuple(counts),
+            ))
+        fedrep_row, srpfl_row = rows[-2], rows[-1]
+        speedup = fedrep_row["simulated_time"] / srpfl_row["simulated_time"]
+        fedrep_row["speedup"], srpfl_row["speedup"] = math.nan, speedup
+    return rows
+
+
+def run_comparison(config: Config, log: Callable[[str], None] = print) -> list[dict]:
+    """Runs FedRep and SRPFL for every N and repeat; one row per (N, repeat, C, method).
+
+    Must run inside `tffl.runtime.local_runtime()`. Row keys: num_clients, repeat, seed (of the
+    problem, the data and the compute times), method, communication_cost, init_distance, floor,
+    target, contraction_a (None unless lemma_b1), stages, rounds_to_target (None if not reached),
+    simulated_time, expected_time, speedup (SRPFL rows: FedRep time / SRPFL time; NaN on FedRep
+    rows), distances (dist after rounds 1, 2, …) and participants (clients of rounds 1, 2, …, as
+    counted by the TFF process).
+    """
+    from tffl import fedrep_linear
+
+    process = fedrep_linear.build_fedrep_linear(
+        config.dim, config.rank, config.learning_rate, seed=config.seed)
+    rows = []
+    for num_clients in config.num_clients:
+        for repeat in range(config.repeats):
+            rows.extend(_run_one(config, process, num_clients, repeat, log))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _fmt(value, spec="{:.2f}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return spec.format(value)
+
+
+def summarize(config: Config, rows: list[dict]) -> list[dict]:
+    """Means over repeats per (N, C, method); speedup = mean FedRep time / mean SRPFL time."""
+    summary = []
+    for num_clients in config.num_clients:
+        for cost in config.communication_costs:
+            group = {m: [r for r in rows if r["num_clients"] == num_clients
+                         and r["communication_cost"] == cost and r["method"] == m]
+                     for m in METHODS}
+            means = {}
+            for method in METHODS:
+                rs = group[method]
+                reached = [r for r in rs if r["rounds_to_target"] is not None]
+                all_reached = len(reached) == len(rs)
+                means[method] = dict(
+                    num_clients=num_clients,
+                    communication_cost=cost,
+                    method=method,
+                    repeats=len(rs),
+                    reached=len(reached),
+                    rounds_to_target=(float(np.mean([r["rounds_to_target"] for r in rs]))
+                                      if all_reached else math.nan),
+                    simulated_time=(float(np.mean([r["simulated_time"] for r in rs]))
+                                    if all_reached else math.nan),
+                    expected_time=(float(np.mean([r["expected_time"] for r in rs]))
+                                   if all_reached else math.nan),
+                    speedup=math.nan,
+                    speedups=tuple(r["speedup"] for r in rs),
+                    theorem_speedup=(theorem_4_6_speedup(num_clients, cost, config.target_factor)
+                                     if config.straggler != "dynamic" else math.nan),
+                )
+            means["srpfl"]["speedup"] = (means["fedrep"]["simulated_time"]
+                                         / means["srpfl"]["simulated_time"])
+            summary.extend(means[m] for m in METHODS)
+    return summary
+
+
+def format_tables(config: Config, rows: list[dict]) -> str:
+    """The Markdown tables the script prints: the speedup table and the per-repeat details."""
+    header = ("| N | C | method | rounds to target | simulated time to target | E[time] of those "
+              "rounds | speedup (FedRep / SRPFL) | per-repeat speedups | Thm 4.6 guaranteed "
+              "speedup |")
+    lines = [header, "|" + "---|" * 9]
+    for s in summarize(config, rows):
+        srpfl_row = s["method"] == "srpfl"
+        rounds = (_fmt(s["rounds_to_target"], "{:.1f}") if s["reached"] == s["repeats"]
+                  else f"not reached in {s['repeats'] - s['reached']} of {s['repeats']}")
+        lines.append("| " + " | ".join([
+            str(s["num_clients"]),
+            f"{s['communication_cost']:g}",
+            "SRPFL" if srpfl_row else "FedRep",
+            rounds,
+            _fmt(s["simulated_time"]),
+            _fmt(s["expected_time"]),
+            _fmt(s["speedup"]) if srpfl_row else "",
+            " / ".join(_fmt(x) for x in s["speedups"]) if srpfl_row else "",
+            _fmt(s["theorem_speedup"]) if srpfl_row else "",
+        ]) + " |")
+    detail = ["| N | repeat | init dist | N-client floor | target | FedRep rounds | SRPFL rounds "
+              "| SRPFL stages n×τ |", "|" + "---|" * 8]
+    for r in rows:
+        if r["method"] != "srpfl" or r["communication_cost"] != config.communication_costs[0]:
+            continue
+        fedrep = next(x for x in rows if x["method"] == "fedrep" and x["seed"] == r["seed"]
+                      and x["num_clients"] == r["num_clients"])
+        stages = r["stages"] + (f" (a = {r['contraction_a']:.2f})"
+                                if r["contraction_a"] is not None else "")
+        detail.append("| " + " | ".join([
+            str(r["num_clients"]), str(r["repeat"] + 1), f"{r['init_distance']:.3f}",
+            f"{r['floor']:.5f}", f"{r['target']:.5f}", _fmt(fedrep["rounds_to_target"], "{}"),
+            _fmt(r["rounds_to_target"], "{}"), stages,
+        ]) + " |")
+    return "\n".join(lines) + "\n\n" + "\n".join(detail)
+
+
+_CSV_COLUMNS = ("num_clients", "repeat", "seed", "method", "communication_cost",
+                "init_distance", "floor", "target", "contraction_a", "stages",
+                "rounds_to_target", "simulated_time", "expected_time", "speedup")
+
+
+def write_outputs(output_dir: pathlib.Path, config: Config, rows: list[dict], tables: str,
+                  command: str) -> None:
+    with open(output_dir / "srpfl_speedup.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=_CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    (output_dir / "srpfl_speedup.md").write_text(
+        f"    {command}\n\n{dataclasses.asdict(config)}\n\n{tables}\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# main
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, but a bad value is one line on stderr and exit status 2 (no traceback)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
+        sys.exit(2)
+
+
+def _quiet_python_logs() -> None:
+    import logging
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
+def _warn_about_target(config: Config, log: Callable[[str], None]) -> None:
+    """The paper's fairness condition: ε must need all N clients, ĉ < √(N / n_last)."""
+    for n in config.num_clients:
+        sizes = [config.initial_participants]
+        while sizes[-1] < n:
+            sizes.append(min(n, 2 * sizes[-1]))
+        if len(sizes) >= 2 and config.target_factor >= math.sqrt(n / sizes[-2]):
+            log(f"note: N={n}: --target_factor={config.target_factor} >= √(N/{sizes[-2]}) = "
+                f"{math.sqrt(n / sizes[-2]):.3f}, so SRPFL's stage with {sizes[-2]} clients "
+                "already has a floor below the target (the paper wants ĉ below this)")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) > 1:
+            raise UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
+        config = config_from_flags()
+        output_dir = _output_dir()
+    except UsageError as e:
+        if os.environ.get("TFFL_DEBUG"):
+            raise
+        sys.stderr.write(f"srpfl_speedup.py: error: {e}\n")
+        return 2
+    if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
+        _quiet_python_logs()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    # Imported here so a bad flag does not wait for TensorFlow; also installs the exit hook that
+    # stops any TFF worker.
+    from tffl import runtime
+
+    command = "python scripts/srpfl_speedup.py " + " ".join(sys.argv[1:])
+    log(f"srpfl_speedup: N = {', '.join(map(str, config.num_clients))}; d={config.dim}, "
+        f"k={config.rank}, m={config.samples_per_client}, σ={config.noise_std}, "
+        f"η={config.learning_rate}, n0={config.initial_participants}, ĉ={config.target_factor}, "
+        f"C = {', '.join(f'{c:g}' for c in config.communication_costs)}, {config.straggler} "
+        f"Exp times, init from {config.init_clients or 'all N'} clients' moments, "
+        f"{config.repeats} repeat(s) -> {output_dir}")
+    _warn_about_target(config, log)
+    started = time.perf_counter()
+    try:
+        with runtime.local_runtime(log_dir=output_dir):
+            rows = run_comparison(config, log=log)
+    except (ValueError, FloatingPointError, OSError) as e:
+        if os.environ.get("TFFL_DEBUG"):
+            raise
+        sys.stderr.write(f"srpfl_speedup.py: error: {e}\n")
+        return 1
+    tables = format_tables(config, rows)
+    write_outputs(output_dir, config, rows, tables, command.strip())
+    print("\n" + tables + "\n", flush=True)
+    print(f"Floor = median FedRep (all N) distance over its last {config.floor_window} of "
+          f"{config.fedrep_rounds} rounds; target = {config.target_factor} × floor. Times are "
+          "simulated (Exp(1) compute times; slowest participant + C per round). "
+          f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)
