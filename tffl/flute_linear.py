@@ -1,0 +1,351 @@
+"""Linear FLUTE (Liu, Shen, Yang, ICML 2024, Algorithm 1) as TFF federated computations.
+
+Model (`shared/specs/flute.md` §1.3): client i predicts ŷ = xᵀ B w_i with B ∈ R^{d×k} shared and
+w_i ∈ R^k its personal head; W = [w_1, …, w_M] ∈ R^{k×M}. The ground truths φ_i need not fit a
+rank-k model (the *under-parameterized* regime, rank Φ > k). Client i's data loss on its whole
+local dataset X_i ∈ R^{N_i×d}, y_i ∈ R^{N_i} is
+
+    L_i(B, w_i) = (1/(2 N_i)) ‖X_i B w_i − y_i‖²
+
+(the 1/(2N) convention of the paper's Appendix A.1 analysis, flute.md §2.3; Algorithm 1 writes
+1/N, which is the same iteration with η_l doubled). The regularizer of objective (4) is
+
+    R(B, W) = −γ1 ‖BW‖²_F + γ2 (‖BᵀB‖²_F + ‖WWᵀ‖²_F),
+
+    ∇_B R   = −2γ1 B (WWᵀ) + 4γ2 B (BᵀB),      ∇_{w_i} R = −2γ1 (BᵀB) w_i + 4γ2 (WWᵀ) w_i,
+
+and with γ1 = 2γ2 it equals γ2 ‖BᵀB − WWᵀ‖²_F (since ‖BW‖²_F = tr(BᵀB·WWᵀ)).
+
+One round (`next`, Algorithm 1, eqs. 5–6; one simultaneous gradient step, everything evaluated at
+the old point (B, W)):
+
+1. the server broadcasts B;
+2. client i computes, on its full local batch, ∇_B L_i = (1/N_i) X_iᵀ(X_i B w_i − y_i) w_iᵀ (d×k)
+   and uploads it together with its head's outer product w_i w_iᵀ (k×k);
+3. the server *sums* both (`tff.federated_sum`): Σ_i ∇_B L_i (a sum, not a mean — eq. 5) and
+   G = Σ_i w_i w_iᵀ = WWᵀ, and sets
+
+       B ← B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W)       (∇_B R needs only B and G);
+
+4. the server broadcasts G; client i sets
+
+       w_i ← w_i − η_l ∇_{w_i} L_i(B, w_i) − η_r ∇_{w_i} R(B, W)   (needs only B, G and w_i).
+
+So a round is one gradient step on Σ_i L_i(B, w_i) + (η_r/η_l) R(B, W) (η_l = η_r: on Σ_i L_i + R).
+There is no QR, SVD or projection anywhere (flute.md §8.1).
+
+Where the heads live. Algorithm 1 keeps W at the server: clients upload ∇_{w_i} L_i and the server
+applies both steps to every w_i. Nothing in the server's W step needs more of W than G = WWᵀ
+(∇_{w_i}R above), and G is a sum of per-client terms, so this module keeps w_i on its client as
+*personal state* (`tffl.personal_state` template) and gives the server only the aggregate G (an
+extra k×k up and down per round). The iterates are exactly Algorithm 1's; what the server learns
+is the sum WWᵀ instead of every head (with a secure-sum aggregator, not even individual w_i w_iᵀ).
+
+Participation. The paper's setting is full participation: all M clients every round; then the
+iteration is exactly Algorithm 1. If a round sees only a subset I of the clients, the sums in
+steps 3–4 run over I: B takes the data step of Σ_{i∈I} L_i (its size scales with |I|) and the
+regularizer of the participating heads, R(B, W_I) with G = W_I W_Iᵀ — the analogue of general
+FLUTE's server step over the sampled heads (Algorithm 2) — and non-participants keep their heads
+unchanged (the personal store leaves them alone). That is a choice of this implementation, not
+something the paper analyses.
+
+Initialization (Algorithm 1, Remark 4.1): small and data independent, every entry of B⁰ and of
+each w_i⁰ i.i.d. N(0, α²), α = `init_scale` (default 1/(10d), the paper's experiments). w_i⁰ is
+seeded by (`seed`, client id), so a client's start does not depend on who else exists.
+
+Client data: one value per client, `OrderedDict(x=float32[N_i, d], y=float32[N_i])` (the whole
+local dataset: the gradients are full batch). Personal state: `OrderedDict(head=float32[k])`.
+Inside the computations the algebra runs in float64; results are cast back to float32.
+
+Metrics of a round (at the server, at the old point): `loss` = (1/|I|) Σ_i L_i(B, w_i);
+`regularizer` = R(B, W_I), formed from B and G alone (‖BW‖² = tr(BᵀB G)); `num_clients` = |I|.
+The paper's error (1/M) Σ_i ‖B w_i − φ_i‖ needs the ground truth and is the caller's
+(`predictors` gives the B w_i).
+
+Example:
+
+>>> process = build_flute_linear(dim=10, rank=2, learning_rate=0.03)
+>>> ids = [f"client_{i}" for i in range(len(data))]
+>>> personal = [process.initialize_personal(cid) for cid in ids]
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     output = process.next(state, data, personal)     # PersonalizedOutput
+...     state, personal = output.state, output.personal_states
+>>> thetas = process.predictors(state, personal)         # (M, d): row i is B w_i
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import zlib
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl import personal_state
+
+
+def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamma2: float
+                          ) -> tf.Tensor:
+    """∇_B R = −2γ1 B G + 4γ2 B BᵀB (d×k) for G = WWᵀ (k×k)."""
+    return -2.0 * gamma1 * (b64 @ gram64) + 4.0 * gamma2 * (b64 @ (tf.transpose(b64) @ b64))
+
+
+def _check_rate(name: str, value: float, allow_zero: bool) -> float:
+    value = float(value)
+    ok = np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"{name}={value} must be a finite number {'>=' if allow_zero else '>'} 0")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class FluteLinearProcess:
+    """Linear FLUTE: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
+    personal state `OrderedDict(head=float32[k])` per client.
+
+    Attributes (TFF computations; the methods below add shape checks):
+      initialize_computation: () -> state@SERVER with B⁰ ~ N(0, α²) entrywise (seeded).
+      next_computation: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
+        `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`.
+      set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
+      dim, rank: d, k.
+      learning_rate, regularizer_learning_rate: η_l, η_r.
+      gamma1, gamma2: γ1, γ2.
+      init_scale: α, the standard deviation of the initial entries.
+      seed: seed of B⁰ and of every w_i⁰.
+    """
+
+    initialize_computation: tff.Computation
+    next_computation: tff.Computation
+    set_representation_computation: tff.Computation
+    dim: int
+    rank: int
+    learning_rate: float
+    regularizer_learning_rate: float
+    gamma1: float
+    gamma2: float
+    init_scale: float
+    seed: int
+
+    def _check_data(self, client_data, personal_states) -> None:
+        if len(client_data) != len(personal_states):
+            raise ValueError(f"{len(client_data)} clients' data but {len(personal_states)} "
+                             "personal states; pass one personal state per client, in order")
+        for i, item in enumerate(client_data):
+            x, y = np.shape(item["x"]), np.shape(item["y"])
+            if len(x) != 2 or x[1] != self.dim or len(y) != 1 or y[0] != x[0] or x[0] < 1:
+                raise ValueError(f"client {i}: expected x of shape (N, {self.dim}) and y of shape "
+                                 f"(N,) with N >= 1, got {x} and {y}")
+        for i, p in enumerate(personal_states):
+            shape = np.shape(p["head"])
+            if shape != (self.rank,):
+                raise ValueError(f"client {i}: personal head must have shape ({self.rank},), "
+                                 f"got {shape}")
+
+    def initialize(self):
+        """Server state with B⁰ ~ N(0, α²) entrywise (seeded) and round_num 0."""
+        return self.initialize_computation()
+
+    def initialize_personal(self, client_id: Any) -> collections.OrderedDict:
+        """Client `client_id`'s initial head w⁰ ~ N(0, α² I_k), seeded by (seed, client id)."""
+        key = zlib.crc32(str(client_id).encode("utf-8"))
+        rng = np.random.default_rng([int(self.seed), key])
+        head = self.init_scale * rng.standard_normal(self.rank)
+        return collections.OrderedDict(head=head.astype(np.float32))
+
+    def next(self, state, client_data, personal_states) -> personal_state.PersonalizedOutput:
+        """One FLUTE round on `client_data` (a list of `{x: (N_i, d), y: (N_i,)}`) with the
+        clients' `personal_states` (same order); returns the new state, personal states, metrics.
+        """
+        personal_states = list(personal_states)
+        self._check_data(client_data, personal_states)
+        output = self.next_computation(state, client_data, personal_states)
+        return personal_state.PersonalizedOutput(*output)
+
+    @staticmethod
+    def get_representation(state) -> np.ndarray:
+        """B (d×k, float32) of a state."""
+        return np.asarray(state["representation"])
+
+    def set_representation(self, state, representation):
+        """A copy of `state` with B = `representation` (d×k), not orthonormalized."""
+        shape = np.shape(representation)
+        if shape != (self.dim, self.rank):
+            raise ValueError(f"representation must have shape ({self.dim}, {self.rank}), "
+                             f"got {shape}")
+        return self.set_representation_computation(state, np.asarray(representation, np.float32))
+
+    @staticmethod
+    def heads(personal_states) -> np.ndarray:
+        """W (k×M) from the clients' personal states (column i = w_i)."""
+        return np.stack([np.asarray(p["head"], np.float64) for p in personal_states], axis=1)
+
+    def predictors(self, state, personal_states) -> np.ndarray:
+        """The personalized regressors B w_i (M×d, float64; row i is client i's)."""
+        return (self.get_representation(state).astype(np.float64)
+                @ self.heads(personal_states)).T
+
+
+def build_flute_linear(
+    dim: int,
+    rank: int,
+    learning_rate: float,
+    regularizer_learning_rate: float | None = None,
+    gamma1: float = 0.25,
+    gamma2: float = 0.125,
+    init_scale: float | None = None,
+    seed: int = 0,
+) -> FluteLinearProcess:
+    """Linear FLUTE (Algorithm 1): d = `dim`, k = `rank`, η_l, η_r, γ1, γ2, α = `init_scale`.
+
+    Args:
+      dim: d >= 1.
+      rank: k, 1 <= k <= d.
+      learning_rate: η_l > 0, the step of the data gradients (the paper's synthetic runs: 0.03).
+      regularizer_learning_rate: η_r >= 0, the step of the regularizer gradients (default η_l, as
+        in the theory; 0 turns the regularizer off, leaving plain joint gradient descent).
+      gamma1: γ1 >= 0, the weight of −‖BW‖²_F (theory: 1/4).
+      gamma2: γ2 >= 0, the weight of ‖BᵀB‖²_F + ‖WWᵀ‖²_F (theory: 1/8). The paper does not try
+        γ1 > 2γ2 ("‖BW‖_F usually diverges"); with γ1 <= 2γ2, R >= 0.
+      init_scale: α > 0, the standard deviation of the entries of B⁰ and w_i⁰ (default 1/(10d)).
+      seed: seed of B⁰ and of the heads' initialization.
+
+    Raises:
+      ValueError: d < 1, k outside [1, d], η_l <= 0, η_r < 0, γ1 < 0, γ2 < 0, α <= 0, or any of
+        them not finite; the message names the value.
+    """
+    dim, rank = int(dim), int(rank)
+    if dim < 1:
+        raise ValueError(f"dim={dim} must be >= 1")
+    if not 1 <= rank <= dim:
+        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
+    eta_l = _check_rate("learning_rate", learning_rate, allow_zero=False)
+    eta_r = _check_rate("regularizer_learning_rate",
+                        eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
+                        allow_zero=True)
+    g1 = _check_rate("gamma1", gamma1, allow_zero=True)
+    g2 = _check_rate("gamma2", gamma2, allow_zero=True)
+    alpha = _check_rate("init_scale", 1.0 / (10 * dim) if init_scale is None else init_scale,
+                        allow_zero=False)
+
+    b_type = tff.TensorType(np.float32, [dim, rank])
+    gram_type = tff.TensorType(np.float32, [rank, rank])
+    data_type = tff.StructWithPythonType(
+        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
+        collections.OrderedDict,
+    )
+    personal_type = tff.StructWithPythonType(
+        [("head", tff.TensorType(np.float32, [rank]))], collections.OrderedDict)
+
+    def data_terms(b64, data, w64):
+        """(X, residual, m) in float64 for the client's full batch."""
+        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        residual = tf.linalg.matvec(x64 @ b64, w64) - y64                     # (N,)
+        return x64, residual, m
+
+    @tff.tensorflow.computation(b_type, data_type, personal_type)
+    def client_statistics(b, data, personal):
+        """∇_B L_i (d×k), w_i w_iᵀ (k×k) and L_i, all at the old point."""
+        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
+        x64, residual, m = data_terms(b64, data, w64)
+        xtr = tf.linalg.matvec(x64, residual, transpose_a=True) / m           # (d,)
+        return collections.OrderedDict(
+            representation_gradient=tf.cast(xtr[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32),
+            head_gram=tf.cast(w64[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32),
+            loss=tf.cast(tf.reduce_sum(residual**2) / (2.0 * m), tf.float32),
+        )
+
+    @tff.tensorflow.computation(b_type, gram_type, data_type, personal_type)
+    def client_head_update(b, gram, data, personal):
+        """w_i − η_l ∇_{w_i} L_i − η_r ∇_{w_i} R, everything at the old point."""
+        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
+        g64 = tf.cast(gram, tf.float64)
+        x64, residual, m = data_terms(b64, data, w64)
+        grad_data = tf.linalg.matvec(x64 @ b64, residual, transpose_a=True) / m          # (k,)
+        grad_reg = (-2.0 * g1 * tf.linalg.matvec(tf.transpose(b64) @ b64, w64)
+                    + 4.0 * g2 * tf.linalg.matvec(g64, w64))
+        head = w64 - eta_l * grad_data - eta_r * grad_reg
+        return collections.OrderedDict(head=tf.cast(head, tf.float32))
+
+    @tff.tensorflow.computation(b_type, b_type, gram_type)
+    def server_representation_update(b, gradient_sum, gram):
+        """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W)."""
+        b64 = tf.cast(b, tf.float64)
+        new = (b64 - eta_l * tf.cast(gradient_sum, tf.float64)
+               - eta_r * regularizer_gradients(b64, tf.cast(gram, tf.float64), g1, g2))
+        return tf.cast(new, tf.float32)
+
+    @tff.tensorflow.computation(b_type, gram_type)
+    def regularizer_value(b, gram):
+        """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
+        b64, g64 = tf.cast(b, tf.float64), tf.cast(gram, tf.float64)
+        btb = tf.transpose(b64) @ b64
+        value = (-g1 * tf.linalg.trace(btb @ g64)
+                 + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
+        return tf.cast(value, tf.float32)
+
+    @tff.tensorflow.computation
+    def random_representation():
+        g = tf.random.stateless_normal([dim, rank], seed=[int(seed), 1], dtype=tf.float64)
+        return tf.cast(alpha * g, tf.float32)
+
+    @tff.tensorflow.computation(b_type)
+    def fresh_state(b):
+        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
+                                                                 tff.SERVER))
+
+    state_type = initialize.type_signature.result
+
+    @tff.tensorflow.computation(state_type.member)
+    def increment(state):
+        return state["round_num"] + 1
+
+    @tff.tensorflow.computation(state_type.member, b_type)
+    def with_representation(state, b):
+        return collections.OrderedDict(representation=b, round_num=state["round_num"])
+
+    @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS),
+                               tff.FederatedType(personal_type, tff.CLIENTS))
+    def next_fn(state, data, personal):
+        b = state.representation
+        b_clients = tff.federated_broadcast(b)
+        stats = tff.federated_map(client_statistics, (b_clients, data, personal))
+        gradient_sum = tff.federated_sum(stats.representation_gradient)
+        gram = tff.federated_sum(stats.head_gram)
+        new_b = tff.federated_map(server_representation_update,
+                                  tff.federated_zip((b, gradient_sum, gram)))
+        new_personal = tff.federated_map(
+            client_head_update, (b_clients, tff.federated_broadcast(gram), data, personal))
+        new_state = tff.federated_zip(collections.OrderedDict(
+            representation=new_b,
+            round_num=tff.federated_map(increment, state),
+        ))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            loss=tff.federated_mean(stats.loss),
+            regularizer=tff.federated_map(regularizer_value, tff.federated_zip((b, gram))),
+            num_clients=tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS)),
+        ))
+        return new_state, new_personal, metrics
+
+    return FluteLinearProcess(
+        initialize_computation=initialize,
+        next_computation=next_fn,
+        set_representation_computation=with_representation,
+        dim=dim,
+        rank=rank,
+        learning_rate=eta_l,
+        regularizer_learning_rate=eta_r,
+        gamma1=g1,
+        gamma2=g2,
+        init_scale=alpha,
+        seed=int(seed),
+    )
