@@ -141,6 +141,33 @@ def convert_hf_bert_weights(
         raise ValueError(f"Checkpoint tensors not used by BertBackbone: {unused[:5]} ...")
 
 
+def bert_backbone_from_config(config: dict, dropout: float = 0.0) -> keras_nlp.models.BertBackbone:
+    """The `BertBackbone` architecture of a HF BERT `config` (`read_hf_config`), randomly
+    initialized, with the checkpoint's feed-forward activation (exact GELU for BERT).
+
+    Used where weights must come later, e.g. inside a TFF computation, whose models are built in
+    a graph: build the architecture there and load the weights eagerly with `load_hf_bert`.
+
+    Example:
+
+    >>> backbone = bert_backbone_from_config(read_hf_config(fetch_minilm()))
+    >>> backbone.num_layers
+    6
+    """
+    backbone = keras_nlp.models.BertBackbone(
+        vocabulary_size=config["vocab_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        hidden_dim=config["hidden_size"],
+        intermediate_dim=config["intermediate_size"],
+        dropout=dropout,
+        max_sequence_length=config["max_position_embeddings"],
+        num_segments=config["type_vocab_size"],
+    )
+    set_feedforward_activation(backbone, config.get("hidden_act", "gelu"))
+    return backbone
+
+
 def load_hf_bert(
     folder: str | pathlib.Path, dropout: float = 0.0
 ) -> tuple[keras_nlp.models.BertBackbone, keras_nlp.models.BertTokenizer]:
@@ -159,20 +186,10 @@ def load_hf_bert(
     """
     folder = pathlib.Path(folder)
     config = read_hf_config(folder)
-    backbone = keras_nlp.models.BertBackbone(
-        vocabulary_size=config["vocab_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        hidden_dim=config["hidden_size"],
-        intermediate_dim=config["intermediate_size"],
-        dropout=dropout,
-        max_sequence_length=config["max_position_embeddings"],
-        num_segments=config["type_vocab_size"],
-    )
+    backbone = bert_backbone_from_config(config, dropout)
     convert_hf_bert_weights(
         backbone, load_file(str(folder / "model.safetensors")), config["num_attention_heads"]
     )
-    set_feedforward_activation(backbone, config.get("hidden_act", "gelu"))
     tokenizer = load_hf_bert_tokenizer(folder, lowercase=config.get("do_lower_case", True))
     return backbone, tokenizer
 

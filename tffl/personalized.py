@@ -1,8 +1,9 @@
-"""Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg and FedAvg-FT.
+"""Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg(-FT), FLUTE, AdaptPFL.
 
-Roles (`tffl.roles`): the variables tagged `head` are *personal* (they never leave the client); the
-trainable `shared`, `lora_a` and `lora_b` variables are the *representation* φ, averaged by the
-server; `frozen` variables are never trained. Client i's model is f(x; φ, h_i).
+Roles (`tffl.roles`): the variables tagged `head` (and, for AdaptPFL, `shortcut`) are *personal*
+(they never leave the client); the trainable `shared`, `lora_a` and `lora_b` variables are the
+*representation* φ, averaged by the server; `frozen` variables are never trained. Client i's model
+is f(x; φ, h_i).
 
 | algorithm   | local phases (η: SGD step, E: epochs = passes over the round's data) | aggregated |
 |-------------|------------------------------------------------------------------------|-----------|
@@ -11,8 +12,12 @@ server; `frozen` variables are never trained. Client i's model is f(x; φ, h_i).
 | `lg_fedavg` | (h_i, φ) jointly for E epochs; the model's lower layers carry `head`    | φ (top)   |
 | `fedavg`    | (h, φ) jointly for E epochs from the global model                       | h and φ   |
 | `fedavg_ft` | as `fedavg`; at evaluation each client first fine-tunes h for E_ft     | h and φ   |
+| `flute`     | h_i: τ_h epochs, then (h_i, φ) τ_r epochs, regularized; NC step on H_i | φ         |
+| `adaptpfl`  | h_i: τ_w, shortcut s_i: τ_s, then φ: τ_b epochs                         | φ         |
 
-(FedAvg trains every `head` and representation variable, so it also runs on untagged models.)
+(FedAvg trains every `head` and representation variable, so it also runs on untagged models.
+FLUTE's regularizers are described at `FluteConfig`; AdaptPFL's mix (1−α)·f + α·s_i(x) is part of
+the model, `models.paper_models.ShortcutMix`, so α = 0 is FedRep exactly.)
 
 (srpfl.md §6.1–6.4.) LG-FedAvg is FedPer's schedule on the opposite split: its *lower* layers are
 local, so they carry the personal role `head`, and its top layers are the shared representation
@@ -37,9 +42,9 @@ follows the stateful-clients template,
 
     next: (state@S, data@C, personal@C) -> PersonalizedOutput(state@S, personal@C, metrics@S)
 
-where client i's personal state is the list of its `head` variables' values (in
-`model.trainable_variables` order) and `initialize_personal(client_id)` is the model's initial
-head. FedAvg and FedAvg-FT have no personal state: their `next` is an ordinary
+where client i's personal state is the list of its personal variables' values (in
+`model.trainable_variables` order; FLUTE appends its class indicator u_i) and
+`initialize_personal(client_id)` is the model's initial head. FedAvg and FedAvg-FT have no personal state: their `next` is an ordinary
 `tff.learning.templates.LearningProcess` `next`.
 
 Evaluation (`evaluate`, a federated computation): each client starts from the global weights with

@@ -83,3 +83,56 @@ def test_samplers_by_name():
         registry.build_sampler(task, 3, 0, kind="some")
     with pytest.raises(ValueError, match="unknown straggler model 'slow'"):
         registry.build_sampler(task, 3, 0, kind="full", straggler="slow")
+
+
+def _minilm_or_skip():
+    from models import checkpoints
+
+    try:
+        return checkpoints.fetch_minilm()
+    except Exception as e:  # no network and no cache
+        pytest.skip(f"all-MiniLM-L6-v2 (its vocabulary) is not available: {e}")
+
+
+def test_review_domains_are_clients_with_ordered_text_features(shared_data):
+    import collections
+
+    _minilm_or_skip()
+    task = registry.build_task("reviews", num_clients=10, batch_size=4, local_steps=2, seed=0,
+                               data_dir=shared_data, sequence_length=16)
+    assert sorted(task.client_ids) == sorted(
+        f"{d}_{j}" for d in ("airline", "books", "dvd", "electronics", "kitchen") for j in (0, 1))
+    x, y = next(iter(task.client_dataset_fn(task.client_ids[0], 1)))
+    # TFF serializes named elements only as OrderedDicts with sorted keys.
+    assert isinstance(x, collections.OrderedDict)
+    assert list(x) == ["padding_mask", "segment_ids", "token_ids"]
+    assert x["token_ids"].shape == (4, 16) and set(np.unique(y.numpy())) <= {0, 1}
+    ids, train, test = task.client_eval_data()
+    assert ids == task.client_ids and len(train) == len(test) == 10
+    with pytest.raises(ValueError, match="multiple of 5"):
+        registry.build_task("reviews", num_clients=7, batch_size=4, local_steps=1, seed=0,
+                            data_dir=shared_data)
+
+
+def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
+    """The frozen weights loaded eagerly from the checkpoint line up, tensor by tensor, with the
+    architecture the processes build in their graphs (same order and shapes)."""
+    import tensorflow as tf
+
+    from models import hf_bert
+
+    folder = _minilm_or_skip()
+    task = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
+                               data_dir=shared_data, backbone="minilm", sequence_length=16,
+                               rank=2)
+    pretrained = task.pretrained_non_trainable()
+    with tf.Graph().as_default():
+        model = task.keras_model_fn()
+        shapes = [tuple(v.shape.as_list()) for v in model.non_trainable_variables]
+        trainable = [v.name for v in model.trainable_variables]
+    assert [p.shape for p in pretrained] == shapes
+    assert all("lora" in n or "head" in n for n in trainable)
+    # The word embeddings are the checkpoint's, not a random init.
+    backbone, _ = hf_bert.load_hf_bert(folder)
+    embeddings = backbone.get_layer("token_embedding").embeddings.numpy()
+    assert any(p.shape == embeddings.shape and np.array_equal(p, embeddings) for p in pretrained)

@@ -165,3 +165,27 @@ def test_fedrep_with_srpfl_participation(tmp_path):
     assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
     assert "eval_accuracy" not in rows[-1]  # no global model to test: heads are personal
     assert "personalized test accuracy" in proc.stdout
+
+
+def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, shared_data):
+    """Experiment 4's shape at toy scale: the five review domains as clients, a tiny BERT with
+    LoRA on query/value (2 layers, width 64), FedRep heads, adapters averaged RoLoRA-style."""
+    from models import checkpoints
+
+    try:
+        checkpoints.fetch_minilm()  # its vocabulary tokenizes the reviews
+    except Exception as e:
+        pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
+    proc = _run("--task=reviews", "--backbone=tiny", "--algorithm=fedrep",
+                "--representation=lora_alternating", "--num_clients=5", "--clients_per_round=5",
+                "--rounds=2", "--local_steps=2", "--batch_size=4", "--sequence_length=16",
+                "--rank=4", "--head_epochs=1", "--learning_rate=0.1", "--eval_every=1",
+                f"--data_dir={shared_data}", f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(tmp_path)
+    assert [r["communication_rounds"] for r in rows] == [2]
+    # B round: the four B factors (r x 64) go up, A round the four A factors (64 x r); the heads
+    # never do. Plus 3 metric floats and the weight of the weighted mean.
+    assert rows[0]["b_round/bytes_up_per_client"] == 4 * 4 * 64 * 4 + 16
+    assert rows[0]["a_round/bytes_up_per_client"] == 4 * 64 * 4 * 4 + 16
+    assert 0.0 <= rows[0]["eval_personal_accuracy"] <= 1.0
