@@ -62,7 +62,7 @@ def _client_dataset_fn(
 
     def dataset(cid: str, round_num: int) -> tf.data.Dataset:
         shuffle_seed = int(np.random.SeedSequence((seed, round_num, index[cid])).generate_state(1)[0])
-        return (
+        round_data = (
             train_data.create_tf_dataset_for_client(cid)
             .map(_ordered)
             .shuffle(_SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
@@ -70,8 +70,23 @@ def _client_dataset_fn(
             .batch(batch_size)
             .take(local_steps)
         )
+        return _materialized(round_data)
 
     return dataset
+
+
+def _materialized(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The same batches, held as tensors of this round's examples only.
+
+    A client's dataset is built from its whole data, which `process.next` would serialize into
+    the computation's arguments every round (tens of MB for a text client); materializing the
+    round's K batches first sends K·B examples instead. The batches are identical.
+    """
+    batches = list(dataset.as_numpy_iterator())
+    if not batches:
+        return dataset
+    stacked = tf.nest.map_structure(lambda *parts: np.stack(parts), *batches)
+    return tf.data.Dataset.from_tensor_slices(stacked)
 
 
 def _client_eval_data(task, batch_size: int):
