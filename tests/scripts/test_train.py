@@ -35,30 +35,15 @@ def _rows(path):
     [
         (["--algorithm=nope"], "--algorithm"),
         (["--task=nope"], "--task"),
-        (["--num_clients=0"], "--num_clients"),
-        (["--num_clients=4", "--clients_per_round=5"], "--clients_per_round"),
-        (["--learning_rate=-1"], "--learning_rate"),
         (["--output_dir=/proc/tffl_not_writable"], "--output_dir"),
         (["--resume"], "--resume"),
-        (["--algorithm=rolora,rolora"], "--algorithm"),
-        (["--rank=0"], "--rank"),
         (["--rank=65"], "--rank"),
-        (["--algorithm=fedrep", "--head_epochs=0"], "--head_epochs"),
-        (["--algorithm=fedrep", "--representation_epochs=-2"], "--representation_epochs"),
         (["--participation=srpfl", "--num_clients=6", "--clients_per_round=6",
           "--initial_participants=7"], "--initial_participants"),
-        (["--participation=srpfl", "--stage_rounds=0"], "--stage_rounds"),
-        (["--participation=srpfl", "--stage_rounds=ten"], "--stage_rounds"),
-        (["--communication_cost=-1"], "--communication_cost"),
-        (["--algorithm=fedavg", "--finetune_epochs=3"], "--finetune_epochs"),
-        (["--algorithm=adaptpfl", "--shortcut_alpha=1.5"], "--shortcut_alpha"),
-        (["--algorithm=adaptpfl", "--shortcut_alpha=-0.1"], "--shortcut_alpha"),
-        (["--algorithm=flute", "--flute_nc_penalty=-1"], "--flute_nc_penalty"),
-        (["--algorithm=flute", "--flute_feature_penalty=-0.5"], "--flute_feature_penalty"),
-        (["--algorithm=adaptpfl", "--representation=lora"], "--representation"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
+    """The whole program: exit status, exactly one stderr line, no traceback."""
     if not any(a.startswith(("--output_dir", "--resume")) for a in args):
         args = [*args, f"--output_dir={tmp_path}"]  # never write runs/ into the checkout
     proc = _run(*args, timeout=120)
@@ -66,8 +51,61 @@ def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1, proc.stderr
     assert flag in err[0] and "Traceback" not in proc.stderr
-    if args == ["--algorithm=nope"]:
+    if args[0] == "--algorithm=nope":
         assert "fedavg" in err[0] and "rolora" in err[0]  # the allowed values are named
+
+
+# Checked by `train._validate_flags` (the code path above) in one subprocess, to spare a
+# TensorFlow import per case; each must fail with one line naming the flag.
+_VALIDATED = [
+    (["--num_clients=0"], "--num_clients"),
+    (["--num_clients=4", "--clients_per_round=5"], "--clients_per_round"),
+    (["--learning_rate=-1"], "--learning_rate"),
+    (["--algorithm=rolora,rolora"], "--algorithm"),
+    (["--rank=0"], "--rank"),
+    (["--algorithm=fedrep", "--head_epochs=0"], "--head_epochs"),
+    (["--algorithm=fedrep", "--representation_epochs=-2"], "--representation_epochs"),
+    (["--participation=srpfl", "--stage_rounds=0"], "--stage_rounds"),
+    (["--participation=srpfl", "--stage_rounds=ten"], "--stage_rounds"),
+    (["--communication_cost=-1"], "--communication_cost"),
+    (["--algorithm=fedavg", "--finetune_epochs=3"], "--finetune_epochs"),
+    (["--algorithm=adaptpfl", "--shortcut_alpha=1.5"], "--shortcut_alpha"),
+    (["--algorithm=adaptpfl", "--shortcut_alpha=-0.1"], "--shortcut_alpha"),
+    (["--algorithm=flute", "--flute_nc_penalty=-1"], "--flute_nc_penalty"),
+    (["--algorithm=flute", "--flute_feature_penalty=-0.5"], "--flute_feature_penalty"),
+    (["--algorithm=adaptpfl", "--representation=lora"], "--representation"),
+    (["--lora_layers=a,b"], "--lora_layers"),
+    (["--lora_alpha=0"], "--lora_alpha"),
+    (["--task=sst2", "--algorithm=adaptpfl"], "--task"),
+]
+_VALIDATE = """
+import json, sys
+from absl import flags
+from scripts import train
+messages = []
+for args in json.loads(sys.argv[1]):
+    flags.FLAGS.unparse_flags()
+    try:
+        flags.FLAGS(["train.py", *args])
+        train._validate_flags()
+        messages.append("")
+    except (train.UsageError, flags.Error) as e:
+        messages.append(str(e))
+print(json.dumps(messages))
+"""
+
+
+def test_flag_checks_name_the_flag(tmp_path):
+    import json
+
+    cases = [[*args, f"--output_dir={tmp_path}"] for args, _ in _VALIDATED]
+    proc = subprocess.run(
+        [sys.executable, "-c", _VALIDATE, json.dumps(cases)], capture_output=True, text=True,
+        timeout=300, cwd=SCRIPT.parents[1], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr
+    messages = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (args, flag), message in zip(_VALIDATED, messages):
+        assert flag in message and "\n" not in message, (args, message)
 
 
 def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
