@@ -1,4 +1,5 @@
-"""Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg(-FT), FLUTE, AdaptPFL.
+"""Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg(-FT), FLUTE,
+AdaptPFL.
 
 Roles (`tffl.roles`): the variables tagged `head` (and, for AdaptPFL, `shortcut`) are *personal*
 (they never leave the client); the trainable `shared`, `lora_a` and `lora_b` variables are the
@@ -7,9 +8,9 @@ is f(x; φ, h_i).
 
 | algorithm   | local phases (η: SGD step, E: epochs = passes over the round's data) | aggregated |
 |-------------|------------------------------------------------------------------------|-----------|
-| `fedrep`    | h_i: τ_h epochs with φ fixed, then φ: τ_r epochs with the new h_i fixed | φ         |
+| `fedrep`    | h_i: τ_h epochs with φ fixed, then φ: τ_r epochs with h_i fixed        | φ         |
 | `fedper`    | (h_i, φ) jointly for E epochs                                           | φ         |
-| `lg_fedavg` | (h_i, φ) jointly for E epochs; the model's lower layers carry `head`    | φ (top)   |
+| `lg_fedavg` | (h_i, φ) jointly for E epochs; the model's lower layers carry `head`   | φ (top)   |
 | `fedavg`    | (h, φ) jointly for E epochs from the global model                       | h and φ   |
 | `fedavg_ft` | as `fedavg`; at evaluation each client first fine-tunes h for E_ft     | h and φ   |
 | `flute`     | h_i: τ_h epochs, then (h_i, φ) τ_r epochs, regularized; NC step on H_i | φ         |
