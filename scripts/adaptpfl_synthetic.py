@@ -37,12 +37,14 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
 
 import collections  # noqa: E402
 import csv  # noqa: E402
-import pathlib  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
+
+from scripts import cli  # noqa: E402
+from scripts.cli import UsageError  # noqa: E402
 
 # TensorFlow, TFF and tffl are imported in `main` after the flags are checked, so that a bad flag
 # is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker) is imported
@@ -75,10 +77,6 @@ _ROUNDS = flags.DEFINE_integer("rounds", 100, "Communication rounds per run.")
 _SEEDS = flags.DEFINE_list("seeds", "0,1", "Seeds (each: new ground truth, data and B⁰).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/adaptpfl_synthetic",
                                   "Where results.csv, results.md and the worker log go.")
-
-
-class UsageError(ValueError):
-    """A flag value that cannot work; reported as one line, exit status 2."""
 
 
 def _list(name: str, kind, ok, requirement: str) -> list:
@@ -126,26 +124,9 @@ def _validate_flags() -> dict:
         raise UsageError(f"flag --methods={','.join(_METHODS.value)}: unknown "
                          f"{', '.join(unknown) or 'empty'}; choose from {', '.join(METHODS)}")
     config["methods"] = [m for m in METHODS if m in _METHODS.value]
-    output_dir = pathlib.Path(_OUTPUT_DIR.value)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"flag --output_dir={output_dir}: cannot write there "
-                         f"({e.strerror or e}); choose a writable directory") from None
+    output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
     config["output_dir"] = output_dir
     return config
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing, but a bad value is one line on stderr and exit status 2 (no traceback)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
-        sys.exit(2)
 
 
 def _mean_error(thetas: np.ndarray, problem) -> float:
@@ -319,4 +300,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -93,6 +93,9 @@ import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from scripts import cli  # noqa: E402
+from scripts.cli import UsageError  # noqa: E402
+
 # TensorFlow, TFF and the tffl/tasks modules (which import them) are imported only after the
 # flags are validated, so that a bad flag fails in about a second.
 
@@ -146,10 +149,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Base seed (>= 0) of problem, data and c
 _LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Print a progress line every this many rounds "
                                   "(0: only one line per run).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/srpfl_speedup", "Where the tables go.")
-
-
-class UsageError(ValueError):
-    """A flag value that cannot work; reported as one line, exit status 2."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,15 +295,7 @@ def config_from_flags() -> Config:
 
 
 def _output_dir() -> pathlib.Path:
-    output_dir = pathlib.Path(_OUTPUT_DIR.value)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"flag --output_dir={output_dir}: cannot write there "
-                         f"({e.strerror or e}); choose a writable directory") from None
+    output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
     return output_dir
 
 
@@ -618,15 +609,6 @@ def write_outputs(output_dir: pathlib.Path, config: Config, rows: list[dict], ta
 # main
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing, but a bad value is one line on stderr and exit status 2 (no traceback)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
-        sys.exit(2)
-
-
 def _quiet_python_logs() -> None:
     import logging
 
@@ -696,4 +678,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

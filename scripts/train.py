@@ -47,7 +47,9 @@ from absl import flags  # noqa: E402
 # Imported first so its exit hook (which stops any TFF worker) is installed on every exit path.
 from tffl import runtime  # noqa: E402, F401
 
+from scripts import cli  # noqa: E402
 from scripts import registry  # noqa: E402
+from scripts.cli import UsageError  # noqa: E402
 
 _DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -177,10 +179,6 @@ _RUN_FLAGS = (
 )
 
 
-class UsageError(ValueError):
-    """A flag value that cannot work; reported as one line, exit status 2."""
-
-
 def _positive(name: str, minimum: int = 1) -> None:
     value = flags.FLAGS[name].value
     if value < minimum:
@@ -262,35 +260,7 @@ def _validate_flags() -> pathlib.Path:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         name = "-".join(_ALGORITHM.value) if len(_ALGORITHM.value) <= 3 else "compare"
         output_dir = pathlib.Path("runs") / f"{_TASK.value}-{name}-{stamp}"
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(
-            f"flag --output_dir={output_dir}: cannot write there ({e.strerror or e}); "
-            "choose a writable directory"
-        ) from None
-    return output_dir
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing, but a bad value is one line on stderr and exit status 2 (no traceback)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
-        sys.exit(2)
-
-
-def _quiet_python_logs() -> None:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    tf.get_logger().setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    return cli.writable_output_dir(output_dir)
 
 
 def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
@@ -439,23 +409,9 @@ def _comparison_rows(summaries: list[dict]) -> list[dict]:
 
 def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
     """Writes comparison.csv and comparison.md; returns the Markdown table."""
-    import csv
-
-    rows = _comparison_rows(summaries)
-    with open(output_dir / "comparison.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[key for _, key, _ in _TABLE_COLUMNS])
-        writer.writeheader()
-        writer.writerows(rows)
-    header = "| " + " | ".join(title for title, _, _ in _TABLE_COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in _TABLE_COLUMNS) + "|"
-    lines = [header, rule] + [
-        "| " + " | ".join(fmt.format(row[key]) for _, key, fmt in _TABLE_COLUMNS) + " |"
-        for row in rows
-    ]
-    table = "\n".join(lines)
     flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
-    (output_dir / "comparison.md").write_text(f"{flag_line}\n\n{table}\n")
-    return table
+    return cli.write_table(output_dir, "comparison", _comparison_rows(summaries), _TABLE_COLUMNS,
+                           preamble=flag_line)
 
 
 def run(output_dir: pathlib.Path) -> list[dict]:
@@ -489,7 +445,7 @@ def main(argv: list[str]) -> int:
     try:
         output_dir = _validate_flags()
         if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-            _quiet_python_logs()
+            cli.quiet_python_logs()
         summaries = run(output_dir)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
         if os.environ.get("TFFL_DEBUG"):
@@ -520,4 +476,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,98 @@
+"""What every absl script here shares: one-line flag errors, a writable output folder, quiet logs,
+and the CSV + Markdown table writer.
+
+Nothing here imports TensorFlow at module level, so a script can check its flags (and fail in a
+second with one line) before paying for the import.
+
+Example:
+
+>>> if __name__ == "__main__":
+...     app.run(main, flags_parser=cli.parse_flags)
+>>> output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)   # raises cli.UsageError
+>>> markdown = cli.write_table(output_dir, "results", rows, [("method", "method", "{}")])
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+
+
+class UsageError(ValueError):
+    """A flag value that cannot work; scripts report it as one line with exit status 2."""
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing for `app.run(..., flags_parser=parse_flags)`: a bad value is one line on
+    stderr and exit status 2, never a traceback."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
+        sys.exit(2)
+
+
+def writable_output_dir(path: os.PathLike | str, flag: str = "output_dir") -> pathlib.Path:
+    """Creates `path` and proves it writable.
+
+    Raises:
+      UsageError: naming `--<flag>` and the reason, if it cannot be written.
+    """
+    output_dir = pathlib.Path(path)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"flag --{flag}={output_dir}: cannot write there ({e.strerror or e}); "
+                         "choose a writable directory") from None
+    return output_dir
+
+
+def quiet_python_logs() -> None:
+    """Silences Python warnings and TensorFlow's and absl's Python loggers below ERROR."""
+    import logging
+    import warnings
+
+    import tensorflow as tf
+
+    warnings.filterwarnings("ignore")
+    tf.get_logger().setLevel(logging.ERROR)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A Markdown table: `columns` are `(title, key, format)`; a missing or None value is
+    blank."""
+
+    def cell(row, key, fmt):
+        value = row.get(key)
+        return "" if value is None else fmt.format(value)
+
+    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row, key, fmt) for _, key, fmt in columns) + " |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def write_table(output_dir: os.PathLike | str, stem: str, rows: Sequence[dict],
+                columns: Sequence[tuple[str, str, str]], preamble: str = "") -> str:
+    """Writes `<stem>.csv` (every key of `columns`, unformatted) and `<stem>.md` (`preamble`,
+    then the formatted table); returns the Markdown table."""
+    output_dir = pathlib.Path(output_dir)
+    with open(output_dir / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[key for _, key, _ in columns],
+                                extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown_table(rows, columns)
+    (output_dir / f"{stem}.md").write_text(f"{preamble}\n\n{table}\n" if preamble else
+                                           f"{table}\n")
+    return table
