@@ -121,8 +121,28 @@ def element_type(input_spec) -> tff.Type:
     return tff.types.to_type(convert(input_spec))
 
 
-def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> tf.keras.Model:
-    """Calls `keras_model_fn()` and makes sure its variables exist (calls it on zeros if needed)."""
+def _zeros_creator(next_creator, **kwargs):
+    """A `tf.variable_creator_scope` creator: a callable initial value of known shape -> zeros."""
+    shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
+    if (callable(kwargs.get("initial_value")) and shape is not None and dtype is not None
+            and tf.TensorShape(shape).is_fully_defined()):
+        kwargs["initial_value"] = lambda: tf.zeros(shape, dtype)
+    return next_creator(**kwargs)
+
+
+def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
+                zero_init: bool = False) -> tf.keras.Model:
+    """Calls `keras_model_fn()` and makes sure its variables exist (calls it on zeros if needed).
+
+    `zero_init=True` gives every variable of known shape a zero initializer instead of the
+    model's own (e.g. random) one. Client computations use it: they assign every variable from
+    the broadcast weights before reading it, and TFF runs a computation's initializers on every
+    call, so a random initializer would draw a whole random model per client per round (for a
+    MiniLM-sized backbone, ~23M random numbers) only to overwrite it.
+    """
+    if zero_init:
+        with tf.variable_creator_scope(_zeros_creator):
+            return build_model(keras_model_fn, input_spec)
     model = keras_model_fn()
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"keras_model_fn must return a tf.keras.Model, got {type(model).__name__}")
@@ -211,6 +231,11 @@ def build_phased_loop(
     e.g. FedRep's head phase then representation phase (the second sees the first's head), or a
     single phase for FedAvg-style joint training.
 
+    The loop over batches iterates `iter(dataset)`, which AutoGraph turns into a `tf.while_loop`
+    in the function's own graph. (A loop over the dataset itself becomes a `dataset.reduce`,
+    whose body runs as a tf.data function: op by op, without inter-op parallelism, and
+    instantiated per call; on a small BERT it was 1.7x slower per step; docs/PERFORMANCE.md.)
+
     Args:
       model: the client's Keras model (built).
       loss_fn: `(y_true, y_pred) -> scalar` batch loss ℓ (e.g. a `tf.keras.losses.Loss`).
@@ -256,7 +281,7 @@ def build_phased_loop(
             trained = [trainable[i] for i in phase.train_indices]
             last = p == len(phases) - 1
             data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
-            for batch in data:
+            for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
                 x, y = split_batch(batch)
                 with tf.GradientTape() as tape:
                     if phase.penalty is None:

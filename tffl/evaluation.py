@@ -39,7 +39,7 @@ def make_keras_evaluator(
             loss_sum = tf.constant(0.0)
             correct = tf.constant(0.0)
             count = tf.constant(0.0)
-            for x, y in dataset:
+            for x, y in iter(dataset):
                 logits = model(x, training=False)
                 y = tf.cast(tf.reshape(y, [-1]), tf.int64)
                 loss_sum += loss_fn(y, logits)

@@ -153,7 +153,8 @@ class _SubRound:
 
         @tff.tensorflow.computation(weights_type, data_type)
         def client_work(weights, dataset):
-            model = client_training.build_model(config.keras_model_fn, config.input_spec)
+            model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                                zero_init=True)
             loop = client_training.build_training_loop(
                 model, config.loss_fn(), config.learning_rate, self.train_indices
             )
@@ -293,7 +294,8 @@ class _FloraRound:
 
         @tff.tensorflow.computation(weights_type, data_type)
         def client_work(weights, dataset):
-            model = client_training.build_model(config.keras_model_fn, config.input_spec)
+            model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                                zero_init=True)
             loop = client_training.build_training_loop(
                 model, config.loss_fn(), config.learning_rate, self.train_indices
             )

@@ -243,7 +243,8 @@ class _Round:
         flute = config.flute
 
         def work(weights, personal, dataset):
-            model = client_training.build_model(config.keras_model_fn, config.input_spec)
+            model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                                zero_init=True)
             personal = list(personal)
             features_model, round_phases, classes = None, phases, None
             if flute is not None:
@@ -365,7 +366,7 @@ def _build_evaluate_loop(model, loss_fn):
         loss_sum = tf.constant(0.0, tf.float32)
         num_correct = tf.constant(0.0, tf.float32)
         num_examples = tf.constant(0.0, tf.float32)
-        for batch in dataset:
+        for batch in iter(dataset):
             x, y = client_training.split_batch(batch)
             pred = model(x, training=False)
             n = tf.cast(tf.shape(y)[0], tf.float32)
@@ -732,7 +733,8 @@ def _compose(algorithm, config: _Config, rounds: Sequence[_Round], head: tuple[i
     finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
 
     def client_eval(weights, personal, train_ds, test_ds):
-        model = client_training.build_model(config.keras_model_fn, config.input_spec)
+        model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                            zero_init=True)
         weights = _with_personal(weights, personal_indices,
                                  list(personal)[:len(personal_indices)])
         if finetune:
