@@ -1,0 +1,202 @@
+"""tffl.production: production forms and serialization of the federated LoRA computations.
+
+Each check runs the compiled or deserialized computation on the small problem of
+`test_lora_fl` (one LoRA layer, d_in=4, d_out=3, r=2, three clients of 4, 6 and 2 examples, B
+started non-zero) and compares it with the process's own computation on the same input.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from test_lora_fl import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
+from test_lora_fl import _datasets, _model_fn, _small_process, _spec, _start
+from test_personalized import _build as _build_personalized
+from tffl import lora_fl
+from tffl import production
+
+STATELESS = ("fedavg_lora", "ffa_lora", "rolora", "flexlora")
+ALL = (*STATELESS, "flora")
+MAP_REDUCE_PIECES = ("prepare", "work", "zero", "accumulate", "merge", "report", "update")
+
+
+@functools.cache
+def _process(name):
+    if name == "flora":  # FLoRA merges A·B into the kernel it is linked to
+        return lora_fl.build_lora_process(
+            name, _model_fn([(_W0, _A0)], link=True), _spec(_D_IN, _D_OUT), _LR,
+            loss_fn=tf.keras.losses.MeanSquaredError)
+    return _small_process(name)
+
+
+@functools.cache
+def _map_reduce_forms(name):
+    return production.to_map_reduce_form(_process(name))
+
+
+@functools.cache
+def _distribute_aggregate_forms(name):
+    return production.to_distribute_aggregate_form(_process(name))
+
+
+def _leaves(value):
+    return tff.structure.flatten(tff.structure.from_container(value, recursive=True))
+
+
+def _assert_same(actual, expected):
+    """Same leaves in the same order (containers may differ: deserialized computations return
+    OrderedDicts and tuples)."""
+    actual, expected = _leaves(actual), _leaves(expected)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def _round_trip(computation):
+    data = production.serialize(computation)
+    assert isinstance(data, bytes) and data
+    restored = production.deserialize(data)
+    assert restored.type_signature.is_equivalent_to(computation.type_signature)
+    return restored
+
+
+def _run_map_reduce(pieces, state, datasets):
+    """One round driven by hand as a MapReduce backend would: `prepare` on the server, `work` on
+    each client, one accumulator per client, merged pairwise, `report`, `update`."""
+    broadcast = pieces["prepare"](state)
+    accumulators = []
+    for dataset in datasets:
+        aggregate_input = pieces["work"](dataset, broadcast)[0]
+        accumulators.append(pieces["accumulate"](pieces["zero"](), aggregate_input))
+    total = functools.reduce(lambda x, y: pieces["merge"](x, y), accumulators)
+    return pieces["update"](state, (pieces["report"](total), (), (), ()))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_communication_round_compiles(name):
+    """Every round takes MapReduceForm; every round but FLoRA's takes DistributeAggregateForm
+    (FLoRA's `federated_aggregate` gives the documented error); a one-round `next` compiles too."""
+    process = _process(name)
+    rounds = process.communication_rounds
+    forms = _map_reduce_forms(name)
+    assert list(forms) == list(rounds)
+    for round_name, form in forms.items():
+        assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
+        assert form.type_signature.is_equivalent_to(rounds[round_name].type_signature)
+        assert not form.securely_aggregates_tensors
+    if name == "flora":
+        with pytest.raises(ValueError, match=r"flora \(ab_round\): .*federated_aggregate"):
+            production.to_distribute_aggregate_form(process)
+        return
+    forms = _distribute_aggregate_forms(name)
+    assert list(forms) == list(rounds)
+    for round_name, form in forms.items():
+        assert isinstance(form, tff.backends.mapreduce.DistributeAggregateForm)
+        assert form.type_signature.is_equivalent_to(rounds[round_name].type_signature)
+    if len(rounds) == 1:
+        form = production.to_map_reduce_form(process.next)
+        assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
+        form = production.to_distribute_aggregate_form(process.next)
+        assert isinstance(form, tff.backends.mapreduce.DistributeAggregateForm)
+
+
+def test_rolora_next_is_two_rounds_and_takes_neither_form():
+    next_fn = _process("rolora").next
+    for convert in (production.to_map_reduce_form, production.to_distribute_aggregate_form):
+        with pytest.raises(ValueError,
+                           match="rolora: .*more than one broadcast-aggregate round"):
+            convert(next_fn, name="rolora")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_serialized_computations_run_the_same(name, tff_runtime):
+    """`initialize`, `next` and each communication round, serialized to bytes and back, give the
+    original's state and metrics on the same input."""
+    process = _process(name)
+    initialize = _round_trip(process.initialize)
+    _assert_same(initialize(), process.initialize())
+    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    output = _round_trip(process.next)(state, datasets)
+    assert list(output) == ["state", "metrics"]
+    _assert_same(output, process.next(state, datasets))
+    for computation in process.communication_rounds.values():
+        _assert_same(_round_trip(computation)(state, datasets), computation(state, datasets))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_map_reduce_pieces_compute_the_round(name, tff_runtime):
+    """The MapReduceForm's TensorFlow pieces, serialized and back, driven client by client in
+    Python (`_run_map_reduce`), give the state and metrics of the round computation: an
+    independent check that the compiled form computes what the process does."""
+    process = _process(name)
+    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    for round_name, form in _map_reduce_forms(name).items():
+        pieces = {piece: _round_trip(getattr(form, piece)) for piece in MAP_REDUCE_PIECES}
+        expected = process.communication_rounds[round_name](state, datasets)
+        _assert_same(_run_map_reduce(pieces, state, datasets), expected)
+
+
+@pytest.mark.parametrize("name", STATELESS)
+def test_distribute_aggregate_form_recomposes_the_round(name, tff_runtime):
+    """The round rebuilt from its DistributeAggregateForm's five pieces, serialized and back,
+    gives the process's state and metrics."""
+    process = _process(name)
+    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    for round_name, form in _distribute_aggregate_forms(name).items():
+        rebuilt = tff.backends.mapreduce.get_computation_for_distribute_aggregate_form(form)
+        expected = process.communication_rounds[round_name](state, datasets)
+        _assert_same(_round_trip(rebuilt)(state, datasets), expected)
+
+
+def test_saved_rolora_loads_and_its_rounds_compose_to_next(tmp_path, tff_runtime):
+    """`save_process`/`load_process`: the loaded `next` equals the original's, and calling the
+    loaded `b_round` then `a_round` gives the same state and metrics as one `next`."""
+    process = _process("rolora")
+    production.save_process(process, tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "initialize.pb", "next.pb", "round_0.pb", "round_1.pb", "manifest.json"}
+    saved = production.load_process(tmp_path)
+    assert saved.algorithm == "rolora"
+    assert list(saved.communication_rounds) == ["b_round", "a_round"]
+    _assert_same(saved.initialize(), process.initialize())
+
+    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    output = saved.next(state, datasets)
+    _assert_same(output, process.next(state, datasets))
+    b_out = saved.communication_rounds["b_round"](state, datasets)
+    a_out = saved.communication_rounds["a_round"](b_out["state"], datasets)
+    _assert_same(a_out["state"], output["state"])
+    _assert_same((b_out["metrics"], a_out["metrics"]),
+                 (output["metrics"]["b_round"], output["metrics"]["a_round"]))
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
+def test_personalized_rounds_take_neither_form(algorithm):
+    """Rounds that return the clients' personal state (CLIENTS-placed) are refused with the
+    reason; the computations still serialize."""
+    process = _build_personalized(algorithm)
+    for convert in (production.to_map_reduce_form, production.to_distribute_aggregate_form):
+        with pytest.raises(ValueError, match=rf"{algorithm} \(round\): .*placed at CLIENTS"):
+            convert(process)
+        with pytest.raises(ValueError, match=rf"{algorithm}: .*placed at CLIENTS"):
+            convert(process.next_computation, name=algorithm)
+    _round_trip(process.next_computation)
+
+
+def test_personalized_fedavg_has_no_personal_state_and_compiles():
+    process = _build_personalized("fedavg")
+    assert isinstance(production.to_map_reduce_form(process)["round"],
+                      tff.backends.mapreduce.MapReduceForm)
+    assert isinstance(production.to_distribute_aggregate_form(process)["round"],
+                      tff.backends.mapreduce.DistributeAggregateForm)
+
+
+def test_not_a_round_and_not_a_computation():
+    with pytest.raises(ValueError, match="get_model_weights: MapReduceForm needs one round"):
+        production.to_map_reduce_form(_process("ffa_lora").get_model_weights,
+                                      name="get_model_weights")
+    with pytest.raises(TypeError):
+        production.serialize(lambda: 0)
