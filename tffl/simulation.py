@@ -6,7 +6,9 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
 2. builds each chosen client's dataset with `client_dataset_fn(client_id, t)`;
 3. calls `process.next(state, datasets)` and flattens the returned metrics;
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
-5. appends a row to `<output_dir>/metrics.csv`, prints a progress line, and checkpoints the state.
+5. appends a row to `<output_dir>/metrics.csv`, releases its numbers as TensorBoard scalars to
+   `<output_dir>/tensorboard` (`tff.program.TensorBoardReleaseManager`, step = round), prints a
+   progress line, and checkpoints the state.
 
 Personalized processes (`tffl.personal_state`: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
@@ -26,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import csv
 import dataclasses
 import math
@@ -37,6 +41,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tffl import checkpoint
 from tffl import communication
@@ -44,6 +49,7 @@ from tffl import personal_state
 from tffl.participation import Participation
 
 METRICS_FILE = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
 # Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
 _LEADING_COLUMNS = (
@@ -206,6 +212,21 @@ def _format(value: Any) -> Any:
     return value
 
 
+class _TensorBoardRelease:
+    """Releases a metrics row's numbers as TensorBoard scalars, step = the row's round, with
+    TFF's `tff.program.TensorBoardReleaseManager` (its `release` is a coroutine)."""
+
+    def __init__(self, summary_dir: pathlib.Path):
+        self._manager = tff.program.TensorBoardReleaseManager(summary_dir)
+
+    def __call__(self, row: Mapping[str, Any]) -> None:
+        numbers = collections.OrderedDict(
+            (key, float(value)) for key, value in row.items()
+            if key != "round" and isinstance(value, (int, float, np.number))
+            and not isinstance(value, bool))
+        asyncio.run(self._manager.release(numbers, key=int(row["round"])))
+
+
 def _progress_line(row: dict[str, Any], rounds: int) -> str:
     width = len(str(rounds))
     parts = [f"round {row['round']:>{width}}/{rounds}"]
@@ -233,6 +254,7 @@ def run_rounds(
     config: Mapping[str, Any] | None = None,
     resume: bool = False,
     log: Callable[[str], None] | None = print,
+    tensorboard: bool = True,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -254,6 +276,9 @@ def run_rounds(
       resume: continue from the newest checkpoint in `output_dir` if there is one. Without it, an
         `output_dir` that already holds checkpoints raises `ResumeError` (nothing is overwritten).
       log: where progress lines go (`None`: silent).
+      tensorboard: also release every row's numbers to `<output_dir>/tensorboard` (view with
+        `tensorboard --logdir <output_dir>`). A resumed run re-releases the rounds after its
+        checkpoint, so TensorBoard shows the resumed values for those steps.
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -302,6 +327,7 @@ def run_rounds(
             return SimulationResult(state, history, first_round, store)
 
     traffic = _Traffic(process, say)
+    release = _TensorBoardRelease(output_dir / TENSORBOARD_DIR) if tensorboard else None
     communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
 
     for round_num in range(first_round, rounds + 1):
@@ -341,6 +367,8 @@ def run_rounds(
                 row[f"eval_{key}"] = float(value)
         history.append(row)
         _write_metrics(metrics_path, history)
+        if release is not None:
+            release(row)
         if is_last or round_num % checkpoint_every == 0:
             checkpoint.save(checkpoint_dir, round_num, state, config=config,
                             extra=store.to_arrays() if store is not None else None)

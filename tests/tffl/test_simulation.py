@@ -127,3 +127,29 @@ def test_flatten_metrics():
 def test_rounds_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="rounds=0"):
         _run(tmp_path, rounds=0)
+
+
+def _tensorboard_scalars(summary_dir):
+    """{tag: {step: value}} read back from the event files (scalars are written as tensors)."""
+    out = {}
+    for path in sorted(summary_dir.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor))
+                out.setdefault(value.tag, {})[event.step] = number
+    return out
+
+
+def test_rows_are_released_to_tensorboard(tmp_path):
+    _run(tmp_path, rounds=3, evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])},
+         eval_every=1)
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    scalars = _tensorboard_scalars(tmp_path / "tensorboard")
+    for tag in ("train_loss", "eval_norm", "clients"):
+        assert scalars[tag] == pytest.approx({r["round"]: r[tag] for r in rows}), tag
+    np.testing.assert_allclose(scalars["train_loss"][3], np.sum(_expected_state(3)), rtol=1e-6)
+
+
+def test_tensorboard_can_be_turned_off(tmp_path):
+    _run(tmp_path, rounds=1, tensorboard=False)
+    assert not (tmp_path / "tensorboard").exists()
