@@ -1,0 +1,178 @@
+"""scripts/benchmark.py: TFF vs a plain loop, at a tiny scale (no timing assertions).
+
+The core (`run_benchmark`) runs once in-process on a 1-layer BERT (hidden 8, vocabulary 50), RoLoRA
+and FedRep, 2 and 3 clients per round, 3 rounds. Its rows are checked for structure and for real
+properties: the bytes equal closed forms computed here from the backbone's shapes (not from the
+process), the plain loop ends at the TFF process's weights (so it did the same work), ratios are
+positive, and nothing is traced again after round 2. Bad flags run the script in a subprocess.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from scripts import benchmark
+from tffl import lora_fl
+from tffl import personalized
+from tffl import runtime
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "benchmark.py"
+
+MICRO = benchmark.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
+                                intermediate_dim=16, vocabulary_size=50, max_sequence_length=16)
+CONFIG = benchmark.Config(
+    backbones=("micro",), clients_per_round=(1, 2), algorithms=("rolora", "fedrep"),
+    local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5)
+CLASSES = benchmark.NUM_CLASSES
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = benchmark.run_benchmark(CONFIG, log=lambda line: None, shapes={"micro": MICRO},
+                                  output_dir=tmp_path_factory.mktemp("bench"))
+    assert runtime.running_workers() == []  # every configuration stopped its worker
+    return out
+
+
+def _row(result, algorithm, n):
+    (row,) = [r for r in result["rows"]
+              if r["algorithm"] == algorithm and r["clients_per_round"] == n]
+    return row
+
+
+def _parameters(shape: benchmark.BackboneShape, rank: int) -> dict[str, int]:
+    """Float counts of the classifier, written out from KerasNLP's BERT: embeddings (token,
+    position, segment, LayerNorm), per layer q/k/v/output projections with biases, two LayerNorms
+    and the feed-forward pair, the pooler, the Dense(2) head; LoRA A (h×r) and B (r×h) on every
+    layer's query and value."""
+    h, inter, layers = shape.hidden_dim, shape.intermediate_dim, shape.num_layers
+    embeddings = (shape.vocabulary_size + shape.max_sequence_length + 2) * h + 2 * h
+    per_layer = 4 * (h * h + h) + 2 * (2 * h) + (h * inter + inter) + (inter * h + h)
+    adapters = 2 * layers  # query and value
+    return {
+        "frozen": embeddings + layers * per_layer + (h * h + h),
+        "head": h * CLASSES + CLASSES,
+        "lora_a": adapters * h * rank,
+        "lora_b": adapters * rank * h,
+    }
+
+
+def test_one_row_per_algorithm_and_clients(result):
+    assert sorted((r["algorithm"], r["clients_per_round"]) for r in result["rows"]) == [
+        ("fedrep", 1), ("fedrep", 2), ("rolora", 1), ("rolora", 2)]
+    for row in result["rows"]:
+        assert len(row["tff_round_seconds"]) == CONFIG.rounds
+        assert len(row["plain_round_seconds"]) == CONFIG.rounds
+        assert "plain_xla_round_seconds" not in row  # --jit_compile is off
+
+
+def test_rolora_bytes_are_the_closed_form(result):
+    """RoLoRA uploads B (r×d per adapter) + the head in its B round, A (d×r) + the head in its A
+    round, each with the float32 loss sum and example count (+ the weight n_i of the weighted
+    mean); every round broadcasts the whole model."""
+    p = _parameters(MICRO, CONFIG.rank)
+    metric = lora_fl.METRIC_UPLOAD_BYTES + 4
+    row = _row(result, "rolora", 2)
+    traffic = row["traffic_per_communication_round"]
+    assert traffic["b_round"]["up"] == 4 * (p["lora_b"] + p["head"]) + metric
+    assert traffic["a_round"]["up"] == 4 * (p["lora_a"] + p["head"]) + metric
+    everything = 4 * sum(p.values())
+    assert traffic["b_round"]["down"] == traffic["a_round"]["down"] == everything
+    assert row["bytes_up_per_client"] == 4 * (p["lora_a"] + p["lora_b"] + 2 * p["head"]) + 2 * metric
+    assert row["bytes_down_per_client"] == 2 * everything
+    # The plain loop's numpy arrays: the same deltas and the two metrics (no separate weight).
+    assert row["plain_bytes"] == {"down": 2 * everything,
+                                  "up": row["bytes_up_per_client"] - 2 * 4}
+
+
+def test_fedrep_keeps_the_head_and_uploads_the_adapters(result):
+    p = _parameters(MICRO, CONFIG.rank)
+    row = _row(result, "fedrep", 2)
+    upload = 4 * (p["lora_a"] + p["lora_b"]) + personalized.METRIC_UPLOAD_BYTES
+    assert row["bytes_up_per_client"] == upload + 4
+    assert row["plain_bytes"]["up"] == upload
+    assert row["bytes_down_per_client"] == 4 * sum(p.values())
+    # Head phase + representation phase, one pass each.
+    assert row["sgd_steps_per_client"] == 2 * CONFIG.local_steps
+
+
+def test_plain_loop_does_the_same_work_as_the_process(result):
+    for row in result["rows"]:
+        assert row["max_weight_diff"]["plain"] < 1e-5, row["algorithm"]
+
+
+def test_times_and_ratios_are_positive(result):
+    for row in result["rows"]:
+        for key in ("tff_seconds_per_round", "plain_seconds_per_round", "overhead_ratio",
+                    "cpu_overhead_ratio", "tff_round1_seconds", "plain_round1_seconds"):
+            assert math.isfinite(row[key]) and row[key] > 0, key
+        assert row["overhead_ratio"] == pytest.approx(
+            row["tff_seconds_per_round"] / row["plain_seconds_per_round"])
+        assert row["tff_seconds_per_round"] == pytest.approx(
+            sum(row["tff_round_seconds"][1:]) / (CONFIG.rounds - 1), rel=1e-3)
+        peak = row["tff_peak_rss_bytes"]
+        assert peak["worker"] > 0 and peak["python"] > 0
+        assert peak["total"] >= max(peak["python"], peak["worker"])
+        assert row["plain_peak_rss_bytes"]["python"] > 0
+        assert all(t >= 0 for t in row["tff_worker_cpu_seconds"])
+
+
+def test_no_retracing_after_round_2(result):
+    for row in result["rows"]:
+        # The counters see the tracing: the plain loop traces in round 1 (its tf.functions are
+        # made per configuration) and TFF compiles `next` in round 1 (a fresh context).
+        assert row["plain_traces_per_round"][0] > 0
+        assert row["tff_compilations_per_round"][0] == 1
+        assert row["plain_traces_per_round"][2:] == [0] * (CONFIG.rounds - 2)
+        assert row["tff_compilations_per_round"][1:] == [0] * (CONFIG.rounds - 1)
+        # The processes were traced when they were built, never while running.
+        assert row["tff_model_fn_calls_per_round"] == [0] * CONFIG.rounds
+        assert row["tff_retraces_after_round2"] == 0
+        assert row["plain_retraces_after_round2"] == 0
+    assert result["targets"]["no_retracing_after_round2"]["status"] == "met"
+
+
+def test_targets_table_and_json(result, tmp_path):
+    targets = result["targets"]
+    assert targets["overhead"]["status"].startswith("not measured")  # no small backbone here
+    for key in ("micro/rolora", "micro/fedrep"):
+        assert targets["linear_scaling"][key]["clients"] == [1, 2]
+        assert targets["linear_scaling"][key]["time_ratio"] > 0
+        assert targets["memory"][key]["peak_ratio"]["total"] > 0
+    table = benchmark.format_table(result)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(result["rows"])
+    assert "| micro    | rolora " in table and "overhead" in lines[0]
+    benchmark.write_outputs(tmp_path, result, table, benchmark.format_targets(result), "cmd")
+    saved = json.loads((tmp_path / "benchmark.json").read_text())
+    assert saved["command"] == "cmd" and len(saved["rows"]) == 4
+    assert table in (tmp_path / "benchmark.md").read_text()
+
+
+BAD_FLAGS = [
+    ("--backbones=huge", "flag --backbones=huge: unknown huge"),
+    ("--rounds=1", "flag --rounds=1: must be >= 2"),
+    ("--clients_per_round=10,x", "flag --clients_per_round=10,x: 'x' is not an integer"),
+    ("--local_steps=abc", "flag --local_steps"),
+]
+
+
+def test_bad_flags_are_one_line_and_exit_2(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TFFL_DEBUG", None)
+    # All at once: each run imports TensorFlow before it can parse the flags.
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), flag, f"--output_dir={tmp_path}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env=env)
+             for flag, _ in BAD_FLAGS]
+    for proc, (flag, message) in zip(procs, BAD_FLAGS):
+        _, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 2, (flag, stderr)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], (flag, stderr)
