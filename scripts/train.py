@@ -10,6 +10,7 @@ real images), split 5 clients x 2 classes, all clients every round, 100 communic
         --clients_per_round=10 --learning_rate=0.1 --rounds=30 --output_dir=runs/digits
     uv run python scripts/train.py --output_dir=runs/digits --resume     # continue a stopped run
     uv run python scripts/train.py --task=mnist                          # the real MNIST-5k CSV
+    uv run python scripts/train.py --workers=2           # clients split over 2 TFF C++ workers
 
 Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>), or to
 --output_dir/<algorithm>/ when several are compared:
@@ -18,7 +19,8 @@ Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>)
   checkpoints/         the newest server states; --resume continues after the last one
   summary.json         final metrics and the flags used
 and a comparison of several algorithms goes to comparison.csv / comparison.md; the TFF C++
-worker's own log to tff_worker.log. TF/TFF log noise is off unless --verbosity is given.
+worker's own log to tff_worker.log (tff_worker_<i>.log with --workers, see docs/runtime.md).
+TF/TFF log noise is off unless --verbosity is given.
 """
 
 from __future__ import annotations
@@ -165,6 +167,15 @@ _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Run directory (default: runs/<task>-<algorithm>-<time>)."
 )
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its checkpoint.")
+_WORKERS = flags.DEFINE_integer(
+    "workers", 1, "Local TFF C++ worker processes; each round's clients are split across them "
+    "(docs/runtime.md).")
+_WORKER_ADDRESSES = flags.DEFINE_list(
+    "worker_addresses", None, "host:port of TFF workers started with scripts/start_worker.py, "
+    "used instead of local ones; each round's clients are split across them.")
+_WORKER_TIMEOUT = flags.DEFINE_float(
+    "worker_timeout", 60.0, "Seconds a TFF worker may take to answer (at start, or again after a "
+    "failed call) before the run stops with an error.")
 
 # Flags that name a run's math; --resume refuses a checkpoint written with other values.
 _RUN_FLAGS = (
@@ -187,6 +198,7 @@ def _positive(name: str, minimum: int = 1) -> None:
 
 def _validate_flags() -> pathlib.Path:
     """Checks flag values together; returns the (created, writable) output directory."""
+    _validate_worker_flags()
     for name in ("num_clients", "clients_per_round", "rounds", "local_steps", "batch_size",
                  "checkpoint_every", "classes_per_client"):
         _positive(name)
@@ -414,12 +426,30 @@ def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
                            preamble=flag_line)
 
 
+def _validate_worker_flags() -> None:
+    _positive("workers")
+    if not _WORKER_TIMEOUT.value > 0:
+        raise UsageError(f"flag --worker_timeout={_WORKER_TIMEOUT.value}: must be > 0")
+    if _WORKER_ADDRESSES.value and _WORKERS.value != 1:
+        raise UsageError(f"flag --workers={_WORKERS.value}: give either --workers or "
+                         "--worker_addresses")
+
+
+def _runtime(output_dir: pathlib.Path):
+    """The TFF runtime of the flags: workers at --worker_addresses, else --workers local ones."""
+    if _WORKER_ADDRESSES.value:
+        return runtime.remote_runtime(_WORKER_ADDRESSES.value,
+                                      ready_timeout_s=_WORKER_TIMEOUT.value)
+    return runtime.local_runtime(log_dir=output_dir, num_workers=_WORKERS.value,
+                                 ready_timeout_s=_WORKER_TIMEOUT.value)
+
+
 def run(output_dir: pathlib.Path) -> list[dict]:
     """Runs every algorithm of --algorithm (each in its own sub-directory when there are several)
-    on one managed TFF worker; returns their summaries."""
+    on the TFF workers of `_runtime`; returns their summaries."""
     algorithms = _ALGORITHM.value
     summaries = []
-    with runtime.local_runtime(log_dir=output_dir):
+    with _runtime(output_dir):
         for algorithm in algorithms:
             run_dir = output_dir / algorithm if len(algorithms) > 1 else output_dir
             summaries.append(run_algorithm(algorithm, run_dir))
@@ -442,6 +472,7 @@ def main(argv: list[str]) -> int:
     from tffl import checkpoint
     from tffl import simulation
 
+    output_dir = None
     try:
         output_dir = _validate_flags()
         if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
@@ -457,6 +488,14 @@ def main(argv: list[str]) -> int:
             raise
         sys.stderr.write(f"train.py: error: {e}\n")
         return 1
+    except runtime.WorkerError as e:
+        if os.environ.get("TFFL_DEBUG"):
+            raise
+        resumable = output_dir is not None and any(output_dir.rglob(simulation.CHECKPOINT_DIR))
+        sys.stderr.write(f"train.py: error: {e}" + (
+            f"; the completed rounds are checkpointed in {output_dir}: rerun with the same flags "
+            "and --resume to continue" if resumable else "") + "\n")
+        return 3
     if len(summaries) > 1:
         print("\n" + write_comparison(output_dir, summaries) + "\n", flush=True)
     for summary in summaries:

@@ -1,5 +1,6 @@
 """scripts/train.py end to end, in subprocesses: flags, outputs, interrupt and resume, no orphans."""
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -77,6 +78,9 @@ _VALIDATED = [
     (["--lora_layers=a,b"], "--lora_layers"),
     (["--lora_alpha=0"], "--lora_alpha"),
     (["--task=sst2", "--algorithm=adaptpfl"], "--task"),
+    (["--workers=0"], "--workers"),
+    (["--worker_timeout=0"], "--worker_timeout"),
+    (["--workers=2", "--worker_addresses=h:1"], "--workers"),
 ]
 _VALIDATE = """
 import json, sys
@@ -227,3 +231,93 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, share
     assert rows[0]["b_round/bytes_up_per_client"] == 4 * 4 * 64 * 4 + 16
     assert rows[0]["a_round/bytes_up_per_client"] == 4 * 64 * 4 * 4 + 16
     assert 0.0 <= rows[0]["eval_personal_accuracy"] <= 1.0
+
+
+# --- Several TFF workers (tffl.runtime, docs/runtime.md) ----------------------------------------
+
+def test_unreachable_worker_address_is_one_clear_line(tmp_path):
+    import portpicker
+
+    address = f"localhost:{portpicker.pick_unused_port()}"
+    proc = _run(*_FAST, "--rounds=2", f"--worker_addresses={address}", "--worker_timeout=1",
+                f"--output_dir={tmp_path}", timeout=120)
+    assert proc.returncode == 3
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"TFF worker #0 at {address} was not ready after 1 s" in err[0]
+
+
+def _watched_run(*args, kill_after_round=None):
+    """Runs train.py; with `kill_after_round`, SIGKILLs its last TFF worker once that round's
+    progress line is printed. Returns (process, stderr, the workers' pids); checks that no worker
+    outlives the run."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    workers = set()
+    try:
+        for line in proc.stdout:
+            for child in psutil.Process(proc.pid).children():
+                with contextlib.suppress(psutil.Error):  # e.g. a killed worker, not yet reaped
+                    if "worker_binary" in " ".join(child.cmdline()):
+                        workers.add(child.pid)
+            if kill_after_round and line.split("/")[0].split() == ["round", str(kill_after_round)]:
+                os.kill(max(workers), signal.SIGKILL)
+                kill_after_round = None
+        stderr = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    time.sleep(0.5)
+    assert not [p for p in workers if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return proc, stderr, workers
+
+
+def _assert_rows_close(a, b):
+    assert [r["round"] for r in a] == [r["round"] for r in b]
+    for row_a, row_b in zip(a, b):
+        assert set(row_a) == set(row_b)
+        for key in row_a:
+            assert row_a[key] == pytest.approx(row_b[key], rel=1e-5, abs=1e-6), key
+
+
+_WORKER_ROUNDS = "--rounds=8"
+
+
+@pytest.fixture(scope="module")
+def one_worker_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_worker")
+    proc = _run(*_FAST, _WORKER_ROUNDS, f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    return _rows(out)
+
+
+def test_two_workers_match_one_worker(one_worker_run, tmp_path):
+    proc, stderr, workers = _watched_run(*_FAST, _WORKER_ROUNDS, "--workers=2",
+                                         f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, stderr
+    assert len(workers) == 2
+    assert (tmp_path / "tff_worker_0.log").exists() and (tmp_path / "tff_worker_1.log").exists()
+    _assert_rows_close(_rows(tmp_path), one_worker_run)
+
+
+def test_killed_worker_stops_the_run_and_resume_completes_it(one_worker_run, tmp_path):
+    proc, stderr, workers = _watched_run(*_FAST, _WORKER_ROUNDS, "--workers=2",
+                                         f"--output_dir={tmp_path}", kill_after_round=2)
+    assert proc.returncode == 3, stderr
+    err = [line for line in stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(err) == 1 and "Traceback" not in stderr, stderr
+    assert f"(pid {max(workers)}, localhost:" in err[0] and "killed by SIGKILL" in err[0]
+    assert f"log {tmp_path}/tff_worker_" in err[0] and "--resume" in err[0]
+    done = simulation.read_metrics(tmp_path / "metrics.csv")
+    assert 2 <= len(done) < 8
+
+    proc, stderr, _ = _watched_run(*_FAST, _WORKER_ROUNDS, "--workers=2",
+                                   f"--output_dir={tmp_path}", "--resume")
+    assert proc.returncode == 0, stderr
+    _assert_rows_close(_rows(tmp_path), one_worker_run)

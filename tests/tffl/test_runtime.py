@@ -1,18 +1,27 @@
-"""tffl.runtime: the managed TFF worker runs computations and never outlives its owner."""
+"""tffl.runtime: managed TFF workers run computations (one, or several splitting the clients),
+name a worker that dies, and never outlive their owner."""
 
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
+import portpicker
 import psutil
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl import checkpoint
+from tffl import lora_fl
+from tffl import participation
+from tffl import roles
 from tffl import runtime
+from tffl import simulation
 
 
 @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
@@ -73,31 +82,36 @@ _CHILD = textwrap.dedent(
     def mean(values):
         return tff.federated_mean(values)
 
-    with runtime.local_runtime():
-        mean([1.0, 2.0])
-        print("READY", runtime.running_workers()[0], flush=True)
+    with runtime.local_runtime(num_workers=int(sys.argv[1])):
+        mean([1.0, 2.0, 3.0])
+        print("READY", *runtime.running_workers(), flush=True)
         time.sleep(120)
     """
 )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_no_worker_outlives_a_killed_owner(sig):
+@pytest.mark.parametrize("sig, workers", [
+    (signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 1),
+    (signal.SIGTERM, 2), (signal.SIGKILL, 2),
+])
+def test_no_worker_outlives_a_killed_owner(sig, workers):
     """SIGINT/SIGTERM run the teardown; SIGKILL is covered by PR_SET_PDEATHSIG."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env,
+        [sys.executable, "-c", _CHILD, str(workers)], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, env=env,
     )
     try:
         line = proc.stdout.readline()
         assert line.startswith("READY"), f"child did not start: {line!r}"
-        worker_pid = int(line.split()[1])
-        assert not _gone(worker_pid, timeout_s=0.2)
+        worker_pids = [int(pid) for pid in line.split()[1:]]
+        assert len(worker_pids) == workers
+        assert not any(_gone(pid, timeout_s=0.2) for pid in worker_pids)
         proc.send_signal(sig)
         proc.wait(timeout=60)
-        assert _gone(worker_pid), f"worker {worker_pid} outlived its owner after {sig.name}"
-        # The worker held no copy of our pipe: reading to EOF returns instead of hanging.
+        for pid in worker_pids:
+            assert _gone(pid), f"worker {pid} outlived its owner after {sig.name}"
+        # The workers held no copy of our pipe: reading to EOF returns instead of hanging.
         assert proc.stdout.read() is not None
     finally:
         if proc.poll() is None:
@@ -105,3 +119,302 @@ def test_no_worker_outlives_a_killed_owner(sig):
         proc.stdout.close()
     if sig == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM
+
+
+# --- Several workers ---------------------------------------------------------------------------
+
+
+@tff.tensorflow.computation(np.float32, np.float32)
+def _squared_deviation(value, mean):
+    return (value - mean) ** 2
+
+
+@tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+def _variance(values):
+    """Two dependent aggregations: the mean, then the mean squared deviation from it."""
+    mean = tff.federated_mean(values)
+    deviations = tff.federated_map(_squared_deviation,
+                                   (values, tff.federated_broadcast(mean)))
+    return tff.federated_mean(deviations)
+
+
+def test_two_workers_run_a_computation_and_are_stopped(tmp_path):
+    assert len(runtime.compile_to_mergeable_stages(_mean)) == 1
+    assert len(runtime.compile_to_mergeable_stages(_variance)) == 2
+    values = [1.0, 2.0, 6.0, 3.0, 8.0]
+    with runtime.local_runtime(log_dir=tmp_path, num_workers=2) as context:
+        assert isinstance(context, runtime.MultiWorkerContext)
+        assert _mean(values) == pytest.approx(4.0)
+        assert _variance(values) == pytest.approx(np.var(values))
+        assert context.unsplit == {}
+        pids = runtime.running_workers()
+        assert sorted(pids) == sorted(w.pid for w in context.workers) and len(pids) == 2
+    assert all(_gone(p) for p in pids)
+    assert runtime.running_workers() == []
+    assert (tmp_path / "tff_worker_0.log").exists() and (tmp_path / "tff_worker_1.log").exists()
+
+
+def test_split_clients_cuts_every_clients_value_alike():
+    """Contiguous groups of ceil(remaining / parts left) clients, server values repeated, also
+    when the last element of the argument is SERVER-placed (TFF 0.87's own splitter repeats the
+    first group there)."""
+    type_spec = tff.StructType([
+        tff.StructType([tff.FederatedType(np.float32, tff.SERVER),
+                        tff.FederatedType(np.float32, tff.CLIENTS)]),
+        tff.FederatedType(np.int32, tff.SERVER),
+    ])
+    parts = runtime.split_clients([[9.0, [1.0, 2.0, 3.0, 4.0, 5.0]], 7], type_spec, 2)
+    assert [[p[0][0], list(p[0][1]), p[1]] for p in parts] == [
+        [9.0, [1.0, 2.0, 3.0], 7], [9.0, [4.0, 5.0], 7]]
+    assert len(runtime.split_clients([[9.0, [1.0]], 7], type_spec, 3)) == 1
+
+
+def test_computation_tff_cannot_split_runs_whole_on_worker_0(monkeypatch):
+    def cannot(comp):
+        raise ValueError("Detected one aggregate dependent on another. (simulated)")
+
+    monkeypatch.setattr(runtime, "compile_to_mergeable_stages", cannot)
+    with runtime.local_runtime(num_workers=2) as context:
+        assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+        assert list(context.unsplit.values()) == [
+            "ValueError: Detected one aggregate dependent on another. (simulated)"]
+
+
+# A small federated LoRA problem (as in test_lora_fl): y = x·W0 + x·A·B, five clients of unequal
+# size, four sampled per round, MSE loss.
+_RNG = np.random.default_rng(3)
+_D_IN, _D_OUT, _R = 4, 3, 2
+_W0 = _RNG.normal(size=(_D_IN, _D_OUT)).astype(np.float32)
+_A0 = _RNG.normal(size=(_D_IN, _R)).astype(np.float32)
+_CLIENT_DATA = {
+    f"c{i}": (_RNG.normal(size=(n, _D_IN)).astype(np.float32),
+              _RNG.normal(size=(n, _D_OUT)).astype(np.float32))
+    for i, n in enumerate((4, 6, 2, 4, 3))
+}
+
+
+class _LinearLora(tf.keras.layers.Layer):
+    def build(self, input_shape):
+        self.kernel = self.add_weight(name="kernel", shape=_W0.shape, trainable=False,
+                                      initializer=tf.constant_initializer(_W0))
+        self.lora_a = self.add_weight(name="lora_a", shape=_A0.shape,
+                                      initializer=tf.constant_initializer(_A0))
+        self.lora_b = self.add_weight(name="lora_b", shape=(_R, _D_OUT), initializer="zeros")
+        roles.tag(self.kernel, roles.FROZEN)
+        roles.tag(self.lora_a, roles.LORA_A)
+        roles.tag(self.lora_b, roles.LORA_B)
+
+    def call(self, x):
+        return tf.matmul(x, self.kernel) + tf.matmul(tf.matmul(x, self.lora_a), self.lora_b)
+
+
+def _model_fn():
+    x = tf.keras.Input((_D_IN,))
+    return tf.keras.Model(x, _LinearLora()(x))
+
+
+def _process(name):
+    spec = (tf.TensorSpec([None, _D_IN], tf.float32), tf.TensorSpec([None, _D_OUT], tf.float32))
+    return lora_fl.build_lora_process(name, _model_fn, spec, 0.1,
+                                      loss_fn=tf.keras.losses.MeanSquaredError)
+
+
+def _client_dataset(client_id, round_num):
+    return tf.data.Dataset.from_tensor_slices(_CLIENT_DATA[client_id]).batch(2)
+
+
+_ROUNDS = 3
+
+
+def _run(process, output_dir, resume=False):
+    return simulation.run_rounds(
+        process, participation.UniformSampler(sorted(_CLIENT_DATA), 4, seed=1), _client_dataset,
+        rounds=_ROUNDS, output_dir=output_dir, resume=resume, log=None,
+    )
+
+
+def _rows(output_dir):
+    drop = set(simulation.TIMING_COLUMNS)
+    return [{k: v for k, v in row.items() if k not in drop}
+            for row in simulation.read_metrics(output_dir / simulation.METRICS_FILE)]
+
+
+def _assert_same_run(a, b, rtol=1e-5, atol=1e-6):
+    """Same final state and metrics rows, up to float rounding."""
+    for x, y in zip(tf.nest.flatten(a.state), tf.nest.flatten(b.state), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+    assert [r["round"] for r in a.history] == [r["round"] for r in b.history]
+    for row_a, row_b in zip(a.history, b.history):
+        assert set(row_a) == set(row_b)
+        for key in set(row_a) - set(simulation.TIMING_COLUMNS):
+            assert row_a[key] == pytest.approx(row_b[key], rel=rtol, abs=atol), key
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    """`{(algorithm, workers): SimulationResult}`, each run once for the module."""
+    runs = {}
+
+    def get(algorithm, workers):
+        if (algorithm, workers) not in runs:
+            out = tmp_path_factory.mktemp(f"{algorithm}_{workers}w")
+            with runtime.local_runtime(num_workers=workers) as context:
+                runs[algorithm, workers] = _run(_process(algorithm), out)
+                if workers > 1:
+                    assert context.unsplit == {}  # every computation was split across workers
+            assert runtime.running_workers() == []
+        return runs[algorithm, workers]
+
+    return get
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg_lora", "rolora"])
+def test_two_workers_give_the_same_run_as_one(reference_runs, algorithm):
+    """FedAvg-LoRA's `next` has one layer of aggregations (one mergeable stage); RoLoRA's has two
+    (its A round is broadcast from the B round's aggregate), so it runs as two stages."""
+    _assert_same_run(reference_runs(algorithm, 1), reference_runs(algorithm, 2))
+
+
+class _KillsAWorker:
+    """A process whose `next` SIGKILLs process `pid` as round `at` starts."""
+
+    def __init__(self, process, pid, at):
+        self.process, self.pid, self.at, self.calls = process, pid, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.process, name)
+
+    def next(self, state, data):
+        self.calls += 1
+        if self.calls == self.at:
+            os.kill(self.pid, signal.SIGKILL)
+            assert _gone(self.pid)  # dead (a zombie until the runtime reaps it)
+        return self.process.next(state, data)
+
+
+def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path):
+    process = _process("rolora")
+    with runtime.local_runtime(log_dir=tmp_path / "logs", num_workers=2) as context:
+        victim = context.workers[1]
+        with pytest.raises(runtime.WorkerError) as error:
+            _run(_KillsAWorker(process, victim.pid, at=3), tmp_path / "run")
+    message = str(error.value)
+    assert f"TFF worker #1 (pid {victim.pid}, {victim.address}" in message
+    assert "killed by SIGKILL" in message and str(tmp_path / "logs" / "tff_worker_1.log") in message
+    assert runtime.running_workers() == []
+    assert checkpoint.latest(tmp_path / "run" / simulation.CHECKPOINT_DIR)[0] == 2
+
+    with runtime.local_runtime(num_workers=2):
+        resumed = _run(process, tmp_path / "run", resume=True)
+    assert resumed.first_round == 3
+    _assert_same_run(resumed, reference_runs("rolora", 2), rtol=1e-6, atol=1e-7)
+    assert _rows(tmp_path / "run") == [
+        {k: v for k, v in r.items() if k not in simulation.TIMING_COLUMNS}
+        for r in reference_runs("rolora", 2).history]
+
+
+@tff.tensorflow.computation(np.int32)
+def _spin(n):
+    """About n·1 µs of CPU: a loop of n scalar steps."""
+    def body(i, acc):
+        return i + 1, acc + tf.sin(tf.cast(i, tf.float32))
+    return tf.while_loop(lambda i, acc: i < n, body, (tf.constant(0), tf.constant(0.0)))[1]
+
+
+@tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+def _slow_sum(steps):
+    return tff.federated_sum(tff.federated_map(_spin, steps))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_killed_mid_computation_is_named_at_once(tmp_path, workers):
+    with runtime.local_runtime(log_dir=tmp_path, num_workers=workers) as context:
+        assert _slow_sum([10, 10, 10, 10]) == pytest.approx(4 * np.sin(np.arange(10)).sum(),
+                                                            rel=1e-5)
+        victim = psutil.Process(runtime.running_workers()[-1] if workers == 1
+                                else context.workers[1].pid)
+        busy = sum(victim.cpu_times()[:2]) + 0.3
+        killed_at = []
+
+        def kill_when_busy():  # once the worker has computed for 0.3 s of CPU time
+            while sum(victim.cpu_times()[:2]) < busy:
+                time.sleep(0.02)
+            victim.kill()
+            killed_at.append(time.monotonic())
+
+        threading.Thread(target=kill_when_busy, daemon=True).start()
+        with pytest.raises(runtime.WorkerError, match=rf"TFF worker #{workers - 1} \(pid "
+                           rf"{victim.pid}.*killed by SIGKILL while running a computation"):
+            _slow_sum([3_000_000] * 4)  # seconds of CPU per client
+        assert killed_at and time.monotonic() - killed_at[0] < 15
+    assert runtime.running_workers() == []
+
+
+def test_remote_worker_that_stops_answering_is_named(tmp_path):
+    """Workers given by address (started elsewhere; here two local ones): one that goes away
+    raises WorkerError naming its address after `ready_timeout_s`, not an endless retry."""
+    hosts = [runtime.LocalWorker(index=i).start() for i in range(2)]
+    try:
+        addresses = [w.address for w in hosts]
+        with runtime.remote_runtime(addresses, ready_timeout_s=2.0):
+            assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+            hosts[1].stop()
+            started = time.monotonic()
+            with pytest.raises(runtime.WorkerError, match=f"TFF worker #1 at {addresses[1]} "
+                               "(stopped answering|was not ready after 2 s)"):
+                _mean([1.0, 2.0, 6.0])
+            assert time.monotonic() - started < 30
+        assert hosts[0].is_alive()  # remote workers are not ours to stop
+    finally:
+        for w in hosts:
+            w.stop()
+    assert runtime.running_workers() == []
+
+
+def test_unreachable_address_is_a_clear_error_within_the_timeout():
+    started = time.monotonic()
+    address = f"localhost:{portpicker.pick_unused_port()}"
+    with pytest.raises(runtime.WorkerError,
+                       match=f"TFF worker #0 at {address} was not ready after 1 s; is a worker "
+                             "running there"):
+        with runtime.remote_runtime([address], ready_timeout_s=1.0):
+            pass
+    assert time.monotonic() - started < 10
+    with pytest.raises(runtime.WorkerError, match="'nohost' must be host:port"):
+        with runtime.remote_runtime(["nohost"]):
+            pass
+
+
+def test_workers_that_never_answer_time_out_and_are_stopped(monkeypatch, tmp_path):
+    silent = tmp_path / "silent_worker"
+    silent.write_text("#!/bin/sh\nexec sleep 60\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(runtime, "worker_binary_path", lambda: silent)
+    started = []
+    launch = runtime.LocalWorker.launch
+
+    def recording_launch(self):
+        started.append(launch(self).pid)
+        return self
+
+    monkeypatch.setattr(runtime.LocalWorker, "launch", recording_launch)
+    with pytest.raises(runtime.WorkerError, match=r"TFF worker #0 \(pid \d+.*not ready after 1 s"):
+        with runtime.local_runtime(num_workers=2, ready_timeout_s=1.0):
+            pass
+    assert len(started) == 2 and all(_gone(pid) for pid in started)
+
+
+def _concurrency_flag(pid: int) -> str:
+    (flag,) = [a for a in psutil.Process(pid).cmdline()
+               if a.startswith("--max_concurrent_computation_calls=")]
+    return flag.split("=", 1)[1]
+
+
+def test_workers_run_one_client_per_core_by_default_and_take_a_given_limit():
+    with runtime.local_runtime():
+        (pid,) = runtime.running_workers()
+        assert _concurrency_flag(pid) == str(os.cpu_count())
+        assert _mean([1.0, 3.0]) == pytest.approx(2.0)
+    with runtime.local_runtime(max_concurrent_calls=-1, num_workers=2):
+        assert [_concurrency_flag(p) for p in runtime.running_workers()] == ["-1", "-1"]
+    assert runtime.running_workers() == []

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tffl import checkpoint
 from tffl import participation
+from tffl import runtime
 from tffl import simulation
 
 
@@ -153,3 +155,36 @@ def test_rows_are_released_to_tensorboard(tmp_path):
 def test_tensorboard_can_be_turned_off(tmp_path):
     _run(tmp_path, rounds=1, tensorboard=False)
     assert not (tmp_path / "tensorboard").exists()
+
+
+class _DiesAt(_SumProcess):
+    """`next` raises what a dead TFF worker raises, in round `at`."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def next(self, state, datasets):
+        if int(state["t"]) + 1 == self.at:
+            raise runtime.WorkerError("TFF worker #1 (pid 1, localhost:1) killed by SIGKILL")
+        return super().next(state, datasets)
+
+
+def test_worker_death_keeps_completed_rounds_and_resume_matches(tmp_path):
+    """A `WorkerError` in round 4 stops the run: rounds 1-3 stay checkpointed and in metrics.csv,
+    and resuming completes the run as if it had never stopped."""
+    full = _run(tmp_path / "full", rounds=6)
+    with pytest.raises(runtime.WorkerError, match="killed by SIGKILL"):
+        _run(tmp_path / "cut", rounds=6, process=_DiesAt(4))
+    assert checkpoint.latest(tmp_path / "cut" / "checkpoints")[0] == 3
+    assert [r["round"] for r in simulation.read_metrics(tmp_path / "cut" / "metrics.csv")] == [
+        1, 2, 3]
+    resumed = _run(tmp_path / "cut", rounds=6, resume=True)
+    assert resumed.first_round == 4
+    np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
+    drop = set(simulation.TIMING_COLUMNS)
+    full_rows, resumed_rows = (
+        [{k: v for k, v in r.items() if k not in drop}
+         for r in simulation.read_metrics(tmp_path / d / "metrics.csv")]
+        for d in ("full", "cut"))
+    assert full_rows == resumed_rows
