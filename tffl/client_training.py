@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
@@ -119,6 +120,15 @@ def element_type(input_spec) -> tff.Type:
         raise TypeError(f"input_spec leaves must be tf.TensorSpec, got {type(spec).__name__}")
 
     return tff.types.to_type(convert(input_spec))
+
+
+def placed(device: str | None):
+    """`tf.device(device)`, or no placement for `None`: where client computations put their ops.
+
+    E.g. "/GPU:0" pins a client's model and training loop to the first GPU TensorFlow sees; TFF's
+    C++ worker runs graphs with soft placement, so a device it does not have falls back to CPU.
+    """
+    return tf.device(device) if device else contextlib.nullcontext()
 
 
 def _zeros_creator(next_creator, **kwargs):
@@ -220,6 +230,7 @@ def build_phased_loop(
     learning_rate: float,
     phases: Sequence[Phase],
     features_model: tf.keras.Model | None = None,
+    device: str | None = None,
 ) -> Callable:
     """The one client training loop: assign the given weights, then SGD phase by phase.
 
@@ -243,6 +254,8 @@ def build_phased_loop(
       phases: the phases, run in order; each trains at least one variable, epochs ≥ 1.
       features_model: a model sharing `model`'s layers that returns `[features, predictions]`;
         needed when a phase has a `penalty`, whose steps then minimize ℓ + penalty(features).
+      device: a TensorFlow device for the loop's ops (`placed`); build `model` under the same
+        `placed(device)` to keep its variables there too.
 
     Returns:
       A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final
@@ -270,6 +283,10 @@ def build_phased_loop(
 
     @tf.function
     def loop(weights, dataset):
+        with placed(device):
+            return run(weights, dataset)
+
+    def run(weights, dataset):
         for variable, value in zip(trainable, weights.trainable, strict=True):
             variable.assign(value)
         for variable, value in zip(non_trainable, weights.non_trainable, strict=True):
@@ -316,6 +333,7 @@ def build_training_loop(
     loss_fn: LossFn,
     learning_rate: float,
     train_indices: Sequence[int],
+    device: str | None = None,
 ) -> Callable:
     """One phase of `build_phased_loop`: one pass of SGD on `trainable[train_indices]`.
 
@@ -324,7 +342,8 @@ def build_training_loop(
       where `new_values` is the list of the trained variables' final values (in `train_indices`
       order), `loss_sum` = Σ_k n_k·ℓ_k (float32) and `num_examples` = Σ_k n_k (float32).
     """
-    phased = build_phased_loop(model, loss_fn, learning_rate, [Phase(tuple(train_indices), 1)])
+    phased = build_phased_loop(model, loss_fn, learning_rate, [Phase(tuple(train_indices), 1)],
+                               device=device)
 
     def loop(weights, dataset):
         out = phased(weights, dataset)

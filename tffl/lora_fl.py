@@ -126,6 +126,7 @@ class _Config:
                  | tff.aggregators.UnweightedAggregationFactory)
     spec: client_training.ModelSpec
     extra_roles: tuple[str, ...]
+    client_device: str | None = None
 
 
 class _SubRound:
@@ -153,12 +154,13 @@ class _SubRound:
 
         @tff.tensorflow.computation(weights_type, data_type)
         def client_work(weights, dataset):
-            model = client_training.build_model(config.keras_model_fn, config.input_spec,
-                                                zero_init=True)
-            loop = client_training.build_training_loop(
-                model, config.loss_fn(), config.learning_rate, self.train_indices
-            )
-            new_values, loss_sum, num_examples = loop(weights, dataset)
+            with client_training.placed(config.client_device):
+                model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                                    zero_init=True)
+                loop = client_training.build_training_loop(
+                    model, config.loss_fn(), config.learning_rate, self.train_indices,
+                    device=config.client_device)
+                new_values, loss_sum, num_examples = loop(weights, dataset)
             old = weights.trainable
             if upload == _PRODUCT:
                 update = [new_values[position[a]] @ new_values[position[b]] - old[a] @ old[b]
@@ -294,12 +296,13 @@ class _FloraRound:
 
         @tff.tensorflow.computation(weights_type, data_type)
         def client_work(weights, dataset):
-            model = client_training.build_model(config.keras_model_fn, config.input_spec,
-                                                zero_init=True)
-            loop = client_training.build_training_loop(
-                model, config.loss_fn(), config.learning_rate, self.train_indices
-            )
-            new_values, loss_sum, num_examples = loop(weights, dataset)
+            with client_training.placed(config.client_device):
+                model = client_training.build_model(config.keras_model_fn, config.input_spec,
+                                                    zero_init=True)
+                loop = client_training.build_training_loop(
+                    model, config.loss_fn(), config.learning_rate, self.train_indices,
+                    device=config.client_device)
+                new_values, loss_sum, num_examples = loop(weights, dataset)
             factors = [(new_values[position[link.a_index]], new_values[position[link.b_index]])
                        for link in links]
             update = [new_values[position[k]] - weights.trainable[k] for k in single]
@@ -568,8 +571,8 @@ def _compose(algorithm: str, config: _Config, sub_rounds: Sequence[_SubRound]
                                set_model_weights, rounds, upload_types, spec)
 
 
-def _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator, extra_roles
-            ) -> _Config:
+def _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator, extra_roles,
+            client_device=None) -> _Config:
     if not client_learning_rate > 0:
         raise ValueError(f"client_learning_rate={client_learning_rate} must be > 0")
     extra_roles = tuple(extra_roles)
@@ -594,6 +597,7 @@ def _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregato
         aggregator=aggregator if aggregator is not None else tff.aggregators.MeanFactory(),
         spec=spec,
         extra_roles=extra_roles,
+        client_device=client_device,
     )
 
 
@@ -608,6 +612,8 @@ _BUILDER_DOC_ARGS = """
       aggregator: a `tff.aggregators` factory for the uploaded deltas, weighted (weights =
         examples) or unweighted (default `tff.aggregators.MeanFactory()`).
       extra_roles: roles trained and aggregated with the factors in every round (default: `head`).
+      client_device: a TensorFlow device for each client's model and training loop, e.g.
+        "/GPU:0" (`tffl.client_training.placed`); default: TensorFlow's own placement.
 
     Raises:
       ValueError: the model has no `lora_a`/`lora_b` variables, or the learning rate is not > 0.
@@ -615,29 +621,32 @@ _BUILDER_DOC_ARGS = """
 
 
 def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
-                      aggregator=None, extra_roles=(roles.HEAD,)) -> LoraLearningProcess:
+                      aggregator=None, extra_roles=(roles.HEAD,), client_device=None
+                      ) -> LoraLearningProcess:
     """FedAvg-LoRA (FedIT): clients train A and B; the server sets A ← mean A_i, B ← mean B_i."""
     config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
-                     extra_roles)
+                     extra_roles, client_device)
     train = (roles.LORA_A, roles.LORA_B, *config.extra_roles)
     return _compose("fedavg_lora", config, [_SubRound("ab_round", config, train, _DELTA)])
 
 
 def build_ffa_lora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
-                   aggregator=None, extra_roles=(roles.HEAD,)) -> LoraLearningProcess:
+                   aggregator=None, extra_roles=(roles.HEAD,), client_device=None
+                      ) -> LoraLearningProcess:
     """FFA-LoRA: A stays at its (common) initial value; clients train B; B ← mean B_i."""
     config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
-                     extra_roles)
+                     extra_roles, client_device)
     train = (roles.LORA_B, *config.extra_roles)
     return _compose("ffa_lora", config, [_SubRound("b_round", config, train, _DELTA)])
 
 
 def build_rolora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
-                 aggregator=None, extra_roles=(roles.HEAD,)) -> LoraLearningProcess:
+                 aggregator=None, extra_roles=(roles.HEAD,), client_device=None
+                      ) -> LoraLearningProcess:
     """RoLoRA: each `next` is a B round (A frozen, B ← mean B_i) then an A round (B ← B̄ frozen,
     A ← mean A_i); each round has its own aggregator state; `round_num` grows by 2."""
     config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
-                     extra_roles)
+                     extra_roles, client_device)
     return _compose("rolora", config, [
         _SubRound("b_round", config, (roles.LORA_B, *config.extra_roles), _DELTA),
         _SubRound("a_round", config, (roles.LORA_A, *config.extra_roles), _DELTA),
@@ -645,24 +654,26 @@ def build_rolora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
 
 
 def build_flexlora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
-                   aggregator=None, extra_roles=(roles.HEAD,)) -> LoraLearningProcess:
+                   aggregator=None, extra_roles=(roles.HEAD,), client_device=None
+                      ) -> LoraLearningProcess:
     """FlexLoRA: clients train A and B and upload A_iB_i − AB; the server sets A = U_r S_r^{1/2},
     B = S_r^{1/2} V_rᵀ from the truncated SVD of mean_i(A_iB_i)."""
     config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
-                     extra_roles)
+                     extra_roles, client_device)
     train = (roles.LORA_A, roles.LORA_B, *config.extra_roles)
     return _compose("flexlora", config, [_SubRound("ab_round", config, train, _PRODUCT)])
 
 
 def build_flora(keras_model_fn, input_spec, client_learning_rate, loss_fn=None,
-                aggregator=None, extra_roles=(roles.HEAD,), seed: int = 0) -> LoraLearningProcess:
+                aggregator=None, extra_roles=(roles.HEAD,), seed: int = 0, client_device=None
+                ) -> LoraLearningProcess:
     """FLoRA: clients train A, B from (A, B = 0) and upload A_i, B_i; the server merges
     W0 ← W0 + scale·Σ_i p_i·A_i·B_i (stacking) and restarts the adapter (A ← `flora_a_init` with
     `seed` and the round number, B ← 0). Every `lora_a` must be linked to its frozen kernel
     (`tffl.roles.link_lora`); `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and
     aggregates the `extra_roles` deltas."""
     config = _config(keras_model_fn, input_spec, client_learning_rate, loss_fn, aggregator,
-                     extra_roles)
+                     extra_roles, client_device)
     return _compose("flora", config, [_FloraRound("ab_round", config, int(seed))])
 
 

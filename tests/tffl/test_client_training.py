@@ -90,3 +90,48 @@ def test_element_type_sorts_plain_dict_keys():
     spec = {"y": tf.TensorSpec([None], tf.int32), "x": tf.TensorSpec([None, 2], tf.float32)}
     element = client_training.element_type(spec)
     assert [name for name, _ in tff.structure.iter_elements(element)] == ["x", "y"]
+
+
+_VIRTUAL_DEVICES_PROGRAM = r"""
+import numpy as np, tensorflow as tf, tensorflow_federated as tff
+(cpu,) = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tests.tffl import test_client_training as t
+from tffl import client_training
+
+x, y, dataset = t._batches()
+weights = tff.learning.models.ModelWeights(
+    trainable=[np.full((3, 2), 0.1, np.float32), np.full((2, 1), 0.2, np.float32)],
+    non_trainable=[])
+results = {}
+for device in ("/device:CPU:0", "/device:CPU:1"):
+    with client_training.placed(device):
+        model = client_training.build_model(t._linear_model_fn, t.INPUT_SPEC)
+    loop = client_training.build_phased_loop(model, t._mse, 0.1, [client_training.Phase((0, 1))],
+                                             device=device)
+    out = loop(weights, dataset)
+    assert all(v.device.endswith(device) for v in model.trainable_variables), device
+    graph = loop.get_concrete_function(weights, dataset).graph
+    placed = [op for op in graph.get_operations() if op.type == "While"]
+    assert placed and all(op.device.endswith(device) for op in placed), device
+    results[device] = [np.asarray(v) for v in out["trainable"]]
+for a, b in zip(*results.values()):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+print("ok", len(tf.config.list_logical_devices("CPU")))
+"""
+
+
+def test_loop_runs_on_the_given_virtual_cpu_device():
+    """Two virtual CPU devices (configured before TensorFlow starts, hence a subprocess): the
+    model's variables and the loop's ops sit on the device asked for, with equal results."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", _VIRTUAL_DEVICES_PROGRAM], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["ok", "2"]

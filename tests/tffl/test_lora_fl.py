@@ -654,3 +654,20 @@ def test_unknown_algorithm_and_bad_learning_rate():
                                extra_roles=(roles.LORA_A,))
     with pytest.raises(ValueError, match="rolora_fraction=1.5"):
         lora_fl.build_rolora_then_ffa(1.5, 10, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
+
+
+@pytest.mark.parametrize("name", ["rolora", "flexlora"])
+def test_client_work_is_pinned_to_the_given_device(tff_runtime, name):
+    """`client_device` places every op of the client computations on that device (read off the
+    serialized graphs); TFF's worker (CPU only) soft-places them, and the round is unchanged."""
+    from tffl import production
+
+    pinned = _small_process(name, client_device="/device:CPU:1")
+    plain = _small_process(name)
+    assert b"/device:CPU:1" in production.serialize(pinned.next)
+    assert b"/device:CPU:1" not in production.serialize(plain.next)
+    out_pinned = pinned.next(_start(pinned), _datasets(_CLIENTS, _BATCH))
+    out_plain = plain.next(_start(plain), _datasets(_CLIENTS, _BATCH))
+    for x, y in zip(pinned.get_model_weights(out_pinned.state).trainable,
+                    plain.get_model_weights(out_plain.state).trainable):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
