@@ -150,6 +150,9 @@ class Config:
     jit_compile: bool = False
     profile: bool = False
     seed: int = 0
+    # Clients a TFF worker trains at once (None: tffl.runtime's default, one per core; <= 0:
+    # unlimited, TFF's own default).
+    max_concurrent_calls: int | None = None
 
 
 class UsageError(ValueError):
@@ -184,6 +187,9 @@ _PROFILE = flags.DEFINE_bool(
     "profile", False, "Profile one extra TFF and plain round per configuration with cProfile "
     "(<output_dir>/profiles/).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the data and the model.")
+_MAX_CONCURRENT_CALLS = flags.DEFINE_integer(
+    "max_concurrent_calls", None, "Clients the TFF worker trains at once; default: one per CPU "
+    "core (tffl.runtime); 0 or less: unlimited (TFF's own default).")
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", "runs/benchmark", "Where benchmark.json, benchmark.md and the worker log go.")
 
@@ -249,7 +255,7 @@ def config_from_flags() -> Config:
         sequence_length=_SEQUENCE_LENGTH.value, rank=_RANK.value,
         learning_rate=_LEARNING_RATE.value, head_epochs=_HEAD_EPOCHS.value,
         jit_compile=_JIT_COMPILE.value, profile=_PROFILE.value,
-        seed=_SEED.value)
+        seed=_SEED.value, max_concurrent_calls=_MAX_CONCURRENT_CALLS.value)
 
 
 def _output_dir() -> pathlib.Path:
@@ -688,6 +694,23 @@ def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
                      for x, y in zip(a, b, strict=True)))
 
 
+def state_round_trip_seconds(weights_type, weights, repeats: int = 2) -> float:
+    """Seconds to send the model weights from Python to the TFF worker and back: an identity TF
+    computation on them (its first call, which compiles, is not timed). Every `next` pays this
+    once (the state goes in, the new state comes out), whatever the clients do."""
+    import tensorflow_federated as tff
+
+    @tff.tensorflow.computation(weights_type)
+    def identity(w):
+        return tf.nest.map_structure(tf.identity, w)
+
+    identity(weights)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        identity(weights)
+    return (time.perf_counter() - started) / repeats
+
+
 def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data.Dataset],
                       model: tf.keras.Model, config: Config, sampler: PeakSampler,
                       log: Callable[[str], None], output_dir: pathlib.Path | None = None
@@ -718,7 +741,8 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
 
     me = psutil.Process()
     setup_started = time.perf_counter()
-    with compiles.installed(), runtime.local_runtime(log_dir=output_dir) as context:
+    with compiles.installed(), runtime.local_runtime(
+            log_dir=output_dir, max_concurrent_calls=config.max_concurrent_calls) as context:
         pids = runtime.running_workers()
         worker = psutil.Process(pids[0]) if pids else None
         sampler.watch("worker", pids[0] if pids else None)
@@ -764,6 +788,8 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
             log(f"  round {r + 1}: TFF {tff_times[-1]:.2f} s, " + ", ".join(
                 f"{name} {plain_times[name][-1]:.2f} s" for name in plain))
         tff_weights = process.get_model_weights(state)
+        state_io = state_round_trip_seconds(process.get_model_weights.type_signature.result,
+                                            tff_weights)
         diffs = {name: _max_diff(tff_weights.trainable, runner.trainable)
                  for name, runner in plain.items()}
         if built.personalized:
@@ -811,6 +837,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
         "tff_compilations_per_round": compile_calls,
         "tff_retraces_after_round2": sum(model_fn_calls[2:]) + sum(compile_calls[2:]),
         "tff_peak_rss_bytes": tff_peak,
+        "tff_state_round_trip_seconds": state_io,
         "bytes_down_per_client": down,
         "bytes_up_per_client": up,
         "traffic_per_communication_round": {
@@ -950,7 +977,7 @@ def format_table(result: dict) -> str:
     rows = result["rows"]
     xla = any("plain_xla_seconds_per_round" in r for r in rows)
     head = ["backbone", "algorithm", "n", "TFF s/rnd", "plain s/rnd", "overhead", "CPU ratio",
-            "TFF r1 s", "plain r1 s"]
+            "state I/O s", "TFF r1 s", "plain r1 s"]
     if xla:
         head += ["XLA s/rnd", "XLA gain"]
     head += ["down B/cl", "up B/cl", "TFF peak MB", "(worker)", "plain MB", "retraces"]
@@ -959,7 +986,7 @@ def format_table(result: dict) -> str:
         cells = [r["backbone"], r["algorithm"], str(r["clients_per_round"]),
                  f"{r['tff_seconds_per_round']:.2f}", f"{r['plain_seconds_per_round']:.2f}",
                  f"{r['overhead_ratio']:.2f}", f"{r['cpu_overhead_ratio']:.2f}",
-                 f"{r['tff_round1_seconds']:.2f}",
+                 f"{r['tff_state_round_trip_seconds']:.2f}", f"{r['tff_round1_seconds']:.2f}",
                  f"{r['plain_round1_seconds']:.2f}"]
         if xla:
             cells += [f"{r['plain_xla_seconds_per_round']:.2f}", f"{r['xla_speedup']:.2f}"]

@@ -110,7 +110,8 @@ def test_plain_loop_does_the_same_work_as_the_process(result):
 def test_times_and_ratios_are_positive(result):
     for row in result["rows"]:
         for key in ("tff_seconds_per_round", "plain_seconds_per_round", "overhead_ratio",
-                    "cpu_overhead_ratio", "tff_round1_seconds", "plain_round1_seconds"):
+                    "cpu_overhead_ratio", "tff_round1_seconds", "plain_round1_seconds",
+                    "tff_state_round_trip_seconds"):
             assert math.isfinite(row[key]) and row[key] > 0, key
         assert row["overhead_ratio"] == pytest.approx(
             row["tff_seconds_per_round"] / row["plain_seconds_per_round"])
