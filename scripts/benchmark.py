@@ -162,40 +162,50 @@ class UsageError(ValueError):
 # ------------------------------------------------------------------------------------------------
 # Flags -> Config
 
+# The flags live in their own FlagValues, so that this module can be imported beside other
+# scripts that define flags of the same names (e.g. --rank in scripts/srpfl_speedup.py).
+FLAGS = flags.FlagValues()
 _BACKBONES = flags.DEFINE_list(
     "backbones", "tiny", "Backbone shapes (random weights): " + "; ".join(
-        f"{s.name} ({s.describe()})" for s in BACKBONES.values()) + ".")
+        f"{s.name} ({s.describe()})" for s in BACKBONES.values()) + ".", flag_values=FLAGS)
 _CLIENTS_PER_ROUND = flags.DEFINE_list(
     "clients_per_round", "5,20", "Clients per round n, a comma-separated list (10,50,100,200 for "
-    "the scaling targets).")
+    "the scaling targets).", flag_values=FLAGS)
 _ALGORITHMS = flags.DEFINE_list(
-    "algorithms", ",".join(ALGORITHMS), "Processes to measure: " + ", ".join(ALGORITHMS) + ".")
+    "algorithms", ",".join(ALGORITHMS), "Processes to measure: " + ", ".join(ALGORITHMS) + ".",
+    flag_values=FLAGS)
 _LOCAL_STEPS = flags.DEFINE_integer(
-    "local_steps", 5, "Batches per client per round (SGD steps per phase).")
+    "local_steps", 5, "Batches per client per round (SGD steps per phase).", flag_values=FLAGS)
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 3, "Rounds (process.next calls) per configuration, >= 2; round 1 is reported "
-    "apart (tracing, compilation), s/round is the mean of rounds 2..R.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.")
-_SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 32, "Tokens per example.")
-_RANK = flags.DEFINE_integer("rank", 4, "LoRA rank r (adapters on query and value).")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Client SGD learning rate.")
+    "apart (tracing, compilation), s/round is the mean of rounds 2..R.", flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", flag_values=FLAGS)
+_SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 32, "Tokens per example.",
+    flag_values=FLAGS)
+_RANK = flags.DEFINE_integer("rank", 4, "LoRA rank r (adapters on query and value).",
+    flag_values=FLAGS)
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Client SGD learning rate.",
+    flag_values=FLAGS)
 _HEAD_EPOCHS = flags.DEFINE_integer(
-    "head_epochs", 1, "fedrep: head epochs per round before the representation epoch.")
+    "head_epochs", 1, "fedrep: head epochs per round before the representation epoch.",
+    flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_bool(
-    "jit_compile", False, "Also run the plain loop with its SGD step compiled by XLA.")
+    "jit_compile", False, "Also run the plain loop with its SGD step compiled by XLA.",
+    flag_values=FLAGS)
 _PROFILE = flags.DEFINE_bool(
     "profile", False, "Profile one extra TFF and plain round per configuration with cProfile "
-    "(<output_dir>/profiles/).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the data and the model.")
+    "(<output_dir>/profiles/).", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the data and the model.", flag_values=FLAGS)
 _MAX_CONCURRENT_CALLS = flags.DEFINE_integer(
     "max_concurrent_calls", None, "Clients the TFF worker trains at once; default: one per CPU "
-    "core (tffl.runtime); 0 or less: unlimited (TFF's own default).")
+    "core (tffl.runtime); 0 or less: unlimited (TFF's own default).", flag_values=FLAGS)
 _OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", "runs/benchmark", "Where benchmark.json, benchmark.md and the worker log go.")
+    "output_dir", "runs/benchmark", "Where benchmark.json, benchmark.md and the worker log go.",
+    flag_values=FLAGS)
 
 
 def _int_list(name: str) -> tuple[int, ...]:
-    values = flags.FLAGS[name].value
+    values = FLAGS[name].value
     if not values:
         raise UsageError(f"flag --{name}: give at least one value")
     out = []
@@ -210,7 +220,7 @@ def _int_list(name: str) -> tuple[int, ...]:
 
 
 def _names(name: str, allowed: Sequence[str]) -> tuple[str, ...]:
-    values = tuple(flags.FLAGS[name].value)
+    values = tuple(FLAGS[name].value)
     unknown = [v for v in values if v not in allowed]
     if not values or unknown:
         raise UsageError(f"flag --{name}={','.join(values)}: unknown "
@@ -1046,11 +1056,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
     not in `main`: imported inside `main`, Keras 2 builds layers on graph tensors instead of
     KerasTensors (see scripts/train.py)."""
     name = pathlib.Path(argv[0]).name
+    if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
+        print(__doc__ + "\nFlags:\n" + FLAGS.get_help())
+        sys.exit(0)
     try:
-        rest = flags.FLAGS(argv)
+        rest = FLAGS(argv)
     except flags.Error as e:
         sys.stderr.write(f"{name}: error: {e}\n")
         sys.exit(2)
+    flags.FLAGS(argv[:1])  # absl's own flags (logging) keep their defaults
     try:
         if len(rest) > 1:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
