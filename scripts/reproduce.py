@@ -41,9 +41,9 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
           ~/.cache/tffl), 32 tokens, LoRA on the top three of its six layers (3, 4, 5; the
           paper adapts the top 6 of RoBERTa-Large's 24), R_3 = 60, 10 local steps of batch 16
           (28,800 training sentences per method and N, about 0.43 epoch; 1,800 SGD steps per
-          run), plain SGD at learning rate 0.3 (a centralized probe of the same model reached
-          0.79 dev accuracy in 600 steps at 0.3, and was unstable at 0.5 and 1.0), RoLoRA,
-          FedAvg-LoRA and FFA-LoRA. About 1.5 hours on 2 cores (docs/RESULTS.md has the run).
+          run), plain SGD at learning rate 0.3 (a one-off centralized probe of the same model
+          reached 0.79 dev accuracy in 600 steps at 0.3, and was unstable at 0.5 and 1.0),
+          RoLoRA, FedAvg-LoRA and FFA-LoRA. 1 h 39 min on 2 cores (docs/RESULTS.md has the run).
 4. `reviews_fedrep_rolora`: the five review domains as natural clients (`--task=reviews`):
    FedRep with personal heads over RoLoRA-alternated LoRA adapters (`--algorithm=fedrep
    --representation=lora_alternating`, personalized accuracy, each client on its own domain's
