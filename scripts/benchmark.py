@@ -78,6 +78,9 @@ import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from scripts import cli  # noqa: E402
+from scripts.cli import UsageError  # noqa: E402
+
 # TensorFlow, TFF (through tffl.runtime) and psutil are imported by `import_tensorflow()` once the
 # flags are valid, so that a bad flag fails in about a second instead of after TFF's import.
 tf = None
@@ -155,10 +158,6 @@ class Config:
     max_concurrent_calls: int | None = None
 
 
-class UsageError(ValueError):
-    """A flag value that cannot work; reported as one line, exit status 2."""
-
-
 # ------------------------------------------------------------------------------------------------
 # Flags -> Config
 
@@ -204,21 +203,6 @@ _OUTPUT_DIR = flags.DEFINE_string(
     flag_values=FLAGS)
 
 
-def _int_list(name: str) -> tuple[int, ...]:
-    values = FLAGS[name].value
-    if not values:
-        raise UsageError(f"flag --{name}: give at least one value")
-    out = []
-    for v in values:
-        try:
-            out.append(int(v))
-        except ValueError:
-            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not an integer") from None
-    if len(set(out)) != len(out):
-        raise UsageError(f"flag --{name}={','.join(values)}: values repeat")
-    return tuple(out)
-
-
 def _names(name: str, allowed: Sequence[str]) -> tuple[str, ...]:
     values = tuple(FLAGS[name].value)
     unknown = [v for v in values if v not in allowed]
@@ -230,24 +214,19 @@ def _names(name: str, allowed: Sequence[str]) -> tuple[str, ...]:
     return values
 
 
-def _at_least(name: str, value, minimum) -> None:
-    if value < minimum:
-        raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
-
-
 def config_from_flags() -> Config:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
     backbones = _names("backbones", tuple(BACKBONES))
     algorithms = _names("algorithms", ALGORITHMS)
-    clients = _int_list("clients_per_round")
+    clients = cli.int_list("clients_per_round", FLAGS["clients_per_round"].value, unique=True)
     for n in clients:
-        _at_least("clients_per_round", n, 1)
-    _at_least("local_steps", _LOCAL_STEPS.value, 1)
-    _at_least("rounds", _ROUNDS.value, 2)
-    _at_least("batch_size", _BATCH_SIZE.value, 1)
-    _at_least("sequence_length", _SEQUENCE_LENGTH.value, 2)
-    _at_least("rank", _RANK.value, 1)
-    _at_least("head_epochs", _HEAD_EPOCHS.value, 1)
+        cli.at_least("clients_per_round", n, 1)
+    cli.at_least("local_steps", _LOCAL_STEPS.value, 1)
+    cli.at_least("rounds", _ROUNDS.value, 2)
+    cli.at_least("batch_size", _BATCH_SIZE.value, 1)
+    cli.at_least("sequence_length", _SEQUENCE_LENGTH.value, 2)
+    cli.at_least("rank", _RANK.value, 1)
+    cli.at_least("head_epochs", _HEAD_EPOCHS.value, 1)
     longest = min(BACKBONES[b].max_sequence_length for b in backbones)
     if _SEQUENCE_LENGTH.value > longest:
         raise UsageError(f"flag --sequence_length={_SEQUENCE_LENGTH.value}: must be <= {longest} "
@@ -269,16 +248,7 @@ def config_from_flags() -> Config:
 
 
 def _output_dir() -> pathlib.Path:
-    output_dir = pathlib.Path(_OUTPUT_DIR.value)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"flag --output_dir={output_dir}: cannot write there "
-                         f"({e.strerror or e}); choose a writable directory") from None
-    return output_dir
+    return cli.writable_output_dir(_OUTPUT_DIR.value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1051,20 +1021,12 @@ def write_outputs(output_dir: pathlib.Path, result: dict, table: str, targets: s
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing and the checks of `config_from_flags`; a bad value is one line on stderr and
-    exit status 2 (no traceback), before TensorFlow is imported. TensorFlow is imported here,
-    not in `main`: imported inside `main`, Keras 2 builds layers on graph tensors instead of
-    KerasTensors (see scripts/train.py)."""
+    """absl parsing (`scripts.cli.parse_flags`) and the checks of `config_from_flags`; a bad value
+    is one line on stderr and exit status 2 (no traceback), before TensorFlow is imported.
+    TensorFlow is imported here, not in `main`: imported inside `main`, Keras 2 builds layers on
+    graph tensors instead of KerasTensors (see scripts/train.py)."""
     name = pathlib.Path(argv[0]).name
-    if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
-        print(__doc__ + "\nFlags:\n" + FLAGS.get_help())
-        sys.exit(0)
-    try:
-        rest = FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{name}: error: {e}\n")
-        sys.exit(2)
-    flags.FLAGS(argv[:1])  # absl's own flags (logging) keep their defaults
+    rest = cli.parse_flags(argv, FLAGS, __doc__)
     try:
         if len(rest) > 1:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
@@ -1079,21 +1041,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return rest
 
 
-def _quiet_python_logs() -> None:
-    import logging
-
-    warnings.filterwarnings("ignore")
-    tf.get_logger().setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
-
-
 def main(argv: list[str]) -> int:
     del argv  # checked by _parse_flags
     config = config_from_flags()
     output_dir = _output_dir()
     import_tensorflow()
     if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-        _quiet_python_logs()
+        cli.quiet_python_logs()
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -25,16 +25,63 @@ class UsageError(ValueError):
     """A flag value that cannot work; scripts report it as one line with exit status 2."""
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values=None, help_text: str | None = None) -> list[str]:
     """absl parsing for `app.run(..., flags_parser=parse_flags)`: a bad value is one line on
-    stderr and exit status 2, never a traceback."""
+    stderr and exit status 2, never a traceback.
+
+    `flag_values`: a script's own `flags.FlagValues` (so that scripts defining flags of the same
+    names can be imported in one process); absl's global flags then keep their defaults, and
+    `--help` prints `help_text` and the script's flags. Leftover arguments are refused.
+    """
     from absl import flags
 
+    name = pathlib.Path(argv[0]).name
+    if flag_values is None:
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            sys.stderr.write(f"{name}: error: {e}\n")
+            sys.exit(2)
+    if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
+        print((help_text or "") + "\nFlags:\n" + flag_values.get_help())
+        sys.exit(0)
     try:
-        return flags.FLAGS(argv)
+        rest = flag_values(argv)
     except flags.Error as e:
-        sys.stderr.write(f"{pathlib.Path(argv[0]).name}: error: {e}\n")
+        sys.stderr.write(f"{name}: error: {e}\n")
         sys.exit(2)
+    flags.FLAGS(argv[:1])  # absl's own flags (logging) keep their defaults
+    if len(rest) > 1:
+        sys.stderr.write(f"{name}: error: unexpected arguments: {' '.join(rest[1:])} (flags "
+                         "are --name=value)\n")
+        sys.exit(2)
+    return rest
+
+
+def int_list(name: str, values: Sequence[str], unique: bool = False) -> tuple[int, ...]:
+    """The integers of a list flag `--name=values`.
+
+    Raises:
+      UsageError: naming the flag, for an empty list, a value that is not an integer, or (with
+        `unique`) repeated values.
+    """
+    if not values:
+        raise UsageError(f"flag --{name}: give at least one value")
+    out = []
+    for v in values:
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not an integer") from None
+    if unique and len(set(out)) != len(out):
+        raise UsageError(f"flag --{name}={','.join(values)}: values repeat")
+    return tuple(out)
+
+
+def at_least(name: str, value, minimum) -> None:
+    """Raises `UsageError` naming `--name` unless `value >= minimum`."""
+    if value < minimum:
+        raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
 
 
 def writable_output_dir(path: os.PathLike | str, flag: str = "output_dir") -> pathlib.Path:

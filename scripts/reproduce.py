@@ -88,6 +88,9 @@ from typing import Any
 from absl import app
 from absl import flags
 
+from scripts import cli
+from scripts.cli import UsageError
+
 # TensorFlow, TFF and matplotlib are imported by the experiments that need them, so that a bad
 # flag is reported in a second.
 
@@ -122,10 +125,6 @@ _DATA_DIR = flags.DEFINE_string(
     "data_dir", str(DEFAULT_DATA_DIR), "Folder of the real data sets (mnist/, sst2/, "
     "multidomain_sentiment/).", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
-
-
-class UsageError(ValueError):
-    """A flag value that cannot work; reported as one line, exit status 2."""
 
 
 class StepError(RuntimeError):
@@ -1216,18 +1215,10 @@ def default_output_dir(experiment: str, scale: str) -> pathlib.Path:
 
 
 def _prepare_output_dir(path: pathlib.Path, resume: bool) -> pathlib.Path:
-    try:
-        if path.exists() and any(path.iterdir()) and not resume:
-            raise UsageError(f"flag --output_dir={path}: already holds a run; pass --resume to "
-                             "continue it, or choose another --output_dir")
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"flag --output_dir={path}: cannot write there ({e.strerror or e}); "
-                         "choose a writable directory") from None
-    return path
+    if path.is_dir() and any(path.iterdir()) and not resume:
+        raise UsageError(f"flag --output_dir={path}: already holds a run; pass --resume to "
+                         "continue it, or choose another --output_dir")
+    return cli.writable_output_dir(path)
 
 
 def contexts_from_flags() -> list[Context]:
@@ -1273,21 +1264,7 @@ def run_experiment(ctx: Context, command: str) -> str:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """Parses our own flags; a bad value is one line on stderr and exit status 2."""
-    name = pathlib.Path(argv[0]).name
-    if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
-        print(__doc__ + "\nFlags:\n" + FLAGS.get_help())
-        sys.exit(0)
-    try:
-        rest = FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{name}: error: {e}\n")
-        sys.exit(2)
-    flags.FLAGS(argv[:1])  # absl's own flags (logging) keep their defaults
-    if len(rest) > 1:
-        sys.stderr.write(f"{name}: error: unexpected arguments: {' '.join(rest[1:])} (flags "
-                         "are --name=value)\n")
-        sys.exit(2)
-    return rest
+    return cli.parse_flags(argv, FLAGS, __doc__)
 
 
 def _quiet() -> None:

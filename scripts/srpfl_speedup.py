@@ -181,16 +181,7 @@ class Config:
 
 
 def _int_list(name: str) -> tuple[int, ...]:
-    values = flags.FLAGS[name].value
-    if not values:
-        raise UsageError(f"flag --{name}: give at least one value")
-    out = []
-    for v in values:
-        try:
-            out.append(int(v))
-        except ValueError:
-            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not an integer") from None
-    return tuple(out)
+    return cli.int_list(name, flags.FLAGS[name].value)
 
 
 def _float_list(name: str) -> tuple[float, ...]:
@@ -206,9 +197,7 @@ def _float_list(name: str) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _at_least(name: str, value, minimum) -> None:
-    if value < minimum:
-        raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
+_at_least = cli.at_least
 
 
 def config_from_flags() -> Config:
