@@ -6,35 +6,15 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
-import numpy as np
 import portpicker
-import psutil
 import pytest
-import tensorflow_federated as tff
 
+from tests.tffl.test_runtime import _gone, _mean  # the same federated mean and exit wait
 from tffl import runtime
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "start_worker.py"
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-
-
-@tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
-def _mean(values):
-    return tff.federated_mean(values)
-
-
-def _gone(pid, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_worker_serves_remote_runs_and_stops_on_sigterm(tmp_path):
