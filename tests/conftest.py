@@ -4,6 +4,12 @@ import os
 import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Frozen (base) weights files of the processes built by tests go to a throw-away folder, not to
+# the user's cache (subprocesses inherit it).
+if "TFFL_FROZEN_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TFFL_FROZEN_DIR"] = tempfile.mkdtemp(prefix="tffl_frozen_")
 
 import pytest  # noqa: E402
 

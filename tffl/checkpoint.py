@@ -4,7 +4,8 @@ A checkpoint for round `t` is one directory `round_00000t/` holding
 
 - `state.npz`: the leaves of `tf.nest.flatten(state)` as arrays `leaf_00000`, `leaf_00001`, ...;
 - `extra.npz`: optional named arrays (e.g. the personal-state store of stateful clients);
-- `meta.json`: round number, number and shapes of leaves, and the run's configuration.
+- `meta.json`: round number, number and shapes of leaves, the run's configuration and the
+  fingerprint of the frozen weights the state was trained against (`tffl.frozen`).
 
 It is written to a temporary directory and renamed into place, so an interruption never leaves a
 half-written checkpoint that looks complete. Loading needs a *template* state of the same structure
@@ -54,8 +55,12 @@ def save(
     config: dict | None = None,
     extra: dict[str, np.ndarray] | None = None,
     keep: int = 2,
+    frozen_fingerprint: str | None = None,
 ) -> pathlib.Path:
-    """Writes the checkpoint of `round_num` under `root` and keeps only the newest `keep`."""
+    """Writes the checkpoint of `round_num` under `root` and keeps only the newest `keep`.
+
+    `frozen_fingerprint`: the `tffl.frozen` fingerprint of the weights the state does not hold
+    (the frozen backbone), stored in `meta.json` so a resume can check it."""
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
     leaves = [_to_array(leaf) for leaf in tf.nest.flatten(state)]
@@ -65,6 +70,7 @@ def save(
         "shapes": [list(leaf.shape) for leaf in leaves],
         "dtypes": [str(leaf.dtype) for leaf in leaves],
         "config": config or {},
+        "frozen_fingerprint": frozen_fingerprint,
     }
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp_", dir=root))
     try:

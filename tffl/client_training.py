@@ -1,4 +1,4 @@
-"""The one client training loop: plain SGD on the variables of given roles, phase by phase.
+"""The one client training loop: an optimizer step on the variables of given roles, phase by phase.
 
 Every algorithm (the LoRA ones in `tffl.lora_fl`, the personalized ones in `tffl.personalized`)
 runs the same loop, `build_phased_loop`; only the phases (which roles, how many epochs) differ.
@@ -211,6 +211,20 @@ def inspect_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec) -> M
         )
 
 
+def as_optimizer(learning_rate) -> tff.learning.optimizers.Optimizer:
+    """`learning_rate` if it is a `tff.learning.optimizers.Optimizer`, else plain SGD with
+    that step (θ ← θ − η·g, `tff.learning.optimizers.build_sgdm(η)`).
+
+    Raises:
+      ValueError: a step that is not a finite number > 0.
+    """
+    if isinstance(learning_rate, tff.learning.optimizers.Optimizer):
+        return learning_rate
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning rate {learning_rate} must be a finite number > 0")
+    return tff.learning.optimizers.build_sgdm(learning_rate=float(learning_rate))
+
+
 @dataclasses.dataclass(frozen=True)
 class Phase:
     """One local phase: `epochs` passes over the client's dataset training the variables at
@@ -227,17 +241,22 @@ class Phase:
 def build_phased_loop(
     model: tf.keras.Model,
     loss_fn: LossFn,
-    learning_rate: float,
+    learning_rate: float | tff.learning.optimizers.Optimizer,
     phases: Sequence[Phase],
     features_model: tf.keras.Model | None = None,
     device: str | None = None,
+    weight_decay: float = 0.0,
 ) -> Callable:
     """The one client training loop: assign the given weights, then SGD phase by phase.
 
     For phase p with trained set S_p and E_p epochs, for each of the E_p passes over the
-    dataset's batches (x_k, y_k):
+    dataset's batches (x_k, y_k), with g_k = ∇_{θ_{S_p}} ℓ(y_k, f(x_k; θ)) + λ·θ_{S_p}
+    (λ = `weight_decay`, coupled L2 as in PyTorch's SGD/Adam `weight_decay`):
 
-        θ_{S_p} ← θ_{S_p} − η · ∇_{θ_{S_p}} ℓ(y_k, f(x_k; θ))
+        θ_{S_p} ← optimizer step of θ_{S_p} with gradient g_k   (SGD: θ_{S_p} − η·g_k)
+
+    The optimizer (a `tff.learning.optimizers.Optimizer`; a float η means plain SGD) starts
+    from a fresh state in every phase, e.g. momentum restarts at 0.
 
     e.g. FedRep's head phase then representation phase (the second sees the first's head), or a
     single phase for FedAvg-style joint training.
@@ -250,12 +269,14 @@ def build_phased_loop(
     Args:
       model: the client's Keras model (built).
       loss_fn: `(y_true, y_pred) -> scalar` batch loss ℓ (e.g. a `tf.keras.losses.Loss`).
-      learning_rate: η > 0.
+      learning_rate: η > 0 (plain SGD), or a `tff.learning.optimizers.Optimizer` (e.g.
+        `build_sgdm(η, momentum=0.9)`, `build_adam(η)`).
       phases: the phases, run in order; each trains at least one variable, epochs ≥ 1.
       features_model: a model sharing `model`'s layers that returns `[features, predictions]`;
         needed when a phase has a `penalty`, whose steps then minimize ℓ + penalty(features).
       device: a TensorFlow device for the loop's ops (`placed`); build `model` under the same
         `placed(device)` to keep its variables there too.
+      weight_decay: λ ≥ 0 added to the gradient as λ·θ.
 
     Returns:
       A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final
@@ -267,6 +288,9 @@ def build_phased_loop(
     """
     trainable = model.trainable_variables
     non_trainable = model.non_trainable_variables
+    optimizer = as_optimizer(learning_rate)
+    if not (np.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay={weight_decay} must be a finite number >= 0")
     for phase in phases:
         if not phase.train_indices:
             raise ValueError("a training phase must train at least one variable")
@@ -298,6 +322,8 @@ def build_phased_loop(
             trained = [trainable[i] for i in phase.train_indices]
             last = p == len(phases) - 1
             data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
+            opt_state = optimizer.initialize(
+                [tf.TensorSpec(v.shape, v.dtype) for v in trained])
             for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
                 x, y = split_batch(batch)
                 with tf.GradientTape() as tape:
@@ -311,8 +337,13 @@ def build_phased_loop(
                         objective = loss + tf.cast(phase.penalty(features), loss.dtype)
                 grads = tape.gradient(objective, trained,
                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                for variable, grad in zip(trained, grads):
-                    variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
+                values = [v.read_value() for v in trained]
+                if weight_decay:
+                    grads = [g + tf.cast(weight_decay, g.dtype) * w
+                             for g, w in zip(grads, values)]
+                opt_state, values = optimizer.next(opt_state, values, grads)
+                for variable, value in zip(trained, values):
+                    variable.assign(value)
                 if last:
                     n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
                     loss_sum += tf.cast(loss, tf.float32) * n

@@ -46,6 +46,7 @@ import tensorflow_federated as tff
 from tffl import checkpoint
 from tffl import communication
 from tffl import personal_state
+from tffl import processes
 from tffl.participation import Participation
 
 METRICS_FILE = "metrics.csv"
@@ -121,59 +122,29 @@ def _summary_metrics(flat: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _sub_round_computations(process: Any) -> dict[str, Any]:
-    """`{name: computation}` of the communication rounds inside one `next`, if the process says."""
-    for owner in (process, getattr(process, "rolora", None)):
-        rounds = getattr(owner, "communication_rounds", None)
-        if isinstance(rounds, Mapping) and rounds:
-            return dict(rounds)
-    return {}
-
-
 class _Traffic:
-    """Bytes per client for each row: the whole `next`, or the sum over the communication rounds
-    that `next` ran (a process with `communication_rounds`, e.g. RoLoRA's `b_round` + `a_round`,
-    reports metrics under those names, which tells which rounds ran)."""
+    """Bytes per client for each row. A `tffl.processes` process declares them per round kind
+    (read off its TFF types) and says which kind `next` runs; for any other `LearningProcess` they
+    are read off `process.next`'s DistributeAggregateForm (`tffl.communication.round_traffic`)."""
 
     def __init__(self, process: Any, say: Callable[[str], None]):
-        self.per_round: dict[str, communication.RoundTraffic] = {}
+        self.process = process
+        self.scheduled = isinstance(process, processes.Scheduled)
         self.whole: communication.RoundTraffic | None = None
-        declared = getattr(process, "traffic", None)
-        if isinstance(declared, Mapping) and declared:
-            self.per_round = dict(declared)  # sized by the process from its own TFF types
+        if self.scheduled:
             return
         try:
-            sub_rounds = _sub_round_computations(process)
-            if sub_rounds:
-                self.per_round = {
-                    name: communication.round_traffic(comp) for name, comp in sub_rounds.items()
-                }
-            else:
-                self.whole = communication.round_traffic(process.next)
-        except ValueError as e:
+            self.whole = communication.round_traffic(process.next)
+        except (ValueError, TypeError, AttributeError) as e:
             say(f"note: bytes per client not reported: {e}")
 
-    def columns(self, metrics: Any) -> dict[str, float]:
-        if self.whole is not None:
-            return {
-                "communication_rounds": 1,
-                "bytes_down_per_client": self.whole.down,
-                "bytes_up_per_client": self.whole.up,
-            }
-        ran = [n for n in self.per_round if isinstance(metrics, Mapping) and n in metrics]
-        if not ran and len(self.per_round) == 1:
-            ran = list(self.per_round)  # a one-round process reports its metrics unkeyed
-        if not ran:
-            return {"communication_rounds": 1} if not self.per_round else {}
-        out: dict[str, float] = {
-            "communication_rounds": len(ran),
-            "bytes_down_per_client": sum(self.per_round[n].down for n in ran),
-            "bytes_up_per_client": sum(self.per_round[n].up for n in ran),
-        }
-        for name in ran:
-            out[f"{name}/bytes_down_per_client"] = self.per_round[name].down
-            out[f"{name}/bytes_up_per_client"] = self.per_round[name].up
-        return out
+    def columns(self, state: Any) -> dict[str, float]:
+        """The traffic of the communication round that `next(state, ...)` runs."""
+        traffic = (self.process.traffic[self.process.round_name(state)] if self.scheduled
+                   else self.whole)
+        if traffic is None:
+            return {}
+        return {"bytes_down_per_client": traffic.down, "bytes_up_per_client": traffic.up}
 
 
 def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
@@ -294,6 +265,9 @@ def run_rounds(
     say = log or (lambda _: None)
 
     state = process.initialize()
+    # The frozen (never federated) weights the state belongs to; checkpoints record it.
+    fingerprint = (process.frozen_fingerprint if isinstance(process, processes.Scheduled)
+                   else None)
     personalized = personal_state.is_personalized(process)
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
     history: list[dict[str, Any]] = []
@@ -307,6 +281,12 @@ def run_rounds(
                 "continue it, or choose another --output_dir"
             )
         state, extra, meta = checkpoint.load(path, template=state)
+        saved = meta.get("frozen_fingerprint")
+        if saved != fingerprint:
+            raise ResumeError(
+                f"cannot resume {output_dir}: its checkpoints were trained on frozen weights "
+                f"{saved}, this model's are {fingerprint} (another pretrained checkpoint, "
+                "backbone or model seed?); use the original model or another --output_dir")
         if meta["config"] != config:
             changed = sorted(
                 k for k in set(meta["config"]) | set(config)
@@ -333,6 +313,7 @@ def run_rounds(
     for round_num in range(first_round, rounds + 1):
         participation = sampler.sample(round_num)
         datasets = [client_dataset_fn(cid, round_num) for cid in participation.client_ids]
+        traffic_columns = traffic.columns(state)
         start = time.perf_counter()
         if store is not None:
             output = process.next(state, datasets, store.lookup(participation.client_ids))
@@ -347,8 +328,8 @@ def run_rounds(
         flat = flatten_metrics(metrics)
         row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
         row.update(_summary_metrics(flat))
-        row.update(traffic.columns(metrics))
-        communication_rounds += int(row.pop("communication_rounds", 1))
+        row.update(traffic_columns)
+        communication_rounds += 1
         row["communication_rounds"] = communication_rounds
         row["round_seconds"] = seconds
         row.update(participation.info)
@@ -371,6 +352,7 @@ def run_rounds(
             release(row)
         if is_last or round_num % checkpoint_every == 0:
             checkpoint.save(checkpoint_dir, round_num, state, config=config,
-                            extra=store.to_arrays() if store is not None else None)
+                            extra=store.to_arrays() if store is not None else None,
+                            frozen_fingerprint=fingerprint)
         say(_progress_line(row, rounds))
     return SimulationResult(state, history, first_round, store)

@@ -1,0 +1,389 @@
+"""The one engine: a communication round built from `tff.learning.templates` pieces, and
+processes that run an algorithm as a schedule of such rounds.
+
+A communication round (`build_round`) is TFF's four typed pieces over the federated weights w of
+a `FederatedModel` (its `tffl.frozen.Layout`; the frozen base never travels):
+
+1. distributor: `tff.learning.templates.build_broadcast_process` of w;
+2. client work: one `tff.tensorflow.computation` per client — build the Keras model, restore the
+   base weights from their checkpoint file, assemble w (+ the client's personal state), run the
+   round's phases with `tffl.client_training.build_phased_loop` (a `tff.learning.optimizers`
+   client optimizer), and upload `ClientResult(update, update_weight = n_i)`; its train metrics
+   (loss, accuracy, examples) go through `tff.learning.metrics.sum_then_finalize`;
+3. aggregator: any `tff.aggregators` factory (weighted; unweighted ones via
+   `tff.aggregators.as_weighted_aggregator`), or FLoRA's stacking sum;
+4. finalizer: a `tffl.server_steps` step (a `tff.learning.optimizers` server optimizer by
+   default; FlexLoRA's SVD; FLoRA's merge).
+
+Stateless rounds are composed by `tff.learning.templates.compose_learning_process`; rounds with
+personal state use `compose_personalized`, the same composition with the personal state passed
+in and returned at CLIENTS. All round kinds of one algorithm share one state type (the
+aggregator and finalizer states are keyed by round name; the finalizer counts `round_num`), so a
+schedule is a function t ↦ round name and `next` runs one communication round on its own data:
+
+    LearningAlgorithmState(global_model_weights = w, distributor, client_work,
+                           aggregator = {round: state}, finalizer = {round_num, round: state})
+
+Example:
+
+>>> model = build_federated_model(model_fn, input_spec, federated=spec.indices(["lora_b"]))
+>>> rounds = {"b_round": build_round(model, RoundSpec("b_round", phases))}
+>>> process = ScheduledProcess("ffa_lora", model, rounds, schedule=lambda t: "b_round")
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl import client_training
+from tffl import communication
+from tffl import frozen as frozen_lib
+from tffl import server_steps
+
+# What one client sends besides its update: the three float32 metric sums and the float32 weight.
+METRIC_UPLOAD_BYTES = 3 * 4
+WEIGHT_UPLOAD_BYTES = 4
+UPLOADS = ("delta", "product", "factors")
+
+
+def _default_loss() -> tf.keras.losses.Loss:
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedModel:
+    """A role-tagged Keras model split into federated and base weights (`tffl.frozen`)."""
+
+    keras_model_fn: Callable[[], tf.keras.Model]
+    input_spec: Any
+    layout: frozen_lib.Layout
+    frozen: frozen_lib.FrozenWeights
+    initial_global: tff.learning.models.ModelWeights  # numpy
+    initial_personal: tuple[np.ndarray, ...]
+    loss_fn: Callable[[], client_training.LossFn]
+    client_device: str | None = None
+
+    @property
+    def spec(self) -> client_training.ModelSpec:
+        return self.layout.spec
+
+    def data_type(self) -> tff.Type:
+        return tff.SequenceType(client_training.element_type(self.input_spec))
+
+    def full_weights(self, global_weights, personal=None) -> tff.learning.models.ModelWeights:
+        """The whole model's weights (numpy) from the federated ones (+ a personal state)."""
+        global_weights = tff.learning.models.ModelWeights(
+            trainable=list(global_weights.trainable),
+            non_trainable=list(global_weights.non_trainable))
+        weights = self.layout.assemble(global_weights, self.frozen.load(), personal)
+        return tff.learning.models.ModelWeights(
+            trainable=[np.asarray(v) for v in weights.trainable],
+            non_trainable=[np.asarray(v) for v in weights.non_trainable])
+
+
+def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
+                          federated_non_trainable: Sequence[int] = (),
+                          personal: Sequence[int] = (), initial_non_trainable=None,
+                          frozen_dir=None, loss_fn=None, client_device=None,
+                          spec: client_training.ModelSpec | None = None) -> FederatedModel:
+    """Draws the model's initial weights once, writes the base part to its fingerprinted file.
+
+    Args:
+      federated / federated_non_trainable / personal: positions (`tffl.frozen.Layout`).
+      initial_non_trainable: values replacing the model's own initial non-trainable weights, in
+        `model.non_trainable_variables` order (e.g. a pretrained backbone).
+      frozen_dir: where the base weights file goes (default `tffl.frozen.default_directory()`).
+
+    Raises:
+      ValueError: `initial_non_trainable` does not fit the model.
+    """
+    spec = spec or client_training.inspect_model(keras_model_fn, input_spec)
+    layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
+    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
+    if initial_non_trainable is not None:
+        given = [np.asarray(v) for v in initial_non_trainable]
+        expected = [v.shape for v in spec.non_trainable]
+        if [v.shape for v in given] != expected:
+            raise ValueError(f"initial weights do not fit the model: {len(given)} frozen tensors "
+                             f"{[v.shape for v in given][:3]}..., the model has {len(expected)} "
+                             f"{expected[:3]}...")
+        non_trainable = [v.astype(info.dtype) for v, info in zip(given, spec.non_trainable)]
+    return FederatedModel(
+        keras_model_fn=keras_model_fn, input_spec=input_spec, layout=layout,
+        frozen=frozen_lib.FrozenWeights.write(layout.base_values(trainable, non_trainable),
+                                              frozen_dir),
+        initial_global=layout.global_values(trainable, non_trainable),
+        initial_personal=tuple(trainable[k] for k in layout.personal),
+        loss_fn=loss_fn or _default_loss, client_device=client_device)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """One kind of communication round.
+
+    Attributes:
+      name: e.g. "b_round".
+      phases: the clients' local phases (`Phase.train_indices` index `spec.trainable`).
+      upload: "delta" (Δ_i of `uploaded`), "product" (FlexLoRA: A_iB_i − AB for each of
+        `pairs`, then Δ_i of the rest of `uploaded`) or "factors" (FLoRA: (A_i, B_i) for each of
+        `pairs`, then Δ_i of the rest).
+      uploaded: positions in `spec.trainable` sent up (default: the phases' trained federated
+        variables).
+      pairs: (A, B) positions in `spec.trainable` for "product"/"factors".
+      links: FLoRA's `client_training.LinkInfo`s (same order as `pairs`); seed: its A seed.
+    """
+
+    name: str
+    phases: tuple[client_training.Phase, ...]
+    upload: str = "delta"
+    uploaded: tuple[int, ...] | None = None
+    pairs: tuple[tuple[int, int], ...] = ()
+    links: tuple[client_training.LinkInfo, ...] = ()
+    seed: int = 0
+
+
+class ClientHook:
+    """Algorithm-specific client steps around the loop (FLUTE's penalties, class indicator and
+    NC step). `extra_types`: tensors appended to the personal state."""
+
+    extra_types: tuple[tff.Type, ...] = ()
+
+    def prepare(self, model, extra, dataset, phases):
+        """-> (phases, features_model or None, context)."""
+        return phases, None, None
+
+    def finish(self, trained, context):
+        """-> (trained values, extra personal tensors)."""
+        return trained, []
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """Client training: the `tff.learning.optimizers` optimizer (or SGD step) and weight decay."""
+
+    optimizer: Any
+    weight_decay: float = 0.0
+    hook: ClientHook | None = None
+
+
+def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:
+    """One client's personal state: its personal variables (+ the hook's extra tensors)."""
+    spec = model.spec
+    types = [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
+             for k in model.layout.personal]
+    return tff.types.to_type(types + list(hook.extra_types if hook else ()))
+
+
+def _uploaded(model: FederatedModel, round_spec: RoundSpec) -> tuple[int, ...]:
+    if round_spec.uploaded is not None:
+        return tuple(round_spec.uploaded)
+    trained = {k for phase in round_spec.phases for k in phase.train_indices}
+    return tuple(k for k in model.layout.trainable if k in trained)
+
+
+def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
+                             client: ClientConfig) -> tff.Computation:
+    """`(w, data[, personal]) -> (ClientResult, metric sums, personal)`: one client's round."""
+    layout, has_personal = model.layout, bool(model.layout.personal)
+    if round_spec.upload not in UPLOADS:
+        raise ValueError(f"upload={round_spec.upload!r} must be one of {UPLOADS}")
+    uploaded = _uploaded(model, round_spec)
+    paired = {k for pair in round_spec.pairs for k in pair}
+    singles = [k for k in uploaded if k not in paired]
+    hook = client.hook
+
+    def work(weights, dataset, personal):
+        with client_training.placed(model.client_device):
+            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
+                                                      zero_init=True)
+            personal = list(personal)
+            own, extra = personal[: len(layout.personal)], personal[len(layout.personal):]
+            full = layout.assemble(weights, model.frozen.restore(),
+                                   own if has_personal else None)
+            phases, features_model, context = round_spec.phases, None, None
+            if hook is not None:
+                phases, features_model, context = hook.prepare(keras_model, extra, dataset,
+                                                               phases)
+            loop = client_training.build_phased_loop(
+                keras_model, model.loss_fn(), client.optimizer, phases, features_model,
+                device=model.client_device, weight_decay=client.weight_decay)
+            out = loop(full, dataset)
+        trained, extra_out = list(out["trainable"]), []
+        if hook is not None:
+            trained, extra_out = hook.finish(trained, context)
+        old = full.trainable
+        deltas = [trained[k] - old[k] for k in singles]
+        if round_spec.upload == "product":
+            update = [trained[a] @ trained[b] - old[a] @ old[b] for a, b in round_spec.pairs]
+            update += deltas
+        elif round_spec.upload == "factors":
+            update = ([(trained[a], trained[b]) for a, b in round_spec.pairs], deltas)
+        else:
+            update = deltas
+        result = tff.learning.templates.ClientResult(update=update,
+                                                     update_weight=out["num_examples"])
+        metrics = collections.OrderedDict(loss_sum=out["loss_sum"],
+                                          num_correct=out["num_correct"],
+                                          num_examples=out["num_examples"])
+        return result, metrics, [trained[k] for k in layout.personal] + list(extra_out)
+
+    global_type, data_type = layout.global_type(), model.data_type()
+    if has_personal or (hook and hook.extra_types):
+        @tff.tensorflow.computation(global_type, data_type, personal_type(model, hook))
+        def client_update(weights, dataset, personal):
+            return work(weights, dataset, personal)
+    else:
+        @tff.tensorflow.computation(global_type, data_type)
+        def client_update(weights, dataset):
+            return work(weights, dataset, [])
+    return client_update
+
+
+def _finalize_metrics(sums):
+    n = sums["num_examples"]
+    return collections.OrderedDict(
+        loss=tf.math.divide_no_nan(sums["loss_sum"], n),
+        accuracy=tf.math.divide_no_nan(sums["num_correct"], n), num_examples=n)
+
+
+def train_metrics(metric_sums):
+    """Federated: `sum_then_finalize` of the clients' metric sums -> {loss, accuracy, examples}."""
+    return tff.federated_zip(collections.OrderedDict(
+        train=tff.learning.metrics.sum_then_finalize(_finalize_metrics)(metric_sums)))
+
+
+def _weighted(factory) -> tuple[tff.aggregators.WeightedAggregationFactory, bool]:
+    if isinstance(factory, tff.aggregators.WeightedAggregationFactory):
+        return factory, True
+    if isinstance(factory, tff.aggregators.UnweightedAggregationFactory):
+        return tff.aggregators.as_weighted_aggregator(factory), False
+    raise TypeError("aggregator must be a tff.aggregators Weighted- or "
+                    f"UnweightedAggregationFactory, got {type(factory).__name__}")
+
+
+def _stacking_aggregation(update_type, factory, weighted: bool):
+    """FLoRA's aggregation of (factors, deltas): Σ_i p_i A_iB_i per adapter by a
+    `tff.federated_aggregate` (p_i = n_i/Σn if `weighted`, else 1/N), deltas by `factory`."""
+    factors_type, deltas_type = update_type[0], update_type[1]
+    dims = [(f[0].shape[0], f[1].shape[1]) for f in factors_type]
+    dtype = factors_type[0][0].dtype
+    inner = factory.create(deltas_type, tff.TensorType(np.float32))
+
+    @tff.tensorflow.computation
+    def zero():
+        return collections.OrderedDict(products=[tf.zeros(d, dtype) for d in dims],
+                                       weight=tf.constant(0.0, tf.float32))
+
+    acc_type = zero.type_signature.result
+
+    @tff.tensorflow.computation(acc_type, (factors_type, np.float32))
+    def accumulate(acc, value):
+        factors, weight = value
+        weight = weight if weighted else tf.constant(1.0, tf.float32)
+        return collections.OrderedDict(
+            products=[p + tf.cast(weight, p.dtype) * (a @ b)
+                      for p, (a, b) in zip(acc["products"], factors)],
+            weight=acc["weight"] + weight)
+
+    @tff.tensorflow.computation(acc_type, acc_type)
+    def merge(x, y):
+        return collections.OrderedDict(
+            products=[p + q for p, q in zip(x["products"], y["products"])],
+            weight=x["weight"] + y["weight"])
+
+    @tff.tensorflow.computation(acc_type)
+    def report(acc):
+        return [tf.math.divide_no_nan(p, tf.cast(acc["weight"], p.dtype))
+                for p in acc["products"]]
+
+    @tff.federated_computation
+    def initialize():
+        return inner.initialize()
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(update_type, tff.CLIENTS),
+                               tff.FederatedType(np.float32, tff.CLIENTS))
+    def next_fn(state, value, weight):
+        products = tff.federated_aggregate(tff.federated_zip((value[0], weight)), zero(),
+                                           accumulate, merge, report)
+        out = inner.next(state, value[1], weight)
+        return tff.templates.MeasuredProcessOutput(
+            out.state, tff.federated_zip((products, out.result)), out.measurements)
+
+    return tff.templates.AggregationProcess(initialize, next_fn)
+
+
+def _server_step(model, round_spec, update_type, optimizer):
+    layout = model.layout
+    weights_type = layout.global_type()
+    uploaded = _uploaded(model, round_spec)
+    paired = {k for pair in round_spec.pairs for k in pair}
+    others = [layout.global_index(k) for k in uploaded if k not in paired]
+    if round_spec.upload == "product":
+        pairs = [(layout.global_index(a), layout.global_index(b)) for a, b in round_spec.pairs]
+        return server_steps.SvdStep(optimizer, weights_type, pairs, others, update_type)
+    if round_spec.upload == "factors":
+        links = []
+        for link in round_spec.links:
+            base = (layout.global_index(link.base_index) if link.base_trainable
+                    else layout.non_trainable.index(link.base_index))
+            links.append(_GlobalLink(layout.global_index(link.a_index),
+                                     layout.global_index(link.b_index), base,
+                                     link.base_trainable, link.scale))
+        return server_steps.MergeStep(optimizer, weights_type, links, others, round_spec.seed,
+                                      update_type)
+    return server_steps.OptimizerStep(optimizer, weights_type, others, update_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GlobalLink:
+    a: int
+    b: int
+    base: int
+    base_trainable: bool
+    scale: float
+
+
+@dataclasses.dataclass
+class RoundPieces:
+    """The four pieces of one round kind, before the shared-state keying."""
+
+    name: str
+    client_update: tff.Computation
+    aggregator: tff.templates.AggregationProcess
+    step: Any  # a `tffl.server_steps` step
+    traffic: communication.RoundTraffic
+    upload_type: tff.Type
+
+
+def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConfig,
+                aggregator=None, server_optimizer=None) -> RoundPieces:
+    """The pieces of a communication round of kind `round_spec` (see the module docstring).
+
+    `aggregator`: a `tff.aggregators` factory (default `MeanFactory()`: Σ n_iΔ_i/Σ n_i);
+    `server_optimizer`: a `tff.learning.optimizers` optimizer (default SGD η_s = 1: w + Δ̄).
+    """
+    factory, weighted = _weighted(aggregator or tff.aggregators.MeanFactory())
+    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
+    client_update = build_client_computation(model, round_spec, client)
+    result_type = client_update.type_signature.result[0]
+    update_type = result_type.update
+    if round_spec.upload == "factors":
+        aggregation = _stacking_aggregation(update_type, factory, weighted)
+    else:
+        aggregation = factory.create(update_type, result_type.update_weight)
+    step = _server_step(model, round_spec, aggregation.next.type_signature.result.result.member,
+                        server_optimizer)
+    up = (communication.type_bytes(result_type)
+          + communication.type_bytes(client_update.type_signature.result[1]))
+    traffic = communication.RoundTraffic(down=communication.type_bytes(model.layout.global_type()),
+                                         up=up)
+    return RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
+                       client_update.type_signature.result[0])

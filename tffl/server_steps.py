@@ -1,0 +1,155 @@
+"""Server steps: what the finalizer of a communication round does with the aggregated upload.
+
+Each step is a pair of TensorFlow computations on the federated `ModelWeights` w (the
+`tffl.frozen.Layout`'s global weights; `positions` index `w.trainable`):
+
+- `initialize() -> state`
+- `apply(state, w, aggregate, round_num) -> (state, w)`, `round_num` the number of communication
+  rounds done once this one is (int32).
+
+| step            | aggregate                                   | w after the step                      |
+|-----------------|---------------------------------------------|----------------------------------------|
+| `OptimizerStep` | Δ̄ (mean delta) of `w.trainable[positions]` | server optimizer step with gradient −Δ̄ |
+| `SvdStep`       | mean product deltas, then other deltas      | A,B ← √-split rank-r SVD of AB + mean  |
+| `MergeStep`     | Σ p_i A_iB_i per adapter, then other deltas | W0 += scale·Σ p_i A_iB_i; A ← fresh, B ← 0 |
+
+With the default server optimizer (SGD, η_s = 1) `OptimizerStep` gives w + Δ̄ = mean_i w_i, the
+plain FedAvg mean. (`tffl.engine` wraps the steps into `tff.learning.templates.FinalizerProcess`es.)
+
+Example:
+
+>>> step = OptimizerStep(tff.learning.optimizers.build_sgdm(1.0), weights_type, positions=(0,))
+>>> state = step.initialize()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def _specs(weights_type, positions):
+    return [tf.TensorSpec(weights_type.trainable[k].shape, weights_type.trainable[k].dtype)
+            for k in positions]
+
+
+def _optimizer_apply(optimizer, state, trainable: list, positions, deltas):
+    """`optimizer.next` on `trainable[positions]` with gradient −Δ (in place on the list)."""
+    if not positions:
+        return state
+    weights = [trainable[k] for k in positions]
+    state, new = optimizer.next(state, weights, [-d for d in deltas])
+    for k, value in zip(positions, new):
+        trainable[k] = value
+    return state
+
+
+class OptimizerStep:
+    """w.trainable[positions] ← server optimizer step with gradient −Δ̄ (`update` = the list of
+    Δ̄ in `positions` order)."""
+
+    def __init__(self, optimizer: tff.learning.optimizers.Optimizer, weights_type: tff.Type,
+                 positions: Sequence[int], update_type: tff.Type):
+        positions = tuple(positions)
+
+        @tff.tensorflow.computation
+        def initialize():
+            return optimizer.initialize(_specs(weights_type, positions))
+
+        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                    np.int32)
+        def apply(state, weights, update, round_num):
+            del round_num
+            trainable = list(weights.trainable)
+            state = _optimizer_apply(optimizer, state, trainable, positions, list(update))
+            return state, tff.learning.models.ModelWeights(
+                trainable=trainable, non_trainable=list(weights.non_trainable))
+
+        self.initialize, self.apply = initialize, apply
+
+
+class SvdStep:
+    """FlexLoRA (Bai et al. 2024): for each pair (A at `pairs[j][0]`, B at `pairs[j][1]`, rank r)
+    P = A·B + mean_i(A_iB_i − AB) = mean_i(A_iB_i), P ≈ U_r S_r V_rᵀ, A ← U_r S_r^{1/2},
+    B ← S_r^{1/2} V_rᵀ; the `others` positions take a server optimizer step on their deltas.
+    `update` = [product deltas in pair order] + [deltas in `others` order]."""
+
+    def __init__(self, optimizer, weights_type, pairs: Sequence[tuple[int, int]],
+                 others: Sequence[int], update_type):
+        pairs, others = tuple(pairs), tuple(others)
+
+        @tff.tensorflow.computation
+        def initialize():
+            return optimizer.initialize(_specs(weights_type, others))
+
+        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                    np.int32)
+        def apply(state, weights, update, round_num):
+            del round_num
+            trainable = list(weights.trainable)
+            update = list(update)
+            for (a, b), delta in zip(pairs, update[: len(pairs)]):
+                rank = weights_type.trainable[a].shape[1]
+                s, u, v = tf.linalg.svd(trainable[a] @ trainable[b] + delta)
+                root = tf.sqrt(s[:rank])
+                trainable[a] = u[:, :rank] * root[tf.newaxis, :]
+                trainable[b] = root[:, tf.newaxis] * tf.transpose(v[:, :rank])
+            state = _optimizer_apply(optimizer, state, trainable, others, update[len(pairs):])
+            return state, tff.learning.models.ModelWeights(
+                trainable=trainable, non_trainable=list(weights.non_trainable))
+
+        self.initialize, self.apply = initialize, apply
+
+
+def flora_a_init(shape: tuple[int, int], seed: int, round_num, pair: int, num_pairs: int
+                 ) -> tf.Tensor:
+    """FLoRA's fresh A after communication round t = `round_num` (a scalar tensor ≥ 1):
+
+        A ~ U(−1/√d_in, 1/√d_in),  `tf.random.stateless_uniform(shape, [seed, t·L + k])`
+
+    with k = `pair` (position of the adapter among the L = `num_pairs` linked adapters). Drawn by
+    the server, the same for all clients; PEFT's default LoRA-A distribution. (Round 0 uses the
+    model's own A.)
+    """
+    bound = 1.0 / np.sqrt(shape[0])
+    stream = tf.cast(round_num, tf.int64) * num_pairs + pair
+    return tf.random.stateless_uniform(
+        shape, tf.stack([tf.constant(seed, tf.int64), stream]), minval=-bound, maxval=bound)
+
+
+class MergeStep:
+    """FLoRA (Wang et al. 2024): for each linked adapter j (A at `links[j].a`, B at `links[j].b`,
+    its base kernel W0 at `links[j].base` of `w.trainable` or `w.non_trainable`),
+    W0 ← W0 + scale·reshape(Σ_i p_i A_iB_i, W0.shape), then A ← `flora_a_init(seed, t)`, B ← 0;
+    the `others` positions take a server optimizer step. `update` = (products, other deltas)."""
+
+    def __init__(self, optimizer, weights_type, links, others: Sequence[int], seed: int,
+                 update_type):
+        others = tuple(others)
+
+        @tff.tensorflow.computation
+        def initialize():
+            return optimizer.initialize(_specs(weights_type, others))
+
+        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                    np.int32)
+        def apply(state, weights, update, round_num):
+            products, deltas = update
+            trainable, non_trainable = list(weights.trainable), list(weights.non_trainable)
+            for k, (link, product) in enumerate(zip(links, products)):
+                base = trainable if link.base_trainable else non_trainable
+                kernel = base[link.base]
+                base[link.base] = kernel + tf.cast(
+                    link.scale * tf.reshape(product, tf.shape(kernel)), kernel.dtype)
+                a = trainable[link.a]
+                trainable[link.a] = tf.cast(
+                    flora_a_init(tuple(a.shape), seed, round_num, k, len(links)), a.dtype)
+                trainable[link.b] = tf.zeros_like(trainable[link.b])
+            state = _optimizer_apply(optimizer, state, trainable, others, list(deltas))
+            return state, tff.learning.models.ModelWeights(trainable=trainable,
+                                                           non_trainable=non_trainable)
+
+        self.initialize, self.apply = initialize, apply
