@@ -264,33 +264,6 @@ TEXT_TASKS = ("sst2", "reviews")
 BACKBONES = ("tiny", "minilm")
 
 
-class WithInitialWeights:
-    """`process` whose `initialize()` state carries the given non-trainable (frozen) weights,
-    e.g. a pretrained backbone: TFF builds models in graphs, so the architecture is built there
-    and the checkpoint's weights are set afterwards. Everything else is `process`'s."""
-
-    def __init__(self, process, non_trainable):
-        self._process = process
-        self._non_trainable = [np.asarray(v) for v in non_trainable]
-
-    def __getattr__(self, name):
-        return getattr(self._process, name)
-
-    def initialize(self):
-        state = self._process.initialize()
-        weights = self._process.get_model_weights(state)
-        expected = [np.shape(v) for v in weights.non_trainable]
-        given = [v.shape for v in self._non_trainable]
-        if expected != given:
-            raise ValueError(f"pretrained weights do not fit the model: {len(given)} frozen "
-                             f"tensors {given[:3]}..., the model has {len(expected)} "
-                             f"{expected[:3]}...")
-        import tensorflow_federated as tff
-
-        return self._process.set_model_weights(state, tff.learning.models.ModelWeights(
-            trainable=list(weights.trainable), non_trainable=self._non_trainable))
-
-
 def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int,
                    partition: str, data_dir, backbone: str, rank: int, lora_alpha,
                    lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
@@ -393,34 +366,32 @@ def model_for(algorithm: str, representation: str = "mlp") -> str:
     return "pfl_mlp_lg" if algorithm == "lg_fedavg" else "pfl_mlp"
 
 
-def driver_rounds(
-    algorithm: str, communication_rounds: int, rolora_fraction: float = 0.5,
-    representation: str = "mlp",
-) -> tuple[int, int]:
-    """`(next calls, communication rounds they make)` for a target of `communication_rounds` T.
+OPTIMIZERS = ("sgd", "adam")
 
-    RoLoRA: each call is a B round then an A round, so ceil(T/2) calls (T rounded up to even);
-    rolora_ffa: B+A pairs until round(x*T) rounds are done, then single B rounds; others: T.
-    """
-    if algorithm == "rolora" or (algorithm in PERSONALIZED_ALGORITHMS
-                                 and representation == "lora_alternating"):
-        calls = -(-communication_rounds // 2)
-        return calls, 2 * calls
-    if algorithm == "rolora_ffa":
-        switch = round(rolora_fraction * communication_rounds)
-        done = calls = 0
-        while done < communication_rounds:
-            done += 2 if done + 2 <= switch else 1
-            calls += 1
-        return calls, done
-    return communication_rounds, communication_rounds
+
+def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
+    """A `tff.learning.optimizers` optimizer: `sgd` (with `momentum` > 0: SGD with momentum) or
+    `adam` (β = 0.9, 0.999; `momentum` must be 0)."""
+    import tensorflow_federated as tff
+
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning rate {learning_rate} must be > 0")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum {momentum} must be in [0, 1)")
+    if name == "sgd":
+        return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum or None)
+    if name == "adam":
+        if momentum:
+            raise ValueError("momentum applies to the sgd optimizer only (adam has its own betas)")
+        return tff.learning.optimizers.build_adam(learning_rate)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
 def build_algorithm(
     name: str,
     task: RunTask,
-    client_learning_rate: float,
-    server_learning_rate: float,
+    client_learning_rate,
+    server_learning_rate: float = 1.0,
     communication_rounds: int = 1,
     rolora_fraction: float = 0.5,
     representation: str = "mlp",
@@ -430,7 +401,21 @@ def build_algorithm(
     finetune_epochs: int | None = None,
     shortcut_epochs: int = 1,
     flute: personalized.FluteConfig | None = None,
+    server_optimizer=None,
+    weight_decay: float = 0.0,
+    frozen_dir=None,
 ):
+    """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
+    or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
+    `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
+    any, go into the process's frozen-weights file (they never enter the server state)."""
+    import tensorflow_federated as tff
+
+    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
+        float(server_learning_rate))
+    pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
+    common = dict(server_optimizer=server_optimizer, weight_decay=weight_decay,
+                  initial_non_trainable=pretrained, frozen_dir=frozen_dir)
     if name in PERSONALIZED_ALGORITHMS:
         return personalized.build_personalized_process(
             name, task.keras_model_fn, task.input_spec, client_learning_rate,
@@ -438,17 +423,15 @@ def build_algorithm(
             representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
             shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
             lora_schedule="alternating" if representation == "lora_alternating" else "joint",
-            server_learning_rate=server_learning_rate,
+            **common,
         )
     if name == "rolora_ffa":
         return lora_fl.build_rolora_then_ffa(
             rolora_fraction, communication_rounds, task.keras_model_fn, task.input_spec,
-            client_learning_rate=client_learning_rate,
-        )
+            client_learning_rate, **common)
     if name in LORA_ALGORITHMS:
-        return lora_fl.build_lora_process(
-            name, task.keras_model_fn, task.input_spec, client_learning_rate=client_learning_rate
-        )
+        return lora_fl.build_lora_process(name, task.keras_model_fn, task.input_spec,
+                                          client_learning_rate, **common)
     raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
@@ -489,7 +472,7 @@ def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, fl
             metrics = process.evaluate(state, train, test)
         out = {f"personal_{k}": v for k, v in metrics.items() if k != "num_examples"}
         if store is None:
-            out.update(task.evaluate(process.get_model_weights(state)))
+            out.update(task.evaluate(process.model_weights(state)))
         return out
 
     return evaluate

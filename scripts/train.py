@@ -14,8 +14,8 @@ real images), split 5 clients x 2 classes, all clients every round, 100 communic
 
 Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>), or to
 --output_dir/<algorithm>/ when several are compared:
-  metrics.csv          one row per `next` (train loss, eval, bytes down/up per client, seconds;
-                       RoLoRA's row holds its B round and its A round, `b_round/...`, `a_round/...`)
+  metrics.csv          one row per communication round (train loss, eval, bytes down/up per
+                       client, seconds; RoLoRA's rows alternate `b_round/...` and `a_round/...`)
   checkpoints/         the newest server states; --resume continues after the last one
   summary.json         final metrics and the flags used
 and a comparison of several algorithms goes to comparison.csv / comparison.md; the TFF C++
@@ -142,8 +142,8 @@ _NUM_CLIENTS = flags.DEFINE_integer("num_clients", 5, "Clients the data is split
 _CLIENTS_PER_ROUND = flags.DEFINE_integer("clients_per_round", 5, "Clients sampled per round.")
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 100,
-    "Communication rounds (RoLoRA runs them in pairs: a B round then an A round, one row each "
-    "pair in metrics.csv).",
+    "Communication rounds, one row each in metrics.csv (RoLoRA alternates B and A rounds, each "
+    "on its own client batches).",
 )
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 10, "Local SGD steps per client per round.")
 _RANK = flags.DEFINE_integer("rank", 16, "LoRA rank r of the LoRA algorithms' adapters.")
@@ -152,12 +152,26 @@ _ROLORA_FRACTION = flags.DEFINE_float(
     "rolora_ffa: fraction x of the communication rounds run as RoLoRA before FFA-LoRA takes over.",
 )
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate (plain SGD).")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate.")
+_CLIENT_OPTIMIZER = flags.DEFINE_enum(
+    "client_optimizer", "sgd", registry.OPTIMIZERS,
+    "Client optimizer (tff.learning.optimizers): sgd (with --client_momentum) or adam; its state "
+    "restarts in every local phase.")
+_CLIENT_MOMENTUM = flags.DEFINE_float("client_momentum", 0.0, "Client SGD momentum in [0, 1).")
+_WEIGHT_DECAY = flags.DEFINE_float(
+    "weight_decay", 0.0, "Client weight decay lambda >= 0, added to the gradient as lambda*w "
+    "(PyTorch's coupled weight_decay).")
+_SERVER_OPTIMIZER = flags.DEFINE_enum(
+    "server_optimizer", "sgd", registry.OPTIMIZERS,
+    "Server optimizer applied to the aggregated delta as a gradient -mean(delta); sgd with "
+    "--server_learning_rate=1 is the plain average.")
 _SERVER_LEARNING_RATE = flags.DEFINE_float(
-    "server_learning_rate", 1.0,
-    "Server learning rate of the personalized algorithms (phi += lr * mean delta); the LoRA "
-    "algorithms average.",
-)
+    "server_learning_rate", 1.0, "Server learning rate (sgd: w += lr * mean delta).")
+_SERVER_MOMENTUM = flags.DEFINE_float("server_momentum", 0.0, "Server SGD momentum in [0, 1).")
+_FROZEN_DIR = flags.DEFINE_string(
+    "frozen_dir", None, "Folder for the frozen (never federated) weights file every client "
+    "reads (default $TFFL_CACHE/frozen, i.e. ~/.cache/tffl/frozen); remote workers need it on "
+    "a shared filesystem.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for data split, model init and client sampling.")
 _EVAL_EVERY = flags.DEFINE_integer(
     "eval_every", 5, "Evaluate on the test set every this many rounds (0: only at the end)."
@@ -182,6 +196,7 @@ _RUN_FLAGS = (
     "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
     "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
     "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
+    "client_optimizer", "client_momentum", "weight_decay", "server_optimizer", "server_momentum",
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
     "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
     "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
@@ -259,6 +274,16 @@ def _validate_flags() -> pathlib.Path:
     for name in ("learning_rate", "server_learning_rate", "dirichlet_alpha"):
         if not flags.FLAGS[name].value > 0:
             raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be > 0")
+    for name, optimizer in (("client_momentum", _CLIENT_OPTIMIZER.value),
+                            ("server_momentum", _SERVER_OPTIMIZER.value)):
+        value = flags.FLAGS[name].value
+        if not 0.0 <= value < 1.0:
+            raise UsageError(f"flag --{name}={value}: must be in [0, 1)")
+        if value and optimizer != "sgd":
+            raise UsageError(f"flag --{name}={value}: momentum applies to the sgd optimizer "
+                             f"only, not {optimizer}")
+    if not _WEIGHT_DECAY.value >= 0:
+        raise UsageError(f"flag --weight_decay={_WEIGHT_DECAY.value}: must be >= 0")
     if _CLIENTS_PER_ROUND.value > _NUM_CLIENTS.value:
         raise UsageError(
             f"flag --clients_per_round={_CLIENTS_PER_ROUND.value}: must be <= "
@@ -305,10 +330,6 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
                      if _LORA_LAYERS.value else None),
         sequence_length=_SEQUENCE_LENGTH.value,
     )
-    driver_rounds, comm_rounds = registry.driver_rounds(
-        algorithm, _ROUNDS.value, _ROLORA_FRACTION.value, _REPRESENTATION.value
-    )
-    per_next = max(1, round(comm_rounds / driver_rounds))
     who = {
         "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",
         "full": f"all {_NUM_CLIENTS.value} clients per round ({_STRAGGLER.value} speeds)",
@@ -317,15 +338,19 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
     }[_PARTICIPATION.value]
     print(
         f"tffl: {algorithm} on {task.description}; {who}, "
-        f"{comm_rounds} communication rounds ({driver_rounds} rows) -> {output_dir}",
+        f"{_ROUNDS.value} communication rounds -> {output_dir}",
         flush=True,
     )
     started = time.perf_counter()
     process = registry.build_algorithm(
         algorithm,
         task,
-        client_learning_rate=_LEARNING_RATE.value,
-        server_learning_rate=_SERVER_LEARNING_RATE.value,
+        client_learning_rate=registry.build_optimizer(
+            _CLIENT_OPTIMIZER.value, _LEARNING_RATE.value, _CLIENT_MOMENTUM.value),
+        server_optimizer=registry.build_optimizer(
+            _SERVER_OPTIMIZER.value, _SERVER_LEARNING_RATE.value, _SERVER_MOMENTUM.value),
+        weight_decay=_WEIGHT_DECAY.value,
+        frozen_dir=_FROZEN_DIR.value,
         communication_rounds=_ROUNDS.value,
         rolora_fraction=_ROLORA_FRACTION.value,
         representation=_REPRESENTATION.value,
@@ -338,14 +363,11 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
             nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value),
     )
-    pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
-    if pretrained is not None:
-        process = registry.WithInitialWeights(process, pretrained)
     if algorithm in registry.PERSONALIZED_ALGORITHMS:
         evaluate_fn = registry.personalized_evaluator(task, process)
     else:
         def evaluate_fn(state):
-            return task.evaluate(process.get_model_weights(state))
+            return task.evaluate(process.model_weights(state))
     stage_rounds = _STAGE_ROUNDS.value
     sampler = registry.build_sampler(
         task, _CLIENTS_PER_ROUND.value, _SEED.value, kind=_PARTICIPATION.value,
@@ -357,10 +379,10 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         process,
         sampler=sampler,
         client_dataset_fn=task.client_dataset_fn,
-        rounds=driver_rounds,
+        rounds=_ROUNDS.value,
         output_dir=output_dir,
         evaluate_fn=evaluate_fn,
-        eval_every=max(1, _EVAL_EVERY.value // per_next) if _EVAL_EVERY.value else 0,
+        eval_every=_EVAL_EVERY.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         config=config,
         resume=_RESUME.value,

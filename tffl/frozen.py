@@ -187,6 +187,7 @@ class FrozenWeights:
             tf.raw_ops.SaveV2(prefix=str(tmp / "weights"), tensor_names=_names(len(values)),
                               shape_and_slices=[""] * len(values),
                               tensors=[tf.constant(v) for v in values])
+            os.chmod(tmp, 0o755)  # readable by workers running as other users
             try:
                 os.replace(tmp, folder)
             except OSError:  # another process wrote the same content first

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
@@ -196,6 +196,19 @@ def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPi
     return initialize, rounds
 
 
+@runtime_checkable
+class RoundProtocol(Protocol):
+    """What `tffl.simulation.run_rounds` reads from a process besides `initialize`/`next`:
+    which round kind `next(state, ...)` runs, its bytes per client, and the fingerprint of the
+    frozen weights the state belongs to. Both `ScheduledProcess` and `PersonalizedProcess`
+    follow it (and so does any wrapper that forwards these attributes)."""
+
+    traffic: Mapping[str, Any]
+    frozen_fingerprint: str
+
+    def round_name(self, state) -> str: ...
+
+
 class Scheduled:
     """What both process protocols share: the schedule, the rounds, traffic and weights."""
 
@@ -212,6 +225,11 @@ class Scheduled:
     @property
     def spec(self):
         return self.model.spec
+
+    @property
+    def communication_rounds(self) -> Mapping[str, tff.Computation]:
+        """`rounds`: {round name: federated computation of one communication round}."""
+        return self.rounds
 
     @property
     def frozen_fingerprint(self) -> str:

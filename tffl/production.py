@@ -20,19 +20,21 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
 
 | algorithm (`tffl.lora_fl`)            | MapReduceForm                   | DistributeAggregateForm |
 |---------------------------------------|---------------------------------|-------------------------|
-| `fedavg_lora`, `ffa_lora`, `flexlora` | `next` and its one round        | the same                |
-| `rolora`                              | `b_round`, `a_round`; no `next` | the same                |
-| `flora`                               | `next` and its one round        | no (TFF 0.87, below)    |
+| `fedavg_lora`, `ffa_lora`, `flexlora` | `next` (its one round kind)     | the same                |
+| `rolora`, `rolora_ffa`                | `b_round`, `a_round`            | the same                |
+| `flora`                               | `next` (its one round kind)     | no (TFF 0.87, below)    |
 
-- RoLoRA's `next` is two communication rounds (the A round broadcasts the model the B round's
-  aggregate produced), so neither form can hold it: TFF refuses with "Detected broadcast
-  dependent on aggregate". Compile (and deploy) `process.communication_rounds["b_round"]` and
-  `["a_round"]`, and call them in turn; that is what `to_map_reduce_form(process)` does.
+- Every `next` of a `tffl.processes` process is one communication round. RoLoRA has two round
+  kinds of one state type; its `next` is a Python dispatcher that runs the kind the state's
+  `round_num` selects, so deploy `process.communication_rounds["b_round"]` and `["a_round"]` and
+  call them alternately (what `to_map_reduce_form(process)` compiles). A computation that chains
+  two broadcast-aggregate rounds would be refused by TFF ("Detected broadcast dependent on
+  aggregate"); `_reason` says so.
 - FLoRA aggregates with `tff.federated_aggregate` (the stacking accumulator). TFF 0.87's
   DistributeAggregateForm compiler wraps every non-placed argument of an aggregation intrinsic in
   a SERVER-placed value, which fails for the accumulate/merge/report *functions* ("Expected a
   `tff.FederatedType` to not contain `tff.FederatedType`s or `tff.FunctionType`s"). Its
-  MapReduceForm is fine (`tffl.communication.round_traffic` sizes FLoRA's traffic off it).
+  MapReduceForm is fine.
 
 Personalized algorithms with personal state (`tffl.personalized`: `fedrep`, `fedper`,
 `lg_fedavg`, `flute`, `adaptpfl`) take neither form. Their rounds are
@@ -57,8 +59,8 @@ TF computation, a form's piece) into `bytes` of a `computation.proto` and back. 
 computation has the same type signature and runs in any TFF execution context, but Python
 containers are lost: structures come back as `OrderedDict`s (named fields) and tuples, e.g.
 `next` returns `OrderedDict(state=..., metrics=...)` instead of a `LearningProcessOutput`.
-`save_process` / `load_process` store a process's `initialize`, `next` and communication rounds
-as files.
+`save_process` / `load_process` store a process's `initialize` and communication rounds (and its
+schedule's first rounds, for the record) as files.
 
 Example:
 
@@ -67,7 +69,7 @@ Example:
 >>> saved = load_process("/tmp/rolora")
 >>> with runtime.local_runtime():
 ...     state = saved.initialize()
-...     output = saved.next(state, client_datasets)   # OrderedDict(state=..., metrics=...)
+...     output = saved.communication_rounds["b_round"](state, client_datasets)
 """
 
 from __future__ import annotations
@@ -91,9 +93,9 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
 
     Args:
       process_or_computation: a federated computation `(state@S, data@C) -> (state@S, out@S)`
-        (e.g. `process.next` or `process.communication_rounds["b_round"]`), or a process: an
-        object with `next` and optionally `communication_rounds` (`tffl.lora_fl`,
-        `tffl.personalized`), whose communication rounds (else `next`) are compiled one by one.
+        (e.g. `process.communication_rounds["b_round"]`), or a process: an object with
+        `communication_rounds` (`tffl.processes`) or `next`, whose round kinds (else `next`)
+        are compiled one by one.
       name: what error messages call it (default: the process's `algorithm`, else "computation").
 
     Returns:
@@ -103,7 +105,7 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
     Raises:
       ValueError: naming the algorithm and the reason, if the computation does not have the
         signature of one round (e.g. a personalized round, whose clients keep personal state) or
-        TFF cannot compile it (e.g. RoLoRA's two-round `next`).
+        TFF cannot compile it.
     """
     return _compile(process_or_computation, name, "MapReduceForm",
                     tff.backends.mapreduce.get_map_reduce_form_for_computation)
@@ -142,35 +144,41 @@ def deserialize(data: bytes) -> tff.Computation:
 
 @dataclasses.dataclass(frozen=True)
 class SavedProcess:
-    """A process read back by `load_process`: `initialize() -> state@S`, `next` (a personalized
-    process's `next_computation`) and `communication_rounds` {name: computation}, in order."""
+    """A process read back by `load_process`: `initialize() -> state@S`, `communication_rounds`
+    {name: computation} in order, `schedule` (the round names of communication rounds
+    t = 0, 1, ... as saved, for the record) and `next`, the one round's computation when there
+    is a single round kind (else None: call the rounds in the schedule's order)."""
 
     algorithm: str
     initialize: tff.Computation
-    next: tff.Computation
+    next: tff.Computation | None
     communication_rounds: Mapping[str, tff.Computation]
+    schedule: tuple[str, ...] = ()
+
+
+_SCHEDULE_RECORD = 8  # communication rounds of the schedule written to the manifest
 
 
 def save_process(process, directory) -> pathlib.Path:
     """Writes `process`'s computations to `directory` (created if needed) and returns it.
 
-    Files: `initialize.pb`, `next.pb` (a personalized process's `next_computation`), one
-    `round_<k>.pb` per communication round, and `manifest.json` (algorithm, round names, files).
+    Files: `initialize.pb`, one `round_<k>.pb` per round kind, and `manifest.json` (algorithm,
+    round names and files, the schedule of the first communication rounds).
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    rounds = getattr(process, "communication_rounds", {})
+    rounds = getattr(process, "communication_rounds", None) or {"next": process.next}
     round_files = [(name, f"round_{k}.pb") for k, name in enumerate(rounds)]
-    files = {"initialize.pb": process.initialize,
-             "next.pb": getattr(process, "next_computation", process.next)}
+    files = {"initialize.pb": process.initialize}
     files.update((filename, rounds[name]) for name, filename in round_files)
     for filename, computation in files.items():
         (directory / filename).write_bytes(serialize(computation))
+    schedule = getattr(process, "schedule", None)
     manifest = {
         "algorithm": getattr(process, "algorithm", "process"),
         "initialize": "initialize.pb",
-        "next": "next.pb",
         "communication_rounds": round_files,
+        "schedule": [schedule(t) for t in range(_SCHEDULE_RECORD)] if schedule else [],
     }
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return directory
@@ -188,12 +196,14 @@ def load_process(directory) -> SavedProcess:
     def load(filename: str) -> tff.Computation:
         return deserialize((directory / filename).read_bytes())
 
+    rounds = collections.OrderedDict(
+        (name, load(filename)) for name, filename in manifest["communication_rounds"])
     return SavedProcess(
         algorithm=manifest["algorithm"],
         initialize=load(manifest["initialize"]),
-        next=load(manifest["next"]),
-        communication_rounds=collections.OrderedDict(
-            (name, load(filename)) for name, filename in manifest["communication_rounds"]),
+        next=next(iter(rounds.values())) if len(rounds) == 1 else None,
+        communication_rounds=rounds,
+        schedule=tuple(manifest.get("schedule", ())),
     )
 
 
@@ -204,7 +214,7 @@ def _compile(target, name: str | None, form_name: str, compiler: Callable[[Any],
     name = name or getattr(target, "algorithm", type(target).__name__)
     rounds = getattr(target, "communication_rounds", None)
     if rounds is None:
-        rounds = {"next": getattr(target, "next_computation", target.next)}
+        rounds = {"next": target.next}
     return collections.OrderedDict(
         (round_name, _compile_round(comp, f"{name} ({round_name})", form_name, compiler))
         for round_name, comp in rounds.items())
@@ -256,8 +266,8 @@ def _placed_at(type_spec: tff.Type, placement) -> bool:
 def _reason(computation: tff.Computation, error: Exception, form_name: str) -> str:
     """A plain-words cause for the TFF compilation errors we know, else ""."""
     if _BROADCAST_AFTER_AGGREGATE in str(error):
-        return ("it runs more than one broadcast-aggregate round (e.g. RoLoRA's `next`: its A "
-                "round broadcasts what the B round aggregated); compile each of the process's "
+        return ("it runs more than one broadcast-aggregate round (e.g. a RoLoRA B round and the "
+                "A round that broadcasts what it aggregated); compile each of the process's "
                 "`communication_rounds` instead (pass the process itself). ")
     if (form_name == "DistributeAggregateForm"
             and tff.framework.FEDERATED_AGGREGATE.uri in _intrinsic_uris(computation)):

@@ -129,7 +129,7 @@ class _Traffic:
 
     def __init__(self, process: Any, say: Callable[[str], None]):
         self.process = process
-        self.scheduled = isinstance(process, processes.Scheduled)
+        self.scheduled = isinstance(process, processes.RoundProtocol)
         self.whole: communication.RoundTraffic | None = None
         if self.scheduled:
             return
@@ -266,7 +266,7 @@ def run_rounds(
 
     state = process.initialize()
     # The frozen (never federated) weights the state belongs to; checkpoints record it.
-    fingerprint = (process.frozen_fingerprint if isinstance(process, processes.Scheduled)
+    fingerprint = (process.frozen_fingerprint if isinstance(process, processes.RoundProtocol)
                    else None)
     personalized = personal_state.is_personalized(process)
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None

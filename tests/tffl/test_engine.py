@@ -1,0 +1,276 @@
+"""tffl.engine / tffl.processes: the one engine against TFF's own FedAvg and independent numpy.
+
+- FedAvg on the engine equals `tff.learning.algorithms.build_weighted_fed_avg` on the same Keras
+  model and data (3 rounds, 1e-6).
+- Only federated variables are broadcast: read off each round's MapReduceForm `prepare` (what the
+  server sends), for every LoRA algorithm; FLoRA adds exactly the base kernel it merges into.
+- RoLoRA's B and A rounds train on different batches (the driver feeds each communication round
+  its own data), checked against numpy SGD on those batches.
+- Client SGD with momentum and weight decay, client Adam and a server SGD step, against numpy.
+- Checkpoints carry the frozen weights' fingerprint; resuming on other frozen weights is refused.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from test_lora_fl import _LinearLora, _local_sgd, _weighted_mean
+from tffl import frozen
+from tffl import lora_fl
+from tffl import participation
+from tffl import personalized
+from tffl import simulation
+
+_RNG = np.random.default_rng(11)
+_D_IN, _D_OUT, _R = 4, 3, 2
+_W0 = _RNG.normal(size=(_D_IN, _D_OUT)).astype(np.float32)
+_A0 = _RNG.normal(size=(_D_IN, _R)).astype(np.float32)
+_CLIENTS = [(_RNG.normal(size=(n, _D_IN)).astype(np.float32),
+             _RNG.normal(size=(n, _D_OUT)).astype(np.float32)) for n in (4, 6, 2)]
+_COUNTS = [len(x) for x, _ in _CLIENTS]
+_LR, _BATCH = 0.1, 2
+_SPEC = (tf.TensorSpec([None, _D_IN], tf.float32), tf.TensorSpec([None, _D_OUT], tf.float32))
+
+
+def _lora_model(w0=_W0, link=False):
+    def build():
+        x = tf.keras.Input((_D_IN,))
+        return tf.keras.Model(x, _LinearLora(w0, _A0, link=link, name="lora_0")(x))
+
+    return build
+
+
+def _datasets(clients, batch=_BATCH):
+    return [tf.data.Dataset.from_tensor_slices(c).batch(batch) for c in clients]
+
+
+# --- FedAvg equals TFF's own ------------------------------------------------------------------
+
+_CLASSES, _FEATURES = 3, 5
+_CLASS_CLIENTS = [(_RNG.normal(size=(n, _FEATURES)).astype(np.float32),
+                   _RNG.integers(0, _CLASSES, size=n).astype(np.int32)) for n in (7, 4, 9)]
+_CLASS_SPEC = (tf.TensorSpec([None, _FEATURES], tf.float32), tf.TensorSpec([None], tf.int32))
+
+
+def _mlp():
+    x = tf.keras.Input((_FEATURES,))
+    h = tf.keras.layers.Dense(6, activation="relu",
+                              kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(x)
+    y = tf.keras.layers.Dense(_CLASSES,
+                              kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(h)
+    return tf.keras.Model(x, y)
+
+
+def test_fedavg_equals_tff_build_weighted_fed_avg(tff_runtime):
+    """3 rounds of FedAvg (client SGD 0.1, batch 3, example-weighted mean, server SGD 1.0) on the
+    engine and with `tff.learning.algorithms.build_weighted_fed_avg`, from the same weights."""
+    ours = personalized.build_personalized_process("fedavg", _mlp, _CLASS_SPEC, 0.1)
+
+    def tff_model_fn():
+        return tff.learning.models.from_keras_model(
+            _mlp(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            input_spec=_CLASS_SPEC)
+
+    theirs = tff.learning.algorithms.build_weighted_fed_avg(
+        tff_model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
+    state = ours.initialize()
+    weights = ours.get_model_weights(state)
+    assert len(weights.trainable) == 4 and not weights.non_trainable  # everything is federated
+    their_state = theirs.set_model_weights(theirs.initialize(), weights)
+    data = _datasets(_CLASS_CLIENTS, 3)
+    for _ in range(3):
+        output = ours.next(state, data)
+        state = output.state
+        their_state = theirs.next(their_state, data).state
+    for a, b in zip(ours.get_model_weights(state).trainable,
+                    theirs.get_model_weights(their_state).trainable, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert output.metrics["client_work"]["train"]["num_examples"] == sum(
+        len(x) for x, _ in _CLASS_CLIENTS)
+
+
+# --- Only federated variables travel ----------------------------------------------------------
+
+def _frozen_below_lora(link):
+    """x (4) -> Dense(6) [frozen: kernel (4, 6), bias (6,)] -> LoRA layer W0 (6, 3) [frozen,
+    linked when `link`], A (6, 2), B (2, 3)."""
+    w0 = np.random.default_rng(0).normal(size=(6, _D_OUT)).astype(np.float32)
+    a0 = np.random.default_rng(1).normal(size=(6, _R)).astype(np.float32)
+
+    def build():
+        x = tf.keras.Input((_D_IN,))
+        dense = tf.keras.layers.Dense(6, trainable=False)
+        return tf.keras.Model(x, _LinearLora(w0, a0, link=link, name="lora")(dense(x)))
+
+    return build
+
+
+def _broadcast_shapes(computation):
+    form = tff.backends.mapreduce.get_map_reduce_form_for_computation(computation)
+    leaves = tff.structure.flatten(form.prepare.type_signature.result)
+    return sorted(tuple(t.shape) for t in leaves)
+
+
+@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa"])
+def test_no_frozen_variable_is_broadcast(algorithm):
+    """The broadcast (MapReduceForm `prepare`'s result) of every round holds exactly the
+    federated variables: A (6, 2) and/or B (2, 3); FLoRA also the kernel W0 (6, 3) it merges
+    into. The frozen Dense kernel (4, 6) and bias (6,) never travel."""
+    link = algorithm == "flora"
+    if algorithm == "rolora_ffa":
+        process = lora_fl.build_rolora_then_ffa(0.5, 4, _frozen_below_lora(link), _SPEC, 0.1,
+                                                loss_fn=tf.keras.losses.MeanSquaredError)
+    else:
+        process = lora_fl.build_lora_process(algorithm, _frozen_below_lora(link), _SPEC, 0.1,
+                                             loss_fn=tf.keras.losses.MeanSquaredError)
+    expected = {"ffa_lora": [(2, 3)], "flora": [(2, 3), (6, 2), (6, 3)]}.get(
+        algorithm, [(2, 3), (6, 2)])
+    for name, computation in process.rounds.items():
+        shapes = _broadcast_shapes(computation)
+        assert shapes == expected, (name, shapes)
+        assert process.traffic[name].down == 4 * sum(int(np.prod(s)) for s in expected)
+    full = process.model_weights(process.initialize())
+    assert [w.shape for w in full.non_trainable][:2] == [(4, 6), (6,)]  # frozen, in the file
+
+
+# --- RoLoRA's rounds see their own data -------------------------------------------------------
+
+def test_rolora_b_and_a_rounds_train_on_different_batches(tff_runtime, tmp_path):
+    """`run_rounds` feeds communication round t the data `client_dataset_fn(cid, t)`: the B round
+    (t = 1) trains on one set of batches, the A round (t = 2) on another; numpy SGD on exactly
+    those batches gives the final factors (and using round 1's data for the A round would not)."""
+    process = lora_fl.build_rolora(_lora_model(), _SPEC, _LR,
+                                   loss_fn=tf.keras.losses.MeanSquaredError)
+    rng = np.random.default_rng(5)
+    data = {(f"c{i}", t): (rng.normal(size=(4, _D_IN)).astype(np.float32),
+                           rng.normal(size=(4, _D_OUT)).astype(np.float32))
+            for i in range(3) for t in (1, 2)}
+    ids = ["c0", "c1", "c2"]
+    seen = []
+
+    def client_dataset_fn(cid, round_num):
+        seen.append((cid, round_num))
+        return tf.data.Dataset.from_tensor_slices(data[cid, round_num]).batch(_BATCH)
+
+    result = simulation.run_rounds(process, participation.FullParticipation(ids),
+                                   client_dataset_fn, rounds=2, output_dir=tmp_path, log=None)
+    assert seen == [(c, 1) for c in ids] + [(c, 2) for c in ids]
+    assert [r["communication_rounds"] for r in result.history] == [1, 2]
+    assert "b_round/client_work/train/loss" in result.history[0]
+    assert "a_round/client_work/train/loss" in result.history[1]
+    a_new, b_new = process.model_weights(result.state).trainable
+    zeros = np.zeros((_R, _D_OUT))
+    b_bar = _weighted_mean([_local_sgd(_A0, zeros, _W0, *data[c, 1], _LR, _BATCH, "b")[1]
+                            for c in ids], [4, 4, 4])
+    np.testing.assert_allclose(b_new, b_bar, rtol=1e-5, atol=1e-6)
+    a_bar = _weighted_mean([_local_sgd(_A0, b_bar, _W0, *data[c, 2], _LR, _BATCH, "a")[0]
+                            for c in ids], [4, 4, 4])
+    np.testing.assert_allclose(a_new, a_bar, rtol=1e-5, atol=1e-5)
+    same_data = _weighted_mean([_local_sgd(_A0, b_bar, _W0, *data[c, 1], _LR, _BATCH, "a")[0]
+                                for c in ids], [4, 4, 4])
+    assert np.abs(same_data - a_bar).max() > 1e-3
+
+
+# --- Optimizers from tff.learning.optimizers --------------------------------------------------
+
+def _b_gradients(a, b, x, y):
+    g = 2.0 / y.size * (x @ _W0 + x @ a @ b - y)
+    return (x @ a).T @ g
+
+
+def test_client_sgd_momentum_weight_decay_and_adam_match_numpy(tff_runtime):
+    """FFA-LoRA, one client, B from 0: SGD with momentum β and weight decay λ
+    (v ← βv + ∇ + λB, B ← B − ηv) and Adam (m, v moments, η_t = η√(1−β2^t)/(1−β1^t),
+    B ← B − η_t·m/(√v + ε)), each against numpy; the server averages (one client: B_1)."""
+    x, y = _CLIENTS[1]
+    beta, lam = 0.9, 0.01
+    sgdm = lora_fl.build_ffa_lora(_lora_model(), _SPEC,
+                                  tff.learning.optimizers.build_sgdm(_LR, momentum=beta),
+                                  weight_decay=lam, loss_fn=tf.keras.losses.MeanSquaredError)
+    adam = lora_fl.build_ffa_lora(_lora_model(), _SPEC, tff.learning.optimizers.build_adam(0.05),
+                                  loss_fn=tf.keras.losses.MeanSquaredError)
+    got = {name: p.model_weights(p.next(p.initialize(), _datasets([(x, y)])).state).trainable[1]
+           for name, p in (("sgdm", sgdm), ("adam", adam))}
+
+    a = _A0.astype(np.float64)
+    b, v = np.zeros((_R, _D_OUT)), np.zeros((_R, _D_OUT))
+    for s in range(0, len(x), _BATCH):
+        v = beta * v + _b_gradients(a, b, x[s:s + _BATCH], y[s:s + _BATCH]) + lam * b
+        b = b - _LR * v
+    np.testing.assert_allclose(got["sgdm"], b, rtol=1e-5, atol=1e-6)
+
+    b, m, v = np.zeros((_R, _D_OUT)), np.zeros((_R, _D_OUT)), np.zeros((_R, _D_OUT))
+    for t, s in enumerate(range(0, len(x), _BATCH), start=1):
+        g = _b_gradients(a, b, x[s:s + _BATCH], y[s:s + _BATCH])
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        b = b - 0.05 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-7)
+    np.testing.assert_allclose(got["adam"], b, rtol=1e-5, atol=1e-6)
+
+
+def test_server_sgd_step_scales_the_mean_delta(tff_runtime):
+    """Server SGD with η_s = 0.5 on FedAvg-LoRA: A ← A0 + 0.5·mean(A_i − A0), likewise B."""
+    process = lora_fl.build_fedavg_lora(
+        _lora_model(), _SPEC, _LR, loss_fn=tf.keras.losses.MeanSquaredError,
+        server_optimizer=tff.learning.optimizers.build_sgdm(0.5))
+    a_new, b_new = process.model_weights(
+        process.next(process.initialize(), _datasets(_CLIENTS)).state).trainable
+    local = [_local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, _BATCH, "ab")
+             for x, y in _CLIENTS]
+    np.testing.assert_allclose(a_new, _A0 + 0.5 * (_weighted_mean([a for a, _ in local], _COUNTS)
+                                                   - _A0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b_new, 0.5 * _weighted_mean([b for _, b in local], _COUNTS),
+                               rtol=1e-5, atol=1e-6)
+
+
+# --- Frozen weights: file, fingerprint, resume ------------------------------------------------
+
+def test_frozen_weights_round_trip_and_fingerprint(tmp_path):
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.int32)]
+    written = frozen.FrozenWeights.write(values, tmp_path)
+    assert written.fingerprint == frozen.fingerprint(values)
+    assert frozen.FrozenWeights.write(values, tmp_path) == written   # content-addressed, reused
+    for got, want in zip(written.load(), values, strict=True):
+        np.testing.assert_array_equal(got, want)
+    other = frozen.FrozenWeights.write([values[0] + 1, values[1]], tmp_path)
+    assert other.fingerprint != written.fingerprint
+
+
+def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
+    """A run's checkpoint holds only A and B; resuming it with a model whose frozen W0 differs
+    (same shapes) raises `ResumeError` naming both fingerprints."""
+    ids = ["c0", "c1", "c2"]
+
+    def client_dataset_fn(cid, round_num):
+        return _datasets([_CLIENTS[ids.index(cid)]])[0]
+
+    def run(w0, rounds, resume):
+        process = lora_fl.build_rolora(_lora_model(w0), _SPEC, _LR,
+                                       loss_fn=tf.keras.losses.MeanSquaredError)
+        return process, simulation.run_rounds(
+            process, participation.FullParticipation(ids), client_dataset_fn, rounds=rounds,
+            output_dir=tmp_path, resume=resume, log=None)
+
+    first, _ = run(_W0, 1, False)
+    with pytest.raises(simulation.ResumeError, match=rf"frozen weights {first.frozen_fingerprint}"
+                                                      r", this model's are \w+"):
+        run(_W0 + 1.0, 2, True)
+    _, resumed = run(_W0, 2, True)   # the original frozen weights resume
+    assert resumed.first_round == 2
+
+
+def test_layout_assembles_the_whole_model():
+    """`Layout.assemble` puts federated, base and personal values back at their positions."""
+    spec = personalized.client_training.inspect_model(_lora_model(), _SPEC)
+    layout = frozen.Layout.from_spec(spec, trainable=(1,), personal=(0,))
+    a, b, w0 = np.full((4, 2), 1.0), np.full((2, 3), 2.0), np.full((4, 3), 3.0)
+    base = layout.base_values([a, b], [w0])
+    assert [v.shape for v in base] == [(4, 2), (4, 3)]
+    full = layout.assemble(tff.learning.models.ModelWeights([b + 1], []), base, [a + 5])
+    np.testing.assert_array_equal(full.trainable[0], a + 5)
+    np.testing.assert_array_equal(full.trainable[1], b + 1)
+    np.testing.assert_array_equal(full.non_trainable[0], w0)
+    with pytest.raises(ValueError, match="both federated and personal"):
+        frozen.Layout.from_spec(spec, trainable=(0,), personal=(0,))
+
