@@ -464,15 +464,16 @@ class PlainRunner:
                         for s in built.sub_rounds]
         self.trainable: list[np.ndarray] = []
         self.non_trainable: list[tf.Tensor] = []
-        self.non_trainable_bytes = 0
+        self.federated: list[int] = []
         self.personal: list[list[np.ndarray]] = []
         self.bytes = {"down": 0, "up": 0}
 
     def reset(self, trainable, non_trainable, num_clients: int) -> None:
-        """Starts from the given global weights; personal heads = the initial head."""
+        """Starts from the given whole-model weights; personal heads = the initial head. Only
+        the federated variables (those some sub-round uploads) count as broadcast, as in TFF."""
         self.trainable = [np.array(w) for w in trainable]
         self.non_trainable = [tf.constant(w) for w in non_trainable]
-        self.non_trainable_bytes = sum(np.asarray(w).nbytes for w in non_trainable)
+        self.federated = sorted({k for s in self.built.sub_rounds for k in s.upload})
         self.personal = [[self.trainable[k].copy() for k in self.built.personal]
                          for _ in range(num_clients)]
 
@@ -485,7 +486,7 @@ class PlainRunner:
         down = up = 0
         for sub, client in zip(self.built.sub_rounds, self.clients):
             broadcast = [tf.constant(w) for w in self.trainable]
-            down += sum(w.nbytes for w in self.trainable) + self.non_trainable_bytes
+            down += sum(self.trainable[k].nbytes for k in self.federated)
             sums = {k: np.zeros_like(self.trainable[k]) for k in sub.upload}
             total = 0.0
             for i, dataset in enumerate(datasets):
@@ -500,8 +501,7 @@ class PlainRunner:
                 deltas = {k: values[k].numpy() - self.trainable[k] for k in sub.upload}
                 metrics = [np.float32(loss_sum), np.float32(num_correct), np.float32(n)]
                 if i == 0:
-                    up += sum(d.nbytes for d in deltas.values()) + sum(m.nbytes for m in (
-                        metrics if self.built.personal else metrics[::2]))
+                    up += sum(d.nbytes for d in deltas.values()) + sum(m.nbytes for m in metrics)
                 for k, d in deltas.items():
                     sums[k] += n * d
                 total += n
@@ -728,7 +728,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
         sampler.watch("worker", pids[0] if pids else None)
         sampler.take()
         state = process.initialize()
-        weights = process.get_model_weights(state)
+        weights = process.model_weights(state)  # the whole model: frozen weights included
         personal = ([process.initialize_personal(str(i)) for i in range(num_clients)]
                     if built.personalized else None)
         for runner in plain.values():
@@ -738,11 +738,12 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
 
         def tff_round():
             nonlocal state, personal
-            if built.personalized:
-                out = process.next(state, datasets, personal)
-                state, personal = out.state, out.personal_states
-            else:
-                state = process.next(state, datasets).state
+            for _ in built.sub_rounds:  # one `next` per communication round (RoLoRA: B, A)
+                if built.personalized:
+                    out = process.next(state, datasets, personal)
+                    state, personal = out.state, out.personal_states
+                else:
+                    state = process.next(state, datasets).state
 
         for r in range(config.rounds):
             calls0, comp0 = built.model_fn_calls.value, compiles.calls
@@ -767,9 +768,10 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                 plain_traces[name].append(runner.traces)
             log(f"  round {r + 1}: TFF {tff_times[-1]:.2f} s, " + ", ".join(
                 f"{name} {plain_times[name][-1]:.2f} s" for name in plain))
-        tff_weights = process.get_model_weights(state)
+        # State I/O: the federated weights (the server state's model), Python -> worker -> Python.
         state_io = state_round_trip_seconds(process.get_model_weights.type_signature.result,
-                                            tff_weights)
+                                            process.get_model_weights(state))
+        tff_weights = process.model_weights(state)
         diffs = {name: _max_diff(tff_weights.trainable, runner.trainable)
                  for name, runner in plain.items()}
         if built.personalized:
@@ -808,7 +810,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
             e for s in built.sub_rounds for _, e in s.phases),
         "build_seconds": round(built.build_seconds, 3),
         "tff_setup_seconds": round(setup_seconds, 3),
-        "tff_round_seconds": [round(t, 4) for t in tff_times],
+        "tff_round_seconds": [round(t, 6) for t in tff_times],
         "tff_seconds_per_round": tff_s,
         "tff_round1_seconds": tff_times[0],
         "tff_python_cpu_seconds": [round(t, 3) for t in tff_cpu_py],
@@ -828,7 +830,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
     for name, runner in plain.items():
         times = plain_times[name]
         traces = plain_traces[name]
-        row[f"{name}_round_seconds"] = [round(t, 4) for t in times]
+        row[f"{name}_round_seconds"] = [round(t, 6) for t in times]
         row[f"{name}_seconds_per_round"] = _mean(times[1:])
         row[f"{name}_round1_seconds"] = times[0]
         row[f"{name}_cpu_seconds"] = [round(t, 3) for t in plain_cpu[name]]

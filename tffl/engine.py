@@ -274,7 +274,9 @@ def _stacking_aggregation(update_type, factory, weighted: bool):
     factors_type, deltas_type = update_type[0], update_type[1]
     dims = [(f[0].shape[0], f[1].shape[1]) for f in factors_type]
     dtype = factors_type[0][0].dtype
-    inner = factory.create(deltas_type, tff.TensorType(np.float32))
+    # Without extra-role deltas there is nothing for `factory` to aggregate (it would only
+    # upload the weight n_i a second time).
+    inner = factory.create(deltas_type, tff.TensorType(np.float32)) if len(deltas_type) else None
 
     @tff.tensorflow.computation
     def zero():
@@ -305,7 +307,7 @@ def _stacking_aggregation(update_type, factory, weighted: bool):
 
     @tff.federated_computation
     def initialize():
-        return inner.initialize()
+        return inner.initialize() if inner else tff.federated_value((), tff.SERVER)
 
     @tff.federated_computation(initialize.type_signature.result,
                                tff.FederatedType(update_type, tff.CLIENTS),
@@ -313,6 +315,10 @@ def _stacking_aggregation(update_type, factory, weighted: bool):
     def next_fn(state, value, weight):
         products = tff.federated_aggregate(tff.federated_zip((value[0], weight)), zero(),
                                            accumulate, merge, report)
+        if inner is None:
+            return tff.templates.MeasuredProcessOutput(
+                state, tff.federated_zip((products, tff.federated_value([], tff.SERVER))),
+                tff.federated_value(collections.OrderedDict(), tff.SERVER))
         out = inner.next(state, value[1], weight)
         return tff.templates.MeasuredProcessOutput(
             out.state, tff.federated_zip((products, out.result)), out.measurements)

@@ -152,7 +152,11 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
     Raises:
       ValueError: the model has no `lora_a`/`lora_b` variables, or the learning rate is not > 0.
     """
-    client_training.as_optimizer(client_learning_rate)  # validates the step
+    try:
+        client_training.as_optimizer(client_learning_rate)
+    except ValueError:
+        raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
+                         "> 0 (or a tff.learning.optimizers.Optimizer)") from None
     extra_roles = tuple(extra_roles)
     spec = _inspect(keras_model_fn, input_spec, extra_roles)
     a_b = (roles.LORA_A, roles.LORA_B, *extra_roles)

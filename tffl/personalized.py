@@ -129,7 +129,7 @@ def _divide(a, b):
     return tf.math.divide_no_nan(a, b)
 
 
-def _build_evaluation(model: engine.FederatedModel, head, finetune_epochs, optimizer, hook):
+def _build_evaluation(model: engine.FederatedModel, head, finetune_epochs, client, hook):
     """The federated evaluation `(state, [personal,] train, test) -> metrics` (module docstring)."""
     layout = model.layout
     has_personal = bool(layout.personal) or hook is not None
@@ -137,17 +137,21 @@ def _build_evaluation(model: engine.FederatedModel, head, finetune_epochs, optim
     finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
 
     def client_eval(weights, personal, train_ds, test_ds):
-        keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
-                                                  zero_init=True)
-        own = list(personal)[: len(layout.personal)]
-        full = layout.assemble(weights, model.frozen.restore(), own if layout.personal else None)
-        if finetune:
-            loop = client_training.build_phased_loop(keras_model, model.loss_fn(), optimizer,
-                                                     finetune)
-            full = tff.learning.models.ModelWeights(trainable=loop(full, train_ds)["trainable"],
-                                                    non_trainable=list(full.non_trainable))
-        loss_sum, num_correct, num_examples = _build_evaluate_loop(
-            keras_model, model.loss_fn())(full, test_ds)
+        with client_training.placed(model.client_device):
+            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
+                                                      zero_init=True)
+            own = list(personal)[: len(layout.personal)]
+            full = layout.assemble(weights, model.frozen.restore(),
+                                   own if layout.personal else None)
+            if finetune:
+                loop = client_training.build_phased_loop(
+                    keras_model, model.loss_fn(), client.optimizer, finetune,
+                    device=model.client_device, weight_decay=client.weight_decay)
+                full = tff.learning.models.ModelWeights(
+                    trainable=loop(full, train_ds)["trainable"],
+                    non_trainable=list(full.non_trainable))
+            loss_sum, num_correct, num_examples = _build_evaluate_loop(
+                keras_model, model.loss_fn())(full, test_ds)
         return collections.OrderedDict(
             loss_sum=loss_sum, num_correct=num_correct, num_examples=num_examples,
             accuracy=tf.math.divide_no_nan(num_correct, num_examples))
@@ -380,8 +384,7 @@ def build_personalized_process(
                                       hook)
     else:
         process = PersonalizationProcess(algorithm, model, pieces, initialize, rounds, schedule)
-    process.evaluate_computation = _build_evaluation(model, head, finetune_epochs,
-                                                     client_learning_rate, hook)
+    process.evaluate_computation = _build_evaluation(model, head, finetune_epochs, client, hook)
     process.personal_indices = tuple(personal)
     process.finetune_epochs = finetune_epochs
     return process

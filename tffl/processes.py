@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl import communication
 from tffl import engine
 from tffl.personal_state import PersonalizedOutput
 
@@ -219,8 +220,28 @@ class Scheduled:
         self.model = model
         self.rounds = collections.OrderedDict(rounds)
         self.schedule = schedule
-        self.traffic = collections.OrderedDict((p.name, p.traffic) for p in pieces)
+        # Bytes per client per round kind from the types the client work returns; `traffic`
+        # refines them with TFF's own sizing of each round (`tffl.communication.round_traffic`).
+        self.declared_traffic = collections.OrderedDict((p.name, p.traffic) for p in pieces)
         self.upload_types = collections.OrderedDict((p.name, p.upload_type) for p in pieces)
+        self._traffic = None
+
+    @property
+    def traffic(self) -> Mapping[str, communication.RoundTraffic]:
+        """{round name: bytes down/up per client}, read off TFF's DistributeAggregateForm (or
+        MapReduceForm) of each round, which counts what the aggregator really moves (e.g. a
+        `SumFactory` sends no weight, DP broadcasts its clip); for rounds neither form can hold
+        (personal state returned at CLIENTS), the declared figures: the broadcast federated
+        weights, and `ClientResult(update, weight)` plus the metric sums."""
+        if self._traffic is None:
+            traffic = collections.OrderedDict()
+            for name, computation in self.rounds.items():
+                try:
+                    traffic[name] = communication.round_traffic(computation)
+                except ValueError:
+                    traffic[name] = self.declared_traffic[name]
+            self._traffic = traffic
+        return self._traffic
 
     @property
     def spec(self):
@@ -257,9 +278,26 @@ class Scheduled:
         return self.model.full_weights(state.global_model_weights, personal)
 
     def with_model_weights(self, state, weights):
-        """`state` with the federated part of the whole-model `weights` (shapes checked)."""
+        """`state` with the federated part of the whole-model `weights`.
+
+        Raises:
+          ValueError: a shape differs from the model's, or a value of a variable this process
+            does not federate (frozen, never trained, or personal) differs from the one the
+            process was built with: those live in the frozen-weights file and personal states,
+            not in the state (build the process with `initial_non_trainable=` instead).
+        """
         layout = self.model.layout
         check_weights_shapes(self.spec, weights)
+        given = layout.base_values(weights.trainable, weights.non_trainable)
+        infos = layout.base_infos()
+        for info, value, kept in zip(infos, given, self.model.frozen.load(), strict=True):
+            if not np.array_equal(value, kept):
+                raise ValueError(
+                    f"with_model_weights: {info.name} (role {info.role}) is not federated by "
+                    f"{self.algorithm}, so the state cannot hold another value for it; it comes "
+                    f"from the frozen weights {self.model.frozen.fingerprint} (or a client's "
+                    "personal state). Build the process with initial_non_trainable= to start "
+                    "from other frozen weights.")
         return self._set_weights_computation(
             state, layout.global_values(weights.trainable, weights.non_trainable))
 

@@ -74,30 +74,34 @@ def test_one_row_per_algorithm_and_clients(result):
 
 def test_rolora_bytes_are_the_closed_form(result):
     """RoLoRA uploads B (r×d per adapter) + the head in its B round, A (d×r) + the head in its A
-    round, each with the float32 loss sum and example count (+ the weight n_i of the weighted
-    mean); every round broadcasts the whole model."""
+    round, each with three float32 metric sums and the float32 weight n_i of the weighted mean;
+    every round broadcasts the federated variables only (A, B and the head; not the frozen
+    backbone)."""
     p = _parameters(MICRO, CONFIG.rank)
-    metric = lora_fl.METRIC_UPLOAD_BYTES + 4
+    metric = 3 * 4 + 4
+    assert lora_fl.METRIC_UPLOAD_BYTES == metric
     row = _row(result, "rolora", 2)
     traffic = row["traffic_per_communication_round"]
     assert traffic["b_round"]["up"] == 4 * (p["lora_b"] + p["head"]) + metric
     assert traffic["a_round"]["up"] == 4 * (p["lora_a"] + p["head"]) + metric
-    everything = 4 * sum(p.values())
-    assert traffic["b_round"]["down"] == traffic["a_round"]["down"] == everything
+    federated = 4 * (p["lora_a"] + p["lora_b"] + p["head"])
+    assert traffic["b_round"]["down"] == traffic["a_round"]["down"] == federated
     assert row["bytes_up_per_client"] == 4 * (p["lora_a"] + p["lora_b"] + 2 * p["head"]) + 2 * metric
-    assert row["bytes_down_per_client"] == 2 * everything
-    # The plain loop's numpy arrays: the same deltas and the two metrics (no separate weight).
-    assert row["plain_bytes"] == {"down": 2 * everything,
+    assert row["bytes_down_per_client"] == 2 * federated
+    # The plain loop's numpy arrays: the same deltas and the three metrics (no separate weight).
+    assert row["plain_bytes"] == {"down": 2 * federated,
                                   "up": row["bytes_up_per_client"] - 2 * 4}
 
 
 def test_fedrep_keeps_the_head_and_uploads_the_adapters(result):
     p = _parameters(MICRO, CONFIG.rank)
     row = _row(result, "fedrep", 2)
-    upload = 4 * (p["lora_a"] + p["lora_b"]) + personalized.METRIC_UPLOAD_BYTES
+    upload = 4 * (p["lora_a"] + p["lora_b"]) + 3 * 4
+    assert personalized.METRIC_UPLOAD_BYTES == 3 * 4 + 4
     assert row["bytes_up_per_client"] == upload + 4
     assert row["plain_bytes"]["up"] == upload
-    assert row["bytes_down_per_client"] == 4 * sum(p.values())
+    # Only the averaged adapters go down: the head is personal, the backbone frozen.
+    assert row["bytes_down_per_client"] == 4 * (p["lora_a"] + p["lora_b"])
     # Head phase + representation phase, one pass each.
     assert row["sgd_steps_per_client"] == 2 * CONFIG.local_steps
 

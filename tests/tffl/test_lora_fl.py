@@ -118,22 +118,48 @@ def _small_process(name, **kwargs):
 
 
 def _start(process, b0=_B0):
-    """Initial state with B set to `b0` (tests `set_model_weights` and a non-zero B start)."""
+    """Initial state with B set to `b0` (tests `with_model_weights` and a non-zero B start)."""
     state = process.initialize()
-    weights = process.get_model_weights(state)
-    np.testing.assert_array_equal(weights.trainable[0], _A0)   # [A, B] trainable, [W0] frozen
+    weights = process.model_weights(state)   # the whole model: [A, B] trainable, [W0] frozen
+    np.testing.assert_array_equal(weights.trainable[0], _A0)
     np.testing.assert_array_equal(weights.trainable[1], np.zeros((_R, _D_OUT)))
+    np.testing.assert_array_equal(weights.non_trainable[0], _W0)
     weights = tff.learning.models.ModelWeights(
         trainable=[weights.trainable[0], b0], non_trainable=weights.non_trainable)
-    return process.set_model_weights(state, weights)
+    state = process.with_model_weights(state, weights)
+    set_weights = process.model_weights(state)
+    np.testing.assert_array_equal(set_weights.trainable[1], b0)
+    np.testing.assert_array_equal(set_weights.trainable[0], _A0)
+    np.testing.assert_array_equal(set_weights.non_trainable[0], _W0)
+    return state
+
+
+def _run(process, state, datasets, calls):
+    """`calls` calls of `next` (one communication round each) on the same `datasets`; returns the
+    last state and the list of each call's metrics."""
+    metrics = []
+    for _ in range(calls):
+        state, round_metrics = process.next(state, datasets)
+        metrics.append(round_metrics)
+    return state, metrics
 
 
 def test_rolora_rounds_are_exact(tff_runtime):
     """B round: B̄ = Σ n_i B_i/Σ n_i, and A0·B̄ = mean_i(A0·B_i); A round from (A0, B̄):
-    Ā = mean_i A_i and Ā·B̄ = mean_i(A_i·B̄); both against numpy local SGD."""
+    Ā = mean_i A_i and Ā·B̄ = mean_i(A_i·B̄); both against numpy local SGD. Each `next` is one
+    communication round (B, then A), both on the same client data."""
     process = _small_process("rolora")
-    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
-    a_new, b_new = process.get_model_weights(output.state).trainable
+    state = _start(process)
+    assert process.round_num(state) == 0 and process.round_name(state) == "b_round"
+    datasets = _datasets(_CLIENTS, _BATCH)
+    state, (b_metrics,) = _run(process, state, datasets, 1)
+    a_mid, b_mid = process.model_weights(state).trainable
+    assert process.round_num(state) == 1 and process.round_name(state) == "a_round"
+    state, (a_metrics,) = _run(process, state, datasets, 1)
+    a_new, b_new = process.model_weights(state).trainable
+    np.testing.assert_array_equal(a_mid, _A0)     # the B round leaves A alone
+    np.testing.assert_array_equal(b_new, b_mid)   # the A round leaves B alone
+    output_metrics = {**b_metrics, **a_metrics}
 
     b_locals = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "b")[1] for x, y in _CLIENTS]
     b_bar = _weighted_mean(b_locals, _COUNTS)
@@ -145,9 +171,11 @@ def test_rolora_rounds_are_exact(tff_runtime):
     np.testing.assert_allclose(a_new, _weighted_mean(a_locals, _COUNTS), rtol=1e-5, atol=1e-5)
     mean_product = _weighted_mean([a @ b_bar for a in a_locals], _COUNTS)
     np.testing.assert_allclose(a_new @ b_new, mean_product, rtol=1e-4, atol=1e-5)
-    assert int(output.state["round_num"]) == 2
-    assert set(output.metrics) == {"b_round", "a_round"}
-    assert output.metrics["b_round"]["train"]["num_examples"] == sum(_COUNTS)
+    assert process.round_num(state) == 2
+    assert set(b_metrics) == {"b_round"} and set(a_metrics) == {"a_round"}
+    assert set(output_metrics) == {"b_round", "a_round"}
+    for name in ("b_round", "a_round"):
+        assert output_metrics[name]["client_work"]["train"]["num_examples"] == sum(_COUNTS)
     # The B-round loss is the example-weighted loss before each local step, from numpy:
     loss_sum = 0.0
     for x, y in _CLIENTS:
@@ -156,7 +184,7 @@ def test_rolora_rounds_are_exact(tff_runtime):
             xb, yb = x[s:s + _BATCH], y[s:s + _BATCH]
             loss_sum += len(xb) * np.mean((xb @ _W0 + xb @ _A0 @ b - yb) ** 2)
             b = _local_sgd(_A0, b, _W0, xb, yb, _LR, _BATCH, "b")[1]
-    np.testing.assert_allclose(output.metrics["b_round"]["train"]["loss"],
+    np.testing.assert_allclose(output_metrics["b_round"]["client_work"]["train"]["loss"],
                                loss_sum / sum(_COUNTS), rtol=1e-5)
 
 
@@ -164,7 +192,9 @@ def test_fedavg_lora_averages_factors_and_shows_the_gap(tff_runtime):
     """FedAvg-LoRA: A ← mean A_i, B ← mean B_i (numpy), and mean_i(A_iB_i) ≠ Ā·B̄ visibly."""
     process = _small_process("fedavg_lora")
     output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
-    a_new, b_new = process.get_model_weights(output.state).trainable
+    a_new, b_new = process.get_model_weights(output.state).trainable   # A and B both travel
+    for whole, federated in zip(process.model_weights(output.state).trainable, (a_new, b_new)):
+        np.testing.assert_array_equal(whole, federated)
 
     local = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "ab") for x, y in _CLIENTS]
     a_bar = _weighted_mean([a for a, _ in local], _COUNTS)
@@ -175,13 +205,16 @@ def test_fedavg_lora_averages_factors_and_shows_the_gap(tff_runtime):
     gap = np.linalg.norm(mean_product - a_new @ b_new) / np.linalg.norm(mean_product)
     print(f"FedAvg-LoRA relative gap {gap:.3g}")
     assert gap > 1e-2, gap   # the aggregation "interference" RoLoRA removes
-    assert int(output.state["round_num"]) == 1
+    assert process.round_num(output.state) == 1
+    assert output.metrics["client_work"]["train"]["num_examples"] == sum(_COUNTS)   # unkeyed
 
 
 def test_ffa_lora_keeps_a_and_averages_b(tff_runtime):
     process = _small_process("ffa_lora")
     output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
-    a_new, b_new = process.get_model_weights(output.state).trainable
+    a_new, b_new = process.model_weights(output.state).trainable
+    (federated_b,) = process.get_model_weights(output.state).trainable   # A never travels
+    np.testing.assert_array_equal(federated_b, b_new)
     np.testing.assert_array_equal(a_new, _A0)
     b_locals = [_local_sgd(_A0, _B0, _W0, x, y, _LR, _BATCH, "b")[1] for x, y in _CLIENTS]
     np.testing.assert_allclose(b_new, _weighted_mean(b_locals, _COUNTS), rtol=1e-5, atol=1e-6)
@@ -215,7 +248,9 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
     (scale 1/2), seed 7, three clients, weights p_i = n_i/Σn. After round t (numpy local SGD from
     the round's A and B = 0): W0 ← W0 + ½·reshape(Σ_i p_i A_i B_i, (4, 2, 3)), B = 0 and
     A = stateless_uniform((4, 2), seed [7, t], ±1/√4) (the documented fresh init, one adapter).
-    Round 2 trains from that fresh A. Upload = the factors, r·(d_in + d_out) floats, + 8 bytes."""
+    Round 2 trains from that fresh A. Upload = the factors, r·(d_in + d_out) floats, + 16 bytes
+    (three float32 metric sums and the float32 weight n_i); download = the federated weights
+    A, B and the linked kernel W0, (4·2 + 2·6 + 4·2·3) floats."""
     rng = np.random.default_rng(3)
     w0 = rng.normal(size=(4, 2, 3)).astype(np.float32)
     a0 = rng.normal(size=(4, 2)).astype(np.float32)
@@ -234,10 +269,18 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
     process = lora_fl.build_lora_process("flora", model_fn, spec, _LR, seed=seed,
                                          loss_fn=tf.keras.losses.MeanSquaredError)
     factor_bytes = (4 * 2 + 2 * 6) * 4
+    metric_sums, weight = 3 * 4, 4   # float32 loss sum, correct and example counts; float32 n_i
+    assert lora_fl.METRIC_UPLOAD_BYTES == metric_sums + weight
     assert lora_fl.upload_bytes_per_communication_round(process) == {
-        "ab_round": factor_bytes + lora_fl.METRIC_UPLOAD_BYTES}
+        "ab_round": factor_bytes + metric_sums + weight}
     traffic = lora_fl.traffic_per_communication_round(process)["ab_round"]
-    assert traffic.up == factor_bytes + lora_fl.METRIC_UPLOAD_BYTES + 4   # + the weight n_i
+    assert traffic.up == factor_bytes + metric_sums + weight
+    assert traffic.down == (4 * 2 + 2 * 6 + 4 * 2 * 3) * 4
+    # `traffic` is TFF's own sizing of the round (its MapReduceForm: FLoRA's
+    # `federated_aggregate` has no DistributeAggregateForm); with no extra-role deltas no second
+    # aggregator runs, so n_i travels once, with the factors; the declared figure agrees.
+    tff_traffic = communication.round_traffic(process.next)
+    assert tff_traffic == traffic == process.declared_traffic["ab_round"]
 
     clients = [(rng.normal(size=(n, 4)).astype(np.float32),
                 rng.normal(size=(n, 2, 3)).astype(np.float32)) for n in (4, 6, 2)]
@@ -255,7 +298,7 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
         np.testing.assert_array_equal(b_new, np.zeros((2, 6)))
         a = tf.random.stateless_uniform((4, 2), seed=[seed, t], minval=-0.5, maxval=0.5).numpy()
         np.testing.assert_array_equal(a_new, a)
-        assert int(state["round_num"]) == t
+        assert process.round_num(state) == t
 
 
 def test_flora_unweighted_two_adapters(tff_runtime):
@@ -263,7 +306,9 @@ def test_flora_unweighted_two_adapters(tff_runtime):
     from B = 0: W0_k ← W0_k + 2·(1/N)Σ_i A_{k,i}B_{k,i} for k = 1, 2 (numpy SGD through both
     layers), B_k = 0, fresh A_k from stream t·2 + k (t = 1). TFF's DAF cannot hold the
     `federated_aggregate`, so `tffl.communication.round_traffic` reads the MapReduceForm (TFF
-    cannot build a DistributeAggregateForm for it): no weight is uploaded."""
+    cannot build a DistributeAggregateForm for it). The upload is the four factors + the metric
+    sums + the float32 weight (ignored by the unweighted stacking, but part of the client's
+    result); no deltas, so no second aggregator and no client count."""
     w1, w2 = _W0[:, :3], _RNG.normal(size=(3, 3)).astype(np.float32)
     a1, a2 = _A0, _RNG.normal(size=(3, 2)).astype(np.float32)
     process = lora_fl.build_flora(
@@ -272,10 +317,14 @@ def test_flora_unweighted_two_adapters(tff_runtime):
         aggregator=tff.aggregators.UnweightedMeanFactory())
     with pytest.raises(Exception):  # why the fallback exists; if TFF learns it, drop the fallback
         tff.backends.mapreduce.get_distribute_aggregate_form_for_computation(process.next)
-    assert communication.round_traffic(process.next).up == (
-        lora_fl.upload_bytes_per_communication_round(process)["ab_round"])
-    assert lora_fl.traffic_per_communication_round(process)["ab_round"].up == (
-        lora_fl.upload_bytes_per_communication_round(process)["ab_round"])   # no weight upload
+    factor_bytes = (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3) * 4
+    metric_sums, weight = 3 * 4, 4
+    upload = factor_bytes + metric_sums + weight
+    assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload}
+    traffic = lora_fl.traffic_per_communication_round(process)["ab_round"]
+    assert traffic.up == upload
+    assert traffic.down == (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3 + _D_IN * 3 + 3 * 3) * 4
+    assert communication.round_traffic(process.next) == traffic
     output = process.next(process.initialize(), _datasets(_CLIENTS, _BATCH))
     (new_a1, new_b1, new_a2, new_b2), (new_w1, new_w2) = process.get_model_weights(output.state)
 
@@ -306,7 +355,7 @@ def test_flora_unweighted_two_adapters(tff_runtime):
 def test_flora_with_a_head(tff_runtime):
     """FLoRA with a trained `head` (extra role): ŷ = (x·W0 + ½·x·A·B)·H + c, MSE, weighted mean.
     The head is aggregated as deltas by the aggregator (H ← Σ p_i H_i, c ← Σ p_i c_i) while the
-    factors are stacked into W0 (numpy backprop). Upload = A, B, H, c + 8 bytes."""
+    factors are stacked into W0 (numpy backprop). Upload = A, B, H, c + 16 bytes."""
     h0 = _RNG.normal(size=(_D_OUT, 2)).astype(np.float32)
     c0 = _RNG.normal(size=2).astype(np.float32)
 
@@ -320,8 +369,12 @@ def test_flora_with_a_head(tff_runtime):
 
     process = lora_fl.build_flora(model_fn, _spec(_D_IN, 2), _LR,
                                   loss_fn=tf.keras.losses.MeanSquaredError)
-    upload = (_D_IN * _R + _R * _D_OUT + _D_OUT * 2 + 2) * 4 + lora_fl.METRIC_UPLOAD_BYTES
-    assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload}
+    upload = (_D_IN * _R + _R * _D_OUT + _D_OUT * 2 + 2) * 4 + 3 * 4 + 4   # + sums, n_i
+    assert process.declared_traffic["ab_round"].up == upload
+    # TFF's sizing: the head's `MeanFactory` carries its own copy of n_i (4 more bytes).
+    assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload + 4}
+    # TFF's MapReduceForm: n_i once more (the stacking aggregate and the head's mean each sum it).
+    assert communication.round_traffic(process.next).up == upload + 4
     clients = [(x, _RNG.normal(size=(len(x), 2)).astype(np.float32)) for x, _ in _CLIENTS]
     output = process.next(process.initialize(), _datasets(clients, _BATCH))
     (_, b_new, h_new, c_new), (w_new,) = process.get_model_weights(output.state)
@@ -435,39 +488,60 @@ def _two_layer(d_in, d_hidden, d_out, r, seed=0):
 @pytest.mark.parametrize("dims", [(8, 8, 8), (6, 5, 3)])
 def test_upload_per_communication_round(dims):
     """Per adapted matrix: B round r·d_out·4 bytes, A round r·d_in·4, FedAvg-LoRA r·(d_in+d_out)·4;
-    plus METRIC_UPLOAD_BYTES (float32 loss sum and example count). TFF's own DAF sizing of each
-    round's computation agrees, adding the weighted mean's float32 weight (4 bytes), or nothing
-    for a plain sum (an unweighted mean adds a 4-byte client count). Square matrices: RoLoRA and
-    FFA-LoRA upload half of FedAvg-LoRA."""
+    plus METRIC_UPLOAD_BYTES = 16 (float32 loss sum, correct and example counts, and the float32
+    weight n_i of the aggregation). Download: the federated weights (FFA-LoRA: B only). TFF's own
+    DAF sizing of each round kind's computation agrees for the (default) weighted mean. With a
+    plain `SumFactory` the declared figure still counts n_i, but TFF's DAF drops it (the sum never
+    reads it); with `UnweightedMeanFactory` TFF uploads an int32 client count instead of n_i.
+    Square matrices: RoLoRA and FFA-LoRA upload half of FedAvg-LoRA."""
     d_in, d_hidden, d_out = dims
     r = 2
     layers = _two_layer(d_in, d_hidden, d_out, r)
     matrices = [(d_in, d_hidden), (d_hidden, d_out)]
     spec = _spec(d_in, d_out)
-    up = {}
+    metric_sums, weight, client_count = 3 * 4, 4, 4
+    metric = metric_sums + weight
+    assert lora_fl.METRIC_UPLOAD_BYTES == metric == 16
+    b_bytes = sum(r * o * 4 for _, o in matrices)
+    a_bytes = sum(r * i * 4 for i, _ in matrices)
+    up, down = {}, {}
     for name in ("fedavg_lora", "ffa_lora", "rolora"):
         process = lora_fl.build_lora_process(name, _model_fn(layers), spec, 0.1,
                                              loss_fn=tf.keras.losses.MeanSquaredError)
         up[name] = lora_fl.upload_bytes_per_communication_round(process)
-        for round_name, traffic in lora_fl.traffic_per_communication_round(process).items():
-            assert traffic.up == up[name][round_name] + 4
-    metric = lora_fl.METRIC_UPLOAD_BYTES
-    assert metric == 8
-    b_bytes = sum(r * o * 4 for _, o in matrices)
-    a_bytes = sum(r * i * 4 for i, _ in matrices)
+        traffic = lora_fl.traffic_per_communication_round(process)
+        down[name] = {k: t.down for k, t in traffic.items()}
+        assert {k: t.up for k, t in traffic.items()} == up[name]
+        assert list(process.rounds) == list(traffic)
+        for round_name, computation in process.rounds.items():   # TFF's own DAF sizing
+            assert communication.round_traffic(computation) == traffic[round_name]
     assert up["fedavg_lora"] == {"ab_round": a_bytes + b_bytes + metric}
     assert up["ffa_lora"] == {"b_round": b_bytes + metric}
     assert up["rolora"] == {"b_round": b_bytes + metric, "a_round": a_bytes + metric}
+    assert down["fedavg_lora"] == {"ab_round": a_bytes + b_bytes}
+    assert down["ffa_lora"] == {"b_round": b_bytes}
+    assert down["rolora"] == {"b_round": a_bytes + b_bytes, "a_round": a_bytes + b_bytes}
     if d_in == d_hidden == d_out:
         half = (up["fedavg_lora"]["ab_round"] - metric) / 2
         assert up["ffa_lora"]["b_round"] - metric == half
         assert up["rolora"]["b_round"] - metric == half == up["rolora"]["a_round"] - metric
 
+    # Other aggregators: `traffic` is TFF's sizing of what they really move; the declared
+    # figure (from the client work's result type) keeps counting n_i.
     summed = lora_fl.build_rolora(_model_fn(layers), spec, 0.1,
                                   aggregator=tff.aggregators.SumFactory(),
                                   loss_fn=tf.keras.losses.MeanSquaredError)
-    traffic = lora_fl.traffic_per_communication_round(summed)
-    assert {k: t.up for k, t in traffic.items()} == up["rolora"]
+    assert {k: t.up for k, t in summed.declared_traffic.items()} == up["rolora"]
+    assert lora_fl.upload_bytes_per_communication_round(summed) == {
+        "b_round": b_bytes + metric_sums, "a_round": a_bytes + metric_sums}
+    assert {k: communication.round_traffic(c).up for k, c in summed.rounds.items()} == (
+        lora_fl.upload_bytes_per_communication_round(summed))
+    unweighted = lora_fl.build_rolora(_model_fn(layers), spec, 0.1,
+                                      aggregator=tff.aggregators.UnweightedMeanFactory(),
+                                      loss_fn=tf.keras.losses.MeanSquaredError)
+    assert lora_fl.upload_bytes_per_communication_round(unweighted) == {
+        "b_round": b_bytes + metric_sums + client_count,
+        "a_round": a_bytes + metric_sums + client_count}
 
 
 def _row_mse():
@@ -477,8 +551,8 @@ def _row_mse():
 def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
     """rolora.md §2.1: Y_i = X_i a* b*ᵀ (homogeneous, noiseless; N=4, m=40, d=10), f = X a bᵀ with a
     frozen zero base. RoLoRA (10 local GD steps per round, η = 0.1) drives sin θ(a, a*) below 1e-3
-    within 15 `next` calls (30 communication rounds); FFA-LoRA's a never moves, so its sin θ
-    stays at sin θ(a⁰, a*)."""
+    within 30 communication rounds (30 `next` calls, B and A alternating); FFA-LoRA's a never
+    moves (15 `next` calls, as before), so its sin θ stays at sin θ(a⁰, a*)."""
     n, m, d = 4, 40, 10
     problem = rolora_linear(num_clients=n, num_samples=m, dim=d, seed=0)
     rng = np.random.default_rng(1)
@@ -494,15 +568,18 @@ def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
                                                   loss_fn=_row_mse)
                  for name in ("rolora", "ffa_lora")}
     angles = {}
+    calls = {"rolora": 30, "ffa_lora": 15}   # communication rounds, one per `next`
     for name, process in processes.items():
         state = process.initialize()
         history = []
-        for _ in range(15):
+        for _ in range(calls[name]):
             state = process.next(state, datasets).state
-            history.append(sin_theta(process.get_model_weights(state).trainable[0],
+            history.append(sin_theta(process.model_weights(state).trainable[0],
                                      problem.a_star))
+        assert process.round_num(state) == calls[name]
         angles[name] = history
     print("sin theta per next call:", {k: [f"{a:.2g}" for a in v] for k, v in angles.items()})
+    assert len(angles["rolora"]) == 30
     assert angles["rolora"][-1] < 1e-3, angles["rolora"]
     np.testing.assert_allclose(angles["ffa_lora"], initial, atol=1e-6)
 
@@ -521,7 +598,8 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
                                                   _spec(d, d), 0.1, loss_fn=_row_mse)
                  for name in ("rolora", "ffa_lora")}
     final = {}
-    for name, m, nexts in (("rolora", 20, 12), ("rolora", 200, 12), ("ffa_lora", 200, 2)):
+    # Communication rounds (one per `next`): RoLoRA 24 (12 B and 12 A rounds), FFA-LoRA 2.
+    for name, m, nexts in (("rolora", 20, 24), ("rolora", 200, 24), ("ffa_lora", 200, 2)):
         problem = rolora_linear(num_clients=n, num_samples=m, dim=d, heterogeneity=gamma, seed=4)
         clients = [(problem.features[i].astype(np.float32),
                     problem.targets[i].astype(np.float32)) for i in range(n)]
@@ -530,7 +608,8 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
         state = process.initialize()
         for _ in range(nexts):
             state = process.next(state, datasets).state
-        final[name, m] = sin_theta(process.get_model_weights(state).trainable[0],
+        assert process.round_num(state) == nexts
+        final[name, m] = sin_theta(process.model_weights(state).trainable[0],
                                    problem.a_star)
         initial = sin_theta(a0, problem.a_star)   # a* depends on the seed only, not on m
     print("final sin theta:", final, "initial:", initial)
@@ -544,13 +623,14 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
 def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
     """With noise 0, `gaussian_fixed` is the mean over `clients_per_round` of the clipped deltas,
     clip(Δ) = Δ·min(1, c/‖Δ‖): checked per round against numpy. With noise > 0 a round runs and
-    gives finite weights."""
+    gives finite weights. Two `next` calls (a B round, then an A round) on the same data."""
     clip = 0.05
     dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
         noise_multiplier=0.0, clients_per_round=len(_CLIENTS), clip=clip)
     process = _small_process("rolora", aggregator=dp)
-    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
-    a_new, b_new = process.get_model_weights(output.state).trainable
+    state, metrics = _run(process, _start(process), _datasets(_CLIENTS, _BATCH), 2)
+    assert [sorted(m) for m in metrics] == [["b_round"], ["a_round"]]
+    a_new, b_new = process.model_weights(state).trainable
 
     def clipped_mean(deltas):
         return sum(dl * min(1.0, clip / np.linalg.norm(dl)) for dl in deltas) / len(deltas)
@@ -565,29 +645,34 @@ def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
     noisy = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
         noise_multiplier=1.0, clients_per_round=len(_CLIENTS), clip=clip)
     process = _small_process("rolora", aggregator=noisy)
-    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
-    a_new, b_new = process.get_model_weights(output.state).trainable
+    state, _ = _run(process, _start(process), _datasets(_CLIENTS, _BATCH), 2)
+    a_new, b_new = process.model_weights(state).trainable
     assert np.isfinite(a_new).all() and np.isfinite(b_new).all()
     assert not np.allclose(b_new, b_bar)
 
 
 def test_rolora_then_ffa_schedule(tff_runtime):
-    """4 communication rounds, first half RoLoRA: one RoLoRA `next` (B and A rounds), then two
+    """4 communication rounds, first half RoLoRA: a B round and an A round (A moves), then two
     B-only rounds in which A stays fixed; the switch reads `round_num` from the server state."""
     process = lora_fl.build_rolora_then_ffa(
         0.5, 4, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
         loss_fn=tf.keras.losses.MeanSquaredError)
     state = process.initialize()
     seen = []
-    for _ in range(3):
+    for _ in range(4):
+        name = process.round_name(state)
         state, metrics = process.next(state, _datasets(_CLIENTS, _BATCH))
-        seen.append((int(state["round_num"]), sorted(metrics),
-                     process.get_model_weights(state).trainable[0]))
-    assert [s[:2] for s in seen] == [(2, ["a_round", "b_round"]), (3, ["b_round"]),
-                                     (4, ["b_round"])]
-    assert not np.allclose(seen[0][2], _A0)
-    np.testing.assert_array_equal(seen[1][2], seen[0][2])
-    np.testing.assert_array_equal(seen[2][2], seen[0][2])
+        a, b = process.model_weights(state).trainable
+        seen.append((process.round_num(state), name, sorted(metrics), a, b))
+    assert [s[:3] for s in seen] == [(1, "b_round", ["b_round"]), (2, "a_round", ["a_round"]),
+                                     (3, "b_round", ["b_round"]), (4, "b_round", ["b_round"])]
+    np.testing.assert_array_equal(seen[0][3], _A0)       # the B round keeps A
+    assert not np.allclose(seen[1][3], _A0)              # the A round moves it
+    np.testing.assert_array_equal(seen[1][4], seen[0][4])   # ... and keeps B
+    np.testing.assert_array_equal(seen[2][3], seen[1][3])   # B-only rounds: A stays fixed
+    np.testing.assert_array_equal(seen[3][3], seen[1][3])
+    assert not np.allclose(seen[2][4], seen[1][4])       # while B trains
+    assert not np.allclose(seen[3][4], seen[2][4])
 
 
 def _lora_with_head():
@@ -601,13 +686,16 @@ def _lora_with_head():
 
 def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
     """RoLoRA on a classifier whose head (role `head`) is trained and uploaded in both rounds,
-    driven by `tffl.simulation.run_rounds` (metrics, checkpoints, resume); the state's `round_num`
-    counts communication rounds."""
+    driven by `tffl.simulation.run_rounds` (metrics, checkpoints, resume): one row per
+    communication round (B, A, B, A, ...), and the state's `round_num` counts them."""
     spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
     process = lora_fl.build_rolora(_lora_with_head, spec, client_learning_rate=0.5)
     head_bytes = (6 * 3 + 3) * 4
-    assert lora_fl.upload_bytes_per_communication_round(process) == {
-        "b_round": 2 * 6 * 4 + head_bytes + 8, "a_round": 12 * 2 * 4 + head_bytes + 8}
+    metric_bytes = 3 * 4 + 4   # three float32 metric sums and the float32 weight n_i
+    up = {"b_round": 2 * 6 * 4 + head_bytes + metric_bytes,
+          "a_round": 12 * 2 * 4 + head_bytes + metric_bytes}
+    assert lora_fl.upload_bytes_per_communication_round(process) == up
+    down = (12 * 2 + 2 * 6) * 4 + head_bytes   # A, B and the head, in both rounds
     rng = np.random.default_rng(0)
     data = {f"c{i}": (rng.normal(size=(8, 12)).astype(np.float32),
                       rng.integers(0, 3, size=8).astype(np.int32)) for i in range(3)}
@@ -616,22 +704,34 @@ def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
         return tf.data.Dataset.from_tensor_slices(data[client_id]).batch(4)
 
     sampler = participation.FullParticipation(sorted(data))
-    first = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=2,
+    first = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=4,
                                   output_dir=tmp_path, log=None)
-    assert int(first.state["round_num"]) == 4
+    assert process.round_num(first.state) == 4
     weights = process.get_model_weights(first.state).trainable
+    for whole, federated in zip(process.model_weights(first.state).trainable, weights):
+        np.testing.assert_array_equal(whole, federated)   # everything trainable travels
     initial = process.get_model_weights(process.initialize()).trainable
     assert [w.shape for w in weights] == [(12, 2), (2, 6), (6, 3), (3,)]
     for before, after in zip(initial, weights):
         assert not np.allclose(before, after)
     rows = first.history
-    assert rows[-1]["b_round/train/num_examples"] == 24.0
-    assert np.isfinite(rows[-1]["a_round/train/loss"])
-    assert rows[-1]["train_loss"] == rows[-1]["a_round/train/loss"]   # the last round's
-    assert rows[1]["a_round/train/loss"] < rows[0]["b_round/train/loss"]
-    resumed = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=3,
+    names = ["b_round", "a_round", "b_round", "a_round"]
+    assert [row["round"] for row in rows] == [1, 2, 3, 4]
+    assert [row["communication_rounds"] for row in rows] == [1, 2, 3, 4]
+    assert [row["bytes_up_per_client"] for row in rows] == [up[n] for n in names]
+    assert [row["bytes_down_per_client"] for row in rows] == [down] * 4
+    for row, name in zip(rows, names):
+        other = "a_round" if name == "b_round" else "b_round"
+        assert not any(key.startswith(other + "/") for key in row)   # one round kind a row
+        assert row[f"{name}/client_work/train/num_examples"] == 24.0
+        assert row["train_loss"] == row[f"{name}/client_work/train/loss"]
+    assert np.isfinite(rows[-1]["a_round/client_work/train/loss"])
+    assert rows[-1]["train_loss"] == rows[-1]["a_round/client_work/train/loss"]   # the last round's
+    assert rows[3]["a_round/client_work/train/loss"] < rows[0]["b_round/client_work/train/loss"]
+    resumed = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=6,
                                     output_dir=tmp_path, resume=True, log=None)
-    assert resumed.first_round == 3 and int(resumed.state["round_num"]) == 6
+    assert resumed.first_round == 5 and process.round_num(resumed.state) == 6
+    assert [row["communication_rounds"] for row in resumed.history] == [1, 2, 3, 4, 5, 6]
 
 
 def _dense_only():
@@ -647,7 +747,7 @@ def test_model_without_lora_variables_is_rejected():
 def test_unknown_algorithm_and_bad_learning_rate():
     with pytest.raises(ValueError, match="unknown LoRA algorithm 'fedsgd'"):
         lora_fl.build_lora_process("fedsgd", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
-    with pytest.raises(ValueError, match="client_learning_rate=0"):
+    with pytest.raises(ValueError, match="client_learning_rate=0 must be a finite number > 0"):
         lora_fl.build_lora_process("rolora", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0)
     with pytest.raises(ValueError, match="extra_roles may hold"):
         lora_fl.build_ffa_lora(_model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1,
@@ -664,10 +764,15 @@ def test_client_work_is_pinned_to_the_given_device(tff_runtime, name):
 
     pinned = _small_process(name, client_device="/device:CPU:1")
     plain = _small_process(name)
-    assert b"/device:CPU:1" in production.serialize(pinned.next)
-    assert b"/device:CPU:1" not in production.serialize(plain.next)
-    out_pinned = pinned.next(_start(pinned), _datasets(_CLIENTS, _BATCH))
-    out_plain = plain.next(_start(plain), _datasets(_CLIENTS, _BATCH))
-    for x, y in zip(pinned.get_model_weights(out_pinned.state).trainable,
-                    plain.get_model_weights(out_plain.state).trainable):
+    assert list(pinned.rounds) == list(plain.rounds) == (
+        ["b_round", "a_round"] if name == "rolora" else ["ab_round"])
+    for round_name in pinned.rounds:   # each round kind is a federated computation
+        assert b"/device:CPU:1" in production.serialize(pinned.rounds[round_name])
+        assert b"/device:CPU:1" not in production.serialize(plain.rounds[round_name])
+    # One `next` per round kind (RoLoRA: a B and an A round) on the same data.
+    state_pinned, _ = _run(pinned, _start(pinned), _datasets(_CLIENTS, _BATCH),
+                           len(pinned.rounds))
+    state_plain, _ = _run(plain, _start(plain), _datasets(_CLIENTS, _BATCH), len(plain.rounds))
+    for x, y in zip(pinned.get_model_weights(state_pinned).trainable,
+                    plain.get_model_weights(state_plain).trainable):
         np.testing.assert_allclose(x, y, rtol=1e-6)

@@ -89,7 +89,9 @@ def _numpy_round(algorithm, clients, w, heads, tau_h=1, tau_r=1, epochs=1):
 
 
 def _initial(process):
-    weights = process.get_model_weights(process.initialize())
+    """(W, h) of the whole initial model (`model_weights`: the federated W, and the model's
+    initial head at the personal position for the processes that keep the head personal)."""
+    weights = process.model_weights(process.initialize())
     return np.asarray(weights.trainable[0], np.float64), np.asarray(weights.trainable[1],
                                                                     np.float64)
 
@@ -101,17 +103,28 @@ def test_fedrep_two_rounds_equal_numpy_and_heads_carry_over(tff_runtime):
     w, h0 = _initial(process)
     state = process.initialize()
     personal = [process.initialize_personal(str(i)) for i in range(3)]
+    for p in personal:
+        np.testing.assert_array_equal(p[0], h0)   # every client starts at the model's head
     heads = [h0] * 3
-    for _ in range(2):
+    for t in range(2):
         out = process.next(state, _datasets(clients), personal)
         state, personal = out.state, out.personal_states
+        assert process.round_num(state) == t + 1
         w, heads = _numpy_round("fedrep", clients, w, heads, tau_h=3, tau_r=2)
         got_w = process.get_model_weights(state).trainable[0]
         np.testing.assert_allclose(got_w, w, rtol=2e-5, atol=1e-6)
+        np.testing.assert_array_equal(process.model_weights(state).trainable[0], got_w)
         for got, want in zip(personal, heads):
             np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
-    # The server never sees a head: its copy is still the initial one.
-    np.testing.assert_array_equal(process.get_model_weights(state).trainable[1], h0)
+    # The server never sees a head: the federated weights are W alone, and the whole model
+    # assembled from the state still holds the initial head (a client's personal state
+    # replaces it).
+    federated = process.get_model_weights(state)
+    assert [np.shape(v) for v in federated.trainable] == [(D, K)]
+    assert list(federated.non_trainable) == []
+    np.testing.assert_array_equal(process.model_weights(state).trainable[1], h0)
+    np.testing.assert_array_equal(process.model_weights(state, personal[1]).trainable[1],
+                                  personal[1][0])
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "lg_fedavg"])
@@ -185,10 +198,19 @@ def test_evaluation_uses_each_clients_head_and_fedavg_ft_finetunes(tff_runtime):
 
 def test_upload_holds_only_the_aggregated_variables():
     """FedRep and LG-FedAvg upload the representation deltas (d·k floats) + 3 metric floats + the
-    weight; FedAvg also the head (k floats)."""
-    assert _build("fedrep").traffic["round"].up == (D * K + 3 + 1) * 4
+    weight; FedAvg also the head (k floats). Down is the federated weights only: FedRep's
+    representation (d·k floats; the head stays on the client), FedAvg's representation and head."""
+    assert personalized.METRIC_UPLOAD_BYTES == (3 + 1) * 4
+    fedrep = _build("fedrep")
+    assert fedrep.traffic["round"].up == (D * K + 3 + 1) * 4
+    assert _build("lg_fedavg").traffic["round"].up == (D * K + 3 + 1) * 4
     assert _build("fedavg").traffic["round"].up == (D * K + K + 3 + 1) * 4
-    assert _build("fedrep").traffic["round"].down == (D * K + K) * 4
+    assert fedrep.traffic["round"].down == (D * K) * 4
+    assert _build("lg_fedavg").traffic["round"].down == (D * K) * 4
+    assert _build("fedavg").traffic["round"].down == (D * K + K) * 4
+    # The weight goes up with unweighted aggregation too.
+    unweighted = _build("fedrep", aggregator=tff.aggregators.UnweightedMeanFactory())
+    assert unweighted.traffic["round"].up == (D * K + 3 + 1) * 4
 
 
 class _Scripted:
@@ -310,16 +332,21 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     spec = (x_spec, tf.TensorSpec([None], tf.int32))
     process = personalized.build_personalized_process(
         "fedrep", _lora_classifier, spec, 0.5, lora_schedule="alternating")
-    assert list(process.communication_rounds) == ["b_round", "a_round"]
+    assert list(process.rounds) == ["b_round", "a_round"]
     info = process.spec.trainable
     a_idx = process.spec.indices([roles.LORA_A])
     b_idx = process.spec.indices([roles.LORA_B])
-    assert {info[k].role for k in process.personal_indices} == {roles.HEAD}
-    # Each round uploads one factor of every adapter: half of the factors' bytes.
+    head = process.personal_indices
+    assert {info[k].role for k in head} == {roles.HEAD}
+    # The federated weights are the LoRA factors (the head is personal, the rest frozen).
+    assert sorted(process.model.layout.trainable) == sorted(a_idx + b_idx)
+    # Each round uploads one factor of every adapter: half of the factors' bytes; both rounds
+    # receive both factors.
     factor_bytes = {name: sum(4 * np.prod(info[k].shape) for k in idx)
                     for name, idx in (("b_round", b_idx), ("a_round", a_idx))}
     for name in ("b_round", "a_round"):
         assert process.traffic[name].up == factor_bytes[name] + 16
+        assert process.traffic[name].down == factor_bytes["b_round"] + factor_bytes["a_round"]
 
     def dataset(seed):
         r = np.random.default_rng(seed)
@@ -333,27 +360,40 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     # Start from B ≠ 0 (as after some training): with B = 0 an A step is exactly zero, and in
     # this tiny random network one B round moves B by only ~1e-6.
     state = process.initialize()
-    weights = process.get_model_weights(state)
+    weights = process.model_weights(state)
     rng = np.random.default_rng(0)
     trainable = [rng.normal(0, 0.3, w.shape).astype(np.float32) if k in b_idx else w
                  for k, w in enumerate(weights.trainable)]
-    state = process.set_model_weights(state, tff.learning.models.ModelWeights(
+    state = process.with_model_weights(state, tff.learning.models.ModelWeights(
         trainable, list(weights.non_trainable)))
-    before = process.get_model_weights(state).trainable
-    b_only = process.communication_rounds["b_round"](
-        state, datasets, [process.initialize_personal("x")] * 2)
-    after_b = process.get_model_weights(b_only[0]).trainable
+    before = process.model_weights(state).trainable
+    for k in b_idx:
+        np.testing.assert_array_equal(before[k], trainable[k])
+    # One call of `next` is one communication round: first a B round, then an A round.
+    assert process.round_name(state) == "b_round"
+    b_only = process.next(state, datasets, [process.initialize_personal("x")] * 2)
+    assert list(b_only.metrics) == ["b_round"]
+    assert process.round_num(b_only.state) == 1
+    after_b = process.model_weights(b_only.state).trainable
     for k in a_idx:
         np.testing.assert_array_equal(after_b[k], before[k])
     assert any(not np.array_equal(after_b[k], before[k]) for k in b_idx)
-    heads = b_only[1]
+    heads = b_only.personal_states
     assert not np.array_equal(heads[0][0], heads[1][0])   # personal, not averaged
-    out = process.next(state, datasets, [process.initialize_personal("x")] * 2)
-    after = process.get_model_weights(out.state).trainable
+    assert np.isfinite(b_only.metrics["b_round"]["client_work"]["train"]["loss"])
+    assert process.round_name(b_only.state) == "a_round"
+    out = process.next(b_only.state, datasets, heads)
+    assert list(out.metrics) == ["a_round"]
+    assert process.round_num(out.state) == 2
+    after = process.model_weights(out.state).trainable
     assert any(not np.array_equal(after[k], after_b[k]) for k in a_idx)
-    np.testing.assert_array_equal(after[process.personal_indices[0]],
-                                  before[process.personal_indices[0]])
-    assert np.isfinite(out.metrics["a_round"]["train"]["loss"])
+    for k in b_idx:   # the reverse: B is fixed in the A round
+        np.testing.assert_array_equal(after[k], after_b[k])
+    # The heads never reach the server: its weights assemble with the model's initial head.
+    np.testing.assert_array_equal(after[head[0]], before[head[0]])
+    assert not np.array_equal(out.personal_states[0][0], out.personal_states[1][0])
+    assert np.isfinite(out.metrics["a_round"]["client_work"]["train"]["loss"])
+    assert process.round_name(out.state) == "b_round"
 
 
 # ---- FLUTE (deep, Algorithm 2) and AdaptPFL (deep) -------------------------------------------
@@ -451,12 +491,20 @@ def test_flute_round_equals_finite_difference_numpy():
 
     with runtime.local_runtime():
         state = process.initialize()
-        weights = process.get_model_weights(state)
+        weights = process.model_weights(state)
         out = process.next(state, _class_datasets(clients),
                            [process.initialize_personal(c) for c in "ab"])
-        got_w = process.get_model_weights(out.state).trainable[0]
+        federated = process.get_model_weights(out.state).trainable
+        assert len(federated) == 1   # W alone is federated; H, b and u stay on the clients
+        got_w = federated[0]
 
     w0, h0, b0 = (np.asarray(v, np.float64) for v in weights.trainable)
+    # A client's initial personal state: the model's initial head and a zero class indicator.
+    initial = process.initialize_personal("a")
+    np.testing.assert_array_equal(initial[0], h0)
+    np.testing.assert_array_equal(initial[1], b0)
+    np.testing.assert_array_equal(initial[2], np.zeros(M))
+    assert len(personalized.personal_state_type(process)) == 3
 
     def objective(p, x, y, u, features_term):
         logits = x @ p["w"] @ p["h"] + p["b"]
@@ -508,15 +556,26 @@ def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
     for _ in range(3):
         out_f, out_a = fedrep.next(s_f, data, p_f), adapt.next(s_a, data, p_a)
         s_f, p_f, s_a, p_a = out_f.state, out_f.personal_states, out_a.state, out_a.personal_states
-        w_f = fedrep.get_model_weights(s_f).trainable
-        w_a = [v for k, v in enumerate(adapt.get_model_weights(s_a).trainable)
+        # The whole models (federated W, frozen and initial-personal positions): equal but for
+        # AdaptPFL's shortcut.
+        w_f = fedrep.model_weights(s_f).trainable
+        w_a = [v for k, v in enumerate(adapt.model_weights(s_a).trainable)
                if k not in shortcut]
+        assert len(w_a) == len(w_f)
         for a, b in zip(w_a, w_f):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(adapt.get_model_weights(s_a).trainable,
+                        fedrep.get_model_weights(s_f).trainable, strict=True):
             np.testing.assert_array_equal(a, b)
         for pa, pf in zip(p_a, p_f):
             np.testing.assert_array_equal(pa[0], pf[0])
             np.testing.assert_array_equal(pa[1], pf[1])
             np.testing.assert_array_equal(pa[2], np.zeros((D, M)))  # α = 0: the shortcut is idle
+            # Each client's personalized model, assembled from the state and its personal state.
+            full_a = [v for k, v in enumerate(adapt.model_weights(s_a, pa).trainable)
+                      if k not in shortcut]
+            for a, b in zip(full_a, fedrep.model_weights(s_f, pf).trainable, strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_adaptpfl_trains_the_shortcut_when_alpha_is_positive(tff_runtime):
@@ -525,8 +584,9 @@ def test_adaptpfl_trains_the_shortcut_when_alpha_is_positive(tff_runtime):
     out = adapt.next(adapt.initialize(), _class_datasets(_class_clients(seed=4)),
                      [adapt.initialize_personal(c) for c in "ab"])
     assert np.abs(out.personal_states[0][2]).max() > 0
-    # Only the representation goes up: W (D×K) + 3 metric floats + the weight.
+    # Only the representation goes up: W (D×K) + 3 metric floats + the weight; only W comes down.
     assert adapt.traffic["round"].up == (D * K + 4) * 4
+    assert adapt.traffic["round"].down == (D * K) * 4
 
 
 def test_flute_and_adaptpfl_bad_input():
@@ -565,7 +625,9 @@ def test_flute_with_a_lora_representation(tff_runtime):
     lora = spec.indices([roles.LORA_A, roles.LORA_B])
     assert process.traffic["round"].up == (
         sum(4 * np.prod(spec.trainable[k].shape) for k in lora) + 16)
+    assert process.traffic["round"].down == sum(4 * np.prod(spec.trainable[k].shape)
+                                                for k in lora)
     out = process.next(process.initialize(), _class_datasets(_class_clients(seed=5)),
                        [process.initialize_personal(c) for c in "ab"])
-    assert np.isfinite(out.metrics["train"]["loss"])
+    assert np.isfinite(out.metrics["client_work"]["train"]["loss"])
     np.testing.assert_array_equal(out.personal_states[1][2], [0.0, 1.0, 1.0])
