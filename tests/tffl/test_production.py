@@ -103,12 +103,22 @@ def test_each_communication_round_compiles(name):
         assert isinstance(form, tff.backends.mapreduce.DistributeAggregateForm)
 
 
-def test_rolora_next_is_two_rounds_and_takes_neither_form():
-    next_fn = _process("rolora").next
+def test_two_chained_rounds_take_neither_form():
+    """A computation that runs RoLoRA's B round and then its A round (broadcasting what the B
+    round aggregated) is refused with the reason; each round alone compiles (above)."""
+    process = _process("rolora")
+    b_round, a_round = process.rounds["b_round"], process.rounds["a_round"]
+
+    @tff.federated_computation(b_round.type_signature.parameter[0],
+                               b_round.type_signature.parameter[1])
+    def two_rounds(state, data):
+        middle = b_round(state, data)
+        return a_round(middle.state, data)
+
     for convert in (production.to_map_reduce_form, production.to_distribute_aggregate_form):
         with pytest.raises(ValueError,
                            match="rolora: .*more than one broadcast-aggregate round"):
-            convert(next_fn, name="rolora")
+            convert(two_rounds, name="rolora")
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -119,9 +129,15 @@ def test_serialized_computations_run_the_same(name, tff_runtime):
     initialize = _round_trip(process.initialize)
     _assert_same(initialize(), process.initialize())
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
-    output = _round_trip(process.next)(state, datasets)
+    first = process.communication_rounds[process.round_name(state)]
+    output = _round_trip(first)(state, datasets)
     assert list(output) == ["state", "metrics"]
-    _assert_same(output, process.next(state, datasets))
+    expected = process.next(state, datasets)
+    _assert_same(output["state"], expected.state)
+    metrics = expected.metrics
+    if len(process.rounds) > 1:
+        metrics = metrics[process.round_name(state)]
+    _assert_same(output["metrics"], metrics)
     for computation in process.communication_rounds.values():
         _assert_same(_round_trip(computation)(state, datasets), computation(state, datasets))
 
@@ -151,26 +167,32 @@ def test_distribute_aggregate_form_recomposes_the_round(name, tff_runtime):
         _assert_same(_round_trip(rebuilt)(state, datasets), expected)
 
 
-def test_saved_rolora_loads_and_its_rounds_compose_to_next(tmp_path, tff_runtime):
-    """`save_process`/`load_process`: the loaded `next` equals the original's, and calling the
-    loaded `b_round` then `a_round` gives the same state and metrics as one `next`."""
+def test_saved_rolora_loads_and_its_rounds_follow_the_schedule(tmp_path, tff_runtime):
+    """`save_process`/`load_process`: the loaded `b_round` then `a_round` give the same states and
+    metrics as two calls of the process's `next`; the manifest records the schedule."""
     process = _process("rolora")
     production.save_process(process, tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {
-        "initialize.pb", "next.pb", "round_0.pb", "round_1.pb", "manifest.json"}
+        "initialize.pb", "round_0.pb", "round_1.pb", "manifest.json"}
     saved = production.load_process(tmp_path)
     assert saved.algorithm == "rolora"
     assert list(saved.communication_rounds) == ["b_round", "a_round"]
+    assert saved.schedule[:4] == ("b_round", "a_round", "b_round", "a_round")
+    assert saved.next is None   # two round kinds: no single `next`
     _assert_same(saved.initialize(), process.initialize())
 
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
-    output = saved.next(state, datasets)
-    _assert_same(output, process.next(state, datasets))
+    first = process.next(state, datasets)
+    second = process.next(first.state, datasets)
     b_out = saved.communication_rounds["b_round"](state, datasets)
     a_out = saved.communication_rounds["a_round"](b_out["state"], datasets)
-    _assert_same(a_out["state"], output["state"])
+    _assert_same(b_out["state"], first.state)
+    _assert_same(a_out["state"], second.state)
     _assert_same((b_out["metrics"], a_out["metrics"]),
-                 (output["metrics"]["b_round"], output["metrics"]["a_round"]))
+                 (first.metrics["b_round"], second.metrics["a_round"]))
+    single = production.load_process(production.save_process(_process("ffa_lora"),
+                                                             tmp_path / "ffa"))
+    assert single.next is not None and single.schedule[:2] == ("b_round", "b_round")
 
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
@@ -182,8 +204,8 @@ def test_personalized_rounds_take_neither_form(algorithm):
         with pytest.raises(ValueError, match=rf"{algorithm} \(round\): .*placed at CLIENTS"):
             convert(process)
         with pytest.raises(ValueError, match=rf"{algorithm}: .*placed at CLIENTS"):
-            convert(process.next_computation, name=algorithm)
-    _round_trip(process.next_computation)
+            convert(process.rounds["round"], name=algorithm)
+    _round_trip(process.rounds["round"])
 
 
 def test_personalized_fedavg_has_no_personal_state_and_compiles():
