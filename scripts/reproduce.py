@@ -426,9 +426,12 @@ LINEAR_SCALES = {
 }
 
 
-def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS) -> dict:
+def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS,
+                     a0=None) -> dict:
     """The TFF processes of `methods` on f(X) = X·a·bᵀ (a: d×1 `lora_a`, b: 1×d `lora_b`) with
-    the paper's loss (1/m)‖Y − X a bᵀ‖²_F per batch."""
+    the paper's loss (1/m)‖Y − X a bᵀ‖²_F per batch, starting from a = `a0` if given (needed
+    for FFA-LoRA, whose a is frozen and so part of the model, not of the state)."""
+    import numpy as np
     import tensorflow as tf
 
     from models.paper_models import LowRankDense
@@ -444,8 +447,11 @@ def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHO
         return lambda y, p: tf.reduce_mean(tf.reduce_sum(tf.square(y - p), axis=-1))
 
     spec = (tf.TensorSpec([None, d], tf.float32), tf.TensorSpec([None, d], tf.float32))
+    start = None if a0 is None else [np.asarray(a0, np.float32),
+                                     np.zeros((1, d), np.float32)]
     return {m: lora_fl.build_lora_process(m, model_fn, spec, config.learning_rate,
-                                          loss_fn=loss_fn) for m in methods}
+                                          loss_fn=loss_fn, initial_trainable=start)
+            for m in methods}
 
 
 def linear_problem(config: LinearConfig, setting: str, seed: int):
@@ -499,11 +505,9 @@ def centralized_optimum(problem, a0, iterations: int = 2000):
 def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str,
                 seed: int) -> dict:
     """One method on one problem; must run inside `tffl.runtime.local_runtime()`. Returns
-    sin θ(a, a*) and the global loss after every communication round (index 0: the start; for
-    RoLoRA the loss is known after its A rounds only, as TFF returns the state per B+A pair)."""
+    sin θ(a, a*) and the global loss after every communication round (index 0: the start)."""
     import numpy as np
     import tensorflow as tf
-    import tensorflow_federated as tff
 
     from tasks.subspace import sin_theta
 
@@ -513,25 +517,23 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
         (problem.features[i].astype(np.float32), problem.targets[i].astype(np.float32)))
         .batch(m).repeat(config.local_steps) for i in range(config.num_clients)]
     process = processes[method]
+    if len(process.model.layout.trainable) < 2:   # a is frozen (FFA-LoRA): a0 is in the model
+        process = linear_processes(config, (method,), a0=a0)[method]
     state = process.initialize()
-    weights = process.get_model_weights(state)
-    state = process.set_model_weights(state, tff.learning.models.ModelWeights(
-        trainable=[a0.astype(np.float32), np.zeros((1, config.dim), np.float32)],
-        non_trainable=list(weights.non_trainable)))
-    per_call = 2 if method == "rolora" else 1
-    calls = -(-config.rounds // per_call)
+    full = process.model_weights(state)
+    if len(process.model.layout.trainable) == 2:
+        state = process.with_model_weights(state, type(full)(
+            trainable=[a0.astype(np.float32), np.zeros((1, config.dim), np.float32)],
+            non_trainable=full.non_trainable))
     angles = [sin_theta(a0, problem.a_star)]
     losses = [_global_loss(problem, a0, np.zeros(config.dim))]
-    for _ in range(calls):
+    for _ in range(config.rounds):   # one `next` per communication round
         state = process.next(state, datasets).state
-        a, b = process.get_model_weights(state).trainable
-        if per_call == 2:  # the B round leaves a as it was
-            angles.append(angles[-1])
-            losses.append(None)
+        a, b = process.model_weights(state).trainable
         angles.append(sin_theta(a, problem.a_star))
         losses.append(_global_loss(problem, a, b))
     return {"setting": setting, "method": method, "seed": seed,
-            "communication_rounds": calls * per_call, "sin_theta": angles, "loss": losses,
+            "communication_rounds": config.rounds, "sin_theta": angles, "loss": losses,
             "upload_floats": (2 if method == "fedavg_lora" else 1) * config.dim}
 
 

@@ -58,7 +58,9 @@ point — (1 − 0)·Bw + 0·s = Bw — so these are FedRep's iterates, not an a
 Client data: one value per client, `OrderedDict(x=float32[m_i, d], y=float32[m_i])` (a full
 batch; fresh samples per round, as the draft's theory wants, are the caller's: pass new data to
 each `next`). Personal state: `OrderedDict(head=float32[k], shortcut=float32[d])`. The algebra
-runs in float64 inside the client computation; results are cast to float32.
+runs in float64 inside the client computation; results are cast to float32. Steps 1 and 3 (and
+the state, round counter and shape checks) are `tffl.linear_engine`'s averaging round (no QR);
+this module writes only the client update, step 2.
 
 Metrics of a round (at the server): `loss` = mean over clients of f_i (without the ridge) at the
 start of the round (broadcast B, stored w_i, s_i); `num_clients`.
@@ -85,15 +87,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import personal_state
-
-
-def _orthonormalize(b: tf.Tensor) -> tf.Tensor:
-    """Q of the thin QR b = QR (d×k), column signs fixed so that diag(R) >= 0."""
-    q, r = tf.linalg.qr(b)
-    diag = tf.linalg.diag_part(r)
-    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
-    return q * signs[tf.newaxis, :]
+from tffl import linear_engine
 
 
 def _gradient_descent(steps: int, value: tf.Tensor, step_fn) -> tf.Tensor:
@@ -112,22 +106,16 @@ def _nonnegative_int(name: str, value: int) -> int:
     return int(value)
 
 
-def _rate(name: str, value: float, allow_zero: bool = False) -> float:
-    value = float(value)
-    if not (np.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
-        raise ValueError(f"{name}={value} must be a finite number {'>=' if allow_zero else '>'} 0")
-    return value
-
-
 @dataclasses.dataclass(frozen=True)
-class AdaptPFLLinearProcess:
+class AdaptPFLLinearProcess(linear_engine.PersonalizedLinearProcess):
     """Linear AdaptPFL: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
     personal state `OrderedDict(head=float32[k], shortcut=float32[d])` per client.
 
-    Attributes (TFF computations; the methods below add shape checks):
+    Attributes (TFF computations; the methods add shape checks):
       initialize_computation: () -> state@SERVER, B⁰ = orthonormalized N(0, 1) d×k (seeded).
       next_computation: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
-        `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`.
+        (state@SERVER, personal@CLIENTS, metrics@SERVER); `next` wraps it in a
+        `PersonalizedOutput`.
       set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
       dim, rank, alpha: d, k, α.
       learning_rate, head_learning_rate, shortcut_learning_rate: η_b, η_w, η_s.
@@ -135,11 +123,6 @@ class AdaptPFLLinearProcess:
       shortcut_ridge: β.
     """
 
-    initialize_computation: tff.Computation
-    next_computation: tff.Computation
-    set_representation_computation: tff.Computation
-    dim: int
-    rank: int
     alpha: float
     learning_rate: float
     head_learning_rate: float
@@ -149,24 +132,10 @@ class AdaptPFLLinearProcess:
     representation_steps: int
     shortcut_ridge: float
 
-    def _check_data(self, client_data, personal_states) -> None:
-        if len(client_data) != len(personal_states):
-            raise ValueError(f"{len(client_data)} clients' data but {len(personal_states)} "
-                             "personal states; pass one personal state per client, in order")
-        for i, item in enumerate(client_data):
-            x, y = np.shape(item["x"]), np.shape(item["y"])
-            if len(x) != 2 or x[1] != self.dim or len(y) != 1 or y[0] != x[0] or x[0] < 1:
-                raise ValueError(f"client {i}: expected x of shape (m, {self.dim}) and y of shape "
-                                 f"(m,) with m >= 1, got {x} and {y}")
-        for i, p in enumerate(personal_states):
-            head, shortcut = np.shape(p["head"]), np.shape(p["shortcut"])
-            if head != (self.rank,) or shortcut != (self.dim,):
-                raise ValueError(f"client {i}: personal head and shortcut must have shapes "
-                                 f"({self.rank},) and ({self.dim},), got {head} and {shortcut}")
-
-    def initialize(self):
-        """State with a seeded random orthonormal B (d×k) and round_num 0."""
-        return self.initialize_computation()
+    @staticmethod
+    def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
+        """One client's personal state: its head w_i (k,) and shortcut s_i (d,)."""
+        return collections.OrderedDict(head=(rank,), shortcut=(dim,))
 
     def initialize_personal(self, client_id: Any) -> collections.OrderedDict:
         """Every client starts at w⁰ = 0, s⁰ = 0 (`client_id` is not needed)."""
@@ -174,32 +143,11 @@ class AdaptPFLLinearProcess:
         return collections.OrderedDict(head=np.zeros(self.rank, np.float32),
                                        shortcut=np.zeros(self.dim, np.float32))
 
-    def next(self, state, client_data, personal_states) -> personal_state.PersonalizedOutput:
-        """One AdaptPFL round on `client_data` (a list of `{x: (m_i, d), y: (m_i,)}`) with the
-        clients' `personal_states` (same order)."""
-        personal_states = list(personal_states)
-        self._check_data(client_data, personal_states)
-        output = self.next_computation(state, client_data, personal_states)
-        return personal_state.PersonalizedOutput(*output)
-
-    @staticmethod
-    def get_representation(state) -> np.ndarray:
-        """B (d×k, float32) of a state."""
-        return np.asarray(state["representation"])
-
-    def set_representation(self, state, representation):
-        """A copy of `state` with B = `representation` (d×k), not orthonormalized."""
-        shape = np.shape(representation)
-        if shape != (self.dim, self.rank):
-            raise ValueError(f"representation must have shape ({self.dim}, {self.rank}), "
-                             f"got {shape}")
-        return self.set_representation_computation(state, np.asarray(representation, np.float32))
-
     def predictors(self, state, personal_states) -> np.ndarray:
         """θ_i = (1 − α) B w_i + α s_i for every client (N×d, float64; row i is client i's)."""
         b = self.get_representation(state).astype(np.float64)
-        heads = np.stack([np.asarray(p["head"], np.float64) for p in personal_states])
-        shortcuts = np.stack([np.asarray(p["shortcut"], np.float64) for p in personal_states])
+        heads = self.stack_personal(personal_states, "head")
+        shortcuts = self.stack_personal(personal_states, "shortcut")
         return (1.0 - self.alpha) * heads @ b.T + self.alpha * shortcuts
 
 
@@ -237,41 +185,31 @@ def build_adaptpfl_linear(
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
         is negative or not an integer, β < 0, or a non-finite value; the message names the value.
     """
-    dim, rank = int(dim), int(rank)
-    if dim < 1:
-        raise ValueError(f"dim={dim} must be >= 1")
-    if not 1 <= rank <= dim:
-        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
+    check_rate = linear_engine.check_rate
+    dim, rank = linear_engine.check_dims(dim, rank)
     alpha = float(alpha)
     if not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha={alpha} must be in [0, 1]")
-    eta_b = _rate("learning_rate", learning_rate)
-    eta_w = _rate("head_learning_rate", eta_b if head_learning_rate is None
-                  else head_learning_rate)
-    eta_s = _rate("shortcut_learning_rate", eta_b if shortcut_learning_rate is None
-                  else shortcut_learning_rate)
+    eta_b = check_rate("learning_rate", learning_rate)
+    eta_w = check_rate("head_learning_rate", eta_b if head_learning_rate is None
+                       else head_learning_rate)
+    eta_s = check_rate("shortcut_learning_rate", eta_b if shortcut_learning_rate is None
+                       else shortcut_learning_rate)
     tau_w = _nonnegative_int("head_steps", head_steps)
     tau_s = _nonnegative_int("shortcut_steps", shortcut_steps)
     tau_b = _nonnegative_int("representation_steps", representation_steps)
-    beta = _rate("shortcut_ridge", shortcut_ridge, allow_zero=True)
+    beta = check_rate("shortcut_ridge", shortcut_ridge, allow_zero=True)
 
-    b_type = tff.TensorType(np.float32, [dim, rank])
-    data_type = tff.StructWithPythonType(
-        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
-        collections.OrderedDict,
-    )
-    personal_type = tff.StructWithPythonType(
-        [("head", tff.TensorType(np.float32, [rank])),
-         ("shortcut", tff.TensorType(np.float32, [dim]))],
-        collections.OrderedDict,
-    )
+    server = linear_engine.build_server(
+        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        orthonormal=False)
+    personal_type = linear_engine.personal_type(AdaptPFLLinearProcess.personal_shapes(dim, rank))
 
-    @tff.tensorflow.computation(b_type, data_type, personal_type)
+    @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
     def client_update(b, data, personal):
         """(B, data, (w_i, s_i)) -> {representation: B_i, personal: (w_i', s_i'), loss}."""
         b64 = tf.cast(b, tf.float64)
-        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
         w0 = tf.cast(personal["head"], tf.float64)
         s0 = tf.cast(personal["shortcut"], tf.float64)
 
@@ -296,51 +234,10 @@ def build_adaptpfl_linear(
             loss=tf.cast(loss, tf.float32),
         )
 
-    @tff.tensorflow.computation
-    def random_representation():
-        g = tf.random.stateless_normal([dim, rank], seed=[int(seed), 0], dtype=tf.float64)
-        return tf.cast(_orthonormalize(g), tf.float32)
-
-    @tff.tensorflow.computation(b_type)
-    def fresh_state(b):
-        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
-                                                                 tff.SERVER))
-
-    state_type = initialize.type_signature.result
-
-    @tff.tensorflow.computation(state_type.member)
-    def increment(state):
-        return state["round_num"] + 1
-
-    @tff.tensorflow.computation(state_type.member, b_type)
-    def with_representation(state, b):
-        return collections.OrderedDict(representation=b, round_num=state["round_num"])
-
-    @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def next_fn(state, data, personal):
-        b = tff.federated_broadcast(state.representation)
-        out = tff.federated_map(client_update, (b, data, personal))
-        new_state = tff.federated_zip(collections.OrderedDict(
-            representation=tff.federated_mean(out.representation),
-            round_num=tff.federated_map(increment, state),
-        ))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            loss=tff.federated_mean(out.loss),
-            num_clients=tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS)),
-        ))
-        return new_state, out.personal, metrics
-
+    next_fn = linear_engine.build_averaging_round(server, client_update,
+                                                  personal_type=personal_type)
     return AdaptPFLLinearProcess(
-        initialize_computation=initialize,
-        next_computation=next_fn,
-        set_representation_computation=with_representation,
-        dim=dim,
-        rank=rank,
+        **server.process_fields(next_fn),
         alpha=alpha,
         learning_rate=eta_b,
         head_learning_rate=eta_w,

@@ -92,13 +92,16 @@ def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
                           federated_non_trainable: Sequence[int] = (),
                           personal: Sequence[int] = (), initial_non_trainable=None,
                           frozen_dir=None, loss_fn=None, client_device=None,
-                          spec: client_training.ModelSpec | None = None) -> FederatedModel:
+                          spec: client_training.ModelSpec | None = None,
+                          initial_trainable=None) -> FederatedModel:
     """Draws the model's initial weights once, writes the base part to its fingerprinted file.
 
     Args:
       federated / federated_non_trainable / personal: positions (`tffl.frozen.Layout`).
       initial_non_trainable: values replacing the model's own initial non-trainable weights, in
         `model.non_trainable_variables` order (e.g. a pretrained backbone).
+      initial_trainable: likewise for `model.trainable_variables` (e.g. a given LoRA A that an
+        algorithm keeps frozen, like FFA-LoRA's).
       frozen_dir: where the base weights file goes (default `tffl.frozen.default_directory()`).
 
     Raises:
@@ -107,14 +110,20 @@ def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
     spec = spec or client_training.inspect_model(keras_model_fn, input_spec)
     layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
     trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
-    if initial_non_trainable is not None:
-        given = [np.asarray(v) for v in initial_non_trainable]
-        expected = [v.shape for v in spec.non_trainable]
+
+    def replaced(values, infos, kind):
+        given = [np.asarray(v) for v in values]
+        expected = [v.shape for v in infos]
         if [v.shape for v in given] != expected:
-            raise ValueError(f"initial weights do not fit the model: {len(given)} frozen tensors "
+            raise ValueError(f"initial weights do not fit the model: {len(given)} {kind} tensors "
                              f"{[v.shape for v in given][:3]}..., the model has {len(expected)} "
                              f"{expected[:3]}...")
-        non_trainable = [v.astype(info.dtype) for v, info in zip(given, spec.non_trainable)]
+        return [v.astype(info.dtype) for v, info in zip(given, infos)]
+
+    if initial_non_trainable is not None:
+        non_trainable = replaced(initial_non_trainable, spec.non_trainable, "frozen")
+    if initial_trainable is not None:
+        trainable = replaced(initial_trainable, spec.trainable, "trainable")
     return FederatedModel(
         keras_model_fn=keras_model_fn, input_spec=input_spec, layout=layout,
         frozen=frozen_lib.FrozenWeights.write(layout.base_values(trainable, non_trainable),

@@ -24,10 +24,10 @@ Fresh samples per round (Algorithm 2 samples a new batch each round) are the cal
 pass new (X_i, y_i) to each `next`.
 
 Client data: one value per client, an `OrderedDict(x=float32[m_i, d], y=float32[m_i])` of
-tensors (not a `tf.data` sequence: the exact head solve needs the whole batch at once, and tensors
-are the simplest form TFF 0.87 accepts). m_i may differ between clients (the type has shape
-[None, d]); the server mean stays unweighted, as in the paper. Inside the client computation the
-algebra runs in float64 and results are cast back to float32.
+tensors, m_i >= 1 (not a `tf.data` sequence: the exact head solve needs the whole batch at once).
+m_i may differ between clients; the server mean stays unweighted, as in the paper. The state,
+round counter, checks and the averaging round (steps 1 and 4) are `tffl.linear_engine`'s; inside
+the client computation the algebra runs in float64 and results are cast back to float32.
 
 Method-of-moments initialization (srpfl.md §2.3 "Initialization", §5.2): client i uploads
 P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d); the server forms (1/N) Σ_i P_i (= (1/(Nm)) Σ_i Σ_j
@@ -57,13 +57,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-
-def _orthonormalize(b: tf.Tensor) -> tf.Tensor:
-    """Q of the thin QR b = QR (d×k), column signs fixed so that diag(R) ≥ 0."""
-    q, r = tf.linalg.qr(b)
-    diag = tf.linalg.diag_part(r)
-    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
-    return q * signs[tf.newaxis, :]
+from tffl import linear_engine
 
 
 def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
@@ -73,61 +67,34 @@ def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class FedRepLinearProcess:
-    """Linear FedRep: server state `OrderedDict(representation=float32[d, k], round_num=int32)`.
+class FedRepLinearProcess(linear_engine.LinearProcess):
+    """Linear FedRep: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
+    no personal state; B is kept orthonormal (`set_representation` orthonormalizes).
 
-    Attributes (all TFF computations; the methods below add shape checks):
+    Attributes (all TFF computations; the methods add shape checks):
       initialize_computation: () -> state@SERVER, B = orthonormalized N(0, 1) d×k (seeded).
-      moments_computation: (data@CLIENTS) -> state@SERVER, method of moments.
       next_computation: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, metrics)`.
+      set_representation_computation: (state, float32[d, k]) -> state with B orthonormalized.
+      dim, rank: d, k.
+      moments_computation: (data@CLIENTS) -> state@SERVER, method of moments.
       head: (float32[d, k], data) -> float32[k], one client's exact head (for personalization and
         evaluation with a learned B).
-      dim, rank, learning_rate: d, k, η.
+      learning_rate: η.
     """
 
-    initialize_computation: tff.Computation
     moments_computation: tff.Computation
-    next_computation: tff.Computation
-    set_representation_computation: tff.Computation
     head: tff.Computation
-    dim: int
-    rank: int
     learning_rate: float
-
-    def _check_data(self, client_data) -> None:
-        for i, item in enumerate(client_data):
-            x, y = np.shape(item["x"]), np.shape(item["y"])
-            if len(x) != 2 or x[1] != self.dim or len(y) != 1 or y[0] != x[0]:
-                raise ValueError(f"client {i}: expected x of shape (m, {self.dim}) and y of shape "
-                                 f"(m,), got {x} and {y}")
-
-    def initialize(self):
-        """State with a seeded random orthonormal B (d×k) and round_num 0."""
-        return self.initialize_computation()
 
     def initialize_by_moments(self, client_data):
         """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ."""
-        self._check_data(client_data)
+        self.check_data(client_data)
         return self.moments_computation(client_data)
 
     def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
         """One FedRep round on `client_data` (a list of `{x: (m_i, d), y: (m_i,)}`)."""
-        self._check_data(client_data)
+        self.check_data(client_data)
         return self.next_computation(state, client_data)
-
-    @staticmethod
-    def get_representation(state) -> np.ndarray:
-        """B (d×k, float32) of a state."""
-        return np.asarray(state["representation"])
-
-    def set_representation(self, state, representation):
-        """A copy of `state` with B set to the orthonormalized `representation` (d×k)."""
-        shape = np.shape(representation)
-        if shape != (self.dim, self.rank):
-            raise ValueError(f"representation must have shape ({self.dim}, {self.rank}), "
-                             f"got {shape}")
-        return self.set_representation_computation(
-            state, np.asarray(representation, np.float32))
 
 
 def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
@@ -144,32 +111,23 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
     Raises:
       ValueError: d < 1, k ≤ 0 or k > d, or η ≤ 0 (or not finite).
     """
-    dim, rank = int(dim), int(rank)
-    if dim < 1:
-        raise ValueError(f"dim={dim} must be >= 1")
-    if not 1 <= rank <= dim:
-        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
-    if not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate={learning_rate} must be a finite number > 0")
-    eta = float(learning_rate)
-
-    b_type = tff.TensorType(np.float32, [dim, rank])
-    data_type = tff.StructWithPythonType(
-        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
-        collections.OrderedDict,
-    )
+    dim, rank = linear_engine.check_dims(dim, rank)
+    eta = linear_engine.check_rate("learning_rate", learning_rate)
+    server = linear_engine.build_server(
+        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        orthonormal=True)
+    b_type, data_type = server.representation_type, server.data_type
 
     @tff.tensorflow.computation(b_type, data_type)
     def head(b, data):
-        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        x64, y64, _ = linear_engine.batch64(data)
         return tf.cast(_head(tf.cast(b, tf.float64), x64, y64), tf.float32)
 
     @tff.tensorflow.computation(b_type, data_type)
     def client_update(b, data):
         """(B, {X_i, y_i}) -> {representation: B_i, loss: f̂_i(w_i, B)}."""
         b64 = tf.cast(b, tf.float64)
-        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
         w = _head(b64, x64, y64)                                    # (k,)
         residual = tf.linalg.matvec(x64 @ b64, w) - y64             # (m,)
         grad = (tf.linalg.matvec(x64, residual, transpose_a=True)[:, tf.newaxis]
@@ -182,8 +140,7 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
     @tff.tensorflow.computation(data_type)
     def client_moments(data):
         """P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d)."""
-        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
         p = tf.linalg.matmul(x64 * (y64**2)[:, tf.newaxis], x64, transpose_a=True) / m
         return tf.cast(p, tf.float32)
 
@@ -194,62 +151,13 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
         _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
         return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
 
-    @tff.tensorflow.computation
-    def random_representation():
-        g = tf.random.stateless_normal([dim, rank], seed=[int(seed), 0], dtype=tf.float64)
-        return tf.cast(_orthonormalize(g), tf.float32)
-
-    @tff.tensorflow.computation(b_type)
-    def server_orthonormalize(b_bar):
-        return tf.cast(_orthonormalize(tf.cast(b_bar, tf.float64)), tf.float32)
-
-    @tff.tensorflow.computation(b_type)
-    def fresh_state(b):
-        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
-                                                                 tff.SERVER))
-
     @tff.federated_computation(tff.FederatedType(data_type, tff.CLIENTS))
     def initialize_by_moments(data):
         moments = tff.federated_mean(tff.federated_map(client_moments, data))
-        return tff.federated_map(fresh_state, tff.federated_map(top_eigenvectors, moments))
+        return server.start(tff.federated_map(top_eigenvectors, moments))
 
-    state_type = initialize.type_signature.result
-
-    @tff.tensorflow.computation(state_type.member)
-    def increment(state):
-        return state["round_num"] + 1
-
-    @tff.tensorflow.computation(state_type.member, b_type)
-    def with_representation(state, b):
-        b = tf.cast(_orthonormalize(tf.cast(b, tf.float64)), tf.float32)
-        return collections.OrderedDict(representation=b, round_num=state["round_num"])
-
-    @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, data):
-        b = tff.federated_broadcast(state.representation)
-        out = tff.federated_map(client_update, (b, data))
-        b_bar = tff.federated_mean(out.representation)
-        new_state = tff.federated_zip(collections.OrderedDict(
-            representation=tff.federated_map(server_orthonormalize, b_bar),
-            round_num=tff.federated_map(increment, state),
-        ))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            loss=tff.federated_mean(out.loss),
-            num_clients=tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS)),
-        ))
-        return tff.learning.templates.LearningProcessOutput(new_state, metrics)
-
-    return FedRepLinearProcess(
-        initialize_computation=initialize,
-        moments_computation=initialize_by_moments,
-        next_computation=next_fn,
-        set_representation_computation=with_representation,
-        head=head,
-        dim=dim,
-        rank=rank,
-        learning_rate=eta,
-    )
+    next_fn = linear_engine.build_averaging_round(server, client_update,
+                                                  server_update=server.orthonormalize)
+    return FedRepLinearProcess(**server.process_fields(next_fn),
+                               moments_computation=initialize_by_moments, head=head,
+                               learning_rate=eta)

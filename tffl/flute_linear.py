@@ -55,7 +55,9 @@ seeded by (`seed`, client id), so a client's start does not depend on who else e
 
 Client data: one value per client, `OrderedDict(x=float32[N_i, d], y=float32[N_i])` (the whole
 local dataset: the gradients are full batch). Personal state: `OrderedDict(head=float32[k])`.
-Inside the computations the algebra runs in float64; results are cast back to float32.
+Inside the computations the algebra runs in float64; results are cast back to float32. The
+state, round counter, shape checks and `next`'s personal-state plumbing are `tffl.linear_engine`'s;
+this module writes only FLUTE's client and server steps (steps 2–4 above).
 
 Metrics of a round (at the server, at the old point): `loss` = (1/|I|) Σ_i L_i(B, w_i);
 `regularizer` = R(B, W_I), formed from B and G alone (‖BW‖² = tr(BᵀB G)); `num_clients` = |I|.
@@ -85,7 +87,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import personal_state
+from tffl import linear_engine
 
 
 def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamma2: float
@@ -94,23 +96,16 @@ def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamm
     return -2.0 * gamma1 * (b64 @ gram64) + 4.0 * gamma2 * (b64 @ (tf.transpose(b64) @ b64))
 
 
-def _check_rate(name: str, value: float, allow_zero: bool) -> float:
-    value = float(value)
-    ok = np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        raise ValueError(f"{name}={value} must be a finite number {'>=' if allow_zero else '>'} 0")
-    return value
-
-
 @dataclasses.dataclass(frozen=True)
-class FluteLinearProcess:
+class FluteLinearProcess(linear_engine.PersonalizedLinearProcess):
     """Linear FLUTE: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
     personal state `OrderedDict(head=float32[k])` per client.
 
-    Attributes (TFF computations; the methods below add shape checks):
+    Attributes (TFF computations; the methods add shape checks):
       initialize_computation: () -> state@SERVER with B⁰ ~ N(0, α²) entrywise (seeded).
       next_computation: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
-        `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`.
+        (state@SERVER, personal@CLIENTS, metrics@SERVER); `next` wraps it in a
+        `PersonalizedOutput`.
       set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
       dim, rank: d, k.
       learning_rate, regularizer_learning_rate: η_l, η_r.
@@ -119,11 +114,6 @@ class FluteLinearProcess:
       seed: seed of B⁰ and of every w_i⁰.
     """
 
-    initialize_computation: tff.Computation
-    next_computation: tff.Computation
-    set_representation_computation: tff.Computation
-    dim: int
-    rank: int
     learning_rate: float
     regularizer_learning_rate: float
     gamma1: float
@@ -131,24 +121,10 @@ class FluteLinearProcess:
     init_scale: float
     seed: int
 
-    def _check_data(self, client_data, personal_states) -> None:
-        if len(client_data) != len(personal_states):
-            raise ValueError(f"{len(client_data)} clients' data but {len(personal_states)} "
-                             "personal states; pass one personal state per client, in order")
-        for i, item in enumerate(client_data):
-            x, y = np.shape(item["x"]), np.shape(item["y"])
-            if len(x) != 2 or x[1] != self.dim or len(y) != 1 or y[0] != x[0] or x[0] < 1:
-                raise ValueError(f"client {i}: expected x of shape (N, {self.dim}) and y of shape "
-                                 f"(N,) with N >= 1, got {x} and {y}")
-        for i, p in enumerate(personal_states):
-            shape = np.shape(p["head"])
-            if shape != (self.rank,):
-                raise ValueError(f"client {i}: personal head must have shape ({self.rank},), "
-                                 f"got {shape}")
-
-    def initialize(self):
-        """Server state with B⁰ ~ N(0, α²) entrywise (seeded) and round_num 0."""
-        return self.initialize_computation()
+    @staticmethod
+    def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
+        """One client's personal state: its head w_i (k,)."""
+        return collections.OrderedDict(head=(rank,))
 
     def initialize_personal(self, client_id: Any) -> collections.OrderedDict:
         """Client `client_id`'s initial head w⁰ ~ N(0, α² I_k), seeded by (seed, client id)."""
@@ -157,32 +133,10 @@ class FluteLinearProcess:
         head = self.init_scale * rng.standard_normal(self.rank)
         return collections.OrderedDict(head=head.astype(np.float32))
 
-    def next(self, state, client_data, personal_states) -> personal_state.PersonalizedOutput:
-        """One FLUTE round on `client_data` (a list of `{x: (N_i, d), y: (N_i,)}`) with the
-        clients' `personal_states` (same order); returns the new state, personal states, metrics.
-        """
-        personal_states = list(personal_states)
-        self._check_data(client_data, personal_states)
-        output = self.next_computation(state, client_data, personal_states)
-        return personal_state.PersonalizedOutput(*output)
-
-    @staticmethod
-    def get_representation(state) -> np.ndarray:
-        """B (d×k, float32) of a state."""
-        return np.asarray(state["representation"])
-
-    def set_representation(self, state, representation):
-        """A copy of `state` with B = `representation` (d×k), not orthonormalized."""
-        shape = np.shape(representation)
-        if shape != (self.dim, self.rank):
-            raise ValueError(f"representation must have shape ({self.dim}, {self.rank}), "
-                             f"got {shape}")
-        return self.set_representation_computation(state, np.asarray(representation, np.float32))
-
-    @staticmethod
-    def heads(personal_states) -> np.ndarray:
+    @classmethod
+    def heads(cls, personal_states) -> np.ndarray:
         """W (k×M) from the clients' personal states (column i = w_i)."""
-        return np.stack([np.asarray(p["head"], np.float64) for p in personal_states], axis=1)
+        return cls.stack_personal(personal_states, "head").T
 
     def predictors(self, state, personal_states) -> np.ndarray:
         """The personalized regressors B w_i (M×d, float64; row i is client i's)."""
@@ -218,33 +172,26 @@ def build_flute_linear(
       ValueError: d < 1, k outside [1, d], η_l <= 0, η_r < 0, γ1 < 0, γ2 < 0, α <= 0, or any of
         them not finite; the message names the value.
     """
-    dim, rank = int(dim), int(rank)
-    if dim < 1:
-        raise ValueError(f"dim={dim} must be >= 1")
-    if not 1 <= rank <= dim:
-        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
-    eta_l = _check_rate("learning_rate", learning_rate, allow_zero=False)
-    eta_r = _check_rate("regularizer_learning_rate",
-                        eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
-                        allow_zero=True)
-    g1 = _check_rate("gamma1", gamma1, allow_zero=True)
-    g2 = _check_rate("gamma2", gamma2, allow_zero=True)
-    alpha = _check_rate("init_scale", 1.0 / (10 * dim) if init_scale is None else init_scale,
-                        allow_zero=False)
+    check_rate = linear_engine.check_rate
+    dim, rank = linear_engine.check_dims(dim, rank)
+    eta_l = check_rate("learning_rate", learning_rate)
+    eta_r = check_rate("regularizer_learning_rate",
+                       eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
+                       allow_zero=True)
+    g1 = check_rate("gamma1", gamma1, allow_zero=True)
+    g2 = check_rate("gamma2", gamma2, allow_zero=True)
+    alpha = check_rate("init_scale", 1.0 / (10 * dim) if init_scale is None else init_scale)
 
-    b_type = tff.TensorType(np.float32, [dim, rank])
+    server = linear_engine.build_server(
+        dim, rank, lambda: alpha * linear_engine.gaussian(dim, rank, seed, stream=1),
+        orthonormal=False)
+    b_type, data_type = server.representation_type, server.data_type
     gram_type = tff.TensorType(np.float32, [rank, rank])
-    data_type = tff.StructWithPythonType(
-        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
-        collections.OrderedDict,
-    )
-    personal_type = tff.StructWithPythonType(
-        [("head", tff.TensorType(np.float32, [rank]))], collections.OrderedDict)
+    personal_type = linear_engine.personal_type(FluteLinearProcess.personal_shapes(dim, rank))
 
     def data_terms(b64, data, w64):
         """(X, residual, m) in float64 for the client's full batch."""
-        x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        m = tf.cast(tf.shape(x64)[0], tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
         residual = tf.linalg.matvec(x64 @ b64, w64) - y64                     # (N,)
         return x64, residual, m
 
@@ -289,31 +236,7 @@ def build_flute_linear(
                  + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
         return tf.cast(value, tf.float32)
 
-    @tff.tensorflow.computation
-    def random_representation():
-        g = tf.random.stateless_normal([dim, rank], seed=[int(seed), 1], dtype=tf.float64)
-        return tf.cast(alpha * g, tf.float32)
-
-    @tff.tensorflow.computation(b_type)
-    def fresh_state(b):
-        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
-                                                                 tff.SERVER))
-
-    state_type = initialize.type_signature.result
-
-    @tff.tensorflow.computation(state_type.member)
-    def increment(state):
-        return state["round_num"] + 1
-
-    @tff.tensorflow.computation(state_type.member, b_type)
-    def with_representation(state, b):
-        return collections.OrderedDict(representation=b, round_num=state["round_num"])
-
-    @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS),
+    @tff.federated_computation(server.state_type, tff.FederatedType(data_type, tff.CLIENTS),
                                tff.FederatedType(personal_type, tff.CLIENTS))
     def next_fn(state, data, personal):
         b = state.representation
@@ -325,23 +248,13 @@ def build_flute_linear(
                                   tff.federated_zip((b, gradient_sum, gram)))
         new_personal = tff.federated_map(
             client_head_update, (b_clients, tff.federated_broadcast(gram), data, personal))
-        new_state = tff.federated_zip(collections.OrderedDict(
-            representation=new_b,
-            round_num=tff.federated_map(increment, state),
-        ))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            loss=tff.federated_mean(stats.loss),
-            regularizer=tff.federated_map(regularizer_value, tff.federated_zip((b, gram))),
-            num_clients=tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS)),
-        ))
-        return new_state, new_personal, metrics
+        metrics = linear_engine.round_metrics(
+            stats.loss,
+            regularizer=tff.federated_map(regularizer_value, tff.federated_zip((b, gram))))
+        return server.advance(state, new_b), new_personal, metrics
 
     return FluteLinearProcess(
-        initialize_computation=initialize,
-        next_computation=next_fn,
-        set_representation_computation=with_representation,
-        dim=dim,
-        rank=rank,
+        **server.process_fields(next_fn),
         learning_rate=eta_l,
         regularizer_learning_rate=eta_r,
         gamma1=g1,

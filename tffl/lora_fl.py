@@ -124,7 +124,8 @@ def _round(spec, name, train_roles, **kwargs) -> engine.RoundSpec:
 def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
                    loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
                    server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
-                   frozen_dir=None, seed: int = 0, switch_round: int | None = None
+                   frozen_dir=None, seed: int = 0, switch_round: int | None = None,
+                   initial_trainable=None
                    ) -> processes.ScheduledProcess:
     """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
 
@@ -145,6 +146,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
       initial_non_trainable: values of `model.non_trainable_variables` to start from (e.g. a
         pretrained backbone); default: the model's own initializers.
+      initial_trainable: likewise for `model.trainable_variables` (e.g. FFA-LoRA's fixed A).
       frozen_dir: where the frozen weights file goes (`tffl.frozen.default_directory()`).
       seed: FLoRA's seed for the fresh A of every round.
       switch_round: rolora_ffa: the communication round from which only B rounds run.
@@ -188,7 +190,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
     model = engine.build_federated_model(
         keras_model_fn, input_spec, sorted(federated), federated_nt,
         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
-        client_device=client_device, spec=spec)
+        client_device=client_device, spec=spec, initial_trainable=initial_trainable)
     client = engine.ClientConfig(client_learning_rate, weight_decay)
     pieces = [engine.build_round(model, s, client, aggregator, server_optimizer) for s in specs]
     initialize, rounds = processes.compose_rounds(model, pieces, personal=False)

@@ -252,6 +252,7 @@ def build_personalized_process(
     initial_non_trainable=None,
     frozen_dir=None,
     client_device: str | None = None,
+    initial_trainable=None,
 ) -> PersonalizationProcess | PersonalizedProcess:
     """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE or AdaptPFL (module docstring).
 
@@ -278,7 +279,8 @@ def build_personalized_process(
       server_learning_rate: η_s > 0 of the default server optimizer, φ ← φ + η_s·agg(Δ_i).
       server_optimizer: a `tff.learning.optimizers.Optimizer` instead of SGD with η_s.
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
-      initial_non_trainable, frozen_dir, client_device: as `tffl.lora_fl.build_schedule`.
+      initial_non_trainable, initial_trainable, frozen_dir, client_device: as
+        `tffl.lora_fl.build_schedule`.
 
     Raises:
       ValueError: unknown algorithm or schedule; an epoch count ≤ 0; η ≤ 0; a split that leaves
@@ -371,7 +373,7 @@ def build_personalized_process(
     model = engine.build_federated_model(
         keras_model_fn, input_spec, federated, personal=personal,
         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
-        client_device=client_device, spec=spec)
+        client_device=client_device, spec=spec, initial_trainable=initial_trainable)
     client = engine.ClientConfig(client_learning_rate, weight_decay, hook)
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
         float(server_learning_rate))

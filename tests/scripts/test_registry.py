@@ -47,28 +47,31 @@ def test_unknown_names_are_clear_errors(tmp_path):
         registry.build_task("mnist", 2, 1, 1, 0, data_dir=tmp_path)
 
 
-@pytest.mark.parametrize(
-    "algorithm, rounds, fraction, expected",
-    [
-        ("fedavg_lora", 7, 0.5, (7, 7)),
-        ("rolora", 8, 0.5, (4, 8)),
-        ("rolora", 9, 0.5, (5, 10)),  # a RoLoRA call is always a B round and an A round
-        ("rolora_ffa", 9, 0.5, (7, 9)),  # switch at round(4.5) = 4: 2 pairs, then 5 B rounds
-        ("rolora_ffa", 10, 1.0, (5, 10)),
-        ("rolora_ffa", 10, 0.0, (10, 10)),
-    ],
-)
-def test_driver_rounds(algorithm, rounds, fraction, expected):
-    assert registry.driver_rounds(algorithm, rounds, fraction) == expected
-
-
 def test_personalized_wiring():
     assert registry.model_for("fedrep") == "pfl_mlp"
     assert registry.model_for("lg_fedavg") == "pfl_mlp_lg"
     assert registry.model_for("fedper", "lora_alternating") == "lora_head_net"
-    # FedRep heads over RoLoRA-style adapters: each call is a B round and an A round.
-    assert registry.driver_rounds("fedrep", 9, representation="lora_alternating") == (5, 10)
-    assert registry.driver_rounds("fedrep", 9) == (9, 9)
+
+
+def test_optimizers_by_name():
+    """The flags' optimizers are `tff.learning.optimizers`: one step of each on w = 1, g = 2
+    gives the textbook update (SGD: w − ηg; momentum β: the same first step; Adam: the first
+    step is w − η·sign(g), up to ε)."""
+    import tensorflow as tf
+    import tensorflow_federated as tff
+
+    w, g = [tf.constant([1.0])], [tf.constant([2.0])]
+    for name, momentum, expected in (("sgd", 0.0, 1.0 - 0.1 * 2.0), ("sgd", 0.9, 1.0 - 0.1 * 2.0),
+                                     ("adam", 0.0, 1.0 - 0.1)):
+        optimizer = registry.build_optimizer(name, 0.1, momentum)
+        assert isinstance(optimizer, tff.learning.optimizers.Optimizer)
+        state = optimizer.initialize([tf.TensorSpec([1], tf.float32)])
+        _, new = optimizer.next(state, w, g)
+        np.testing.assert_allclose(new[0].numpy(), [expected], rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        registry.build_optimizer("lion", 0.1)
+    with pytest.raises(ValueError, match="momentum applies to the sgd optimizer only"):
+        registry.build_optimizer("adam", 0.1, 0.9)
 
 
 def test_samplers_by_name():

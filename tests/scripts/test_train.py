@@ -81,6 +81,11 @@ _VALIDATED = [
     (["--workers=0"], "--workers"),
     (["--worker_timeout=0"], "--worker_timeout"),
     (["--workers=2", "--worker_addresses=h:1"], "--workers"),
+    (["--client_momentum=1.5"], "--client_momentum"),
+    (["--client_optimizer=adam", "--client_momentum=0.5"], "--client_momentum"),
+    (["--server_optimizer=adam", "--server_momentum=0.9"], "--server_momentum"),
+    (["--weight_decay=-0.1"], "--weight_decay"),
+    (["--server_learning_rate=0"], "--server_learning_rate"),
 ]
 _VALIDATE = """
 import json, sys
@@ -165,26 +170,56 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
-    """Per client per communication round, from the TFF types: RoLoRA's B round uploads B
-    (r x d_out float32) and its A round A (d_in x r), FFA-LoRA B, FedAvg-LoRA both; each also
-    uploads two float32 metric scalars and the float32 weight of the (default, example-weighted)
-    mean: 12 bytes. Digits: d_in = d_out = 64; r = 4."""
-    r, d, extra = 4, 64, 12
+    """Per client per communication round (one metrics row each), from the TFF forms: RoLoRA's B
+    round uploads B (r x d_out float32) and its A round A (d_in x r), alternating, FFA-LoRA B,
+    FedAvg-LoRA both; each also uploads three float32 metric sums and the float32 weight of the
+    (default, example-weighted) mean: 16 bytes. Down: only the federated factors (RoLoRA and
+    FedAvg-LoRA A and B, FFA-LoRA B), never the frozen W_out. Digits: d_in = d_out = 64; r = 4."""
+    r, d, extra = 4, 64, 16
     proc = _run("--algorithm=rolora,fedavg_lora,ffa_lora", "--rank=4", "--rounds=4",
                 "--local_steps=2", "--eval_every=2", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     rolora = simulation.read_metrics(tmp_path / "rolora" / "metrics.csv")
     fedavg_lora = simulation.read_metrics(tmp_path / "fedavg_lora" / "metrics.csv")
     ffa_lora = simulation.read_metrics(tmp_path / "ffa_lora" / "metrics.csv")
-    assert [row["communication_rounds"] for row in rolora] == [2, 4]  # B+A pairs
+    assert [row["communication_rounds"] for row in rolora] == [1, 2, 3, 4]
     assert [row["communication_rounds"] for row in fedavg_lora] == [1, 2, 3, 4]
-    assert rolora[0]["b_round/bytes_up_per_client"] == r * d * 4 + extra
-    assert rolora[0]["a_round/bytes_up_per_client"] == d * r * 4 + extra
+    assert ["b_round/client_work/train/loss" in row for row in rolora] == [True, False] * 2
+    assert ["a_round/client_work/train/loss" in row for row in rolora] == [False, True] * 2
+    assert [row["bytes_up_per_client"] for row in rolora] == [r * d * 4 + extra,
+                                                               d * r * 4 + extra] * 2
+    assert {row["bytes_down_per_client"] for row in rolora} == {2 * r * d * 4}
     assert ffa_lora[0]["bytes_up_per_client"] == r * d * 4 + extra
+    assert ffa_lora[0]["bytes_down_per_client"] == r * d * 4
     assert fedavg_lora[0]["bytes_up_per_client"] == 2 * r * d * 4 + extra
+    assert fedavg_lora[0]["bytes_down_per_client"] == 2 * r * d * 4
     table = (tmp_path / "comparison.md").read_text()
     assert all(name in table for name in ("rolora", "fedavg_lora", "ffa_lora"))
     assert "| rolora | 4 |" in table
+
+
+@pytest.mark.slow
+def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data):
+    """The issue's acceptance command: RoLoRA on SST-2 with the pretrained all-MiniLM-L6-v2
+    (22.7M frozen parameters, about 91 MB) broadcasts only the LoRA factors and the head:
+    12 adapters (query, value of 6 layers) of r = 16 on 384 x 384, and the 384 x 2 head,
+    (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4 = 592,904 bytes, far below 1 MB."""
+    from models import checkpoints
+
+    try:
+        checkpoints.fetch_minilm()
+    except Exception as e:
+        pytest.skip(f"all-MiniLM-L6-v2 unavailable: {e}")
+    proc = _run("--task=sst2", "--backbone=minilm", "--algorithm=rolora", "--rounds=1",
+                "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
+                f"--data_dir={shared_data}", f"--output_dir={tmp_path}", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = _rows(tmp_path)
+    assert row["bytes_down_per_client"] == (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4
+    assert row["bytes_down_per_client"] < 1_000_000
+    assert row["bytes_up_per_client"] == (12 * 16 * 384 + 384 * 2 + 2) * 4 + 16   # B round
+    state = next((tmp_path / "checkpoints").iterdir()) / "state.npz"
+    assert state.stat().st_size < 2_000_000   # the checkpoint holds no backbone either
 
 
 def test_fedrep_with_srpfl_participation(tmp_path):
@@ -225,12 +260,15 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, share
                 f"--data_dir={shared_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     rows = _rows(tmp_path)
-    assert [r["communication_rounds"] for r in rows] == [2]
+    assert [r["communication_rounds"] for r in rows] == [1, 2]
     # B round: the four B factors (r x 64) go up, A round the four A factors (64 x r); the heads
-    # never do. Plus 3 metric floats and the weight of the weighted mean.
-    assert rows[0]["b_round/bytes_up_per_client"] == 4 * 4 * 64 * 4 + 16
-    assert rows[0]["a_round/bytes_up_per_client"] == 4 * 64 * 4 * 4 + 16
-    assert 0.0 <= rows[0]["eval_personal_accuracy"] <= 1.0
+    # never do. Plus 3 metric floats and the weight of the weighted mean. Down: A and B only.
+    assert "b_round/client_work/train/loss" in rows[0]
+    assert "a_round/client_work/train/loss" in rows[1]
+    assert rows[0]["bytes_up_per_client"] == 4 * 4 * 64 * 4 + 16
+    assert rows[1]["bytes_up_per_client"] == 4 * 64 * 4 * 4 + 16
+    assert rows[0]["bytes_down_per_client"] == rows[1]["bytes_down_per_client"] == 2 * 4 * 4 * 64 * 4
+    assert 0.0 <= rows[1]["eval_personal_accuracy"] <= 1.0
 
 
 # --- Several TFF workers (tffl.runtime, docs/runtime.md) ----------------------------------------
