@@ -226,6 +226,7 @@ def run_rounds(
     resume: bool = False,
     log: Callable[[str], None] | None = print,
     tensorboard: bool = True,
+    until: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -250,6 +251,8 @@ def run_rounds(
       tensorboard: also release every row's numbers to `<output_dir>/tensorboard` (view with
         `tensorboard --logdir <output_dir>`). A resumed run re-releases the rounds after its
         checkpoint, so TensorBoard shows the resumed values for those steps.
+      until: `row -> bool`; the run stops after the first round whose metrics row (with its
+        `eval_*` values) satisfies it, e.g. a target accuracy (that round is checkpointed).
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -302,7 +305,7 @@ def run_rounds(
             history = [r for r in read_metrics(metrics_path) if r["round"] <= done]
         first_round = done + 1
         say(f"resuming {output_dir} after round {done}")
-        if first_round > rounds:
+        if first_round > rounds or (until is not None and history and until(history[-1])):
             say(f"run already complete ({done} of {rounds} rounds)")
             return SimulationResult(state, history, first_round, store)
 
@@ -346,6 +349,8 @@ def run_rounds(
             evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
             for key, value in evaluated.items():
                 row[f"eval_{key}"] = float(value)
+        stop = until is not None and bool(until(row))
+        is_last = is_last or stop
         history.append(row)
         _write_metrics(metrics_path, history)
         if release is not None:
@@ -355,4 +360,6 @@ def run_rounds(
                             extra=store.to_arrays() if store is not None else None,
                             frozen_fingerprint=fingerprint)
         say(_progress_line(row, rounds))
+        if stop:
+            break
     return SimulationResult(state, history, first_round, store)

@@ -188,3 +188,17 @@ def test_worker_death_keeps_completed_rounds_and_resume_matches(tmp_path):
          for r in simulation.read_metrics(tmp_path / d / "metrics.csv")]
         for d in ("full", "cut"))
     assert full_rows == resumed_rows
+
+
+def test_until_stops_the_run_after_the_first_row_that_satisfies_it(tmp_path):
+    """`until` ends the run after round 3; its state is the 3-round state, the stop round is
+    checkpointed, and resuming the finished run returns it unchanged."""
+    def until(row):
+        return row["round"] >= 3
+
+    result = _run(tmp_path, rounds=10, until=until)
+    assert [r["round"] for r in result.history] == [1, 2, 3]
+    np.testing.assert_allclose(result.state["s"], _expected_state(3))
+    assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 3
+    again = _run(tmp_path, rounds=10, resume=True, until=until)
+    assert [r["round"] for r in again.history] == [1, 2, 3]
