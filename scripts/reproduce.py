@@ -454,6 +454,25 @@ def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHO
             for m in methods}
 
 
+class _StartingAt:
+    """`process` whose `initialize()` state holds a = `a0`, b = 0 (its federated factors)."""
+
+    def __init__(self, process, a0):
+        self._process, self._a0 = process, a0
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+    def initialize(self):
+        import numpy as np
+
+        state = self._process.initialize()
+        full = self._process.model_weights(state)
+        return self._process.with_model_weights(state, type(full)(
+            trainable=[self._a0, np.zeros_like(full.trainable[1])],
+            non_trainable=full.non_trainable))
+
+
 def linear_problem(config: LinearConfig, setting: str, seed: int):
     """The data and a⁰ (a unit vector, the same for every method) of one setting and seed."""
     import numpy as np
@@ -503,35 +522,45 @@ def centralized_optimum(problem, a0, iterations: int = 2000):
 
 
 def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str,
-                seed: int) -> dict:
-    """One method on one problem; must run inside `tffl.runtime.local_runtime()`. Returns
-    sin θ(a, a*) and the global loss after every communication round (index 0: the start)."""
+                seed: int, output_dir: os.PathLike | str | None = None) -> dict:
+    """One method on one problem, driven by `tffl.simulation.run_rounds` (its metrics.csv and
+    checkpoints go to `output_dir`, default a temporary folder); must run inside
+    `tffl.runtime.local_runtime()`. Returns sin θ(a, a*) and the global loss after every
+    communication round (index 0: the start)."""
+    import tempfile
+
     import numpy as np
     import tensorflow as tf
 
     from tasks.subspace import sin_theta
+    from tffl import participation
+    from tffl import simulation
 
     problem, a0 = linear_problem(config, setting, seed)
     m = config.num_samples
-    datasets = [tf.data.Dataset.from_tensor_slices(
+    ids = [f"client_{i}" for i in range(config.num_clients)]
+    datasets = {cid: tf.data.Dataset.from_tensor_slices(
         (problem.features[i].astype(np.float32), problem.targets[i].astype(np.float32)))
-        .batch(m).repeat(config.local_steps) for i in range(config.num_clients)]
+        .batch(m).repeat(config.local_steps) for i, cid in enumerate(ids)}
     process = processes[method]
     if len(process.model.layout.trainable) < 2:   # a is frozen (FFA-LoRA): a0 is in the model
         process = linear_processes(config, (method,), a0=a0)[method]
-    state = process.initialize()
-    full = process.model_weights(state)
-    if len(process.model.layout.trainable) == 2:
-        state = process.with_model_weights(state, type(full)(
-            trainable=[a0.astype(np.float32), np.zeros((1, config.dim), np.float32)],
-            non_trainable=full.non_trainable))
-    angles = [sin_theta(a0, problem.a_star)]
-    losses = [_global_loss(problem, a0, np.zeros(config.dim))]
-    for _ in range(config.rounds):   # one `next` per communication round
-        state = process.next(state, datasets).state
+    elif not np.array_equal(process.model.initial_global.trainable[0], a0):
+        process = _StartingAt(process, a0.astype(np.float32))
+
+    def evaluate(state):
         a, b = process.model_weights(state).trainable
-        angles.append(sin_theta(a, problem.a_star))
-        losses.append(_global_loss(problem, a, b))
+        return {"sin_theta": sin_theta(a, problem.a_star), "loss": _global_loss(problem, a, b)}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = simulation.run_rounds(
+            process, participation.FullParticipation(ids), lambda cid, t: datasets[cid],
+            rounds=config.rounds, output_dir=output_dir or tmp, evaluate_fn=evaluate,
+            eval_every=1, checkpoint_every=max(1, config.rounds // 4), log=None,
+            tensorboard=False, resume=output_dir is not None)
+    angles = [sin_theta(a0, problem.a_star)] + [r["eval_sin_theta"] for r in result.history]
+    losses = [_global_loss(problem, a0, np.zeros(config.dim))] + [
+        r["eval_loss"] for r in result.history]
     return {"setting": setting, "method": method, "seed": seed,
             "communication_rounds": config.rounds, "sin_theta": angles, "loss": losses,
             "upload_floats": (2 if method == "fedavg_lora" else 1) * config.dim}
@@ -588,7 +617,8 @@ def run_rolora_linear(ctx: Context) -> Result:
             processes = linear_processes(config)
             for setting, method, seed, key in todo:
                 started = time.perf_counter()
-                unit = linear_unit(config, processes, setting, method, seed)
+                unit = linear_unit(config, processes, setting, method, seed,
+                                   output_dir=ctx.output_dir / "runs" / key)
                 save_unit(ctx, key, unit)
                 units[setting, method, seed] = unit
                 ctx.log(f"{setting} {METHOD_NAMES[method]} seed {seed}: sin θ "
