@@ -22,7 +22,11 @@ Mean ± std over --seeds.
     .venv/bin/python scripts/adaptpfl_synthetic.py --output_dir=runs/adaptpfl_synthetic
     .venv/bin/python scripts/adaptpfl_synthetic.py --num_samples=10,20,40 --alphas=0.1,0.3,0.5
 
-Writes results.csv (one row per run) and results.md (the printed table) to --output_dir.
+Writes results.csv (one row per run) and results.md (the printed table) to --output_dir. Every
+federated run is `tffl.simulation.run_rounds` (all clients every round; the error and dist(B, B*)
+are its evaluation after the last round) in --output_dir/m<m>_seed<seed>/<method>[_alpha<α>]/:
+metrics.csv (every round's loss; eval_error, eval_dist at the end) and the last checkpoint; a
+rerun replaces it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     warnings.filterwarnings("ignore")
 
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -133,14 +141,71 @@ def _mean_error(thetas: np.ndarray, problem) -> float:
     return float(np.mean(np.linalg.norm(thetas - problem.thetas, axis=1)))
 
 
+class _Started:
+    """`process` whose `initialize()` is `state` (a run that starts elsewhere than its own
+    initialization, for `run_rounds`); everything else is `process`'s."""
+
+    def __init__(self, process, state):
+        self._process, self._state = process, state
+
+    def initialize(self):
+        return self._state
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+
+@contextlib.contextmanager
+def _run_dir(path: pathlib.Path | None):
+    """`path`, emptied (every run starts afresh), or a temporary directory if None."""
+    if path is None:
+        with tempfile.TemporaryDirectory(prefix="adaptpfl_synthetic_") as tmp:
+            yield pathlib.Path(tmp)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    yield path
+
+
+def _run(process, data: list, label: str, evaluate, run_dir: pathlib.Path | None,
+         diverged: str | None = None) -> dict:
+    """--rounds rounds of `process` (all clients, each on its fixed data, every round) with
+    `tffl.simulation.run_rounds` in `run_dir`, the loss printed every tenth round; returns the last
+    round's metrics row, whose eval_* are `evaluate(state, personal states in client order or
+    None)` after the last round. `diverged`: the message of the FloatingPointError raised at the
+    first round whose loss is not finite (None: no check)."""
+    from tffl import participation
+    from tffl import simulation
+
+    ids = [f"client_{i:03d}" for i in range(len(data))]
+    by_id, rounds = dict(zip(ids, data)), _ROUNDS.value
+
+    def watch(row) -> bool:  # every round's metrics row; never stops the run
+        t, loss = row["round"], row["loss"]
+        if diverged is not None and not np.isfinite(loss):
+            raise FloatingPointError(diverged)
+        if t % max(1, rounds // 10) == 0 or t == rounds:
+            print(f"  {label}: round {t}/{rounds}, loss {loss:.4f}", flush=True)
+        return False
+
+    with _run_dir(run_dir) as output_dir:
+        result = simulation.run_rounds(
+            process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
+            output_dir, checkpoint_every=rounds, log=None, tensorboard=False, until=watch,
+            evaluate_fn=lambda state, store=None: evaluate(
+                state, None if store is None else store.lookup(ids)))
+    return result.history[-1]
+
+
 def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
-    """All methods on one (m, seed); one result row per method. Inside `local_runtime()`."""
+    """All methods on one (m, seed); one result row per method. Inside `local_runtime()`. Each
+    federated run goes to `<config["output_dir"]>/m<m>_seed<seed>/<method>[_alpha<α>]/` (a
+    temporary directory if `config` has no output_dir)."""
     from tasks import subspace
     from tasks import synthetic
     from tffl import adaptpfl_linear
     from tffl import fedrep_linear
 
-    d, k, eta, rounds = _DIM.value, _RANK.value, _LEARNING_RATE.value, _ROUNDS.value
+    d, k, eta = _DIM.value, _RANK.value, _LEARNING_RATE.value
     problem = synthetic.adaptpfl_linear(
         _NUM_CLIENTS.value, num_samples, d, k, alpha=_DATA_ALPHA.value,
         shortcut_norm=_SHORTCUT_NORM.value, orthogonal_to_heads=_ORTHOGONAL.value,
@@ -154,31 +219,35 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
     tag = f"[m={num_samples} seed={seed}]"
     base = dict(num_samples=num_samples, seed=seed)
     rows = []
+    root = config.get("output_dir")
+    setting_dir = None if root is None else pathlib.Path(root) / f"m{num_samples}_seed{seed}"
 
-    def record(method, alpha, thetas, b, started):
-        row = base | dict(method=method, alpha=alpha, error=_mean_error(thetas, problem),
-                          dist=(subspace.principal_angle_distance(b, problem.b_star)
-                                if b is not None else float("nan")))
+    def run_dir(name: str) -> pathlib.Path | None:
+        return None if setting_dir is None else setting_dir / name
+
+    def evaluation(thetas, b) -> dict:
+        return dict(error=_mean_error(thetas, problem),
+                    dist=subspace.principal_angle_distance(b, problem.b_star))
+
+    def record(method, alpha, error, dist, started):
+        row = base | dict(method=method, alpha=alpha, error=error, dist=dist)
         rows.append(row)
         print(f"  {tag} {method}{'' if alpha is None else f' α={alpha:g}'}: personalized error "
               f"{row['error']:.4f}, dist(B, B*) {row['dist']:.4f} "
               f"({time.perf_counter() - started:.1f} s)", flush=True)
 
-    def every_tenth(t):
-        return t % max(1, rounds // 10) == 0 or t == rounds
-
     if "fedrep" in config["methods"]:
         started = time.perf_counter()
-        for t in range(1, rounds + 1):
-            output = fedrep.next(state, data)
-            state = output.state
-            if every_tenth(t):
-                print(f"  {tag} fedrep: round {t}/{rounds}, loss "
-                      f"{float(output.metrics['loss']):.4f}", flush=True)
-        b = fedrep.get_representation(state).astype(np.float64)
-        heads = np.stack([np.linalg.lstsq(x @ b, y, rcond=None)[0]
-                          for x, y in zip(problem.features, problem.targets)])
-        record("fedrep", None, heads @ b.T, b, started)
+
+        def fedrep_evaluation(state, _):  # the exact heads for the final B
+            b = fedrep.get_representation(state).astype(np.float64)
+            heads = np.stack([np.linalg.lstsq(x @ b, y, rcond=None)[0]
+                              for x, y in zip(problem.features, problem.targets)])
+            return evaluation(heads @ b.T, b)
+
+        last = _run(_Started(fedrep, state), data, f"{tag} fedrep", fedrep_evaluation,
+                    run_dir("fedrep"))
+        record("fedrep", None, last["eval_error"], last["eval_dist"], started)
 
     runs = ([("fedrep_gd", 0.0)] if "fedrep_gd" in config["methods"] else []) + (
         [("adaptpfl", a) for a in config["alphas"]] if "adaptpfl" in config["methods"] else [])
@@ -189,26 +258,21 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
             shortcut_steps=_SHORTCUT_STEPS.value,
             representation_steps=_REPRESENTATION_STEPS.value,
             shortcut_ridge=_SHORTCUT_RIDGE.value, seed=seed)
-        state = process.set_representation(process.initialize(), b0)
-        personal = [process.initialize_personal(i) for i in range(len(data))]
-        for t in range(1, rounds + 1):
-            output = process.next(state, data, personal)
-            state, personal = output.state, output.personal_states
-            loss = float(output.metrics["loss"])
-            if not np.isfinite(loss):
-                raise FloatingPointError(f"{method} α={alpha:g} diverged (m={num_samples}, "
-                                         f"seed={seed}); lower --learning_rate")
-            if every_tenth(t):
-                print(f"  {tag} {method} α={alpha:g}: round {t}/{rounds}, loss {loss:.4f}",
-                      flush=True)
-        record(method, alpha, process.predictors(state, personal),
-               process.get_representation(state), started)
+        last = _run(
+            _Started(process, process.set_representation(process.initialize(), b0)), data,
+            f"{tag} {method} α={alpha:g}",
+            lambda state, personal, process=process: evaluation(
+                process.predictors(state, personal), process.get_representation(state)),
+            run_dir(method if method == "fedrep_gd" else f"{method}_alpha{alpha:g}"),
+            diverged=f"{method} α={alpha:g} diverged (m={num_samples}, seed={seed}); lower "
+                     "--learning_rate")
+        record(method, alpha, last["eval_error"], last["eval_dist"], started)
 
     if "local" in config["methods"]:
         started = time.perf_counter()
         thetas = np.stack([np.linalg.lstsq(x, y, rcond=None)[0]
                            for x, y in zip(problem.features, problem.targets)])
-        record("local", None, thetas, None, started)
+        record("local", None, _mean_error(thetas, problem), float("nan"), started)
     return rows
 
 

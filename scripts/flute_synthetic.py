@@ -22,6 +22,9 @@ reported at --report_rounds and after --rounds; the floor is the noise-free rank
 
 Writes results.csv (one row per run: M, k, seed, method, η, error at each report round) and
 results.md (the table printed at the end) to --output_dir; the TFF worker's log goes there too.
+Every run is `tffl.simulation.run_rounds` (all clients every round; the error is its evaluation at
+the report rounds and the last) in --output_dir/M<M>_k<k>_seed<seed>/<method>_eta<η>/: metrics.csv
+(every round's loss, eval_error at those rounds) and the last checkpoint; a rerun replaces it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     warnings.filterwarnings("ignore")
 
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -148,20 +155,68 @@ def _fedrep_predictors(b: np.ndarray, problem) -> np.ndarray:
     return np.stack(heads) @ b.T
 
 
-def _run(label: str, checkpoints: list[int], step, error) -> dict[int, float]:
-    """Calls `step()` --rounds times; the error at every checkpoint, with progress lines."""
-    errors, started = {}, time.perf_counter()
-    for t in range(1, _ROUNDS.value + 1):
-        step()
-        if t in checkpoints:
-            errors[t] = error()
-            print(f"  {label}: round {t}/{_ROUNDS.value}, error {errors[t]:.4f} "
+class _Started:
+    """`process` whose `initialize()` is `state` (a run that starts elsewhere than its own
+    initialization, for `run_rounds`); everything else is `process`'s."""
+
+    def __init__(self, process, state):
+        self._process, self._state = process, state
+
+    def initialize(self):
+        return self._state
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+
+@contextlib.contextmanager
+def _run_dir(path: pathlib.Path | None):
+    """`path`, emptied (every run starts afresh), or a temporary directory if None."""
+    if path is None:
+        with tempfile.TemporaryDirectory(prefix="flute_synthetic_") as tmp:
+            yield pathlib.Path(tmp)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    yield path
+
+
+def _run(process, data: list, label: str, checkpoints: list[int], error_fn,
+         run_dir: pathlib.Path | None, diverged: str | None = None) -> dict[int, float]:
+    """--rounds rounds of `process` (all clients, each on its fixed data, every round) with
+    `tffl.simulation.run_rounds` in `run_dir`; the error at every checkpoint round, with progress
+    lines. `error_fn(state, personal states in client order or None)`; `diverged`: the message of
+    the FloatingPointError raised at the first round whose loss is not finite (None: no check)."""
+    from tffl import participation
+    from tffl import simulation
+
+    ids = [f"client_{i:03d}" for i in range(len(data))]
+    by_id, rounds, started = dict(zip(ids, data)), _ROUNDS.value, time.perf_counter()
+
+    def evaluate(state, store=None):  # the state after round `round_num`
+        if int(state["round_num"]) not in checkpoints:
+            return {}
+        return {"error": error_fn(state, None if store is None else store.lookup(ids))}
+
+    def watch(row) -> bool:  # every round's metrics row; never stops the run
+        if diverged is not None and not np.isfinite(row["loss"]):
+            raise FloatingPointError(diverged)
+        if "eval_error" in row:
+            print(f"  {label}: round {row['round']}/{rounds}, error {row['eval_error']:.4f} "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
-    return errors
+        return False
+
+    with _run_dir(run_dir) as output_dir:
+        result = simulation.run_rounds(
+            process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
+            output_dir, evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
+            tensorboard=False, until=watch)
+    return {row["round"]: row["eval_error"] for row in result.history if "eval_error" in row}
 
 
 def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]:
-    """All methods on one (M, k, seed); one result row per run. Inside `local_runtime()`."""
+    """All methods on one (M, k, seed); one result row per run. Inside `local_runtime()`. Each run
+    goes to `<config["output_dir"]>/M<M>_k<k>_seed<seed>/<method>_eta<η>/` (a temporary directory
+    if `config` has no output_dir)."""
     from tasks import synthetic
     from tffl import fedrep_linear
     from tffl import flute_linear
@@ -178,21 +233,18 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
     flute_b0 = flute.get_representation(flute.initialize())
     tag = f"[M={num_clients} k={k} seed={seed}]"
     print(f"{tag} rank-k optimum (floor) {floor:.4f}", flush=True)
+    root = config.get("output_dir")
+    setting_dir = None if root is None else pathlib.Path(root) / f"M{num_clients}_k{k}_seed{seed}"
+
+    def run_dir(method: str, eta: float) -> pathlib.Path | None:
+        return None if setting_dir is None else setting_dir / f"{method}_eta{eta:g}"
 
     if "flute" in config["methods"]:
-        ids = [f"client_{i:03d}" for i in range(num_clients)]
-        box = dict(state=flute.initialize(), personal=[flute.initialize_personal(c) for c in ids])
-
-        def flute_step():
-            out = flute.next(box["state"], data, box["personal"])
-            box["state"], box["personal"] = out.state, out.personal_states
-            if not np.isfinite(out.metrics["loss"]):
-                raise FloatingPointError(f"FLUTE diverged (M={num_clients}, k={k}, seed={seed}); "
-                                         "lower --learning_rate")
-
-        errors = _run(f"{tag} flute η={_LEARNING_RATE.value:g}", checkpoints, flute_step,
-                      lambda: _mean_error(flute.predictors(box["state"], box["personal"]),
-                                          problem.phi))
+        errors = _run(
+            flute, data, f"{tag} flute η={_LEARNING_RATE.value:g}", checkpoints,
+            lambda state, personal: _mean_error(flute.predictors(state, personal), problem.phi),
+            run_dir("flute", _LEARNING_RATE.value),
+            diverged=f"FLUTE diverged (M={num_clients}, k={k}, seed={seed}); lower --learning_rate")
         rows.append(base | dict(method="flute", learning_rate=_LEARNING_RATE.value,
                                 errors=errors))
 
@@ -207,14 +259,11 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
                 state = fedrep.set_representation(fedrep.initialize(), flute_b0)
             else:
                 state = fedrep.initialize_by_moments(data)
-            box = dict(state=state)
-
-            def fedrep_step(fedrep=fedrep, box=box):
-                box["state"] = fedrep.next(box["state"], data).state
-
-            errors = _run(f"{tag} fedrep_{init} η={eta:g}", checkpoints, fedrep_step,
-                          lambda fedrep=fedrep, box=box: _mean_error(_fedrep_predictors(
-                              fedrep.get_representation(box["state"]), problem), problem.phi))
+            errors = _run(
+                _Started(fedrep, state), data, f"{tag} fedrep_{init} η={eta:g}", checkpoints,
+                lambda state, _, fedrep=fedrep: _mean_error(_fedrep_predictors(
+                    fedrep.get_representation(state), problem), problem.phi),
+                run_dir(f"fedrep_{init}", eta))
             rows.append(base | dict(method=f"fedrep_{init}", learning_rate=eta, errors=errors))
     return rows
 

@@ -66,8 +66,12 @@ Reported, per N, C and method (means over --repeats):
 
 Writes `srpfl_speedup.csv` (one row per N, repeat, method and C) and `srpfl_speedup.md` (the
 flags and the printed tables) to --output_dir (default runs/srpfl_speedup), and the TFF worker's
-log to `tff_worker.log`. A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1
-re-raises).
+log to `tff_worker.log`. Both methods run through `tffl.simulation.run_rounds` (sampler
+`FullParticipationClock` or `SrpflSampler`, the round's fresh batch per client id, dist(B^t, B*)
+as `eval_distance` after every round; SRPFL with `until` = the target), one run per N, repeat and
+method in `runs/N<N>_repeat<r>/{fedrep,srpfl}/` (metrics.csv, last checkpoint; the sampler's
+`simulated_time` column there is at C = 0). A rerun into the same --output_dir replaces them.
+A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
 import collections  # noqa: E402
 import csv  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import time  # noqa: E402
@@ -344,16 +349,40 @@ def theorem_4_6_speedup(num_clients: int, communication_cost: float, target_fact
     return (math.log(num_clients) + 2 * log_c) / (6 * (communication_cost + 1) + 4 * log_c)
 
 
-def _clients(batch, ids) -> list[collections.OrderedDict]:
-    return [collections.OrderedDict(x=batch.features[i].astype(np.float32),
-                                    y=batch.targets[i].astype(np.float32)) for i in ids]
+class _StartingFrom:
+    """`process` whose `initialize()` is `state`: `run_rounds` starts every run from
+    `initialize()`, and both methods start from the same method-of-moments B⁰."""
+
+    def __init__(self, process, state):
+        self._process, self._state = process, state
+
+    def initialize(self):
+        return self._state
+
+    def next(self, state, client_data):
+        return self._process.next(state, client_data)
+
+
+def _fresh_dir(path: pathlib.Path) -> pathlib.Path:
+    """`path`, emptied: the script has no --resume, so a rerun into the same --output_dir
+    replaces its runs (as it replaces its tables) instead of `run_rounds` refusing them."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def _run_one(config: Config, process, num_clients: int, repeat: int,
-             log: Callable[[str], None]) -> list[dict]:
-    """Both methods on one problem (one N, one repeat); rows for every C and method."""
+             log: Callable[[str], None], output_dir: pathlib.Path) -> list[dict]:
+    """Both methods on one problem (one N, one repeat); rows for every C and method.
+
+    Each method is one `tffl.simulation.run_rounds` run; its metrics.csv (a row per round, with
+    `eval_distance` and the sampler's wall clock at C = 0) and last checkpoint go to
+    `output_dir/fedrep` and `output_dir/srpfl`.
+    """
     from tasks import subspace
     from tasks import synthetic
+    from tffl import simulation
     from tffl import srpfl
 
     seed = config.seed + repeat
@@ -361,32 +390,56 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     problem = synthetic.fedrep_linear(
         num_clients, config.samples_per_client, config.dim, config.rank,
         noise_std=config.noise_std, seed=seed)
+    ids = [f"client_{i:04d}" for i in range(num_clients)]
+    index = {cid: i for i, cid in enumerate(ids)}
 
+    @functools.lru_cache(maxsize=1)
     def batch(round_num):
         return problem.resample(round_seed(seed, round_num))
+
+    def client_data(client_id: str, round_num: int) -> collections.OrderedDict:
+        """Client `client_id`'s fresh batch of round `round_num` (round 0: the init batch)."""
+        b, i = batch(round_num), index[client_id]
+        return collections.OrderedDict(x=b.features[i].astype(np.float32),
+                                       y=b.targets[i].astype(np.float32))
 
     def dist(state):
         return subspace.principal_angle_distance(process.get_representation(state),
                                                  problem.b_star)
 
-    init_ids = range(min(config.init_clients or num_clients, num_clients))
-    state0 = process.initialize_by_moments(_clients(batch(0), init_ids))
+    init_ids = ids[:min(config.init_clients or num_clients, num_clients)]
+    state0 = process.initialize_by_moments([client_data(cid, 0) for cid in init_ids])
     init_dist = dist(state0)
+    start = _StartingFrom(process, state0)
     model = straggler_model(config.straggler)
-    ids = [f"client_{i:04d}" for i in range(num_clients)]
-    index = {cid: i for i, cid in enumerate(ids)}
+
+    def run(method, sampler, rounds, describe, target=None):
+        """`run_rounds` from B⁰, dist(B^t, B*) after every round; stops at the first round with
+        dist ≤ `target` (if given). Logs `describe(row)` every --log_every rounds."""
+        started = time.perf_counter()
+
+        def until(row) -> bool:
+            if config.log_every and row["round"] % config.log_every == 0:
+                log(f"  {tag} {method} round {describe(row)}, "
+                    f"{time.perf_counter() - started:.1f} s")
+            return target is not None and row["eval_distance"] <= target
+
+        result = simulation.run_rounds(
+            start, sampler, client_data, rounds=rounds, output_dir=_fresh_dir(output_dir / method),
+            evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
+            checkpoint_every=rounds,
+            config=dataclasses.asdict(config) | dict(num_clients=num_clients, repeat=repeat,
+                                                     method=method),
+            log=None, tensorboard=False, until=until)
+        return result.history, time.perf_counter() - started
 
     # FedRep: all N clients, a fixed number of rounds (its end defines the floor).
-    started = time.perf_counter()
-    state, fedrep_dists, fedrep_counts = state0, [], []
-    for t in range(1, config.fedrep_rounds + 1):
-        output = process.next(state, _clients(batch(t), range(num_clients)))
-        state = output.state
-        fedrep_dists.append(dist(state))
-        fedrep_counts.append(int(output.metrics["num_clients"]))
-        if config.log_every and t % config.log_every == 0:
-            log(f"  {tag} fedrep round {t}/{config.fedrep_rounds}: dist {fedrep_dists[-1]:.5f}, "
-                f"{fedrep_counts[-1]} clients, {time.perf_counter() - started:.1f} s")
+    history, seconds = run(
+        "fedrep", srpfl.FullParticipationClock(ids, seed, model), config.fedrep_rounds,
+        lambda row: (f"{row['round']}/{config.fedrep_rounds}: dist {row['eval_distance']:.5f}, "
+                     f"{int(row['num_clients'])} clients"))
+    fedrep_dists = [row["eval_distance"] for row in history]
+    fedrep_counts = [int(row["num_clients"]) for row in history]
     window = fedrep_dists[-config.floor_window:]
     floor = float(np.median(window))
     target = config.target_factor * floor
@@ -396,7 +449,7 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     if len(earlier) == config.floor_window and np.median(earlier) > 1.25 * floor:
         plateau_note = (f" (not yet flat: median of the {config.floor_window} rounds before is "
                         f"{np.median(earlier) / floor:.2f} × floor; raise --fedrep_rounds)")
-    log(f"{tag} fedrep: {config.fedrep_rounds} rounds, {time.perf_counter() - started:.1f} s; "
+    log(f"{tag} fedrep: {config.fedrep_rounds} rounds, {seconds:.1f} s; "
         f"init dist {init_dist:.4f}, floor {floor:.5f} (median of rounds "
         f"{config.fedrep_rounds - config.floor_window + 1}-{config.fedrep_rounds}){plateau_note}, "
         f"target {target:.5f}, reached at round {fedrep_hit}")
@@ -423,27 +476,18 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     stages = f"{stages} {schedule.sizes[-1]}×∞".strip()
 
     # SRPFL: the fastest n_r each round, until the target.
-    started = time.perf_counter()
-    state, srpfl_dists, srpfl_counts, participants = state0, [], [], []
-    srpfl_hit = None
-    for t in range(1, config.max_rounds + 1):
-        part = schedule.sample(t)
-        selected = [index[cid] for cid in part.client_ids]
-        output = process.next(state, _clients(batch(t), selected))
-        state = output.state
-        srpfl_dists.append(dist(state))
-        srpfl_counts.append(int(output.metrics["num_clients"]))
-        participants.append(len(selected))
-        if config.log_every and t % config.log_every == 0:
-            log(f"  {tag} srpfl round {t}: dist {srpfl_dists[-1]:.5f}, {len(selected)} clients "
-                f"(stage {part.info['stage']}), {time.perf_counter() - started:.1f} s")
-        if srpfl_dists[-1] <= target:
-            srpfl_hit = t
-            break
+    history, seconds = run(
+        "srpfl", schedule, config.max_rounds,
+        lambda row: (f"{row['round']}: dist {row['eval_distance']:.5f}, {row['clients']} clients "
+                     f"(stage {row['stage']})"),
+        target=target)
+    srpfl_dists = [row["eval_distance"] for row in history]
+    srpfl_counts = [int(row["num_clients"]) for row in history]
+    srpfl_hit = first_round_at_or_below(srpfl_dists, target)
     log(f"{tag} srpfl: stages n×τ {stages}"
         + (f" (Lemma B.1, a = {a:.3f})" if a is not None else "")
         + f"; reached the target at round {srpfl_hit} "
-        f"({participants[-1]} clients), {time.perf_counter() - started:.1f} s")
+        f"({history[-1]['clients']} clients), {seconds:.1f} s")
 
     expected = {n: srpfl.expected_order_statistic(n, num_clients)
                 for n in set(schedule.sizes)} if config.straggler != "dynamic" else None
@@ -474,7 +518,8 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     return rows
 
 
-def run_comparison(config: Config, log: Callable[[str], None] = print) -> list[dict]:
+def run_comparison(config: Config, log: Callable[[str], None] = print,
+                   output_dir: os.PathLike | str | None = None) -> list[dict]:
     """Runs FedRep and SRPFL for every N and repeat; one row per (N, repeat, C, method).
 
     Must run inside `tffl.runtime.local_runtime()`. Row keys: num_clients, repeat, seed (of the
@@ -483,15 +528,23 @@ def run_comparison(config: Config, log: Callable[[str], None] = print) -> list[d
     simulated_time, expected_time, speedup (SRPFL rows: FedRep time / SRPFL time; NaN on FedRep
     rows), distances (dist after rounds 1, 2, …) and participants (clients of rounds 1, 2, …, as
     counted by the TFF process).
+
+    Every method's run goes through `tffl.simulation.run_rounds`; its metrics.csv and checkpoint
+    go to `output_dir/runs/N<N>_repeat<r>/<method>` (`output_dir` None: a temporary directory).
     """
+    import tempfile
+
     from tffl import fedrep_linear
 
     process = fedrep_linear.build_fedrep_linear(
         config.dim, config.rank, config.learning_rate, seed=config.seed)
     rows = []
-    for num_clients in config.num_clients:
-        for repeat in range(config.repeats):
-            rows.extend(_run_one(config, process, num_clients, repeat, log))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = pathlib.Path(output_dir or tmp) / "runs"
+        for num_clients in config.num_clients:
+            for repeat in range(config.repeats):
+                rows.extend(_run_one(config, process, num_clients, repeat, log,
+                                     runs / f"N{num_clients}_repeat{repeat + 1}"))
     return rows
 
 
@@ -650,7 +703,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     try:
         with runtime.local_runtime(log_dir=output_dir):
-            rows = run_comparison(config, log=log)
+            rows = run_comparison(config, log=log, output_dir=output_dir)
     except (ValueError, FloatingPointError, OSError) as e:
         if os.environ.get("TFFL_DEBUG"):
             raise

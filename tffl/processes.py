@@ -336,6 +336,23 @@ def check_weights_shapes(spec, weights) -> None:
     _check_infos((spec.trainable, spec.non_trainable), groups, "set_model_weights")
 
 
+def _weights_computations(initialize):
+    """`(get_model_weights, set_model_weights)` TF computations on the state's federated
+    weights (`global_model_weights`), as `compose_learning_process` builds them."""
+    state_type = initialize.type_signature.result.member
+
+    @tff.tensorflow.computation(state_type)
+    def get_model_weights(state):
+        return state.global_model_weights
+
+    @tff.tensorflow.computation(state_type, state_type.global_model_weights)
+    def set_model_weights(state, weights):
+        return LearningAlgorithmState(weights, state.distributor, state.client_work,
+                                      state.aggregator, state.finalizer)
+
+    return get_model_weights, set_model_weights
+
+
 class ScheduledProcess(Scheduled, tff.learning.templates.LearningProcess):
     """A `LearningProcess` whose `next` runs one communication round of the schedule.
 
@@ -347,19 +364,8 @@ class ScheduledProcess(Scheduled, tff.learning.templates.LearningProcess):
     def __init__(self, algorithm, model, pieces, initialize, rounds, schedule):
         self._setup(algorithm, model, pieces, rounds, schedule)
         first = next(iter(self.rounds.values()))
-        state_type = initialize.type_signature.result.member
-
-        @tff.tensorflow.computation(state_type)
-        def get_model_weights(state):
-            return state.global_model_weights
-
-        @tff.tensorflow.computation(state_type, state_type.global_model_weights)
-        def set_model_weights(state, weights):
-            return LearningAlgorithmState(weights, state.distributor, state.client_work,
-                                          state.aggregator, state.finalizer)
-
-        self._set_weights_computation = set_model_weights
-        super().__init__(initialize, first, get_model_weights, set_model_weights)
+        get_model_weights, self._set_weights_computation = _weights_computations(initialize)
+        super().__init__(initialize, first, get_model_weights, self._set_weights_computation)
 
     @property
     def next(self):
@@ -389,28 +395,16 @@ class PersonalizedProcess(Scheduled):
     """The stateful-clients protocol (`tffl.personal_state`) on the engine's rounds.
 
     Attributes beyond `Scheduled`'s: `initialize` (a TFF computation), `get_model_weights`
-    (the federated weights), `personal_size` (tensors per personal state).
+    (the federated weights), `hook` (the algorithm's `engine.ClientHook`, e.g. FLUTE's).
     """
 
     def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, hook=None):
         self._setup(algorithm, model, pieces, rounds, schedule)
         self.initialize = initialize
         self.hook = hook
-        state_type = initialize.type_signature.result.member
-
-        @tff.tensorflow.computation(state_type)
-        def get_model_weights(state):
-            return state.global_model_weights
-
-        @tff.tensorflow.computation(state_type, state_type.global_model_weights)
-        def set_model_weights(state, weights):
-            return LearningAlgorithmState(weights, state.distributor, state.client_work,
-                                          state.aggregator, state.finalizer)
-
-        self.get_model_weights = get_model_weights
-        self._set_weights_computation = set_model_weights
-        self._extra = [np.zeros(t.shape, t.dtype.as_numpy_dtype if hasattr(t.dtype, "as_numpy_dtype")
-                                else t.dtype) for t in (hook.extra_types if hook else ())]
+        self.get_model_weights, self._set_weights_computation = _weights_computations(initialize)
+        self._extra = [np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
+                       for t in (hook.extra_types if hook else ())]
 
     @property
     def state_type(self) -> tff.Type:

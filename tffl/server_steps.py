@@ -47,28 +47,40 @@ def _optimizer_apply(optimizer, state, trainable: list, positions, deltas):
     return state
 
 
+def _build_step(optimizer, weights_type, positions: Sequence[int], update_type, body):
+    """`(initialize, apply)` of a step: `apply` runs `body(trainable, non_trainable, update,
+    round_num)` (which edits the lists in place and returns the deltas of `positions`), then the
+    server optimizer on `positions` with those deltas."""
+    positions = tuple(positions)
+
+    @tff.tensorflow.computation
+    def initialize():
+        return optimizer.initialize(_specs(weights_type, positions))
+
+    @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                np.int32)
+    def apply(state, weights, update, round_num):
+        trainable, non_trainable = list(weights.trainable), list(weights.non_trainable)
+        deltas = body(trainable, non_trainable, update, round_num)
+        state = _optimizer_apply(optimizer, state, trainable, positions, deltas)
+        return state, tff.learning.models.ModelWeights(trainable=trainable,
+                                                       non_trainable=non_trainable)
+
+    return initialize, apply
+
+
 class OptimizerStep:
     """w.trainable[positions] ← server optimizer step with gradient −Δ̄ (`update` = the list of
     Δ̄ in `positions` order)."""
 
     def __init__(self, optimizer: tff.learning.optimizers.Optimizer, weights_type: tff.Type,
                  positions: Sequence[int], update_type: tff.Type):
-        positions = tuple(positions)
+        def deltas(trainable, non_trainable, update, round_num):
+            del trainable, non_trainable, round_num
+            return list(update)
 
-        @tff.tensorflow.computation
-        def initialize():
-            return optimizer.initialize(_specs(weights_type, positions))
-
-        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
-                                    np.int32)
-        def apply(state, weights, update, round_num):
-            del round_num
-            trainable = list(weights.trainable)
-            state = _optimizer_apply(optimizer, state, trainable, positions, list(update))
-            return state, tff.learning.models.ModelWeights(
-                trainable=trainable, non_trainable=list(weights.non_trainable))
-
-        self.initialize, self.apply = initialize, apply
+        self.initialize, self.apply = _build_step(optimizer, weights_type, positions,
+                                                  update_type, deltas)
 
 
 class SvdStep:
@@ -79,17 +91,10 @@ class SvdStep:
 
     def __init__(self, optimizer, weights_type, pairs: Sequence[tuple[int, int]],
                  others: Sequence[int], update_type):
-        pairs, others = tuple(pairs), tuple(others)
+        pairs = tuple(pairs)
 
-        @tff.tensorflow.computation
-        def initialize():
-            return optimizer.initialize(_specs(weights_type, others))
-
-        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
-                                    np.int32)
-        def apply(state, weights, update, round_num):
-            del round_num
-            trainable = list(weights.trainable)
+        def split_svd(trainable, non_trainable, update, round_num):
+            del non_trainable, round_num
             update = list(update)
             for (a, b), delta in zip(pairs, update[: len(pairs)]):
                 rank = weights_type.trainable[a].shape[1]
@@ -97,11 +102,10 @@ class SvdStep:
                 root = tf.sqrt(s[:rank])
                 trainable[a] = u[:, :rank] * root[tf.newaxis, :]
                 trainable[b] = root[:, tf.newaxis] * tf.transpose(v[:, :rank])
-            state = _optimizer_apply(optimizer, state, trainable, others, update[len(pairs):])
-            return state, tff.learning.models.ModelWeights(
-                trainable=trainable, non_trainable=list(weights.non_trainable))
+            return update[len(pairs):]
 
-        self.initialize, self.apply = initialize, apply
+        self.initialize, self.apply = _build_step(optimizer, weights_type, others, update_type,
+                                                  split_svd)
 
 
 def flora_a_init(shape: tuple[int, int], seed: int, round_num, pair: int, num_pairs: int
@@ -128,17 +132,8 @@ class MergeStep:
 
     def __init__(self, optimizer, weights_type, links, others: Sequence[int], seed: int,
                  update_type):
-        others = tuple(others)
-
-        @tff.tensorflow.computation
-        def initialize():
-            return optimizer.initialize(_specs(weights_type, others))
-
-        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
-                                    np.int32)
-        def apply(state, weights, update, round_num):
+        def merge(trainable, non_trainable, update, round_num):
             products, deltas = update
-            trainable, non_trainable = list(weights.trainable), list(weights.non_trainable)
             for k, (link, product) in enumerate(zip(links, products)):
                 base = trainable if link.base_trainable else non_trainable
                 kernel = base[link.base]
@@ -148,8 +143,7 @@ class MergeStep:
                 trainable[link.a] = tf.cast(
                     flora_a_init(tuple(a.shape), seed, round_num, k, len(links)), a.dtype)
                 trainable[link.b] = tf.zeros_like(trainable[link.b])
-            state = _optimizer_apply(optimizer, state, trainable, others, list(deltas))
-            return state, tff.learning.models.ModelWeights(trainable=trainable,
-                                                           non_trainable=non_trainable)
+            return list(deltas)
 
-        self.initialize, self.apply = initialize, apply
+        self.initialize, self.apply = _build_step(optimizer, weights_type, others, update_type,
+                                                  merge)
