@@ -109,7 +109,8 @@ class Layout:
             non_trainable=tensors(self.spec.non_trainable, self.non_trainable)))
 
     def base_values(self, trainable: Sequence, non_trainable: Sequence) -> list[np.ndarray]:
-        """The base variables' values (base trainable, then base non-trainable) out of full lists."""
+        """The base variables' values (base trainable, then base non-trainable), from the full
+        value lists."""
         return ([np.asarray(trainable[k]) for k in self.base_trainable]
                 + [np.asarray(non_trainable[k]) for k in self.base_non_trainable])
 

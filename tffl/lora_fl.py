@@ -17,7 +17,7 @@ communication round, so every round trains on its own client data.
 | `fedavg_lora`  | `ab_round`: A, B (+ `extra_roles`); A ← Ā, B ← B̄ | always                     |
 | `ffa_lora`     | `b_round`: B (+ extra); A stays at its init        | always                     |
 | `rolora`       | `b_round`: B (+ extra); `a_round`: A (+ extra)     | B if t even, else A        |
-| `rolora_ffa`   | as RoLoRA                                          | RoLoRA while t < switch, then B |
+| `rolora_ffa`   | as RoLoRA                                          | RoLoRA while t < x·T, then B |
 | `flexlora`     | `ab_round`: A, B; uploads A_iB_i − AB              | always                     |
 | `flora`        | `ab_round`: A_i, B_i (from B = 0); merged into W0 | always                     |
 

@@ -31,7 +31,8 @@ and its stored h_i, runs the phases (`tffl.client_training.build_phased_loop`, t
 loop, with a `tff.learning.optimizers` client optimizer), uploads the deltas of the aggregated
 variables it trained, Δ_i = φ_i − φ, with its weight n_i and three float32 metric sums, and returns
 its new h_i as personal state. The server applies φ ← φ + η_s·agg(Δ_i) (a `tff.learning.optimizers`
-server optimizer; default SGD with η_s = `server_learning_rate`) with a `tff.aggregators` factory (default `MeanFactory()`: Σ n_i Δ_i / Σ n_i; the
+server optimizer; default SGD with η_s = `server_learning_rate`) with a `tff.aggregators`
+factory (default `MeanFactory()`: Σ n_i Δ_i / Σ n_i; the
 papers' splits have equal n_i, where it equals the simple 1/n mean of srpfl.md Alg. 1; pass
 `UnweightedMeanFactory()` for 1/n always).
 
@@ -74,7 +75,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 
 import numpy as np
@@ -94,102 +94,6 @@ REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
 PERSONAL_ROLES = (roles.HEAD,)
 # What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
-
-
-def _build_evaluate_loop(model, loss_fn):
-    """`tf.function (weights, dataset) -> (loss_sum, num_correct, num_examples)` of `model` with
-    `weights` (a whole-model `ModelWeights`) assigned."""
-
-    @tf.function
-    def evaluate(weights, dataset):
-        for variable, value in zip(model.trainable_variables, weights.trainable, strict=True):
-            variable.assign(value)
-        for variable, value in zip(model.non_trainable_variables, weights.non_trainable,
-                                   strict=True):
-            variable.assign(value)
-        loss_sum = tf.constant(0.0, tf.float32)
-        num_correct = tf.constant(0.0, tf.float32)
-        num_examples = tf.constant(0.0, tf.float32)
-        for batch in iter(dataset):
-            x, y = client_training.split_batch(batch)
-            pred = model(x, training=False)
-            n = tf.cast(tf.shape(y)[0], tf.float32)
-            loss_sum += tf.cast(loss_fn(y, pred), tf.float32) * n
-            labels = tf.cast(tf.reshape(y, [-1]), tf.int64)
-            num_correct += tf.reduce_sum(
-                tf.cast(tf.equal(tf.argmax(pred, -1), labels), tf.float32))
-            num_examples += n
-        return loss_sum, num_correct, num_examples
-
-    return evaluate
-
-
-@tff.tensorflow.computation(np.float32, np.float32)
-def _divide(a, b):
-    return tf.math.divide_no_nan(a, b)
-
-
-def _build_evaluation(model: engine.FederatedModel, head, finetune_epochs, client, hook):
-    """The federated evaluation `(state, [personal,] train, test) -> metrics` (module docstring)."""
-    layout = model.layout
-    has_personal = bool(layout.personal) or hook is not None
-    weights_type, data_type = layout.global_type(), model.data_type()
-    finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
-
-    def client_eval(weights, personal, train_ds, test_ds):
-        with client_training.placed(model.client_device):
-            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
-                                                      zero_init=True)
-            own = list(personal)[: len(layout.personal)]
-            full = layout.assemble(weights, model.frozen.restore(),
-                                   own if layout.personal else None)
-            if finetune:
-                loop = client_training.build_phased_loop(
-                    keras_model, model.loss_fn(), client.optimizer, finetune,
-                    device=model.client_device, weight_decay=client.weight_decay)
-                full = tff.learning.models.ModelWeights(
-                    trainable=loop(full, train_ds)["trainable"],
-                    non_trainable=list(full.non_trainable))
-            loss_sum, num_correct, num_examples = _build_evaluate_loop(
-                keras_model, model.loss_fn())(full, test_ds)
-        return collections.OrderedDict(
-            loss_sum=loss_sum, num_correct=num_correct, num_examples=num_examples,
-            accuracy=tf.math.divide_no_nan(num_correct, num_examples))
-
-    if has_personal:
-        @tff.tensorflow.computation(weights_type, engine.personal_type(model, hook), data_type,
-                                    data_type)
-        def client_evaluate(weights, personal, train_ds, test_ds):
-            return client_eval(weights, personal, train_ds, test_ds)
-    else:
-        @tff.tensorflow.computation(weights_type, data_type, data_type)
-        def client_evaluate(weights, train_ds, test_ds):
-            return client_eval(weights, [], train_ds, test_ds)
-
-    def summarize(out):
-        num_examples = tff.federated_sum(out.num_examples)
-        return tff.federated_zip(collections.OrderedDict(
-            loss=tff.federated_map(_divide, (tff.federated_sum(out.loss_sum), num_examples)),
-            accuracy=tff.federated_map(_divide, (tff.federated_sum(out.num_correct),
-                                                 num_examples)),
-            mean_client_accuracy=tff.federated_mean(out.accuracy),
-            num_examples=num_examples))
-
-    at_server = tff.FederatedType(weights_type, tff.SERVER)
-    at_clients = tff.FederatedType(data_type, tff.CLIENTS)
-    if has_personal:
-        @tff.federated_computation(at_server,
-                                   tff.FederatedType(engine.personal_type(model, hook),
-                                                     tff.CLIENTS), at_clients, at_clients)
-        def evaluate(weights, personal, train, test):
-            sent = tff.federated_broadcast(weights)
-            return summarize(tff.federated_map(client_evaluate, (sent, personal, train, test)))
-    else:
-        @tff.federated_computation(at_server, at_clients, at_clients)
-        def evaluate(weights, train, test):
-            sent = tff.federated_broadcast(weights)
-            return summarize(tff.federated_map(client_evaluate, (sent, train, test)))
-    return evaluate
 
 
 def _check_same_length(train_data, test_data):
@@ -386,7 +290,8 @@ def build_personalized_process(
                                       hook)
     else:
         process = PersonalizationProcess(algorithm, model, pieces, initialize, rounds, schedule)
-    process.evaluate_computation = _build_evaluation(model, head, finetune_epochs, client, hook)
+    finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
+    process.evaluate_computation = engine.build_evaluation(model, client, finetune, hook)
     process.personal_indices = tuple(personal)
     process.finetune_epochs = finetune_epochs
     return process

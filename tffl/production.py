@@ -1,6 +1,6 @@
 """Our federated computations in TFF's production forms, and as bytes to embed elsewhere.
 
-TFF's production backends do not run an arbitrary `tff.federated_computation`: they run one
+TFF's production backends do not run an arbitrary federated computation: they run one
 round in one of two *forms* from `tff.backends.mapreduce` (TFF 0.87), both of the signature
 
     round: (server_state@SERVER, client_data@CLIENTS) -> (server_state@SERVER, output@SERVER)
