@@ -28,8 +28,9 @@ and builds TFF's own execution contexts on top of them:
   runs it, with two of its TFF 0.87 bugs avoided (see `split_clients`, `MultiWorkerContext`) and
   the workers' RPCs run in threads so that they compute together. TFF's compiler takes one layer
   of aggregations
-  only; a computation with an aggregation that consumes another's result (RoLoRA's `next`: a B
-  round, then an A round broadcast from its result) is first cut into stages at each layer of
+  only; a computation with an aggregation that consumes another's result (linear FLUTE's `next`:
+  the heads step with the head Gram matrix aggregated and broadcast back; or a B and an A round
+  of RoLoRA chained in one computation) is first cut into stages at each layer of
   aggregations (`split_at_aggregation_layers`), each compiled and split the same way, and the
   stages run in order. A computation without CLIENTS-placed arguments (initialize,
   get_model_weights, ...), or one that cannot be compiled (see `MultiWorkerContext.unsplit`), runs

@@ -227,6 +227,7 @@ def run_rounds(
     log: Callable[[str], None] | None = print,
     tensorboard: bool = True,
     until: Callable[[Mapping[str, Any]], bool] | None = None,
+    after_round: Callable[[Mapping[str, Any], Any], None] | None = None,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -253,6 +254,8 @@ def run_rounds(
         checkpoint, so TensorBoard shows the resumed values for those steps.
       until: `row -> bool`; the run stops after the first round whose metrics row (with its
         `eval_*` values) satisfies it, e.g. a target accuracy (that round is checkpointed).
+      after_round: `(row, state) -> None`, called after each round is recorded (e.g. to run
+        other work between rounds, as `scripts/benchmark.py` runs its baseline).
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -360,6 +363,8 @@ def run_rounds(
                             extra=store.to_arrays() if store is not None else None,
                             frozen_fingerprint=fingerprint)
         say(_progress_line(row, rounds))
+        if after_round is not None:
+            after_round(row, state)
         if stop:
             break
     return SimulationResult(state, history, first_round, store)

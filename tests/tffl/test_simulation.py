@@ -202,3 +202,13 @@ def test_until_stops_the_run_after_the_first_row_that_satisfies_it(tmp_path):
     assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 3
     again = _run(tmp_path, rounds=10, resume=True, until=until)
     assert [r["round"] for r in again.history] == [1, 2, 3]
+
+
+def test_after_round_sees_every_row_and_state(tmp_path):
+    seen = []
+    result = _run(tmp_path, rounds=3,
+                  after_round=lambda row, state: seen.append((row["round"], state["s"].copy())))
+    assert [r for r, _ in seen] == [1, 2, 3]
+    for r, state in seen:
+        np.testing.assert_allclose(state, _expected_state(r))
+    np.testing.assert_allclose(result.state["s"], seen[-1][1])
