@@ -418,11 +418,11 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
         dist ≤ `target` (if given). Logs `describe(row)` every --log_every rounds."""
         started = time.perf_counter()
 
-        def until(row) -> bool:
+        def progress(row, state) -> None:
+            del state
             if config.log_every and row["round"] % config.log_every == 0:
                 log(f"  {tag} {method} round {describe(row)}, "
                     f"{time.perf_counter() - started:.1f} s")
-            return target is not None and row["eval_distance"] <= target
 
         result = simulation.run_rounds(
             start, sampler, client_data, rounds=rounds, output_dir=_fresh_dir(output_dir / method),
@@ -430,7 +430,8 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
             checkpoint_every=rounds,
             config=dataclasses.asdict(config) | dict(num_clients=num_clients, repeat=repeat,
                                                      method=method),
-            log=None, tensorboard=False, until=until)
+            log=None, tensorboard=False, after_round=progress,
+            until=None if target is None else (lambda row: row["eval_distance"] <= target))
         return result.history, time.perf_counter() - started
 
     # FedRep: all N clients, a fixed number of rounds (its end defines the floor).
