@@ -179,20 +179,19 @@ def _run(process, data: list, label: str, evaluate, run_dir: pathlib.Path | None
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id, rounds = dict(zip(ids, data)), _ROUNDS.value
 
-    def watch(row) -> bool:  # every round's metrics row; never stops the run
+    def after_round(row, _) -> None:  # every round's metrics row
         t, loss = row["round"], row["loss"]
         if diverged is not None and not np.isfinite(loss):
             raise FloatingPointError(diverged)
         if t % max(1, rounds // 10) == 0 or t == rounds:
             print(f"  {label}: round {t}/{rounds}, loss {loss:.4f}", flush=True)
-        return False
 
     with _run_dir(run_dir) as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
-            output_dir, checkpoint_every=rounds, log=None, tensorboard=False, until=watch,
-            evaluate_fn=lambda state, store=None: evaluate(
-                state, None if store is None else store.lookup(ids)))
+            output_dir, evaluate_fn=lambda state, store=None: evaluate(
+                state, None if store is None else store.lookup(ids)),
+            checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round)
     return result.history[-1]
 
 

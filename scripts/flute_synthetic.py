@@ -197,19 +197,18 @@ def _run(process, data: list, label: str, checkpoints: list[int], error_fn,
             return {}
         return {"error": error_fn(state, None if store is None else store.lookup(ids))}
 
-    def watch(row) -> bool:  # every round's metrics row; never stops the run
+    def after_round(row, _) -> None:  # every round's metrics row
         if diverged is not None and not np.isfinite(row["loss"]):
             raise FloatingPointError(diverged)
         if "eval_error" in row:
             print(f"  {label}: round {row['round']}/{rounds}, error {row['eval_error']:.4f} "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
-        return False
 
     with _run_dir(run_dir) as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
             output_dir, evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
-            tensorboard=False, until=watch)
+            tensorboard=False, after_round=after_round)
     return {row["round"]: row["eval_error"] for row in result.history if "eval_error" in row}
 
 
