@@ -262,7 +262,13 @@ class Scheduled:
         return int(np.asarray(state.finalizer["round_num"]))
 
     def round_name(self, state) -> str:
-        """The round kind the next call of `next` runs."""
+        """The round kind the next call of `next` runs.
+
+        Raises:
+          FileNotFoundError: the frozen-weights file the clients read is gone (e.g. a cleaned
+            cache), naming it, instead of an error from inside the worker.
+        """
+        self.model.frozen.check_readable()
         name = self.schedule(self.round_num(state))
         if name not in self.rounds:
             raise ValueError(f"schedule of {self.algorithm} chose {name!r}, not one of "

@@ -274,3 +274,17 @@ def test_layout_assembles_the_whole_model():
     with pytest.raises(ValueError, match="both federated and personal"):
         frozen.Layout.from_spec(spec, trainable=(0,), personal=(0,))
 
+
+
+def test_a_missing_frozen_weights_file_is_a_clear_error(tmp_path):
+    """The clients read the frozen weights from a file; if it disappears (a cleaned cache),
+    asking the process for its next round names the file instead of failing in the worker."""
+    import shutil
+
+    process = lora_fl.build_ffa_lora(_lora_model(), _SPEC, _LR, frozen_dir=tmp_path,
+                                     loss_fn=tf.keras.losses.MeanSquaredError)
+    state = process.initialize()
+    assert process.round_name(state) == "b_round"
+    shutil.rmtree(tmp_path / process.frozen_fingerprint)
+    with pytest.raises(FileNotFoundError, match=rf"{process.frozen_fingerprint}.*rebuild"):
+        process.round_name(state)
