@@ -40,11 +40,8 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     warnings.filterwarnings("ignore")
 
 import collections  # noqa: E402
-import contextlib  # noqa: E402
 import csv  # noqa: E402
 import pathlib  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -141,38 +138,14 @@ def _mean_error(thetas: np.ndarray, problem) -> float:
     return float(np.mean(np.linalg.norm(thetas - problem.thetas, axis=1)))
 
 
-class _Started:
-    """`process` whose `initialize()` is `state` (a run that starts elsewhere than its own
-    initialization, for `run_rounds`); everything else is `process`'s."""
-
-    def __init__(self, process, state):
-        self._process, self._state = process, state
-
-    def initialize(self):
-        return self._state
-
-    def __getattr__(self, name):
-        return getattr(self._process, name)
-
-
-@contextlib.contextmanager
-def _run_dir(path: pathlib.Path | None):
-    """`path`, emptied (every run starts afresh), or a temporary directory if None."""
-    if path is None:
-        with tempfile.TemporaryDirectory(prefix="adaptpfl_synthetic_") as tmp:
-            yield pathlib.Path(tmp)
-        return
-    shutil.rmtree(path, ignore_errors=True)
-    yield path
-
-
 def _run(process, data: list, label: str, evaluate, run_dir: pathlib.Path | None,
-         diverged: str | None = None) -> dict:
+         diverged: str | None = None, initial_state=None) -> dict:
     """--rounds rounds of `process` (all clients, each on its fixed data, every round) with
     `tffl.simulation.run_rounds` in `run_dir`, the loss printed every tenth round; returns the last
     round's metrics row, whose eval_* are `evaluate(state, personal states in client order or
     None)` after the last round. `diverged`: the message of the FloatingPointError raised at the
-    first round whose loss is not finite (None: no check)."""
+    first round whose loss is not finite (None: no check); `initial_state`: where round 1 starts
+    (default `process.initialize()`)."""
     from tffl import participation
     from tffl import simulation
 
@@ -186,12 +159,13 @@ def _run(process, data: list, label: str, evaluate, run_dir: pathlib.Path | None
         if t % max(1, rounds // 10) == 0 or t == rounds:
             print(f"  {label}: round {t}/{rounds}, loss {loss:.4f}", flush=True)
 
-    with _run_dir(run_dir) as output_dir:
+    with cli.run_directory(run_dir, prefix="adaptpfl_synthetic_") as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
             output_dir, evaluate_fn=lambda state, store=None: evaluate(
                 state, None if store is None else store.lookup(ids)),
-            checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round)
+            checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round,
+            initial_state=initial_state)
     return result.history[-1]
 
 
@@ -244,8 +218,8 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
                               for x, y in zip(problem.features, problem.targets)])
             return evaluation(heads @ b.T, b)
 
-        last = _run(_Started(fedrep, state), data, f"{tag} fedrep", fedrep_evaluation,
-                    run_dir("fedrep"))
+        last = _run(fedrep, data, f"{tag} fedrep", fedrep_evaluation, run_dir("fedrep"),
+                    initial_state=state)
         record("fedrep", None, last["eval_error"], last["eval_dist"], started)
 
     runs = ([("fedrep_gd", 0.0)] if "fedrep_gd" in config["methods"] else []) + (
@@ -258,13 +232,13 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
             representation_steps=_REPRESENTATION_STEPS.value,
             shortcut_ridge=_SHORTCUT_RIDGE.value, seed=seed)
         last = _run(
-            _Started(process, process.set_representation(process.initialize(), b0)), data,
-            f"{tag} {method} α={alpha:g}",
+            process, data, f"{tag} {method} α={alpha:g}",
             lambda state, personal, process=process: evaluation(
                 process.predictors(state, personal), process.get_representation(state)),
             run_dir(method if method == "fedrep_gd" else f"{method}_alpha{alpha:g}"),
             diverged=f"{method} α={alpha:g} diverged (m={num_samples}, seed={seed}); lower "
-                     "--learning_rate")
+                     "--learning_rate",
+            initial_state=process.set_representation(process.initialize(), b0))
         record(method, alpha, last["eval_error"], last["eval_dist"], started)
 
     if "local" in config["methods"]:

@@ -14,10 +14,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 
 
@@ -143,3 +146,16 @@ def write_table(output_dir: os.PathLike | str, stem: str, rows: Sequence[dict],
     (output_dir / f"{stem}.md").write_text(f"{preamble}\n\n{table}\n" if preamble else
                                            f"{table}\n")
     return table
+
+
+@contextlib.contextmanager
+def run_directory(path: pathlib.Path | None, prefix: str = "tffl_run_"):
+    """A folder for one `tffl.simulation.run_rounds` run: `path` emptied first (a script without
+    --resume replaces its runs when rerun into the same --output_dir, as it replaces its
+    tables, instead of `run_rounds` refusing them), or a temporary folder if `path` is None."""
+    if path is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield pathlib.Path(tmp)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    yield pathlib.Path(path)

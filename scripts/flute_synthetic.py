@@ -38,11 +38,8 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     warnings.filterwarnings("ignore")
 
 import collections  # noqa: E402
-import contextlib  # noqa: E402
 import csv  # noqa: E402
 import pathlib  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -155,37 +152,14 @@ def _fedrep_predictors(b: np.ndarray, problem) -> np.ndarray:
     return np.stack(heads) @ b.T
 
 
-class _Started:
-    """`process` whose `initialize()` is `state` (a run that starts elsewhere than its own
-    initialization, for `run_rounds`); everything else is `process`'s."""
-
-    def __init__(self, process, state):
-        self._process, self._state = process, state
-
-    def initialize(self):
-        return self._state
-
-    def __getattr__(self, name):
-        return getattr(self._process, name)
-
-
-@contextlib.contextmanager
-def _run_dir(path: pathlib.Path | None):
-    """`path`, emptied (every run starts afresh), or a temporary directory if None."""
-    if path is None:
-        with tempfile.TemporaryDirectory(prefix="flute_synthetic_") as tmp:
-            yield pathlib.Path(tmp)
-        return
-    shutil.rmtree(path, ignore_errors=True)
-    yield path
-
-
 def _run(process, data: list, label: str, checkpoints: list[int], error_fn,
-         run_dir: pathlib.Path | None, diverged: str | None = None) -> dict[int, float]:
+         run_dir: pathlib.Path | None, diverged: str | None = None,
+         initial_state=None) -> dict[int, float]:
     """--rounds rounds of `process` (all clients, each on its fixed data, every round) with
     `tffl.simulation.run_rounds` in `run_dir`; the error at every checkpoint round, with progress
     lines. `error_fn(state, personal states in client order or None)`; `diverged`: the message of
-    the FloatingPointError raised at the first round whose loss is not finite (None: no check)."""
+    the FloatingPointError raised at the first round whose loss is not finite (None: no check);
+    `initial_state`: where round 1 starts (default `process.initialize()`)."""
     from tffl import participation
     from tffl import simulation
 
@@ -204,11 +178,11 @@ def _run(process, data: list, label: str, checkpoints: list[int], error_fn,
             print(f"  {label}: round {row['round']}/{rounds}, error {row['eval_error']:.4f} "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
 
-    with _run_dir(run_dir) as output_dir:
+    with cli.run_directory(run_dir, prefix="flute_synthetic_") as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
             output_dir, evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
-            tensorboard=False, after_round=after_round)
+            tensorboard=False, after_round=after_round, initial_state=initial_state)
     return {row["round"]: row["eval_error"] for row in result.history if "eval_error" in row}
 
 
@@ -259,10 +233,10 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
             else:
                 state = fedrep.initialize_by_moments(data)
             errors = _run(
-                _Started(fedrep, state), data, f"{tag} fedrep_{init} η={eta:g}", checkpoints,
+                fedrep, data, f"{tag} fedrep_{init} η={eta:g}", checkpoints,
                 lambda state, _, fedrep=fedrep: _mean_error(_fedrep_predictors(
                     fedrep.get_representation(state), problem), problem.phi),
-                run_dir(f"fedrep_{init}", eta))
+                run_dir(f"fedrep_{init}", eta), initial_state=state)
             rows.append(base | dict(method=f"fedrep_{init}", learning_rate=eta, errors=errors))
     return rows
 

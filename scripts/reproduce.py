@@ -454,25 +454,6 @@ def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHO
             for m in methods}
 
 
-class _StartingAt:
-    """`process` whose `initialize()` state holds a = `a0`, b = 0 (its federated factors)."""
-
-    def __init__(self, process, a0):
-        self._process, self._a0 = process, a0
-
-    def __getattr__(self, name):
-        return getattr(self._process, name)
-
-    def initialize(self):
-        import numpy as np
-
-        state = self._process.initialize()
-        full = self._process.model_weights(state)
-        return self._process.with_model_weights(state, type(full)(
-            trainable=[self._a0, np.zeros_like(full.trainable[1])],
-            non_trainable=full.non_trainable))
-
-
 def linear_problem(config: LinearConfig, setting: str, seed: int):
     """The data and a⁰ (a unit vector, the same for every method) of one setting and seed."""
     import numpy as np
@@ -542,11 +523,15 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
     datasets = {cid: tf.data.Dataset.from_tensor_slices(
         (problem.features[i].astype(np.float32), problem.targets[i].astype(np.float32)))
         .batch(m).repeat(config.local_steps) for i, cid in enumerate(ids)}
-    process = processes[method]
+    process, start = processes[method], None
     if len(process.model.layout.trainable) < 2:   # a is frozen (FFA-LoRA): a0 is in the model
         process = linear_processes(config, (method,), a0=a0)[method]
-    elif not np.array_equal(process.model.initial_global.trainable[0], a0):
-        process = _StartingAt(process, a0.astype(np.float32))
+    else:                                          # a and b travel: a0 goes into the state
+        state = process.initialize()
+        full = process.model_weights(state)
+        start = process.with_model_weights(state, type(full)(
+            trainable=[a0.astype(np.float32), np.zeros((1, config.dim), np.float32)],
+            non_trainable=full.non_trainable))
 
     def evaluate(state):
         a, b = process.model_weights(state).trainable
@@ -557,7 +542,7 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
             process, participation.FullParticipation(ids), lambda cid, t: datasets[cid],
             rounds=config.rounds, output_dir=output_dir or tmp, evaluate_fn=evaluate,
             eval_every=1, checkpoint_every=max(1, config.rounds // 4), log=None,
-            tensorboard=False, resume=output_dir is not None)
+            tensorboard=False, resume=output_dir is not None, initial_state=start)
     angles = [sin_theta(a0, problem.a_star)] + [r["eval_sin_theta"] for r in result.history]
     losses = [_global_loss(problem, a0, np.zeros(config.dim))] + [
         r["eval_loss"] for r in result.history]

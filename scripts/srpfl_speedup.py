@@ -349,29 +349,6 @@ def theorem_4_6_speedup(num_clients: int, communication_cost: float, target_fact
     return (math.log(num_clients) + 2 * log_c) / (6 * (communication_cost + 1) + 4 * log_c)
 
 
-class _StartingFrom:
-    """`process` whose `initialize()` is `state`: `run_rounds` starts every run from
-    `initialize()`, and both methods start from the same method-of-moments B⁰."""
-
-    def __init__(self, process, state):
-        self._process, self._state = process, state
-
-    def initialize(self):
-        return self._state
-
-    def next(self, state, client_data):
-        return self._process.next(state, client_data)
-
-
-def _fresh_dir(path: pathlib.Path) -> pathlib.Path:
-    """`path`, emptied: the script has no --resume, so a rerun into the same --output_dir
-    replaces its runs (as it replaces its tables) instead of `run_rounds` refusing them."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-    return path
-
-
 def _run_one(config: Config, process, num_clients: int, repeat: int,
              log: Callable[[str], None], output_dir: pathlib.Path) -> list[dict]:
     """Both methods on one problem (one N, one repeat); rows for every C and method.
@@ -410,7 +387,6 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     init_ids = ids[:min(config.init_clients or num_clients, num_clients)]
     state0 = process.initialize_by_moments([client_data(cid, 0) for cid in init_ids])
     init_dist = dist(state0)
-    start = _StartingFrom(process, state0)
     model = straggler_model(config.straggler)
 
     def run(method, sampler, rounds, describe, target=None):
@@ -424,14 +400,15 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
                 log(f"  {tag} {method} round {describe(row)}, "
                     f"{time.perf_counter() - started:.1f} s")
 
-        result = simulation.run_rounds(
-            start, sampler, client_data, rounds=rounds, output_dir=_fresh_dir(output_dir / method),
-            evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
-            checkpoint_every=rounds,
-            config=dataclasses.asdict(config) | dict(num_clients=num_clients, repeat=repeat,
-                                                     method=method),
-            log=None, tensorboard=False, after_round=progress,
-            until=None if target is None else (lambda row: row["eval_distance"] <= target))
+        with cli.run_directory(output_dir / method) as run_dir:
+            result = simulation.run_rounds(
+                process, sampler, client_data, rounds=rounds, output_dir=run_dir,
+                evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
+                checkpoint_every=rounds,
+                config=dataclasses.asdict(config) | dict(num_clients=num_clients, repeat=repeat,
+                                                         method=method),
+                log=None, tensorboard=False, after_round=progress, initial_state=state0,
+                until=None if target is None else (lambda row: row["eval_distance"] <= target))
         return result.history, time.perf_counter() - started
 
     # FedRep: all N clients, a fixed number of rounds (its end defines the floor).

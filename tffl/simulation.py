@@ -228,6 +228,7 @@ def run_rounds(
     tensorboard: bool = True,
     until: Callable[[Mapping[str, Any]], bool] | None = None,
     after_round: Callable[[Mapping[str, Any], Any], None] | None = None,
+    initial_state: Any = None,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -256,6 +257,9 @@ def run_rounds(
         `eval_*` values) satisfies it, e.g. a target accuracy (that round is checkpointed).
       after_round: `(row, state) -> None`, called after each round is recorded (e.g. to run
         other work between rounds, as `scripts/benchmark.py` runs its baseline).
+      initial_state: the state round 1 starts from (default `process.initialize()`), e.g. a
+        method-of-moments initialization; it must have `initialize()`'s structure (it is the
+        template checkpoints are loaded into).
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -270,7 +274,7 @@ def run_rounds(
     config = dict(config or {})
     say = log or (lambda _: None)
 
-    state = process.initialize()
+    state = process.initialize() if initial_state is None else initial_state
     # The frozen (never federated) weights the state belongs to; checkpoints record it.
     fingerprint = (process.frozen_fingerprint if isinstance(process, processes.RoundProtocol)
                    else None)
