@@ -12,8 +12,13 @@ For each backbone × algorithm × clients-per-round n ("a configuration"):
 
 * **TFF**: the tffl process (`tffl.lora_fl.build_lora_process` for `rolora` / `fedavg_lora`,
   `tffl.personalized.build_personalized_process("fedrep", …)` with LoRA adapters as the shared
-  representation and the classifier head personal), run by `process.next` on a fresh managed TFF
-  C++ worker (`tffl.runtime.local_runtime`, one per configuration, so its peak memory is its own).
+  representation and the classifier head personal), run by `tffl.simulation.run_rounds` (the one
+  round driver: `FullParticipation` over the n clients, the pre-built datasets, FedRep's heads in
+  its personal-state store, one metrics row per communication round in
+  <output_dir>/tff_runs/<backbone>_<algorithm>_<n>/metrics.csv, no TensorBoard, one checkpoint
+  after the last round) on a fresh managed TFF C++ worker (`tffl.runtime.local_runtime`, one per
+  configuration, so its peak memory is its own). A benchmark round is one round of the algorithm
+  = one `process.next` per communication round (RoLoRA: a B round then an A round, two rows).
 * **plain**: the same client work without TFF: one eager Keras model, one `tf.function` client
   loop (assign the broadcast weights, SGD phase by phase on the same variables with the same
   learning rate and loss, one pass over the same batches — what `tffl.client_training`'s loop
@@ -24,17 +29,29 @@ For each backbone × algorithm × clients-per-round n ("a configuration"):
 * **plain (XLA)**, with `--jit_compile`: the plain loop with its SGD step compiled by XLA
   (`tf.function(jit_compile=True)`).
 
-The TFF and plain rounds alternate (TFF round t, plain round t, XLA round t, …), so a slow phase
-of the machine hits both. Round 1 (tracing, TFF compilation, XLA compilation) is reported apart;
-the per-round times are means over rounds 2..R. Reported per configuration:
+The TFF and plain rounds alternate (TFF round t, plain round t, XLA round t, …: run_rounds'
+`after_round` callback runs the plain rounds after each benchmark round's last communication
+round), so a slow phase of the machine hits both. Round 1 (tracing, TFF compilation, XLA
+compilation) is reported apart; the per-round times are means over rounds 2..R. Reported per
+configuration:
 
-* s/round of each path and the **TFF overhead ratio** = TFF s/round ÷ plain s/round;
-* bytes down / up per client per `next` (a RoLoRA `next` is a B round and an A round), read off
-  the processes' TFF types (`traffic_per_communication_round`, `.traffic`), and the bytes the
-  plain loop actually moved (numpy `nbytes`), in benchmark.json;
+* s/round of each path and the **TFF overhead ratio** = TFF s/round ÷ plain s/round. TFF's wall
+  time of a round is the sum of run_rounds' `round_seconds` over its communication rounds: the
+  `next` calls alone (for FedRep including the store's look-up and write-back of the round's
+  personal states around `next`), not the driver's bookkeeping. That bookkeeping is in
+  `tff_driver_round_seconds` (benchmark.json): the wall time from run_rounds' first dataset
+  request of the round to its `after_round` callback;
+* bytes down / up per client per benchmark round (RoLoRA's is a B round and an A round), read off
+  the processes' TFF types (`traffic_per_communication_round`, `.traffic`; run_rounds' rows
+  carry the same figures per communication round, checked to agree), and the bytes the plain
+  loop actually moved (numpy `nbytes`), in benchmark.json;
 * peak resident memory (RSS, sampled every 10 ms with psutil): of this Python process and of the
   TFF worker process, during the TFF rounds, and of this process during the plain rounds;
-* CPU seconds per round of this process and of the worker;
+* CPU seconds per round of this process and of the worker. Like peak memory and the counters,
+  the TFF figures are taken over the same span as `tff_driver_round_seconds`, so they include
+  run_rounds' bookkeeping around `next`: handing the state and data in and the output apart,
+  a metrics row (metrics flattened, metrics.csv rewritten), no TensorBoard, and in round R only
+  the one checkpoint (the state, and FedRep's personal states, to disk);
 * traces: Python traces of the plain client `tf.function`s (a counter in the traced body), and
   for TFF the calls of the Keras model function (TFF re-traces a computation only by running its
   Python again) and of TFF's compiler (`desugar_and_transform_to_native`, cached per context), per
@@ -42,11 +59,13 @@ the per-round times are means over rounds 2..R. Reported per configuration:
 
 `--profile` additionally runs one more TFF round and one more plain round of every configuration
 under cProfile (not timed; TFF's work is profiled on its event-loop thread) and writes the top
-functions to <output_dir>/profiles/.
+functions to <output_dir>/profiles/. That TFF round calls `process.next` directly, after
+run_rounds has finished: it is a single profiled round, not part of the benchmark's round loop.
 
 Writes <output_dir>/benchmark.json (every number, per round) and benchmark.md (the flags and the
-printed table); the TFF worker's log goes to <output_dir>/tff_worker.log. A bad flag is one line
-on stderr and exit status 2 (TFFL_DEBUG=1 re-raises).
+printed table); the TFF worker's log goes to <output_dir>/tff_worker.log and run_rounds' output
+to <output_dir>/tff_runs/ (replaced by a rerun). A bad flag is one line on stderr and exit
+status 2 (TFFL_DEBUG=1 re-raises).
 """
 
 from __future__ import annotations
@@ -176,8 +195,9 @@ _ALGORITHMS = flags.DEFINE_list(
 _LOCAL_STEPS = flags.DEFINE_integer(
     "local_steps", 5, "Batches per client per round (SGD steps per phase).", flag_values=FLAGS)
 _ROUNDS = flags.DEFINE_integer(
-    "rounds", 3, "Rounds (process.next calls) per configuration, >= 2; round 1 is reported "
-    "apart (tracing, compilation), s/round is the mean of rounds 2..R.", flag_values=FLAGS)
+    "rounds", 3, "Rounds per configuration, >= 2 (a round: one process.next per communication "
+    "round, RoLoRA's B and A); round 1 is reported apart (tracing, compilation), s/round is the "
+    "mean of rounds 2..R.", flag_values=FLAGS)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", flag_values=FLAGS)
 _SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 32, "Tokens per example.",
     flag_values=FLAGS)
@@ -697,16 +717,31 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                       ) -> dict:
     """TFF and plain rounds, alternating, on a fresh TFF worker; returns the configuration's row.
 
+    The TFF rounds run through `tffl.simulation.run_rounds` (the one round driver): all
+    `num_clients` clients every round (`FullParticipation` over ids "0".."n-1", client i's data
+    `datasets[i]`), `rounds × len(built.sub_rounds)` communication rounds, one metrics row each.
+    Its `after_round` callback closes a benchmark round after the last of its communication
+    rounds: it takes the TFF measurements, then runs the plain rounds, so the two still
+    alternate within one process. See the module docstring for what each TFF figure spans.
+
     The plain loops run on `model` (an eager model of the backbone) with `tf.function`s made for
     this configuration, so both paths trace (and XLA compiles) in their round 1."""
+    from tffl import participation
+    from tffl import simulation
+
     process = built.process
     plain = {"plain": PlainRunner(built, model, config, jit_compile=False)}
     if config.jit_compile:
         plain["plain_xla"] = PlainRunner(built, model, config, jit_compile=True)
     profile_dir = output_dir / "profiles" if config.profile and output_dir is not None else None
+    stem = f"{built.backbone.name}_{built.algorithm}_{num_clients}"
     datasets = list(datasets[:num_clients])
+    client_ids = [str(i) for i in range(num_clients)]
+    by_id = dict(zip(client_ids, datasets, strict=True))
+    per_round = len(built.sub_rounds)  # communication rounds (metrics rows) per benchmark round
+    total = config.rounds * per_round
     compiles = CompileCounter()
-    tff_times, tff_cpu_py, tff_cpu_worker = [], [], []
+    tff_times, tff_driver_times, tff_cpu_py, tff_cpu_worker = [], [], [], []
     model_fn_calls, compile_calls = [], []
     plain_times = {name: [] for name in plain}
     plain_cpu = {name: [] for name in plain}
@@ -722,41 +757,74 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
     me = psutil.Process()
     setup_started = time.perf_counter()
     with compiles.installed(), runtime.local_runtime(
-            log_dir=output_dir, max_concurrent_calls=config.max_concurrent_calls) as context:
+            log_dir=output_dir, max_concurrent_calls=config.max_concurrent_calls) as context, \
+            cli.run_directory(None if output_dir is None else output_dir / "tff_runs" / stem,
+                              prefix=f"benchmark_{stem}_") as run_dir:
         pids = runtime.running_workers()
         worker = psutil.Process(pids[0]) if pids else None
         sampler.watch("worker", pids[0] if pids else None)
         sampler.take()
+        # The initial state: the plain runners' start, and run_rounds' (`initial_state`).
         state = process.initialize()
         weights = process.model_weights(state)  # the whole model: frozen weights included
-        personal = ([process.initialize_personal(str(i)) for i in range(num_clients)]
-                    if built.personalized else None)
         for runner in plain.values():
             runner.reset(weights.trainable, weights.non_trainable, num_clients)
         merge(tff_peak, sampler.take())
         setup_seconds = time.perf_counter() - setup_started
 
-        def tff_round():
-            nonlocal state, personal
-            for _ in built.sub_rounds:  # one `next` per communication round (RoLoRA: B, A)
-                if built.personalized:
-                    out = process.next(state, datasets, personal)
-                    state, personal = out.state, out.personal_states
-                else:
-                    state = process.next(state, datasets).state
+        # The TFF side of benchmark round r spans its `per_round` communication rounds in
+        # run_rounds: from its first client-dataset request (just before the first `next`) to
+        # the `after_round` callback of its last. Wall time ("TFF s/round") is the sum of the
+        # rows' `round_seconds`: the `next` calls alone (for FedRep with run_rounds' personal-
+        # store look-up and write-back around them). CPU, peak memory and the counters are
+        # deltas over the whole span, so they also include run_rounds' bookkeeping: handing the
+        # state and data in and the output apart, flattening the metrics into a row and
+        # rewriting metrics.csv (no TensorBoard), and, in the last round only, the one checkpoint
+        # (checkpoint_every = all rounds). `tff_driver_round_seconds` is the span's wall time.
+        mark: dict[str, float] = {}
+        rows: list[dict] = []  # the current benchmark round's metrics rows
 
-        for r in range(config.rounds):
-            calls0, comp0 = built.model_fn_calls.value, compiles.calls
-            cpu0, wcpu0 = _cpu_seconds(me), _cpu_seconds(worker)
-            sampler.take()
-            started = time.perf_counter()
-            tff_round()
-            tff_times.append(time.perf_counter() - started)
+        def start_benchmark_round(round_num: int) -> None:
+            # Peak memory since the previous take: in round 1, run_rounds' own start, TFF's work;
+            # later, only the idle gap after the plain rounds.
+            peak = sampler.take()
+            if round_num == 1:
+                merge(tff_peak, peak)
+            mark.update(calls=built.model_fn_calls.value, compiles=compiles.calls,
+                        cpu=_cpu_seconds(me), worker_cpu=_cpu_seconds(worker),
+                        started=time.perf_counter())
+
+        def client_dataset(client_id: str, round_num: int) -> tf.data.Dataset:
+            # run_rounds asks for the round's datasets right before `next`: the first request of
+            # a benchmark round's first communication round starts its TFF measurement.
+            if (round_num - 1) % per_round == 0 and client_id == client_ids[0]:
+                start_benchmark_round(round_num)
+            return by_id[client_id]
+
+        def check_traffic(rows: list[dict]) -> None:
+            """The rows' bytes per client (what run_rounds reports) are the sub-rounds' figures
+            this benchmark reports (`built.traffic`), in order."""
+            for row, (name, expected) in zip(rows, built.traffic.items()):
+                got = (row.get("bytes_down_per_client"), row.get("bytes_up_per_client"))
+                if got != (None, None) and got != (expected.down, expected.up):
+                    raise RuntimeError(f"{built.algorithm}: run_rounds reported {got} bytes per "
+                                       f"client for {name}, the process's traffic says "
+                                       f"{(expected.down, expected.up)}")
+
+        def after_round(row, state) -> None:
+            del state  # the final state is run_rounds' result
+            rows.append(dict(row))
+            if len(rows) < per_round:
+                return
+            tff_driver_times.append(time.perf_counter() - mark["started"])
+            tff_times.append(sum(r["round_seconds"] for r in rows))
             merge(tff_peak, sampler.take())
-            tff_cpu_py.append(_cpu_seconds(me) - cpu0)
-            tff_cpu_worker.append(_cpu_seconds(worker) - wcpu0)
-            model_fn_calls.append(built.model_fn_calls.value - calls0)
-            compile_calls.append(compiles.calls - comp0)
+            tff_cpu_py.append(_cpu_seconds(me) - mark["cpu"])
+            tff_cpu_worker.append(_cpu_seconds(worker) - mark["worker_cpu"])
+            model_fn_calls.append(built.model_fn_calls.value - mark["calls"])
+            compile_calls.append(compiles.calls - mark["compiles"])
+            check_traffic(rows)
+            rows.clear()
             for name, runner in plain.items():
                 sampler.take()
                 cpu0 = _cpu_seconds(me)
@@ -766,8 +834,22 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                 plain_cpu[name].append(_cpu_seconds(me) - cpu0)
                 merge(plain_peak[name], sampler.take())
                 plain_traces[name].append(runner.traces)
-            log(f"  round {r + 1}: TFF {tff_times[-1]:.2f} s, " + ", ".join(
+            log(f"  round {len(tff_times)}: TFF {tff_times[-1]:.2f} s, " + ", ".join(
                 f"{name} {plain_times[name][-1]:.2f} s" for name in plain))
+
+        result = simulation.run_rounds(
+            process, participation.FullParticipation(client_ids), client_dataset, rounds=total,
+            output_dir=run_dir, checkpoint_every=total,
+            config=dataclasses.asdict(config) | dict(backbone=built.backbone.name,
+                                                     algorithm=built.algorithm,
+                                                     clients_per_round=num_clients),
+            log=None, tensorboard=False, after_round=after_round, initial_state=state)
+        if len(result.history) != total or len(tff_times) != config.rounds:
+            raise RuntimeError(f"{stem}: run_rounds ran {len(result.history)} communication "
+                               f"rounds ({len(tff_times)} benchmark rounds), expected {total}")
+        state = result.state
+        personal = (result.personal_store.lookup(client_ids) if built.personalized else None)
+
         # State I/O: the federated weights (the server state's model), Python -> worker -> Python.
         state_io = state_round_trip_seconds(process.get_model_weights.type_signature.result,
                                             process.get_model_weights(state))
@@ -779,8 +861,18 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                 diffs[name] = max(diffs[name], max(
                     _max_diff(p, q) for p, q in zip(personal, runner.personal)))
         if profile_dir is not None:
+            # One extra, profiled round calls the process directly, not through run_rounds: it
+            # is not one of the benchmark's rounds (nor timed), only cProfile's view of a round.
+            def tff_round():
+                nonlocal state, personal
+                for _ in built.sub_rounds:  # one `next` per communication round (RoLoRA: B, A)
+                    if built.personalized:
+                        out = process.next(state, datasets, personal)
+                        state, personal = out.state, out.personal_states
+                    else:
+                        state = process.next(state, datasets).state
+
             profile_dir.mkdir(parents=True, exist_ok=True)
-            stem = f"{built.backbone.name}_{built.algorithm}_{num_clients}"
             profiler = profile_tff_call(context, tff_round)
             (profile_dir / f"{stem}_tff.txt").write_text(_profile_text(profiler))
             profiles["tff"] = _profile_summary(profiler)
@@ -811,6 +903,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
         "build_seconds": round(built.build_seconds, 3),
         "tff_setup_seconds": round(setup_seconds, 3),
         "tff_round_seconds": [round(t, 6) for t in tff_times],
+        "tff_driver_round_seconds": [round(t, 6) for t in tff_driver_times],
         "tff_seconds_per_round": tff_s,
         "tff_round1_seconds": tff_times[0],
         "tff_python_cpu_seconds": [round(t, 3) for t in tff_cpu_py],
@@ -1058,7 +1151,8 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     try:
         result = run_benchmark(config, log=log, output_dir=output_dir)
-    except (ValueError, OSError, runtime.WorkerError) as e:
+    except (ValueError, OSError, FloatingPointError, runtime.WorkerError) as e:
+        # FloatingPointError: run_rounds' NonFiniteLossError (a NaN or infinite training loss).
         if os.environ.get("TFFL_DEBUG"):
             raise
         sys.stderr.write(f"benchmark.py: error: {e}\n")
