@@ -30,8 +30,8 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    full:  60 rounds × 60 local steps, learning rates 0.5, 0.1, 0.05 (docs/RESULTS.md's setting).
 3. `sst2_minilm` (rolora.md §3.2, Table 1): `scripts/train.py --task=sst2` with LoRA rank 4 on
    query and value, N = 3, 20, 50 clients (IID disjoint shards, all clients every round), a fixed
-   total-sample budget: R_N = max(1, ⌊R_3·3/N + ½⌋) rounds (RoLoRA rounds up to an even number of
-   communication rounds; the table shows the rounds actually run); RoLoRA, FedAvg-LoRA, FFA-LoRA
+   total-sample budget: R_N = max(1, ⌊R_3·3/N + ½⌋) communication rounds for every method (one
+   `next` each; RoLoRA alternates B and A rounds); RoLoRA, FedAvg-LoRA, FFA-LoRA
    and FlexLoRA (full scale only); accuracy on the SST-2 dev set (872 sentences), beside the
    paper's RoBERTa-Large numbers.
    small: the random 2-layer `tiny` backbone, 32 tokens, R_3 = 10, 5 local steps of batch 16,
@@ -886,7 +886,7 @@ def run_sst2_minilm(ctx: Context) -> Result:
         f"67,349 training sentences, all clients every round, {cfg['local_steps']} local SGD "
         f"steps of batch {cfg['batch_size']} per communication round, learning rate "
         f"{cfg['learning_rate']:g}, seed {ctx.seed}; rounds R_N = ⌊{cfg['rounds_3']}·3/N + ½⌋ "
-        f"(constant total samples, RoLoRA rounded up to an even count); accuracy on the SST-2 dev "
+        f"(constant total samples, the same for every method); accuracy on the SST-2 dev "
         f"set (872 sentences; 50.92% are positive). Paper: RoBERTa-Large (355M), LoRA on W_q, "
         f"W_v of layers 18–23, 500 rounds × 20 steps of batch 64 for 3 clients, best test "
         f"accuracy over an LR grid and rounds, mean ± std over seeds.")
