@@ -151,10 +151,8 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
         _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
         return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
 
-    @tff.federated_computation(tff.FederatedType(data_type, tff.CLIENTS))
-    def initialize_by_moments(data):
-        moments = tff.federated_mean(tff.federated_map(client_moments, data))
-        return server.start(tff.federated_map(top_eigenvectors, moments))
+    initialize_by_moments = linear_engine.build_mean_initializer(server, client_moments,
+                                                                 top_eigenvectors)
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   server_update=server.orthonormalize)

@@ -231,6 +231,20 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
         orthonormalize=server_orthonormalize)
 
 
+def build_mean_initializer(server: LinearServer, client_statistic: tff.Computation,
+                           representation_from_mean: tff.Computation) -> tff.Computation:
+    """`(data@CLIENTS) -> state@SERVER` with B⁰ = `representation_from_mean`((1/N) Σ_i s_i),
+    s_i = `client_statistic`(data_i), and round_num 0 (e.g. FedRep's method of moments:
+    s_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ, B⁰ = its top-k eigenvectors)."""
+
+    @tff.federated_computation(tff.FederatedType(server.data_type, tff.CLIENTS))
+    def initialize_from_clients(data):
+        mean = tff.federated_mean(tff.federated_map(client_statistic, data))
+        return server.start(tff.federated_map(representation_from_mean, mean))
+
+    return initialize_from_clients
+
+
 def build_averaging_round(server: LinearServer, client_update: tff.Computation,
                           personal_type: tff.Type | None = None,
                           server_update: tff.Computation | None = None) -> tff.Computation:
