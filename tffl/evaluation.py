@@ -6,7 +6,7 @@ For a classifier with logits z(x) and labels y, over the N examples of `dataset`
 Example:
 
 >>> evaluate = make_keras_evaluator(make_mlp, test_dataset)
->>> evaluate(process.get_model_weights(state))
+>>> evaluate(process.model_weights(state))   # the whole model, frozen weights included
 {'loss': 0.31, 'accuracy': 0.91}
 """
 
