@@ -119,6 +119,9 @@ def import_tensorflow() -> None:
     tf, psutil, runtime = tf_module, psutil_module, runtime_module
 
 ALGORITHMS = ("rolora", "fedavg_lora", "fedrep")
+# "<algorithm>+xla": the same process with its client step XLA-compiled inside the client
+# computation (`jit_compile=True`), to compare against the plain one in the same run.
+XLA_SUFFIX = "+xla"
 NUM_CLASSES = 2
 # Targets of issue #10.
 TARGET_OVERHEAD = 1.25
@@ -190,7 +193,8 @@ _CLIENTS_PER_ROUND = flags.DEFINE_list(
     "clients_per_round", "5,20", "Clients per round n, a comma-separated list (10,50,100,200 for "
     "the scaling targets).", flag_values=FLAGS)
 _ALGORITHMS = flags.DEFINE_list(
-    "algorithms", ",".join(ALGORITHMS), "Processes to measure: " + ", ".join(ALGORITHMS) + ".",
+    "algorithms", ",".join(ALGORITHMS), "Processes to measure: " + ", ".join(ALGORITHMS) + "; "
+    "append +xla (e.g. fedavg_lora+xla) for the process with its client step XLA-compiled.",
     flag_values=FLAGS)
 _LOCAL_STEPS = flags.DEFINE_integer(
     "local_steps", 5, "Batches per client per round (SGD steps per phase).", flag_values=FLAGS)
@@ -237,7 +241,7 @@ def _names(name: str, allowed: Sequence[str]) -> tuple[str, ...]:
 def config_from_flags() -> Config:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
     backbones = _names("backbones", tuple(BACKBONES))
-    algorithms = _names("algorithms", ALGORITHMS)
+    algorithms = _names("algorithms", (*ALGORITHMS, *(a + XLA_SUFFIX for a in ALGORITHMS)))
     clients = cli.int_list("clients_per_round", FLAGS["clients_per_round"].value, unique=True)
     for n in clients:
         cli.at_least("clients_per_round", n, 1)
@@ -380,10 +384,12 @@ def build_process(algorithm: str, shape: BackboneShape, config: Config) -> Built
     model_fn = make_model_fn(shape, config.rank, config.seed, calls)
     spec_in = input_spec(config.sequence_length)
     started = time.perf_counter()
-    if algorithm == "fedrep":
+    name = algorithm.removesuffix(XLA_SUFFIX)
+    jit_compile = name != algorithm
+    if name == "fedrep":
         process = personalized.build_personalized_process(
             "fedrep", model_fn, spec_in, config.learning_rate, head_epochs=config.head_epochs,
-            representation_epochs=1)
+            representation_epochs=1, jit_compile=jit_compile)
         spec = process.spec
         head = spec.indices([roles.HEAD])
         rep = spec.indices(personalized.REPRESENTATION_ROLES)
@@ -391,10 +397,11 @@ def build_process(algorithm: str, shape: BackboneShape, config: Config) -> Built
         traffic = dict(process.traffic)
         personal = tuple(process.personal_indices)
     else:
-        process = lora_fl.build_lora_process(algorithm, model_fn, spec_in, config.learning_rate)
+        process = lora_fl.build_lora_process(name, model_fn, spec_in, config.learning_rate,
+                                             jit_compile=jit_compile)
         spec = process.spec
         extra = (roles.HEAD,)  # the builders' default extra_roles
-        if algorithm == "rolora":
+        if name == "rolora":
             sets = {"b_round": (roles.LORA_B, *extra), "a_round": (roles.LORA_A, *extra)}
         else:
             sets = {"ab_round": (roles.LORA_A, roles.LORA_B, *extra)}
@@ -734,7 +741,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
     if config.jit_compile:
         plain["plain_xla"] = PlainRunner(built, model, config, jit_compile=True)
     profile_dir = output_dir / "profiles" if config.profile and output_dir is not None else None
-    stem = f"{built.backbone.name}_{built.algorithm}_{num_clients}"
+    stem = f"{built.backbone.name}_{built.algorithm.replace('+', '_')}_{num_clients}"
     datasets = list(datasets[:num_clients])
     client_ids = [str(i) for i in range(num_clients)]
     by_id = dict(zip(client_ids, datasets, strict=True))

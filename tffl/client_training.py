@@ -246,6 +246,7 @@ def build_phased_loop(
     features_model: tf.keras.Model | None = None,
     device: str | None = None,
     weight_decay: float = 0.0,
+    jit_compile: bool = False,
 ) -> Callable:
     """The one client training loop: assign the given weights, then SGD phase by phase.
 
@@ -277,6 +278,9 @@ def build_phased_loop(
       device: a TensorFlow device for the loop's ops (`placed`); build `model` under the same
         `placed(device)` to keep its variables there too.
       weight_decay: λ ≥ 0 added to the gradient as λ·θ.
+      jit_compile: XLA-compile each phase's step (forward, gradient, optimizer update) as a
+        `tf.function(jit_compile=True)` called inside the loop (the dataset loop itself cannot
+        be compiled). See docs/PERFORMANCE.md for what it gains.
 
     Returns:
       A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final
@@ -305,6 +309,36 @@ def build_phased_loop(
         labels = tf.cast(tf.reshape(y, [-1]), tf.int64)
         return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1), labels), tf.float32))
 
+    def make_step(phase: Phase):
+        """One SGD step of `phase` on a batch: `(x, y, optimizer state) -> (optimizer state,
+        batch loss, batch size, correct predictions)`, XLA-compiled with `jit_compile`."""
+        trained = [trainable[i] for i in phase.train_indices]
+
+        def step(x, y, opt_state):
+            with tf.GradientTape() as tape:
+                if phase.penalty is None:
+                    pred = model(x, training=True)
+                    loss = loss_fn(y, pred)
+                    objective = loss
+                else:
+                    features, pred = features_model(x, training=True)
+                    loss = loss_fn(y, pred)
+                    objective = loss + tf.cast(phase.penalty(features), loss.dtype)
+            grads = tape.gradient(objective, trained,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            values = [v.read_value() for v in trained]
+            if weight_decay:
+                grads = [g + tf.cast(weight_decay, g.dtype) * w for g, w in zip(grads, values)]
+            opt_state, values = optimizer.next(opt_state, values, grads)
+            for variable, value in zip(trained, values):
+                variable.assign(value)
+            n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
+            return opt_state, tf.cast(loss, tf.float32), n, correct(y, pred)
+
+        return tf.function(step, jit_compile=True) if jit_compile else step
+
+    steps = [make_step(phase) for phase in phases]
+
     @tf.function
     def loop(weights, dataset):
         with placed(device):
@@ -326,28 +360,10 @@ def build_phased_loop(
                 [tf.TensorSpec(v.shape, v.dtype) for v in trained])
             for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
                 x, y = split_batch(batch)
-                with tf.GradientTape() as tape:
-                    if phase.penalty is None:
-                        pred = model(x, training=True)
-                        loss = loss_fn(y, pred)
-                        objective = loss
-                    else:
-                        features, pred = features_model(x, training=True)
-                        loss = loss_fn(y, pred)
-                        objective = loss + tf.cast(phase.penalty(features), loss.dtype)
-                grads = tape.gradient(objective, trained,
-                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                values = [v.read_value() for v in trained]
-                if weight_decay:
-                    grads = [g + tf.cast(weight_decay, g.dtype) * w
-                             for g, w in zip(grads, values)]
-                opt_state, values = optimizer.next(opt_state, values, grads)
-                for variable, value in zip(trained, values):
-                    variable.assign(value)
+                opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
                 if last:
-                    n = tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32)
-                    loss_sum += tf.cast(loss, tf.float32) * n
-                    num_correct += correct(y, pred)
+                    loss_sum += loss * n
+                    num_correct += batch_correct
                     num_examples += n
         return dict(
             trainable=[v.read_value() for v in trainable],

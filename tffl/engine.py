@@ -183,6 +183,7 @@ class ClientConfig:
     optimizer: Any
     weight_decay: float = 0.0
     hook: ClientHook | None = None
+    jit_compile: bool = False  # XLA-compile each local step (`build_phased_loop`)
 
 
 def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:
@@ -225,7 +226,8 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
                                                                phases)
             loop = client_training.build_phased_loop(
                 keras_model, model.loss_fn(), client.optimizer, phases, features_model,
-                device=model.client_device, weight_decay=client.weight_decay)
+                device=model.client_device, weight_decay=client.weight_decay,
+                jit_compile=client.jit_compile)
             out = loop(full, dataset)
         trained, extra_out = list(out["trainable"]), []
         if hook is not None:

@@ -125,7 +125,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                    loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
                    server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
                    frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                   initial_trainable=None
+                   initial_trainable=None, jit_compile: bool = False
                    ) -> processes.ScheduledProcess:
     """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
 
@@ -147,6 +147,8 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       initial_non_trainable: values of `model.non_trainable_variables` to start from (e.g. a
         pretrained backbone); default: the model's own initializers.
       initial_trainable: likewise for `model.trainable_variables` (e.g. FFA-LoRA's fixed A).
+      jit_compile: XLA-compile each client step inside the client computation (the TFF worker
+        runs it; docs/PERFORMANCE.md has what it gains).
       frozen_dir: where the frozen weights file goes (`tffl.frozen.default_directory()`).
       seed: FLoRA's seed for the fresh A of every round.
       switch_round: rolora_ffa: the communication round from which only B rounds run.
@@ -191,7 +193,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
         keras_model_fn, input_spec, sorted(federated), federated_nt,
         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
         client_device=client_device, spec=spec, initial_trainable=initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, weight_decay)
+    client = engine.ClientConfig(client_learning_rate, weight_decay, jit_compile=jit_compile)
     pieces = [engine.build_round(model, s, client, aggregator, server_optimizer) for s in specs]
     initialize, rounds = processes.compose_rounds(model, pieces, personal=False)
     return processes.ScheduledProcess(algorithm, model, pieces, initialize, rounds, schedule)

@@ -157,6 +157,7 @@ def build_personalized_process(
     frozen_dir=None,
     client_device: str | None = None,
     initial_trainable=None,
+    jit_compile: bool = False,
 ) -> PersonalizationProcess | PersonalizedProcess:
     """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE or AdaptPFL (module docstring).
 
@@ -183,7 +184,7 @@ def build_personalized_process(
       server_learning_rate: η_s > 0 of the default server optimizer, φ ← φ + η_s·agg(Δ_i).
       server_optimizer: a `tff.learning.optimizers.Optimizer` instead of SGD with η_s.
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
-      initial_non_trainable, initial_trainable, frozen_dir, client_device: as
+      initial_non_trainable, initial_trainable, frozen_dir, client_device, jit_compile: as
         `tffl.lora_fl.build_schedule`.
 
     Raises:
@@ -278,7 +279,7 @@ def build_personalized_process(
         keras_model_fn, input_spec, federated, personal=personal,
         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
         client_device=client_device, spec=spec, initial_trainable=initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, weight_decay, hook)
+    client = engine.ClientConfig(client_learning_rate, weight_decay, hook, jit_compile)
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
         float(server_learning_rate))
     pieces = [engine.build_round(model, s, client, aggregator, server_optimizer)
