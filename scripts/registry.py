@@ -404,7 +404,6 @@ def build_algorithm(
     server_optimizer=None,
     weight_decay: float = 0.0,
     frozen_dir=None,
-    jit_compile: bool = False,
 ):
     """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
     or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
@@ -416,8 +415,7 @@ def build_algorithm(
         float(server_learning_rate))
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
     common = dict(server_optimizer=server_optimizer, weight_decay=weight_decay,
-                  initial_non_trainable=pretrained, frozen_dir=frozen_dir,
-                  jit_compile=jit_compile)
+                  initial_non_trainable=pretrained, frozen_dir=frozen_dir)
     if name in PERSONALIZED_ALGORITHMS:
         return personalized.build_personalized_process(
             name, task.keras_model_fn, task.input_spec, client_learning_rate,

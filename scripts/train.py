@@ -168,9 +168,6 @@ _SERVER_OPTIMIZER = flags.DEFINE_enum(
 _SERVER_LEARNING_RATE = flags.DEFINE_float(
     "server_learning_rate", 1.0, "Server learning rate (sgd: w += lr * mean delta).")
 _SERVER_MOMENTUM = flags.DEFINE_float("server_momentum", 0.0, "Server SGD momentum in [0, 1).")
-_JIT_COMPILE = flags.DEFINE_bool(
-    "jit_compile", False, "XLA-compile each client step inside the client computation "
-    "(docs/PERFORMANCE.md says what it gains).")
 _FROZEN_DIR = flags.DEFINE_string(
     "frozen_dir", None, "Folder for the frozen (never federated) weights file every client "
     "reads (default $TFFL_CACHE/frozen, i.e. ~/.cache/tffl/frozen); remote workers need it on "
@@ -200,7 +197,6 @@ _RUN_FLAGS = (
     "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
     "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
     "client_optimizer", "client_momentum", "weight_decay", "server_optimizer", "server_momentum",
-    "jit_compile",
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
     "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
     "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
@@ -355,7 +351,6 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             _SERVER_OPTIMIZER.value, _SERVER_LEARNING_RATE.value, _SERVER_MOMENTUM.value),
         weight_decay=_WEIGHT_DECAY.value,
         frozen_dir=_FROZEN_DIR.value,
-        jit_compile=_JIT_COMPILE.value,
         communication_rounds=_ROUNDS.value,
         rolora_fraction=_ROLORA_FRACTION.value,
         representation=_REPRESENTATION.value,

@@ -278,9 +278,10 @@ def build_phased_loop(
       device: a TensorFlow device for the loop's ops (`placed`); build `model` under the same
         `placed(device)` to keep its variables there too.
       weight_decay: λ ≥ 0 added to the gradient as λ·θ.
-      jit_compile: XLA-compile each phase's step (forward, gradient, optimizer update) as a
+      jit_compile: make each phase's step (forward, gradient, optimizer update) a
         `tf.function(jit_compile=True)` called inside the loop (the dataset loop itself cannot
-        be compiled). See docs/PERFORMANCE.md for what it gains.
+        be compiled). Eagerly or in a `tf.function` in Python, XLA compiles it; TFF 0.87's
+        `worker_binary` has no XLA and runs it uncompiled (docs/PERFORMANCE.md, "XLA").
 
     Returns:
       A `tf.function` `(weights: ModelWeights, dataset) -> dict` with `trainable` (the final

@@ -183,7 +183,8 @@ class ClientConfig:
     optimizer: Any
     weight_decay: float = 0.0
     hook: ClientHook | None = None
-    jit_compile: bool = False  # XLA-compile each local step (`build_phased_loop`)
+    # Mark each local step for XLA (`build_phased_loop`); TFF 0.87's worker does not compile it.
+    jit_compile: bool = False
 
 
 def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:

@@ -147,8 +147,9 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       initial_non_trainable: values of `model.non_trainable_variables` to start from (e.g. a
         pretrained backbone); default: the model's own initializers.
       initial_trainable: likewise for `model.trainable_variables` (e.g. FFA-LoRA's fixed A).
-      jit_compile: XLA-compile each client step inside the client computation (the TFF worker
-        runs it; docs/PERFORMANCE.md has what it gains).
+      jit_compile: mark each client step for XLA (`tf.function(jit_compile=True)`). Only a
+        TensorFlow runtime with XLA compiles it: TFF 0.87's `worker_binary` has none and runs the
+        step as it is (same results, same time; docs/PERFORMANCE.md, "XLA").
       frozen_dir: where the frozen weights file goes (`tffl.frozen.default_directory()`).
       seed: FLoRA's seed for the fresh A of every round.
       switch_round: rolora_ffa: the communication round from which only B rounds run.

@@ -292,8 +292,9 @@ def test_a_missing_frozen_weights_file_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["rolora", "flexlora"])
 def test_xla_compiled_client_steps_give_the_same_rounds(tff_runtime, algorithm):
-    """`jit_compile=True` runs each client step as an XLA-compiled function inside the client
-    computation on the TFF worker; two rounds equal the uncompiled ones (float32 rounding)."""
+    """`jit_compile=True` marks each client step for XLA inside the client computation; the TFF
+    worker runs it (uncompiled: its TensorFlow has no XLA, docs/PERFORMANCE.md) and two rounds
+    equal the unmarked ones (float32 rounding)."""
     results = []
     for jit_compile in (False, True):
         process = lora_fl.build_lora_process(algorithm, _lora_model(), _SPEC, _LR,
