@@ -104,6 +104,20 @@ def build_classifier(
         features = outputs["pooled_output"]
     else:
         features = outputs[:, 0, :]
+    logits = classifier_head(features, num_classes, dropout, seed)
+    return tf.keras.Model(inputs=inputs, outputs=logits, name=name)
+
+
+def classifier_head(features, num_classes: int, dropout: float = 0.0, seed: int = 0):
+    """`Dense(num_classes)(Dropout(dropout)(features))`, the head of `build_classifier`: kernel
+    TruncatedNormal(0.02, seed) and zero bias, both tagged `head`.
+
+    Example:
+
+    >>> features = tf.keras.Input(shape=(8,))
+    >>> classifier_head(features, num_classes=3).shape
+    TensorShape([None, 3])
+    """
     features = tf.keras.layers.Dropout(dropout, seed=seed, name="head_dropout")(features)
     head = tf.keras.layers.Dense(
         num_classes,
@@ -112,7 +126,7 @@ def build_classifier(
     )
     logits = head(features)
     roles.tag_layer(head, roles.HEAD)
-    return tf.keras.Model(inputs=inputs, outputs=logits, name=name)
+    return logits
 
 
 def dummy_batch(backbone: tf.keras.Model, batch_size: int = 2, seq_len: int = 8, seed: int = 0):

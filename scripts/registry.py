@@ -233,9 +233,12 @@ def build_task(
     lora_targets: tuple[str, ...] = ("query", "value"),
     lora_layers: tuple[int, ...] | None = None,
     sequence_length: int = 64,
+    prefix_cache: bool = True,
+    bucket_by_length: bool = True,
 ) -> RunTask:
     """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
-    (text tasks, where `model` is ignored)."""
+    (text tasks, where `model` is ignored; `prefix_cache` and `bucket_by_length` as in
+    `_text_run_task`)."""
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "
@@ -243,7 +246,8 @@ def build_task(
         return _text_run_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
-            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha))
+            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
+            prefix_cache=prefix_cache, bucket_by_length=bucket_by_length)
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if partition not in PARTITIONS:
@@ -267,15 +271,21 @@ BACKBONES = ("tiny", "minilm")
 def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int,
                    partition: str, data_dir, backbone: str, rank: int, lora_alpha,
                    lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
-                   scheme_kwargs: dict) -> RunTask:
+                   scheme_kwargs: dict, prefix_cache: bool = True,
+                   bucket_by_length: bool = True) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
-    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head."""
+    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head.
+
+    With `prefix_cache`, the clients train the classifier from its lowest LoRA layer k up, on
+    h_k computed once per example (`tasks.prefix_cache`); with `bucket_by_length`, each batch
+    holds examples of similar length, padded to its longest (`tasks.batching`)."""
     import keras_nlp  # noqa: F401  (registers the layers)
 
     from models import backbones as backbones_lib
     from models import checkpoints
     from models import hf_bert
     from models import lora_targets as targets_lib
+    from tasks import prefix_cache as prefix_lib
     from tasks import task as task_lib
     from tasks import text as text_lib
 
@@ -313,29 +323,78 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     def keras_model_fn():
         return adapted(backbone_fn())
 
-    def pretrained_non_trainable():
-        if backbone != "minilm":
-            return None
-        bb, _ = hf_bert.load_hf_bert(folder)
-        return [v.numpy() for v in adapted(bb).non_trainable_variables]
+    full_spec = (collections.OrderedDict(
+        (k, tf.TensorSpec([None, None], spec.dtype))
+        for k, spec in sorted(task.element_spec[0].items())),
+        tf.TensorSpec([None], task.element_spec[1].dtype))
+    drawn = {}
 
-    input_spec = tf.nest.map_structure(
-        lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), task.element_spec)
+    def full_values():
+        """The whole classifier's starting weights: a random draw, with the pretrained backbone
+        for minilm (drawn once)."""
+        if "values" not in drawn:
+            from tffl import frozen as frozen_lib
+            trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, full_spec)
+            if backbone == "minilm":
+                bb, _ = hf_bert.load_hf_bert(folder)
+                non_trainable = [v.numpy() for v in adapted(bb).non_trainable_variables]
+            drawn["values"] = (trainable, non_trainable)
+        return drawn["values"]
+
+    def pretrained_non_trainable():
+        return full_values()[1] if backbone == "minilm" else None
+
+    cached = None
+    if prefix_cache:
+        cached = prefix_lib.split_for_cache(keras_model_fn, full_values, lora_config,
+                                            task.num_classes, seed, full_spec[1])
+    model_fn, input_spec, cache = keras_model_fn, full_spec, None
+    if cached is not None:
+        model_fn, input_spec, cache = cached.keras_model_fn, cached.input_spec, cached.cache
+        pretrained_non_trainable = cached.non_trainable
+
+    def rounds(client_data, name, steps=local_steps, size=batch_size):
+        return prefix_lib.TextRounds(
+            lambda cid: prefix_lib.ClientExamples.from_dataset(
+                client_data.create_tf_dataset_for_client(cid).map(_ordered)),
+            steps, size, seed, bucket_by_length=bucket_by_length, cache=cache,
+            client_ids=client_data.client_ids, name=name)
+
+    train_rounds = rounds(task.train_data, "train")
+    test_examples = prefix_lib.ClientExamples.from_dataset(task.global_test_data.map(_ordered))
+    global_test = prefix_lib.TextRounds({"all": test_examples}, 1, 128, seed,
+                                        bucket_by_length=bucket_by_length, cache=cache,
+                                        name="global_test")
+
+    def client_eval_data():
+        if "data" not in drawn:
+            with_test = set(task.test_data.client_ids)
+            ids = [cid for cid in task.train_data.client_ids if cid in with_test]
+            test_rounds = rounds(task.test_data, "test")
+            drawn["data"] = (ids, [train_rounds.one_pass(cid, batch_size) for cid in ids],
+                             [test_rounds.one_pass(cid, 256) for cid in ids])
+        return drawn["data"]
+
     sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
     n_train = sum(sizes.values()) if isinstance(sizes, dict) else "?"
     shape = ("all-MiniLM-L6-v2 (pretrained)" if backbone == "minilm" else "tiny random BERT")
+    how = ("no prefix cache" if cached is None else "embeddings cached" if cached.start_layer == 0
+           else f"embeddings and layers < {cached.start_layer} cached")
+    how += ", batches bucketed by length" if bucket_by_length else ", padded batches"
     run = RunTask(
         description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
-        f"clients; {shape}, LoRA r={rank} on {','.join(lora_targets)}, L={sequence_length})",
+        f"clients; {shape}, LoRA r={rank} on {','.join(lora_targets)}, L={sequence_length}; "
+        f"{how})",
         client_ids=list(task.train_data.client_ids),
-        client_dataset_fn=_client_dataset_fn(task.train_data, batch_size, local_steps, seed),
-        keras_model_fn=keras_model_fn,
+        client_dataset_fn=train_rounds.dataset,
+        keras_model_fn=model_fn,
         input_spec=input_spec,
-        evaluate=evaluation.make_keras_evaluator(keras_model_fn,
-                                                 task.global_test_data.batch(128)),
-        client_eval_data=_client_eval_data(task, batch_size),
+        evaluate=evaluation.make_keras_evaluator(
+            model_fn, lambda: global_test.one_pass("all", 128)),
+        client_eval_data=client_eval_data,
     )
     run.pretrained_non_trainable = pretrained_non_trainable
+    run.prefix_cache = cache
     return run
 
 

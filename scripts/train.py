@@ -126,6 +126,13 @@ _LORA_TARGETS = flags.DEFINE_list(
     "(query, key, value, attention_output, intermediate, output).")
 _LORA_LAYERS = flags.DEFINE_list(
     "lora_layers", None, "Text tasks: transformer layer indices (0-based) to adapt; default all.")
+_PREFIX_CACHE = flags.DEFINE_bool(
+    "prefix_cache", True, "Text tasks: compute the frozen embeddings and encoder layers below the "
+    "lowest LoRA layer once per example and train the classifier from there (same results; "
+    "--noprefix_cache runs the whole model every step).")
+_BUCKET_BY_LENGTH = flags.DEFINE_bool(
+    "bucket_by_length", True, "Text tasks: batch a round's examples by length, each batch padded "
+    "to its longest (--nobucket_by_length: batches in drawn order, padded to --sequence_length).")
 _LORA_ALPHA = flags.DEFINE_float(
     "lora_alpha", None, "Text tasks: LoRA alpha (the update is scaled by alpha/rank); "
     "default alpha = rank.")
@@ -200,7 +207,7 @@ _RUN_FLAGS = (
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
     "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
     "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
-    "lora_layers", "lora_alpha",
+    "lora_layers", "lora_alpha", "prefix_cache", "bucket_by_length",
     "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
 
@@ -329,6 +336,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         lora_layers=(tuple(int(i) for i in _LORA_LAYERS.value)
                      if _LORA_LAYERS.value else None),
         sequence_length=_SEQUENCE_LENGTH.value,
+        prefix_cache=_PREFIX_CACHE.value,
+        bucket_by_length=_BUCKET_BY_LENGTH.value,
     )
     who = {
         "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",

@@ -19,9 +19,11 @@ import tensorflow_federated as tff
 
 
 def make_keras_evaluator(
-    keras_model_fn: Callable[[], tf.keras.Model], dataset: tf.data.Dataset
+    keras_model_fn: Callable[[], tf.keras.Model],
+    dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
 ) -> Callable[[tff.learning.models.ModelWeights], dict[str, float]]:
-    """Returns `weights -> {"loss", "accuracy"}` evaluating one reused Keras model on `dataset`.
+    """Returns `weights -> {"loss", "accuracy"}` evaluating one reused Keras model on `dataset`
+    (or on the dataset `dataset()` returns, made on the first evaluation).
 
     `dataset` yields batched `(x, y)` with integer labels; the model returns logits. The model is
     built on the first call, not here: Keras invalidates models built eagerly before TFF traces a
@@ -32,6 +34,7 @@ def make_keras_evaluator(
 
     def build():
         model = keras_model_fn()
+        data = dataset() if callable(dataset) else dataset
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
         @tf.function
@@ -39,7 +42,7 @@ def make_keras_evaluator(
             loss_sum = tf.constant(0.0)
             correct = tf.constant(0.0)
             count = tf.constant(0.0)
-            for x, y in iter(dataset):
+            for x, y in iter(data):
                 logits = model(x, training=False)
                 y = tf.cast(tf.reshape(y, [-1]), tf.int64)
                 loss_sum += loss_fn(y, logits)

@@ -102,7 +102,8 @@ def test_review_domains_are_clients_with_ordered_text_features(shared_data):
 
     _minilm_or_skip()
     task = registry.build_task("reviews", num_clients=10, batch_size=4, local_steps=2, seed=0,
-                               data_dir=shared_data, sequence_length=16)
+                               data_dir=shared_data, sequence_length=16, prefix_cache=False,
+                               bucket_by_length=False)
     assert sorted(task.client_ids) == sorted(
         f"{d}_{j}" for d in ("airline", "books", "dvd", "electronics", "kitchen") for j in (0, 1))
     x, y = next(iter(task.client_dataset_fn(task.client_ids[0], 1)))
@@ -110,6 +111,17 @@ def test_review_domains_are_clients_with_ordered_text_features(shared_data):
     assert isinstance(x, collections.OrderedDict)
     assert list(x) == ["padding_mask", "segment_ids", "token_ids"]
     assert x["token_ids"].shape == (4, 16) and set(np.unique(y.numpy())) <= {0, 1}
+    # The default: the tiny BERT adapts every layer, so only the embeddings are cached, and the
+    # clients get h_0 (width 64) in batches cut to their longest example.
+    cached = registry.build_task("reviews", num_clients=10, batch_size=4, local_steps=2, seed=0,
+                                 data_dir=shared_data, sequence_length=16)
+    batches = list(cached.client_dataset_fn(task.client_ids[0], 1))
+    assert len(batches) == 2
+    for (h, y2) in batches:
+        assert list(h) == ["hidden", "padding_mask"]
+        assert h["hidden"].shape[0] == 4 and h["hidden"].shape[2] == 64
+        assert h["hidden"].shape[1] == int(np.max(np.sum(h["padding_mask"], axis=1))) <= 16
+    assert "embeddings cached" in cached.description
     ids, train, test = task.client_eval_data()
     assert ids == task.client_ids and len(train) == len(test) == 10
     with pytest.raises(ValueError, match="multiple of 5"):
@@ -127,7 +139,7 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
     folder = _minilm_or_skip()
     task = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
                                data_dir=shared_data, backbone="minilm", sequence_length=16,
-                               rank=2)
+                               rank=2, prefix_cache=False)
     pretrained = task.pretrained_non_trainable()
     with tf.Graph().as_default():
         model = task.keras_model_fn()
@@ -139,3 +151,17 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
     backbone, _ = hf_bert.load_hf_bert(folder)
     embeddings = backbone.get_layer("token_embedding").embeddings.numpy()
     assert any(p.shape == embeddings.shape and np.array_equal(p, embeddings) for p in pretrained)
+    # With the prefix cache (LoRA on layers 3-5), the clients' model starts at layer 3: its
+    # frozen weights are the checkpoint's layers 3-5 and pooler, and no embeddings.
+    cached = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
+                                 data_dir=shared_data, backbone="minilm", sequence_length=16,
+                                 rank=2, lora_layers=(3, 4, 5))
+    assert "embeddings and layers < 3 cached" in cached.description
+    suffix_frozen = cached.pretrained_non_trainable()
+    with tf.Graph().as_default():
+        model = cached.keras_model_fn()
+        assert [tuple(v.shape.as_list()) for v in model.non_trainable_variables] == [
+            p.shape for p in suffix_frozen]
+    assert not any(p.shape == embeddings.shape for p in suffix_frozen)
+    layer_3_query = backbone.transformer_layers[3]._self_attention_layer._query_dense.kernel
+    assert any(np.array_equal(p, layer_3_query.numpy()) for p in suffix_frozen)

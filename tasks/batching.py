@@ -1,0 +1,129 @@
+"""A client's batches for one round: which examples, grouped how, padded how far.
+
+Text examples are stored padded to the task's `sequence_length`; most are much shorter (SST-2:
+9.4 words on average, 32 tokens of storage). A round of K local steps of batch B works on the
+K·B examples `round_example_ids` draws, and either
+
+* keeps them in drawn order, K consecutive batches (`in_order`), each padded to the stored
+  length (the classic path), or
+* sorts them by length and cuts K batches of neighbours (`length_bucketed`), each padded only
+  to its own longest example (`trim_to_longest`), the K batches then visited in a seeded random
+  order.
+
+Both use the same K·B examples. A transformer with a padding mask gives each example the same
+output whatever its padding, so the two differ only in which examples share a batch.
+
+`variable_length_dataset` holds batches of different lengths as one `tf.data.Dataset` that TFF
+can serialize (one flat array per feature and slice offsets), with a `None` sequence dimension.
+
+Example:
+
+>>> ids = round_example_ids(num_examples=5, local_steps=2, batch_size=3, seed=0)
+>>> len(ids), sorted(ids[:5].tolist())
+(6, [0, 1, 2, 3, 4])
+>>> lengths = np.array([4, 1, 3, 1, 2])
+>>> [lengths[b].tolist() for b in length_bucketed(np.arange(5), lengths, 2, seed=1)]
+[[1, 1], [2, 3], [4]]
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+# Larger than any client's data here, so that `round_example_ids` is a full shuffle.
+SHUFFLE_BUFFER = 10_000
+
+
+def round_example_ids(num_examples: int, local_steps: int, batch_size: int, seed: int
+                      ) -> np.ndarray:
+    """The K·B example indices a client trains on in one round, in order: the client's
+    examples shuffled with `seed` (the same permutation every pass), repeated, cut to
+    `local_steps · batch_size`. It is exactly the order of
+    `dataset.shuffle(SHUFFLE_BUFFER, seed, reshuffle_each_iteration=False).repeat()` over the
+    client's `num_examples` examples.
+
+    Raises:
+      ValueError: the client has no examples.
+    """
+    if num_examples <= 0:
+        raise ValueError("a client has no training examples; every sampled client needs at "
+                         "least one (use fewer clients)")
+    order = (tf.data.Dataset.range(num_examples)
+             .shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
+             .repeat().take(local_steps * batch_size))
+    return np.fromiter(order.as_numpy_iterator(), np.int64, local_steps * batch_size)
+
+
+def in_order(ids: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Consecutive batches of `batch_size` (the last one smaller if it does not divide)."""
+    return [ids[k:k + batch_size] for k in range(0, len(ids), batch_size)]
+
+
+def length_bucketed(ids: np.ndarray, lengths: np.ndarray, batch_size: int, seed: int
+                    ) -> list[np.ndarray]:
+    """The same examples, sorted by `lengths[id]` (stably), cut into batches of `batch_size`,
+    the batches in an order drawn with `seed`."""
+    ids = np.asarray(ids)
+    by_length = ids[np.argsort(np.asarray(lengths)[ids], kind="stable")]
+    batches = in_order(by_length, batch_size)
+    order = np.random.default_rng(seed).permutation(len(batches))
+    return [batches[k] for k in order]
+
+
+def trim_to_longest(batch, lengths: np.ndarray, sequence_keys: Sequence[str]):
+    """`batch` (a dict of arrays (B, L, ...), possibly nested in a tuple with labels) with the
+    `sequence_keys` cut to the batch's longest example, `max(lengths)` positions."""
+    longest = max(int(np.max(lengths)), 1)
+
+    def cut(features):
+        return collections.OrderedDict(
+            (k, v[:, :longest] if k in sequence_keys else v) for k, v in features.items())
+
+    if isinstance(batch, tuple):
+        return (cut(batch[0]), *batch[1:])
+    return cut(batch)
+
+
+def variable_length_dataset(batches: Sequence) -> tf.data.Dataset:
+    """A dataset whose elements are `batches` (same structure, numpy leaves whose first two
+    dimensions may differ from batch to batch). Each leaf is held once as a flat array with
+    per-batch offsets and shapes; the element spec has `None` in dimensions 0 and 1.
+
+    Raises:
+      ValueError: no batches, or batches of different structure.
+    """
+    if not batches:
+        raise ValueError("no batches to make a dataset of")
+    flat = [tf.nest.flatten(b) for b in batches]
+    if len({len(f) for f in flat}) != 1:
+        raise ValueError("batches have different structures")
+    columns = []
+    for j in range(len(flat[0])):
+        leaves = [np.asarray(f[j]) for f in flat]
+        dims = {leaf.ndim for leaf in leaves}
+        if len(dims) != 1 or len({leaf.shape[2:] for leaf in leaves}) != 1:
+            raise ValueError(f"feature {j}: batches differ beyond their first two dimensions")
+        sizes = np.array([leaf.size for leaf in leaves], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        shapes = np.array([leaf.shape for leaf in leaves], np.int64)
+        static = [None] * min(leaves[0].ndim, 2) + list(leaves[0].shape[2:])
+        columns.append((np.concatenate([leaf.reshape(-1) for leaf in leaves]), starts, sizes,
+                        shapes, static))
+
+    index = tf.data.Dataset.from_tensor_slices(
+        tuple((starts, sizes, shapes) for _, starts, sizes, shapes, _ in columns))
+    values = tf.data.Dataset.from_tensors(tuple(c[0] for c in columns)).repeat()
+
+    def element(slices, flats):
+        leaves = []
+        for (start, size, shape), values_j, column in zip(slices, flats, columns):
+            leaf = tf.reshape(values_j[start:start + size], shape)
+            leaf.set_shape(column[4])
+            leaves.append(leaf)
+        return tf.nest.pack_sequence_as(batches[0], leaves)
+
+    return tf.data.Dataset.zip((index, values)).map(element)

@@ -1,0 +1,172 @@
+"""tasks.prefix_cache (+ models.prefix, tasks.batching) inside TFF rounds: training the suffix
+on cached h_k must be the same computation as training the whole classifier on tokens.
+
+The reference is the whole classifier run by the same TFF process on token batches; the check
+is that every loss, every updated LoRA factor and every personal head agree to 1e-5, so a wrong
+split (a missing layer, a wrong mask, a stale cache, a shifted weight) fails it.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import backbones
+from models import lora_targets
+from models import prefix as prefix_lib
+from tasks import prefix_cache
+from tffl import frozen as frozen_lib
+from tffl import lora_fl
+from tffl import personalized
+
+VOCAB, SEQ, K_STEPS, BATCH = 60, 12, 3, 4
+LORA = lora_targets.LoraConfig(rank=2, targets=("query", "value"), layers=(2, 3), seed=0)
+FULL_SPEC = (collections.OrderedDict(
+    (k, tf.TensorSpec([None, None], tf.int32)) for k in ("padding_mask", "segment_ids",
+                                                        "token_ids")),
+             tf.TensorSpec([None], tf.int32))
+
+
+def _full_model():
+    backbone = backbones.build_bert_backbone(vocabulary_size=VOCAB, num_layers=4, num_heads=2,
+                                             hidden_dim=16, intermediate_dim=32,
+                                             max_sequence_length=SEQ)
+    lora_targets.apply_lora(backbone, LORA)
+    return backbones.build_classifier(backbone, 2, seed=0)
+
+
+def _clients(sizes=(9, 14, 7), seed=0):
+    rng = np.random.default_rng(seed)
+    clients = {}
+    for i, n in enumerate(sizes):
+        lengths = rng.integers(2, SEQ + 1, n)
+        mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
+        tokens = rng.integers(1, VOCAB, (n, SEQ)).astype(np.int32) * mask
+        features = collections.OrderedDict(padding_mask=mask, segment_ids=np.zeros_like(mask),
+                                           token_ids=tokens)
+        clients[str(i)] = prefix_cache.ClientExamples(features, rng.integers(0, 2, n)
+                                                      .astype(np.int32))
+    return clients
+
+
+@pytest.fixture(scope="module")
+def setup():
+    values = frozen_lib.initial_values(_full_model, FULL_SPEC)
+    # B = 0 at initialization would hide a wrong A in a B round's gradients: start from B != 0.
+    rng = np.random.default_rng(1)
+    trainable = [v + 0.3 * rng.normal(size=v.shape).astype(v.dtype) for v in values[0]]
+    # BERT's 0.02 init makes a tiny encoder nearly the identity, which would hide a wrong layer:
+    # frozen matrices of std 0.3 make every layer count.
+    values = (trainable, [v * 15 if v.ndim >= 2 else v for v in values[1]])
+    cached = prefix_cache.split_for_cache(_full_model, lambda: values, LORA, 2, seed=0,
+                                          label_spec=FULL_SPEC[1])
+    with tf.Graph().as_default():
+        positions = prefix_lib.matching_positions(_full_model(), cached.keras_model_fn())
+    return values, cached, positions
+
+
+def _rounds(cache=None):
+    return prefix_cache.TextRounds(_clients(), K_STEPS, BATCH, seed=3, cache=cache)
+
+
+def _build(algorithm, model_fn, spec, values, trainable_positions, non_trainable, **kwargs):
+    trainable = [values[0][p] for p in trainable_positions]
+    if algorithm == "fedrep":
+        return personalized.build_personalized_process(
+            "fedrep", model_fn, spec, 0.1, representation_epochs=1, head_epochs=1,
+            initial_non_trainable=non_trainable, initial_trainable=trainable, **kwargs)
+    return lora_fl.build_lora_process(algorithm, model_fn, spec, 0.1,
+                                      initial_non_trainable=non_trainable,
+                                      initial_trainable=trainable, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["rolora", "fedrep"])
+def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorithm):
+    values, cached, (trainable_positions, non_trainable_positions) = setup
+    full = _build(algorithm, _full_model, FULL_SPEC, values, range(len(values[0])), values[1])
+    suffix = _build(algorithm, cached.keras_model_fn, cached.input_spec, values,
+                    trainable_positions, cached.non_trainable())
+    # The suffix carries only the encoders from the lowest LoRA layer up.
+    assert len(suffix.model.frozen.load()) < len(full.model.frozen.load())
+    tokens, states = _rounds(), _rounds(cached.cache)
+    ids = tokens.client_ids
+    full_state, suffix_state = full.initialize(), suffix.initialize()
+    personal = None
+    if algorithm == "fedrep":
+        personal = [[p.initialize_personal(c) for c in ids] for p in (full, suffix)]
+    for t in range(2):  # RoLoRA: a B round and an A round
+        args_full = [[tokens.dataset(c, t) for c in ids]]
+        args_suffix = [[states.dataset(c, t) for c in ids]]
+        if algorithm == "fedrep":
+            args_full.append(personal[0])
+            args_suffix.append(personal[1])
+        out_full, out_suffix = full.next(full_state, *args_full), suffix.next(suffix_state,
+                                                                             *args_suffix)
+        full_state, suffix_state = out_full.state, out_suffix.state
+        loss_full = _leaf(out_full.metrics, "loss")
+        assert np.isfinite(loss_full)
+        np.testing.assert_allclose(_leaf(out_suffix.metrics, "loss"), loss_full, atol=1e-5)
+        if algorithm == "fedrep":
+            personal = [out_full.personal_states, out_suffix.personal_states]
+            for a, b in zip(*personal):
+                np.testing.assert_allclose(b[0], a[0], atol=1e-5)
+    whole = full.model_weights(full_state).trainable
+    part = suffix.model_weights(suffix_state).trainable
+    moved = 0
+    for k, p in enumerate(trainable_positions):
+        np.testing.assert_allclose(part[k], whole[p], atol=1e-5)
+        moved += not np.allclose(whole[p], values[0][p])
+    assert moved >= 2  # the rounds did train something
+    # Each example went through the prefix once, however many rounds used it.
+    assert cached.cache.computed == cached.cache.examples_cached <= sum(
+        len(_rounds().examples(c)) for c in ids)
+
+
+def _leaf(metrics, name):
+    found = [v for path, v in _flatten(metrics) if path.endswith(name)]
+    assert found, metrics
+    return float(found[0])
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}/{k}")
+    else:
+        yield prefix, tree
+
+
+def test_bucketed_and_padded_batches_give_the_same_per_example_loss():
+    model = _full_model()
+    examples = _clients()["1"]
+    ids = np.arange(len(examples))
+    padded, labels = examples.batch(ids, trim=False)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    whole = loss(labels, model(dict(padded))).numpy()
+    rounds = prefix_cache.TextRounds({"1": examples}, 1, 3, seed=0)
+    got = np.zeros_like(whole)
+    for batch_ids in prefix_cache.batching.length_bucketed(ids, examples.lengths, 3, seed=0):
+        features, y = examples.batch(batch_ids, trim=True)
+        assert features["token_ids"].shape[1] == examples.lengths[batch_ids].max()
+        got[batch_ids] = loss(y, model(dict(features))).numpy()
+    np.testing.assert_allclose(got, whole, atol=1e-5)
+    assert rounds.examples("1") is examples
+
+
+def test_classic_path_keeps_the_tf_data_pipelines_batches():
+    """Without bucketing, a round is the tf.data pipeline the text tasks always used."""
+    examples = _clients()["2"]
+    rounds = prefix_cache.TextRounds({"a": examples, "b": examples}, K_STEPS, BATCH, seed=5,
+                                     bucket_by_length=False)
+    shuffle_seed, _ = rounds._seeds("b", 4)
+    pipeline = (tf.data.Dataset.from_tensor_slices((dict(examples.features), examples.labels))
+                .shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=False)
+                .repeat().batch(BATCH).take(K_STEPS))
+    got = list(rounds.dataset("b", 4).as_numpy_iterator())
+    want = list(pipeline.as_numpy_iterator())
+    assert len(got) == len(want) == K_STEPS
+    for (x, y), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(y, wy)
+        for key in wx:
+            np.testing.assert_array_equal(x[key], wx[key])
