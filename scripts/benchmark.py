@@ -222,6 +222,14 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the data and the model.", flag_
 _MAX_CONCURRENT_CALLS = flags.DEFINE_integer(
     "max_concurrent_calls", None, "Clients the TFF worker trains at once; default: one per CPU "
     "core (tffl.runtime); 0 or less: unlimited (TFF's own default).", flag_values=FLAGS)
+_SUITE = flags.DEFINE_enum(
+    "suite", "configurations", ["configurations", "targets"],
+    "configurations: the backbones x algorithms x clients-per-round given by the other flags; "
+    "targets: the fixed measurements of the performance targets (scripts/benchmark_targets.py: "
+    "real SST-2 on the pretrained MiniLM, the 200-client memory scaling, the RoBERTa-large "
+    "shape), which ignore the other flags but --data_dir and --output_dir.", flag_values=FLAGS)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", "../shared/data", "--suite=targets: the folder holding sst2/.", flag_values=FLAGS)
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", "runs/benchmark", "Where benchmark.json, benchmark.md and the worker log go.",
     flag_values=FLAGS)
@@ -1134,6 +1142,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
         config_from_flags()
         _output_dir()
+        if _SUITE.value == "targets" and not (pathlib.Path(_DATA_DIR.value) / "sst2").is_dir():
+            raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
+                             "targets run on real SST-2 sentences; see ../shared/data)")
     except UsageError as e:
         if os.environ.get("TFFL_DEBUG"):
             raise
@@ -1156,6 +1167,13 @@ def main(argv: list[str]) -> int:
 
     command = "python scripts/benchmark.py " + " ".join(sys.argv[1:])
     started = time.perf_counter()
+    if _SUITE.value == "targets":
+        from scripts import benchmark_targets
+
+        benchmark_targets.run_targets(
+            benchmark_targets.TargetsConfig(data_dir=_DATA_DIR.value), output_dir, log=log)
+        print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
+        return 0
     try:
         result = run_benchmark(config, log=log, output_dir=output_dir)
     except (ValueError, OSError, FloatingPointError, runtime.WorkerError) as e:
