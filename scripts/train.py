@@ -338,6 +338,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         sequence_length=_SEQUENCE_LENGTH.value,
         prefix_cache=_PREFIX_CACHE.value,
         bucket_by_length=_BUCKET_BY_LENGTH.value,
+        # Workers at other addresses may not see this machine's files: send rounds in the call.
+        rounds_on_disk=not _WORKER_ADDRESSES.value,
     )
     who = {
         "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -88,10 +89,16 @@ def trim_to_longest(batch, lengths: np.ndarray, sequence_keys: Sequence[str]):
     return cut(batch)
 
 
-def variable_length_dataset(batches: Sequence) -> tf.data.Dataset:
+def variable_length_dataset(batches: Sequence, directory: str | None = None
+                            ) -> tf.data.Dataset:
     """A dataset whose elements are `batches` (same structure, numpy leaves whose first two
     dimensions may differ from batch to batch). Each leaf is held once as a flat array with
     per-batch offsets and shapes; the element spec has `None` in dimensions 0 and 1.
+
+    With `directory`, the flat arrays are written there (raw bytes, one file per leaf) and the
+    dataset reads them when it is iterated: its graph holds paths and offsets only, so a TFF
+    computation that receives it receives no batch data, and the worker reads one client's
+    files at a time. The files must outlive the dataset's use.
 
     Raises:
       ValueError: no batches, or batches of different structure.
@@ -104,26 +111,41 @@ def variable_length_dataset(batches: Sequence) -> tf.data.Dataset:
     columns = []
     for j in range(len(flat[0])):
         leaves = [np.asarray(f[j]) for f in flat]
-        dims = {leaf.ndim for leaf in leaves}
-        if len(dims) != 1 or len({leaf.shape[2:] for leaf in leaves}) != 1:
+        if len({leaf.ndim for leaf in leaves}) != 1 or len({leaf.shape[2:] for leaf in leaves}) != 1:
             raise ValueError(f"feature {j}: batches differ beyond their first two dimensions")
+        if len({leaf.dtype for leaf in leaves}) != 1:
+            raise ValueError(f"feature {j}: batches have different dtypes")
         sizes = np.array([leaf.size for leaf in leaves], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         shapes = np.array([leaf.shape for leaf in leaves], np.int64)
         static = [None] * min(leaves[0].ndim, 2) + list(leaves[0].shape[2:])
-        columns.append((np.concatenate([leaf.reshape(-1) for leaf in leaves]), starts, sizes,
-                        shapes, static))
+        if directory is None:
+            source = np.concatenate([leaf.reshape(-1) for leaf in leaves])
+        else:
+            source = os.path.join(directory, f"feature_{j}.bin")
+            with open(source, "wb") as f:
+                for leaf in leaves:
+                    np.ascontiguousarray(leaf).tofile(f)
+        columns.append((source, leaves[0].dtype, starts, sizes, shapes, static))
 
+    structure = tf.nest.map_structure(lambda _: 0, batches[0])  # not the batches themselves
     index = tf.data.Dataset.from_tensor_slices(
-        tuple((starts, sizes, shapes) for _, starts, sizes, shapes, _ in columns))
-    values = tf.data.Dataset.from_tensors(tuple(c[0] for c in columns)).repeat()
+        tuple((starts, sizes, shapes) for _, _, starts, sizes, shapes, _ in columns))
+    if directory is None:
+        values = tf.data.Dataset.from_tensors(tuple(c[0] for c in columns))
+    else:
+        def read(_):
+            return tuple(tf.io.decode_raw(tf.io.read_file(path), tf.as_dtype(dtype))
+                         for path, dtype, *_ in columns)
+
+        values = tf.data.Dataset.from_tensors(0).map(read).cache()
 
     def element(slices, flats):
         leaves = []
         for (start, size, shape), values_j, column in zip(slices, flats, columns):
             leaf = tf.reshape(values_j[start:start + size], shape)
-            leaf.set_shape(column[4])
+            leaf.set_shape(column[5])
             leaves.append(leaf)
-        return tf.nest.pack_sequence_as(batches[0], leaves)
+        return tf.nest.pack_sequence_as(structure, leaves)
 
-    return tf.data.Dataset.zip((index, values)).map(element)
+    return tf.data.Dataset.zip((index, values.repeat())).map(element)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 
@@ -148,11 +150,18 @@ class TextRounds:
       cache: a `PrefixCache`: the batches carry h_k instead of token features.
       client_ids: the clients in order (their index seeds their rounds); default `clients`'s.
       name: the split's name, keying its examples in `cache`.
+      storage_dir: if given, each dataset's arrays are written there and the dataset reads
+        them when iterated (`batching.variable_length_dataset(directory=...)`), so that a TFF
+        computation receives paths and its worker reads one client's batches at a time, instead
+        of receiving every client's batches inside the call (h_k is `hidden` floats per token:
+        200 clients' rounds at MiniLM width would otherwise all sit in the call's arguments).
+        A round's files are deleted when the round two later is written.
     """
 
     def __init__(self, clients: Mapping[str, ClientExamples] | Callable[[str], ClientExamples],
                  local_steps: int, batch_size: int, seed: int, bucket_by_length: bool = True,
-                 cache: PrefixCache | None = None, client_ids=None, name: str = "train"):
+                 cache: PrefixCache | None = None, client_ids=None, name: str = "train",
+                 storage_dir: str | None = None):
         self._clients = clients
         self._loaded: dict[str, ClientExamples] = {}
         self.client_ids = list(client_ids if client_ids is not None else clients)
@@ -160,6 +169,7 @@ class TextRounds:
         self.local_steps, self.batch_size, self.seed = local_steps, batch_size, seed
         self.bucket_by_length, self.cache = bucket_by_length, cache
         self.name = name  # distinguishes the cache entries of a train and a test split
+        self.storage_dir = storage_dir
 
     def examples(self, cid: str) -> ClientExamples:
         if cid not in self._loaded:
@@ -193,7 +203,19 @@ class TextRounds:
         return [examples.batch(ids, trim=self.bucket_by_length) for ids in batch_ids]
 
     def dataset(self, cid: str, round_num: int) -> tf.data.Dataset:
-        return batching.variable_length_dataset(self.batches(cid, round_num))
+        batches = self.batches(cid, round_num)
+        if self.storage_dir is None:
+            return batching.variable_length_dataset(batches)
+        stale = os.path.join(self.storage_dir, self.name, str(round_num - 2))
+        if os.path.isdir(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        return batching.variable_length_dataset(
+            batches, self._folder(os.path.join(str(round_num), cid)))
+
+    def _folder(self, relative: str) -> str:
+        path = os.path.join(self.storage_dir, self.name, relative)
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def one_pass(self, cid: str, batch_size: int) -> tf.data.Dataset:
         """Every example of `cid` once (evaluation), in batches of similar length."""
@@ -201,8 +223,9 @@ class TextRounds:
         ids = np.arange(len(examples))
         if self.bucket_by_length:
             ids = ids[np.argsort(examples.lengths, kind="stable")]
-        return batching.variable_length_dataset(
-            self.make_batches(cid, batching.in_order(ids, batch_size)))
+        batches = self.make_batches(cid, batching.in_order(ids, batch_size))
+        folder = None if self.storage_dir is None else self._folder(os.path.join("all", cid))
+        return batching.variable_length_dataset(batches, folder)
 
 
 @dataclasses.dataclass

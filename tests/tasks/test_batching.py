@@ -58,3 +58,19 @@ def test_trim_to_longest_cuts_only_sequence_features():
     x = collections.OrderedDict(token_ids=np.ones((2, 9), np.int32), other=np.ones((2, 9)))
     cut, y = batching.trim_to_longest((x, np.zeros(2)), np.array([3, 5]), ("token_ids",))
     assert cut["token_ids"].shape == (2, 5) and cut["other"].shape == (2, 9)
+
+
+def test_variable_length_dataset_from_files_reads_the_same_batches(tmp_path):
+    rng = np.random.default_rng(2)
+    batches = [(collections.OrderedDict(hidden=rng.normal(size=(3, n, 4)).astype(np.float32)),
+                rng.integers(0, 5, 3).astype(np.int64)) for n in (2, 6)]
+    dataset = batching.variable_length_dataset(batches, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["feature_0.bin", "feature_1.bin"]
+    for _ in range(2):  # iterated twice (e.g. two local epochs): the same batches
+        got = list(dataset.as_numpy_iterator())
+        assert len(got) == 2
+        for (x, y), (wx, wy) in zip(got, batches):
+            np.testing.assert_array_equal(x["hidden"], wx["hidden"])
+            np.testing.assert_array_equal(y, wy)
+    # The graph holds no batch data: it is small whatever the batches' size.
+    assert len(dataset._as_serialized_graph().numpy()) < 20_000

@@ -66,8 +66,9 @@ def setup():
     return values, cached, positions
 
 
-def _rounds(cache=None):
-    return prefix_cache.TextRounds(_clients(), K_STEPS, BATCH, seed=3, cache=cache)
+def _rounds(cache=None, storage_dir=None):
+    return prefix_cache.TextRounds(_clients(), K_STEPS, BATCH, seed=3, cache=cache,
+                                   storage_dir=storage_dir)
 
 
 def _build(algorithm, model_fn, spec, values, trainable_positions, non_trainable, **kwargs):
@@ -82,14 +83,15 @@ def _build(algorithm, model_fn, spec, values, trainable_positions, non_trainable
 
 
 @pytest.mark.parametrize("algorithm", ["rolora", "fedrep"])
-def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorithm):
+def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorithm, tmp_path):
     values, cached, (trainable_positions, non_trainable_positions) = setup
     full = _build(algorithm, _full_model, FULL_SPEC, values, range(len(values[0])), values[1])
     suffix = _build(algorithm, cached.keras_model_fn, cached.input_spec, values,
                     trainable_positions, cached.non_trainable())
     # The suffix carries only the encoders from the lowest LoRA layer up.
     assert len(suffix.model.frozen.load()) < len(full.model.frozen.load())
-    tokens, states = _rounds(), _rounds(cached.cache)
+    # The h_k rounds reach the worker as files (`storage_dir`), as the text tasks send them.
+    tokens, states = _rounds(), _rounds(cached.cache, storage_dir=str(tmp_path))
     ids = tokens.client_ids
     full_state, suffix_state = full.initialize(), suffix.initialize()
     personal = None
@@ -118,6 +120,8 @@ def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorith
         np.testing.assert_allclose(part[k], whole[p], atol=1e-5)
         moved += not np.allclose(whole[p], values[0][p])
     assert moved >= 2  # the rounds did train something
+    # Round t's files are removed once round t + 2 is written; round 1's are still there.
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["0", "1"]
     # Each example went through the prefix once, however many rounds used it.
     assert cached.cache.computed == cached.cache.examples_cached <= sum(
         len(_rounds().examples(c)) for c in ids)
