@@ -4,6 +4,8 @@ r"""Performance of tffl's TFF processes against a plain TensorFlow loop doing th
     python scripts/benchmark.py --backbones=small --clients_per_round=10 --local_steps=20 \
         --jit_compile                    # the overhead target's setting
     python scripts/benchmark.py --clients_per_round=10,50,100,200 --algorithms=fedavg_lora
+    python scripts/benchmark.py --suite=targets --output_dir=DIR   # the performance targets
+                                         # (scripts/benchmark_targets.py; about 40 min)
 
 docs/PERFORMANCE.md has the figures and what dominates the time.
 
