@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tasks import batching
 from tffl import evaluation
 from tffl import lora_fl
 from tffl import participation
@@ -107,7 +108,8 @@ def _client_eval_data(task, batch_size: int):
     return build
 
 
-_SHUFFLE_BUFFER = 10_000  # larger than any client's data here: a full shuffle
+# One shuffle buffer for every task: the text tasks' round draw (tasks.batching) uses the same.
+_SHUFFLE_BUFFER = batching.SHUFFLE_BUFFER
 # lora_net_base adds a frozen (zero) base kernel W0 linked to the adapter, for FLoRA to merge into.
 # pfl_mlp / pfl_mlp_lg: x -> hidden -> hidden/2 -> classes with FedRep's split (last layer `head`)
 # or LG-FedAvg's (first layer local, tagged `head`); lora_head_net: the LoRA net with a trainable

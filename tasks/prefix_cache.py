@@ -164,6 +164,8 @@ class TextRounds:
                  storage_dir: str | None = None):
         self._clients = clients
         self._loaded: dict[str, ClientExamples] = {}
+        if client_ids is None and callable(clients):
+            raise ValueError("TextRounds needs client_ids when clients is a loading function")
         self.client_ids = list(client_ids if client_ids is not None else clients)
         self._index = {cid: i for i, cid in enumerate(self.client_ids)}
         self.local_steps, self.batch_size, self.seed = local_steps, batch_size, seed

@@ -174,3 +174,12 @@ def test_classic_path_keeps_the_tf_data_pipelines_batches():
         np.testing.assert_array_equal(y, wy)
         for key in wx:
             np.testing.assert_array_equal(x[key], wx[key])
+
+
+def test_text_rounds_bad_input_is_one_clear_error():
+    import pytest as _pytest
+
+    with _pytest.raises(ValueError, match="needs client_ids"):
+        prefix_cache.TextRounds(lambda cid: None, K_STEPS, BATCH, seed=0)
+    with _pytest.raises(ValueError, match="need a 'padding_mask'"):
+        prefix_cache.ClientExamples({"token_ids": np.ones((2, 3), np.int32)}, np.zeros(2))
