@@ -64,7 +64,7 @@ def test_readiness_timeout_is_a_clear_error(monkeypatch, tmp_path):
     silent = tmp_path / "silent_worker"
     silent.write_text("#!/bin/sh\nexec sleep 30\n")
     silent.chmod(0o755)
-    monkeypatch.setattr(runtime, "worker_binary_path", lambda: silent)
+    monkeypatch.setattr(runtime.workers, "worker_binary_path", lambda: silent)
     worker = runtime.LocalWorker()
     with pytest.raises(runtime.WorkerError, match="not ready after 1 s"):
         worker.start(ready_timeout_s=1.0)
@@ -173,7 +173,7 @@ def test_computation_tff_cannot_split_runs_whole_on_worker_0(monkeypatch):
     def cannot(comp):
         raise ValueError("Detected one aggregate dependent on another. (simulated)")
 
-    monkeypatch.setattr(runtime, "compile_to_mergeable_stages", cannot)
+    monkeypatch.setattr(runtime.multi_worker, "compile_to_mergeable_stages", cannot)
     with runtime.local_runtime(num_workers=2) as context:
         assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
         assert list(context.unsplit.values()) == [
@@ -389,7 +389,7 @@ def test_workers_that_never_answer_time_out_and_are_stopped(monkeypatch, tmp_pat
     silent = tmp_path / "silent_worker"
     silent.write_text("#!/bin/sh\nexec sleep 60\n")
     silent.chmod(0o755)
-    monkeypatch.setattr(runtime, "worker_binary_path", lambda: silent)
+    monkeypatch.setattr(runtime.workers, "worker_binary_path", lambda: silent)
     started = []
     launch = runtime.LocalWorker.launch
 

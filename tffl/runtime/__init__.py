@@ -1,0 +1,196 @@
+"""The one place that creates, selects and tears down TFF execution contexts.
+
+TFF's default context (installed when `tensorflow_federated` is imported) starts its C++
+`worker_binary` as a child process on first use. That child inherits the caller's stdout/stderr
+and is only stopped by a `__del__` that fails at interpreter shutdown, so it *outlives Python* and
+keeps the caller's pipes open: a test run or `script | tee` then hangs forever.
+
+This module starts the workers itself, so that each
+
+- writes to a log file (or /dev/null), never to inherited pipes;
+- is killed by the kernel if this Python process dies for any reason, SIGKILL included
+  (`PR_SET_PDEATHSIG` on Linux);
+- is stopped (SIGINT, then SIGKILL after a grace period) when the `local_runtime()` block exits
+  normally, by an exception, or by SIGINT/SIGTERM, and by an `atexit` hook as a last resort;
+
+and builds TFF's own execution contexts on top of them:
+
+- one worker (`local_runtime()`, or `remote_runtime([address])`): TFF's synchronous context (the
+  compiler pipeline and remote executor of
+  `tff.backends.native.create_sync_local_cpp_execution_context`) on that worker;
+- K workers (`local_runtime(num_workers=K)`, or `remote_runtime([address, ...])` with workers
+  started elsewhere, e.g. by `scripts/start_worker.py`): `MultiWorkerContext`, TFF's
+  mergeable-computation machinery with one asynchronous remote context per worker. A computation
+  whose argument holds CLIENTS-placed values is compiled by TFF's `mergeable_comp_compiler` to
+  (up_to_merge, merge, after_merge); the clients are cut into K contiguous groups, each worker runs
+  `up_to_merge` on its group, the partial aggregates are merged and `after_merge` runs once (on
+  every group if the result holds CLIENTS-placed values), as TFF's `MergeableCompExecutionContext`
+  runs it, with two of its TFF 0.87 bugs avoided (see `split_clients`, `MultiWorkerContext`) and
+  the workers' RPCs run in threads so that they compute together. TFF's compiler takes one layer
+  of aggregations
+  only; a computation with an aggregation that consumes another's result (linear FLUTE's `next`:
+  the heads step with the head Gram matrix aggregated and broadcast back; or a B and an A round
+  of RoLoRA chained in one computation) is first cut into stages at each layer of
+  aggregations (`split_at_aggregation_layers`), each compiled and split the same way, and the
+  stages run in order. A computation without CLIENTS-placed arguments (initialize,
+  get_model_weights, ...), or one that cannot be compiled (see `MultiWorkerContext.unsplit`), runs
+  whole on worker 0. Results equal a single worker's up to float rounding (sums in another order).
+
+Faults: when a worker dies, or stops answering, the computation raises `WorkerError` naming the
+worker (its number, pid or address and log file) instead of TFF's endless retries of a gRPC
+`UNAVAILABLE`; a worker that is not ready within `ready_timeout_s` raises `WorkerError` too.
+`tffl.simulation.run_rounds` has checkpointed every completed round by then, so the run continues
+with `resume=True` (`scripts/train.py --resume`). See docs/runtime.md.
+
+Devices: the C++ worker pins every TensorFlow session it creates round-robin to the GPUs (or
+TPUs) it sees (TFF's `SessionProvider`), with soft placement; there is no worker flag for it. The
+`worker_binary` of the tensorflow-federated 0.87.0 wheel is built without CUDA, so it runs on CPU.
+
+Example:
+
+>>> from tffl import runtime
+>>> with runtime.local_runtime(num_workers=2):
+...     result = my_federated_computation(values)   # clients split over two managed workers
+>>> runtime.running_workers()
+[]
+"""
+
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+from collections.abc import Iterator, Sequence
+
+from tensorflow_federated.python.core.impl.context_stack import context_base
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+
+from tffl.runtime.guarded import create_worker_context
+from tffl.runtime.multi_worker import (  # noqa: F401  (public API)
+    MultiWorkerContext,
+    compile_to_mergeable_stages,
+    split_at_aggregation_layers,
+    split_clients,
+)
+from tffl.runtime.workers import (  # noqa: F401  (public API)
+    DEFAULT_READY_TIMEOUT_S,
+    LocalWorker,
+    RemoteWorker,
+    WorkerError,
+    _sigterm_raises,
+    exit_reason,
+    running_workers,
+    stop_all_workers,
+    worker_binary_path,
+    worker_command,
+    default_max_concurrent_calls,
+)
+
+
+def _create_context(workers, default_num_clients, ready_timeout_s) -> context_base.SyncContext:
+    if len(workers) == 1:
+        return create_worker_context(workers[0], default_num_clients, ready_timeout_s)
+    return MultiWorkerContext(workers, default_num_clients, ready_timeout_s)
+
+
+@contextlib.contextmanager
+def _installed(context: context_base.SyncContext) -> Iterator[context_base.SyncContext]:
+    with context_stack_impl.context_stack.install(context):
+        yield context
+
+
+@contextlib.contextmanager
+def local_runtime(
+    log_dir: os.PathLike | str | None = None,
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    default_num_clients: int = 0,
+    num_workers: int = 1,
+    max_concurrent_calls: int | None = None,
+) -> Iterator[context_base.SyncContext]:
+    """Runs the enclosed block on `num_workers` managed local TFF C++ workers; always stops them.
+
+    The context is installed on top of TFF's context stack for the calling thread and popped on
+    exit, so code outside the block (and TFF pipelines that set their own default context) is
+    untouched. With one worker it is TFF's synchronous context; with several a
+    `MultiWorkerContext`, which splits each computation's clients across the workers.
+
+    Args:
+      log_dir: directory for the workers' logs (`tff_worker.log` for one worker,
+        `tff_worker_<i>.log` for several); `None` discards their output.
+      ready_timeout_s: how long to wait for each worker to answer (at start, and again after a
+        failed call) before raising `WorkerError`.
+      default_num_clients: CLIENTS cardinality used when a computation cannot infer it.
+      num_workers: how many worker processes to start (>= 1).
+      max_concurrent_calls: how many clients each worker trains at once (non-positive:
+        unlimited, TFF's default); `None` means one per CPU core (`default_max_concurrent_calls`).
+
+    Yields:
+      The installed context.
+
+    Raises:
+      WorkerError: a worker did not start or become ready, or (inside the block) died.
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers={num_workers} must be >= 1")
+
+    def log_path(i):
+        if not log_dir:
+            return None
+        name = "tff_worker.log" if num_workers == 1 else f"tff_worker_{i}.log"
+        return pathlib.Path(log_dir) / name
+
+    workers = [LocalWorker(log_path=log_path(i), index=i,
+                           max_concurrent_computation_calls=max_concurrent_calls)
+               for i in range(num_workers)]
+    with _sigterm_raises():
+        try:
+            for worker in workers:  # all start together, then each must become ready
+                worker.launch()
+            for worker in workers:
+                worker.wait_ready(ready_timeout_s)
+            context = _create_context(workers, default_num_clients, ready_timeout_s)
+            with _installed(context):
+                yield context
+        finally:
+            for worker in workers:
+                worker.stop()
+
+
+@contextlib.contextmanager
+def remote_runtime(
+    addresses: Sequence[str],
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    default_num_clients: int = 0,
+) -> Iterator[context_base.SyncContext]:
+    """Runs the enclosed block on TFF workers started elsewhere, given as `host:port`.
+
+    Start each worker first (`python -m scripts.start_worker --port=PORT` on its host, see
+    docs/runtime.md). The workers are not stopped at exit (they serve further runs); only the
+    connections are closed.
+
+    Args:
+      addresses: `host:port` of each worker (one: everything runs on it; several: each
+        computation's clients are split across them, as in `local_runtime(num_workers=K)`).
+      ready_timeout_s: how long to wait for each worker to answer (at start, and again after a
+        failed call) before raising `WorkerError`.
+      default_num_clients: CLIENTS cardinality used when a computation cannot infer it.
+
+    Raises:
+      WorkerError: an address is malformed, a worker is not ready in time, or (inside the block)
+        a worker stopped answering.
+    """
+    if not addresses:
+        raise ValueError("remote_runtime needs at least one worker address")
+    workers = [RemoteWorker(address, index=i) for i, address in enumerate(addresses)]
+    with _sigterm_raises():
+        try:
+            for worker in workers:
+                worker.connect(ready_timeout_s)
+            context = _create_context(workers, default_num_clients, ready_timeout_s)
+            with _installed(context):
+                yield context
+        finally:
+            for worker in workers:
+                worker.stop()
+

@@ -1,0 +1,422 @@
+"""TFF worker processes: started, guarded against outliving Python, and stopped (see `tffl.runtime`)."""
+
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import portpicker
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+
+WORKER_BINARY_NAME = "worker_binary"
+DEFAULT_READY_TIMEOUT_S = 60.0
+_GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
+_GRPC_OPTIONS = [
+    ("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", _GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES),
+]
+_PR_SET_PDEATHSIG = 1
+# After an RPC fails, how long a local worker may take to be seen as exited.
+_EXIT_GRACE_S = 2.0
+
+_log = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """A TFF worker could not be started, did not become ready, or died / stopped answering."""
+
+
+def worker_binary_path() -> pathlib.Path:
+    """Path of the C++ worker shipped in the `tensorflow-federated` wheel."""
+    path = pathlib.Path(tff.__file__).resolve().parent / "data" / WORKER_BINARY_NAME
+    if not path.is_file():
+        raise WorkerError(
+            f"TFF worker binary not found at {path}; reinstall tensorflow-federated==0.87.0."
+        )
+    return path
+
+
+def default_max_concurrent_calls() -> int:
+    """How many client computations a local worker runs at once by default: one per CPU core.
+
+    TFF's own default is unlimited: a `federated_map` over n clients runs all n at once, each
+    with its own copy of the model's variables and activations, so a worker's memory grows
+    linearly with clients per round, and on few cores the n client graphs (each also using
+    TensorFlow's intra-op threads) only contend. Measured with `scripts/benchmark.py`
+    (docs/PERFORMANCE.md): on 2 cores a 4-layer BERT round of 10 clients × 20 steps took
+    11.3–11.6 s with 1 or 2 concurrent calls against 12.0–16.5 s unlimited.
+    """
+    return max(1, os.cpu_count() or 1)
+
+
+def worker_command(port: int, max_concurrent_computation_calls: int = -1) -> list[str]:
+    """The command line that starts a TFF C++ worker serving on `port` (all interfaces)."""
+    return [
+        str(worker_binary_path()),
+        f"--port={port}",
+        f"--max_concurrent_computation_calls={max_concurrent_computation_calls}",
+    ]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Asks the Linux kernel to SIGKILL this (child) process when its parent thread exits."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # Not Linux: the atexit/context-manager teardown still applies.
+
+
+def exit_reason(returncode: int) -> str:
+    """How a process ended, from its `returncode`: "killed by SIGKILL", "exited with code 1"."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class _Worker:
+    """What the contexts need from a worker: a gRPC channel, readiness and fault checks."""
+
+    address: str
+    _channel: grpc.Channel | None = None
+    # TFF's gRPC stub on `_channel`, one per worker: each stub subscribes to the channel's state.
+    stub: remote_executor_grpc_stub.RemoteExecutorGrpcStub | None = None
+
+    def _open_channel(self) -> None:
+        self._channel = grpc.insecure_channel(self.address, _GRPC_OPTIONS)
+        self.stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(self._channel)
+
+    def _close_channel(self) -> None:
+        channel, self._channel, self.stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def check_running(self) -> None:
+        """Raises `WorkerError` if the worker is known to be gone (no-op if unknown)."""
+
+    def wait_ready(self, timeout_s: float, recheck: bool = False) -> None:
+        """Blocks until the worker answers on gRPC, or raises `WorkerError` after `timeout_s`.
+
+        Returns at once if the channel was last seen ready, unless `recheck`."""
+        if self._channel is None:
+            raise WorkerError(f"{self.describe()} is not running (it was stopped)")
+        self.check_running()
+        if not recheck and self.stub is not None and self.stub.is_ready:
+            return
+        deadline = time.monotonic() + timeout_s
+        future = grpc.channel_ready_future(self._channel)
+        try:
+            while True:
+                self.check_running()
+                try:
+                    future.result(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+                    return
+                except grpc.FutureTimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise WorkerError(
+                            f"{self.describe()} was not ready after {timeout_s:.0f} s"
+                            + self._not_ready_hint()
+                        ) from None
+        finally:
+            future.cancel()
+
+    def _not_ready_hint(self) -> str:
+        return ""
+
+    def raise_if_lost(self, error: grpc.RpcError, timeout_s: float) -> None:
+        """After a failed RPC: raises `WorkerError` (from `error`) if the worker died, or does not
+        answer again within `timeout_s`; returns if it is alive and answering (the RPC's error is
+        then the computation's own, or a transient one TFF retries)."""
+        self.check_running()
+        code = error.code() if isinstance(error, grpc.Call) else None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
+            try:
+                self.wait_ready(timeout_s, recheck=True)
+            except WorkerError:
+                details = error.details() if isinstance(error, grpc.Call) else str(error)
+                raise WorkerError(
+                    f"{self.describe()} stopped answering ({code.name if code else 'no code'}: "
+                    f"{details}) and was not ready again after {timeout_s:.0f} s"
+                    + self._not_ready_hint()
+                ) from error
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class LocalWorker(_Worker):
+    """One TFF C++ worker process on localhost, owned by this Python process.
+
+    The kernel SIGKILLs the worker when the *thread* that launched it exits (`PR_SET_PDEATHSIG`),
+    so launch it from a thread that outlives it (normally the main thread).
+
+    Args:
+      log_path: where the worker's stdout/stderr go; `None` discards them.
+      max_concurrent_computation_calls: passed to the worker: how many calls of one computation
+        (e.g. clients of a `federated_map`) run at once; non-positive means unlimited (TFF's
+        default). `None`: `default_max_concurrent_calls()`, one per CPU core.
+      index: the worker's number in its runtime (0 .. K-1), used in messages.
+      port: the port to serve on; `None` picks a free one.
+    """
+
+    def __init__(
+        self,
+        log_path: os.PathLike | str | None = None,
+        max_concurrent_computation_calls: int | None = None,
+        index: int = 0,
+        port: int | None = None,
+    ):
+        self.log_path = pathlib.Path(log_path) if log_path else None
+        if max_concurrent_computation_calls is None:
+            max_concurrent_computation_calls = default_max_concurrent_calls()
+        self.max_concurrent_computation_calls = max_concurrent_computation_calls
+        self.index = index
+        self.port: int | None = port
+        self.pid: int | None = None
+        self.process: subprocess.Popen | None = None
+        self._channel: grpc.Channel | None = None
+        self.stub: remote_executor_grpc_stub.RemoteExecutorGrpcStub | None = None
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self.port}"
+
+    def describe(self) -> str:
+        log = f"log {self.log_path}" if self.log_path else "log discarded"
+        return f"TFF worker #{self.index} (pid {self.pid}, {self.address}, {log})"
+
+    def launch(self) -> "LocalWorker":
+        """Starts the worker process without waiting for it to answer (see `wait_ready`)."""
+        if self.process is not None:
+            raise WorkerError(f"worker at {self.address} was already started")
+        if self.port is None:
+            self.port = portpicker.pick_unused_port()
+        args = worker_command(self.port, self.max_concurrent_computation_calls)
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - closed right after Popen.
+        else:
+            out = subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if self.log_path is not None else subprocess.DEVNULL,
+                close_fds=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.pid = self.process.pid
+        _register(self)
+        return self
+
+    def wait_ready(self, timeout_s: float, recheck: bool = False) -> None:
+        # The channel is opened here, not in `launch`: forking further workers while gRPC threads
+        # are busy makes gRPC print "skipping fork() handlers" to our stderr.
+        if self._channel is None and self.process is not None:
+            self._open_channel()
+        super().wait_ready(timeout_s, recheck)
+
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "LocalWorker":
+        """Starts the worker and blocks until it answers, or raises `WorkerError` (and stops it)."""
+        self.launch()
+        try:
+            self.wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check_running(self) -> None:
+        process = self.process
+        if process is None:
+            raise WorkerError(f"{self.describe()} is not running (it was stopped)")
+        if process.poll() is not None:
+            raise WorkerError(f"{self.describe()} {exit_reason(process.returncode)}")
+
+    def raise_if_lost(self, error: grpc.RpcError, timeout_s: float) -> None:
+        # The RPC can fail a moment before the kernel reports the process's exit.
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=_EXIT_GRACE_S)
+        try:
+            super().raise_if_lost(error, timeout_s)
+        except WorkerError as e:
+            raise WorkerError(f"{e} while running a computation") from error
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stops the worker: SIGINT, then SIGKILL if it has not exited after `grace_s`."""
+        self._close_channel()
+        process, self.process = self.process, None
+        if process is None:
+            return
+        _unregister(self)
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class RemoteWorker(_Worker):
+    """A TFF C++ worker started elsewhere (e.g. `scripts/start_worker.py` on another host), known
+    by its `host:port`; this process only connects to it and never stops it.
+
+    Args:
+      address: `host:port` of the worker.
+      index: the worker's number in its runtime (0 .. K-1), used in messages.
+    """
+
+    def __init__(self, address: str, index: int = 0):
+        host, sep, port = address.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise WorkerError(f"TFF worker address {address!r} must be host:port")
+        self.address = f"{host}:{port}"
+        self.index = index
+        self._channel: grpc.Channel | None = None
+
+    def describe(self) -> str:
+        return f"TFF worker #{self.index} at {self.address}"
+
+    def _not_ready_hint(self) -> str:
+        return (
+            f"; is a worker running there (scripts/start_worker.py --port="
+            f"{self.address.rpartition(':')[2]}) and reachable from this host?"
+        )
+
+    def connect(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "RemoteWorker":
+        """Opens the channel and blocks until the worker answers, or raises `WorkerError`."""
+        if self._channel is None:
+            self._open_channel()
+        try:
+            self.wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Closes the connection (the remote worker keeps running)."""
+        self._close_channel()
+
+
+
+# Every worker this process started and has not stopped yet; `atexit` stops any left over.
+_LIVE_WORKERS: list[LocalWorker] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def _register(worker: LocalWorker) -> None:
+    with _LIVE_LOCK:
+        _LIVE_WORKERS.append(worker)
+
+
+def _unregister(worker: LocalWorker) -> None:
+    with _LIVE_LOCK:
+        if worker in _LIVE_WORKERS:
+            _LIVE_WORKERS.remove(worker)
+
+
+def stop_all_workers() -> None:
+    """Stops every worker this process started, and any stray `worker_binary` children
+    (for example one that TFF's own default context started)."""
+    with _LIVE_LOCK:
+        workers = list(_LIVE_WORKERS)
+    for worker in workers:
+        worker.stop()
+    for pid in running_workers():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _at_exit() -> None:
+    stop_all_workers()
+    # Drop TFF's import-time default context while modules are still alive: its worker manager's
+    # `__del__` otherwise runs during interpreter teardown and prints a spurious traceback.
+    with contextlib.suppress(Exception):
+        from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+
+        context_stack_impl.context_stack.set_default_context(
+            runtime_error_context.RuntimeErrorContext()
+        )
+
+
+atexit.register(_at_exit)
+
+
+def running_workers(parent_pid: int | None = None) -> list[int]:
+    """PIDs of live `worker_binary` processes that are children of `parent_pid` (default: us).
+
+    With `parent_pid=0`, every `worker_binary` process on the machine.
+    """
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+        info = proc.info
+        cmdline = info.get("cmdline") or []
+        if not cmdline or not cmdline[0].endswith(WORKER_BINARY_NAME):
+            continue
+        if info.get("status") == psutil.STATUS_ZOMBIE:
+            continue
+        if parent_pid == 0 or info["ppid"] == (os.getpid() if parent_pid is None else parent_pid):
+            found.append(info["pid"])
+    return found
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread by our SIGTERM handler so that `finally` blocks run."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turns SIGTERM into an exception (main thread only), restoring the old handler after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        # Leave with the conventional status of a SIGTERM death (128 + 15), after cleanup ran.
+        sys.stderr.write("tffl: terminated (SIGTERM); TFF workers stopped.\n")
+        sys.stderr.flush()
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
