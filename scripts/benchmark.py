@@ -229,7 +229,15 @@ _SUITE = flags.DEFINE_enum(
     "configurations: the backbones x algorithms x clients-per-round given by the other flags; "
     "targets: the fixed measurements of the performance targets (scripts/benchmark_targets.py: "
     "real SST-2 on the pretrained MiniLM, the 200-client memory scaling, the RoBERTa-large "
-    "shape), which ignore the other flags but --data_dir and --output_dir.", flag_values=FLAGS)
+    "shape), which ignore the other flags but --data_dir, --targets_parts, --devices and "
+    "--output_dir.", flag_values=FLAGS)
+_TARGETS_PARTS = flags.DEFINE_list(
+    "targets_parts", ["scaling", "main", "large"], "--suite=targets: which parts to run "
+    "(main: the round times of every path, the in-process runtime's included; scaling; large).",
+    flag_values=FLAGS)
+_DEVICES = flags.DEFINE_string(
+    "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
+    "TFF worker (scripts/train.py --devices; default: the GPUs, else the CPU).", flag_values=FLAGS)
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", "../shared/data", "--suite=targets: the folder holding sst2/.", flag_values=FLAGS)
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -1173,7 +1181,9 @@ def main(argv: list[str]) -> int:
         from scripts import benchmark_targets
 
         benchmark_targets.run_targets(
-            benchmark_targets.TargetsConfig(data_dir=_DATA_DIR.value), output_dir, log=log)
+            benchmark_targets.TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
+                                            parts=tuple(_TARGETS_PARTS.value)),
+            output_dir, log=log)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
         return 0
     try:

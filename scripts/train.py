@@ -194,6 +194,18 @@ _WORKERS = flags.DEFINE_integer(
 _WORKER_ADDRESSES = flags.DEFINE_list(
     "worker_addresses", None, "host:port of TFF workers started with scripts/start_worker.py, "
     "used instead of local ones; each round's clients are split across them.")
+_RUNTIME = flags.DEFINE_enum(
+    "runtime", "tff", ["tff", "distribute"], "Where the federated computations run: 'tff', TFF's "
+    "C++ worker (CPU only in tensorflow-federated 0.87; the reference), or 'distribute', the same "
+    "computations in this process under a tf.distribute strategy over --devices, for GPUs and "
+    "TPUs (docs/runtime.md).")
+_DEVICES = flags.DEFINE_string(
+    "devices", "", "With --runtime=distribute: TensorFlow devices, one replica each, e.g. "
+    "GPU:0,GPU:1 or CPU:0; 'tpu' or 'tpu:<name>' for a TPU (TPUClusterResolver). Default: every "
+    "GPU TensorFlow sees, else the CPU.")
+_LOGICAL_CPUS = flags.DEFINE_integer(
+    "logical_cpus", 0, "With --runtime=distribute: split the host CPU into this many logical "
+    "devices (CPU:0, CPU:1, ...), to run several replicas without accelerators (0: do not split).")
 _WORKER_TIMEOUT = flags.DEFINE_float(
     "worker_timeout", 60.0, "Seconds a TFF worker may take to answer (at start, or again after a "
     "failed call) before the run stops with an error.")
@@ -461,6 +473,15 @@ def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
 
 def _validate_worker_flags() -> None:
     _positive("workers")
+    if _RUNTIME.value == "distribute":
+        if _WORKERS.value != 1 or _WORKER_ADDRESSES.value:
+            raise UsageError("flags --workers/--worker_addresses are for --runtime=tff; "
+                             "--runtime=distribute runs in this process over --devices")
+        if _LOGICAL_CPUS.value < 0:
+            raise UsageError(f"flag --logical_cpus={_LOGICAL_CPUS.value}: must be >= 0")
+    elif _DEVICES.value or _LOGICAL_CPUS.value:
+        raise UsageError("flags --devices/--logical_cpus need --runtime=distribute (the TFF "
+                         "worker of tensorflow-federated 0.87 runs on the CPU only)")
     if not _WORKER_TIMEOUT.value > 0:
         raise UsageError(f"flag --worker_timeout={_WORKER_TIMEOUT.value}: must be > 0")
     if _WORKER_ADDRESSES.value and _WORKERS.value != 1:
@@ -469,7 +490,16 @@ def _validate_worker_flags() -> None:
 
 
 def _runtime(output_dir: pathlib.Path):
-    """The TFF runtime of the flags: workers at --worker_addresses, else --workers local ones."""
+    """The runtime of the flags: in-process under a strategy (--runtime=distribute), else TFF
+    workers at --worker_addresses, else --workers local ones."""
+    if _RUNTIME.value == "distribute":
+        try:
+            if _LOGICAL_CPUS.value:
+                runtime.configure_logical_cpus(_LOGICAL_CPUS.value)
+            strategy = runtime.build_strategy(_DEVICES.value)
+        except runtime.DeviceError as e:
+            raise UsageError(str(e)) from None
+        return runtime.distribute_runtime(strategy=strategy)
     if _WORKER_ADDRESSES.value:
         return runtime.remote_runtime(_WORKER_ADDRESSES.value,
                                       ready_timeout_s=_WORKER_TIMEOUT.value)

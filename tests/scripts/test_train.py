@@ -39,6 +39,7 @@ def _rows(path):
         (["--output_dir=/proc/tffl_not_writable"], "--output_dir"),
         (["--resume"], "--resume"),
         (["--rank=65"], "--rank"),
+        (["--runtime=distribute", "--devices=GPU:7"], "--devices"),
         (["--participation=srpfl", "--num_clients=6", "--clients_per_round=6",
           "--initial_participants=7"], "--initial_participants"),
     ],
@@ -86,6 +87,9 @@ _VALIDATED = [
     (["--server_optimizer=adam", "--server_momentum=0.9"], "--server_momentum"),
     (["--weight_decay=-0.1"], "--weight_decay"),
     (["--server_learning_rate=0"], "--server_learning_rate"),
+    (["--runtime=distribute", "--workers=2"], "--workers"),
+    (["--devices=CPU:0"], "--devices"),
+    (["--runtime=distribute", "--logical_cpus=-1"], "--logical_cpus"),
 ]
 _VALIDATE = """
 import json, sys
@@ -358,4 +362,15 @@ def test_killed_worker_stops_the_run_and_resume_completes_it(one_worker_run, tmp
     proc, stderr, _ = _watched_run(*_FAST, _WORKER_ROUNDS, "--workers=2",
                                    f"--output_dir={tmp_path}", "--resume")
     assert proc.returncode == 0, stderr
+    _assert_rows_close(_rows(tmp_path), one_worker_run)
+
+
+def test_in_process_runtime_on_two_logical_cpus_matches_one_worker(one_worker_run, tmp_path):
+    """--runtime=distribute: the same rounds in this process, the clients split over two
+    logical CPU devices by MirroredStrategy, and no TFF worker started."""
+    proc, stderr, workers = _watched_run(*_FAST, _WORKER_ROUNDS, "--runtime=distribute",
+                                         "--logical_cpus=2", "--devices=CPU:0,CPU:1",
+                                         f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, stderr
+    assert workers == set()
     _assert_rows_close(_rows(tmp_path), one_worker_run)

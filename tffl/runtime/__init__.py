@@ -66,6 +66,13 @@ from collections.abc import Iterator, Sequence
 from tensorflow_federated.python.core.impl.context_stack import context_base
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
+from tffl.runtime.distribute import (  # noqa: F401  (public API)
+    DeviceError,
+    DistributeContext,
+    build_strategy,
+    configure_logical_cpus,
+    distribute_runtime,
+)
 from tffl.runtime.guarded import create_worker_context
 from tffl.runtime.multi_worker import (  # noqa: F401  (public API)
     MultiWorkerContext,
@@ -95,9 +102,14 @@ def _create_context(workers, default_num_clients, ready_timeout_s) -> context_ba
 
 
 @contextlib.contextmanager
-def _installed(context: context_base.SyncContext) -> Iterator[context_base.SyncContext]:
+def installed(context: context_base.SyncContext) -> Iterator[context_base.SyncContext]:
+    """Makes `context` (e.g. a `DistributeContext` kept across blocks, so that its compiled
+    computations are reused) the current TFF context for the block."""
     with context_stack_impl.context_stack.install(context):
         yield context
+
+
+_installed = installed
 
 
 @contextlib.contextmanager

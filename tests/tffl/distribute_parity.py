@@ -1,0 +1,161 @@
+"""Child of tests/tffl/test_distribute.py: every algorithm for two rounds on the TFF worker and on
+the in-process runtime over 1, 2 and 4 logical CPU devices; writes every output leaf to an .npz.
+
+TensorFlow's logical devices are fixed when it first runs an op, so this runs in its own process:
+the host CPU is split into 4 logical devices first, and the strategies use the first 1, 2 or 4
+(`MirroredStrategy` over each set).
+
+    python tests/tffl/distribute_parity.py OUT.npz [algorithm ...]
+"""
+
+import collections
+import os
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import conftest  # noqa: E402,F401  (frozen-weights files to a temporary folder)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
+
+from tffl import runtime  # noqa: E402
+
+DEVICES = runtime.configure_logical_cpus(4)
+
+import test_adaptpfl_linear  # noqa: E402
+import test_flute_linear  # noqa: E402
+import test_fedrep_linear  # noqa: E402
+import test_lora_fl as lora  # noqa: E402
+import test_personalized as pers  # noqa: E402
+from tffl import adaptpfl_linear, fedrep_linear, flute_linear, lora_fl, personalized  # noqa: E402
+
+ROUNDS = 2
+
+
+def _lora(name):
+    if name == "flora":
+        process = lora_fl.build_lora_process(
+            name, lora._model_fn([(lora._W0, lora._A0)], link=True), lora._spec(lora._D_IN, lora._D_OUT),
+            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
+    elif name == "rolora_ffa":
+        process = lora_fl.build_rolora_then_ffa(
+            0.5, 4, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
+            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
+    else:
+        process = lora._small_process(name)
+    return process, lambda: lora._datasets(lora._CLIENTS, lora._BATCH), None
+
+
+def _personalized(name):
+    if name in ("flute", "adaptpfl"):
+        model_fn = ((lambda: pers._classifier(shortcut_alpha=0.5)) if name == "adaptpfl"
+                    else pers._classifier)
+        process = personalized.build_personalized_process(name, model_fn, pers.CLASS_SPEC, pers.LR)
+        clients = pers._class_clients(seed=0)
+        data = lambda: pers._class_datasets(clients)  # noqa: E731
+    elif name == "fedrep_rolora":  # FedRep heads over RoLoRA-alternated adapters, KerasNLP BERT
+        x_spec = collections.OrderedDict(
+            padding_mask=tf.TensorSpec([None, 8], tf.int32),
+            segment_ids=tf.TensorSpec([None, 8], tf.int32),
+            token_ids=tf.TensorSpec([None, 8], tf.int32))
+        process = personalized.build_personalized_process(
+            "fedrep", pers._lora_classifier, (x_spec, tf.TensorSpec([None], tf.int32)), 0.5,
+            lora_schedule="alternating")
+
+        def data():
+            def dataset(seed):
+                r = np.random.default_rng(seed)
+                x = collections.OrderedDict(
+                    padding_mask=np.ones((6, 8), np.int32), segment_ids=np.zeros((6, 8), np.int32),
+                    token_ids=r.integers(1, 50, (6, 8)).astype(np.int32))
+                return tf.data.Dataset.from_tensor_slices(
+                    (x, r.integers(0, 3, 6).astype(np.int32))).batch(3)
+            return [dataset(s) for s in (1, 2)]
+    else:
+        process = pers._build(name, local_epochs=2) if name != "fedrep" else pers._build(
+            name, head_epochs=2, representation_epochs=2)
+        clients = pers._clients()
+        data = lambda: pers._datasets(clients)  # noqa: E731
+    personal = ([process.initialize_personal(str(i)) for i in range(len(data()))]
+                if hasattr(process, "initialize_personal") else None)
+    return process, data, personal
+
+
+def _linear(name):
+    if name == "fedrep_linear":
+        process = fedrep_linear.build_fedrep_linear(test_fedrep_linear._D, test_fedrep_linear._K, 0.3)
+        return process, lambda: test_fedrep_linear._CLIENTS, None
+    if name == "flute_linear":
+        m = test_flute_linear
+        process = flute_linear.build_flute_linear(m._D, m._K, learning_rate=0.1)
+        return process, lambda: m._CLIENTS, [process.initialize_personal(str(i)) for i in range(3)]
+    m = test_adaptpfl_linear
+    process = adaptpfl_linear.build_adaptpfl_linear(m._D, m._K, alpha=0.3, learning_rate=0.1, seed=2)
+    return process, lambda: m._CLIENTS, [process.initialize_personal(str(i)) for i in range(3)]
+
+
+CASES = {
+    **{name: (lambda n=name: _lora(n)) for name in (*lora_fl.ALGORITHMS, "rolora_ffa")},
+    **{name: (lambda n=name: _personalized(n)) for name in (*personalized.ALGORITHMS,
+                                                             "fedrep_rolora")},
+    **{name: (lambda n=name: _linear(n)) for name in ("fedrep_linear", "flute_linear",
+                                                      "adaptpfl_linear")},
+}
+
+
+def _leaves(value) -> list[np.ndarray]:
+    if hasattr(value, "_asdict"):
+        value = value._asdict()
+    try:
+        value = tff.structure.from_container(value, recursive=True)
+    except TypeError:
+        pass
+    return [np.asarray(v) for v in tff.structure.flatten(value)]
+
+
+def _two_rounds(process, data, personal) -> list[np.ndarray]:
+    state = process.initialize()
+    leaves = []
+    for _ in range(ROUNDS):
+        if personal is None:
+            out = process.next(state, data())
+        else:
+            out = process.next(state, data(), personal)
+            personal = out.personal_states
+            leaves += [leaf for p in personal for leaf in _leaves(p)]
+        state = out.state
+        leaves += _leaves(out.metrics)
+    return leaves + _leaves(state)
+
+
+def _strategies():
+    for count in (1, 2, 4):
+        yield f"mirrored_{count}", tf.distribute.MirroredStrategy(
+            DEVICES[:count], cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def main(out_path: str, names: list[str]) -> None:
+    results = {}
+    for name in names or list(CASES):
+        process, data, personal = CASES[name]()
+        with runtime.local_runtime():
+            reference = _two_rounds(process, data, personal)
+        for i, leaf in enumerate(reference):
+            results[f"{name}/tff/{i}"] = leaf
+        for label, strategy in _strategies():
+            with runtime.distribute_runtime(strategy=strategy) as context:
+                got = _two_rounds(process, data, personal)
+            results[f"{name}/{label}:clients_per_device"] = np.array(
+                list(context.clients_per_device.values()))
+            for i, leaf in enumerate(got):
+                results[f"{name}/{label}/{i}"] = leaf
+        print(name, "done", flush=True)
+    np.savez(out_path, **results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
