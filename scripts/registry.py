@@ -434,8 +434,8 @@ def model_for(algorithm: str, representation: str = "mlp") -> str:
     personalized ones a `head` (LG-FedAvg: local lower layers) and a representation."""
     if algorithm == "flora":
         return "lora_net_base"
-    if algorithm in LORA_ALGORITHMS:
-        return "lora_net"
+    if algorithm in LORA_ALGORITHMS or algorithm == "fedsa_lora":
+        return "lora_net"  # FedSA-LoRA: the LoRA methods' net, its B factors personal
     if algorithm == "adaptpfl":
         if representation != "mlp":
             raise ValueError("adaptpfl's shortcut model has an MLP representation; use "
@@ -517,11 +517,13 @@ def build_algorithm(
 
 def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",
                   initial_participants: int = 1, stage_rounds: int | str = 10,
-                  straggler: str = "fixed", communication_cost: float = 0.0):
+                  straggler: str = "fixed", communication_cost: float = 0.0,
+                  pool: int | None = None):
     """`uniform`: `clients_per_round` clients drawn per round; `full`: every client every round,
     with the simulated wall-clock of the straggler model (FedRep's baseline clock); `srpfl`: of
     all clients, the fastest n take part, n0 = `initial_participants` doubling after each stage
-    of `stage_rounds` rounds (an int or "lemma_b1")."""
+    of `stage_rounds` rounds (an int or "lemma_b1"). `pool`: N of the clients drawn at random
+    each round first (srpfl and full; default all)."""
     if kind == "uniform":
         return participation.UniformSampler(task.client_ids, clients_per_round, seed)
     if straggler not in STRAGGLER_MODELS:
@@ -530,10 +532,12 @@ def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = 
     times = (srpfl.FixedExponentialTimes() if straggler == "fixed"
              else srpfl.DynamicExponentialTimes())
     if kind == "full":
-        return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost)
+        return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost,
+                                            pool=pool)
     if kind == "srpfl":
         return srpfl.SrpflSampler(task.client_ids, initial_participants, seed, times,
-                                  stage_rounds=stage_rounds, communication_cost=communication_cost)
+                                  stage_rounds=stage_rounds, communication_cost=communication_cost,
+                                  pool=pool)
     raise ValueError(f"unknown participation {kind!r}; choose one of {', '.join(PARTICIPATIONS)}")
 
 

@@ -61,7 +61,9 @@ _ALGORITHM = flags.DEFINE_list(
     + ", ".join(registry.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
     "fedavg, fedavg_ft, flute, adaptpfl) train an MLP (or, with --representation=lora*, a LoRA net with a "
     "personal head) and are evaluated on every client's own test set; the LoRA algorithms train "
-    "RoLoRA's two-layer net ReLU(x A B) W_out.",
+    "RoLoRA's two-layer net ReLU(x A B) W_out. fedsa_lora (FedSA-LoRA) trains that LoRA net too "
+    "(or the text tasks' LoRA classifier), shares and averages the A factors with the head and "
+    "keeps every client's B factors personal.",
 )
 _REPRESENTATION = flags.DEFINE_enum(
     "representation", "mlp", registry.REPRESENTATIONS,
@@ -101,6 +103,10 @@ _PARTICIPATION = flags.DEFINE_enum(
 )
 _INITIAL_PARTICIPANTS = flags.DEFINE_integer(
     "initial_participants", 2, "srpfl: n0, the participants of the first stage.")
+_SRPFL_POOL = flags.DEFINE_integer(
+    "srpfl_pool", 0, "srpfl and full: N, the clients drawn at random each round before the fastest "
+    "n are picked (the paper's partial participation, Figs 5-6: N = M/5 of the M = --num_clients); "
+    "0: all clients every round.")
 _STAGE_ROUNDS = flags.DEFINE_string(
     "stage_rounds", "10", "srpfl: rounds per stage, an integer or lemma_b1 (the paper's Lemma B.1).")
 _STRAGGLER = flags.DEFINE_enum(
@@ -261,6 +267,9 @@ def _validate_flags() -> pathlib.Path:
     if "adaptpfl" in _ALGORITHM.value and _REPRESENTATION.value != "mlp":
         raise UsageError(f"flag --representation={_REPRESENTATION.value}: adaptpfl's shortcut "
                          "model needs --representation=mlp")
+    if "fedsa_lora" in _ALGORITHM.value and _REPRESENTATION.value == "lora_alternating":
+        raise UsageError("flag --representation=lora_alternating: fedsa_lora trains A and its "
+                         "personal B together every round; leave --representation at its default")
     if _FINETUNE_EPOCHS.value is not None:
         _positive("finetune_epochs", minimum=0)
     if _STAGE_ROUNDS.value != "lemma_b1":
@@ -273,10 +282,19 @@ def _validate_flags() -> pathlib.Path:
                              ">= 1 or lemma_b1")
     if not _COMMUNICATION_COST.value >= 0:
         raise UsageError(f"flag --communication_cost={_COMMUNICATION_COST.value}: must be >= 0")
-    if _PARTICIPATION.value == "srpfl" and _INITIAL_PARTICIPANTS.value > _NUM_CLIENTS.value:
+    if _SRPFL_POOL.value:
+        if _PARTICIPATION.value not in ("srpfl", "full"):
+            raise UsageError(f"flag --srpfl_pool={_SRPFL_POOL.value}: applies to "
+                             "--participation=srpfl or full")
+        if not 1 <= _SRPFL_POOL.value <= _NUM_CLIENTS.value:
+            raise UsageError(f"flag --srpfl_pool={_SRPFL_POOL.value}: must be between 1 and "
+                             f"--num_clients={_NUM_CLIENTS.value} (the pool is drawn from them)")
+    pool = _SRPFL_POOL.value or _NUM_CLIENTS.value
+    if _PARTICIPATION.value == "srpfl" and _INITIAL_PARTICIPANTS.value > pool:
         raise UsageError(
             f"flag --initial_participants={_INITIAL_PARTICIPANTS.value}: must be <= "
-            f"--num_clients={_NUM_CLIENTS.value} (SRPFL picks the fastest n0 of all clients)")
+            f"{'--srpfl_pool' if _SRPFL_POOL.value else '--num_clients'}={pool} (SRPFL picks "
+            "the fastest n0 of the round's pool)")
     if _FINETUNE_EPOCHS.value and "fedavg" in _ALGORITHM.value:
         raise UsageError(f"flag --finetune_epochs={_FINETUNE_EPOCHS.value}: fedavg evaluates the "
                          "global model as it is; use --algorithm=fedavg_ft to fine-tune heads")
@@ -329,6 +347,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
 
     tf.keras.utils.set_random_seed(_SEED.value)
     config = {name: flags.FLAGS[name].value for name in _RUN_FLAGS} | {"algorithm": algorithm}
+    if _SRPFL_POOL.value:  # only when set, so that runs from before the flag still resume
+        config["srpfl_pool"] = _SRPFL_POOL.value
     task = registry.build_task(
         _TASK.value,
         num_clients=_NUM_CLIENTS.value,
@@ -355,8 +375,12 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
     )
     who = {
         "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",
-        "full": f"all {_NUM_CLIENTS.value} clients per round ({_STRAGGLER.value} speeds)",
-        "srpfl": f"SRPFL: fastest {_INITIAL_PARTICIPANTS.value} of {_NUM_CLIENTS.value}, doubling "
+        "full": (f"{_SRPFL_POOL.value} random of {_NUM_CLIENTS.value} clients per round"
+                 if _SRPFL_POOL.value else f"all {_NUM_CLIENTS.value} clients per round")
+                + f" ({_STRAGGLER.value} speeds)",
+        "srpfl": f"SRPFL: fastest {_INITIAL_PARTICIPANTS.value} of "
+                 + (f"{_SRPFL_POOL.value} random of {_NUM_CLIENTS.value}" if _SRPFL_POOL.value
+                    else f"{_NUM_CLIENTS.value}") + ", doubling "
                  f"every {_STAGE_ROUNDS.value} rounds ({_STRAGGLER.value} speeds)",
     }[_PARTICIPATION.value]
     print(
@@ -397,6 +421,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         initial_participants=_INITIAL_PARTICIPANTS.value,
         stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),
         straggler=_STRAGGLER.value, communication_cost=_COMMUNICATION_COST.value,
+        pool=_SRPFL_POOL.value or None,
     )
     result = simulation.run_rounds(
         process,

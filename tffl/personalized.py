@@ -1,5 +1,5 @@
 """Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg(-FT), FLUTE,
-AdaptPFL.
+AdaptPFL; and FedSA-LoRA's personal B factors.
 
 Roles (`tffl.roles`): the variables tagged `head` (and, for AdaptPFL, `shortcut`) are *personal*
 (they never leave the client); the trainable `shared`, `lora_a` and `lora_b` variables are the
@@ -15,10 +15,17 @@ is f(x; φ, h_i).
 | `fedavg_ft` | as `fedavg`; at evaluation each client first fine-tunes h for E_ft     | h and φ   |
 | `flute`     | h_i: τ_h epochs, then (h_i, φ) τ_r epochs, regularized; NC step on H_i | φ         |
 | `adaptpfl`  | h_i: τ_w, shortcut s_i: τ_s, then φ: τ_b epochs                         | φ         |
+| `fedsa_lora`| (A, B_i, head) jointly for E epochs; every `lora_b` is personal         | A, head   |
 
 (FedAvg trains every `head` and representation variable, so it also runs on untagged models.
 FLUTE's regularizers are described at `FluteConfig`; AdaptPFL's mix (1−α)·f + α·s_i(x) is part of
 the model, `models.paper_models.ShortcutMix`, so α = 0 is FedRep exactly.)
+
+FedSA-LoRA (Guo et al., ICLR 2025, "Selective Aggregation for Low-Rank Adaptation in Federated
+Learning") is FedPer's schedule on another split: both LoRA factors train, but only the A factors
+are shared and averaged; each client keeps its B factors (role `lora_b`) as personal state. Every
+other trainable variable (the classifier head, `shared` layers) is averaged with A: the paper
+keeps only B local. It needs a model with LoRA factors and no `head` role is required.
 
 (srpfl.md §6.1–6.4.) LG-FedAvg is FedPer's schedule on the opposite split: its *lower* layers are
 local, so they carry the personal role `head`, and its top layers are the shared representation
@@ -88,7 +95,8 @@ from tffl import processes
 from tffl import roles
 from tffl.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
 
-ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl")
+ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
+              "fedsa_lora")
 LORA_SCHEDULES = ("joint", "alternating")
 REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
 PERSONAL_ROLES = (roles.HEAD,)
@@ -225,6 +233,19 @@ def build_personalized_process(
     shortcut = spec.indices([roles.SHORTCUT])
     representation = spec.indices(REPRESENTATION_ROLES)
     layout = ", ".join(f"{v.name}:{v.role}" for v in spec.trainable) or "none"
+    if algorithm == "fedsa_lora":
+        a_idx, b_idx = spec.indices([roles.LORA_A]), spec.indices([roles.LORA_B])
+        if not a_idx or not b_idx:
+            raise ValueError(
+                "fedsa_lora shares the LoRA A factors and keeps the B factors personal, but the "
+                f"model has no trainable lora_a/lora_b variables (use a LoRA model, e.g. "
+                f"--representation=lora). Trainable variables: {layout}")
+        if lora_schedule != "joint":
+            raise ValueError("fedsa_lora trains A and B together (lora_schedule='joint'); "
+                             "alternating rounds would leave the personal B untrained half the time")
+        # The head (if any) is averaged with A; B is the personal state.
+        representation = tuple(sorted(set(representation + head) - set(b_idx)))
+        head = b_idx
     if not head and algorithm != "fedavg":
         raise ValueError(
             f"{algorithm} needs personal variables (role {roles.HEAD!r}: the head, or "

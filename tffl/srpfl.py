@@ -44,6 +44,38 @@ from tffl.participation import Participation
 _FIXED_STREAM = 0x5F1
 _RATES_STREAM = 0x5F2
 _ROUND_STREAM = 0x5F3
+_POOL_STREAM = 0x5F4
+
+
+def draw_pool(seed: int, round_num: int, population: int, pool: int | None) -> np.ndarray:
+    """The N clients (indices into the M-client population) that round `round_num` draws before
+    the fastest are picked: N of M uniformly at random without replacement, redrawn every round
+    (srpfl.md §2.4, "partial participation"; the paper's Figs 5–6 use N = M/5); everyone, in
+    order, when `pool` is None or M. A pure function of `(seed, round_num)`.
+
+    >>> draw_pool(0, 1, 5, None).tolist()
+    [0, 1, 2, 3, 4]
+    >>> len(set(draw_pool(0, 1, 100, 20).tolist()))
+    20
+    """
+    check_pool(population, pool)
+    if pool is None or pool == population:
+        return np.arange(population)
+    rng = np.random.default_rng((seed, _POOL_STREAM, round_num))
+    return np.sort(rng.choice(population, size=pool, replace=False))
+
+
+def check_pool(population: int, pool: int | None) -> int:
+    """N, the pool size (`pool`, or the population M when None); a one-line error unless
+    1 ≤ N ≤ M."""
+    if pool is None:
+        return population
+    if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
+        raise ValueError(f"srpfl pool={pool!r} must be an int >= 1")
+    if pool > population:
+        raise ValueError(f"srpfl pool={pool} exceeds the population of {population} clients; "
+                         f"choose a pool of at most {population}")
+    return int(pool)
 
 
 class StragglerModel(Protocol):
@@ -258,11 +290,14 @@ class SrpflSampler:
       rounds as the code's plots do);
     * `simulated_time`: Σ_{s=1}^{t} round_wall_clock(s).
 
-    All N clients are the sampled pool every round (M = N, full participation in the paper's
-    terms); for a pool smaller than the population, pass that pool as `client_ids`.
+    The pool (`pool`): by default all clients are the pool every round (M = N, full participation
+    in the paper's terms). With `pool=N < M`, each round first draws N of the M clients uniformly
+    at random (`draw_pool`, the paper's partial participation, Figs 5–6: N = M/5) and the fastest
+    n_r = min(N, n0·2^r) of those N take part; the stages then end at n = N. `info` also has
+    `pool` (N).
 
     Args:
-      client_ids: the N clients.
+      client_ids: the M clients of the population.
       initial_participants: n0, 1 ≤ n0 ≤ N.
       seed: base seed of the compute times.
       straggler_model: `FixedExponentialTimes()` (default, the paper's fixed speeds, λ = 1) or
@@ -272,6 +307,7 @@ class SrpflSampler:
         `lemma_b1_stage_rounds(N, n0, lemma_b1_a)`.
       communication_cost: 𝒞 ≥ 0 added to every round (the paper's Fig. 3 uses 0, 10, 100).
       lemma_b1_a: the contraction constant a of Theorem 4.5, used by `"lemma_b1"`.
+      pool: N, the clients drawn per round before the fastest are picked (default: all M).
 
     Example:
 
@@ -290,13 +326,15 @@ class SrpflSampler:
         stage_rounds: int | Sequence[int] | str = 10,
         communication_cost: float = 0.0,
         lemma_b1_a: float = 0.25,
+        pool: int | None = None,
     ):
         self.client_ids = list(client_ids)
         if not self.client_ids:
             raise ValueError("SrpflSampler needs at least one client id")
         if len(set(self.client_ids)) != len(self.client_ids):
             raise ValueError("SrpflSampler client ids must be distinct")
-        num_clients = len(self.client_ids)
+        self.pool = check_pool(len(self.client_ids), pool)
+        num_clients = self.pool
         self.sizes = stage_sizes(num_clients, initial_participants)
         self.initial_participants = initial_participants
         self.seed = seed
@@ -315,9 +353,7 @@ class SrpflSampler:
                     f"stage_rounds={stage_rounds!r} must be an int, a sequence of ints or "
                     "'lemma_b1'"
                 )
-            return lemma_b1_stage_rounds(
-                len(self.client_ids), self.initial_participants, lemma_b1_a
-            )
+            return lemma_b1_stage_rounds(self.pool, self.initial_participants, lemma_b1_a)
         single = isinstance(stage_rounds, (int, np.integer))
         values = [stage_rounds] * max(finite, 1) if single else list(stage_rounds)
         for tau in values:
@@ -351,7 +387,8 @@ class SrpflSampler:
 
     def _selected(self, round_num: int) -> tuple[np.ndarray, np.ndarray]:
         times = self.compute_times(round_num)
-        order = np.argsort(times, kind="stable")[: self.participants(round_num)]
+        pool = draw_pool(self.seed, round_num, len(self.client_ids), self.pool)
+        order = pool[np.argsort(times[pool], kind="stable")][: self.participants(round_num)]
         return order, times
 
     def round_wall_clock(self, round_num: int) -> float:
@@ -369,6 +406,7 @@ class SrpflSampler:
             [self.client_ids[i] for i in order],
             {
                 "participants": len(order),
+                "pool": self.pool,
                 "stage": self.stage(round_num),
                 "round_wall_clock": float(times[order].max()) + self.communication_cost,
                 "simulated_time": self.simulated_time(round_num),
@@ -386,7 +424,9 @@ class FullParticipationClock:
         simulated_time(t)   = Σ_{s=1}^{t} round_wall_clock(s).
 
     `sample` returns every client (in `client_ids` order, like `FullParticipation`) with `info`
-    `participants`, `round_wall_clock`, `simulated_time`.
+    `participants`, `round_wall_clock`, `simulated_time`. With `pool=N`, FedRep's round is the N
+    clients `draw_pool` draws (the same as an `SrpflSampler` with the same seed and pool), and it
+    waits for the slowest of them.
 
     Example:
 
@@ -401,28 +441,34 @@ class FullParticipationClock:
         seed: int,
         straggler_model: StragglerModel | None = None,
         communication_cost: float = 0.0,
+        pool: int | None = None,
     ):
         self.client_ids = list(client_ids)
         if not self.client_ids:
             raise ValueError("FullParticipationClock needs at least one client id")
+        self.pool = check_pool(len(self.client_ids), pool)
         self.seed = seed
         self.straggler_model = straggler_model or FixedExponentialTimes()
         self.communication_cost = _check_communication_cost(communication_cost)
         self._clock = _Clock(self.round_wall_clock)
 
+    def _pool(self, round_num: int) -> np.ndarray:
+        return draw_pool(self.seed, round_num, len(self.client_ids), self.pool)
+
     def round_wall_clock(self, round_num: int) -> float:
         _check_round(round_num)
-        times = self.straggler_model.times(self.seed, round_num, len(self.client_ids))
-        return float(np.max(times)) + self.communication_cost
+        times = np.asarray(self.straggler_model.times(self.seed, round_num, len(self.client_ids)))
+        return float(np.max(times[self._pool(round_num)])) + self.communication_cost
 
     def simulated_time(self, round_num: int) -> float:
         return self._clock(round_num)
 
     def sample(self, round_num: int) -> Participation:
+        pool = self._pool(round_num)
         return Participation(
-            list(self.client_ids),
+            [self.client_ids[i] for i in pool],
             {
-                "participants": len(self.client_ids),
+                "participants": len(pool),
                 "round_wall_clock": self.round_wall_clock(round_num),
                 "simulated_time": self.simulated_time(round_num),
             },

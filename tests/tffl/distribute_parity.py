@@ -57,6 +57,11 @@ def _personalized(name):
         process = personalized.build_personalized_process(name, model_fn, pers.CLASS_SPEC, pers.LR)
         clients = pers._class_clients(seed=0)
         data = lambda: pers._class_datasets(clients)  # noqa: E731
+    elif name == "fedsa_lora":
+        process = personalized.build_personalized_process(
+            name, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
+            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
+        data = lambda: lora._datasets(lora._CLIENTS, lora._BATCH)  # noqa: E731
     elif name == "fedrep_rolora":  # FedRep heads over RoLoRA-alternated adapters, KerasNLP BERT
         x_spec = collections.OrderedDict(
             padding_mask=tf.TensorSpec([None, 8], tf.int32),

@@ -236,3 +236,63 @@ def test_expected_wall_clock_matches_section_3_1():
                                                  communication_cost=cost).simulated_time(8))
     assert abs(np.mean(srp) - mean) < 4 * math.sqrt(var / seeds)
     assert abs(np.mean(full) - full_mean) < 4 * math.sqrt(full_var / seeds)
+
+
+# --- Partial participation: N of M drawn each round, then the fastest n of those N ------------
+
+
+def test_pool_is_n_distinct_clients_redrawn_each_round_uniformly():
+    m, n, rounds = 50, 10, 3000
+    pools = [srpfl.draw_pool(3, t, m, n) for t in range(1, rounds + 1)]
+    assert all(len(set(p.tolist())) == n and p.min() >= 0 and p.max() < m for p in pools)
+    assert len({tuple(p.tolist()) for p in pools[:20]}) == 20  # redrawn every round
+    np.testing.assert_array_equal(srpfl.draw_pool(3, 7, m, n), pools[6])  # pure in (seed, t)
+    # Uniform without replacement: each client is in a round's pool with probability N/M.
+    counts = np.bincount(np.concatenate(pools), minlength=m)
+    p = n / m
+    sigma = math.sqrt(rounds * p * (1 - p))
+    assert np.all(np.abs(counts - rounds * p) < 5 * sigma)
+    np.testing.assert_array_equal(srpfl.draw_pool(0, 1, 6, None), np.arange(6))
+
+
+def test_srpfl_with_a_pool_takes_the_fastest_of_the_pool_and_stages_end_at_n():
+    m, pool = 20, 8
+    model = srpfl.FixedExponentialTimes()
+    sampler = srpfl.SrpflSampler(IDS, initial_participants=2, seed=5, straggler_model=model,
+                                 stage_rounds=3, communication_cost=0.5, pool=pool)
+    expected_n = [2] * 3 + [4] * 3 + [8] * 6  # n0 = 2 doubling to N = 8, not to M = 20
+    clock = 0.0
+    for t, n in enumerate(expected_n, start=1):
+        drawn = srpfl.draw_pool(5, t, m, pool)
+        times = model.times(5, t, m)
+        part = sampler.sample(t)
+        chosen = [IDS.index(c) for c in part.client_ids]
+        assert len(chosen) == n and set(chosen) <= set(drawn.tolist())
+        rest = sorted(set(drawn.tolist()) - set(chosen))
+        if rest:  # every pooled client left out is slower than every chosen one
+            assert times[chosen].max() <= times[rest].min()
+        assert part.info["pool"] == pool
+        assert part.info["round_wall_clock"] == pytest.approx(times[chosen].max() + 0.5)
+        clock += times[chosen].max() + 0.5
+        assert part.info["simulated_time"] == pytest.approx(clock)
+
+
+def test_fedrep_clock_with_the_same_pool_runs_the_drawn_clients_and_waits_for_their_slowest():
+    model = srpfl.FixedExponentialTimes()
+    fedrep = srpfl.FullParticipationClock(IDS, seed=2, straggler_model=model, pool=5,
+                                          communication_cost=1.0)
+    for t in (1, 2, 9):
+        drawn = srpfl.draw_pool(2, t, len(IDS), 5)
+        part = fedrep.sample(t)
+        assert sorted(part.client_ids) == sorted(IDS[i] for i in drawn)
+        assert part.info["round_wall_clock"] == pytest.approx(
+            model.times(2, t, len(IDS))[drawn].max() + 1.0)
+
+
+def test_bad_pools_are_one_line_errors():
+    with pytest.raises(ValueError, match="pool=21 exceeds the population of 20 clients"):
+        srpfl.SrpflSampler(IDS, initial_participants=2, seed=0, pool=21)
+    with pytest.raises(ValueError, match="pool=0 must be an int >= 1"):
+        srpfl.FullParticipationClock(IDS, seed=0, pool=0)
+    with pytest.raises(ValueError, match="initial_participants=6 exceeds the number of clients N=5"):
+        srpfl.SrpflSampler(IDS, initial_participants=6, seed=0, pool=5)
