@@ -75,6 +75,11 @@ _LOCAL_EPOCHS = flags.DEFINE_integer(
     "--local_steps batches of the round).")
 _HEAD_EPOCHS = flags.DEFINE_integer(
     "head_epochs", 10, "fedrep: head epochs tau_h per round (the SRPFL/FedRep code: 10).")
+_REPRESENTATION_BLOCKS = flags.DEFINE_integer(
+    "representation_blocks", 1, "fedrep: interleaved blocks of (--head_epochs head epochs, "
+    "--representation_epochs representation epochs) per round; SRPFL's code uses 5 on "
+    "CIFAR-100/EMNIST/FEMNIST (local_rep_ep), 1 on CIFAR-10. With --client_optimizer=sgd "
+    "--client_momentum=0.5 --weight_decay=1e-4 this is FedRep as SRPFL's code runs it.")
 _REPRESENTATION_EPOCHS = flags.DEFINE_integer(
     "representation_epochs", 1, "fedrep, flute, adaptpfl: representation epochs per round after "
     "the head (flute trains head and representation jointly in them).")
@@ -90,8 +95,17 @@ _FLUTE_HEAD_PENALTY = flags.DEFINE_float("flute_head_penalty", 0.0025,
                                          "flute: lambda2 on ||H||_F^2.")
 _FLUTE_NC_PENALTY = flags.DEFINE_float("flute_nc_penalty", 0.25,
                                        "flute: lambda3 on the neural-collapse term NC(H).")
-_FLUTE_NC_STEP = flags.DEFINE_float("flute_nc_step", 0.5,
-                                    "flute: eta_r, the step on NC of the heads after training.")
+_FLUTE_NC_STEP = flags.DEFINE_float(
+    "flute_nc_step", 0.5, "flute: eta_r, the server's step on the mean NC of the round's heads "
+    "(each head moves by eta_r/|I| times its NC gradient, as the official code's SGD lr 0.5).")
+_FLUTE_VARIANT = flags.DEFINE_enum(
+    "flute_variant", "star", ["star", "plain"], "flute: star (FLUTE*, the official code: "
+    "--head_epochs head-only epochs, then --representation_epochs joint epochs) or plain (the "
+    "paper's Algorithm 2: --local_epochs joint epochs only; --head_epochs is refused).")
+_FLUTE_FEATURE_REDUCTION = flags.DEFINE_enum(
+    "flute_feature_reduction", "mean", ["mean", "sum"], "flute: the feature penalty lambda1 "
+    "times the batch mean (the paper's Eq. 10; default lambda1 0.005) or the batch sum (the "
+    "official code, with lambda1 0.0005) of ||features||^2.")
 _FINETUNE_EPOCHS = flags.DEFINE_integer(
     "finetune_epochs", None, "Head fine-tuning epochs on each client's training data before "
     "personalized evaluation (default: 10 for fedavg_ft, 0 for the others).")
@@ -260,6 +274,11 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     if not 0.0 <= _SHORTCUT_ALPHA.value <= 1.0:
         raise UsageError(f"flag --shortcut_alpha={_SHORTCUT_ALPHA.value}: must be in [0, 1]")
+    if ("flute" in _ALGORITHM.value and _FLUTE_VARIANT.value == "plain"
+            and flags.FLAGS["head_epochs"].present):
+        raise UsageError(f"flag --head_epochs={_HEAD_EPOCHS.value}: plain FLUTE (the paper's "
+                         "Algorithm 2) has no head-only epochs; use --local_epochs, or "
+                         "--flute_variant=star")
     for name in ("flute_feature_penalty", "flute_head_penalty", "flute_nc_penalty",
                  "flute_nc_step"):
         if not flags.FLAGS[name].value >= 0:
@@ -267,6 +286,11 @@ def _validate_flags() -> pathlib.Path:
     if "adaptpfl" in _ALGORITHM.value and _REPRESENTATION.value != "mlp":
         raise UsageError(f"flag --representation={_REPRESENTATION.value}: adaptpfl's shortcut "
                          "model needs --representation=mlp")
+    _positive("representation_blocks")
+    if _REPRESENTATION_BLOCKS.value > 1 and set(_ALGORITHM.value) - {"fedrep"}:
+        raise UsageError(f"flag --representation_blocks={_REPRESENTATION_BLOCKS.value}: "
+                         "interleaves FedRep's head and representation epochs; use it with "
+                         "--algorithm=fedrep only")
     if "fedsa_lora" in _ALGORITHM.value and _REPRESENTATION.value == "lora_alternating":
         raise UsageError("flag --representation=lora_alternating: fedsa_lora trains A and its "
                          "personal B together every round; leave --representation at its default")
@@ -347,8 +371,12 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
 
     tf.keras.utils.set_random_seed(_SEED.value)
     config = {name: flags.FLAGS[name].value for name in _RUN_FLAGS} | {"algorithm": algorithm}
-    if _SRPFL_POOL.value:  # only when set, so that runs from before the flag still resume
-        config["srpfl_pool"] = _SRPFL_POOL.value
+    # Flags added later enter the configuration only when not at their default, so that runs
+    # from before them still resume.
+    for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
+                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1)):
+        if flags.FLAGS[name].value != default:
+            config[name] = flags.FLAGS[name].value
     task = registry.build_task(
         _TASK.value,
         num_clients=_NUM_CLIENTS.value,
@@ -402,13 +430,16 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         rolora_fraction=_ROLORA_FRACTION.value,
         representation=_REPRESENTATION.value,
         local_epochs=_LOCAL_EPOCHS.value,
-        head_epochs=_HEAD_EPOCHS.value,
+        head_epochs=(None if algorithm == "flute" and _FLUTE_VARIANT.value == "plain"
+                     else _HEAD_EPOCHS.value),
         representation_epochs=_REPRESENTATION_EPOCHS.value,
+        representation_blocks=_REPRESENTATION_BLOCKS.value,
         finetune_epochs=_FINETUNE_EPOCHS.value,
         shortcut_epochs=_SHORTCUT_EPOCHS.value,
         flute=personalized.FluteConfig(
             feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
-            nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value),
+            nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value,
+            feature_reduction=_FLUTE_FEATURE_REDUCTION.value, variant=_FLUTE_VARIANT.value),
     )
     if algorithm in registry.PERSONALIZED_ALGORITHMS:
         evaluate_fn = registry.personalized_evaluator(task, process)

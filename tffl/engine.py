@@ -163,17 +163,34 @@ class RoundSpec:
 
 class ClientHook:
     """Algorithm-specific client steps around the loop (FLUTE's penalties, class indicator and
-    NC step). `extra_types`: tensors appended to the personal state."""
+    NC step). `extra_types`: tensors appended to the personal state. `round_inputs`: values of
+    the round the server broadcasts to every client with the weights, passed to `finish` as
+    keyword arguments; the one supported is `"num_clients"`, |I| (float32), counted by a
+    `federated_sum` of one per client before the broadcast."""
 
     extra_types: tuple[tff.Type, ...] = ()
+    round_inputs: tuple[str, ...] = ()
 
     def prepare(self, model, extra, dataset, phases):
         """-> (phases, features_model or None, context)."""
         return phases, None, None
 
-    def finish(self, trained, context):
+    def finish(self, trained, context, **round_values):
         """-> (trained values, extra personal tensors)."""
         return trained, []
+
+
+ROUND_INPUTS = ("num_clients",)
+# Bytes per client and round of each round input: one float32 up (the count's 1) and one down.
+ROUND_INPUT_BYTES = 4
+
+
+def round_inputs(hook: ClientHook | None) -> tuple[str, ...]:
+    names = tuple(hook.round_inputs) if hook is not None else ()
+    unknown = [n for n in names if n not in ROUND_INPUTS]
+    if unknown:
+        raise ValueError(f"unsupported round inputs {unknown}; supported: {ROUND_INPUTS}")
+    return names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +230,9 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
     singles = [k for k in uploaded if k not in paired]
     hook = client.hook
 
-    def work(weights, dataset, personal):
+    inputs = round_inputs(hook)
+
+    def work(weights, dataset, personal, round_values=()):
         with client_training.placed(model.client_device):
             keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
                                                       zero_init=True)
@@ -232,7 +251,8 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
             out = loop(full, dataset)
         trained, extra_out = list(out["trainable"]), []
         if hook is not None:
-            trained, extra_out = hook.finish(trained, context)
+            trained, extra_out = hook.finish(trained, context,
+                                             **dict(zip(inputs, list(round_values))))
         old = full.trainable
         deltas = [trained[k] - old[k] for k in singles]
         if round_spec.upload == "product":
@@ -250,7 +270,14 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
         return result, metrics, [trained[k] for k in layout.personal] + list(extra_out)
 
     global_type, data_type = layout.global_type(), model.data_type()
-    if has_personal or (hook and hook.extra_types):
+    if inputs:
+        values_type = tff.types.to_type([np.float32] * len(inputs))
+
+        @tff.tensorflow.computation(global_type, data_type, personal_type(model, hook),
+                                    values_type)
+        def client_update(weights, dataset, personal, round_values):
+            return work(weights, dataset, personal, round_values)
+    elif has_personal or (hook and hook.extra_types):
         @tff.tensorflow.computation(global_type, data_type, personal_type(model, hook))
         def client_update(weights, dataset, personal):
             return work(weights, dataset, personal)
@@ -402,10 +429,11 @@ def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConf
         aggregation = factory.create(update_type, result_type.update_weight)
     step = _server_step(model, round_spec, aggregation.next.type_signature.result.result.member,
                         server_optimizer)
+    extra = ROUND_INPUT_BYTES * len(round_inputs(client.hook))
     up = (communication.type_bytes(result_type)
-          + communication.type_bytes(client_update.type_signature.result[1]))
-    traffic = communication.RoundTraffic(down=communication.type_bytes(model.layout.global_type()),
-                                         up=up)
+          + communication.type_bytes(client_update.type_signature.result[1]) + extra)
+    traffic = communication.RoundTraffic(
+        down=communication.type_bytes(model.layout.global_type()) + extra, up=up)
     return RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
                        client_update.type_signature.result[0])
 

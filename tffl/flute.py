@@ -25,33 +25,52 @@ from tffl import client_training
 from tffl import engine
 
 
+VARIANTS = ("star", "plain")
+FEATURE_REDUCTIONS = ("mean", "sum")
+
+
 @dataclasses.dataclass(frozen=True)
 class FluteConfig:
-    """Deep FLUTE's regularizers (flute.md §4.2–4.4): the local objective is
+    """Deep FLUTE's regularizers and schedule (flute.md §4.2–4.4): the local objective is
 
-        CE + λ1·mean_batch ‖ψ(x)‖² + λ2·‖H‖²_F + λ3·NC(H; u_i)
+        CE + λ1·R_batch ‖ψ(x)‖² + λ2·‖H‖²_F + λ3·NC(H; u_i)
 
-    (the feature term only in the representation phase, as in the official code), and after local
-    training the head takes one gradient step of size η_r on NC (the server step of Algorithm 2).
+    (the feature term only in phases that train the representation, as in the official code),
+    and after local training the server step of Algorithm 2: one gradient step of size η_r on
+    (1/|I|)·Σ_{i∈I} NC_i(H_i) over the round's heads. Its gradient in H_i is ∇NC_i(H_i)/|I|, so
+    client i takes its own head's step, H_i ← H_i − (η_r/|I|)·∇NC_i(H_i), with |I| broadcast by
+    the server (the official code runs SGD with lr 0.5 on that mean: 0.5/|I| per head).
 
     Attributes:
-      feature_penalty: λ1 ≥ 0. The code sums ‖ψ(x)‖² over a batch of 10 with 0.0005; the paper's
-        Eq. (10) averages, as here: 0.005 is the code's value per example.
+      feature_penalty: λ1 ≥ 0.
+      feature_reduction: R over the batch, "mean" (default; the paper's Eq. (10): λ1 = 0.005 per
+        example) or "sum" (the official code: the batch sum with λ1 = 0.0005, batches of 10).
       head_penalty: λ2 ≥ 0 (code: 0.0025).
       nc_penalty: λ3 ≥ 0 (code: 0.25).
-      nc_step: η_r ≥ 0, the NC step on the heads (code: 0.5).
+      nc_step: η_r ≥ 0, the server step on the mean NC of the round's heads (code: 0.5).
+      variant: "star" (FLUTE*, the official code's schedule: head-only epochs, then joint epochs)
+        or "plain" (the paper's Algorithm 2: joint epochs only, H, b and B from the same point).
     """
 
     feature_penalty: float = 0.005
     head_penalty: float = 0.0025
     nc_penalty: float = 0.25
     nc_step: float = 0.5
+    feature_reduction: str = "mean"
+    variant: str = "star"
 
     def __post_init__(self):
         for name in ("feature_penalty", "head_penalty", "nc_penalty", "nc_step"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"FLUTE {name}={value} must be a finite number >= 0")
+        if self.feature_reduction not in FEATURE_REDUCTIONS:
+            raise ValueError(f"FLUTE feature_reduction={self.feature_reduction!r} must be one of "
+                             f"{', '.join(FEATURE_REDUCTIONS)}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"FLUTE variant={self.variant!r} must be one of "
+                             f"{', '.join(VARIANTS)} (star: the code's head-then-joint epochs; "
+                             "plain: the paper's Algorithm 2, joint epochs only)")
 
 
 def neural_collapse(head_kernel: tf.Tensor, classes: tf.Tensor) -> tf.Tensor:
@@ -114,9 +133,11 @@ def _flute_phases(phases, model, flute: FluteConfig, kernel_index: int, classes,
         del features
         return head_terms()
 
+    reduce = tf.reduce_mean if flute.feature_reduction == "mean" else tf.reduce_sum
+
     def with_features(features):
         flat = tf.reshape(features, [tf.shape(features)[0], -1])
-        return (flute.feature_penalty * tf.reduce_mean(tf.reduce_sum(tf.square(flat), axis=1))
+        return (flute.feature_penalty * reduce(tf.reduce_sum(tf.square(flat), axis=1))
                 + head_terms())
 
     out = []
@@ -129,8 +150,11 @@ def _flute_phases(phases, model, flute: FluteConfig, kernel_index: int, classes,
 
 class FluteHook(engine.ClientHook):
     """FLUTE's client steps: class indicator in the personal state, penalties on the phases, and
-    Algorithm 2's NC step on the head kernel H after local training (its gradient in H_i is
-    ∇NC_i(H_i), so each head's step needs only that head: it is taken on the client)."""
+    Algorithm 2's NC step on the head kernel H after local training: the gradient of
+    (1/|I|)·Σ_i NC_i in H_i is ∇NC_i(H_i)/|I|, so each head's step needs only that head and |I|
+    (the round input `num_clients`): it is taken on the client."""
+
+    round_inputs = ("num_clients",)
 
     def __init__(self, flute: FluteConfig, kernel_index: int, num_classes: int,
                  head_indices: Sequence[int]):
@@ -145,12 +169,15 @@ class FluteHook(engine.ClientHook):
                                self.head_indices)
         return phases, _features_model(model, kernel), classes
 
-    def finish(self, trained, classes):
+    def finish(self, trained, classes, num_clients=None):
         trained = list(trained)
         if self.flute.nc_step > 0:
+            if num_clients is None:
+                raise ValueError("FLUTE's NC step needs |I|, the round's number of clients")
             k = self.kernel_index
             with tf.GradientTape() as tape:
                 tape.watch(trained[k])
                 nc = neural_collapse(trained[k], classes)
-            trained[k] = trained[k] - self.flute.nc_step * tape.gradient(nc, trained[k])
+            step = self.flute.nc_step / tf.cast(num_clients, trained[k].dtype)
+            trained[k] = trained[k] - step * tape.gradient(nc, trained[k])
         return trained, [classes]

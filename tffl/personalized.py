@@ -150,9 +150,10 @@ def build_personalized_process(
     client_learning_rate,
     *,
     local_epochs: int = 1,
-    head_epochs: int = 1,
+    head_epochs: int | None = None,
     representation_epochs: int = 1,
     shortcut_epochs: int = 1,
+    representation_blocks: int = 1,
     finetune_epochs: int | None = None,
     flute: FluteConfig | None = None,
     lora_schedule: str = "joint",
@@ -175,12 +176,17 @@ def build_personalized_process(
         the role `head` and whose representation carries `shared` / `lora_a` / `lora_b`.
       input_spec: element spec `(x, y)` of a client's batched dataset.
       client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`.
-      local_epochs: E ≥ 1, epochs of joint training (FedPer, LG-FedAvg, FedAvg, FedAvg-FT).
-      head_epochs: τ_h ≥ 1, FedRep's head epochs per round.
+      local_epochs: E ≥ 1, epochs of joint training (FedPer, LG-FedAvg, FedAvg, FedAvg-FT,
+        FedSA-LoRA, plain FLUTE).
+      head_epochs: τ_h ≥ 1, FedRep's (FLUTE*'s, AdaptPFL's τ_w) head epochs per round (default
+        1); plain FLUTE has no head-only epochs and refuses it.
       representation_epochs: τ_r ≥ 1, FedRep's (FLUTE's, AdaptPFL's τ_b) representation epochs
         per round.
       shortcut_epochs: τ_s ≥ 1, AdaptPFL's shortcut epochs (between the head and the
         representation phases).
+      representation_blocks: R ≥ 1, FedRep's (head τ_h, representation τ_r) blocks per round,
+        interleaved: R = 5 is SRPFL's code on CIFAR-100/EMNIST/FEMNIST (`local_rep_ep`), 5 × (10
+        head epochs + 1 representation epoch); default 1 (FedRep's paper).
       finetune_epochs: E_ft ≥ 0, head fine-tuning epochs before evaluation (default 10 for
         `fedavg_ft`, as in srpfl.md §6.4; 0 otherwise; `fedavg` must keep 0).
       flute: FLUTE's regularizers (default `FluteConfig()`, the official code's values); only for
@@ -213,9 +219,17 @@ def build_personalized_process(
         raise ValueError(f"server_learning_rate={server_learning_rate} must be a finite number "
                          "> 0")
     local_epochs = _check_epochs("local_epochs", local_epochs)
-    head_epochs = _check_epochs("head_epochs (τ_h)", head_epochs)
+    if algorithm == "flute" and flute is not None and flute.variant == "plain" and (
+            head_epochs is not None):
+        raise ValueError(f"head_epochs={head_epochs}: plain FLUTE (the paper's Algorithm 2) has "
+                         "no head-only epochs; use local_epochs, or variant='star' (FLUTE*)")
+    head_epochs = _check_epochs("head_epochs (τ_h)", 1 if head_epochs is None else head_epochs)
     representation_epochs = _check_epochs("representation_epochs (τ_r)", representation_epochs)
     shortcut_epochs = _check_epochs("shortcut_epochs (τ_s)", shortcut_epochs)
+    representation_blocks = _check_epochs("representation_blocks", representation_blocks)
+    if representation_blocks > 1 and algorithm != "fedrep":
+        raise ValueError(f"representation_blocks={representation_blocks} interleaves FedRep's "
+                         f"head and representation epochs; it does not apply to {algorithm!r}")
     if flute is not None and algorithm != "flute":
         raise ValueError(f"flute regularizers were given for algorithm {algorithm!r}; they "
                          "apply only to 'flute'")
@@ -269,11 +283,14 @@ def build_personalized_process(
     hook = _flute_hook(spec, head, flute, input_spec) if algorithm == "flute" else None
 
     def phases_for(rep: tuple[int, ...]) -> tuple[client_training.Phase, ...]:
+        if algorithm == "flute" and flute.variant == "plain":
+            # The paper's Algorithm 2: H, b and B trained jointly from the same point.
+            return (client_training.Phase(tuple(sorted(head + rep)), local_epochs),)
         if algorithm in ("fedrep", "flute"):
-            # FLUTE as the official code runs it: head-only epochs, then joint epochs.
+            # FLUTE* as the official code runs it: head-only epochs, then joint epochs.
             second = rep if algorithm == "fedrep" else tuple(sorted(head + rep))
             return (client_training.Phase(head, head_epochs),
-                    client_training.Phase(second, representation_epochs))
+                    client_training.Phase(second, representation_epochs)) * representation_blocks
         if algorithm == "adaptpfl":
             return (client_training.Phase(head, head_epochs),
                     client_training.Phase(shortcut, shortcut_epochs),

@@ -142,10 +142,23 @@ def _initial_weights_fn(model: engine.FederatedModel):
     return initial_weights
 
 
+@tff.tensorflow.computation(np.float32)
+def _as_round_values(count):
+    return [count]
+
+
 def compose_personalized(initial_weights_fn, distributor, client_update, aggregator, finalizer,
-                         data_type, personal_type):
+                         data_type, personal_type, count_clients: bool = False):
     """`compose_learning_process`'s round with the personal state in and out at CLIENTS:
-    `next(state, data@C, personal@C) -> (state, personal@C, metrics)`; the same state type."""
+    `next(state, data@C, personal@C) -> (state, personal@C, metrics)`; the same state type.
+
+    With `count_clients` (a hook's round input `num_clients`), the round first sums one per
+    client and broadcasts |I| to every client beside the weights."""
+
+    @tff.tensorflow.computation(data_type)
+    def one(dataset):
+        del dataset
+        return tf.constant(1.0, tf.float32)
 
     @tff.federated_computation
     def initialize():
@@ -159,8 +172,14 @@ def compose_personalized(initial_weights_fn, distributor, client_update, aggrega
                                tff.FederatedType(personal_type, tff.CLIENTS))
     def next_fn(state, data, personal):
         sent = distributor.next(state.distributor, state.global_model_weights)
-        result, sums, new_personal = tff.federated_map(client_update,
-                                                       (sent.result, data, personal))
+        if count_clients:
+            count = tff.federated_broadcast(tff.federated_sum(tff.federated_map(one, data)))
+            result, sums, new_personal = tff.federated_map(
+                client_update, (sent.result, data, personal,
+                                tff.federated_map(_as_round_values, count)))
+        else:
+            result, sums, new_personal = tff.federated_map(client_update,
+                                                           (sent.result, data, personal))
         aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
         final = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
         new_state = tff.federated_zip(LearningAlgorithmState(
@@ -186,7 +205,8 @@ def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPi
         if personal:
             init, next_fn = compose_personalized(
                 initial, distributor, piece.client_update, aggregator, finalizer, data_type,
-                engine.personal_type(model, hook))
+                engine.personal_type(model, hook),
+                count_clients="num_clients" in engine.round_inputs(hook))
         else:
             composed = tff.learning.templates.compose_learning_process(
                 initial, distributor, _client_work(piece, weights_type, data_type), aggregator,

@@ -31,7 +31,9 @@ import test_flute_linear  # noqa: E402
 import test_fedrep_linear  # noqa: E402
 import test_lora_fl as lora  # noqa: E402
 import test_personalized as pers  # noqa: E402
+from tasks.synthetic import rolora_linear  # noqa: E402
 from tffl import adaptpfl_linear, fedrep_linear, flute_linear, lora_fl, personalized  # noqa: E402
+from tffl import rolora_linear as rolora_linear_module  # noqa: E402
 
 ROUNDS = 2
 
@@ -91,6 +93,11 @@ def _personalized(name):
 
 
 def _linear(name):
+    if name == "rolora_linear":  # RoLoRA's Algorithm 2 (two exchanges per round)
+        problem = rolora_linear(num_clients=3, num_samples=12, dim=5, heterogeneity=0.5, seed=0)
+        clients = [dict(x=problem.features[i].astype(np.float32),
+                        y=problem.targets[i].astype(np.float32)) for i in range(3)]
+        return rolora_linear_module.build_rolora_alt_min_gd(5, 0.3), lambda: clients, None
     if name == "fedrep_linear":
         process = fedrep_linear.build_fedrep_linear(test_fedrep_linear._D, test_fedrep_linear._K, 0.3)
         return process, lambda: test_fedrep_linear._CLIENTS, None
@@ -108,7 +115,7 @@ CASES = {
     **{name: (lambda n=name: _personalized(n)) for name in (*personalized.ALGORITHMS,
                                                              "fedrep_rolora")},
     **{name: (lambda n=name: _linear(n)) for name in ("fedrep_linear", "flute_linear",
-                                                      "adaptpfl_linear")},
+                                                      "adaptpfl_linear", "rolora_linear")},
 }
 
 

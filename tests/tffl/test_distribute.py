@@ -24,7 +24,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ALGORITHMS = (
     "rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora", "rolora_ffa",
     "fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl", "fedsa_lora",
-    "fedrep_rolora", "fedrep_linear", "flute_linear", "adaptpfl_linear",
+    "fedrep_rolora", "fedrep_linear", "flute_linear", "adaptpfl_linear", "rolora_linear",
 )
 STRATEGIES = ("mirrored_1", "mirrored_2", "mirrored_4")
 

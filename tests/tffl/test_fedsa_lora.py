@@ -54,8 +54,10 @@ def test_only_a_travels():
 
 
 def test_fedsa_lora_needs_lora_factors_and_joint_rounds():
-    inputs = tf.keras.Input((_D_IN,))
-    plain = lambda: tf.keras.Model(inputs, tf.keras.layers.Dense(_D_OUT)(inputs))  # noqa: E731
+    def plain():
+        inputs = tf.keras.Input((_D_IN,))
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(_D_OUT)(inputs))
+
     with pytest.raises(ValueError, match="fedsa_lora shares the LoRA A factors"):
         personalized.build_personalized_process(
             "fedsa_lora", plain, _spec(_D_IN, _D_OUT), _LR,

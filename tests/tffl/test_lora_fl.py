@@ -673,6 +673,18 @@ def test_rolora_then_ffa_schedule(tff_runtime):
     np.testing.assert_array_equal(seen[3][3], seen[1][3])
     assert not np.allclose(seen[2][4], seen[1][4])       # while B trains
     assert not np.allclose(seen[3][4], seen[2][4])
+    # Every round, the post-switch FFA rounds included, against the float64 numpy replica:
+    # client i trains the round's factor from the broadcast (A, B); the server takes the
+    # example-weighted mean of the trained factor; the other factor is unchanged.
+    a, b = _A0.astype(np.float64), np.zeros((_R, _D_OUT))
+    for t, factor in enumerate(("b", "a", "b", "b")):
+        local = [_local_sgd(a, b, _W0, x, y, _LR, _BATCH, train=factor) for x, y in _CLIENTS]
+        if factor == "a":
+            a = _weighted_mean([ai for ai, _ in local], _COUNTS)
+        else:
+            b = _weighted_mean([bi for _, bi in local], _COUNTS)
+        np.testing.assert_allclose(seen[t][3], a, rtol=2e-5, atol=1e-6, err_msg=f"A, round {t + 1}")
+        np.testing.assert_allclose(seen[t][4], b, rtol=2e-5, atol=1e-6, err_msg=f"B, round {t + 1}")
 
 
 def _lora_with_head():

@@ -127,7 +127,7 @@ def test_fedrep_two_rounds_equal_numpy_and_heads_carry_over(tff_runtime):
                                   personal[1][0])
 
 
-@pytest.mark.parametrize("algorithm", ["fedper", "lg_fedavg"])
+@pytest.mark.parametrize("algorithm", ["fedper"])
 def test_joint_local_training_equals_numpy(tff_runtime, algorithm):
     process = _build(algorithm, local_epochs=2)
     clients = _clients(seed=1)
@@ -139,6 +139,77 @@ def test_joint_local_training_equals_numpy(tff_runtime, algorithm):
                                rtol=2e-5, atol=1e-6)
     for got, want in zip(out.personal_states, heads):
         np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
+
+
+def test_fedrep_interleaved_blocks_equal_numpy(tff_runtime):
+    """SRPFL's code runs FedRep as R blocks of (τ_h head epochs, τ_r representation epochs); with
+    R = 2, τ_h = 2, τ_r = 1 the client's schedule is h, h, W, h, h, W (full batch)."""
+    process = _build("fedrep", head_epochs=2, representation_epochs=1, representation_blocks=2)
+    clients = _clients(seed=6)
+    w, h0 = _initial(process)
+    out = process.next(process.initialize(), _datasets(clients),
+                       [process.initialize_personal(str(i)) for i in range(3)])
+    new_w, counts = [], []
+    for (x, y), got in zip(clients, out.personal_states):
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        wi, hi = w.copy(), h0.copy()
+        for _ in range(2):
+            for _ in range(2):
+                hi = hi - LR * _grads(x, y, wi, hi)[1]
+            wi = wi - LR * _grads(x, y, wi, hi)[0]
+        np.testing.assert_allclose(got[0], hi, rtol=2e-5, atol=1e-6)
+        new_w.append(wi)
+        counts.append(len(x))
+    w_bar = sum(c * wi for c, wi in zip(counts, new_w)) / sum(counts)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], w_bar,
+                               rtol=2e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="representation_blocks=2 interleaves"):
+        _build("fedper", representation_blocks=2)
+
+
+def _lg_model():
+    """LG-FedAvg's own split of the linear model: the lower layer `rep` is local (role head),
+    the top layer `out` is global (role shared)."""
+    model = _linear_model()
+    roles.tag_layer(model.get_layer("rep"), roles.HEAD)
+    roles.tag_layer(model.get_layer("out"), roles.SHARED)
+    return model
+
+
+def test_lg_fedavg_keeps_its_lower_layer_local_and_averages_the_top(tff_runtime):
+    """LG-FedAvg on its own split (srpfl.md §6.3): client i trains (W_i, h) jointly for E epochs
+    from its own lower layer W_i and the global top h; the server averages the h_i by examples;
+    W_i stays on the client. Two rounds, so round 2 starts from the kept W_i."""
+    process = personalized.build_personalized_process(
+        "lg_fedavg", _lg_model, SPEC, LR, loss_fn=tf.keras.losses.MeanSquaredError,
+        local_epochs=2)
+    clients = _clients(seed=4)
+    weights = process.model_weights(process.initialize())
+    w0, h = (np.asarray(v, np.float64) for v in weights.trainable)   # rep (D×K), out (K×1)
+    personal = [process.initialize_personal(str(i)) for i in range(3)]
+    for p in personal:
+        np.testing.assert_array_equal(p[0], w0)   # the local layer starts at the model's
+    state, ws = process.initialize(), [w0] * 3
+    for _ in range(2):
+        out = process.next(state, _datasets(clients), personal)
+        state, personal = out.state, out.personal_states
+        new_ws, new_hs, counts = [], [], []
+        for (x, y), wi in zip(clients, ws):
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            hi = h.copy()
+            for _ in range(2):
+                gw, gh = _grads(x, y, wi, hi)
+                wi, hi = wi - LR * gw, hi - LR * gh
+            new_ws.append(wi)
+            new_hs.append(hi)
+            counts.append(len(x))
+        h = sum(c * hi for c, hi in zip(counts, new_hs)) / sum(counts)
+        ws = new_ws
+        federated = process.get_model_weights(state).trainable
+        assert len(federated) == 1 and np.shape(federated[0]) == (K, 1)   # only the top layer
+        np.testing.assert_allclose(federated[0], h, rtol=2e-5, atol=1e-6)
+        for got, want in zip(personal, ws):
+            np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=1e-6)
 
 
 def test_fedavg_averages_everything_with_example_weights(tff_runtime):
@@ -479,11 +550,13 @@ def _numeric_grad(f, params, name, eps=1e-6):
     return grad
 
 
-def test_flute_round_equals_finite_difference_numpy():
-    """One FLUTE round (head epoch, joint epoch, NC step of η_r, mean of W) against numpy, with
-    every gradient taken by central finite differences of the numpy objective."""
+@pytest.mark.parametrize("variant, reduction", [("star", "mean"), ("plain", "sum")])
+def test_flute_round_equals_finite_difference_numpy(variant, reduction):
+    """One FLUTE* round (head epoch, joint epoch, the server's step of η_r on the mean NC of the
+    round's heads, mean of W) against numpy, with every gradient taken by central finite
+    differences of the numpy objectives."""
     cfg = personalized.FluteConfig(feature_penalty=0.05, head_penalty=0.02, nc_penalty=0.3,
-                                   nc_step=0.4)
+                                   nc_step=0.4, variant=variant, feature_reduction=reduction)
     process = personalized.build_personalized_process("flute", _classifier, CLASS_SPEC, LR,
                                                       flute=cfg)
     clients = _class_clients(seed=11)
@@ -511,31 +584,41 @@ def test_flute_round_equals_finite_difference_numpy():
         logits = logits - logits.max(axis=1, keepdims=True)
         ce = np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
         value = ce + cfg.head_penalty * np.sum(p["h"] ** 2) + cfg.nc_penalty * _numpy_nc(p["h"], u)
-        if features_term:
-            value += cfg.feature_penalty * np.mean(np.sum((x @ p["w"]) ** 2, axis=1))
+        if features_term:  # λ1 times the batch mean (paper) or the batch sum (official code)
+            norms = np.sum((x @ p["w"]) ** 2, axis=1)
+            value += cfg.feature_penalty * (np.mean(norms) if reduction == "mean" else norms.sum())
         return value
 
-    new_ws, sizes = [], []
+    new_ws, sizes, trained, indicators = [], [], [], []
     for (x, y), personal in zip(clients, out.personal_states):
         x = x.astype(np.float64)
         u = np.zeros(M)
         u[np.unique(y)] = 1.0
         np.testing.assert_array_equal(personal[2], u)   # the class indicator is personal state
         p = {"w": w0.copy(), "h": h0.copy(), "b": b0.copy()}
-        # Head epoch: H and b, no feature term.
-        f = lambda q: objective(q, x, y, u, False)  # noqa: E731
-        gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
-        p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+        if variant == "star":  # FLUTE*: a head epoch first (H and b, no feature term)
+            f = lambda q: objective(q, x, y, u, False)  # noqa: E731
+            gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+            p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
         # Joint epoch: W, H, b with the feature term.
         f = lambda q: objective(q, x, y, u, True)  # noqa: E731
         gw, gh, gb = (_numeric_grad(f, p, k) for k in ("w", "h", "b"))
         p = {"w": p["w"] - LR * gw, "h": p["h"] - LR * gh, "b": p["b"] - LR * gb}
-        # NC step on the head.
-        p["h"] = p["h"] - cfg.nc_step * _numeric_grad(lambda q: _numpy_nc(q["h"], u), p, "h")
-        np.testing.assert_allclose(personal[0], p["h"], rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(personal[1], p["b"], rtol=1e-4, atol=1e-6)
+        trained.append(p)
+        indicators.append(u)
         new_ws.append(p["w"])
         sizes.append(len(x))
+    # The server step as the official code takes it: one SGD step of lr η_r on
+    # (1/|I|)·Σ_{i∈I} NC_i(H_i), the gradient taken jointly over all the round's heads.
+    heads = {f"h{i}": p["h"] for i, p in enumerate(trained)}
+
+    def mean_nc(q):
+        return np.mean([_numpy_nc(q[f"h{i}"], u) for i, u in enumerate(indicators)])
+
+    for i, (p, personal) in enumerate(zip(trained, out.personal_states)):
+        h = p["h"] - cfg.nc_step * _numeric_grad(mean_nc, heads, f"h{i}")
+        np.testing.assert_allclose(personal[0], h, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(personal[1], p["b"], rtol=1e-4, atol=1e-6)
     expected_w = sum(n * w for n, w in zip(sizes, new_ws)) / sum(sizes)
     np.testing.assert_allclose(got_w, expected_w, rtol=1e-4, atol=1e-6)
 
@@ -609,6 +692,14 @@ def test_flute_and_adaptpfl_bad_input():
     float_labels = (CLASS_SPEC[0], tf.TensorSpec([None], tf.float32))
     with pytest.raises(ValueError, match="integer class labels"):
         personalized.build_personalized_process("flute", _classifier, float_labels, LR)
+    with pytest.raises(ValueError, match="head_epochs=2: plain FLUTE"):
+        personalized.build_personalized_process(
+            "flute", _classifier, CLASS_SPEC, LR, head_epochs=2,
+            flute=personalized.FluteConfig(variant="plain"))
+    with pytest.raises(ValueError, match="variant='both' must be one of star, plain"):
+        personalized.FluteConfig(variant="both")
+    with pytest.raises(ValueError, match="feature_reduction='max'"):
+        personalized.FluteConfig(feature_reduction="max")
 
 
 def test_flute_with_a_lora_representation(tff_runtime):
@@ -623,10 +714,11 @@ def test_flute_with_a_lora_representation(tff_runtime):
     process = personalized.build_personalized_process("flute", model_fn, CLASS_SPEC, LR)
     spec = process.spec
     lora = spec.indices([roles.LORA_A, roles.LORA_B])
+    # + 4 bytes each way: the round's client count |I| for the NC step (a 1 up, |I| down).
     assert process.traffic["round"].up == (
-        sum(4 * np.prod(spec.trainable[k].shape) for k in lora) + 16)
+        sum(4 * np.prod(spec.trainable[k].shape) for k in lora) + 16 + 4)
     assert process.traffic["round"].down == sum(4 * np.prod(spec.trainable[k].shape)
-                                                for k in lora)
+                                                for k in lora) + 4
     out = process.next(process.initialize(), _class_datasets(_class_clients(seed=5)),
                        [process.initialize_personal(c) for c in "ab"])
     assert np.isfinite(out.metrics["client_work"]["train"]["loss"])

@@ -10,8 +10,8 @@ GPUs or TPUs:
   every TensorFlow computation is its serialized `GraphDef`, run by TensorFlow in-process;
 - the strategy's replicas are the devices: each `federated_map` and `federated_aggregate` cuts
   the clients into one contiguous group per replica and runs the groups through `strategy.run`
-  (MirroredStrategy runs its replicas concurrently, each under its device); SERVER values live on
-  the first replica's device;
+  (MirroredStrategy runs its replicas concurrently, each under its device), each replica training
+  `clients_in_parallel` clients at a time; SERVER values live on the first replica's device;
 - arguments identical to the previous call's results (the state fed back into the next round)
   are not uploaded again: the device tensors they came from are used.
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 
@@ -138,6 +139,18 @@ def _tpu_strategy(address: str) -> tf.distribute.Strategy:
                           "with --devices=tpu:<name>") from None
 
 
+def default_clients_in_parallel(devices) -> int:
+    """Clients each replica trains at once by default: on CPU-only replicas, the host's cores
+    shared among them (what TFF's worker does: one client per core); on accelerators 1.
+
+    >>> default_clients_in_parallel(["/job:localhost/replica:0/task:0/device:GPU:0"])
+    1
+    """
+    if all("CPU" in str(d).upper().split("/")[-1] for d in devices):
+        return max(1, (os.cpu_count() or 1) // len(devices))
+    return 1
+
+
 def _replica_runner(strategy: tf.distribute.Strategy) -> Callable[[Callable[[int], None]], None]:
     """`run(fn)` calls fn(r) for every replica r under its device, concurrently."""
     devices = list(strategy.extended.worker_devices)
@@ -177,9 +190,15 @@ def _replica_runner(strategy: tf.distribute.Strategy) -> Callable[[Callable[[int
 class DistributeContext(context_base.SyncContext):
     """A TFF execution context that runs computations in-process under `strategy`."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, default_num_clients: int = 0):
+    def __init__(self, strategy: tf.distribute.Strategy, default_num_clients: int = 0,
+                 clients_in_parallel: int | None = None):
         self.strategy = strategy
         self.devices = [str(d) for d in strategy.extended.worker_devices]
+        if clients_in_parallel is None:
+            clients_in_parallel = default_clients_in_parallel(self.devices)
+        if int(clients_in_parallel) < 1:
+            raise DeviceError(f"clients_in_parallel={clients_in_parallel}: must be >= 1")
+        self.clients_in_parallel = int(clients_in_parallel)
         self._run_replicas = _replica_runner(strategy)
         self._default_num_clients = default_num_clients
         self._pipeline = compiler_pipeline.CompilerPipeline(
@@ -220,7 +239,7 @@ class DistributeContext(context_base.SyncContext):
         interpreter = self._interpreters.get(key)
         if interpreter is None:  # one per computation: its TensorFlow functions are cached
             interpreter = self._interpreters[key] = Interpreter(
-                self.devices, self._run_replicas, num_clients)
+                self.devices, self._run_replicas, num_clients, self.clients_in_parallel)
         interpreter.num_clients = num_clients
         return interpreter
 
@@ -294,10 +313,12 @@ def _cardinality(value, type_spec) -> int:
 
 @contextlib.contextmanager
 def distribute_runtime(devices: str | None = None, default_num_clients: int = 0,
-                       strategy: tf.distribute.Strategy | None = None
-                       ) -> Iterator[DistributeContext]:
+                       strategy: tf.distribute.Strategy | None = None,
+                       clients_in_parallel: int | None = None) -> Iterator[DistributeContext]:
     """Installs a `DistributeContext` over `strategy` (default: `build_strategy(devices)`) for
-    the block: every TFF computation invoked inside runs in this process."""
-    context = DistributeContext(strategy or build_strategy(devices), default_num_clients)
+    the block: every TFF computation invoked inside runs in this process. `clients_in_parallel`:
+    clients per replica at once (default `default_clients_in_parallel`)."""
+    context = DistributeContext(strategy or build_strategy(devices), default_num_clients,
+                                clients_in_parallel)
     with context_stack_impl.context_stack.install(context):
         yield context

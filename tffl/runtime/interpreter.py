@@ -11,7 +11,8 @@ evaluates that tree in this Python process:
   a `ClientValues`, one member per client, client i living on the device of its replica;
 - clients are cut into contiguous groups, one per replica (`replica_groups`, as
   `tffl.runtime.split_clients` cuts them over TFF workers), and `run_replicas` runs every
-  replica's clients at once, each on its own device;
+  replica's clients at once, each on its own device; within a replica, `clients_in_parallel`
+  clients train at a time (threads with their own copies of the functions);
 - the intrinsics the compiler leaves are evaluated by their TFF definition
   (`federated_broadcast`, `federated_map`, `federated_apply`, `federated_zip_*`,
   `federated_value_*`, `federated_eval_*`, `federated_aggregate`; TFF's compiler has reduced
@@ -30,6 +31,7 @@ fed back into the next round does not leave the server device.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -92,23 +94,27 @@ class Interpreter:
       run_replicas: `run_replicas(fn)` calls `fn(r)` once per replica r, each under its device,
         concurrently (the strategy's replica run), and returns when all are done.
       num_clients: the CLIENTS cardinality when no argument says it (e.g. `initialize`).
+      clients_in_parallel: P ≥ 1, clients each replica trains at once (threads; each of the P
+        slots has its own instance of every TensorFlow function, hence its own variables). On a
+        CPU, P > 1 keeps all cores busy as TFF's worker does; on an accelerator 1 is the usual.
     """
 
     def __init__(self, devices: Sequence[str], run_replicas: Callable[[Callable[[int], None]], None],
-                 num_clients: int = 0):
+                 num_clients: int = 0, clients_in_parallel: int = 1):
         self.devices = list(devices)
         self.run_replicas = run_replicas
         self.num_clients = num_clients
-        self._functions: dict[tuple[int, int], TensorFlowFunction] = {}
+        self.clients_in_parallel = max(1, int(clients_in_parallel))
+        self._functions: dict[tuple[int, int, int], TensorFlowFunction] = {}
         self._keep: list = []  # keeps compiled blocks alive, so ids stay unique
         # Client calls per replica over this interpreter's life (what ran where).
         self.clients_per_replica = [0] * len(self.devices)
 
     # --- TensorFlow -------------------------------------------------------------------------
-    def tensorflow(self, comp: building_blocks.CompiledComputation, replica: int):
-        """The function of `comp` on `replica`'s device (one instance per device: its variables
-        are the device's own)."""
-        key = (id(comp), replica)
+    def tensorflow(self, comp: building_blocks.CompiledComputation, replica: int, slot: int = 0):
+        """The function of `comp` on `replica`'s device (one instance per device and parallel
+        slot: its variables are that slot's own)."""
+        key = (id(comp), replica, slot)
         fn = self._functions.get(key)
         if fn is None:
             fn = self._functions[key] = TensorFlowFunction(comp.proto)
@@ -123,7 +129,8 @@ class Interpreter:
             return _map_leaves(value, lambda t: tf.identity(t) if tf.is_tensor(t) else t)
 
     # --- evaluation -------------------------------------------------------------------------
-    def evaluate(self, comp: building_blocks.ComputationBuildingBlock, env: dict, replica: int = 0):
+    def evaluate(self, comp: building_blocks.ComputationBuildingBlock, env: dict, replica: int = 0,
+                 slot: int = 0):
         if isinstance(comp, building_blocks.Reference):
             return env[comp.name]
         if isinstance(comp, building_blocks.Lambda):
@@ -131,18 +138,18 @@ class Interpreter:
         if isinstance(comp, building_blocks.Block):
             env = dict(env)
             for name, value in comp.locals:
-                env[name] = self.evaluate(value, env, replica)
-            return self.evaluate(comp.result, env, replica)
+                env[name] = self.evaluate(value, env, replica, slot)
+            return self.evaluate(comp.result, env, replica, slot)
         if isinstance(comp, building_blocks.Call):
-            function = self.evaluate(comp.function, env, replica)
-            argument = (self.evaluate(comp.argument, env, replica)
+            function = self.evaluate(comp.function, env, replica, slot)
+            argument = (self.evaluate(comp.argument, env, replica, slot)
                         if comp.argument is not None else None)
-            return self.call(function, argument, replica)
+            return self.call(function, argument, replica, slot)
         if isinstance(comp, building_blocks.Struct):
-            return structure.Struct([(name, self.evaluate(element, env, replica))
+            return structure.Struct([(name, self.evaluate(element, env, replica, slot))
                                      for name, element in structure.iter_elements(comp)])
         if isinstance(comp, building_blocks.Selection):
-            source = self.evaluate(comp.source, env, replica)
+            source = self.evaluate(comp.source, env, replica, slot)
             return _select(source, comp.as_index())
         if isinstance(comp, (building_blocks.CompiledComputation, building_blocks.Intrinsic)):
             return comp
@@ -154,19 +161,19 @@ class Interpreter:
         raise UnsupportedComputationError(
             f"the in-process runtime cannot evaluate a {type(comp).__name__} building block")
 
-    def call(self, function, argument, replica: int = 0):
+    def call(self, function, argument, replica: int = 0, slot: int = 0):
         if isinstance(function, _Closure):
             env = dict(function.env)
             if function.parameter_name is not None:
                 env[function.parameter_name] = argument
-            return self.evaluate(function.body, env, replica)
+            return self.evaluate(function.body, env, replica, slot)
         if isinstance(function, building_blocks.CompiledComputation):
             with tf.device(self.devices[replica]):
-                return self.tensorflow(function, replica)(argument)
+                return self.tensorflow(function, replica, slot)(argument)
         if isinstance(function, building_blocks.Intrinsic):
             return self.intrinsic(function, argument)
         if isinstance(function, _NoArgument):
-            return self.call(function.function, None, replica)
+            return self.call(function.function, None, replica, slot)
         raise UnsupportedComputationError(f"cannot call a {type(function).__name__}")
 
     # --- intrinsics -------------------------------------------------------------------------
@@ -219,8 +226,19 @@ class Interpreter:
             if not groups[r]:
                 return
             local = self.on_replica(members[0], r) if shared else None
-            for i in groups[r]:
-                results[i] = self.call(function, local if shared else members[i], r)
+            slots = min(self.clients_in_parallel, len(groups[r]))
+
+            def run_slot(k: int) -> None:
+                with tf.device(self.devices[r]):
+                    for i in list(groups[r])[k::slots]:
+                        results[i] = self.call(function, local if shared else members[i], r, k)
+
+            if slots == 1:
+                run_slot(0)
+            else:
+                with concurrent.futures.ThreadPoolExecutor(slots) as pool:
+                    for future in [pool.submit(run_slot, k) for k in range(slots)]:
+                        future.result()  # re-raises a client's error
 
         self.run_replicas(run_group)
         for r, group in enumerate(groups):
