@@ -75,6 +75,17 @@ _SHORTCUT_STEPS = flags.DEFINE_integer("shortcut_steps", 10, "τ_s, shortcut ste
 _REPRESENTATION_STEPS = flags.DEFINE_integer("representation_steps", 1,
                                              "τ_b, local steps on B per round.")
 _SHORTCUT_RIDGE = flags.DEFINE_float("shortcut_ridge", 0.0, "β >= 0, ridge on the shortcut.")
+_VARIANT = flags.DEFINE_enum(
+    "adaptpfl_variant", "a", ["a", "b"], "AdaptPFL's variant: a (Algorithm 1 repaired: tau "
+    "gradient steps on head, shortcut and B) or b (the draft's analysed iteration (2)-(8): ridge "
+    "shortcut and least-squares head solved exactly, one B step then QR; adaptpfl.md 1.5).")
+_PROJECT_SHORTCUT = flags.DEFINE_boolean(
+    "project_shortcut", True, "Variant b: project s onto span(B)'s orthogonal complement, (3).")
+_SHORTCUT_DAMPING = flags.DEFINE_float("shortcut_damping", 1.0,
+                                       "Variant b: lambda_S in (0, 1], (4).")
+_HEAD_DAMPING = flags.DEFINE_float("head_damping", 1.0, "Variant b: lambda_W in (0, 1], (6).")
+_ORDER = flags.DEFINE_enum("adaptpfl_order", "sw", ["sw", "ws"],
+                           "Variant b: shortcut then head (sw, the analysis) or head first (ws).")
 _INIT = flags.DEFINE_enum("init", "moments", ["moments", "random"],
                           "B⁰: FedRep's method of moments, or a random orthonormal matrix.")
 _METHODS = flags.DEFINE_list("methods", ",".join(METHODS), "Methods: " + ", ".join(METHODS) + ".")
@@ -113,6 +124,10 @@ def _validate_flags() -> dict:
         value = flags.FLAGS[name].value
         if not (np.isfinite(value) and value >= 0):
             raise UsageError(f"flag --{name}={value}: must be >= 0")
+    for name in ("shortcut_damping", "head_damping"):
+        value = flags.FLAGS[name].value
+        if not (np.isfinite(value) and 0.0 < value <= 1.0):
+            raise UsageError(f"flag --{name}={value}: must be in (0, 1]")
     if not 0.0 <= _DATA_ALPHA.value <= 1.0:
         raise UsageError(f"flag --data_alpha={_DATA_ALPHA.value}: must be in [0, 1]")
     if _ORTHOGONAL.value and _NUM_CLIENTS.value <= _RANK.value:
@@ -124,6 +139,9 @@ def _validate_flags() -> dict:
                      "must be numbers in (0, 1] (α = 0 is the fedrep_gd method)"),
         seeds=_list("seeds", int, lambda v: v >= 0, "must be integers >= 0"),
     )
+    if _VARIANT.value == "b" and any(a >= 1.0 for a in config["alphas"]):
+        raise UsageError(f"flag --alphas={','.join(_ALPHAS.value)}: --adaptpfl_variant=b solves "
+                         "the head with a 1/(1-alpha) factor; every alpha must be < 1")
     unknown = [m for m in _METHODS.value if m not in METHODS]
     if unknown or not _METHODS.value:
         raise UsageError(f"flag --methods={','.join(_METHODS.value)}: unknown "
@@ -230,7 +248,10 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
             d, k, alpha=alpha, learning_rate=eta, head_steps=_HEAD_STEPS.value,
             shortcut_steps=_SHORTCUT_STEPS.value,
             representation_steps=_REPRESENTATION_STEPS.value,
-            shortcut_ridge=_SHORTCUT_RIDGE.value, seed=seed)
+            shortcut_ridge=_SHORTCUT_RIDGE.value, seed=seed,
+            variant="a" if method == "fedrep_gd" else _VARIANT.value,
+            project_shortcut=_PROJECT_SHORTCUT.value, shortcut_damping=_SHORTCUT_DAMPING.value,
+            head_damping=_HEAD_DAMPING.value, order=_ORDER.value)
         last = _run(
             process, data, f"{tag} {method} α={alpha:g}",
             lambda state, personal, process=process: evaluation(

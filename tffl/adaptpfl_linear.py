@@ -40,10 +40,11 @@ Choices for the draft's inconsistencies (adaptpfl.md §4; numbers are that table
   (line 9's s_i^{t−1,τ_s}).
 * #7 α, the step sizes and an optional ridge β on s are explicit hyperparameters; #12 the
   gradients carry the (1 − α) and α factors (the draft's eq. 7 drops (1 − α)).
-* #8 / §1.6: this is Algorithm 1 (head → shortcut → representation, τ gradient steps each, no
-  projection, no damping, no QR). The analysed iteration (2)–(8) — exact ridge / least-squares
-  solves, projection of s onto span(B)^⊥, damping λ_S, λ_W, one B step then QR — is *not*
-  implemented here.
+* #8 / §1.6: variant A is Algorithm 1 (head → shortcut → representation, τ gradient steps
+  each, no projection, no damping, no QR). Variant B (`variant="b"`, issue 18) is the analysed
+  iteration (2)–(8): exact ridge / least-squares solves, projection of s onto span(B)^⊥,
+  damping λ_S, λ_W, one B step then QR, order S→W; each of these is a switch
+  (`variant_b_update`).
 * Initialization (undeclared in the draft): B⁰ a seeded random orthonormal d×k (or any B via
   `set_representation`, e.g. FedRep's method-of-moments B⁰ from `tffl.fedrep_linear`);
   w_i⁰ = 0 and s_i⁰ = 0 (§1.4; s⁰ = 0 is LoRA's zero-initialized branch).
@@ -119,8 +120,9 @@ class AdaptPFLLinearProcess(linear_engine.PersonalizedLinearProcess):
       set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
       dim, rank, alpha: d, k, α.
       learning_rate, head_learning_rate, shortcut_learning_rate: η_b, η_w, η_s.
-      head_steps, shortcut_steps, representation_steps: τ_w, τ_s, τ_b.
+      head_steps, shortcut_steps, representation_steps: τ_w, τ_s, τ_b (variant A).
       shortcut_ridge: β.
+      variant: "a" (Algorithm 1 repaired) or "b" (the analysed iteration (2)–(8)).
     """
 
     alpha: float
@@ -131,6 +133,7 @@ class AdaptPFLLinearProcess(linear_engine.PersonalizedLinearProcess):
     shortcut_steps: int
     representation_steps: int
     shortcut_ridge: float
+    variant: str = "a"
 
     @staticmethod
     def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
@@ -163,8 +166,14 @@ def build_adaptpfl_linear(
     shortcut_learning_rate: float | None = None,
     shortcut_ridge: float = 0.0,
     seed: int = 0,
+    variant: str = "a",
+    project_shortcut: bool = True,
+    shortcut_damping: float = 1.0,
+    head_damping: float = 1.0,
+    order: str = "sw",
 ) -> AdaptPFLLinearProcess:
-    """Linear AdaptPFL (Algorithm 1, variant A): θ_i = (1 − α) B w_i + α s_i.
+    """Linear AdaptPFL: θ_i = (1 − α) B w_i + α s_i; variant A (Algorithm 1 repaired, the module
+    docstring) or variant B (the draft's analysed iteration, `variant_b_update`).
 
     Args:
       dim: d >= 1.
@@ -180,6 +189,13 @@ def build_adaptpfl_linear(
       shortcut_ridge: β >= 0, weight decay (β/2)‖s‖² in the shortcut phase (the draft's β of
         eq. 2, per client; 0 by default as in Algorithm 1).
       seed: seed of `initialize`'s random orthonormal B.
+      variant: "a" or "b". Variant B's ablation switches (ignored by A):
+        project_shortcut: (3), s̄ = (I − B̂B̂ᵀ) s̃ (default on);
+        shortcut_damping: λ_S in (0, 1], (4);
+        head_damping: λ_W in (0, 1], (6) (the draft's γ taken equal to λ_W);
+        order: "sw" (the analysis: shortcut, then head) or "ws" (Algorithm 1's order).
+      Variant B's representation step is one gradient step (η = `learning_rate`) then QR; its
+      ridge is `shortcut_ridge` (β̃, per client).
 
     Raises:
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
@@ -199,6 +215,11 @@ def build_adaptpfl_linear(
     tau_s = _nonnegative_int("shortcut_steps", shortcut_steps)
     tau_b = _nonnegative_int("representation_steps", representation_steps)
     beta = check_rate("shortcut_ridge", shortcut_ridge, allow_zero=True)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
+    if variant == "b":
+        return _build_variant_b(dim, rank, alpha, eta_b, beta, seed, project_shortcut,
+                                shortcut_damping, head_damping, order)
 
     server = linear_engine.build_server(
         dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
@@ -247,3 +268,100 @@ def build_adaptpfl_linear(
         representation_steps=tau_b,
         shortcut_ridge=beta,
     )
+
+
+VARIANTS = ("a", "b")
+ORDERS = ("sw", "ws")
+
+
+def variant_b_update(x64, y64, b64, w0, s0, alpha: float, beta: float, project: bool,
+                     damping_s: float, damping_w: float, order: str):
+    """One client's step of the analysed iteration (adaptpfl.md §1.5, per-client form), float64.
+
+    With Π = XᵀX/m and B̂ the broadcast (orthonormal) representation:
+
+        (2) s̃ = α (α² Π + β̃ I)⁺ (1/m) Xᵀ (y − (1−α) X B̂ w)         ridge shortcut
+        (3) s̄ = (I − B̂B̂ᵀ) s̃                                      (if `project`)
+        (4) s' = (1−λ_S) s + λ_S s̄
+        (5) w̄ = (1/(1−α)) (B̂ᵀΠB̂)⁺ B̂ᵀ (1/m) Xᵀ (y − α X s̄)         least-squares head
+        (6) w' = (1−λ_W) w + λ_W w̄
+        (7) G = −((1−α)/m) Xᵀ (y − X((1−α) B̂ w' + α s')) w'ᵀ
+
+    Order "sw" is (2)–(6) as written (the head uses the projected, undamped s̄); "ws" solves the
+    head first against the stored s, then the shortcut against the new head. ⁺ is the
+    pseudo-inverse (m < k or α = β̃ = 0 make the matrices singular). Returns (w', s', G).
+    """
+    m = tf.cast(tf.shape(x64)[0], tf.float64)
+    d = tf.shape(b64)[0]
+    gram = tf.matmul(x64, x64, transpose_a=True) / m                        # Π (d×d)
+
+    def shortcut(w):
+        target = y64 - (1.0 - alpha) * tf.linalg.matvec(x64, tf.linalg.matvec(b64, w))
+        rhs = tf.linalg.matvec(x64, target, transpose_a=True) / m
+        s_tilde = alpha * tf.linalg.matvec(
+            tf.linalg.pinv(alpha**2 * gram + beta * tf.eye(d, dtype=tf.float64)), rhs)
+        if project:
+            s_tilde = s_tilde - tf.linalg.matvec(b64, tf.linalg.matvec(b64, s_tilde,
+                                                                       transpose_a=True))
+        return s_tilde
+
+    def head(s_bar):
+        rhs = tf.linalg.matvec(b64, tf.linalg.matvec(x64, y64 - alpha * tf.linalg.matvec(
+            x64, s_bar), transpose_a=True) / m, transpose_a=True)
+        small = tf.matmul(b64, tf.matmul(gram, b64), transpose_a=True)       # B̂ᵀΠB̂ (k×k)
+        return tf.linalg.matvec(tf.linalg.pinv(small), rhs) / (1.0 - alpha)
+
+    if order == "sw":
+        s_bar = shortcut(w0)
+        s_new = (1.0 - damping_s) * s0 + damping_s * s_bar
+        w_new = (1.0 - damping_w) * w0 + damping_w * head(s_bar)
+    else:
+        w_new = (1.0 - damping_w) * w0 + damping_w * head(s0)
+        s_new = (1.0 - damping_s) * s0 + damping_s * shortcut(w_new)
+    theta = (1.0 - alpha) * tf.linalg.matvec(b64, w_new) + alpha * s_new
+    residual = y64 - tf.linalg.matvec(x64, theta)
+    grad = -((1.0 - alpha) / m) * (tf.linalg.matvec(x64, residual, transpose_a=True)[:, None]
+                                   * w_new[None, :])
+    return w_new, s_new, grad
+
+
+def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damping_w, order):
+    if not alpha < 1.0:
+        raise ValueError(f"alpha={alpha}: variant B solves the head with a 1/(1−α) factor; "
+                         "it needs alpha < 1")
+    for name, value in (("shortcut_damping", damping_s), ("head_damping", damping_w)):
+        if not (np.isfinite(value) and 0.0 < value <= 1.0):
+            raise ValueError(f"{name}={value} must be in (0, 1]")
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r} must be one of {', '.join(ORDERS)}")
+    server = linear_engine.build_server(
+        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        orthonormal=True)
+    personal_type = linear_engine.personal_type(AdaptPFLLinearProcess.personal_shapes(dim, rank))
+
+    @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
+    def client_update(b, data, personal):
+        """(B̂, data, (w_i, s_i)) -> {representation: B̂ − η G_i, personal: (w_i', s_i'), loss}."""
+        b64 = tf.cast(b, tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
+        w0 = tf.cast(personal["head"], tf.float64)
+        s0 = tf.cast(personal["shortcut"], tf.float64)
+        theta0 = (1.0 - alpha) * tf.linalg.matvec(b64, w0) + alpha * s0
+        loss = tf.reduce_sum((tf.linalg.matvec(x64, theta0) - y64) ** 2) / (2.0 * m)
+        w, s, grad = variant_b_update(x64, y64, b64, w0, s0, alpha, beta, project, damping_s,
+                                      damping_w, order)
+        return collections.OrderedDict(
+            representation=tf.cast(b64 - eta * grad, tf.float32),
+            personal=collections.OrderedDict(head=tf.cast(w, tf.float32),
+                                             shortcut=tf.cast(s, tf.float32)),
+            loss=tf.cast(loss, tf.float32),
+        )
+
+    # (7)–(8): the mean of B̂ − ηG_i is B̂ − η·mean(G_i), one step; then QR.
+    next_fn = linear_engine.build_averaging_round(server, client_update,
+                                                  server_update=server.orthonormalize,
+                                                  personal_type=personal_type)
+    return AdaptPFLLinearProcess(
+        **server.process_fields(next_fn), alpha=alpha, learning_rate=eta,
+        head_learning_rate=eta, shortcut_learning_rate=eta, head_steps=0, shortcut_steps=0,
+        representation_steps=1, shortcut_ridge=beta, variant="b")

@@ -45,6 +45,8 @@ def test_tiny_run_prints_and_writes_the_table(tmp_path):
         (["--shortcut_ridge=-1"], "--shortcut_ridge"),
         (["--learning_rate=0"], "--learning_rate"),
         (["--init=nope"], "--init"),
+        (["--adaptpfl_variant=b", "--alphas=0.3,1"], "--alphas"),
+        (["--shortcut_damping=0"], "--shortcut_damping"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):

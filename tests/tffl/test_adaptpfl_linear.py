@@ -247,3 +247,87 @@ def test_bad_shapes_raise(tff_runtime):
         process.next(state, _CLIENTS, _personal(_HEADS, [np.zeros(_D - 1)] * 3))
     with pytest.raises(ValueError, match="shape"):
         process.set_representation(state, np.zeros((_D + 1, _K)))
+
+
+# --- Variant B: the draft's analysed iteration (2)–(8), adaptpfl.md §1.5 -----------------------
+
+
+def _qr_q(b):
+    q, r = np.linalg.qr(b)
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)[None, :]
+
+
+def _numpy_variant_b_round(b, clients, heads, shortcuts, alpha, beta, eta, project, lam_s, lam_w,
+                           order):
+    """adaptpfl.md §1.5, the per-client form, written out in numpy (float64)."""
+    new_heads, new_shortcuts, grads = [], [], []
+    for item, w, s in zip(clients, heads, shortcuts):
+        x, y = item["x"].astype(np.float64), item["y"].astype(np.float64)
+        m, d = x.shape
+        pi = x.T @ x / m
+
+        def ridge_shortcut(w_cur):   # (2) and (3)
+            target = y - (1 - alpha) * x @ b @ w_cur
+            s_tilde = alpha * np.linalg.pinv(alpha**2 * pi + beta * np.eye(d)) @ (x.T @ target / m)
+            return s_tilde - b @ (b.T @ s_tilde) if project else s_tilde
+
+        def ls_head(s_cur):          # (5): argmin_w (1/2m)‖y − αXs − (1−α)XBw‖²
+            design = (1 - alpha) * x @ b
+            return np.linalg.lstsq(design, y - alpha * x @ s_cur, rcond=None)[0]
+
+        if order == "sw":
+            s_bar = ridge_shortcut(w)
+            s_new = (1 - lam_s) * s + lam_s * s_bar                        # (4)
+            w_new = (1 - lam_w) * w + lam_w * ls_head(s_bar)               # (6)
+        else:
+            w_new = (1 - lam_w) * w + lam_w * ls_head(s)
+            s_new = (1 - lam_s) * s + lam_s * ridge_shortcut(w_new)
+        r = y - x @ ((1 - alpha) * b @ w_new + alpha * s_new)
+        grads.append(-((1 - alpha) / m) * np.outer(x.T @ r, w_new))        # (7)
+        new_heads.append(w_new)
+        new_shortcuts.append(s_new)
+    return _qr_q(b - eta * np.mean(grads, axis=0)), new_heads, new_shortcuts   # (7)–(8)
+
+
+@pytest.mark.parametrize("project, lam_s, lam_w, order", [
+    (True, 1.0, 1.0, "sw"),     # the analysed iteration, undamped
+    (True, 0.5, 0.8, "sw"),     # with damping
+    (False, 1.0, 1.0, "ws"),    # ablations: no projection, Algorithm 1's order
+])
+def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order):
+    d, k, alpha, beta, eta = 6, 2, 0.3, 0.05, 0.2
+    rng = np.random.default_rng(9)
+    clients = _data([rng.normal(size=(m, d)) for m in (12, 9, 15)],
+                    [rng.normal(size=m) for m in (12, 9, 15)])
+    process = adaptpfl_linear.build_adaptpfl_linear(
+        d, k, alpha, eta, shortcut_ridge=beta, variant="b", project_shortcut=project,
+        shortcut_damping=lam_s, head_damping=lam_w, order=order, seed=1)
+    heads = [rng.normal(size=k) for _ in clients]
+    shortcuts = [rng.normal(size=d) for _ in clients]
+    state = process.initialize()
+    b = process.get_representation(state).astype(np.float64)
+    np.testing.assert_allclose(b.T @ b, np.eye(k), atol=1e-6)   # B̂⁰ orthonormal
+    personal = _personal(heads, shortcuts)
+    for _ in range(2):
+        broadcast = b
+        out = process.next(state, clients, personal)
+        state, personal = out.state, out.personal_states
+        b, heads, shortcuts = _numpy_variant_b_round(b, clients, heads, shortcuts, alpha, beta,
+                                                     eta, project, lam_s, lam_w, order)
+        np.testing.assert_allclose(process.get_representation(state), b, rtol=1e-4, atol=1e-5)
+        for got, w, s in zip(personal, heads, shortcuts):
+            np.testing.assert_allclose(got["head"], w, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got["shortcut"], s, rtol=1e-4, atol=1e-5)
+            if project and lam_s == 1.0:   # (3) undamped: s_i ⟂ span(B̂) of its round
+                np.testing.assert_allclose(broadcast.T @ got["shortcut"], 0.0, atol=1e-5)
+
+
+def test_variant_b_bad_arguments():
+    with pytest.raises(ValueError, match="alpha=1.0: variant B"):
+        adaptpfl_linear.build_adaptpfl_linear(6, 2, 1.0, 0.1, variant="b")
+    with pytest.raises(ValueError, match=r"shortcut_damping=0.0 must be in \(0, 1\]"):
+        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="b", shortcut_damping=0.0)
+    with pytest.raises(ValueError, match="order='bw' must be one of sw, ws"):
+        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="b", order="bw")
+    with pytest.raises(ValueError, match="variant='c' must be one of a, b"):
+        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="c")
