@@ -446,11 +446,12 @@ def model_for(algorithm: str, representation: str = "mlp") -> str:
     return "pfl_mlp_lg" if algorithm == "lg_fedavg" else "pfl_mlp"
 
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "sgdm", "adam")
 
 
 def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
-    """A `tff.learning.optimizers` optimizer: `sgd` (with `momentum` > 0: SGD with momentum) or
+    """A `tff.learning.optimizers` optimizer: `sgd` (with `momentum` > 0: SGD with momentum),
+    `sgdm` (SGD with momentum; `momentum` must be > 0, e.g. 0.5 as SRPFL's and FLUTE's code) or
     `adam` (β = 0.9, 0.999; `momentum` must be 0)."""
     import tensorflow_federated as tff
 
@@ -458,7 +459,9 @@ def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
         raise ValueError(f"learning rate {learning_rate} must be > 0")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum {momentum} must be in [0, 1)")
-    if name == "sgd":
+    if name == "sgdm" and not momentum > 0:
+        raise ValueError("the sgdm optimizer needs a momentum > 0 (e.g. 0.5, SRPFL's code)")
+    if name in ("sgd", "sgdm"):
         return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum or None)
     if name == "adam":
         if momentum:

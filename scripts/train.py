@@ -182,8 +182,8 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate.")
 _CLIENT_OPTIMIZER = flags.DEFINE_enum(
     "client_optimizer", "sgd", registry.OPTIMIZERS,
-    "Client optimizer (tff.learning.optimizers): sgd (with --client_momentum) or adam; its state "
-    "restarts in every local phase.")
+    "Client optimizer (tff.learning.optimizers): sgd (with --client_momentum), sgdm (SGD with "
+    "momentum: --client_momentum must be > 0) or adam; its state restarts in every local phase.")
 _CLIENT_MOMENTUM = flags.DEFINE_float("client_momentum", 0.0, "Client SGD momentum in [0, 1).")
 _WEIGHT_DECAY = flags.DEFINE_float(
     "weight_decay", 0.0, "Client weight decay lambda >= 0, added to the gradient as lambda*w "
@@ -340,9 +340,12 @@ def _validate_flags() -> pathlib.Path:
         value = flags.FLAGS[name].value
         if not 0.0 <= value < 1.0:
             raise UsageError(f"flag --{name}={value}: must be in [0, 1)")
-        if value and optimizer != "sgd":
-            raise UsageError(f"flag --{name}={value}: momentum applies to the sgd optimizer "
-                             f"only, not {optimizer}")
+        if value and optimizer not in ("sgd", "sgdm"):
+            raise UsageError(f"flag --{name}={value}: momentum applies to the sgd and sgdm "
+                             f"optimizers only, not {optimizer}")
+        if optimizer == "sgdm" and not value > 0:
+            raise UsageError(f"flag --{name}={value}: the sgdm optimizer needs a momentum > 0 "
+                             "(e.g. 0.5)")
     if not _WEIGHT_DECAY.value >= 0:
         raise UsageError(f"flag --weight_decay={_WEIGHT_DECAY.value}: must be >= 0")
     if _CLIENTS_PER_ROUND.value > _NUM_CLIENTS.value:

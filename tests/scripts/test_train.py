@@ -95,6 +95,7 @@ _VALIDATED = [
     (["--algorithm=flute", "--flute_variant=plain", "--head_epochs=3"], "--head_epochs"),
     (["--algorithm=fedper", "--representation_blocks=2"], "--representation_blocks"),
     (["--algorithm=fedrep", "--representation_blocks=0"], "--representation_blocks"),
+    (["--client_optimizer=sgdm"], "--client_momentum"),
     (["--runtime=distribute", "--workers=2"], "--workers"),
     (["--devices=CPU:0"], "--devices"),
     (["--runtime=distribute", "--logical_cpus=-1"], "--logical_cpus"),

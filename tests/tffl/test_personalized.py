@@ -672,6 +672,46 @@ def test_adaptpfl_trains_the_shortcut_when_alpha_is_positive(tff_runtime):
     assert adapt.traffic["round"].down == (D * K) * 4
 
 
+def test_deep_adaptpfl_round_with_positive_alpha_equals_finite_difference_numpy(tff_runtime):
+    """AdaptPFL (variant A) on the deep model, α = 0.5: logits = (1−α)(x·W·H + b) + α·x·S.
+    One round of head (H, b), then shortcut S with the new head, then representation W with
+    both, each one full-batch step; W averaged by examples. Gradients by central finite
+    differences of the numpy cross-entropy."""
+    alpha = 0.5
+    process = personalized.build_personalized_process(
+        "adaptpfl", lambda: _classifier(shortcut_alpha=alpha), CLASS_SPEC, LR)
+    clients = _class_clients(seed=8)
+    weights = process.model_weights(process.initialize())
+    w0, h0, b0, s0 = (np.asarray(v, np.float64) for v in weights.trainable)
+    rng = np.random.default_rng(2)
+    # Non-zero personal shortcuts, so that the head phase sees the shortcut too.
+    starts = [[h0.astype(np.float32), b0.astype(np.float32),
+               (0.3 * rng.normal(size=s0.shape)).astype(np.float32)] for _ in clients]
+    out = process.next(process.initialize(), _class_datasets(clients), starts)
+
+    def ce(p, x, y):
+        logits = (1 - alpha) * (x @ p["w"] @ p["h"] + p["b"]) + alpha * x @ p["s"]
+        logits = logits - logits.max(axis=1, keepdims=True)
+        return np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
+
+    new_ws, sizes = [], []
+    for (x, y), start, got in zip(clients, starts, out.personal_states):
+        x = x.astype(np.float64)
+        p = {"w": w0.copy(), "h": h0.copy(), "b": b0.copy(), "s": start[2].astype(np.float64)}
+        f = lambda q: ce(q, x, y)  # noqa: E731
+        gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+        p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+        p["s"] = p["s"] - LR * _numeric_grad(f, p, "s")
+        p["w"] = p["w"] - LR * _numeric_grad(f, p, "w")
+        for k, name in enumerate(("h", "b", "s")):
+            np.testing.assert_allclose(got[k], p[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        new_ws.append(p["w"])
+        sizes.append(len(x))
+    expected_w = sum(n * w for n, w in zip(sizes, new_ws)) / sum(sizes)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], expected_w,
+                               rtol=1e-4, atol=1e-6)
+
+
 def test_flute_and_adaptpfl_bad_input():
     with pytest.raises(ValueError, match="nc_penalty=-1"):
         personalized.FluteConfig(nc_penalty=-1.0)
@@ -719,7 +759,52 @@ def test_flute_with_a_lora_representation(tff_runtime):
         sum(4 * np.prod(spec.trainable[k].shape) for k in lora) + 16 + 4)
     assert process.traffic["round"].down == sum(4 * np.prod(spec.trainable[k].shape)
                                                 for k in lora) + 4
-    out = process.next(process.initialize(), _class_datasets(_class_clients(seed=5)),
+    clients = _class_clients(seed=5)
+    state = process.initialize()
+    out = process.next(state, _class_datasets(clients),
                        [process.initialize_personal(c) for c in "ab"])
-    assert np.isfinite(out.metrics["client_work"]["train"]["loss"])
     np.testing.assert_array_equal(out.personal_states[1][2], [0.0, 1.0, 1.0])
+    # The numbers, against numpy with finite-difference gradients: logits = ReLU(x·A·B)·H + b,
+    # features ψ = ReLU(x·A·B); a head epoch, a joint epoch (A, B, H, b; + λ1·mean‖ψ‖²), the
+    # server's NC step (η_r on the mean NC of the two heads), A and B averaged by examples.
+    cfg = personalized.FluteConfig()
+    a0, b0, h0, c0 = (np.asarray(v, np.float64) for v in process.model_weights(state).trainable)
+
+    def objective(p, x, y, u, features_term):
+        feats = np.maximum(x @ p["a"] @ p["b"], 0.0)
+        logits = feats @ p["h"] + p["c"]
+        logits = logits - logits.max(axis=1, keepdims=True)
+        value = np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
+        value += cfg.head_penalty * np.sum(p["h"] ** 2) + cfg.nc_penalty * _numpy_nc(p["h"], u)
+        if features_term:
+            value += cfg.feature_penalty * np.mean(np.sum(feats**2, axis=1))
+        return value
+
+    trained, indicators, sizes = [], [], []
+    for x, y in clients:
+        x = x.astype(np.float64)
+        u = np.zeros(M)
+        u[np.unique(y)] = 1.0
+        p = {"a": a0.copy(), "b": b0.copy(), "h": h0.copy(), "c": c0.copy()}
+        f = lambda q: objective(q, x, y, u, False)  # noqa: E731
+        gh, gc = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "c")
+        p["h"], p["c"] = p["h"] - LR * gh, p["c"] - LR * gc
+        f = lambda q: objective(q, x, y, u, True)  # noqa: E731
+        grads = {k: _numeric_grad(f, p, k) for k in p}
+        p = {k: p[k] - LR * grads[k] for k in p}
+        trained.append(p)
+        indicators.append(u)
+        sizes.append(len(x))
+    heads = {f"h{i}": p["h"] for i, p in enumerate(trained)}
+
+    def mean_nc(q):
+        return np.mean([_numpy_nc(q[f"h{i}"], u) for i, u in enumerate(indicators)])
+
+    for i, (p, got) in enumerate(zip(trained, out.personal_states)):
+        np.testing.assert_allclose(got[0], p["h"] - cfg.nc_step * _numeric_grad(
+            mean_nc, heads, f"h{i}"), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got[1], p["c"], rtol=1e-4, atol=1e-6)
+    federated = process.get_model_weights(out.state).trainable
+    for k, name in enumerate(("a", "b")):
+        expected = sum(n * p[name] for n, p in zip(sizes, trained)) / sum(sizes)
+        np.testing.assert_allclose(federated[k], expected, rtol=1e-4, atol=1e-6, err_msg=name)
