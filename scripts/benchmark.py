@@ -632,7 +632,7 @@ class CompileCounter:
 
     @contextlib.contextmanager
     def installed(self):
-        native = runtime.native_compiler
+        native = runtime.guarded.native_compiler  # the TFF module the worker contexts call
         original = native.desugar_and_transform_to_native
 
         def counted(comp):
