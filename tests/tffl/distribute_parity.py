@@ -152,15 +152,16 @@ def _strategies():
 
 def main(out_path: str, names: list[str]) -> None:
     results = {}
-    for name in names or list(CASES):
-        process, data, personal = CASES[name]()
-        with runtime.local_runtime():
-            reference = _two_rounds(process, data, personal)
-        for i, leaf in enumerate(reference):
+    names = names or list(CASES)
+    built = {name: CASES[name]() for name in names}
+    with runtime.local_runtime():  # one TFF worker for every reference run
+        references = {name: _two_rounds(*built[name]) for name in names}
+    for name in names:
+        for i, leaf in enumerate(references[name]):
             results[f"{name}/tff/{i}"] = leaf
         for label, strategy in _strategies():
             with runtime.distribute_runtime(strategy=strategy) as context:
-                got = _two_rounds(process, data, personal)
+                got = _two_rounds(*built[name])
             results[f"{name}/{label}:clients_per_device"] = np.array(
                 list(context.clients_per_device.values()))
             for i, leaf in enumerate(got):

@@ -91,8 +91,7 @@ _CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("sig, workers", [
-    (signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 1),
-    (signal.SIGTERM, 2), (signal.SIGKILL, 2),
+    (signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2),
 ])
 def test_no_worker_outlives_a_killed_owner(sig, workers):
     """SIGINT/SIGTERM run the teardown; SIGKILL is covered by PR_SET_PDEATHSIG."""

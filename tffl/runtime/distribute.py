@@ -187,6 +187,19 @@ def _replica_runner(strategy: tf.distribute.Strategy) -> Callable[[Callable[[int
     return run
 
 
+_PIPELINE: compiler_pipeline.CompilerPipeline | None = None
+
+
+def _shared_pipeline() -> compiler_pipeline.CompilerPipeline:
+    """One compiler cache for every `DistributeContext` of the process: a computation is compiled
+    once, whichever strategy runs it (each context still imports the graphs onto its devices)."""
+    global _PIPELINE
+    if _PIPELINE is None:
+        _PIPELINE = compiler_pipeline.CompilerPipeline(
+            native_compiler.desugar_and_transform_to_native)
+    return _PIPELINE
+
+
 class DistributeContext(context_base.SyncContext):
     """A TFF execution context that runs computations in-process under `strategy`."""
 
@@ -201,8 +214,7 @@ class DistributeContext(context_base.SyncContext):
         self.clients_in_parallel = int(clients_in_parallel)
         self._run_replicas = _replica_runner(strategy)
         self._default_num_clients = default_num_clients
-        self._pipeline = compiler_pipeline.CompilerPipeline(
-            native_compiler.desugar_and_transform_to_native)
+        self._pipeline = _shared_pipeline()
         self._blocks: dict = {}
         self._interpreters: dict = {}
         self._resident: dict[int, tuple[np.ndarray, tf.Tensor]] = {}
