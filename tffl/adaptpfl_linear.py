@@ -101,6 +101,32 @@ def _gradient_descent(steps: int, value: tf.Tensor, step_fn) -> tf.Tensor:
     return result
 
 
+def _server(dim: int, rank: int, seed: int, orthonormal: bool):
+    """The averaging round's server (B⁰ a seeded random orthonormal d×k; `orthonormal`: QR after
+    each mean, variant B) and the personal-state type (w_i, s_i)."""
+    server = linear_engine.build_server(
+        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        orthonormal=orthonormal)
+    shapes = AdaptPFLLinearProcess.personal_shapes(dim, rank)
+    return server, linear_engine.personal_type(shapes)
+
+
+def _client_inputs(b, data, personal):
+    """(B, X, y, m, w_i, s_i) of one client's round, float64."""
+    x64, y64, m = linear_engine.batch64(data)
+    return (tf.cast(b, tf.float64), x64, y64, m, tf.cast(personal["head"], tf.float64),
+            tf.cast(personal["shortcut"], tf.float64))
+
+
+def _client_output(representation, w, s, loss) -> collections.OrderedDict:
+    """What a client returns to the averaging round: B_i, its new (w_i, s_i), its loss (float32)."""
+    return collections.OrderedDict(
+        representation=tf.cast(representation, tf.float32),
+        personal=collections.OrderedDict(head=tf.cast(w, tf.float32),
+                                         shortcut=tf.cast(s, tf.float32)),
+        loss=tf.cast(loss, tf.float32))
+
+
 def _nonnegative_int(name: str, value: int) -> int:
     if int(value) != value or value < 0:
         raise ValueError(f"{name}={value} must be an integer >= 0")
@@ -221,18 +247,12 @@ def build_adaptpfl_linear(
         return _build_variant_b(dim, rank, alpha, eta_b, beta, seed, project_shortcut,
                                 shortcut_damping, head_damping, order)
 
-    server = linear_engine.build_server(
-        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
-        orthonormal=False)
-    personal_type = linear_engine.personal_type(AdaptPFLLinearProcess.personal_shapes(dim, rank))
+    server, personal_type = _server(dim, rank, seed, orthonormal=False)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
     def client_update(b, data, personal):
         """(B, data, (w_i, s_i)) -> {representation: B_i, personal: (w_i', s_i'), loss}."""
-        b64 = tf.cast(b, tf.float64)
-        x64, y64, m = linear_engine.batch64(data)
-        w0 = tf.cast(personal["head"], tf.float64)
-        s0 = tf.cast(personal["shortcut"], tf.float64)
+        b64, x64, y64, m, w0, s0 = _client_inputs(b, data, personal)
 
         def residual(bb, w, s):
             theta = (1.0 - alpha) * tf.linalg.matvec(bb, w) + alpha * s           # (d,)
@@ -248,12 +268,7 @@ def build_adaptpfl_linear(
                                                                  + beta * s))
         b_i = _gradient_descent(tau_b, b64, lambda bb: bb - eta_b * (1.0 - alpha)
                                 * xtr(bb, w, s)[:, tf.newaxis] * w[tf.newaxis, :])
-        return collections.OrderedDict(
-            representation=tf.cast(b_i, tf.float32),
-            personal=collections.OrderedDict(head=tf.cast(w, tf.float32),
-                                             shortcut=tf.cast(s, tf.float32)),
-            loss=tf.cast(loss, tf.float32),
-        )
+        return _client_output(b_i, w, s, loss)
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   personal_type=personal_type)
@@ -334,28 +349,17 @@ def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damp
             raise ValueError(f"{name}={value} must be in (0, 1]")
     if order not in ORDERS:
         raise ValueError(f"order={order!r} must be one of {', '.join(ORDERS)}")
-    server = linear_engine.build_server(
-        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
-        orthonormal=True)
-    personal_type = linear_engine.personal_type(AdaptPFLLinearProcess.personal_shapes(dim, rank))
+    server, personal_type = _server(dim, rank, seed, orthonormal=True)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
     def client_update(b, data, personal):
         """(B̂, data, (w_i, s_i)) -> {representation: B̂ − η G_i, personal: (w_i', s_i'), loss}."""
-        b64 = tf.cast(b, tf.float64)
-        x64, y64, m = linear_engine.batch64(data)
-        w0 = tf.cast(personal["head"], tf.float64)
-        s0 = tf.cast(personal["shortcut"], tf.float64)
+        b64, x64, y64, m, w0, s0 = _client_inputs(b, data, personal)
         theta0 = (1.0 - alpha) * tf.linalg.matvec(b64, w0) + alpha * s0
         loss = tf.reduce_sum((tf.linalg.matvec(x64, theta0) - y64) ** 2) / (2.0 * m)
         w, s, grad = variant_b_update(x64, y64, b64, w0, s0, alpha, beta, project, damping_s,
                                       damping_w, order)
-        return collections.OrderedDict(
-            representation=tf.cast(b64 - eta * grad, tf.float32),
-            personal=collections.OrderedDict(head=tf.cast(w, tf.float32),
-                                             shortcut=tf.cast(s, tf.float32)),
-            loss=tf.cast(loss, tf.float32),
-        )
+        return _client_output(b64 - eta * grad, w, s, loss)
 
     # (7)–(8): the mean of B̂ − ηG_i is B̂ − η·mean(G_i), one step; then QR.
     next_fn = linear_engine.build_averaging_round(server, client_update,
