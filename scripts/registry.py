@@ -488,11 +488,13 @@ def build_algorithm(
     server_optimizer=None,
     weight_decay: float = 0.0,
     frozen_dir=None,
+    client_ranks=None,
 ):
     """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
     or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
     `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
-    any, go into the process's frozen-weights file (they never enter the server state)."""
+    any, go into the process's frozen-weights file (they never enter the server state).
+    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.lora_ranks`)."""
     import tensorflow_federated as tff
 
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
@@ -515,6 +517,8 @@ def build_algorithm(
             rolora_fraction, communication_rounds, task.keras_model_fn, task.input_spec,
             client_learning_rate, **common)
     if name in LORA_ALGORITHMS:
+        if client_ranks is not None:
+            common["client_ranks"] = client_ranks
         return lora_fl.build_lora_process(name, task.keras_model_fn, task.input_spec,
                                           client_learning_rate, **common)
     raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")

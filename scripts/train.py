@@ -102,6 +102,10 @@ _FLUTE_VARIANT = flags.DEFINE_enum(
     "flute_variant", "star", ["star", "plain"], "flute: star (FLUTE*, the official code: "
     "--head_epochs head-only epochs, then --representation_epochs joint epochs) or plain (the "
     "paper's Algorithm 2: --local_epochs joint epochs only; --head_epochs is refused).")
+_FLUTE_FINAL_HEAD_EPOCHS = flags.DEFINE_integer(
+    "flute_final_head_epochs", 0, "flute: E > 0 runs the official code's final round after the "
+    "last one: every client fine-tunes its head for E epochs on the FLUTE objective (the code: "
+    "10) and is tested; reported as final_head_round in summary.json (0: none).")
 _FLUTE_FEATURE_REDUCTION = flags.DEFINE_enum(
     "flute_feature_reduction", "mean", ["mean", "sum"], "flute: the feature penalty lambda1 "
     "times the batch mean (the paper's Eq. 10; default lambda1 0.005) or the batch sum (the "
@@ -174,6 +178,10 @@ _ROUNDS = flags.DEFINE_integer(
 )
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 10, "Local SGD steps per client per round.")
 _RANK = flags.DEFINE_integer("rank", 16, "LoRA rank r of the LoRA algorithms' adapters.")
+_CLIENT_RANKS = flags.DEFINE_list(
+    "client_ranks", None, "flexlora and flora: LoRA ranks assigned to the clients in turn, e.g. "
+    "4,8,16 (client k gets rank k mod 3); the adapters take --rank, by default the largest "
+    "client rank (tffl.lora_ranks).")
 _ROLORA_FRACTION = flags.DEFINE_float(
     "rolora_fraction", 0.5,
     "rolora_ffa: fraction x of the communication rounds run as RoLoRA before FFA-LoRA takes over.",
@@ -250,6 +258,38 @@ def _positive(name: str, minimum: int = 1) -> None:
         raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
 
 
+def _client_ranks() -> list[int]:
+    return [int(r) for r in _CLIENT_RANKS.value or []]
+
+
+def _adapter_rank() -> int:
+    """--rank, or the largest client rank when --client_ranks is given without --rank."""
+    if _CLIENT_RANKS.value and not flags.FLAGS["rank"].present:
+        return max(_client_ranks())
+    return _RANK.value
+
+
+def _validate_client_ranks() -> None:
+    if not _CLIENT_RANKS.value:
+        return
+    given = ",".join(_CLIENT_RANKS.value)
+    try:
+        ranks = _client_ranks()
+    except ValueError:
+        raise UsageError(f"flag --client_ranks={given}: must be integer ranks, e.g. "
+                         "4,8,16") from None
+    if min(ranks) < 1:
+        raise UsageError(f"flag --client_ranks={given}: ranks must be >= 1")
+    others = [a for a in _ALGORITHM.value if a not in ("flexlora", "flora")]
+    if others:
+        raise UsageError(f"flag --client_ranks={given}: only flexlora and flora aggregate "
+                         f"adapters of different ranks, not {', '.join(others)}")
+    if max(ranks) > _adapter_rank():
+        raise UsageError(f"flag --client_ranks={given}: rank {max(ranks)} is above "
+                         f"--rank={_RANK.value}; raise --rank or leave it unset (the adapters "
+                         "then take the largest client rank)")
+
+
 def _validate_flags() -> pathlib.Path:
     """Checks flag values together; returns the (created, writable) output directory."""
     _validate_worker_flags()
@@ -258,6 +298,7 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     _positive("eval_every", minimum=0)
     _positive("rank")
+    _validate_client_ranks()
     _positive("sequence_length", minimum=4)
     if _LORA_ALPHA.value is not None and not _LORA_ALPHA.value > 0:
         raise UsageError(f"flag --lora_alpha={_LORA_ALPHA.value}: must be > 0")
@@ -287,6 +328,10 @@ def _validate_flags() -> pathlib.Path:
         raise UsageError(f"flag --representation={_REPRESENTATION.value}: adaptpfl's shortcut "
                          "model needs --representation=mlp")
     _positive("representation_blocks")
+    _positive("flute_final_head_epochs", minimum=0)
+    if _FLUTE_FINAL_HEAD_EPOCHS.value and "flute" not in _ALGORITHM.value:
+        raise UsageError(f"flag --flute_final_head_epochs={_FLUTE_FINAL_HEAD_EPOCHS.value}: is "
+                         "FLUTE's final round; use it with --algorithm=flute")
     if _REPRESENTATION_BLOCKS.value > 1 and set(_ALGORITHM.value) - {"fedrep"}:
         raise UsageError(f"flag --representation_blocks={_REPRESENTATION_BLOCKS.value}: "
                          "interleaves FedRep's head and representation epochs; use it with "
@@ -369,6 +414,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
 
     Must run inside `runtime.local_runtime()`.
     """
+    from tffl import lora_ranks
     from tffl import personalized
     from tffl import simulation
 
@@ -377,33 +423,43 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
     # Flags added later enter the configuration only when not at their default, so that runs
     # from before them still resume.
     for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
-                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1)):
+                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
+                          ("client_ranks", None), ("flute_final_head_epochs", 0)):
         if flags.FLAGS[name].value != default:
             config[name] = flags.FLAGS[name].value
-    task = registry.build_task(
-        _TASK.value,
-        num_clients=_NUM_CLIENTS.value,
-        batch_size=_BATCH_SIZE.value,
-        local_steps=_LOCAL_STEPS.value,
-        seed=_SEED.value,
-        partition=_PARTITION.value,
-        classes_per_client=_CLASSES_PER_CLIENT.value,
-        dirichlet_alpha=_DIRICHLET_ALPHA.value,
-        data_dir=_DATA_DIR.value,
-        model=registry.model_for(algorithm, _REPRESENTATION.value),
-        rank=_RANK.value,
-        shortcut_alpha=_SHORTCUT_ALPHA.value,
-        backbone=_BACKBONE.value,
-        lora_alpha=_LORA_ALPHA.value,
-        lora_targets=tuple(_LORA_TARGETS.value),
-        lora_layers=(tuple(int(i) for i in _LORA_LAYERS.value)
-                     if _LORA_LAYERS.value else None),
-        sequence_length=_SEQUENCE_LENGTH.value,
-        prefix_cache=_PREFIX_CACHE.value,
-        bucket_by_length=_BUCKET_BY_LENGTH.value,
-        # Workers at other addresses may not see this machine's files: send rounds in the call.
-        rounds_on_disk=not _WORKER_ADDRESSES.value,
-    )
+    config["rank"] = _adapter_rank()
+    try:
+        task = registry.build_task(
+            _TASK.value,
+            num_clients=_NUM_CLIENTS.value,
+            batch_size=_BATCH_SIZE.value,
+            local_steps=_LOCAL_STEPS.value,
+            seed=_SEED.value,
+            partition=_PARTITION.value,
+            classes_per_client=_CLASSES_PER_CLIENT.value,
+            dirichlet_alpha=_DIRICHLET_ALPHA.value,
+            data_dir=_DATA_DIR.value,
+            model=registry.model_for(algorithm, _REPRESENTATION.value),
+            rank=_adapter_rank(),
+            shortcut_alpha=_SHORTCUT_ALPHA.value,
+            backbone=_BACKBONE.value,
+            lora_alpha=_LORA_ALPHA.value,
+            lora_targets=tuple(_LORA_TARGETS.value),
+            lora_layers=(tuple(int(i) for i in _LORA_LAYERS.value)
+                         if _LORA_LAYERS.value else None),
+            sequence_length=_SEQUENCE_LENGTH.value,
+            prefix_cache=_PREFIX_CACHE.value,
+            bucket_by_length=_BUCKET_BY_LENGTH.value,
+            # Workers at other addresses may not see this machine's files: send rounds in the call.
+            rounds_on_disk=not _WORKER_ADDRESSES.value,
+        )
+    except ValueError as e:
+        if _CLIENT_RANKS.value and not flags.FLAGS["rank"].present:
+            # The adapters' rank came from --client_ranks: name that flag.
+            raise UsageError(str(e).replace(
+                f"flag --rank={_adapter_rank()}",
+                f"flag --client_ranks={','.join(_CLIENT_RANKS.value)}: rank {_adapter_rank()}"))
+        raise
     who = {
         "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",
         "full": (f"{_SRPFL_POOL.value} random of {_NUM_CLIENTS.value} clients per round"
@@ -432,6 +488,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         communication_rounds=_ROUNDS.value,
         rolora_fraction=_ROLORA_FRACTION.value,
         representation=_REPRESENTATION.value,
+        client_ranks=(lora_ranks.assign_ranks(task.client_ids, _client_ranks())
+                      if _CLIENT_RANKS.value else None),
         local_epochs=_LOCAL_EPOCHS.value,
         head_epochs=(None if algorithm == "flute" and _FLUTE_VARIANT.value == "plain"
                      else _HEAD_EPOCHS.value),
@@ -442,12 +500,14 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         flute=personalized.FluteConfig(
             feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
             nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value,
-            feature_reduction=_FLUTE_FEATURE_REDUCTION.value, variant=_FLUTE_VARIANT.value),
+            feature_reduction=_FLUTE_FEATURE_REDUCTION.value, variant=_FLUTE_VARIANT.value,
+            final_head_epochs=_FLUTE_FINAL_HEAD_EPOCHS.value),
     )
     if algorithm in registry.PERSONALIZED_ALGORITHMS:
         evaluate_fn = registry.personalized_evaluator(task, process)
     else:
-        def evaluate_fn(state):
+        def evaluate_fn(state, store=None):
+            del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
             return task.evaluate(process.model_weights(state))
     stage_rounds = _STAGE_ROUNDS.value
     sampler = registry.build_sampler(
@@ -485,6 +545,13 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
     }
+    if algorithm == "flute" and _FLUTE_FINAL_HEAD_EPOCHS.value:
+        ids, train, test = task.client_eval_data()
+        final = process.evaluate_final(result.state, result.personal_store.lookup(ids), train,
+                                       test)
+        summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
+        print(f"final round ({_FLUTE_FINAL_HEAD_EPOCHS.value} head epochs on every client): "
+              f"personalized test accuracy {final['accuracy']:.4f}", flush=True)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
 

@@ -163,7 +163,7 @@ class RoundSpec:
 
 class ClientHook:
     """Algorithm-specific client steps around the loop (FLUTE's penalties, class indicator and
-    NC step). `extra_types`: tensors appended to the personal state. `round_inputs`: values of
+    NC step; the heterogeneous ranks' truncation). `extra_types`: tensors appended to the personal state. `round_inputs`: values of
     the round the server broadcasts to every client with the weights, passed to `finish` as
     keyword arguments; the one supported is `"num_clients"`, |I| (float32), counted by a
     `federated_sum` of one per client before the broadcast."""
@@ -174,6 +174,12 @@ class ClientHook:
     def prepare(self, model, extra, dataset, phases):
         """-> (phases, features_model or None, context)."""
         return phases, None, None
+
+    def start(self, weights, context):
+        """The client's starting weights from the assembled ones (e.g. a rank truncation); the
+        update is still taken against the assembled weights."""
+        del context
+        return weights
 
     def finish(self, trained, context, **round_values):
         """-> (trained values, extra personal tensors)."""
@@ -248,7 +254,7 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
                 keras_model, model.loss_fn(), client.optimizer, phases, features_model,
                 device=model.client_device, weight_decay=client.weight_decay,
                 jit_compile=client.jit_compile)
-            out = loop(full, dataset)
+            out = loop(full if hook is None else hook.start(full, context), dataset)
         trained, extra_out = list(out["trainable"]), []
         if hook is not None:
             trained, extra_out = hook.finish(trained, context,
@@ -473,13 +479,15 @@ def _divide(a, b):
 
 def build_evaluation(model: FederatedModel, client: ClientConfig,
                      finetune: Sequence[client_training.Phase] = (),
-                     hook: ClientHook | None = None) -> tff.Computation:
+                     hook: ClientHook | None = None,
+                     finetune_objective: bool = False) -> tff.Computation:
     """Personalized federated evaluation `(w@S, [personal@C,] train@C, test@C) -> metrics@S`.
 
     Client i assembles its model from the federated weights w, the frozen weights and its
     personal state (if the model has personal variables), optionally fine-tunes it on its
-    training data with the `finetune` phases (`client`'s optimizer and weight decay), and tests
-    on its test data. Metrics: example-weighted `loss` and `accuracy` over all clients' test
+    training data with the `finetune` phases (`client`'s optimizer and weight decay; with
+    `finetune_objective`, the phases as the `hook` prepares them, e.g. FLUTE's penalties), and
+    tests on its test data. Metrics: example-weighted `loss` and `accuracy` over all clients' test
     examples, `mean_client_accuracy` (the unweighted mean over clients) and `num_examples`.
     """
     layout = model.layout
@@ -495,8 +503,13 @@ def build_evaluation(model: FederatedModel, client: ClientConfig,
             full = layout.assemble(weights, model.frozen.restore(),
                                    own if layout.personal else None)
             if finetune:
+                phases, features_model = finetune, None
+                if finetune_objective and hook is not None:
+                    extra = list(personal)[len(layout.personal):]
+                    phases, features_model, _ = hook.prepare(keras_model, extra, train_ds,
+                                                             finetune)
                 loop = client_training.build_phased_loop(
-                    keras_model, model.loss_fn(), client.optimizer, finetune,
+                    keras_model, model.loss_fn(), client.optimizer, phases, features_model,
                     device=model.client_device, weight_decay=client.weight_decay)
                 full = tff.learning.models.ModelWeights(
                     trainable=loop(full, train_ds)["trainable"],

@@ -50,6 +50,10 @@ class FluteConfig:
       nc_step: η_r ≥ 0, the server step on the mean NC of the round's heads (code: 0.5).
       variant: "star" (FLUTE*, the official code's schedule: head-only epochs, then joint epochs)
         or "plain" (the paper's Algorithm 2: joint epochs only, H, b and B from the same point).
+      final_head_epochs: E ≥ 0, the official code's final round (flute.md §4.4): after training,
+        every client fine-tunes its head for E epochs on the FLUTE objective (representation
+        fixed; the code: max(10, local_ep − local_rep_ep)) and is tested;
+        `process.evaluate_final` runs it, the server state is not changed. 0: no final round.
     """
 
     feature_penalty: float = 0.005
@@ -58,12 +62,17 @@ class FluteConfig:
     nc_step: float = 0.5
     feature_reduction: str = "mean"
     variant: str = "star"
+    final_head_epochs: int = 0
 
     def __post_init__(self):
         for name in ("feature_penalty", "head_penalty", "nc_penalty", "nc_step"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"FLUTE {name}={value} must be a finite number >= 0")
+        if (isinstance(self.final_head_epochs, bool) or int(self.final_head_epochs)
+                != self.final_head_epochs or self.final_head_epochs < 0):
+            raise ValueError(f"FLUTE final_head_epochs={self.final_head_epochs} must be an "
+                             "integer >= 0")
         if self.feature_reduction not in FEATURE_REDUCTIONS:
             raise ValueError(f"FLUTE feature_reduction={self.feature_reduction!r} must be one of "
                              f"{', '.join(FEATURE_REDUCTIONS)}")

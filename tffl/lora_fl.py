@@ -58,6 +58,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
 
 from tffl import client_training
 from tffl import communication
@@ -125,7 +127,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                    loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
                    server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
                    frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                   initial_trainable=None, jit_compile: bool = False
+                   initial_trainable=None, jit_compile: bool = False, client_ranks=None
                    ) -> processes.ScheduledProcess:
     """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
 
@@ -153,10 +155,56 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       frozen_dir: where the frozen weights file goes (`tffl.frozen.default_directory()`).
       seed: FLoRA's seed for the fresh A of every round.
       switch_round: rolora_ffa: the communication round from which only B rounds run.
+      client_ranks: flexlora and flora: each client's rank (`{client id: rank}` or a function
+        of the client id, each in [1, the model's LoRA rank]); the process is then a
+        `tffl.lora_ranks.HeterogeneousRankProcess` (the rank is the clients' personal state).
 
     Raises:
       ValueError: the model has no `lora_a`/`lora_b` variables, or the learning rate is not > 0.
     """
+    if client_ranks is not None:
+        from tffl import lora_ranks
+
+        return lora_ranks.build_heterogeneous_rank_process(
+            algorithm, keras_model_fn, input_spec, client_learning_rate, client_ranks,
+            loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
+            client_device=client_device, server_optimizer=server_optimizer,
+            weight_decay=weight_decay, initial_non_trainable=initial_non_trainable,
+            frozen_dir=frozen_dir, seed=seed, initial_trainable=initial_trainable,
+            jit_compile=jit_compile)
+    plan = plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
+                         loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
+                         client_device=client_device, server_optimizer=server_optimizer,
+                         weight_decay=weight_decay,
+                         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir,
+                         seed=seed, switch_round=switch_round,
+                         initial_trainable=initial_trainable, jit_compile=jit_compile)
+    pieces = [engine.build_round(plan.model, s, plan.client, plan.aggregator,
+                                 plan.server_optimizer) for s in plan.round_specs]
+    initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=False)
+    return processes.ScheduledProcess(algorithm, plan.model, pieces, initialize, rounds,
+                                      plan.schedule)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulePlan:
+    """An algorithm before composition: its model, round kinds, schedule and client/server
+    configuration (`build_schedule` composes it; `tffl.lora_ranks` adds a client hook)."""
+
+    model: engine.FederatedModel
+    round_specs: tuple[engine.RoundSpec, ...]
+    schedule: Any
+    client: engine.ClientConfig
+    aggregator: Any
+    server_optimizer: Any
+
+
+def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
+                  loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
+                  server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
+                  frozen_dir=None, seed: int = 0, switch_round: int | None = None,
+                  initial_trainable=None, jit_compile: bool = False) -> SchedulePlan:
+    """`build_schedule`'s plan (same arguments) before its rounds are built and composed."""
     try:
         client_training.as_optimizer(client_learning_rate)
     except ValueError:
@@ -195,9 +243,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
         client_device=client_device, spec=spec, initial_trainable=initial_trainable)
     client = engine.ClientConfig(client_learning_rate, weight_decay, jit_compile=jit_compile)
-    pieces = [engine.build_round(model, s, client, aggregator, server_optimizer) for s in specs]
-    initialize, rounds = processes.compose_rounds(model, pieces, personal=False)
-    return processes.ScheduledProcess(algorithm, model, pieces, initialize, rounds, schedule)
+    return SchedulePlan(model, tuple(specs), schedule, client, aggregator, server_optimizer)
 
 
 def _flora_links(spec):

@@ -136,6 +136,18 @@ class PersonalizedProcess(processes.PersonalizedProcess):
         return _floats(self.evaluate_computation(
             self.get_model_weights(state), list(personal_states), train_data, test_data))
 
+    def evaluate_final(self, state, personal_states, train_data, test_data) -> dict[str, float]:
+        """FLUTE's final round (`FluteConfig.final_head_epochs` > 0): every given client
+        fine-tunes its head on its training data with the FLUTE objective, then is tested as in
+        `evaluate`; neither the state nor the personal states change."""
+        if getattr(self, "final_evaluate_computation", None) is None:
+            raise ValueError(f"{self.algorithm} has no final head fine-tuning round (FLUTE's "
+                             "final_head_epochs > 0 builds one)")
+        self.check_personal(train_data, personal_states)
+        _check_same_length(train_data, test_data)
+        return _floats(self.final_evaluate_computation(
+            self.get_model_weights(state), list(personal_states), train_data, test_data))
+
 
 def _check_epochs(name: str, value: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or int(value) != value or value < minimum:
@@ -331,6 +343,11 @@ def build_personalized_process(
         process = PersonalizationProcess(algorithm, model, pieces, initialize, rounds, schedule)
     finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
     process.evaluate_computation = engine.build_evaluation(model, client, finetune, hook)
+    process.final_evaluate_computation = None
+    if flute is not None and flute.final_head_epochs:
+        process.final_evaluate_computation = engine.build_evaluation(
+            model, client, [client_training.Phase(head, flute.final_head_epochs)], hook,
+            finetune_objective=True)
     process.personal_indices = tuple(personal)
     process.finetune_epochs = finetune_epochs
     return process

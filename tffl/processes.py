@@ -446,12 +446,16 @@ class PersonalizedProcess(Scheduled):
         del client_id
         return [np.array(v) for v in self.model.initial_personal] + [v.copy() for v in self._extra]
 
+    def _personal_template(self) -> list[np.ndarray]:
+        """Arrays of every personal state's shapes and dtypes."""
+        return self.initialize_personal("")
+
     def check_personal(self, client_data, personal_states) -> None:
         personal_states = list(personal_states)
         if len(personal_states) != len(client_data):
             raise ValueError(f"{len(client_data)} client datasets but {len(personal_states)} "
                              "personal states: pass one personal state per client, in order")
-        template = self.initialize_personal("")
+        template = self._personal_template()
         names = [self.spec.trainable[k].name for k in self.model.layout.personal]
         names += [f"extra state {k}" for k in range(len(self._extra))]
         for i, values in enumerate(personal_states):

@@ -36,7 +36,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -138,10 +138,14 @@ class _Traffic:
         except (ValueError, TypeError, AttributeError) as e:
             say(f"note: bytes per client not reported: {e}")
 
-    def columns(self, state: Any) -> dict[str, float]:
-        """The traffic of the communication round that `next(state, ...)` runs."""
-        traffic = (self.process.traffic[self.process.round_name(state)] if self.scheduled
-                   else self.whole)
+    def columns(self, state: Any, client_ids: Sequence[str] = ()) -> dict[str, float]:
+        """The traffic of the communication round that `next(state, ...)` runs (the mean over
+        `client_ids` for a process whose clients differ, e.g. `tffl.lora_ranks`')."""
+        if self.scheduled and hasattr(self.process, "client_traffic"):
+            traffic = self.process.client_traffic(self.process.round_name(state), client_ids)
+        else:
+            traffic = (self.process.traffic[self.process.round_name(state)] if self.scheduled
+                       else self.whole)
         if traffic is None:
             return {}
         return {"bytes_down_per_client": traffic.down, "bytes_up_per_client": traffic.up}
@@ -323,7 +327,7 @@ def run_rounds(
     for round_num in range(first_round, rounds + 1):
         participation = sampler.sample(round_num)
         datasets = [client_dataset_fn(cid, round_num) for cid in participation.client_ids]
-        traffic_columns = traffic.columns(state)
+        traffic_columns = traffic.columns(state, participation.client_ids)
         start = time.perf_counter()
         if store is not None:
             output = process.next(state, datasets, store.lookup(participation.client_ids))

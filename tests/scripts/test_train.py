@@ -38,6 +38,7 @@ def _rows(path):
         (["--output_dir=/proc/tffl_not_writable"], "--output_dir"),
         (["--resume"], "--resume"),
         (["--rank=65"], "--rank"),
+        (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
@@ -97,6 +98,12 @@ _VALIDATED = [
     (["--runtime=distribute", "--workers=2"], "--workers"),
     (["--devices=CPU:0"], "--devices"),
     (["--runtime=distribute", "--logical_cpus=-1"], "--logical_cpus"),
+    (["--algorithm=rolora", "--client_ranks=2,4"], "--client_ranks"),
+    (["--algorithm=fedrep", "--flute_final_head_epochs=3"], "--flute_final_head_epochs"),
+    (["--algorithm=flute", "--flute_final_head_epochs=-1"], "--flute_final_head_epochs"),
+    (["--algorithm=flora", "--rank=4", "--client_ranks=2,8"], "--client_ranks"),
+    (["--algorithm=flexlora", "--client_ranks=0,2"], "--client_ranks"),
+    (["--algorithm=flexlora", "--client_ranks=a"], "--client_ranks"),
 ]
 _VALIDATE = """
 import json, sys
@@ -207,6 +214,23 @@ def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
     table = (tmp_path / "comparison.md").read_text()
     assert all(name in table for name in ("rolora", "fedavg_lora", "ffa_lora"))
     assert "| rolora | 4 |" in table
+
+
+def test_flora_with_client_ranks_reports_each_clients_bytes(tmp_path):
+    """--client_ranks=1,4 over 4 clients (ranks 1, 4, 1, 4, all in every round), adapters at
+    rank 4 (the largest): a rank-k client sends and receives (4 − k)·(64 + 64) float32 fewer than
+    the rank-4 types, so per client on average 1.5·128·4 bytes fewer: up A and B (2·4·64 floats)
+    + 16 bytes; down A, B and the linked 64×64 base kernel FLoRA merges into."""
+    proc = _run("--algorithm=flora", "--client_ranks=1,4", "--num_clients=4",
+                "--clients_per_round=4", "--rounds=2", "--local_steps=2", "--eval_every=2",
+                f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    saved = 1.5 * 128 * 4
+    assert [row["bytes_up_per_client"] for row in rows] == [2 * 4 * 64 * 4 + 16 - saved] * 2
+    assert [row["bytes_down_per_client"] for row in rows] == [
+        (2 * 4 * 64 + 64 * 64) * 4 - saved] * 2
+    assert "r=4" in proc.stdout
 
 
 @pytest.mark.slow

@@ -392,10 +392,38 @@ def _lora_classifier():
     return backbones.build_classifier(backbone, num_classes=3)
 
 
+def _reference_fedrep_round(model_fn, weights, heads, head_idx, rep_idx, datasets, lr):
+    """FedRep's round written from the paper in eager TensorFlow (its own loop, GradientTape):
+    each client loads the weights and its head, takes one SGD epoch on the head, then one on the
+    `rep_idx` variables (cross-entropy on logits, batch mean); returns every client's trained
+    trainable values (numpy)."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = model_fn()
+    out = []
+    for dataset, head in zip(datasets, heads):
+        values = list(weights.trainable)
+        for k, v in zip(head_idx, head):
+            values[k] = v
+        for var, v in zip(model.trainable_variables, values):
+            var.assign(v)
+        for var, v in zip(model.non_trainable_variables, weights.non_trainable):
+            var.assign(v)
+        for indices in (head_idx, rep_idx):
+            variables = [model.trainable_variables[k] for k in indices]
+            for x, y in dataset:
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                for var, grad in zip(variables, tape.gradient(loss, variables)):
+                    var.assign_sub(lr * grad)
+        out.append([v.numpy() for v in model.trainable_variables])
+    return out
+
+
 def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_runtime):
     """The combination the papers never ran: FedRep heads, LoRA adapters on a KerasNLP BERT
     representation, averaged RoLoRA-style. In the B round A is fixed and B is averaged; in the
-    A round the reverse; every client's head is trained and kept personal."""
+    A round the reverse; every client's head is trained and kept personal. Both rounds' factors
+    and heads equal an eager-TensorFlow FedRep written from the paper (its own SGD loop)."""
     x_spec = collections.OrderedDict(
         padding_mask=tf.TensorSpec([None, 8], tf.int32),
         segment_ids=tf.TensorSpec([None, 8], tf.int32),
@@ -465,6 +493,32 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     assert not np.array_equal(out.personal_states[0][0], out.personal_states[1][0])
     assert np.isfinite(out.metrics["a_round"]["client_work"]["train"]["loss"])
     assert process.round_name(out.state) == "b_round"
+
+    # The numbers: the B round, then the A round, against the eager reference (equal client
+    # sizes, so the example-weighted mean is the plain mean). The moves are compared, relative
+    # to their size, since a round moves the factors little.
+    def assert_moved_alike(got, start, expected):
+        move, expected_move = np.asarray(got) - start, np.asarray(expected) - start
+        assert np.abs(expected_move).max() > 0
+        np.testing.assert_allclose(move, expected_move, rtol=0,
+                                   atol=1e-3 * np.abs(expected_move).max())
+
+    full = process.model_weights(state)
+    initial_heads = [[full.trainable[k] for k in head]] * 2
+    ref_b = _reference_fedrep_round(_lora_classifier, full, initial_heads, head, b_idx,
+                                    datasets, 0.5)
+    for k in b_idx:
+        assert_moved_alike(after_b[k], before[k], np.mean([c[k] for c in ref_b], axis=0))
+    for client, personal in zip(ref_b, heads):
+        for k, value in zip(head, personal):
+            assert_moved_alike(value, full.trainable[k], client[k])
+    ref_a = _reference_fedrep_round(_lora_classifier, process.model_weights(b_only.state),
+                                    heads, head, a_idx, datasets, 0.5)
+    for k in a_idx:
+        assert_moved_alike(after[k], after_b[k], np.mean([c[k] for c in ref_a], axis=0))
+    for client, personal, start in zip(ref_a, out.personal_states, heads):
+        for k, value, initial in zip(head, personal, start):
+            assert_moved_alike(value, initial, client[k])
 
 
 # ---- FLUTE (deep, Algorithm 2) and AdaptPFL (deep) -------------------------------------------
@@ -554,9 +608,12 @@ def _numeric_grad(f, params, name, eps=1e-6):
 def test_flute_round_equals_finite_difference_numpy(variant, reduction):
     """One FLUTE* round (head epoch, joint epoch, the server's step of η_r on the mean NC of the
     round's heads, mean of W) against numpy, with every gradient taken by central finite
-    differences of the numpy objectives."""
+    differences of the numpy objectives; then the code's final round: every client fine-tunes
+    its head for 2 epochs on the FLUTE objective (W fixed) and is tested."""
     cfg = personalized.FluteConfig(feature_penalty=0.05, head_penalty=0.02, nc_penalty=0.3,
-                                   nc_step=0.4, variant=variant, feature_reduction=reduction)
+                                   nc_step=0.4, variant=variant, feature_reduction=reduction,
+                                   final_head_epochs=2)
+    tests = _class_clients(seed=12, sizes=(4, 7))
     process = personalized.build_personalized_process("flute", _classifier, CLASS_SPEC, LR,
                                                       flute=cfg)
     clients = _class_clients(seed=11)
@@ -570,6 +627,8 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction):
         federated = process.get_model_weights(out.state).trainable
         assert len(federated) == 1   # W alone is federated; H, b and u stay on the clients
         got_w = federated[0]
+        final = process.evaluate_final(out.state, out.personal_states,
+                                       _class_datasets(clients), _class_datasets(tests))
 
     w0, h0, b0 = (np.asarray(v, np.float64) for v in weights.trainable)
     # A client's initial personal state: the model's initial head and a zero class indicator.
@@ -621,6 +680,27 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction):
         np.testing.assert_allclose(personal[1], p["b"], rtol=1e-4, atol=1e-6)
     expected_w = sum(n * w for n, w in zip(sizes, new_ws)) / sum(sizes)
     np.testing.assert_allclose(got_w, expected_w, rtol=1e-4, atol=1e-6)
+
+    # The final round: from its personal H, b, two head-only epochs (one full batch each, no
+    # feature term, W = the aggregated W), then cross-entropy and accuracy on its test data.
+    losses, correct, accuracies = [], [], []
+    for (x, y), (xt, yt), personal in zip(clients, tests, out.personal_states):
+        x, xt = x.astype(np.float64), xt.astype(np.float64)
+        u = np.asarray(personal[2], np.float64)
+        p = {"w": np.asarray(got_w, np.float64), "h": np.asarray(personal[0], np.float64),
+             "b": np.asarray(personal[1], np.float64)}
+        for _ in range(2):
+            f = lambda q: objective(q, x, y, u, False)  # noqa: E731
+            gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+            p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+        logits = xt @ p["w"] @ p["h"] + p["b"]
+        logits = logits - logits.max(axis=1, keepdims=True)
+        losses.append(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(yt)), yt])
+        correct.append(logits.argmax(axis=1) == yt)
+        accuracies.append(correct[-1].mean())
+    np.testing.assert_allclose(final["loss"], np.concatenate(losses).mean(), rtol=1e-4)
+    assert final["accuracy"] == pytest.approx(np.concatenate(correct).mean(), abs=1e-6)
+    assert final["mean_client_accuracy"] == pytest.approx(np.mean(accuracies), abs=1e-6)
 
 
 def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
