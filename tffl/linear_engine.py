@@ -19,7 +19,8 @@ A linear round t over the participating clients I (|I| = n):
 The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) has step 3 =
 B' = P((1/n) Σ_{i∈I} B_i) — the unweighted `tff.federated_mean`, whatever the m_i — with P the
 identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). Algorithms with another
-server step (FLUTE's sums) write their own `next` from `LinearServer.advance` and `round_metrics`.
+server step (FLUTE's sums) write their own `next` from `LinearServer.advance` and `round_metrics`;
+`build_two_exchange_round` is a round with two client exchanges (RoLoRA's Algorithm 2).
 
 TFF placement and types:
 
@@ -288,6 +289,44 @@ def build_averaging_round(server: LinearServer, client_update: tff.Computation,
         return new_state, out.personal, metrics
 
     return personalized_next_fn
+
+
+def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
+    """`() -> state@SERVER` from a no-argument TensorFlow computation of the state."""
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_eval(initial_state, tff.SERVER)
+
+    return initialize
+
+
+def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
+                             broadcast: tff.Computation, first_update: tff.Computation,
+                             second_update: tff.Computation,
+                             server_update: tff.Computation) -> tff.Computation:
+    """A round with two client exchanges (RoLoRA's Algorithm 2: b, then a's gradient):
+
+    1. the server broadcasts v = `broadcast`(state); client i returns u_i = `first_update`(v,
+       data_i); the server forms ū = (1/n) Σ_i u_i (unweighted);
+    2. the server broadcasts ū; client i returns `second_update`(v, ū, data_i) =
+       `OrderedDict(value=g_i, loss=ℓ_i)`; the server forms ḡ = (1/n) Σ_i g_i;
+    3. the new state is `server_update`(state, ū, ḡ).
+
+    Returns (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, round_metrics(ℓ))`
+    (`state_type` and `data_type` unplaced)."""
+
+    @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(state, data):
+        sent = tff.federated_broadcast(tff.federated_map(broadcast, state))
+        first = tff.federated_mean(tff.federated_map(first_update, (sent, data)))
+        out = tff.federated_map(second_update, (sent, tff.federated_broadcast(first), data))
+        new_state = tff.federated_map(server_update,
+                                      (state, first, tff.federated_mean(out.value)))
+        return tff.learning.templates.LearningProcessOutput(new_state, round_metrics(out.loss))
+
+    return next_fn
 
 
 # The Python-facing processes.

@@ -2,7 +2,7 @@
 
 Client i holds X_i ∈ R^{m_i×d} and Y_i ∈ R^{m_i×d}; the model is f_i(X) = X a bᵀ with a a unit
 vector, and l_i(a, b) = (1/m_i)‖Y_i − X_i a bᵀ‖²_F. One iteration t (one `next`, two
-communication exchanges: b, then a's gradient):
+communication exchanges, `tffl.linear_engine.build_two_exchange_round`: b, then a's gradient):
 
 1. the server broadcasts a = a^{t−1};
 2. client i solves b exactly: b̃_i = argmin_b l_i(a, b) = Y_iᵀ X_i a / ‖X_i a‖²;
@@ -120,8 +120,12 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0) -> Ro
         grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b64 * b64)
                             - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b64))
         loss = tf.reduce_sum(residual * residual) / m
-        return collections.OrderedDict(gradient=tf.cast(grad, tf.float32),
+        return collections.OrderedDict(value=tf.cast(grad, tf.float32),
                                        loss=tf.cast(loss, tf.float32))
+
+    @tff.tensorflow.computation(state_type)
+    def broadcast_a(state):
+        return state["a"]
 
     @tff.tensorflow.computation(state_type, vector, vector)
     def step(state, b_bar, mean_gradient):
@@ -129,17 +133,6 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0) -> Ro
         return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32), b=b_bar,
                                        round_num=state["round_num"] + 1)
 
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_eval(initial_state, tff.SERVER)
-
-    @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
-                               tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, data):
-        a = tff.federated_broadcast(state.a)
-        b_bar = tff.federated_mean(tff.federated_map(solve_b, (a, data)))
-        out = tff.federated_map(gradient_a, (a, tff.federated_broadcast(b_bar), data))
-        new_state = tff.federated_map(step, (state, b_bar, tff.federated_mean(out.gradient)))
-        return new_state, linear_engine.round_metrics(out.loss)
-
-    return RoLoRAAltMinGD(dim, initialize, next_fn)
+    next_fn = linear_engine.build_two_exchange_round(state_type, data_type, broadcast_a,
+                                                     solve_b, gradient_a, step)
+    return RoLoRAAltMinGD(dim, linear_engine.initialize_at_server(initial_state), next_fn)
