@@ -655,6 +655,37 @@ def _final_eval(final: dict) -> str:
     return "; ".join(parts) or "not evaluated"
 
 
+def resume_command(output_dir: pathlib.Path) -> str:
+    """This invocation's command with --output_dir set and --resume added."""
+    import shlex
+
+    args = [a for a in sys.argv[1:] if not a.startswith(("--output_dir", "--resume",
+                                                           "--noresume"))]
+    return shlex.join(["python", "scripts/train.py", *args, f"--output_dir={output_dir}",
+                       "--resume"])
+
+
+def interrupted_message(output_dir: pathlib.Path | None) -> str:
+    """One line for Ctrl-C: the last checkpointed round of each algorithm and the command that
+    continues the run."""
+    from tffl import checkpoint
+    from tffl import simulation
+
+    if output_dir is None:
+        return "interrupted before the run started; nothing to resume"
+    done = []
+    for folder in sorted(output_dir.rglob(simulation.CHECKPOINT_DIR)):
+        found = checkpoint.latest(folder)
+        if found is not None:
+            name = folder.parent.name if folder.parent != output_dir else ""
+            done.append(f"{name + ' ' if name else ''}round {found[0]}")
+    if not done:
+        return (f"interrupted before the first checkpoint in {output_dir}; rerun to start "
+                "again")
+    return (f"interrupted; checkpointed: {', '.join(done)}; continue with: "
+            f"{resume_command(output_dir)}")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -685,6 +716,11 @@ def main(argv: list[str]) -> int:
             f"; the completed rounds are checkpointed in {output_dir}: rerun with the same flags "
             "and --resume to continue" if resumable else "") + "\n")
         return 3
+    except KeyboardInterrupt:
+        if os.environ.get("TFFL_DEBUG"):
+            raise
+        sys.stderr.write(f"train.py: {interrupted_message(output_dir)}\n")
+        return 130
     if len(summaries) > 1:
         print("\n" + write_comparison(output_dir, summaries) + "\n", flush=True)
     for summary in summaries:

@@ -3,6 +3,8 @@
 import contextlib
 import os
 import pathlib
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -157,8 +159,8 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     cut = tmp_path / "cut"
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *_FAST, rounds, f"--output_dir={cut}"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=SCRIPT.parents[1],
     )
     workers = []
     try:
@@ -169,10 +171,12 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
                 proc.send_signal(signal.SIGINT)
                 break
         proc.wait(timeout=60)
+        stderr = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
+        proc.stderr.close()
     assert proc.returncode != 0
     assert workers, "the run should have started a TFF worker"
     time.sleep(0.5)
@@ -180,8 +184,17 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     done = simulation.read_metrics(cut / "metrics.csv")
     assert 2 <= len(done) < 30
+    # Ctrl-C is one line: the last checkpointed round and the command that continues the run.
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    found = re.search(r"interrupted; checkpointed: round (\d+); continue with: ", lines[0])
+    assert found and 1 <= int(found.group(1)) <= len(done), lines[0]
+    command = shlex.split(lines[0].split("continue with: ", 1)[1])
+    assert command[:2] == ["python", "scripts/train.py"] and command[-1] == "--resume"
 
-    resumed = _run(*_FAST, rounds, f"--output_dir={cut}", "--resume")
+    resumed = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
+                             timeout=300, cwd=SCRIPT.parents[1],
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert _rows(cut) == _rows(full)
