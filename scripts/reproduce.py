@@ -2,7 +2,7 @@ r"""Reproduce the papers' experiments: one command each, a table (CSV + Markdown
 
     .venv/bin/python scripts/reproduce.py --experiment=rolora_linear             # small scale
     .venv/bin/python scripts/reproduce.py --experiment=sst2_minilm --scale=full
-    .venv/bin/python scripts/reproduce.py --experiment=all                       # all seven
+    .venv/bin/python scripts/reproduce.py --experiment=all                       # all eight
     .venv/bin/python scripts/reproduce.py --experiment=rolora_mnist --resume     # after a kill
 
 Each experiment writes `results.csv`, `results.md` (the table it prints), `results.png` and
@@ -57,6 +57,12 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    1 seed; full: the paper's Figure 3 grid M = 15, 30, k = 2, 4, 6, 8, 3 seeds.
 7. `adaptpfl_synthetic` (adaptpfl.md §2.7): `scripts/adaptpfl_synthetic.py`; small: m = 20, 40,
    α = 0.3, 0.5, 1 seed; full: α = 0.1, 0.3, 0.5, 3 seeds.
+8. `srpfl_mnist` (srpfl.md §2.4, Figs 5-6; issue 19): SRPFL vs FedRep on a neural model,
+   `scripts/train.py --task=mnist`, 100 clients × 2 classes, a pool of 20 drawn every round,
+   fixed exponential speeds, the code's FedRep (10 head + 1 representation epochs, SGD momentum
+   0.5, weight decay 1e-4, lr 0.01, batch 10; 10 fine-tuning epochs at evaluation); simulated
+   wall-clock to personalized-accuracy targets 0.90, 0.95, 0.97 and the speedup.
+   small: 40 rounds, 1 seed (about 4 min); full: 150 rounds, 3 seeds.
 
 --resume continues a stopped run in --output_dir: the train.py runs continue from their
 checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
@@ -99,7 +105,7 @@ SCRIPTS = ROOT / "scripts"
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
-               "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic")
+               "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist")
 SCALES = ("small", "full")
 
 # The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
@@ -1212,6 +1218,112 @@ def run_adaptpfl_synthetic(ctx: Context) -> Result:
     return Result(Table(title, columns, rows, notes), panels, "AdaptPFL vs FedRep")
 
 
+# ------------------------------------------------------------------------------------------------
+# 8. srpfl_mnist
+
+
+# SRPFL's neural experiment as its code runs it (srpfl.md §2.4): M = 100 clients with 2 classes
+# each, a pool of N = M/5 = 20 drawn every round (Figs 5-6), fixed exponential speeds; SRPFL takes
+# the fastest min(20, 10·2^r) of the pool (stages of 10 rounds), FedRep all 20.
+SRPFL_MNIST_SCALES = {"small": dict(seeds=1, rounds=40), "full": dict(seeds=3, rounds=150)}
+SRPFL_MNIST_TARGETS = (0.90, 0.95, 0.97)
+SRPFL_MNIST_METHODS = {
+    "FedRep": ["--participation=full"],
+    "SRPFL": ["--participation=srpfl", "--initial_participants=10", "--stage_rounds=10"],
+}
+
+
+def srpfl_mnist_args(rounds: int, seed: int) -> list[str]:
+    """train.py flags shared by both methods (the code's FedRep: 10 head epochs + 1
+    representation epoch, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10; evaluation
+    after 10 head epochs of fine-tuning)."""
+    return ["--task=mnist", "--partition=shards", "--classes_per_client=2", "--num_clients=100",
+            "--algorithm=fedrep", "--srpfl_pool=20", "--straggler=fixed", "--head_epochs=10",
+            "--representation_epochs=1", "--batch_size=10", "--learning_rate=0.01",
+            "--client_optimizer=sgdm", "--client_momentum=0.5", "--weight_decay=1e-4",
+            "--finetune_epochs=10", f"--rounds={rounds}", "--eval_every=5", f"--seed={seed}"]
+
+
+def time_to_target(rows: Sequence[dict], target: float) -> tuple[float, int] | None:
+    """(simulated time, round) of the first evaluated round with personalized accuracy ≥
+    `target`, or None."""
+    for r in rows:
+        accuracy = r.get("eval_personal_accuracy")
+        if not _missing(accuracy) and _float(accuracy) >= target:
+            return _float(r["simulated_time"]), int(r["round"])
+    return None
+
+
+def run_srpfl_mnist(ctx: Context) -> Result:
+    _need_data(ctx, "mnist")
+    cfg = SRPFL_MNIST_SCALES[ctx.scale]
+    seeds = [ctx.seed + s for s in range(cfg["seeds"])]
+    curves: dict[tuple[str, int], list[dict]] = {}
+    for method, flags_ in SRPFL_MNIST_METHODS.items():
+        for seed in seeds:
+            run_dir = ctx.output_dir / f"{method.lower()}_seed{seed}"
+            args = [SCRIPTS / "train.py", *srpfl_mnist_args(cfg["rounds"], seed), *flags_,
+                    f"--data_dir={ctx.data_dir}", f"--output_dir={run_dir}"]
+            run_subprocess(args + (["--resume"] if ctx.resume else []),
+                           f"scripts/train.py ({method}, seed {seed})")
+            curves[method, seed] = _read_csv(run_dir / "metrics.csv")
+    rows = []
+    for target in SRPFL_MNIST_TARGETS:
+        times = {}
+        for method in SRPFL_MNIST_METHODS:
+            hits = [time_to_target(curves[method, s], target) for s in seeds]
+            reached = [h for h in hits if h is not None]
+            times[method] = [h[0] if h else None for h in hits]
+            rows.append({
+                "target": target, "method": method,
+                "reached": f"{len(reached)}/{len(seeds)}",
+                "rounds": _mean_std([h[1] for h in reached], "{:.1f}") if reached else None,
+                "time": _mean_std([h[0] for h in reached], "{:.1f}") if reached else None,
+                "speedup": None, "per_seed": None})
+        pairs = list(zip(times["FedRep"], times["SRPFL"]))
+        if all(f is not None and s is not None for f, s in pairs):
+            rows[-1]["speedup"] = f"{_mean([f for f, _ in pairs]) / _mean([s for _, s in pairs]):.2f}"
+            rows[-1]["per_seed"] = " / ".join(f"{f / s:.2f}" for f, s in pairs)
+    finals = {m: [_float(next(r for r in reversed(curves[m, s])
+                               if not _missing(r.get("eval_personal_accuracy")))
+                          ["eval_personal_accuracy"]) for s in seeds]
+              for m in SRPFL_MNIST_METHODS}
+    for method, values in finals.items():
+        rows.append({"target": "final", "method": method, "reached": f"{len(values)} seeds",
+                     "rounds": cfg["rounds"], "time": _mean_std(values, "{:.4f}") + " (acc.)",
+                     "speedup": None, "per_seed": None})
+    title = (
+        f"SRPFL vs FedRep on MNIST-5k (srpfl.md §2.4, the code's neural setting, Figs 5-6): "
+        f"M = 100 clients × 2 classes, every round a pool of N = 20 drawn at random; FedRep takes "
+        f"all 20, SRPFL the fastest min(20, 10·2^r) (stages of 10 rounds); fixed speeds "
+        f"T_i ~ Exp(1), a round lasts as long as its slowest participant, no communication cost; "
+        f"MLP 784-200-100-10 with a personal last layer, 10 head epochs + 1 "
+        f"representation epoch per round, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10; "
+        f"personalized test accuracy after 10 head epochs of fine-tuning, every 5 rounds; "
+        f"{cfg['rounds']} rounds; seeds {', '.join(map(str, seeds))}. Time and rounds to a target: "
+        f"mean ± std over the seeds that reached it; speedup = mean FedRep time / mean SRPFL time.")
+    notes = ["Paper's claim (srpfl.md §1, Figs 5-6): SRPFL reaches a target accuracy in less "
+             "wall-clock time than FedRep, with the same final accuracy."]
+    columns = [Column("target acc.", "target"), Column("method", "method"),
+               Column("seeds reached", "reached"), Column("rounds to target", "rounds"),
+               Column("simulated time to target", "time"),
+               Column("speedup (FedRep / SRPFL)", "speedup"),
+               Column("per-seed speedups", "per_seed")]
+    panels = []
+    for xkey, xlabel in (("simulated_time", "simulated wall-clock"), ("round", "round")):
+        series = []
+        for (method, seed), rows_ in curves.items():
+            evaluated = [r for r in rows_ if not _missing(r.get("eval_personal_accuracy"))]
+            series.append(Series(f"{method} seed {seed}", [_float(r[xkey]) for r in evaluated],
+                                 [_float(r["eval_personal_accuracy"]) for r in evaluated],
+                                 "-o" if method == "SRPFL" else "--s"))
+        panels.append(Panel(f"personalized accuracy vs {xlabel}", xlabel,
+                            "personalized test accuracy", series,
+                            hlines=[(f"target {t}", t) for t in SRPFL_MNIST_TARGETS]))
+    return Result(Table(title, columns, rows, notes), panels,
+                  "SRPFL vs FedRep on MNIST-5k (partial participation, fixed stragglers)")
+
+
 RUNNERS: dict[str, Callable[[Context], Result]] = {
     "rolora_linear": run_rolora_linear,
     "rolora_mnist": run_rolora_mnist,
@@ -1220,6 +1332,7 @@ RUNNERS: dict[str, Callable[[Context], Result]] = {
     "srpfl_speedup": run_srpfl_speedup,
     "flute_synthetic": run_flute_synthetic,
     "adaptpfl_synthetic": run_adaptpfl_synthetic,
+    "srpfl_mnist": run_srpfl_mnist,
 }
 
 

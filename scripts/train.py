@@ -591,8 +591,15 @@ def _comparison_rows(summaries: list[dict]) -> list[dict]:
 
 
 def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
-    """Writes comparison.csv and comparison.md; returns the Markdown table."""
+    """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
+    and vs uploaded bytes); returns the Markdown table."""
+    from tffl import plots
+    from tffl import simulation
+
     flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
+    runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
+            for s in summaries}
+    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=f"{_TASK.value}")
     return cli.write_table(output_dir, "comparison", _comparison_rows(summaries), _TABLE_COLUMNS,
                            preamble=flag_line)
 

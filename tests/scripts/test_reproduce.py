@@ -144,3 +144,17 @@ def test_small_linear_row_matches_docs(tff_runtime):
     # The docs print 3 (angle) and 6 (loss) significant digits; float32 round-off is far below.
     assert angle == pytest.approx(recorded_angle, rel=1e-2)
     assert loss == pytest.approx(recorded_loss, rel=1e-4)
+
+
+def test_time_to_target_is_the_first_evaluated_round_at_or_above_it():
+    rows = [{"round": "5", "simulated_time": "3.0", "eval_personal_accuracy": "0.80"},
+            {"round": "6", "simulated_time": "4.0", "eval_personal_accuracy": ""},
+            {"round": "10", "simulated_time": "9.5", "eval_personal_accuracy": "0.95"},
+            {"round": "15", "simulated_time": "12.0", "eval_personal_accuracy": "0.97"}]
+    assert reproduce.time_to_target(rows, 0.95) == (9.5, 10)
+    assert reproduce.time_to_target(rows, 0.8) == (3.0, 5)
+    assert reproduce.time_to_target(rows, 0.99) is None
+    # Both methods share every training flag but the participation ones.
+    shared = reproduce.srpfl_mnist_args(150, 1)
+    assert "--srpfl_pool=20" in shared and "--seed=1" in shared
+    assert not any(a.startswith("--participation") for a in shared)

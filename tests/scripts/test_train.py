@@ -226,6 +226,7 @@ def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
     assert fedavg_lora[0]["bytes_down_per_client"] == 2 * r * d * 4
     table = (tmp_path / "comparison.md").read_text()
     assert all(name in table for name in ("rolora", "fedavg_lora", "ffa_lora"))
+    assert (tmp_path / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| rolora | 4 |" in table
 
 
