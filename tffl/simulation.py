@@ -64,7 +64,7 @@ _LEADING_COLUMNS = (
     "round_seconds",
 )
 # Columns that depend on the machine, not on the math: left out of resume comparisons.
-TIMING_COLUMNS = ("round_seconds",)
+TIMING_COLUMNS = ("round_seconds", "evaluation_seconds")
 
 
 class Sampler(Protocol):
@@ -357,9 +357,11 @@ def run_rounds(
             )
         is_last = round_num == rounds
         if evaluate_fn is not None and (is_last or (eval_every and round_num % eval_every == 0)):
+            eval_start = time.perf_counter()
             evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
             for key, value in evaluated.items():
                 row[f"eval_{key}"] = float(value)
+            row["evaluation_seconds"] = time.perf_counter() - eval_start
         stop = until is not None and bool(until(row))
         is_last = is_last or stop
         history.append(row)

@@ -158,3 +158,16 @@ def test_time_to_target_is_the_first_evaluated_round_at_or_above_it():
     shared = reproduce.srpfl_mnist_args(150, 1)
     assert "--srpfl_pool=20" in shared and "--seed=1" in shared
     assert not any(a.startswith("--participation") for a in shared)
+
+
+def test_estimate_probe_arithmetic():
+    """A probe of 4 rounds (1st: 5 s with compile, then 1 s each) and 2 evaluations (3 s, then
+    2 s) in 20 s of wall time predicts, for 150 rounds and 30 evaluations:
+    startup 20 − 8 − 5 = 7, compile 5 − 1 = 4, first evaluation extra 1, 150·1 + 30·2 = 210."""
+    probe = reproduce.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
+    assert probe.predicted_seconds() == pytest.approx(7 + 4 + 1 + 150 + 60)
+    args, rounds, evaluations = reproduce._probe_args(
+        ["train.py", "--rounds=150", "--eval_every=5", "--output_dir=d", "--resume"])
+    assert (rounds, evaluations) == (150, 30)
+    assert args == ["train.py", "--output_dir=d", "--rounds=4", "--eval_every=2"]
+    assert reproduce._probe_args(["train.py", "--rounds=7", "--eval_every=5"])[1:] == (7, 2)
