@@ -238,10 +238,11 @@ def build_task(
     prefix_cache: bool = True,
     bucket_by_length: bool = True,
     rounds_on_disk: bool = True,
+    eval_test: bool = False,
 ) -> RunTask:
     """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
-    (text tasks, where `model` is ignored; `prefix_cache`, `bucket_by_length` and
-    `rounds_on_disk` as in `_text_run_task`)."""
+    (text tasks, where `model` is ignored; `prefix_cache`, `bucket_by_length`,
+    `rounds_on_disk` and `eval_test` as in `_text_run_task`)."""
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "
@@ -251,7 +252,10 @@ def build_task(
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
             _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
             prefix_cache=prefix_cache, bucket_by_length=bucket_by_length,
-            rounds_on_disk=rounds_on_disk)
+            rounds_on_disk=rounds_on_disk, eval_test=eval_test)
+    if eval_test:
+        raise ValueError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
+                         f"the dev set it evaluates on, not --task={name}")
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if partition not in PARTITIONS:
@@ -287,7 +291,8 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
                    partition: str, data_dir, backbone: str, rank: int, lora_alpha,
                    lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
                    scheme_kwargs: dict, prefix_cache: bool = True,
-                   bucket_by_length: bool = True, rounds_on_disk: bool = True) -> RunTask:
+                   bucket_by_length: bool = True, rounds_on_disk: bool = True,
+                   eval_test: bool = False) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
     BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head.
 
@@ -295,7 +300,9 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     h_k computed once per example (`tasks.prefix_cache`); with `bucket_by_length`, each batch
     holds examples of similar length, padded to its longest (`tasks.batching`). With
     `rounds_on_disk` (needs workers that see this machine's temporary folder), cached rounds
-    reach the TFF worker as files it streams."""
+    reach the TFF worker as files it streams. With `eval_test` (SST-2), the global model is also
+    evaluated on the labeled test split (`test_loss`, `test_accuracy`), so that a learning rate
+    chosen on the dev set is reported on held-out data."""
     import keras_nlp  # noqa: F401  (registers the layers)
 
     from models import backbones as backbones_lib
@@ -311,6 +318,9 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     data_dir = pathlib.Path(data_dir)
     folder = checkpoints.fetch_minilm()  # the vocabulary (and for minilm the weights)
     packer = text_lib.bert_packer(folder / "vocab.txt", sequence_length)
+    if eval_test and name != "sst2":
+        raise ValueError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
+                         f"the dev set it evaluates on, not --task={name}")
     if name == "sst2":
         task = task_lib.sst2_tsv_task(data_dir / "sst2", packer, num_clients, scheme=partition,
                                       seed=seed, **scheme_kwargs)
@@ -402,6 +412,26 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     how = ("no prefix cache" if cached is None else "embeddings cached" if cached.start_layer == 0
            else f"embeddings and layers < {cached.start_layer} cached")
     how += ", batches bucketed by length" if bucket_by_length else ", padded batches"
+    evaluate = evaluation.make_keras_evaluator(
+        model_fn, lambda: global_test.one_pass("all", 128))
+    if eval_test:
+        from tasks import client_data as client_data_lib
+        from tasks import text_files
+
+        test = text_files.load_glue_tsv(data_dir / "sst2", "sst2",
+                                        splits=("test-labeled",))["test-labeled"]
+        test_data = client_data_lib.tensor_dataset(text_lib.tokenize(test.segments, packer),
+                                                   test.labels)
+        held_out = prefix_lib.TextRounds(
+            {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(_ordered))}, 1, 128,
+            seed,
+            bucket_by_length=bucket_by_length, cache=cache, name="heldout_test")
+        on_test = evaluation.make_keras_evaluator(model_fn, lambda: held_out.one_pass("all", 128))
+        on_dev = evaluate
+
+        def evaluate(weights):
+            return {**on_dev(weights), **{f"test_{k}": v for k, v in on_test(weights).items()}}
+
     run = RunTask(
         description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
         f"clients; {shape}, LoRA r={rank} on {','.join(lora_targets)}, L={sequence_length}; "
@@ -410,8 +440,7 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
         client_dataset_fn=train_rounds.dataset,
         keras_model_fn=model_fn,
         input_spec=input_spec,
-        evaluate=evaluation.make_keras_evaluator(
-            model_fn, lambda: global_test.one_pass("all", 128)),
+        evaluate=evaluate,
         client_eval_data=client_eval_data,
     )
     run.pretrained_non_trainable = pretrained_non_trainable
@@ -569,3 +598,36 @@ def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, fl
         return out
 
     return evaluate
+
+
+def per_client_evaluator(task: RunTask, process, personalized: bool
+                         ) -> Callable[..., dict[str, float]]:
+    """`(state, store=None) -> {"<client id>_accuracy": …}` for every client with test data (the
+    review domains: per-domain accuracy): a personalized process evaluates each client with its
+    own stored personal state; a global one evaluates its global model on each client's test
+    set."""
+    from tffl import evaluation
+
+    evaluators = {}
+
+    def evaluate(state, store=None) -> dict[str, float]:
+        ids, train, test = task.client_eval_data()
+        out = {}
+        if personalized:
+            personal = store.lookup(ids) if store is not None else None
+            for i, cid in enumerate(ids):
+                if personal is not None:
+                    metrics = process.evaluate(state, [personal[i]], [train[i]], [test[i]])
+                else:
+                    metrics = process.evaluate(state, [train[i]], [test[i]])
+                out[f"{cid}_accuracy"] = metrics["accuracy"]
+            return out
+        weights = process.model_weights(state)
+        for cid, data in zip(ids, test):
+            if cid not in evaluators:
+                evaluators[cid] = evaluation.make_keras_evaluator(task.keras_model_fn, data)
+            out[f"{cid}_accuracy"] = evaluators[cid](weights)["accuracy"]
+        return out
+
+    return evaluate
+

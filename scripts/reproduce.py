@@ -63,6 +63,19 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    0.5, weight decay 1e-4, lr 0.01, batch 10; 10 fine-tuning epochs at evaluation); simulated
    wall-clock to personalized-accuracy targets 0.90, 0.95, 0.96 and the speedup.
    small: 40 rounds, 1 seed (about 4 min); full: 150 rounds, 3 seeds.
+9. `sst2_clients` (rolora.md §3.1-3.2, Table 1; issue 19): RoLoRA's protocol on SST-2 — the same
+   local steps per client per round for every N, R_N = R_3·3/N, all clients every round, IID
+   shards — for RoLoRA, FedAvg-LoRA, FFA-LoRA, FlexLoRA, FLoRA, FedSA-LoRA and 20% RoLoRA + 80%
+   FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
+   learning rate from a dev-set grid (first seed, smallest N), test accuracy on the labeled test
+   split, mean ± std over seeds. One train.py run per (method, N, seed, learning rate), each
+   resumable; `--collect` writes the table from the runs finished so far.
+   small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
+          check).
+   full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50
+          gets 300 sequential steps), lr grid 0.1, 0.3, 1.0, N = 3, 20, 50, 3 seeds.
+10. `sst2_dirichlet` (RoLoRA's Table 2 setting; issue 19): as `sst2_clients` at N = 20 with
+   Dirichlet(0.5) label skew, without the centralized run.
 
 --resume continues a stopped run in --output_dir: the train.py runs continue from their
 checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
@@ -105,7 +118,8 @@ SCRIPTS = ROOT / "scripts"
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
-               "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist")
+               "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
+               "sst2_clients", "sst2_dirichlet")
 SCALES = ("small", "full")
 
 # The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
@@ -134,6 +148,10 @@ _ESTIMATE = flags.DEFINE_bool(
     "estimate", False, "Print the predicted time of the experiment from a short timed probe of "
     "each of its train.py runs (ESTIMATE_PROBE_ROUNDS rounds, evaluated twice) and stop; the "
     "probes go to <output_dir>/estimate.", flag_values=FLAGS)
+_COLLECT = flags.DEFINE_bool(
+    "collect", False, "sst2_clients and sst2_dirichlet: run nothing; write the table and plot "
+    "from the runs finished so far (unfinished cells say how many seeds are done).",
+    flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 
 
@@ -1403,6 +1421,210 @@ def run_srpfl_mnist(ctx: Context) -> Result:
                   "SRPFL vs FedRep on MNIST-5k (partial participation, fixed stragglers)")
 
 
+# ------------------------------------------------------------------------------------------------
+# 9-10. sst2_clients and sst2_dirichlet (issue 19, experiments 1 and 2)
+
+
+# RoLoRA's protocol (rolora.md §3.1): the same local steps per client per round for every N,
+# R_N = R_3·3/N (a constant total sample count), full participation; each method's learning rate
+# chosen on the dev set from a grid (at the first seed and the smallest N), accuracy reported on
+# the labeled test split; `seeds` seeds per cell.
+SST2_CLAIM_METHODS = {
+    "rolora": ["--algorithm=rolora"],
+    "fedavg_lora": ["--algorithm=fedavg_lora"],
+    "ffa_lora": ["--algorithm=ffa_lora"],
+    "flexlora": ["--algorithm=flexlora"],
+    "flora": ["--algorithm=flora"],
+    "fedsa_lora": ["--algorithm=fedsa_lora"],
+    "rolora_ffa": ["--algorithm=rolora_ffa", "--rolora_fraction=0.2"],
+}
+SST2_CLAIM_NAMES = {**METHOD_NAMES, "flora": "FLoRA", "fedsa_lora": "FedSA-LoRA",
+                    "rolora_ffa": "20% RoLoRA + 80% FFA-LoRA", "centralized": "centralized LoRA"}
+SST2_CLAIM_SCALES = {
+    "small": dict(backbone="tiny", sequence_length=32, rounds_3=6, local_steps=5, batch_size=16,
+                  learning_rates=(0.5,), seeds=1, clients=(3, 20)),
+    "full": dict(backbone="minilm", sequence_length=32, lora_layers="3,4,5", rounds_3=500,
+                 local_steps=10, batch_size=16, learning_rates=(0.1, 0.3, 1.0), seeds=3,
+                 clients=(3, 20, 50)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sst2Run:
+    """One train.py run of the SST-2 protocol and where it goes."""
+
+    method: str
+    clients: int
+    seed: int
+    learning_rate: float
+    rounds: int
+    run_dir: pathlib.Path
+
+
+def sst2_claim_args(cfg: dict, run: Sst2Run, partition: Sequence[str], data_dir) -> list:
+    method = ["--algorithm=fedavg_lora"] if run.method == "centralized" else \
+        SST2_CLAIM_METHODS[run.method]
+    return [SCRIPTS / "train.py", "--task=sst2", "--eval_test", f"--backbone={cfg['backbone']}",
+            f"--sequence_length={cfg['sequence_length']}", "--rank=4",
+            "--lora_targets=query,value",
+            *([f"--lora_layers={cfg['lora_layers']}"] if cfg.get("lora_layers") else []),
+            *method, *partition, f"--num_clients={run.clients}",
+            f"--clients_per_round={run.clients}", f"--rounds={run.rounds}",
+            f"--local_steps={cfg['local_steps']}", f"--batch_size={cfg['batch_size']}",
+            f"--learning_rate={run.learning_rate}", f"--eval_every={max(1, run.rounds // 5)}",
+            f"--seed={run.seed}", f"--data_dir={data_dir}", f"--output_dir={run.run_dir}"]
+
+
+def _finished(run: Sst2Run) -> dict | None:
+    """The run's summary.json if it completed all its rounds."""
+    path = run.run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("rounds_completed") == run.rounds else None
+
+
+def _claim_accuracy(summary: dict, key: str) -> float | None:
+    """Final `key` accuracy: eval_test_accuracy / eval_accuracy of the global model, or for
+    FedSA-LoRA (personal B factors) the personalized accuracy on the clients' dev shards."""
+    final = summary["final"]
+    if "eval_personal_accuracy" in final:
+        return final["eval_personal_accuracy"] if key == "eval_accuracy" else None
+    return final.get(key)
+
+
+def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int],
+                   centralized: bool) -> tuple[list[dict], dict, dict]:
+    cfg = SST2_CLAIM_SCALES[ctx.scale]
+    seeds = [ctx.seed + s for s in range(cfg["seeds"])]
+
+    def run_of(method, n, seed, lr):
+        rounds = cfg["rounds_3"] if method == "centralized" else sst2_rounds(cfg["rounds_3"], n)
+        return Sst2Run(method, n, seed, lr, rounds,
+                       ctx.output_dir / method / f"N{n}" / f"seed{seed}" / f"lr{lr:g}")
+
+    probed: dict[tuple[str, int], list[Probe]] = {}
+    counted: set[pathlib.Path] = set()
+
+    def execute(run):
+        if _PROBES is not None:
+            # --estimate: one probe per (method, N); seeds and learning rates cost the same.
+            what = (f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
+                    f"lr {run.learning_rate:g})")
+            key = (run.method, run.clients)
+            if key not in probed:
+                start = len(_PROBES)
+                run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir), what)
+                probed[key] = _PROBES[start:]
+            elif run.run_dir not in counted:
+                _PROBES.extend(dataclasses.replace(p, what=what) for p in probed[key])
+            counted.add(run.run_dir)
+            return {"final": {"eval_accuracy": 0.0, "eval_test_accuracy": 0.0},
+                    "communication_rounds": 1, "upload_bytes_per_client_total": 0}
+        summary = _finished(run)
+        if summary is None and not _COLLECT.value:
+            run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir)
+                           + (["--resume"] if (run.run_dir / "checkpoints").exists() else []),
+                           f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
+                           f"lr {run.learning_rate:g})")
+            summary = _finished(run)
+        return summary
+
+    methods = list(SST2_CLAIM_METHODS) + (["centralized"] if centralized else [])
+    chosen, grids = {}, {}
+    for method in methods:
+        n = 1 if method == "centralized" else clients[0]
+        grid = {}
+        for lr in cfg["learning_rates"]:
+            summary = execute(run_of(method, n, seeds[0], lr))
+            grid[lr] = None if summary is None else _claim_accuracy(summary, "eval_accuracy")
+        grids[method] = grid
+        done = {lr: acc for lr, acc in grid.items() if acc is not None}
+        chosen[method] = max(done, key=done.get) if len(done) == len(grid) else None
+    rows = []
+    for method in methods:
+        for n in ([1] if method == "centralized" else clients):
+            lr = chosen[method]
+            tests, devs, uploads = [], [], []
+            for seed in seeds:
+                summary = execute(run_of(method, n, seed, lr)) if lr is not None else None
+                if summary is None:
+                    continue
+                devs.append(_claim_accuracy(summary, "eval_accuracy"))
+                tests.append(_claim_accuracy(summary, "eval_test_accuracy"))
+                comm = max(1, summary["communication_rounds"])
+                uploads.append(summary["upload_bytes_per_client_total"] / comm / 1024)
+            rows.append({
+                "clients": n, "method": SST2_CLAIM_NAMES[method], "key": method,
+                "learning_rate": lr, "rounds": run_of(method, n, seeds[0], lr or 0).rounds,
+                "seeds_done": f"{len(devs)}/{len(seeds)}",
+                "test_accuracy": (_mean_std([t for t in tests if t is not None], "{:.4f}")
+                                  if tests and None not in tests else None),
+                "test_mean": _mean(tests) if tests and None not in tests else None,
+                "dev_accuracy": _mean_std(devs, "{:.4f}") if devs else None,
+                "dev_mean": _mean(devs) if devs else None,
+                "upload_kib": _mean(uploads) if uploads else None,
+                "paper": SST2_PAPER.get((n, method), ""),
+            })
+    return rows, chosen, grids
+
+
+def _sst2_claim_result(ctx: Context, rows, chosen, grids, setting: str) -> Result:
+    cfg = SST2_CLAIM_SCALES[ctx.scale]
+    grid_text = "; ".join(
+        f"{SST2_CLAIM_NAMES[m]} " + ", ".join(
+            f"{lr:g}: {'–' if a is None else f'{a:.4f}'}" for lr, a in g.items())
+        + ("" if chosen[m] is None else f" → {chosen[m]:g}") for m, g in grids.items())
+    title = (
+        f"SST-2, {setting} (issue 19): {cfg['backbone']} backbone, LoRA rank 4 on query and "
+        f"value{' of layers ' + cfg['lora_layers'] if cfg.get('lora_layers') else ''}, "
+        f"{cfg['sequence_length']} tokens, all clients every round, {cfg['local_steps']} local "
+        f"SGD steps of batch {cfg['batch_size']} per round, R_N = ⌊{cfg['rounds_3']}·3/N + ½⌋ "
+        f"rounds (the same total samples for every N); the centralized run trains one client for "
+        f"R_3 rounds (the same sequential steps as a client at N = 3). Learning rate per method "
+        f"from a dev-set grid (final dev accuracy, first seed, smallest N): {grid_text}. Test "
+        f"accuracy: the labeled test split (1,821 sentences), final round, mean ± std over the "
+        f"seeds done. FedSA-LoRA keeps B personal: its figure is the personalized accuracy on the "
+        f"clients' dev shards (not held out). A cell with fewer seeds than planned is "
+        f"unfinished; nothing is extrapolated.")
+    notes = ["Paper's claim (rolora.md §3.2, Table 1): RoLoRA degrades least as N grows "
+             "(94.80 at N = 50 against FedAvg-LoRA's 93.00); FFA-LoRA declines; FlexLoRA "
+             "collapses at N = 50."]
+    columns = [Column("clients", "clients"), Column("method", "method"),
+               Column("lr", "learning_rate", "{:g}"), Column("comm. rounds", "rounds"),
+               Column("seeds done", "seeds_done"), Column("test acc", "test_accuracy"),
+               Column("dev acc", "dev_accuracy"),
+               Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
+               Column("paper SST-2 acc % (RoBERTa-L)", "paper")]
+    series = []
+    for key in dict.fromkeys(r["key"] for r in rows if r["key"] != "centralized"):
+        mine = [r for r in rows if r["key"] == key]
+        series.append(Series(SST2_CLAIM_NAMES[key], [r["clients"] for r in mine],
+                             [r["test_mean"] if r["test_mean"] is not None else r["dev_mean"]
+                              for r in mine]))
+    central = [r for r in rows if r["key"] == "centralized" and r["test_mean"] is not None]
+    panels = [Panel(f"SST-2 {setting} ({cfg['backbone']}, {ctx.scale} scale)", "clients N",
+                    "test accuracy (final; FedSA-LoRA: personalized dev)", series, logx=True,
+                    hlines=[("majority class", 0.5092)]
+                    + ([("centralized", central[0]["test_mean"])] if central else []))]
+    return Result(Table(title, columns, rows, notes), panels, f"SST-2 {setting}: federated LoRA")
+
+
+def run_sst2_clients(ctx: Context) -> Result:
+    _need_data(ctx, "sst2/test-labeled.tsv")
+    cfg = SST2_CLAIM_SCALES[ctx.scale]
+    rows, chosen, grids = _sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+    return _sst2_claim_result(ctx, rows, chosen, grids, "IID shards, N = "
+                              + ", ".join(map(str, cfg["clients"])))
+
+
+def run_sst2_dirichlet(ctx: Context) -> Result:
+    _need_data(ctx, "sst2/test-labeled.tsv")
+    rows, chosen, grids = _sst2_protocol(
+        ctx, ["--partition=dirichlet", "--dirichlet_alpha=0.5"], (20,), False)
+    return _sst2_claim_result(ctx, rows, chosen, grids, "Dirichlet(0.5) label skew, N = 20")
+
+
 RUNNERS: dict[str, Callable[[Context], Result]] = {
     "rolora_linear": run_rolora_linear,
     "rolora_mnist": run_rolora_mnist,
@@ -1412,6 +1634,8 @@ RUNNERS: dict[str, Callable[[Context], Result]] = {
     "flute_synthetic": run_flute_synthetic,
     "adaptpfl_synthetic": run_adaptpfl_synthetic,
     "srpfl_mnist": run_srpfl_mnist,
+    "sst2_clients": run_sst2_clients,
+    "sst2_dirichlet": run_sst2_dirichlet,
 }
 
 
@@ -1450,7 +1674,7 @@ def contexts_from_flags() -> list[Context]:
                                 data_dir=pathlib.Path(_DATA_DIR.value).absolute()))
     for ctx in contexts:
         # --estimate writes only its probes (<output_dir>/estimate), beside any run there.
-        _prepare_output_dir(ctx.output_dir, ctx.resume or _ESTIMATE.value)
+        _prepare_output_dir(ctx.output_dir, ctx.resume or _ESTIMATE.value or _COLLECT.value)
     return contexts
 
 

@@ -178,6 +178,14 @@ _ROUNDS = flags.DEFINE_integer(
 )
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 10, "Local SGD steps per client per round.")
 _RANK = flags.DEFINE_integer("rank", 16, "LoRA rank r of the LoRA algorithms' adapters.")
+_EVAL_TEST = flags.DEFINE_bool(
+    "eval_test", False, "sst2: also evaluate the global model on the labeled test split "
+    "(test-labeled.tsv in --data_dir/sst2): eval_test_accuracy beside the dev set's "
+    "eval_accuracy, so that a learning rate chosen on dev is reported on held-out data.")
+_EVAL_PER_CLIENT = flags.DEFINE_bool(
+    "eval_per_client", False, "Also report every client's test accuracy at each evaluation "
+    "(eval_<client id>_accuracy; for --task=reviews, the per-domain accuracy): personalized "
+    "algorithms with each client's own state, the others with the global model.")
 _CLIENT_RANKS = flags.DEFINE_list(
     "client_ranks", None, "flexlora and flora: LoRA ranks assigned to the clients in turn, e.g. "
     "4,8,16 (client k gets rank k mod 3); the adapters take --rank, by default the largest "
@@ -329,6 +337,9 @@ def _validate_flags() -> pathlib.Path:
                          "model needs --representation=mlp")
     _positive("representation_blocks")
     _positive("flute_final_head_epochs", minimum=0)
+    if _EVAL_TEST.value and _TASK.value != "sst2":
+        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
+                         f"its dev set, not --task={_TASK.value}")
     if _FLUTE_FINAL_HEAD_EPOCHS.value and "flute" not in _ALGORITHM.value:
         raise UsageError(f"flag --flute_final_head_epochs={_FLUTE_FINAL_HEAD_EPOCHS.value}: is "
                          "FLUTE's final round; use it with --algorithm=flute")
@@ -424,7 +435,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
     # from before them still resume.
     for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
                           ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
-                          ("client_ranks", None), ("flute_final_head_epochs", 0)):
+                          ("client_ranks", None), ("flute_final_head_epochs", 0),
+                          ("eval_test", False), ("eval_per_client", False)):
         if flags.FLAGS[name].value != default:
             config[name] = flags.FLAGS[name].value
     config["rank"] = _adapter_rank()
@@ -452,6 +464,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             bucket_by_length=_BUCKET_BY_LENGTH.value,
             # Workers at other addresses may not see this machine's files: send rounds in the call.
             rounds_on_disk=not _WORKER_ADDRESSES.value,
+            eval_test=_EVAL_TEST.value,
         )
     except ValueError as e:
         if _CLIENT_RANKS.value and not flags.FLAGS["rank"].present:
@@ -509,6 +522,15 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         def evaluate_fn(state, store=None):
             del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
             return task.evaluate(process.model_weights(state))
+    if _EVAL_PER_CLIENT.value:
+        overall = evaluate_fn
+        per_client = registry.per_client_evaluator(
+            task, process, algorithm in registry.PERSONALIZED_ALGORITHMS)
+
+        def evaluate_fn(state, store=None):
+            if store is None:
+                return {**overall(state), **per_client(state)}
+            return {**overall(state, store), **per_client(state, store)}
     stage_rounds = _STAGE_ROUNDS.value
     sampler = registry.build_sampler(
         task, _CLIENTS_PER_ROUND.value, _SEED.value, kind=_PARTICIPATION.value,

@@ -165,3 +165,31 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
     assert not any(p.shape == embeddings.shape for p in suffix_frozen)
     layer_3_query = backbone.transformer_layers[3]._self_attention_layer._query_dense.kernel
     assert any(np.array_equal(p, layer_3_query.numpy()) for p in suffix_frozen)
+
+
+def test_per_client_accuracies_average_to_the_pooled_ones(tmp_path):
+    """--eval_per_client: FedRep's per-client accuracies (each client with its own head) average
+    to the TFF evaluation's mean client accuracy; FedAvg's global model evaluated per client by
+    a Keras evaluator gives the same per-client numbers as the TFF evaluation of that model."""
+    from tffl import runtime
+    from tffl import simulation
+
+    task = registry.build_task("digits", num_clients=3, batch_size=16, local_steps=2, seed=1,
+                               model="pfl_mlp")
+    ids = task.client_ids
+    with runtime.local_runtime():
+        for name in ("fedrep", "fedavg"):
+            process = registry.build_algorithm(name, task, client_learning_rate=0.5)
+            result = simulation.run_rounds(
+                process, registry.build_sampler(task, 3, 0), task.client_dataset_fn, rounds=1,
+                output_dir=tmp_path / name, log=None, tensorboard=False)
+            store = result.personal_store
+            pooled = registry.personalized_evaluator(task, process)(result.state, store)
+            personal = registry.per_client_evaluator(task, process, True)(result.state, store)
+            assert sorted(personal) == sorted(f"{c}_accuracy" for c in ids)
+            assert np.mean(list(personal.values())) == pytest.approx(
+                pooled["personal_mean_client_accuracy"], abs=1e-6)
+            if name == "fedavg":
+                global_ = registry.per_client_evaluator(task, process, False)(result.state)
+                for key, value in personal.items():
+                    assert global_[key] == pytest.approx(value, abs=1e-6)

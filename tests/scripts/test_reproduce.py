@@ -171,3 +171,24 @@ def test_estimate_probe_arithmetic():
     assert (rounds, evaluations) == (150, 30)
     assert args == ["train.py", "--output_dir=d", "--rounds=4", "--eval_every=2"]
     assert reproduce._probe_args(["train.py", "--rounds=7", "--eval_every=5"])[1:] == (7, 2)
+
+
+def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy(tmp_path):
+    """Every SST-2 claim run evaluates on the labeled test split; R_N keeps R_3·3 client-rounds;
+    FedSA-LoRA's personalized accuracy is a dev figure, never passed off as a test one."""
+    cfg = reproduce.SST2_CLAIM_SCALES["full"]
+    run = reproduce.Sst2Run("rolora_ffa", 50, 2, 0.3, reproduce.sst2_rounds(cfg["rounds_3"], 50),
+                            tmp_path / "r")
+    args = [str(a) for a in reproduce.sst2_claim_args(cfg, run, ["--partition=iid"], "/d")]
+    assert "--eval_test" in args and "--rounds=30" in args and "--rolora_fraction=0.2" in args
+    assert "--num_clients=50" in args and "--clients_per_round=50" in args
+    central = reproduce.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
+    args = [str(a) for a in reproduce.sst2_claim_args(cfg, central, ["--partition=iid"], "/d")]
+    assert "--algorithm=fedavg_lora" in args and "--num_clients=1" in args
+    assert f"--rounds={cfg['rounds_3']}" in args
+    personal = {"final": {"eval_personal_accuracy": 0.8}}
+    assert reproduce._claim_accuracy(personal, "eval_accuracy") == 0.8
+    assert reproduce._claim_accuracy(personal, "eval_test_accuracy") is None
+    both = {"final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.75}}
+    assert reproduce._claim_accuracy(both, "eval_test_accuracy") == 0.75
+    assert reproduce._finished(run) is None

@@ -101,6 +101,7 @@ _VALIDATED = [
     (["--devices=CPU:0"], "--devices"),
     (["--runtime=distribute", "--logical_cpus=-1"], "--logical_cpus"),
     (["--algorithm=rolora", "--client_ranks=2,4"], "--client_ranks"),
+    (["--task=mnist", "--eval_test"], "--eval_test"),
     (["--algorithm=fedrep", "--flute_final_head_epochs=3"], "--flute_final_head_epochs"),
     (["--algorithm=flute", "--flute_final_head_epochs=-1"], "--flute_final_head_epochs"),
     (["--algorithm=flora", "--rank=4", "--client_ranks=2,8"], "--client_ranks"),
