@@ -76,6 +76,11 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
           gets 300 sequential steps), lr grid 0.1, 0.3, 1.0, N = 3, 20, 50, 3 seeds.
 10. `sst2_dirichlet` (RoLoRA's Table 2 setting; issue 19): as `sst2_clients` at N = 20 with
    Dirichlet(0.5) label skew, without the centralized run.
+11. `reviews_domains` (issue 19, experiment 3): the five review domains as natural clients,
+   global RoLoRA, FedAvg-LoRA, FFA-LoRA against personalized FedRep heads over RoLoRA adapters,
+   FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
+   accuracy (`train.py --eval_per_client`). small: tiny backbone, 6 rounds × 5 steps;
+   full: MiniLM-L6, 64 tokens, 40 rounds × 10 steps of 16, lr 0.3, 5 head epochs.
 
 --resume continues a stopped run in --output_dir: the train.py runs continue from their
 checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
@@ -119,7 +124,7 @@ DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
                "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
-               "sst2_clients", "sst2_dirichlet")
+               "sst2_clients", "sst2_dirichlet", "reviews_domains")
 SCALES = ("small", "full")
 
 # The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
@@ -1625,6 +1630,81 @@ def run_sst2_dirichlet(ctx: Context) -> Result:
     return _sst2_claim_result(ctx, rows, chosen, grids, "Dirichlet(0.5) label skew, N = 20")
 
 
+# ------------------------------------------------------------------------------------------------
+# 11. reviews_domains (issue 19, experiment 3)
+
+
+REVIEW_DOMAIN_NAMES = ("airline", "books", "dvd", "electronics", "kitchen")
+# Global methods (one model, tested on every domain) and personalized ones (each domain its own
+# head or B factors, tested on its own domain).
+REVIEWS_DOMAIN_METHODS = {
+    "rolora": (["--algorithm=rolora"], False),
+    "fedavg_lora": (["--algorithm=fedavg_lora"], False),
+    "ffa_lora": (["--algorithm=ffa_lora"], False),
+    "fedrep": (["--algorithm=fedrep", "--representation=lora_alternating"], True),
+    "fedsa_lora": (["--algorithm=fedsa_lora"], True),
+    "flute": (["--algorithm=flute", "--representation=lora_alternating"], True),
+}
+REVIEWS_DOMAIN_LABELS = {**SST2_CLAIM_NAMES, "fedrep": "FedRep heads over RoLoRA adapters",
+                         "flute": "FLUTE* heads (NC server step) over RoLoRA adapters"}
+REVIEWS_DOMAIN_SCALES = {
+    "small": dict(backbone="tiny", sequence_length=32, rounds=6, local_steps=5, batch_size=16,
+                  learning_rate=0.5, head_epochs=2),
+    "full": dict(backbone="minilm", sequence_length=64, rounds=40, local_steps=10,
+                 batch_size=16, learning_rate=0.3, head_epochs=5),
+}
+
+
+def run_reviews_domains(ctx: Context) -> Result:
+    _need_data(ctx, "multidomain_sentiment")
+    cfg = REVIEWS_DOMAIN_SCALES[ctx.scale]
+    rows, series = [], []
+    for method, (flags_, personalized) in REVIEWS_DOMAIN_METHODS.items():
+        run_dir = ctx.output_dir / method
+        head = [f"--head_epochs={cfg['head_epochs']}"] if method in ("fedrep", "flute") else []
+        run_subprocess(_train_args(ctx, run_dir, [
+            "--task=reviews", f"--backbone={cfg['backbone']}",
+            f"--sequence_length={cfg['sequence_length']}", "--rank=4",
+            "--lora_targets=query,value", *flags_, *head, "--num_clients=5",
+            "--clients_per_round=5", f"--rounds={cfg['rounds']}",
+            f"--local_steps={cfg['local_steps']}", f"--batch_size={cfg['batch_size']}",
+            f"--learning_rate={cfg['learning_rate']}", "--eval_per_client",
+            f"--eval_every={max(1, cfg['rounds'] // 5)}"]), f"train.py ({method}, reviews)")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        final = summary["final"]
+        key = "eval_personal_accuracy" if personalized else "eval_accuracy"
+        row = {"method": REVIEWS_DOMAIN_LABELS[method],
+               "kind": "personalized" if personalized else "global",
+               "pooled": final.get(key)}
+        row.update({d: final.get(f"eval_{d}_accuracy") for d in REVIEW_DOMAIN_NAMES})
+        comm = max(1, summary["communication_rounds"])
+        row["upload_kib"] = summary["upload_bytes_per_client_total"] / comm / 1024
+        rows.append(row)
+        series.append(Series(REVIEWS_DOMAIN_LABELS[method], list(REVIEW_DOMAIN_NAMES),
+                             [row[d] for d in REVIEW_DOMAIN_NAMES]))
+    title = (
+        f"Five review domains as natural clients (issue 19, experiment 3; no paper ran it): one "
+        f"client per domain, all every round, {cfg['backbone']} backbone, LoRA rank 4 on query "
+        f"and value, {cfg['sequence_length']} tokens, {cfg['rounds']} communication rounds of "
+        f"{cfg['local_steps']} local SGD steps of batch {cfg['batch_size']}, learning rate "
+        f"{cfg['learning_rate']:g}, seed {ctx.seed}. Global methods: the one model on each "
+        f"domain's test set; personalized ones: each domain's own model (FedRep and FLUTE heads "
+        f"with {cfg['head_epochs']} head epochs, RoLoRA-alternated adapters; FedSA-LoRA's "
+        f"personal B) on its own domain's test set (`test-labeled.tsv`, 2,000 per domain). "
+        f"Final round.")
+    columns = [Column("method", "method"), Column("kind", "kind"),
+               *[Column(d, d, "{:.4f}") for d in REVIEW_DOMAIN_NAMES],
+               Column("pooled", "pooled", "{:.4f}"),
+               Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}")]
+    notes = ["Pooled: the global model on all domains' test sets, or each domain's model on its "
+             "own, pooled over the same 10,000 test examples: the two are comparable."]
+    panels = [Panel(f"per-domain test accuracy ({cfg['backbone']}, {ctx.scale} scale)",
+                    "domain", "test accuracy", series, kind="bar",
+                    categories=REVIEW_DOMAIN_NAMES)]
+    return Result(Table(title, columns, rows, notes), panels,
+                  "Review domains: global vs personalized federated LoRA")
+
+
 RUNNERS: dict[str, Callable[[Context], Result]] = {
     "rolora_linear": run_rolora_linear,
     "rolora_mnist": run_rolora_mnist,
@@ -1636,6 +1716,7 @@ RUNNERS: dict[str, Callable[[Context], Result]] = {
     "srpfl_mnist": run_srpfl_mnist,
     "sst2_clients": run_sst2_clients,
     "sst2_dirichlet": run_sst2_dirichlet,
+    "reviews_domains": run_reviews_domains,
 }
 
 
