@@ -10,7 +10,11 @@ import sys
 
 import pytest
 
-from scripts import reproduce
+from experiments import report
+from experiments import rolora_linear
+from experiments import running
+from experiments import srpfl
+from experiments import sst2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce.py"
@@ -56,16 +60,16 @@ def test_a_used_output_dir_needs_resume(tmp_path):
 
 
 def test_writer_produces_csv_markdown_and_png(tmp_path):
-    table = reproduce.Table(
+    table = report.Table(
         title="A title.",
-        columns=[reproduce.Column("name", "name"),
-                 reproduce.Column("value", "value", "{:.3f}"),
-                 reproduce.Column("note", "note", lambda v: v.upper())],
+        columns=[report.Column("name", "name"),
+                 report.Column("value", "value", "{:.3f}"),
+                 report.Column("note", "note", lambda v: v.upper())],
         rows=[{"name": "a", "value": 0.5, "note": "x|y"},
               {"name": "b", "value": math.nan, "note": None}],
         notes=["A note."],
     )
-    text = reproduce.write_table(tmp_path, table)
+    text = report.write_table(tmp_path, table)
     assert text == (tmp_path / "results.md").read_text().rstrip("\n")
     assert text.startswith("A title.\n\n| name | value | note |\n|---|---|---|\n")
     assert "| a | 0.500 | X\\|Y |" in text          # a pipe inside a cell is escaped
@@ -77,35 +81,35 @@ def test_writer_produces_csv_markdown_and_png(tmp_path):
                     {"name": "b", "value": "nan", "note": ""}]
 
     panels = [
-        reproduce.Panel("lines", "round", "error",
-                        [reproduce.Series("one", [0, 1, 2], [1.0, 0.1, None])],
+        report.Panel("lines", "round", "error",
+                        [report.Series("one", [0, 1, 2], [1.0, 0.1, None])],
                         logy=True, hlines=[("floor", 0.05)]),
-        reproduce.Panel("bars", "", "speedup",
-                        [reproduce.Series("N = 1", [], [1.0, 2.0]),
-                         reproduce.Series("N = 2", [], [1.5, math.nan])],
+        report.Panel("bars", "", "speedup",
+                        [report.Series("N = 1", [], [1.0, 2.0]),
+                         report.Series("N = 2", [], [1.5, math.nan])],
                         kind="bar", categories=["C = 0", "C = 1"]),
     ]
-    reproduce.save_plot(tmp_path / "results.png", panels, "title")
+    report.save_plot(tmp_path / "results.png", panels, "title")
     png = (tmp_path / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
 def test_units_are_reloaded_only_when_resuming(tmp_path):
-    ctx = reproduce.Context("rolora_linear", "small", tmp_path, resume=False, seed=0,
+    ctx = running.Context("rolora_linear", "small", tmp_path, resume=False, seed=0,
                             data_dir=tmp_path)
-    reproduce.save_unit(ctx, "u", {"sin_theta": [1.0, 0.5]})
-    assert reproduce.load_unit(ctx, "u") is None
-    resumed = reproduce.Context("rolora_linear", "small", tmp_path, resume=True, seed=0,
+    running.save_unit(ctx, "u", {"sin_theta": [1.0, 0.5]})
+    assert running.load_unit(ctx, "u") is None
+    resumed = running.Context("rolora_linear", "small", tmp_path, resume=True, seed=0,
                                 data_dir=tmp_path)
-    assert reproduce.load_unit(resumed, "u") == {"sin_theta": [1.0, 0.5]}
-    assert reproduce.load_unit(resumed, "missing") is None
+    assert running.load_unit(resumed, "u") == {"sin_theta": [1.0, 0.5]}
+    assert running.load_unit(resumed, "missing") is None
 
 
 def test_sst2_rounds_keep_the_sample_budget():
     # The paper's schedule (rolora.md §3.1): 500 rounds for 3 clients -> 75 (20) -> 30 (50).
-    assert [reproduce.sst2_rounds(500, n) for n in (3, 20, 50)] == [500, 75, 30]
-    assert [reproduce.sst2_rounds(10, n) for n in (3, 20, 50)] == [10, 2, 1]
-    assert reproduce.sst2_rounds(1, 1000) == 1
+    assert [sst2.sst2_rounds(500, n) for n in (3, 20, 50)] == [500, 75, 30]
+    assert [sst2.sst2_rounds(10, n) for n in (3, 20, 50)] == [10, 2, 1]
+    assert sst2.sst2_rounds(1, 1000) == 1
 
 
 def _doc_rows(section: str, header_cell: str) -> tuple[list[str], list[list[str]]]:
@@ -134,9 +138,9 @@ def test_small_linear_row_matches_docs(tff_runtime):
     recorded_angle = float(row[header.index("final sin θ")])
     recorded_loss = float(row[header.index("final global loss")])
 
-    config = reproduce.LINEAR_SCALES["small"]
-    processes = reproduce.linear_processes(config, methods=("rolora",))
-    unit = reproduce.linear_unit(config, processes, "heterogeneous", "rolora", seed=0)
+    config = rolora_linear.LINEAR_SCALES["small"]
+    processes = rolora_linear.linear_processes(config, methods=("rolora",))
+    unit = rolora_linear.linear_unit(config, processes, "heterogeneous", "rolora", seed=0)
     assert unit["communication_rounds"] == config.rounds
     angle, loss = unit["sin_theta"][config.rounds], unit["loss"][config.rounds]
     print(f"final sin θ {angle:.4g} (docs {recorded_angle}), loss {loss:.5g} "
@@ -151,11 +155,11 @@ def test_time_to_target_is_the_first_evaluated_round_at_or_above_it():
             {"round": "6", "simulated_time": "4.0", "eval_personal_accuracy": ""},
             {"round": "10", "simulated_time": "9.5", "eval_personal_accuracy": "0.95"},
             {"round": "15", "simulated_time": "12.0", "eval_personal_accuracy": "0.97"}]
-    assert reproduce.time_to_target(rows, 0.95) == (9.5, 10)
-    assert reproduce.time_to_target(rows, 0.8) == (3.0, 5)
-    assert reproduce.time_to_target(rows, 0.99) is None
+    assert srpfl.time_to_target(rows, 0.95) == (9.5, 10)
+    assert srpfl.time_to_target(rows, 0.8) == (3.0, 5)
+    assert srpfl.time_to_target(rows, 0.99) is None
     # Both methods share every training flag but the participation ones.
-    shared = reproduce.srpfl_mnist_args(150, 1)
+    shared = srpfl.srpfl_mnist_args(150, 1)
     assert "--srpfl_pool=20" in shared and "--seed=1" in shared
     assert not any(a.startswith("--participation") for a in shared)
 
@@ -164,31 +168,31 @@ def test_estimate_probe_arithmetic():
     """A probe of 4 rounds (1st: 5 s with compile, then 1 s each) and 2 evaluations (3 s, then
     2 s) in 20 s of wall time predicts, for 150 rounds and 30 evaluations:
     startup 20 − 8 − 5 = 7, compile 5 − 1 = 4, first evaluation extra 1, 150·1 + 30·2 = 210."""
-    probe = reproduce.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
+    probe = running.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
     assert probe.predicted_seconds() == pytest.approx(7 + 4 + 1 + 150 + 60)
-    args, rounds, evaluations = reproduce._probe_args(
+    args, rounds, evaluations = running._probe_args(
         ["train.py", "--rounds=150", "--eval_every=5", "--output_dir=d", "--resume"])
     assert (rounds, evaluations) == (150, 30)
     assert args == ["train.py", "--output_dir=d", "--rounds=4", "--eval_every=2"]
-    assert reproduce._probe_args(["train.py", "--rounds=7", "--eval_every=5"])[1:] == (7, 2)
+    assert running._probe_args(["train.py", "--rounds=7", "--eval_every=5"])[1:] == (7, 2)
 
 
 def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy(tmp_path):
     """Every SST-2 claim run evaluates on the labeled test split; R_N keeps R_3·3 client-rounds;
     FedSA-LoRA's personalized accuracy is a dev figure, never passed off as a test one."""
-    cfg = reproduce.SST2_CLAIM_SCALES["full"]
-    run = reproduce.Sst2Run("rolora_ffa", 50, 2, 0.3, reproduce.sst2_rounds(cfg["rounds_3"], 50),
+    cfg = sst2.SST2_CLAIM_SCALES["full"]
+    run = sst2.Sst2Run("rolora_ffa", 50, 2, 0.3, sst2.sst2_rounds(cfg["rounds_3"], 50),
                             tmp_path / "r")
-    args = [str(a) for a in reproduce.sst2_claim_args(cfg, run, ["--partition=iid"], "/d")]
+    args = [str(a) for a in sst2.sst2_claim_args(cfg, run, ["--partition=iid"], "/d")]
     assert "--eval_test" in args and "--rounds=30" in args and "--rolora_fraction=0.2" in args
     assert "--num_clients=50" in args and "--clients_per_round=50" in args
-    central = reproduce.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
-    args = [str(a) for a in reproduce.sst2_claim_args(cfg, central, ["--partition=iid"], "/d")]
+    central = sst2.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
+    args = [str(a) for a in sst2.sst2_claim_args(cfg, central, ["--partition=iid"], "/d")]
     assert "--algorithm=fedavg_lora" in args and "--num_clients=1" in args
     assert f"--rounds={cfg['rounds_3']}" in args
     personal = {"final": {"eval_personal_accuracy": 0.8}}
-    assert reproduce._claim_accuracy(personal, "eval_accuracy") == 0.8
-    assert reproduce._claim_accuracy(personal, "eval_test_accuracy") is None
+    assert sst2._claim_accuracy(personal, "eval_accuracy") == 0.8
+    assert sst2._claim_accuracy(personal, "eval_test_accuracy") is None
     both = {"final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.75}}
-    assert reproduce._claim_accuracy(both, "eval_test_accuracy") == 0.75
-    assert reproduce._finished(run) is None
+    assert sst2._claim_accuracy(both, "eval_test_accuracy") == 0.75
+    assert sst2._finished(run) is None
