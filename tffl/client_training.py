@@ -140,6 +140,29 @@ def _zeros_creator(next_creator, **kwargs):
     return next_creator(**kwargs)
 
 
+@contextlib.contextmanager
+def _graph_compile_without_jit():
+    """Lets models that compile themselves with `jit_compile` (KerasNLP task models such as
+    `BertClassifier`) be built in TFF's graphs: Keras 2's graph-mode `Model.compile` rejects the
+    argument. The compiled loss and optimizer are never used here (the client loop has its own)."""
+    if tf.executing_eagerly():
+        yield
+        return
+    from keras.src.engine import training_v1
+
+    original = training_v1.Model.compile
+
+    def compile_without_jit(self, *args, jit_compile=None, **kwargs):
+        del jit_compile
+        return original(self, *args, **kwargs)
+
+    training_v1.Model.compile = compile_without_jit
+    try:
+        yield
+    finally:
+        training_v1.Model.compile = original
+
+
 def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
                 zero_init: bool = False) -> tf.keras.Model:
     """Calls `keras_model_fn()` and makes sure its variables exist (calls it on zeros if needed).
@@ -153,7 +176,8 @@ def build_model(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
     if zero_init:
         with tf.variable_creator_scope(_zeros_creator):
             return build_model(keras_model_fn, input_spec)
-    model = keras_model_fn()
+    with _graph_compile_without_jit():
+        model = keras_model_fn()
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"keras_model_fn must return a tf.keras.Model, got {type(model).__name__}")
     if not model.built:

@@ -236,6 +236,7 @@ def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_ra
         raise ValueError(f"unknown LoRA algorithm {algorithm!r}; expected one of "
                          f"{', '.join((*ALGORITHMS, 'rolora_ffa'))}")
     federated = {k for s in specs for p in s.phases for k in p.train_indices}
+    _check_all_trained(spec, federated, algorithm, extra_roles)
     if algorithm == "flora":
         federated |= {link.base_index for link in specs[0].links if link.base_trainable}
     model = engine.build_federated_model(
@@ -244,6 +245,23 @@ def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_ra
         client_device=client_device, spec=spec, initial_trainable=initial_trainable)
     client = engine.ClientConfig(client_learning_rate, weight_decay, jit_compile=jit_compile)
     return SchedulePlan(model, tuple(specs), schedule, client, aggregator, server_optimizer)
+
+
+def _check_all_trained(spec, trained, algorithm, extra_roles) -> None:
+    """A trainable variable that no round trains would silently keep its initial value (e.g. an
+    untagged classifier head, which is `shared` by default): an error naming it. LoRA factors an
+    algorithm keeps fixed by design (FFA-LoRA's A) are not."""
+    idle = [v for k, v in enumerate(spec.trainable) if k not in trained
+            and v.role not in (roles.LORA_A, roles.LORA_B)]
+    if idle:
+        names = ", ".join(f"{v.name} (role {v.role}"
+                          + (", untagged)" if v.role == roles.SHARED else ")") for v in idle)
+        raise ValueError(
+            f"{names}: trainable, but no round of {algorithm} trains it (extra_roles="
+            f"{list(extra_roles)}). Tag it with tffl.roles.tag / tag_layer as "
+            f"{' or '.join(repr(r) for r in (roles.HEAD, roles.SHARED, roles.SHORTCUT))} and "
+            "pass that role in extra_roles to train and average it, or make it non-trainable "
+            "to keep it frozen")
 
 
 def _flora_links(spec):
