@@ -207,6 +207,9 @@ def _digits_task(num_clients, seed, partition, data_dir, **kw):
 def _mnist_task(num_clients, seed, partition, data_dir, **kw):
     from tasks import task as task_lib
 
+    if data_dir is None:   # TFDS's `mnist` (downloaded once into TFDS's folder)
+        return task_lib.mnist_tfds_task(num_clients, scheme=partition, seed=seed,
+                                        **_scheme_kwargs(partition, **kw)), 200
     path = pathlib.Path(data_dir) / "mnist" / "mnist_5k.csv.gz"
     return task_lib.mnist_csv_task(path, num_clients, scheme=partition, seed=seed,
                                    **_scheme_kwargs(partition, **kw)), 200
@@ -226,7 +229,7 @@ def build_task(
     partition: str = "iid",
     classes_per_client: int = 2,
     dirichlet_alpha: float = 0.5,
-    data_dir: str | pathlib.Path = "../shared/data",
+    data_dir: str | pathlib.Path | None = None,
     model: str = "mlp",
     rank: int = 16,
     shortcut_alpha: float = 0.5,
@@ -241,7 +244,9 @@ def build_task(
     eval_test: bool = False,
 ) -> RunTask:
     """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
-    (text tasks, where `model` is ignored; `prefix_cache`, `bucket_by_length`,
+    (text tasks, where `model` is ignored). `data_dir`: a folder laid out as ../shared/data
+    (mnist/mnist_5k.csv.gz, sst2/*.tsv, multidomain_sentiment/); None loads `mnist` and
+    `sst2` through TFDS (`mnist`, `glue/sst2`; `reviews` has no TFDS source). (Text tasks: `prefix_cache`, `bucket_by_length`,
     `rounds_on_disk` and `eval_test` as in `_text_run_task`)."""
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
@@ -315,13 +320,22 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
 
     if backbone not in BACKBONES:
         raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
-    data_dir = pathlib.Path(data_dir)
+    if data_dir is None and (name == "reviews" or eval_test):
+        raise ValueError(
+            ("flag --eval_test: TFDS's SST-2 test split is unlabelled; pass --data_dir with "
+             "sst2/test-labeled.tsv") if eval_test else
+            "--task=reviews reads the five review domains from --data_dir (they have no TFDS "
+            "source): pass --data_dir=<folder with multidomain_sentiment/>, e.g. ../shared/data")
+    data_dir = None if data_dir is None else pathlib.Path(data_dir)
     folder = checkpoints.fetch_minilm()  # the vocabulary (and for minilm the weights)
     packer = text_lib.bert_packer(folder / "vocab.txt", sequence_length)
     if eval_test and name != "sst2":
         raise ValueError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
                          f"the dev set it evaluates on, not --task={name}")
-    if name == "sst2":
+    if name == "sst2" and data_dir is None:   # TFDS's glue/sst2: train, validation
+        task = task_lib.glue_tfds_task("sst2", packer, num_clients, scheme=partition, seed=seed,
+                                       **scheme_kwargs)
+    elif name == "sst2":
         task = task_lib.sst2_tsv_task(data_dir / "sst2", packer, num_clients, scheme=partition,
                                       seed=seed, **scheme_kwargs)
     else:

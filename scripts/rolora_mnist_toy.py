@@ -29,7 +29,9 @@ _LEARNING_RATES = flags.DEFINE_list("learning_rates", "0.5,0.1,0.05", "Client le
 _SETTINGS = flags.DEFINE_list("settings", "5x2,10x1", "Settings NxK: N clients with K labels each.")
 _ROUNDS = flags.DEFINE_integer("rounds", 60, "Communication rounds.")
 _LOCAL_STEPS = flags.DEFINE_integer("local_steps", 60, "Local steps (batch 64) per round.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data folder (default: train.py's default).")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "Folder with mnist/mnist_5k.csv.gz (the paper toy's MNIST-5k, e.g. "
+    "../shared/data); default: train.py's, MNIST through TFDS.")
 
 ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora")
 TRAIN = pathlib.Path(__file__).resolve().parent / "train.py"

@@ -9,7 +9,8 @@ real images), split 5 clients x 2 classes, all clients every round, 100 communic
     uv run python scripts/train.py --algorithm=fedavg --partition=iid --num_clients=20 \
         --clients_per_round=10 --learning_rate=0.1 --rounds=30 --output_dir=runs/digits
     uv run python scripts/train.py --output_dir=runs/digits --resume     # continue a stopped run
-    uv run python scripts/train.py --task=mnist                          # the real MNIST-5k CSV
+    uv run python scripts/train.py --task=mnist                          # MNIST through TFDS
+    uv run python scripts/train.py --task=mnist --data_dir=../shared/data  # the MNIST-5k CSV
     uv run python scripts/train.py --workers=2           # clients split over 2 TFF C++ workers
 
 Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>), or to
@@ -53,7 +54,6 @@ from scripts import cli  # noqa: E402
 from scripts import registry  # noqa: E402
 from scripts.cli import UsageError  # noqa: E402
 
-_DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 _ALGORITHM = flags.DEFINE_list(
     "algorithm", "rolora,fedavg_lora,ffa_lora",
@@ -135,9 +135,10 @@ _COMMUNICATION_COST = flags.DEFINE_float(
     "communication_cost", 0.0, "full/srpfl: simulated communication time added to every round.")
 _TASK = flags.DEFINE_enum(
     "task", "digits", registry.TASKS,
-    "Task: digits (sklearn, bundled), mnist (MNIST-5k CSV under --data_dir), sst2 (GLUE SST-2, "
-    "partitioned by --partition, evaluated on its dev set) or reviews (five review domains as "
-    "natural clients; --num_clients a multiple of 5). The text tasks train a LoRA classifier "
+    "Task: digits (sklearn, bundled, offline), mnist (TFDS's MNIST, or the MNIST-5k CSV under "
+    "--data_dir), sst2 (GLUE SST-2 from TFDS or --data_dir, partitioned by --partition, "
+    "evaluated on its dev/validation set) or reviews (five review domains as natural clients "
+    "from --data_dir; --num_clients a multiple of 5). The text tasks train a LoRA classifier "
     "on --backbone.",
 )
 _BACKBONE = flags.DEFINE_enum(
@@ -167,8 +168,10 @@ _PARTITION = flags.DEFINE_enum(
 _CLASSES_PER_CLIENT = flags.DEFINE_integer("classes_per_client", 2, "Classes per client (shards).")
 _DIRICHLET_ALPHA = flags.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration (dirichlet).")
 _DATA_DIR = flags.DEFINE_string(
-    "data_dir", str(_DEFAULT_DATA_DIR), "Folder of the real data sets (mnist/mnist_5k.csv.gz)."
-)
+    "data_dir", None, "Folder of offline copies of the data, laid out as ../shared/data "
+    "(mnist/mnist_5k.csv.gz, sst2/*.tsv, multidomain_sentiment/). Without it, --task=mnist and "
+    "--task=sst2 load through TensorFlow Datasets (mnist; glue/sst2), downloading once; "
+    "--task=reviews needs it.")
 _NUM_CLIENTS = flags.DEFINE_integer("num_clients", 5, "Clients the data is split over.")
 _CLIENTS_PER_ROUND = flags.DEFINE_integer("clients_per_round", 5, "Clients sampled per round.")
 _ROUNDS = flags.DEFINE_integer(

@@ -193,3 +193,28 @@ def test_per_client_accuracies_average_to_the_pooled_ones(tmp_path):
                 global_ = registry.per_client_evaluator(task, process, False)(result.state)
                 for key, value in personal.items():
                     assert global_[key] == pytest.approx(value, abs=1e-6)
+
+
+def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
+    """No --data_dir: `mnist` and `sst2` come from TFDS (`mnist`, `glue/sst2`), here its mock
+    data (offline, the same code path as a download); `reviews` has no TFDS source and says
+    which flag it needs."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=40):
+        mnist = registry.build_task("mnist", num_clients=4, batch_size=5, local_steps=2, seed=0)
+        (x, _), _ = _batches(mnist.client_dataset_fn(mnist.client_ids[0], 1))
+        assert x.shape == (5, 784) and mnist.description.startswith("mnist (")
+        from models import checkpoints
+
+        try:
+            checkpoints.fetch_minilm()   # the WordPiece vocabulary
+        except Exception as e:
+            pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
+        sst2 = registry.build_task("sst2", num_clients=2, batch_size=4, local_steps=1, seed=0,
+                                   sequence_length=16)
+        (x, y), = list(sst2.client_dataset_fn(sst2.client_ids[0], 1))
+        assert y.shape == (4,) and set(np.unique(y.numpy())) <= {0, 1}
+        assert "padding_mask" in x   # (with the prefix cache, the cached hidden states beside it)
+        assert "glue/sst2" in sst2.description or "sst2" in sst2.description
+    with pytest.raises(ValueError, match="--data_dir"):
+        registry.build_task("reviews", num_clients=5, batch_size=4, local_steps=1, seed=0)

@@ -41,6 +41,7 @@ def _rows(path):
         (["--resume"], "--resume"),
         (["--rank=65"], "--rank"),
         (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
+        (["--task=reviews", "--algorithm=fedrep"], "--data_dir"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
