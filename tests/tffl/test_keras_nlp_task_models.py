@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from models import lora_targets
+from tests.tffl import eager_reference
 from tffl import lora_fl
 from tffl import roles
 from tffl import runtime
@@ -46,23 +47,11 @@ def _dataset(seed, n=6):
 
 
 def _reference_round(weights, train_idx, datasets, lr):
-    """Eager RoLoRA round: every client loads the weights, takes one SGD pass over its batches on
-    `train_idx` (cross-entropy on logits, batch mean); the mean of the clients' values."""
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    """Eager RoLoRA round (`eager_reference`): every client loads the weights, takes one SGD pass
+    over its batches on `train_idx`; the mean of the clients' values."""
     model = _bert_classifier()
-    finals = []
-    for dataset in datasets:
-        for var, value in zip(model.trainable_variables, weights.trainable):
-            var.assign(value)
-        for var, value in zip(model.non_trainable_variables, weights.non_trainable):
-            var.assign(value)
-        variables = [model.trainable_variables[k] for k in train_idx]
-        for x, y in dataset:
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            for var, grad in zip(variables, tape.gradient(loss, variables)):
-                var.assign_sub(lr * grad)
-        finals.append([v.numpy() for v in model.trainable_variables])
+    finals = [eager_reference.sgd_phases(model, weights.trainable, weights.non_trainable,
+                                         (train_idx,), dataset, lr) for dataset in datasets]
     return [np.mean([f[k] for f in finals], axis=0) for k in range(len(finals[0]))]
 
 

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.tffl import eager_reference
 from tffl import checkpoint
 from tffl import participation
 from tffl import personal_state
@@ -393,29 +394,17 @@ def _lora_classifier():
 
 
 def _reference_fedrep_round(model_fn, weights, heads, head_idx, rep_idx, datasets, lr):
-    """FedRep's round written from the paper in eager TensorFlow (its own loop, GradientTape):
-    each client loads the weights and its head, takes one SGD epoch on the head, then one on the
-    `rep_idx` variables (cross-entropy on logits, batch mean); returns every client's trained
-    trainable values (numpy)."""
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    """FedRep's round written from the paper in eager TensorFlow (`eager_reference`): each
+    client loads the weights and its head, takes one SGD epoch on the head, then one on the
+    `rep_idx` variables; returns every client's trained trainable values (numpy)."""
     model = model_fn()
     out = []
     for dataset, head in zip(datasets, heads):
         values = list(weights.trainable)
         for k, v in zip(head_idx, head):
             values[k] = v
-        for var, v in zip(model.trainable_variables, values):
-            var.assign(v)
-        for var, v in zip(model.non_trainable_variables, weights.non_trainable):
-            var.assign(v)
-        for indices in (head_idx, rep_idx):
-            variables = [model.trainable_variables[k] for k in indices]
-            for x, y in dataset:
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y, model(x, training=True))
-                for var, grad in zip(variables, tape.gradient(loss, variables)):
-                    var.assign_sub(lr * grad)
-        out.append([v.numpy() for v in model.trainable_variables])
+        out.append(eager_reference.sgd_phases(model, values, weights.non_trainable,
+                                              (head_idx, rep_idx), dataset, lr))
     return out
 
 
