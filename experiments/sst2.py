@@ -210,16 +210,18 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         return Sst2Run(method, n, seed, lr, rounds,
                        ctx.output_dir / method / f"N{n}" / f"seed{seed}" / f"lr{lr:g}")
 
-    probed: dict[tuple[str, int], list[Probe]] = {}
+    probed: dict[tuple[bool, int], list[Probe]] = {}
     counted: set[pathlib.Path] = set()
 
     def execute(run):
         probes = active_probes()
         if probes is not None:
-            # --estimate: one probe per (method, N); seeds and learning rates cost the same.
+            # --estimate: one probe per N (the first method's, and the centralized run's):
+            # seeds and learning rates cost the same, and the methods differ only in what they
+            # upload and in the server step.
             what = (f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
                     f"lr {run.learning_rate:g})")
-            key = (run.method, run.clients)
+            key = (run.method == "centralized", run.clients)
             if key not in probed:
                 start = len(probes)
                 run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir), what)
