@@ -172,6 +172,9 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
         [sys.executable, str(SCRIPT), *_FAST, rounds, f"--output_dir={cut}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=SCRIPT.parents[1],
+        # A shell without job control starts background jobs with SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler: give the run the default disposition.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     workers = []
     try:
