@@ -99,6 +99,9 @@ def test_no_worker_outlives_a_killed_owner(sig, workers):
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(workers)], stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, env=env,
+        # A shell without job control starts background jobs with SIGINT ignored; the owner
+        # must see SIGINT as a user's Ctrl-C does.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = proc.stdout.readline()
