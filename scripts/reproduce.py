@@ -197,6 +197,10 @@ def contexts_from_flags() -> list[Context]:
     if _SEED.value < 0:
         raise UsageError(f"flag --seed={_SEED.value}: must be >= 0")
     names = EXPERIMENTS if _EXPERIMENT.value == "all" else (_EXPERIMENT.value,)
+    collectable = ("sst2_clients", "sst2_dirichlet")
+    if _COLLECT.value and any(n not in collectable for n in names):
+        raise UsageError(f"flag --collect: only {' and '.join(collectable)} tabulate finished "
+                         f"runs without running; --experiment={_EXPERIMENT.value} would run")
     contexts = []
     for name in names:
         if _OUTPUT_DIR.value is None:

@@ -39,6 +39,7 @@ def _run(*args, timeout=120):
         (["--experiment=rolora_linear", "--output_dir=/proc/tffl_not_writable"], "--output_dir"),
         (["--experiment=rolora_mnist", "--data_dir=/nonexistent/tffl_data"], "--data_dir"),
         (["--experiment=rolora_linear", "extra"], "unexpected arguments"),
+        (["--experiment=srpfl_mnist", "--collect"], "--collect"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
