@@ -613,8 +613,12 @@ class PeakSampler:
 
 
 def _cpu_seconds(proc: psutil.Process | None) -> float:
+    """User + system CPU seconds of `proc`. This process is read from `time.process_time()`
+    (nanosecond clock): psutil's figures tick in 10 ms, so a short plain round could read 0."""
     if proc is None:
         return 0.0
+    if proc.pid == os.getpid():
+        return time.process_time()
     try:
         t = proc.cpu_times()
         return t.user + t.system
