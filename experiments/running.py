@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scripts.cli import UsageError
+from experiments.cli import UsageError
 
 from experiments.report import Panel, Table, _missing
 

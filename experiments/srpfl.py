@@ -23,7 +23,7 @@ SRPFL_RECORDED = {
 
 
 def run_srpfl_speedup(ctx: Context) -> Result:
-    from scripts import srpfl_speedup as sp
+    from experiments import srpfl_speedup as sp
     from tffl import runtime
 
     config = sp.Config(repeats=SRPFL_SCALES[ctx.scale]["repeats"], seed=ctx.seed)

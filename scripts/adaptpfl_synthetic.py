@@ -48,8 +48,8 @@ import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from scripts import cli  # noqa: E402
-from scripts.cli import UsageError  # noqa: E402
+from experiments import cli  # noqa: E402
+from experiments.cli import UsageError  # noqa: E402
 
 # TensorFlow, TFF and tffl are imported in `main` after the flags are checked, so that a bad flag
 # is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker) is imported

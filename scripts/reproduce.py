@@ -116,8 +116,8 @@ from experiments import srpfl
 from experiments import synthetic
 from experiments.report import save_plot, write_table
 from experiments.running import Context, StepError
-from scripts import cli
-from scripts.cli import UsageError
+from experiments import cli
+from experiments.cli import UsageError
 
 # TensorFlow, TFF and matplotlib are imported by the experiments that need them, so that a bad
 # flag is reported in a second. The experiments live in the `experiments` package.

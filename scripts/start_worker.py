@@ -32,7 +32,7 @@ import tempfile  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from scripts import cli  # noqa: E402
+from experiments import cli  # noqa: E402
 
 _PORT = flags.DEFINE_integer("port", 8000, "Port to serve on (all interfaces).")
 _LOG_FILE = flags.DEFINE_string(

@@ -50,15 +50,16 @@ from absl import flags  # noqa: E402
 # Imported first so its exit hook (which stops any TFF worker) is installed on every exit path.
 from tffl import runtime  # noqa: E402, F401
 
-from scripts import cli  # noqa: E402
-from scripts import registry  # noqa: E402
-from scripts.cli import UsageError  # noqa: E402
+from experiments import cli  # noqa: E402
+from tasks import registry  # noqa: E402
+from experiments import algorithms  # noqa: E402
+from experiments.cli import UsageError  # noqa: E402
 
 
 _ALGORITHM = flags.DEFINE_list(
     "algorithm", "rolora,fedavg_lora,ffa_lora",
     "Algorithm, or a comma-separated list to compare on the same task: "
-    + ", ".join(registry.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
+    + ", ".join(algorithms.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
     "fedavg, fedavg_ft, flute, adaptpfl) train an MLP (or, with --representation=lora*, a LoRA net with a "
     "personal head) and are evaluated on every client's own test set; the LoRA algorithms train "
     "RoLoRA's two-layer net ReLU(x A B) W_out. fedsa_lora (FedSA-LoRA) trains that LoRA net too "
@@ -66,7 +67,7 @@ _ALGORITHM = flags.DEFINE_list(
     "keeps every client's B factors personal.",
 )
 _REPRESENTATION = flags.DEFINE_enum(
-    "representation", "mlp", registry.REPRESENTATIONS,
+    "representation", "mlp", algorithms.REPRESENTATIONS,
     "Personalized algorithms: the shared representation is an MLP (mlp), LoRA adapters averaged "
     "jointly (lora), or alternately, RoLoRA-style (lora_alternating: a B round then an A round).",
 )
@@ -114,7 +115,7 @@ _FINETUNE_EPOCHS = flags.DEFINE_integer(
     "finetune_epochs", None, "Head fine-tuning epochs on each client's training data before "
     "personalized evaluation (default: 10 for fedavg_ft, 0 for the others).")
 _PARTICIPATION = flags.DEFINE_enum(
-    "participation", "uniform", registry.PARTICIPATIONS,
+    "participation", "uniform", algorithms.PARTICIPATIONS,
     "Who trains each round: uniform (--clients_per_round drawn at random), full (all clients, "
     "with the simulated wall-clock of --straggler), srpfl (the fastest n of all clients, n from "
     "--initial_participants doubling after each stage of --stage_rounds rounds).",
@@ -128,7 +129,7 @@ _SRPFL_POOL = flags.DEFINE_integer(
 _STAGE_ROUNDS = flags.DEFINE_string(
     "stage_rounds", "10", "srpfl: rounds per stage, an integer or lemma_b1 (the paper's Lemma B.1).")
 _STRAGGLER = flags.DEFINE_enum(
-    "straggler", "fixed", registry.STRAGGLER_MODELS,
+    "straggler", "fixed", algorithms.STRAGGLER_MODELS,
     "full/srpfl: client compute times, fixed Exp(1) draws or redrawn every round from "
     "Exp(lambda_i), lambda_i ~ U[1/N, 1].")
 _COMMUNICATION_COST = flags.DEFINE_float(
@@ -200,7 +201,7 @@ _ROLORA_FRACTION = flags.DEFINE_float(
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 16, "Client batch size.")
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "Client learning rate.")
 _CLIENT_OPTIMIZER = flags.DEFINE_enum(
-    "client_optimizer", "sgd", registry.OPTIMIZERS,
+    "client_optimizer", "sgd", algorithms.OPTIMIZERS,
     "Client optimizer (tff.learning.optimizers): sgd (with --client_momentum), sgdm (SGD with "
     "momentum: --client_momentum must be > 0) or adam; its state restarts in every local phase.")
 _CLIENT_MOMENTUM = flags.DEFINE_float("client_momentum", 0.0, "Client SGD momentum in [0, 1).")
@@ -208,7 +209,7 @@ _WEIGHT_DECAY = flags.DEFINE_float(
     "weight_decay", 0.0, "Client weight decay lambda >= 0, added to the gradient as lambda*w "
     "(PyTorch's coupled weight_decay).")
 _SERVER_OPTIMIZER = flags.DEFINE_enum(
-    "server_optimizer", "sgd", registry.OPTIMIZERS,
+    "server_optimizer", "sgd", algorithms.OPTIMIZERS,
     "Server optimizer applied to the aggregated delta as a gradient -mean(delta); sgd with "
     "--server_learning_rate=1 is the plain average.")
 _SERVER_LEARNING_RATE = flags.DEFINE_float(
@@ -383,11 +384,11 @@ def _validate_flags() -> pathlib.Path:
                          "global model as it is; use --algorithm=fedavg_ft to fine-tune heads")
     if not 0.0 <= _ROLORA_FRACTION.value <= 1.0:
         raise UsageError(f"flag --rolora_fraction={_ROLORA_FRACTION.value}: must be in [0, 1]")
-    unknown = [a for a in _ALGORITHM.value if a not in registry.ALGORITHMS]
+    unknown = [a for a in _ALGORITHM.value if a not in algorithms.ALGORITHMS]
     if unknown or not _ALGORITHM.value:
         raise UsageError(
             f"flag --algorithm={','.join(_ALGORITHM.value)}: unknown {', '.join(unknown) or 'empty'};"
-            f" choose from {', '.join(registry.ALGORITHMS)}"
+            f" choose from {', '.join(algorithms.ALGORITHMS)}"
         )
     if len(set(_ALGORITHM.value)) != len(_ALGORITHM.value):
         raise UsageError(f"flag --algorithm={','.join(_ALGORITHM.value)}: names repeat")
@@ -454,7 +455,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             classes_per_client=_CLASSES_PER_CLIENT.value,
             dirichlet_alpha=_DIRICHLET_ALPHA.value,
             data_dir=_DATA_DIR.value,
-            model=registry.model_for(algorithm, _REPRESENTATION.value),
+            model=algorithms.model_for(algorithm, _REPRESENTATION.value),
             rank=_adapter_rank(),
             shortcut_alpha=_SHORTCUT_ALPHA.value,
             backbone=_BACKBONE.value,
@@ -492,12 +493,12 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
         flush=True,
     )
     started = time.perf_counter()
-    process = registry.build_algorithm(
+    process = algorithms.build_algorithm(
         algorithm,
         task,
-        client_learning_rate=registry.build_optimizer(
+        client_learning_rate=algorithms.build_optimizer(
             _CLIENT_OPTIMIZER.value, _LEARNING_RATE.value, _CLIENT_MOMENTUM.value),
-        server_optimizer=registry.build_optimizer(
+        server_optimizer=algorithms.build_optimizer(
             _SERVER_OPTIMIZER.value, _SERVER_LEARNING_RATE.value, _SERVER_MOMENTUM.value),
         weight_decay=_WEIGHT_DECAY.value,
         frozen_dir=_FROZEN_DIR.value,
@@ -519,23 +520,23 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
             feature_reduction=_FLUTE_FEATURE_REDUCTION.value, variant=_FLUTE_VARIANT.value,
             final_head_epochs=_FLUTE_FINAL_HEAD_EPOCHS.value),
     )
-    if algorithm in registry.PERSONALIZED_ALGORITHMS:
-        evaluate_fn = registry.personalized_evaluator(task, process)
+    if algorithm in algorithms.PERSONALIZED_ALGORITHMS:
+        evaluate_fn = algorithms.personalized_evaluator(task, process)
     else:
         def evaluate_fn(state, store=None):
             del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
             return task.evaluate(process.model_weights(state))
     if _EVAL_PER_CLIENT.value:
         overall = evaluate_fn
-        per_client = registry.per_client_evaluator(
-            task, process, algorithm in registry.PERSONALIZED_ALGORITHMS)
+        per_client = algorithms.per_client_evaluator(
+            task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
 
         def evaluate_fn(state, store=None):
             if store is None:
                 return {**overall(state), **per_client(state)}
             return {**overall(state, store), **per_client(state, store)}
     stage_rounds = _STAGE_ROUNDS.value
-    sampler = registry.build_sampler(
+    sampler = algorithms.build_sampler(
         task, _CLIENTS_PER_ROUND.value, _SEED.value, kind=_PARTICIPATION.value,
         initial_participants=_INITIAL_PARTICIPANTS.value,
         stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),

@@ -1,9 +1,8 @@
 """Time loading, tokenizing and partitioning the whole SST-2 train set into federated clients.
 
-Run `python -m tasks.benchmark_text --data_dir ../shared/data/sst2 --vocab path/to/vocab.txt`.
-Without `--vocab` a word-level WordPiece vocabulary of the `--vocab_size` most frequent lower-cased
-training words is built first (its time is reported separately). Prints one line per stage and a
-total; `measure()` returns the same figures as a dict of seconds.
+`measure()` returns seconds per stage; without a vocabulary file, a word-level WordPiece
+vocabulary of the `vocab_size` most frequent lower-cased training words is built first (its time
+is its own stage). `scripts/benchmark_text.py` is the command line.
 
 Example:
 
@@ -12,13 +11,9 @@ Example:
 ['build_vocab', 'client_data', 'first_batches', 'load_tsv', 'partition', 'tokenize', 'total']
 """
 
-import argparse
 import collections
 import os
-import pathlib
 import time
-
-import numpy as np
 
 from tasks import client_data as client_data_lib
 from tasks import partition as partition_lib
@@ -82,30 +77,21 @@ def measure(
     return times
 
 
-def main(argv=None) -> dict[str, float]:
-    """Parse flags, run `measure`, print the figures."""
-    default_dir = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default=str(default_dir))
-    parser.add_argument("--vocab", default=None, help="WordPiece vocab.txt (default: build one)")
-    parser.add_argument("--num_clients", type=int, default=50)
-    parser.add_argument("--sequence_length", type=int, default=64)
-    parser.add_argument("--scheme", default="dirichlet", choices=partition_lib.SCHEMES)
-    parser.add_argument("--alpha", type=float, default=0.5)
-    args = parser.parse_args(argv)
-    figures = measure(
-        args.data_dir, args.vocab, args.num_clients, args.sequence_length, args.scheme, args.alpha
-    )
+def format_figures(figures: dict[str, float], num_clients: int, scheme: str,
+                   sequence_length: int, vocab: str | None) -> str:
+    """`measure`'s figures as the lines `scripts/benchmark_text.py` prints.
+
+    >>> print(format_figures({"tokenize": 2.0, "total": 3.0, "num_examples": 100.0}, 4, "iid", 8,
+    ...                      None))
+    SST-2 train: 100 examples -> 4 clients (iid), sequence_length=8, vocab=frequency
+            tokenize:    2.00 s
+               total:    3.00 s
+      tokenize rate : 50 examples/s
+    """
+    figures = dict(figures)
     n = int(figures.pop("num_examples"))
-    print(f"SST-2 train: {n} examples -> {args.num_clients} clients ({args.scheme}), "
-          f"sequence_length={args.sequence_length}, vocab={args.vocab or 'frequency'}")
-    for name, seconds in figures.items():
-        print(f"  {name:>14s}: {seconds:7.2f} s")
-    print(f"  tokenize rate : {n / max(figures['tokenize'], 1e-9):,.0f} examples/s")
-    return figures
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    np.set_printoptions(precision=3)
-    main()
+    lines = [f"SST-2 train: {n} examples -> {num_clients} clients ({scheme}), "
+             f"sequence_length={sequence_length}, vocab={vocab or 'frequency'}"]
+    lines += [f"  {name:>14s}: {seconds:7.2f} s" for name, seconds in figures.items()]
+    lines.append(f"  tokenize rate : {n / max(figures['tokenize'], 1e-9):,.0f} examples/s")
+    return "\n".join(lines)

@@ -166,9 +166,9 @@ class Meter:
         self.sampler, self.worker, self.me = sampler, worker, psutil.Process()
 
     def cpu(self) -> float:
-        from scripts import benchmark
+        from experiments.benchmark import measure
 
-        return benchmark._cpu_seconds(self.me) + benchmark._cpu_seconds(self.worker)
+        return measure.cpu_seconds(self.me) + measure.cpu_seconds(self.worker)
 
     def measure(self, fn: Callable[[], object]) -> tuple[object, dict]:
         self.sampler.take()
@@ -202,8 +202,9 @@ def run_main(config: TargetsConfig, log) -> dict:
     """The main setting: four paths × the algorithms, rounds alternating."""
     import tensorflow as tf
 
-    from scripts import benchmark
-    from scripts import registry
+    from experiments.benchmark import measure
+    from tasks import registry
+    from experiments import algorithms
     from tffl import runtime
 
     tasks = {}
@@ -223,13 +224,13 @@ def run_main(config: TargetsConfig, log) -> dict:
     # The in-process runtime runs the "tff" path's process on the same data (issue 17); one
     # context for all rounds, so that its compiled computations are reused as the worker's are.
     in_process = runtime.DistributeContext(runtime.build_strategy(config.devices))
-    with benchmark.PeakSampler() as sampler, runtime.local_runtime():
+    with measure.PeakSampler() as sampler, runtime.local_runtime():
         pids = runtime.running_workers()
         worker = __import__("psutil").Process(pids[0]) if pids else None
         sampler.watch("worker", pids[0] if pids else None)
         meter = Meter(sampler, worker)
         for algorithm in config.algorithms:
-            processes = {p: registry.build_algorithm(algorithm, tasks[p], config.learning_rate)
+            processes = {p: algorithms.build_algorithm(algorithm, tasks[p], config.learning_rate)
                          for p in tasks}
             states = {p: processes[p].initialize() for p in tasks}
             plain = {}
@@ -280,7 +281,7 @@ def run_main(config: TargetsConfig, log) -> dict:
                                   for a, b in zip(processes["tff"].model_weights(
                                       distributed_state).trainable, processes["tff"].model_weights(
                                       states["tff"]).trainable))
-            state_io = benchmark.state_round_trip_seconds(
+            state_io = measure.state_round_trip_seconds(
                 processes["tff"].get_model_weights.type_signature.result,
                 processes["tff"].get_model_weights(states["tff"]))
             mean = {p: _mean_after_first(r, "seconds") for p, r in rows.items()}
@@ -321,7 +322,7 @@ def run_scaling(config: TargetsConfig, log) -> dict:
     repo = pathlib.Path(__file__).resolve().parents[1]
     out = {}
     for n in config.scaling_clients:
-        code = ("import json, sys; from scripts import benchmark_targets as b; "
+        code = ("import json, sys; from experiments.benchmark import targets as b; "
                 f"print(json.dumps(b.scaling_child({n}, {config.data_dir!r})))")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               cwd=repo)
@@ -339,20 +340,20 @@ def run_scaling(config: TargetsConfig, log) -> dict:
 
 def scaling_child(n: int, data_dir: str) -> dict:
     """One scaling configuration in this (fresh) process: 2 rounds of n clients × 2 steps."""
-    from scripts import benchmark
-    from scripts import cli
-    from scripts import registry
+    from experiments.benchmark import measure
+    from experiments import cli
+    from tasks import registry
+    from experiments import algorithms
     from tffl import runtime
 
-    benchmark.import_tensorflow()
     cli.quiet_python_logs()
     config = TargetsConfig(data_dir=data_dir)
     task = registry.build_task(
         "sst2", num_clients=n, batch_size=config.batch_size, local_steps=2, seed=config.seed,
         data_dir=config.data_dir, backbone="minilm", rank=config.rank,
         lora_layers=config.lora_layers, sequence_length=config.sequence_length)
-    process = registry.build_algorithm("fedavg_lora", task, config.learning_rate)
-    with benchmark.PeakSampler() as sampler, runtime.local_runtime():
+    process = algorithms.build_algorithm("fedavg_lora", task, config.learning_rate)
+    with measure.PeakSampler() as sampler, runtime.local_runtime():
         pids = runtime.running_workers()
         sampler.watch("worker", pids[0] if pids else None)
         meter = Meter(sampler, None)
@@ -432,7 +433,7 @@ def run_large(config: TargetsConfig, log) -> dict:
 
     import tensorflow as tf
 
-    from scripts import benchmark
+    from experiments.benchmark import measure
     from tasks import prefix_cache
     from tffl import frozen as frozen_lib
     from tffl import lora_fl
@@ -450,7 +451,7 @@ def run_large(config: TargetsConfig, log) -> dict:
     log(f"[large] RoBERTa-large shape: {parameters:,} parameters drawn in {draw_seconds:.0f} s")
     out = {"parameters": int(parameters), "lora_layers": list(config.large_layers)}
     for path in ("cached", "uncached"):
-        with benchmark.PeakSampler() as sampler, runtime.local_runtime():
+        with measure.PeakSampler() as sampler, runtime.local_runtime():
             pids = runtime.running_workers()
             sampler.watch("worker", pids[0] if pids else None)
             meter = Meter(sampler, None)
@@ -496,9 +497,6 @@ def run_large(config: TargetsConfig, log) -> dict:
 
 def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> dict:
     """Runs the three parts, writes `output_dir/benchmark.json` and `benchmark.md`."""
-    from scripts import benchmark
-
-    benchmark.import_tensorflow()  # its helpers' globals (psutil, tf), also when it is __main__
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     unknown = set(config.parts) - {"scaling", "main", "large"}

@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from scripts import benchmark
+from experiments.benchmark import config as benchmark_config
+from experiments.benchmark import report
+from experiments.benchmark import run
 from tffl import lora_fl
 from tffl import personalized
 from tffl import runtime
@@ -24,17 +26,17 @@ from tffl import runtime
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark.py"
 
-MICRO = benchmark.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
+MICRO = benchmark_config.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
                                 intermediate_dim=16, vocabulary_size=50, max_sequence_length=16)
-CONFIG = benchmark.Config(
+CONFIG = benchmark_config.Config(
     backbones=("micro",), clients_per_round=(1, 2), algorithms=("rolora", "fedrep"),
     local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5)
-CLASSES = benchmark.NUM_CLASSES
+CLASSES = benchmark_config.NUM_CLASSES
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    out = benchmark.run_benchmark(CONFIG, log=lambda line: None, shapes={"micro": MICRO},
+    out = run.run_benchmark(CONFIG, log=lambda line: None, shapes={"micro": MICRO},
                                   output_dir=tmp_path_factory.mktemp("bench"))
     assert runtime.running_workers() == []  # every configuration stopped its worker
     return out
@@ -46,7 +48,7 @@ def _row(result, algorithm, n):
     return row
 
 
-def _parameters(shape: benchmark.BackboneShape, rank: int) -> dict[str, int]:
+def _parameters(shape: benchmark_config.BackboneShape, rank: int) -> dict[str, int]:
     """Float counts of the classifier, written out from KerasNLP's BERT: embeddings (token,
     position, segment, LayerNorm), per layer q/k/v/output projections with biases, two LayerNorms
     and the feed-forward pair, the pooler, the Dense(2) head; LoRA A (h×r) and B (r×h) on every
@@ -152,11 +154,11 @@ def test_targets_table_and_json(result, tmp_path):
         assert targets["linear_scaling"][key]["clients"] == [1, 2]
         assert targets["linear_scaling"][key]["time_ratio"] > 0
         assert targets["memory"][key]["peak_ratio"]["total"] > 0
-    table = benchmark.format_table(result)
+    table = report.format_table(result)
     lines = table.splitlines()
     assert len(lines) == 2 + len(result["rows"])
     assert "| micro    | rolora " in table and "overhead" in lines[0]
-    benchmark.write_outputs(tmp_path, result, table, benchmark.format_targets(result), "cmd")
+    report.write_outputs(tmp_path, result, table, report.format_targets(result), "cmd")
     saved = json.loads((tmp_path / "benchmark.json").read_text())
     assert saved["command"] == "cmd" and len(saved["rows"]) == 4
     assert table in (tmp_path / "benchmark.md").read_text()

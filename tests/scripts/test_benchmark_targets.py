@@ -1,4 +1,4 @@
-"""scripts/benchmark_targets.py: its plain baseline is the federated round it claims to be, and a
+"""experiments/benchmark/targets.py: its plain baseline is the federated round it claims to be, and a
 missing data folder is one line. (The suite itself is a 40-minute measurement, not a test.)"""
 
 import os
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from scripts import benchmark_targets
+from experiments.benchmark import targets as benchmark_targets
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from scripts import srpfl_speedup
+from experiments import srpfl_speedup
 from tffl import runtime
 from tffl import srpfl
 

@@ -1,0 +1,201 @@
+"""Algorithm names -> tffl processes, optimizers, participation samplers and evaluators.
+
+`build_algorithm("rolora", task, ...)` is what `--algorithm=rolora` (with the optimizer and
+schedule flags) becomes, for a `tasks.registry.RunTask`; `build_sampler` is `--participation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tasks.registry import RunTask
+from tffl import evaluation
+from tffl import lora_fl
+from tffl import participation
+from tffl import personalized
+from tffl import srpfl
+
+
+LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")
+PERSONALIZED_ALGORITHMS = personalized.ALGORITHMS
+ALGORITHMS = (*PERSONALIZED_ALGORITHMS, *LORA_ALGORITHMS)
+# The representation of the personalized algorithms: a whole MLP, or LoRA adapters averaged
+# jointly (FedAvg-LoRA-style) or alternately (RoLoRA-style: a B round, then an A round).
+REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
+PARTICIPATIONS = ("uniform", "full", "srpfl")
+STRAGGLER_MODELS = ("fixed", "dynamic")
+
+
+def model_for(algorithm: str, representation: str = "mlp") -> str:
+    """The model an algorithm trains: LoRA algorithms need role-tagged LoRA factors; the
+    personalized ones a `head` (LG-FedAvg: local lower layers) and a representation."""
+    if algorithm == "flora":
+        return "lora_net_base"
+    if algorithm in LORA_ALGORITHMS or algorithm == "fedsa_lora":
+        return "lora_net"  # FedSA-LoRA: the LoRA methods' net, its B factors personal
+    if algorithm == "adaptpfl":
+        if representation != "mlp":
+            raise ValueError("adaptpfl's shortcut model has an MLP representation; use "
+                             "--representation=mlp")
+        return "pfl_mlp_shortcut"
+    if representation != "mlp":
+        return "lora_head_net"
+    return "pfl_mlp_lg" if algorithm == "lg_fedavg" else "pfl_mlp"
+
+
+OPTIMIZERS = ("sgd", "sgdm", "adam")
+
+
+def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
+    """A `tff.learning.optimizers` optimizer: `sgd` (with `momentum` > 0: SGD with momentum),
+    `sgdm` (SGD with momentum; `momentum` must be > 0, e.g. 0.5 as SRPFL's and FLUTE's code) or
+    `adam` (β = 0.9, 0.999; `momentum` must be 0)."""
+    import tensorflow_federated as tff
+
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning rate {learning_rate} must be > 0")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum {momentum} must be in [0, 1)")
+    if name == "sgdm" and not momentum > 0:
+        raise ValueError("the sgdm optimizer needs a momentum > 0 (e.g. 0.5, SRPFL's code)")
+    if name in ("sgd", "sgdm"):
+        return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum or None)
+    if name == "adam":
+        if momentum:
+            raise ValueError("momentum applies to the sgd optimizer only (adam has its own betas)")
+        return tff.learning.optimizers.build_adam(learning_rate)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def build_algorithm(
+    name: str,
+    task: RunTask,
+    client_learning_rate,
+    server_learning_rate: float = 1.0,
+    communication_rounds: int = 1,
+    rolora_fraction: float = 0.5,
+    representation: str = "mlp",
+    local_epochs: int = 1,
+    head_epochs: int | None = 1,
+    representation_epochs: int = 1,
+    representation_blocks: int = 1,
+    finetune_epochs: int | None = None,
+    shortcut_epochs: int = 1,
+    flute: personalized.FluteConfig | None = None,
+    server_optimizer=None,
+    weight_decay: float = 0.0,
+    frozen_dir=None,
+    client_ranks=None,
+):
+    """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
+    or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
+    `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
+    any, go into the process's frozen-weights file (they never enter the server state).
+    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.lora_ranks`)."""
+    import tensorflow_federated as tff
+
+    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
+        float(server_learning_rate))
+    pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
+    common = dict(server_optimizer=server_optimizer, weight_decay=weight_decay,
+                  initial_non_trainable=pretrained, frozen_dir=frozen_dir)
+    if name in PERSONALIZED_ALGORITHMS:
+        return personalized.build_personalized_process(
+            name, task.keras_model_fn, task.input_spec, client_learning_rate,
+            local_epochs=local_epochs, head_epochs=head_epochs,
+            representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
+            representation_blocks=representation_blocks,
+            shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
+            lora_schedule="alternating" if representation == "lora_alternating" else "joint",
+            **common,
+        )
+    if name == "rolora_ffa":
+        return lora_fl.build_rolora_then_ffa(
+            rolora_fraction, communication_rounds, task.keras_model_fn, task.input_spec,
+            client_learning_rate, **common)
+    if name in LORA_ALGORITHMS:
+        if client_ranks is not None:
+            common["client_ranks"] = client_ranks
+        return lora_fl.build_lora_process(name, task.keras_model_fn, task.input_spec,
+                                          client_learning_rate, **common)
+    raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+
+
+def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",
+                  initial_participants: int = 1, stage_rounds: int | str = 10,
+                  straggler: str = "fixed", communication_cost: float = 0.0,
+                  pool: int | None = None):
+    """`uniform`: `clients_per_round` clients drawn per round; `full`: every client every round,
+    with the simulated wall-clock of the straggler model (FedRep's baseline clock); `srpfl`: of
+    all clients, the fastest n take part, n0 = `initial_participants` doubling after each stage
+    of `stage_rounds` rounds (an int or "lemma_b1"). `pool`: N of the clients drawn at random
+    each round first (srpfl and full; default all)."""
+    if kind == "uniform":
+        return participation.UniformSampler(task.client_ids, clients_per_round, seed)
+    if straggler not in STRAGGLER_MODELS:
+        raise ValueError(f"unknown straggler model {straggler!r}; choose one of "
+                         f"{', '.join(STRAGGLER_MODELS)}")
+    times = (srpfl.FixedExponentialTimes() if straggler == "fixed"
+             else srpfl.DynamicExponentialTimes())
+    if kind == "full":
+        return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost,
+                                            pool=pool)
+    if kind == "srpfl":
+        return srpfl.SrpflSampler(task.client_ids, initial_participants, seed, times,
+                                  stage_rounds=stage_rounds, communication_cost=communication_cost,
+                                  pool=pool)
+    raise ValueError(f"unknown participation {kind!r}; choose one of {', '.join(PARTICIPATIONS)}")
+
+
+def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, float]]:
+    """The `evaluate_fn` of `tffl.simulation.run_rounds` for a process of
+    `PERSONALIZED_ALGORITHMS`: every client with test data evaluated on its own test set
+    (`personal_*`; with its stored personal state, or after fine-tuning for FedAvg-FT), plus the
+    global model on the pooled test set (`loss`, `accuracy`) for FedAvg and FedAvg-FT, whose
+    global model is the whole model."""
+
+    def evaluate(state, store=None) -> dict[str, float]:
+        ids, train, test = task.client_eval_data()
+        if store is not None:
+            metrics = process.evaluate(state, store.lookup(ids), train, test)
+        else:
+            metrics = process.evaluate(state, train, test)
+        out = {f"personal_{k}": v for k, v in metrics.items() if k != "num_examples"}
+        if store is None:
+            out.update(task.evaluate(process.model_weights(state)))
+        return out
+
+    return evaluate
+
+
+def per_client_evaluator(task: RunTask, process, personalized: bool
+                         ) -> Callable[..., dict[str, float]]:
+    """`(state, store=None) -> {"<client id>_accuracy": …}` for every client with test data (the
+    review domains: per-domain accuracy): a personalized process evaluates each client with its
+    own stored personal state; a global one evaluates its global model on each client's test
+    set."""
+
+    evaluators = {}
+
+    def evaluate(state, store=None) -> dict[str, float]:
+        ids, train, test = task.client_eval_data()
+        out = {}
+        if personalized:
+            personal = store.lookup(ids) if store is not None else None
+            for i, cid in enumerate(ids):
+                if personal is not None:
+                    metrics = process.evaluate(state, [personal[i]], [train[i]], [test[i]])
+                else:
+                    metrics = process.evaluate(state, [train[i]], [test[i]])
+                out[f"{cid}_accuracy"] = metrics["accuracy"]
+            return out
+        weights = process.model_weights(state)
+        for cid, data in zip(ids, test):
+            if cid not in evaluators:
+                evaluators[cid] = evaluation.make_keras_evaluator(task.keras_model_fn, data)
+            out[f"{cid}_accuracy"] = evaluators[cid](weights)["accuracy"]
+        return out
+
+    return evaluate
