@@ -4,12 +4,22 @@ and the CSV + Markdown table writer.
 Nothing here imports TensorFlow at module level, so a script can check its flags (and fail in a
 second with one line) before paying for the import.
 
-Example:
+A script's end is `app.run(main, flags_parser=cli.parse_flags)`. Example:
 
->>> if __name__ == "__main__":
-...     app.run(main, flags_parser=cli.parse_flags)
->>> output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)   # raises cli.UsageError
->>> markdown = cli.write_table(output_dir, "results", rows, [("method", "method", "{}")])
+>>> output_dir = writable_output_dir(run_dir / "cli_example")   # raises UsageError if it cannot
+>>> rows = [{"method": "rolora", "accuracy": 0.8312}, {"method": "ffa_lora", "accuracy": 0.8}]
+>>> print(write_table(output_dir, "results", rows,
+...                   [("method", "method", "{}"), ("test acc", "accuracy", "{:.3f}")]))
+| method | test acc |
+|---|---|
+| rolora | 0.831 |
+| ffa_lora | 0.800 |
+>>> sorted(p.name for p in output_dir.iterdir())
+['results.csv', 'results.md']
+>>> at_least("rounds", 0, 1)
+Traceback (most recent call last):
+...
+experiments.cli.UsageError: flag --rounds=0: must be >= 1
 """
 
 from __future__ import annotations

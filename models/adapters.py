@@ -20,8 +20,10 @@ def merge_lora(model: tf.keras.Model) -> int:
 
     Example:
 
+    >>> from models.backbones import build_bert_backbone
+    >>> from models.lora_targets import LoraConfig, apply_lora
     >>> backbone = build_bert_backbone(vocabulary_size=50)
-    >>> _ = apply_lora(backbone, LoraConfig(rank=2))
+    >>> _ = apply_lora(backbone, LoraConfig(rank=2))   # query and value of both layers
     >>> merge_lora(backbone)
     4
     """
@@ -53,6 +55,8 @@ def lora_parameter_count(model: tf.keras.Model) -> int:
 
     Example:
 
+    >>> from models.backbones import build_bert_backbone
+    >>> from models.lora_targets import LoraConfig, apply_lora
     >>> backbone = build_bert_backbone(vocabulary_size=50, hidden_dim=32)
     >>> _ = apply_lora(backbone, LoraConfig(rank=2, targets=("value",), layers=(0,)))
     >>> lora_parameter_count(backbone)  # 2 * (32 + 32)
@@ -66,8 +70,13 @@ def save_adapters(model: tf.keras.Model, path: str | pathlib.Path) -> pathlib.Pa
 
     Example:
 
-    >>> save_adapters(model, "/tmp/adapters.npz")
-    PosixPath('/tmp/adapters.npz')
+    >>> from models.backbones import build_bert_backbone
+    >>> from models.lora_targets import LoraConfig, apply_lora
+    >>> backbone = build_bert_backbone(vocabulary_size=50)
+    >>> _ = apply_lora(backbone, LoraConfig(rank=2, targets=("value",), layers=(0,)))
+    >>> path = save_adapters(backbone, run_dir / "adapters.npz")
+    >>> sorted(np.load(path))
+    ['transformer_layer_0_value_lora/lora_a', 'transformer_layer_0_value_lora/lora_b']
     """
     path = pathlib.Path(path)
     state = adapter_state(model)

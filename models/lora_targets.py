@@ -144,6 +144,7 @@ def apply_lora(backbone: tf.keras.Model, config: LoraConfig) -> dict[str, LoraLa
 
     Example:
 
+    >>> import keras_nlp
     >>> backbone = keras_nlp.models.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2,
     ...                                          hidden_dim=8, intermediate_dim=16)
     >>> adapters = apply_lora(backbone, LoraConfig(rank=2, targets=("value",), layers=(1,)))

@@ -68,14 +68,16 @@ start of the round (broadcast B, stored w_i, s_i); `num_clients`.
 
 Example:
 
->>> process = build_adaptpfl_linear(dim=20, rank=2, alpha=0.3, learning_rate=0.1,
+>>> process = build_adaptpfl_linear(dim=10, rank=2, alpha=0.3, learning_rate=0.1,
 ...                                 head_steps=10, shortcut_steps=10, representation_steps=1)
->>> personal = [process.initialize_personal(cid) for cid in client_ids]
->>> with runtime.local_runtime():
+>>> personal = [process.initialize_personal(f"client_{i}") for i in range(len(data))]
+>>> with runtime.local_runtime():                     # `data`: 4 clients' (x, y), d = 10
 ...     state = process.initialize()
 ...     output = process.next(state, data, personal)
 ...     state, personal = output.state, output.personal_states
 >>> thetas = process.predictors(state, personal)     # (N, d): row i is θ_i
+>>> thetas.shape
+(4, 10)
 """
 
 from __future__ import annotations

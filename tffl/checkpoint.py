@@ -14,9 +14,15 @@ half-written checkpoint that looks complete. Loading needs a *template* state of
 
 Example:
 
->>> save(run_dir / "checkpoints", round_num=3, state=state, config={"seed": 1})
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+>>> _ = save(run_dir / "checkpoints", round_num=3, state=state, config={"seed": 1})
 >>> round_num, path = latest(run_dir / "checkpoints")
->>> state, extra, meta = load(path, template=process.initialize())
+>>> round_num, path.name
+(3, 'round_000003')
+>>> restored, extra, meta = load(path, template=state)
+>>> meta["round"], meta["config"], extra
+(3, {'seed': 1}, {})
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ throw-away graph, so that TFF types can be built without creating an eager Keras
 
 Example:
 
->>> spec = inspect_model(model_fn, input_spec)
+>>> spec = inspect_model(model_fn, input_spec)    # RoLoRA's net, d = 8, r = 2, 3 classes
 >>> spec.indices([roles.LORA_B])          # positions in `model.trainable_variables`
 (1,)
 """

@@ -13,9 +13,12 @@ uploads and the figure changes with it.
 
 Example:
 
->>> traffic = round_traffic(process.next)
+>>> traffic = round_traffic(process.rounds["b_round"])    # RoLoRA's B round, d = 8, r = 2
 >>> traffic.down, traffic.up   # bytes per client per round
-(8748, 8772)
+(236, 188)
+
+Down: A (8×2), B (2×8) and the head (8×3 + 3) as float32, 4·59 = 236 bytes; up: the deltas of B
+and the head, 4·43 = 172, plus the 4-byte client weight and 12 bytes of metrics = 188.
 """
 
 from __future__ import annotations

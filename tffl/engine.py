@@ -29,9 +29,16 @@ schedule is a function t ↦ round name and `next` runs one communication round 
 
 Example:
 
->>> model = build_federated_model(model_fn, input_spec, federated=spec.indices(["lora_b"]))
->>> rounds = {"b_round": build_round(model, RoundSpec("b_round", phases))}
->>> process = ScheduledProcess("ffa_lora", model, rounds, schedule=lambda t: "b_round")
+>>> model = build_federated_model(model_fn, input_spec,
+...                               federated=spec.indices(["lora_a", "lora_b", "head"]))
+>>> b_round = RoundSpec("b_round", (client_training.Phase(spec.indices(["lora_b", "head"])),))
+>>> pieces = build_round(model, b_round, ClientConfig(optimizer=client_training.as_optimizer(0.1)))
+>>> pieces.traffic.down, pieces.traffic.up      # 4·(16 + 16 + 27) down; 4·(16 + 27) + 16 up
+(236, 188)
+>>> from tffl import processes                  # FFA-LoRA: the B round every time
+>>> initialize, rounds = processes.compose_rounds(model, [pieces], personal=False)
+>>> ffa = processes.ScheduledProcess("ffa_lora", model, [pieces], initialize, rounds,
+...                                  processes.constant("b_round"))
 """
 
 from __future__ import annotations

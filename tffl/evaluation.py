@@ -5,9 +5,14 @@ For a classifier with logits z(x) and labels y, over the N examples of `dataset`
 
 Example:
 
->>> evaluate = make_keras_evaluator(make_mlp, test_dataset)
->>> evaluate(process.model_weights(state))   # the whole model, frozen weights included
-{'loss': 0.31, 'accuracy': 0.91}
+>>> with runtime.local_runtime():
+...     weights = process.model_weights(process.initialize())  # whole model, frozen included
+>>> trainable = list(weights.trainable)              # [A, B, head kernel, head bias]
+>>> trainable[2], trainable[3] = np.zeros((8, 3), np.float32), np.zeros(3, np.float32)
+>>> weights = tff.learning.models.ModelWeights(trainable, weights.non_trainable)  # logits z = 0
+>>> evaluate = make_keras_evaluator(model_fn, client_datasets[0])
+>>> round(evaluate(weights)["loss"], 4)               # CE of the uniform softmax: ln 3
+1.0986
 """
 
 from __future__ import annotations

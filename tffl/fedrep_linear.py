@@ -40,12 +40,14 @@ to B* is the caller's (tffl has no ground truth): e.g. `tasks.subspace.principal
 
 Example:
 
->>> process = build_fedrep_linear(dim=20, rank=2, learning_rate=0.5)
->>> data = [collections.OrderedDict(x=x_i, y=y_i) for x_i, y_i in zip(xs, ys)]
+>>> process = build_fedrep_linear(dim=10, rank=2, learning_rate=0.5)
+>>> data = [collections.OrderedDict(x=x_i, y=y_i) for x_i, y_i in zip(xs, ys)]  # 4 clients
 >>> with runtime.local_runtime():
 ...     state = process.initialize_by_moments(data)      # or process.initialize()
 ...     output = process.next(state, data)
 ...     b = process.get_representation(output.state)      # float32 (d, k)
+>>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))   # QR: orthonormal columns
+((10, 2), True)
 """
 
 from __future__ import annotations

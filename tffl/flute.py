@@ -9,7 +9,7 @@ Example:
 
 >>> hook = FluteHook(FluteConfig(), kernel_index=2, num_classes=10, head_indices=(2, 3))
 >>> hook.extra_types
-(<float32[10]>,)
+(TensorType(np.float32, (10,)),)
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ Example:
 ...     output = process.next(state, data, personal)     # PersonalizedOutput
 ...     state, personal = output.state, output.personal_states
 >>> thetas = process.predictors(state, personal)         # (M, d): row i is B w_i
+>>> thetas.shape                                         # `data`: 4 clients, d = 10
+(4, 10)
 """
 
 from __future__ import annotations

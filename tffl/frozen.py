@@ -23,7 +23,7 @@ Example:
 
 >>> layout = Layout.from_spec(spec, trainable=spec.indices([roles.LORA_A, roles.LORA_B]))
 >>> values = initial_values(model_fn, input_spec)        # (trainable, non_trainable) numpy
->>> frozen = FrozenWeights.write(layout.base_values(*values), directory)
+>>> frozen = FrozenWeights.write(layout.base_values(*values), run_dir / "frozen")
 >>> len(frozen.fingerprint)
 16
 """

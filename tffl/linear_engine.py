@@ -38,7 +38,7 @@ float32 at the boundary.
 
 Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, QR):
 
->>> server = build_server(20, 2, lambda: orthonormalize(gaussian(20, 2, seed=0)),
+>>> server = build_server(10, 2, lambda: orthonormalize(gaussian(10, 2, seed=0)),
 ...                       orthonormal=True)
 >>> @tff.tensorflow.computation(server.representation_type, server.data_type)
 ... def client_update(b, data):
@@ -51,6 +51,9 @@ Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, Q
 >>> next_fn = build_averaging_round(server, client_update, server_update=server.orthonormalize)
 >>> with runtime.local_runtime():
 ...     output = next_fn(server.initialize(), data)     # LearningProcessOutput(state, metrics)
+>>> b = np.asarray(output.state["representation"])        # `data`: 4 clients, d = 10
+>>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))
+((10, 2), True)
 """
 
 from __future__ import annotations

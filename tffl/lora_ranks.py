@@ -29,9 +29,13 @@ bytes a rank-r_i client needs are `traffic_at_rank`.
 Example:
 
 >>> process = build_heterogeneous_rank_process("flexlora", model_fn, input_spec, 0.1,
-...                                            client_ranks={"a": 2, "b": 4})
->>> personal = [process.initialize_personal(c) for c in ("a", "b")]   # [[2], [4]]
->>> output = process.next(state, datasets, personal)
+...                                            client_ranks={"a": 1, "b": 2})  # adapters: r = 2
+>>> personal = [process.initialize_personal(c) for c in ("a", "b")]
+>>> [int(np.asarray(p).reshape(-1)[0]) for p in personal]
+[1, 2]
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     output = process.next(state, datasets, personal)   # the ranks are left unchanged
 """
 
 from __future__ import annotations

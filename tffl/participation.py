@@ -8,7 +8,7 @@ Example:
 
 >>> sampler = UniformSampler(["a", "b", "c", "d"], clients_per_round=2, seed=0)
 >>> sampler.sample(1).client_ids
-['d', 'b']
+['b', 'd']
 """
 
 from __future__ import annotations

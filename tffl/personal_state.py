@@ -27,9 +27,15 @@ which `is_personalized` recognizes by `initialize_personal`.
 
 Example:
 
+>>> from tffl import personalized                  # FedRep: the head is the personal state
+>>> process = personalized.build_personalized_process("fedrep", model_fn, input_spec, 0.05)
 >>> store = PersonalStore(process.initialize_personal)
->>> output = process.next(state, datasets, store.lookup(client_ids))
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     output = process.next(state, datasets, store.lookup(client_ids))
 >>> store.update(client_ids, output.personal_states)
+>>> store.client_ids(), len(store)
+(['a', 'b'], 2)
 """
 
 from __future__ import annotations

@@ -73,11 +73,14 @@ Example:
 
 >>> process = build_personalized_process("fedrep", model_fn, input_spec, 0.05,
 ...                                      head_epochs=10, representation_epochs=1)
+>>> from tffl import personal_state
 >>> store = personal_state.PersonalStore(process.initialize_personal)
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
 ...     out = process.next(state, datasets, store.lookup(client_ids))
 ...     store.update(client_ids, out.personal_states)
+>>> [w.shape for w in store.lookup(["a"])[0]]     # client a's head h_a: kernel and bias
+[(8, 3), (3,)]
 """
 
 from __future__ import annotations

@@ -31,10 +31,13 @@ Both have `round_name(state)`, `traffic` ({round name: bytes per client}), `mode
 
 Example:
 
->>> state = process.initialize()
->>> process.round_name(state)
-'b_round'
->>> state = process.next(state, datasets).state        # one B round
+>>> with runtime.local_runtime():                       # `process`: RoLoRA
+...     state = process.initialize()
+...     first = process.round_name(state)
+...     state = process.next(state, datasets).state     # one B round
+...     second = process.round_name(state)
+>>> first, second
+('b_round', 'a_round')
 """
 
 from __future__ import annotations

@@ -65,11 +65,15 @@ schedule's first rounds, for the record) as files.
 Example:
 
 >>> forms = to_map_reduce_form(process)            # {round name: MapReduceForm}
->>> save_process(process, "/tmp/rolora")
->>> saved = load_process("/tmp/rolora")
+>>> sorted(forms)
+['a_round', 'b_round']
+>>> _ = save_process(process, run_dir / "rolora")
+>>> saved = load_process(run_dir / "rolora")
 >>> with runtime.local_runtime():
 ...     state = saved.initialize()
 ...     output = saved.communication_rounds["b_round"](state, client_datasets)
+>>> sorted(output)                                 # containers come back as OrderedDicts
+['metrics', 'state']
 """
 
 from __future__ import annotations

@@ -23,9 +23,15 @@ l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in float64 inside the co
 Example:
 
 >>> process = build_rolora_alt_min_gd(dim=10, learning_rate=0.5, seed=0)
+>>> a_star, b_star = np.eye(10, dtype=np.float32)[0], np.full(10, 10**-0.5, np.float32)
+>>> clients = [dict(x=x, y=np.outer(x @ a_star, b_star)) for x in xs]   # Y_i = X_i a* b*ᵀ
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
-...     state = process.next(state, [dict(x=x_i, y=y_i) for x_i, y_i in clients]).state
+...     for _ in range(30):
+...         state = process.next(state, clients).state
+>>> a = process.get_a(state)
+>>> round(float(np.linalg.norm(a)), 4), round(abs(float(a @ a_star)), 3)   # unit, |⟨a, a*⟩|
+(1.0, 1.0)
 """
 
 from __future__ import annotations

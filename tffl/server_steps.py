@@ -18,8 +18,16 @@ plain FedAvg mean. (`tffl.engine` wraps the steps into `tff.learning.templates.F
 
 Example:
 
->>> step = OptimizerStep(tff.learning.optimizers.build_sgdm(1.0), weights_type, positions=(0,))
->>> state = step.initialize()
+>>> vector = tff.TensorType(np.float32, [2])
+>>> weights_type = tff.to_type(tff.learning.models.ModelWeights(trainable=[vector],
+...                                                             non_trainable=[]))
+>>> step = OptimizerStep(tff.learning.optimizers.build_sgdm(1.0), weights_type, positions=(0,),
+...                      update_type=tff.to_type([vector]))
+>>> w = tff.learning.models.ModelWeights(trainable=[np.ones(2, np.float32)], non_trainable=[])
+>>> with runtime.local_runtime():                 # SGD, η_s = 1: w + Δ̄
+...     state, w = step.apply(step.initialize(), w, [np.array([0.5, -1.0], np.float32)], 1)
+>>> np.asarray(w[0][0]).tolist()
+[1.5, 0.0]
 """
 
 from __future__ import annotations

@@ -22,8 +22,15 @@ metrics equal an uninterrupted run's.
 
 Example:
 
->>> result = run_rounds(process, sampler, client_dataset_fn, rounds=10, output_dir="runs/a")
->>> result.history[-1]["train_loss"]
+>>> from tffl import participation                    # `process`: RoLoRA on clients a, b
+>>> def client_dataset_fn(client_id, round_num):
+...     return datasets[client_ids.index(client_id)]
+>>> with runtime.local_runtime():
+...     result = run_rounds(process, participation.FullParticipation(client_ids),
+...                         client_dataset_fn, rounds=4, output_dir=run_dir / "sim", log=None,
+...                         tensorboard=False)
+>>> [(row["round"], row["bytes_up_per_client"]) for row in result.history]  # B round, A round
+[(1, 188), (2, 188), (3, 188), (4, 188)]
 """
 
 from __future__ import annotations

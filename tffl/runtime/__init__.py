@@ -49,8 +49,13 @@ TPUs) it sees (TFF's `SessionProvider`), with soft placement; there is no worker
 Example:
 
 >>> from tffl import runtime
+>>> @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+... def mean(values):
+...     return tff.federated_mean(values)
 >>> with runtime.local_runtime(num_workers=2):
-...     result = my_federated_computation(values)   # clients split over two managed workers
+...     result = mean([1.0, 2.0, 3.0, 6.0])   # the clients split over two managed workers
+>>> float(result)
+3.0
 >>> runtime.running_workers()
 []
 """

@@ -22,7 +22,7 @@ a dataset result comes back as a `tf.data.Dataset`. Structures follow TFF's
 Example:
 
 >>> import tensorflow as tf, tensorflow_federated as tff
->>> @tff.tensorflow.computation(tff.TensorType(tf.float32, [2]))
+>>> @tff.tensorflow.computation(tff.TensorType(np.float32, [2]))
 ... def double(x):
 ...     return x * 2.0
 >>> fn = TensorFlowFunction.from_computation(double)
