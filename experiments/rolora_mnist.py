@@ -1,14 +1,119 @@
-"""Experiment 2, `rolora_mnist`: RoLoRA's MNIST toy through scripts/rolora_mnist_toy.py."""
+"""Experiment 2, `rolora_mnist`: RoLoRA's MNIST toy (rolora.md §2.5).
+
+`run_toy` runs RoLoRA, FedAvg-LoRA and FFA-LoRA for each setting (N clients × K labels) and
+learning rate, one `scripts/train.py` run per (setting, learning rate) in
+`<root>/toy_<N>x<K>_lr<lr>/`, and writes `results.csv` and `results.md` (the best final test
+accuracy per method). `scripts/rolora_mnist_toy.py` is its command line; `run_rolora_mnist` is
+`scripts/reproduce.py --experiment=rolora_mnist`.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import pathlib
+import shutil
+from collections.abc import Callable, Sequence
 
 from experiments.report import Column, Panel, Series, Table, _missing
 from experiments.running import (Context, METHOD_NAMES, Result, SCRIPTS, _float, _need_data,
                                  _read_csv, run_subprocess)
+
+TOY_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora")
+TOY_PAPER_CLAIMS = (
+    "Paper (rolora.md §2.5, Figure 2; curves only, no numbers): FFA-LoRA plateaus around 55% in "
+    "both settings; FedAvg-LoRA degrades as the number of clients grows (inexact aggregation); "
+    "RoLoRA is the most robust."
+)
+
+
+def parse_setting(text: str) -> tuple[int, int]:
+    """`"5x2"` -> (5 clients, 2 labels each); raises `ValueError` naming the text.
+
+    >>> parse_setting("10x1")
+    (10, 1)
+    """
+    try:
+        n, k = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"flag --settings: {text!r} is not NxK (e.g. 5x2)") from None
+    if n < 1 or not 1 <= k <= 10:
+        raise ValueError(f"flag --settings: {text!r} needs N >= 1 and 1 <= K <= 10")
+    return n, k
+
+
+def _toy_run(n: int, k: int, lr: str, root: pathlib.Path, rounds: int, local_steps: int,
+             data_dir: str | None, resume: bool, log: Callable[[str], None]) -> list[dict]:
+    """One setting and learning rate: a train.py run of the three algorithms (reused when
+    complete; with `resume`, a run stopped mid-way is rerun from scratch)."""
+    run_dir = root / f"toy_{n}x{k}_lr{lr}"
+    complete = all((run_dir / a / "summary.json").exists() for a in TOY_ALGORITHMS)
+    if run_dir.exists() and not complete and resume:
+        log(f"resume: {run_dir.name} was stopped mid-way; rerunning it")
+        shutil.rmtree(run_dir)
+    args = [
+        SCRIPTS / "train.py", "--task=mnist", f"--algorithm={','.join(TOY_ALGORITHMS)}",
+        f"--num_clients={n}", f"--clients_per_round={n}", f"--classes_per_client={k}",
+        "--rank=16", "--batch_size=64", f"--local_steps={local_steps}", f"--rounds={rounds}",
+        "--eval_every=10", f"--learning_rate={lr}", f"--output_dir={run_dir}",
+    ]
+    if data_dir:
+        args.append(f"--data_dir={data_dir}")
+    if complete:
+        args.append("--resume")  # train.py reloads the last checkpoint and stops
+    log(f"== {n} clients x {k} labels, learning rate {lr} -> {run_dir}")
+    run_subprocess(args, f"scripts/train.py ({n}x{k}, lr {lr})")
+    return [json.loads((run_dir / a / "summary.json").read_text()) for a in TOY_ALGORITHMS]
+
+
+def run_toy(root: pathlib.Path, settings: Sequence[str], learning_rates: Sequence[str],
+            rounds: int, local_steps: int, data_dir: str | None = None, resume: bool = True,
+            log: Callable[[str], None] = print) -> str:
+    """Runs every setting × learning rate; writes `results.csv` and `results.md` to `root` and
+    returns the table (the best final test accuracy of each method over the learning rates)."""
+    parsed = [parse_setting(s) for s in settings]
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n, k in parsed:
+        for lr in learning_rates:
+            for summary in _toy_run(n, k, lr, root, rounds, local_steps, data_dir, resume, log):
+                final = summary["final"]
+                rows.append({
+                    "setting": f"{n} clients x {k} labels",
+                    "algorithm": summary["algorithm"],
+                    "learning_rate": float(lr),
+                    "final_test_accuracy": final.get("eval_accuracy", float("nan")),
+                    "best_test_accuracy": summary["best_eval_accuracy"],
+                    "final_train_loss": final.get("train_loss", float("nan")),
+                })
+    with open(root / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        "| setting | algorithm | best learning rate | final test accuracy | best test accuracy "
+        "(any evaluated round) |",
+        "|---|---|---|---|---|",
+    ]
+    for n, k in parsed:
+        setting = f"{n} clients x {k} labels"
+        for algorithm in TOY_ALGORITHMS:
+            mine = [r for r in rows if r["setting"] == setting and r["algorithm"] == algorithm]
+            best = max(mine, key=lambda r: r["final_test_accuracy"])
+            lines.append(
+                f"| {setting} | {algorithm} | {best['learning_rate']:g} | "
+                f"{best['final_test_accuracy']:.4f} | {best['best_test_accuracy']:.4f} |"
+            )
+    table = "\n".join(lines)
+    command = (f"uv run python scripts/rolora_mnist_toy.py --rounds={rounds} "
+               f"--local_steps={local_steps} --learning_rates={','.join(learning_rates)} "
+               f"--settings={','.join(settings)}")
+    (root / "results.md").write_text(
+        f"{command}\n\n{table}\n\nLearning rates tried: {', '.join(learning_rates)}; "
+        f"the best final test accuracy per method is shown.\n\n{TOY_PAPER_CLAIMS}\n"
+    )
+    return table
 
 
 # ------------------------------------------------------------------------------------------------
@@ -44,29 +149,15 @@ def run_rolora_mnist(ctx: Context) -> Result:
     _need_data(ctx, "mnist/mnist_5k.csv.gz")
     cfg = MNIST_SCALES[ctx.scale]
     toy_dir = ctx.output_dir / "toy"
-    if ctx.resume and toy_dir.exists():
-        # The toy script reuses a setting only when all three of its runs are complete, and
-        # starts a partial one without --resume (which train.py refuses): clear partial ones.
-        import shutil
-
-        for run_dir in sorted(toy_dir.glob("toy_*")):
-            if not all((run_dir / a / "summary.json").exists()
-                       for a in ("rolora", "fedavg_lora", "ffa_lora")):
-                ctx.log(f"resume: {run_dir.name} was stopped mid-way; rerunning it")
-                shutil.rmtree(run_dir)
-    run_subprocess([
-        SCRIPTS / "rolora_mnist_toy.py", f"--output_dir={toy_dir}",
-        f"--rounds={cfg['rounds']}", f"--local_steps={cfg['local_steps']}",
-        f"--learning_rates={','.join(cfg['learning_rates'])}",
-        f"--settings={','.join(MNIST_SETTINGS)}", f"--data_dir={ctx.data_dir}",
-    ], "scripts/rolora_mnist_toy.py")
+    run_toy(toy_dir, MNIST_SETTINGS, cfg["learning_rates"], cfg["rounds"], cfg["local_steps"],
+            str(ctx.data_dir), resume=ctx.resume, log=ctx.log)
     results = _read_csv(toy_dir / "results.csv")
     rows, panels = [], []
     for setting_flag in MNIST_SETTINGS:
         n, k = setting_flag.split("x")
         setting = f"{n} clients x {k} labels"
         series = []
-        for algorithm in ("rolora", "fedavg_lora", "ffa_lora"):
+        for algorithm in TOY_ALGORITHMS:
             mine = [r for r in results if r["setting"] == setting and r["algorithm"] == algorithm]
             best = max(mine, key=lambda r: _float(r["final_test_accuracy"]))
             lr = f"{_float(best['learning_rate']):g}"
