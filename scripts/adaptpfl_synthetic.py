@@ -39,9 +39,6 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     warnings.filterwarnings("ignore")
 
-import collections  # noqa: E402
-import csv  # noqa: E402
-import pathlib  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -55,7 +52,7 @@ from experiments.cli import UsageError  # noqa: E402
 # is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker) is imported
 # before any worker is started.
 
-METHODS = ("fedrep", "fedrep_gd", "adaptpfl", "local")
+from experiments.adaptpfl_synthetic import METHODS, run_setting, write_results  # noqa: E402
 
 _NUM_CLIENTS = flags.DEFINE_integer("num_clients", 50, "N, the number of clients.")
 _NUM_SAMPLES = flags.DEFINE_list("num_samples", "20,40", "m, samples per client (one table "
@@ -149,177 +146,12 @@ def _validate_flags() -> dict:
     config["methods"] = [m for m in METHODS if m in _METHODS.value]
     output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
     config["output_dir"] = output_dir
+    config.update({name: flags.FLAGS[name].value for name in (
+        "adaptpfl_order", "adaptpfl_variant", "data_alpha", "dim", "head_damping",
+        "head_steps", "init", "learning_rate", "noise_std", "num_clients",
+        "orthogonal_to_heads", "project_shortcut", "rank", "representation_steps", "rounds",
+        "shortcut_damping", "shortcut_norm", "shortcut_ridge", "shortcut_steps")})
     return config
-
-
-def _mean_error(thetas: np.ndarray, problem) -> float:
-    return float(np.mean(np.linalg.norm(thetas - problem.thetas, axis=1)))
-
-
-def _run(process, data: list, label: str, evaluate, run_dir: pathlib.Path | None,
-         diverged: str | None = None, initial_state=None) -> dict:
-    """--rounds rounds of `process` (all clients, each on its fixed data, every round) with
-    `tffl.simulation.run_rounds` in `run_dir`, the loss printed every tenth round; returns the last
-    round's metrics row, whose eval_* are `evaluate(state, personal states in client order or
-    None)` after the last round. `diverged`: the message of the FloatingPointError raised at the
-    first round whose loss is not finite (None: no check); `initial_state`: where round 1 starts
-    (default `process.initialize()`)."""
-    from tffl import participation
-    from tffl import simulation
-
-    ids = [f"client_{i:03d}" for i in range(len(data))]
-    by_id, rounds = dict(zip(ids, data)), _ROUNDS.value
-
-    def after_round(row, _) -> None:  # every round's metrics row
-        t, loss = row["round"], row["loss"]
-        if diverged is not None and not np.isfinite(loss):
-            raise FloatingPointError(diverged)
-        if t % max(1, rounds // 10) == 0 or t == rounds:
-            print(f"  {label}: round {t}/{rounds}, loss {loss:.4f}", flush=True)
-
-    with cli.run_directory(run_dir, prefix="adaptpfl_synthetic_") as output_dir:
-        result = simulation.run_rounds(
-            process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
-            output_dir, evaluate_fn=lambda state, store=None: evaluate(
-                state, None if store is None else store.lookup(ids)),
-            checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round,
-            initial_state=initial_state)
-    return result.history[-1]
-
-
-def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
-    """All methods on one (m, seed); one result row per method. Inside `local_runtime()`. Each
-    federated run goes to `<config["output_dir"]>/m<m>_seed<seed>/<method>[_alpha<α>]/` (a
-    temporary directory if `config` has no output_dir)."""
-    from tasks import subspace
-    from tasks import synthetic
-    from tffl import adaptpfl_linear
-    from tffl import fedrep_linear
-
-    d, k, eta = _DIM.value, _RANK.value, _LEARNING_RATE.value
-    problem = synthetic.adaptpfl_linear(
-        _NUM_CLIENTS.value, num_samples, d, k, alpha=_DATA_ALPHA.value,
-        shortcut_norm=_SHORTCUT_NORM.value, orthogonal_to_heads=_ORTHOGONAL.value,
-        noise_std=_NOISE_STD.value, seed=seed)
-    data = [collections.OrderedDict(x=x.astype(np.float32), y=y.astype(np.float32))
-            for x, y in zip(problem.features, problem.targets)]
-    fedrep = fedrep_linear.build_fedrep_linear(d, k, eta, seed=seed)
-    state = (fedrep.initialize_by_moments(data) if _INIT.value == "moments"
-             else fedrep.initialize())
-    b0 = fedrep.get_representation(state)
-    tag = f"[m={num_samples} seed={seed}]"
-    base = dict(num_samples=num_samples, seed=seed)
-    rows = []
-    root = config.get("output_dir")
-    setting_dir = None if root is None else pathlib.Path(root) / f"m{num_samples}_seed{seed}"
-
-    def run_dir(name: str) -> pathlib.Path | None:
-        return None if setting_dir is None else setting_dir / name
-
-    def evaluation(thetas, b) -> dict:
-        return dict(error=_mean_error(thetas, problem),
-                    dist=subspace.principal_angle_distance(b, problem.b_star))
-
-    def record(method, alpha, error, dist, started):
-        row = base | dict(method=method, alpha=alpha, error=error, dist=dist)
-        rows.append(row)
-        print(f"  {tag} {method}{'' if alpha is None else f' α={alpha:g}'}: personalized error "
-              f"{row['error']:.4f}, dist(B, B*) {row['dist']:.4f} "
-              f"({time.perf_counter() - started:.1f} s)", flush=True)
-
-    if "fedrep" in config["methods"]:
-        started = time.perf_counter()
-
-        def fedrep_evaluation(state, _):  # the exact heads for the final B
-            b = fedrep.get_representation(state).astype(np.float64)
-            heads = np.stack([np.linalg.lstsq(x @ b, y, rcond=None)[0]
-                              for x, y in zip(problem.features, problem.targets)])
-            return evaluation(heads @ b.T, b)
-
-        last = _run(fedrep, data, f"{tag} fedrep", fedrep_evaluation, run_dir("fedrep"),
-                    initial_state=state)
-        record("fedrep", None, last["eval_error"], last["eval_dist"], started)
-
-    runs = ([("fedrep_gd", 0.0)] if "fedrep_gd" in config["methods"] else []) + (
-        [("adaptpfl", a) for a in config["alphas"]] if "adaptpfl" in config["methods"] else [])
-    for method, alpha in runs:
-        started = time.perf_counter()
-        process = adaptpfl_linear.build_adaptpfl_linear(
-            d, k, alpha=alpha, learning_rate=eta, head_steps=_HEAD_STEPS.value,
-            shortcut_steps=_SHORTCUT_STEPS.value,
-            representation_steps=_REPRESENTATION_STEPS.value,
-            shortcut_ridge=_SHORTCUT_RIDGE.value, seed=seed,
-            variant="a" if method == "fedrep_gd" else _VARIANT.value,
-            project_shortcut=_PROJECT_SHORTCUT.value, shortcut_damping=_SHORTCUT_DAMPING.value,
-            head_damping=_HEAD_DAMPING.value, order=_ORDER.value)
-        last = _run(
-            process, data, f"{tag} {method} α={alpha:g}",
-            lambda state, personal, process=process: evaluation(
-                process.predictors(state, personal), process.get_representation(state)),
-            run_dir(method if method == "fedrep_gd" else f"{method}_alpha{alpha:g}"),
-            diverged=f"{method} α={alpha:g} diverged (m={num_samples}, seed={seed}); lower "
-                     "--learning_rate",
-            initial_state=process.set_representation(process.initialize(), b0))
-        record(method, alpha, last["eval_error"], last["eval_dist"], started)
-
-    if "local" in config["methods"]:
-        started = time.perf_counter()
-        thetas = np.stack([np.linalg.lstsq(x, y, rcond=None)[0]
-                           for x, y in zip(problem.features, problem.targets)])
-        record("local", None, _mean_error(thetas, problem), float("nan"), started)
-    return rows
-
-
-_NAMES = {"fedrep": "FedRep (exact heads, QR)", "fedrep_gd": "FedRep (gradient heads)",
-          "adaptpfl": "AdaptPFL", "local": "local least squares (reference, not federated)"}
-
-
-def _mean_std(values: list[float]) -> str:
-    if all(np.isnan(values)):
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
-
-
-def write_results(rows: list[dict], config: dict) -> str:
-    """results.csv (every run) and results.md (mean ± std over seeds); returns the markdown."""
-    output_dir = config["output_dir"]
-    with open(output_dir / "results.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["num_samples", "seed", "method", "alpha", "personalized_error",
-                         "subspace_distance"])
-        for r in rows:
-            writer.writerow([r["num_samples"], r["seed"], r["method"],
-                             "" if r["alpha"] is None else r["alpha"], f"{r['error']:.6f}",
-                             "" if np.isnan(r["dist"]) else f"{r['dist']:.6f}"])
-    lines = [
-        f"AdaptPFL vs FedRep, personalized error (1/N) Σ_i ‖θ_i − θ_i*‖ after {_ROUNDS.value} "
-        f"rounds (mean ± std over seeds {','.join(map(str, config['seeds']))}); "
-        f"N={_NUM_CLIENTS.value} clients, d={_DIM.value}, k={_RANK.value}, data "
-        f"α*={_DATA_ALPHA.value:g}, ‖s_i*‖={_SHORTCUT_NORM.value:g}, noise σ={_NOISE_STD.value:g}; "
-        f"η={_LEARNING_RATE.value:g}, τ_w={_HEAD_STEPS.value}, τ_s={_SHORTCUT_STEPS.value}, "
-        f"τ_b={_REPRESENTATION_STEPS.value}, β={_SHORTCUT_RIDGE.value:g}, B⁰ = {_INIT.value}; "
-        "all clients every round.",
-        "",
-        "| m | method | α | personalized error | dist(B, B*) |",
-        "|---|---|---|---|---|",
-    ]
-    for m in config["num_samples"]:
-        keys = list(dict.fromkeys((r["method"], r["alpha"]) for r in rows
-                                  if r["num_samples"] == m))
-        for method, alpha in keys:
-            runs = [r for r in rows if r["num_samples"] == m and (r["method"], r["alpha"])
-                    == (method, alpha)]
-            lines.append(f"| {m} | {_NAMES[method]} | {'–' if alpha is None else f'{alpha:g}'} | "
-                         f"{_mean_std([r['error'] for r in runs])} | "
-                         f"{_mean_std([r['dist'] for r in runs])} |")
-    lines += ["", f"FedRep's model θ_i = B w_i cannot express the shortcut part; its error floor "
-              f"is about α*‖s_i*‖ = {_DATA_ALPHA.value * _SHORTCUT_NORM.value:g} per client. "
-              "The AdaptPFL draft has no experiments to compare with (adaptpfl.md §5)."]
-    text = "\n".join(lines)
-    (output_dir / "results.md").write_text(text + "\n")
-    return text
 
 
 def main(argv: list[str]) -> int:
