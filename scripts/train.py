@@ -37,23 +37,22 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 
 import datetime  # noqa: E402
-import json  # noqa: E402
 import pathlib  # noqa: E402
-import time  # noqa: E402
 
 # TensorFlow must be imported before absl's app.run starts `main`: imported inside `main`, Keras 2
 # builds layers on graph tensors instead of KerasTensors and `tf.keras.Sequential` fails.
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf  # noqa: E402, F401
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 # Imported first so its exit hook (which stops any TFF worker) is installed on every exit path.
 from tffl import runtime  # noqa: E402, F401
 
-from experiments import cli  # noqa: E402
-from tasks import registry  # noqa: E402
 from experiments import algorithms  # noqa: E402
+from experiments import cli  # noqa: E402
+from experiments import training  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
+from tasks import registry  # noqa: E402
 
 
 _ALGORITHM = flags.DEFINE_list(
@@ -250,17 +249,73 @@ _WORKER_TIMEOUT = flags.DEFINE_float(
     "worker_timeout", 60.0, "Seconds a TFF worker may take to answer (at start, or again after a "
     "failed call) before the run stops with an error.")
 
-# Flags that name a run's math; --resume refuses a checkpoint written with other values.
-_RUN_FLAGS = (
-    "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
-    "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
-    "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
-    "client_optimizer", "client_momentum", "weight_decay", "server_optimizer", "server_momentum",
-    "head_epochs", "representation_epochs", "finetune_epochs", "participation",
-    "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
-    "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
-    "lora_layers", "lora_alpha", "prefix_cache", "bucket_by_length",
-    "initial_participants", "stage_rounds", "straggler", "communication_cost",
+
+
+# train.py's own flags (absl's global ones excluded), by name.
+_FLAG_NAMES = (
+    "algorithm",
+    "representation",
+    "local_epochs",
+    "head_epochs",
+    "representation_blocks",
+    "representation_epochs",
+    "shortcut_epochs",
+    "shortcut_alpha",
+    "flute_feature_penalty",
+    "flute_head_penalty",
+    "flute_nc_penalty",
+    "flute_nc_step",
+    "flute_variant",
+    "flute_final_head_epochs",
+    "flute_feature_reduction",
+    "finetune_epochs",
+    "participation",
+    "initial_participants",
+    "srpfl_pool",
+    "stage_rounds",
+    "straggler",
+    "communication_cost",
+    "task",
+    "backbone",
+    "sequence_length",
+    "lora_targets",
+    "lora_layers",
+    "prefix_cache",
+    "bucket_by_length",
+    "lora_alpha",
+    "partition",
+    "classes_per_client",
+    "dirichlet_alpha",
+    "data_dir",
+    "num_clients",
+    "clients_per_round",
+    "rounds",
+    "local_steps",
+    "rank",
+    "eval_test",
+    "eval_per_client",
+    "client_ranks",
+    "rolora_fraction",
+    "batch_size",
+    "learning_rate",
+    "client_optimizer",
+    "client_momentum",
+    "weight_decay",
+    "server_optimizer",
+    "server_learning_rate",
+    "server_momentum",
+    "frozen_dir",
+    "seed",
+    "eval_every",
+    "checkpoint_every",
+    "output_dir",
+    "resume",
+    "workers",
+    "worker_addresses",
+    "runtime",
+    "devices",
+    "logical_cpus",
+    "worker_timeout",
 )
 
 
@@ -270,15 +325,18 @@ def _positive(name: str, minimum: int = 1) -> None:
         raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
 
 
+def _options() -> dict:
+    """Every flag's value by name, and whether --rank was given (`experiments.training`)."""
+    return {name: flags.FLAGS[name].value for name in _FLAG_NAMES} | {
+        "rank_present": flags.FLAGS["rank"].present}
+
+
 def _client_ranks() -> list[int]:
-    return [int(r) for r in _CLIENT_RANKS.value or []]
+    return training.client_ranks(_options())
 
 
 def _adapter_rank() -> int:
-    """--rank, or the largest client rank when --client_ranks is given without --rank."""
-    if _CLIENT_RANKS.value and not flags.FLAGS["rank"].present:
-        return max(_client_ranks())
-    return _RANK.value
+    return training.adapter_rank(_options())
 
 
 def _validate_client_ranks() -> None:
@@ -424,164 +482,6 @@ def _validate_flags() -> pathlib.Path:
     return cli.writable_output_dir(output_dir)
 
 
-def run_algorithm(algorithm: str, output_dir: pathlib.Path) -> dict:
-    """Builds the task and `algorithm` from the flags, runs the round loop; returns the summary.
-
-    Must run inside `runtime.local_runtime()`.
-    """
-    from tffl import lora_ranks
-    from tffl import personalized
-    from tffl import simulation
-
-    tf.keras.utils.set_random_seed(_SEED.value)
-    config = {name: flags.FLAGS[name].value for name in _RUN_FLAGS} | {"algorithm": algorithm}
-    # Flags added later enter the configuration only when not at their default, so that runs
-    # from before them still resume.
-    for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
-                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
-                          ("client_ranks", None), ("flute_final_head_epochs", 0),
-                          ("eval_test", False), ("eval_per_client", False)):
-        if flags.FLAGS[name].value != default:
-            config[name] = flags.FLAGS[name].value
-    config["rank"] = _adapter_rank()
-    try:
-        task = registry.build_task(
-            _TASK.value,
-            num_clients=_NUM_CLIENTS.value,
-            batch_size=_BATCH_SIZE.value,
-            local_steps=_LOCAL_STEPS.value,
-            seed=_SEED.value,
-            partition=_PARTITION.value,
-            classes_per_client=_CLASSES_PER_CLIENT.value,
-            dirichlet_alpha=_DIRICHLET_ALPHA.value,
-            data_dir=_DATA_DIR.value,
-            model=algorithms.model_for(algorithm, _REPRESENTATION.value),
-            rank=_adapter_rank(),
-            shortcut_alpha=_SHORTCUT_ALPHA.value,
-            backbone=_BACKBONE.value,
-            lora_alpha=_LORA_ALPHA.value,
-            lora_targets=tuple(_LORA_TARGETS.value),
-            lora_layers=(tuple(int(i) for i in _LORA_LAYERS.value)
-                         if _LORA_LAYERS.value else None),
-            sequence_length=_SEQUENCE_LENGTH.value,
-            prefix_cache=_PREFIX_CACHE.value,
-            bucket_by_length=_BUCKET_BY_LENGTH.value,
-            # Workers at other addresses may not see this machine's files: send rounds in the call.
-            rounds_on_disk=not _WORKER_ADDRESSES.value,
-            eval_test=_EVAL_TEST.value,
-        )
-    except ValueError as e:
-        if _CLIENT_RANKS.value and not flags.FLAGS["rank"].present:
-            # The adapters' rank came from --client_ranks: name that flag.
-            raise UsageError(str(e).replace(
-                f"flag --rank={_adapter_rank()}",
-                f"flag --client_ranks={','.join(_CLIENT_RANKS.value)}: rank {_adapter_rank()}"))
-        raise
-    who = {
-        "uniform": f"{_CLIENTS_PER_ROUND.value} clients per round",
-        "full": (f"{_SRPFL_POOL.value} random of {_NUM_CLIENTS.value} clients per round"
-                 if _SRPFL_POOL.value else f"all {_NUM_CLIENTS.value} clients per round")
-                + f" ({_STRAGGLER.value} speeds)",
-        "srpfl": f"SRPFL: fastest {_INITIAL_PARTICIPANTS.value} of "
-                 + (f"{_SRPFL_POOL.value} random of {_NUM_CLIENTS.value}" if _SRPFL_POOL.value
-                    else f"{_NUM_CLIENTS.value}") + ", doubling "
-                 f"every {_STAGE_ROUNDS.value} rounds ({_STRAGGLER.value} speeds)",
-    }[_PARTICIPATION.value]
-    print(
-        f"tffl: {algorithm} on {task.description}; {who}, "
-        f"{_ROUNDS.value} communication rounds -> {output_dir}",
-        flush=True,
-    )
-    started = time.perf_counter()
-    process = algorithms.build_algorithm(
-        algorithm,
-        task,
-        client_learning_rate=algorithms.build_optimizer(
-            _CLIENT_OPTIMIZER.value, _LEARNING_RATE.value, _CLIENT_MOMENTUM.value),
-        server_optimizer=algorithms.build_optimizer(
-            _SERVER_OPTIMIZER.value, _SERVER_LEARNING_RATE.value, _SERVER_MOMENTUM.value),
-        weight_decay=_WEIGHT_DECAY.value,
-        frozen_dir=_FROZEN_DIR.value,
-        communication_rounds=_ROUNDS.value,
-        rolora_fraction=_ROLORA_FRACTION.value,
-        representation=_REPRESENTATION.value,
-        client_ranks=(lora_ranks.assign_ranks(task.client_ids, _client_ranks())
-                      if _CLIENT_RANKS.value else None),
-        local_epochs=_LOCAL_EPOCHS.value,
-        head_epochs=(None if algorithm == "flute" and _FLUTE_VARIANT.value == "plain"
-                     else _HEAD_EPOCHS.value),
-        representation_epochs=_REPRESENTATION_EPOCHS.value,
-        representation_blocks=_REPRESENTATION_BLOCKS.value,
-        finetune_epochs=_FINETUNE_EPOCHS.value,
-        shortcut_epochs=_SHORTCUT_EPOCHS.value,
-        flute=personalized.FluteConfig(
-            feature_penalty=_FLUTE_FEATURE_PENALTY.value, head_penalty=_FLUTE_HEAD_PENALTY.value,
-            nc_penalty=_FLUTE_NC_PENALTY.value, nc_step=_FLUTE_NC_STEP.value,
-            feature_reduction=_FLUTE_FEATURE_REDUCTION.value, variant=_FLUTE_VARIANT.value,
-            final_head_epochs=_FLUTE_FINAL_HEAD_EPOCHS.value),
-    )
-    if algorithm in algorithms.PERSONALIZED_ALGORITHMS:
-        evaluate_fn = algorithms.personalized_evaluator(task, process)
-    else:
-        def evaluate_fn(state, store=None):
-            del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
-            return task.evaluate(process.model_weights(state))
-    if _EVAL_PER_CLIENT.value:
-        overall = evaluate_fn
-        per_client = algorithms.per_client_evaluator(
-            task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
-
-        def evaluate_fn(state, store=None):
-            if store is None:
-                return {**overall(state), **per_client(state)}
-            return {**overall(state, store), **per_client(state, store)}
-    stage_rounds = _STAGE_ROUNDS.value
-    sampler = algorithms.build_sampler(
-        task, _CLIENTS_PER_ROUND.value, _SEED.value, kind=_PARTICIPATION.value,
-        initial_participants=_INITIAL_PARTICIPANTS.value,
-        stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),
-        straggler=_STRAGGLER.value, communication_cost=_COMMUNICATION_COST.value,
-        pool=_SRPFL_POOL.value or None,
-    )
-    result = simulation.run_rounds(
-        process,
-        sampler=sampler,
-        client_dataset_fn=task.client_dataset_fn,
-        rounds=_ROUNDS.value,
-        output_dir=output_dir,
-        evaluate_fn=evaluate_fn,
-        eval_every=_EVAL_EVERY.value,
-        checkpoint_every=_CHECKPOINT_EVERY.value,
-        config=config,
-        resume=_RESUME.value,
-        log=lambda line: print(line, flush=True),
-    )
-    history = result.history
-    last = history[-1] if history else {}
-    evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
-    personal = [r["eval_personal_accuracy"] for r in history if "eval_personal_accuracy" in r]
-    summary = {
-        "algorithm": algorithm,
-        "flags": config | {"rounds": _ROUNDS.value},
-        "rounds_completed": last.get("round", 0),
-        "communication_rounds": last.get("communication_rounds", 0),
-        "best_eval_accuracy": max(evals) if evals else None,
-        "best_personal_accuracy": max(personal) if personal else None,
-        "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
-        "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
-        "wall_seconds_this_run": time.perf_counter() - started,
-    }
-    if algorithm == "flute" and _FLUTE_FINAL_HEAD_EPOCHS.value:
-        ids, train, test = task.client_eval_data()
-        final = process.evaluate_final(result.state, result.personal_store.lookup(ids), train,
-                                       test)
-        summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
-        print(f"final round ({_FLUTE_FINAL_HEAD_EPOCHS.value} head epochs on every client): "
-              f"personalized test accuracy {final['accuracy']:.4f}", flush=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    return summary
-
-
 _TABLE_COLUMNS = (
     ("algorithm", "algorithm", "{}"),
     ("comm. rounds", "communication_rounds", "{}"),
@@ -674,7 +574,7 @@ def run(output_dir: pathlib.Path) -> list[dict]:
     with _runtime(output_dir):
         for algorithm in algorithms:
             run_dir = output_dir / algorithm if len(algorithms) > 1 else output_dir
-            summaries.append(run_algorithm(algorithm, run_dir))
+            summaries.append(training.run_algorithm(algorithm, run_dir, _options()))
     return summaries
 
 

@@ -108,7 +108,7 @@ _VALIDATED = [
     (["--algorithm=flexlora", "--client_ranks=a"], "--client_ranks"),
 ]
 # Found while building the task (after the flags passed `_validate_flags`): checked by
-# `train.run_algorithm`; the whole program's one-line path is --rank=65 above.
+# `experiments.training.run_algorithm`; the whole program's one-line path is --rank=65 above.
 _BUILD_ERRORS = [
     (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
     (["--task=reviews", "--algorithm=fedrep"], "--data_dir"),
@@ -125,7 +125,7 @@ for args, build in json.loads(sys.argv[1]):
         flags.FLAGS(["train.py", *args])
         output_dir = train._validate_flags()
         if build:
-            train.run_algorithm(flags.FLAGS.algorithm[0], output_dir)
+            train.training.run_algorithm(flags.FLAGS.algorithm[0], output_dir, train._options())
         messages.append("")
     except (train.UsageError, flags.Error, ValueError) as e:
         messages.append(str(e))

@@ -1,0 +1,205 @@
+"""One training run of `scripts/train.py`: flag values -> task, algorithm, sampler -> the round
+driver (`tffl.simulation.run_rounds`) -> metrics, checkpoints and `summary.json`.
+
+`run_algorithm(algorithm, output_dir, options)` takes train.py's flag values by flag name (its
+`--help` documents each); the script checks them first.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from experiments import algorithms
+from experiments.cli import UsageError
+from tasks import registry
+
+# Flags that name a run's math; --resume refuses a checkpoint written with other values.
+RUN_FLAGS = (
+    "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
+    "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
+    "learning_rate", "server_learning_rate", "seed", "representation", "local_epochs",
+    "client_optimizer", "client_momentum", "weight_decay", "server_optimizer", "server_momentum",
+    "head_epochs", "representation_epochs", "finetune_epochs", "participation",
+    "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
+    "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
+    "lora_layers", "lora_alpha", "prefix_cache", "bucket_by_length",
+    "initial_participants", "stage_rounds", "straggler", "communication_cost",
+)
+
+
+def client_ranks(options: Mapping[str, Any]) -> list[int]:
+    """--client_ranks as integers (empty without it)."""
+    return [int(r) for r in options["client_ranks"] or []]
+
+
+def adapter_rank(options: Mapping[str, Any]) -> int:
+    """--rank, or the largest client rank when --client_ranks is given without --rank."""
+    if options["client_ranks"] and not options["rank_present"]:
+        return max(client_ranks(options))
+    return options["rank"]
+
+
+def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str, Any]) -> dict:
+    """Builds the task and `algorithm` from `options` (train.py's flag values by flag name, plus
+    `rank_present`: whether --rank was given), runs `tffl.simulation.run_rounds` into
+    `output_dir` and writes its `summary.json`; returns the summary.
+
+    Must run inside a `tffl.runtime` context. A flag value that cannot work raises `UsageError`.
+    """
+    from tffl import lora_ranks
+    from tffl import personalized
+    from tffl import simulation
+
+    tf.keras.utils.set_random_seed(options["seed"])
+    config = {name: options[name] for name in RUN_FLAGS} | {"algorithm": algorithm}
+    # Flags added later enter the configuration only when not at their default, so that runs
+    # from before them still resume.
+    for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
+                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
+                          ("client_ranks", None), ("flute_final_head_epochs", 0),
+                          ("eval_test", False), ("eval_per_client", False)):
+        if options[name] != default:
+            config[name] = options[name]
+    config["rank"] = adapter_rank(options)
+    try:
+        task = registry.build_task(
+            options["task"],
+            num_clients=options["num_clients"],
+            batch_size=options["batch_size"],
+            local_steps=options["local_steps"],
+            seed=options["seed"],
+            partition=options["partition"],
+            classes_per_client=options["classes_per_client"],
+            dirichlet_alpha=options["dirichlet_alpha"],
+            data_dir=options["data_dir"],
+            model=algorithms.model_for(algorithm, options["representation"]),
+            rank=adapter_rank(options),
+            shortcut_alpha=options["shortcut_alpha"],
+            backbone=options["backbone"],
+            lora_alpha=options["lora_alpha"],
+            lora_targets=tuple(options["lora_targets"]),
+            lora_layers=(tuple(int(i) for i in options["lora_layers"])
+                         if options["lora_layers"] else None),
+            sequence_length=options["sequence_length"],
+            prefix_cache=options["prefix_cache"],
+            bucket_by_length=options["bucket_by_length"],
+            # Workers at other addresses may not see this machine's files: send rounds in the call.
+            rounds_on_disk=not options["worker_addresses"],
+            eval_test=options["eval_test"],
+        )
+    except ValueError as e:
+        if options["client_ranks"] and not options["rank_present"]:
+            # The adapters' rank came from --client_ranks: name that flag.
+            raise UsageError(str(e).replace(
+                f"flag --rank={adapter_rank(options)}",
+                f"flag --client_ranks={','.join(options['client_ranks'])}: rank {adapter_rank(options)}"))
+        raise
+    who = {
+        "uniform": f"{options['clients_per_round']} clients per round",
+        "full": (f"{options['srpfl_pool']} random of {options['num_clients']} clients per round"
+                 if options['srpfl_pool'] else f"all {options['num_clients']} clients per round")
+                + f" ({options['straggler']} speeds)",
+        "srpfl": f"SRPFL: fastest {options['initial_participants']} of "
+                 + (f"{options['srpfl_pool']} random of {options['num_clients']}" if options['srpfl_pool']
+                    else f"{options['num_clients']}") + ", doubling "
+                 f"every {options['stage_rounds']} rounds ({options['straggler']} speeds)",
+    }[options["participation"]]
+    print(
+        f"tffl: {algorithm} on {task.description}; {who}, "
+        f"{options['rounds']} communication rounds -> {output_dir}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    process = algorithms.build_algorithm(
+        algorithm,
+        task,
+        client_learning_rate=algorithms.build_optimizer(
+            options["client_optimizer"], options["learning_rate"], options["client_momentum"]),
+        server_optimizer=algorithms.build_optimizer(
+            options["server_optimizer"], options["server_learning_rate"], options["server_momentum"]),
+        weight_decay=options["weight_decay"],
+        frozen_dir=options["frozen_dir"],
+        communication_rounds=options["rounds"],
+        rolora_fraction=options["rolora_fraction"],
+        representation=options["representation"],
+        client_ranks=(lora_ranks.assign_ranks(task.client_ids, client_ranks(options))
+                      if options["client_ranks"] else None),
+        local_epochs=options["local_epochs"],
+        head_epochs=(None if algorithm == "flute" and options["flute_variant"] == "plain"
+                     else options["head_epochs"]),
+        representation_epochs=options["representation_epochs"],
+        representation_blocks=options["representation_blocks"],
+        finetune_epochs=options["finetune_epochs"],
+        shortcut_epochs=options["shortcut_epochs"],
+        flute=personalized.FluteConfig(
+            feature_penalty=options["flute_feature_penalty"], head_penalty=options["flute_head_penalty"],
+            nc_penalty=options["flute_nc_penalty"], nc_step=options["flute_nc_step"],
+            feature_reduction=options["flute_feature_reduction"], variant=options["flute_variant"],
+            final_head_epochs=options["flute_final_head_epochs"]),
+    )
+    if algorithm in algorithms.PERSONALIZED_ALGORITHMS:
+        evaluate_fn = algorithms.personalized_evaluator(task, process)
+    else:
+        def evaluate_fn(state, store=None):
+            del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
+            return task.evaluate(process.model_weights(state))
+    if options["eval_per_client"]:
+        overall = evaluate_fn
+        per_client = algorithms.per_client_evaluator(
+            task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
+
+        def evaluate_fn(state, store=None):
+            if store is None:
+                return {**overall(state), **per_client(state)}
+            return {**overall(state, store), **per_client(state, store)}
+    stage_rounds = options["stage_rounds"]
+    sampler = algorithms.build_sampler(
+        task, options["clients_per_round"], options["seed"], kind=options["participation"],
+        initial_participants=options["initial_participants"],
+        stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),
+        straggler=options["straggler"], communication_cost=options["communication_cost"],
+        pool=options["srpfl_pool"] or None,
+    )
+    result = simulation.run_rounds(
+        process,
+        sampler=sampler,
+        client_dataset_fn=task.client_dataset_fn,
+        rounds=options["rounds"],
+        output_dir=output_dir,
+        evaluate_fn=evaluate_fn,
+        eval_every=options["eval_every"],
+        checkpoint_every=options["checkpoint_every"],
+        config=config,
+        resume=options["resume"],
+        log=lambda line: print(line, flush=True),
+    )
+    history = result.history
+    last = history[-1] if history else {}
+    evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
+    personal = [r["eval_personal_accuracy"] for r in history if "eval_personal_accuracy" in r]
+    summary = {
+        "algorithm": algorithm,
+        "flags": config | {"rounds": options["rounds"]},
+        "rounds_completed": last.get("round", 0),
+        "communication_rounds": last.get("communication_rounds", 0),
+        "best_eval_accuracy": max(evals) if evals else None,
+        "best_personal_accuracy": max(personal) if personal else None,
+        "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
+        "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
+        "wall_seconds_this_run": time.perf_counter() - started,
+    }
+    if algorithm == "flute" and options["flute_final_head_epochs"]:
+        ids, train, test = task.client_eval_data()
+        final = process.evaluate_final(result.state, result.personal_store.lookup(ids), train,
+                                       test)
+        summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
+        print(f"final round ({options['flute_final_head_epochs']} head epochs on every client): "
+              f"personalized test accuracy {final['accuracy']:.4f}", flush=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
