@@ -33,6 +33,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import roles
+from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 

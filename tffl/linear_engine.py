@@ -68,6 +68,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import personal_state
+from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 
 # Argument checks (Python, at build time).
 

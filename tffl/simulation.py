@@ -55,6 +55,7 @@ from tffl import communication
 from tffl import personal_state
 from tffl import processes
 from tffl.participation import Participation
+from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 
 METRICS_FILE = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"

@@ -49,13 +49,8 @@ TPUs) it sees (TFF's `SessionProvider`), with soft placement; there is no worker
 Example:
 
 >>> from tffl import runtime
->>> @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
-... def mean(values):
-...     return tff.federated_mean(values)
->>> with runtime.local_runtime(num_workers=2):
-...     result = mean([1.0, 2.0, 3.0, 6.0])   # the clients split over two managed workers
->>> float(result)
-3.0
+>>> with runtime.local_runtime(num_workers=2):   # `process`: RoLoRA on two clients
+...     state = process.next(process.initialize(), client_datasets).state  # one client per worker
 >>> runtime.running_workers()
 []
 """
@@ -68,8 +63,7 @@ import os
 import pathlib
 from collections.abc import Iterator, Sequence
 
-from tensorflow_federated.python.core.impl.context_stack import context_base
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+from tffl.runtime.tff_internals import context_base, context_stack_impl
 
 from tffl.runtime.distribute import (  # noqa: F401  (public API)
     DeviceError,

@@ -47,14 +47,17 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.backends.native import compiler as native_compiler
-from tensorflow_federated.python.core.impl.context_stack import context_base
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
-from tensorflow_federated.python.core.impl.types import computation_types
-from tensorflow_federated.python.core.impl.types import placements
-from tensorflow_federated.python.core.impl.types import type_conversions
+
+from tffl.runtime.tff_internals import (
+    compiler_pipeline,
+    computation_types,
+    context_base,
+    context_stack_impl,
+    native_compiler,
+    placements,
+    structure,
+    type_conversions,
+)
 
 from tffl.runtime.interpreter import ClientValues, Interpreter
 

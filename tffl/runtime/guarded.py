@@ -9,17 +9,18 @@ import threading
 
 import grpc
 from tensorflow_federated.proto.v0 import executor_pb2
-from tensorflow_federated.python.core.backends.native import compiler as native_compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+
+from tffl.runtime.tff_internals import (
+    async_execution_context,
+    native_compiler,
+    placements,
+    python_executor_stacks,
+    remote_executor,
+    remote_executor_stub,
+    sync_execution_context,
     tensorflow_computation,
+    value_serialization,
 )
-from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
-from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
-from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
-from tensorflow_federated.python.core.impl.executors import remote_executor
-from tensorflow_federated.python.core.impl.executors import remote_executor_stub
-from tensorflow_federated.python.core.impl.executors import value_serialization
-from tensorflow_federated.python.core.impl.types import placements
 
 from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, WorkerError, _Worker
 

@@ -37,11 +37,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
-from tensorflow_federated.python.core.impl.types import computation_types
-from tensorflow_federated.python.core.impl.types import placements
+
+from tffl.runtime.tff_internals import (
+    building_blocks,
+    computation_types,
+    intrinsic_defs,
+    placements,
+    structure,
+)
 
 from tffl.runtime.tf_functions import TensorFlowFunction
 

@@ -9,30 +9,26 @@ import math
 import threading
 from collections.abc import Sequence
 
-from tensorflow_federated.python.common_libs import async_utils
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
-from tensorflow_federated.python.core.environments.tensorflow_backend import (
-    tensorflow_tree_transformations,
-)
-from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-    tensorflow_computation,
-)
-from tensorflow_federated.python.core.impl.compiler import building_block_factory
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import transformation_utils
-from tensorflow_federated.python.core.impl.compiler import transformations
-from tensorflow_federated.python.core.impl.computation import computation_impl
-from tensorflow_federated.python.core.impl.context_stack import context_base
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-from tensorflow_federated.python.core.impl.execution_contexts import (
+from tffl.runtime.tff_internals import (
+    async_utils,
+    building_block_factory,
+    building_blocks,
+    cardinalities_utils,
+    computation_impl,
+    computation_types,
+    context_base,
+    context_stack_impl,
+    mergeable_comp_compiler,
     mergeable_comp_execution_context,
+    placements,
+    structure,
+    tensorflow_computation,
+    tensorflow_tree_transformations,
+    transformation_utils,
+    transformations,
+    type_analysis,
+    type_conversions,
 )
-from tensorflow_federated.python.core.impl.executors import cardinalities_utils
-from tensorflow_federated.python.core.impl.types import computation_types
-from tensorflow_federated.python.core.impl.types import placements
-from tensorflow_federated.python.core.impl.types import type_analysis
-from tensorflow_federated.python.core.impl.types import type_conversions
 
 from tffl.runtime.guarded import _create_async_worker_context, create_worker_context
 from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, _Worker

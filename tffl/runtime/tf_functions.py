@@ -36,11 +36,14 @@ import itertools
 
 import tensorflow as tf
 from tensorflow_federated.proto.v0 import computation_pb2
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.types import computation_types
-from tensorflow_federated.python.core.impl.types import type_conversions
-from tensorflow_federated.python.core.impl.types import type_serialization
+
+from tffl.runtime.tff_internals import (
+    building_blocks,
+    computation_types,
+    structure,
+    type_conversions,
+    type_serialization,
+)
 
 _SHARED_NAME_SUFFIX = itertools.count()
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import grpc
 import portpicker
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+from tffl.runtime.tff_internals import context_stack_impl, remote_executor_grpc_stub
 
 
 WORKER_BINARY_NAME = "worker_binary"
@@ -364,7 +364,7 @@ def _at_exit() -> None:
     # Drop TFF's import-time default context while modules are still alive: its worker manager's
     # `__del__` otherwise runs during interpreter teardown and prints a spurious traceback.
     with contextlib.suppress(Exception):
-        from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+        from tffl.runtime.tff_internals import runtime_error_context
 
         context_stack_impl.context_stack.set_default_context(
             runtime_error_context.RuntimeErrorContext()
