@@ -241,9 +241,17 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         return summary
 
     methods = list(SST2_CLAIM_METHODS) + (["centralized"] if centralized else [])
+
+    def client_counts(method):
+        return [1] if method == "centralized" else list(clients)
+
+    # Run order, so that an experiment stopped part-way has its most telling cells: per method
+    # (RoLoRA, FedAvg-LoRA and FFA-LoRA first), its learning-rate grid, then its first seed at
+    # every N; only then the other seeds, method by method. (The grid's run at the chosen rate
+    # is that method's first seed at the smallest N.)
     chosen, grids = {}, {}
     for method in methods:
-        n = 1 if method == "centralized" else clients[0]
+        n = client_counts(method)[0]
         grid = {}
         for lr in cfg["learning_rates"]:
             summary = execute(run_of(method, n, seeds[0], lr))
@@ -251,9 +259,16 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         grids[method] = grid
         done = {lr: acc for lr, acc in grid.items() if acc is not None}
         chosen[method] = max(done, key=done.get) if len(done) == len(grid) else None
-    rows = []
+        if chosen[method] is not None:
+            for n in client_counts(method):
+                execute(run_of(method, n, seeds[0], chosen[method]))
     for method in methods:
-        for n in ([1] if method == "centralized" else clients):
+        for seed in seeds[1:]:
+            for n in client_counts(method) if chosen[method] is not None else []:
+                execute(run_of(method, n, seed, chosen[method]))
+    rows = []  # every run below is finished (or, with --collect, not run)
+    for method in methods:
+        for n in client_counts(method):
             lr = chosen[method]
             tests, devs, uploads = [], [], []
             for seed in seeds:

@@ -1,0 +1,52 @@
+"""experiments/sst2's run order and table, with train.py replaced by a recorder that writes the
+summary a finished run would (no training: the order is what is under test)."""
+
+import json
+import pathlib
+
+from experiments import running
+from experiments import sst2
+
+
+def _value(args, flag):
+    return next(str(a).split("=", 1)[1] for a in args if str(a).startswith(f"--{flag}="))
+
+
+def test_each_method_runs_its_grid_then_its_first_seed_at_every_n_before_other_seeds(
+        tmp_path, monkeypatch):
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=2,
+               clients=(3, 20))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    monkeypatch.setattr(sst2, "SST2_CLAIM_METHODS",
+                        {m: sst2.SST2_CLAIM_METHODS[m] for m in ("rolora", "fedavg_lora")})
+    runs = []
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        method, n, seed, lr = run_dir.relative_to(tmp_path).parts[:4]
+        runs.append((method, n, seed, lr))
+        rounds = int(_value(args, "rounds"))
+        accuracy = 0.8 if lr == "lr0.3" else 0.6  # 0.3 wins every grid
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": rounds, "communication_rounds": rounds,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy + 0.01}}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=False, seed=0,
+                          data_dir=tmp_path)
+    rows, chosen, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+    grid = [("lr0.1",), ("lr0.3",)]
+    expected = []
+    for method, ns in (("rolora", ("N3", "N20")), ("fedavg_lora", ("N3", "N20")),
+                       ("centralized", ("N1",))):
+        expected += [(method, ns[0], "seed0") + lr for lr in grid]      # the grid
+        expected += [(method, n, "seed0", "lr0.3") for n in ns[1:]]      # seed 0, other N
+    for method, ns in (("rolora", ("N3", "N20")), ("fedavg_lora", ("N3", "N20")),
+                       ("centralized", ("N1",))):
+        expected += [(method, n, "seed1", "lr0.3") for n in ns]          # then seed 1
+    assert runs == expected
+    assert set(chosen.values()) == {0.3}
+    assert {r["seeds_done"] for r in rows} == {"2/2"}
+    assert {r["test_accuracy"] for r in rows} == {"0.8100 ± 0.0000"}
