@@ -71,24 +71,41 @@ def parse_flags(argv: list[str], flag_values=None, help_text: str | None = None)
     return rest
 
 
+def _number_list(name: str, values: Sequence[str], kind, noun: str) -> list:
+    if not values:
+        raise UsageError(f"flag --{name}: give at least one value")
+    out = []
+    for v in values:
+        try:
+            out.append(kind(v))
+        except ValueError:
+            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not {noun}") from None
+    return out
+
+
 def int_list(name: str, values: Sequence[str], unique: bool = False) -> tuple[int, ...]:
     """The integers of a list flag `--name=values`.
 
     Raises:
       UsageError: naming the flag, for an empty list, a value that is not an integer, or (with
         `unique`) repeated values.
+
+    >>> int_list("clients_per_round", ["10", "5"])
+    (10, 5)
     """
-    if not values:
-        raise UsageError(f"flag --{name}: give at least one value")
-    out = []
-    for v in values:
-        try:
-            out.append(int(v))
-        except ValueError:
-            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not an integer") from None
+    out = _number_list(name, values, int, "an integer")
     if unique and len(set(out)) != len(out):
         raise UsageError(f"flag --{name}={','.join(values)}: values repeat")
     return tuple(out)
+
+
+def float_list(name: str, values: Sequence[str]) -> tuple[float, ...]:
+    """The numbers of a list flag `--name=values`; `UsageError` naming the flag otherwise.
+
+    >>> float_list("communication_cost", ["0", "1.5"])
+    (0.0, 1.5)
+    """
+    return tuple(_number_list(name, values, float, "a number"))
 
 
 def at_least(name: str, value, minimum) -> None:

@@ -156,16 +156,7 @@ def _int_list(name: str) -> tuple[int, ...]:
 
 
 def _float_list(name: str) -> tuple[float, ...]:
-    values = flags.FLAGS[name].value
-    if not values:
-        raise UsageError(f"flag --{name}: give at least one value")
-    out = []
-    for v in values:
-        try:
-            out.append(float(v))
-        except ValueError:
-            raise UsageError(f"flag --{name}={','.join(values)}: {v!r} is not a number") from None
-    return tuple(out)
+    return cli.float_list(name, flags.FLAGS[name].value)
 
 
 _at_least = cli.at_least
