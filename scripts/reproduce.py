@@ -24,7 +24,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    loss limits (FFA-LoRA: Prop. 4.6 / A3.17; RoLoRA: Thm 4.5 / A3.14).
    small: d = 10, N = 5, m = 1000, K = 10, η = 0.1, 40 rounds, 1 seed.
    full:  d = 50, N = 10, m = 2000, K = 10, η = 0.1, 100 rounds, 5 seeds.
-2. `rolora_mnist` (rolora.md §2.5): `scripts/rolora_mnist_toy.py` (MNIST-5k, ReLU(x A B) W_out,
+2. `rolora_mnist` (rolora.md §2.5): `experiments.rolora_mnist.run_toy` (MNIST-5k, ReLU(x A B) W_out,
    5 clients × 2 labels and 10 clients × 1 label, best learning rate per method).
    small: 20 rounds × 20 local steps, learning rates 0.5, 0.1.
    full:  60 rounds × 60 local steps, learning rates 0.5, 0.1, 0.05 (docs/RESULTS.md's setting).
@@ -51,7 +51,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    small: tiny backbone, 32 tokens, 5 clients, 10 rounds × 5 steps of 16, η = 0.5, 2 head epochs.
    full:  MiniLM, 64 tokens, 5 clients, 40 rounds × 10 steps of 16, η = 1.0, 5 head epochs
           (roughly 3–4 hours on 2 cores, estimated; not yet run).
-5. `srpfl_speedup` (srpfl.md §4.6): `scripts/srpfl_speedup.run_comparison` for N = 100 and 1000,
+5. `srpfl_speedup` (srpfl.md §4.6): `experiments.srpfl_speedup.run_comparison` for N = 100 and 1000,
    C = 0, 1, 10; small: 2 repeats; full: 10 repeats (docs/RESULTS.md's ten-repeat table).
 6. `flute_synthetic` (flute.md §5): `scripts/flute_synthetic.py`; small: M = 30, k = 2, 4,
    1 seed; full: the paper's Figure 3 grid M = 15, 30, k = 2, 4, 6, 8, 3 seeds.
