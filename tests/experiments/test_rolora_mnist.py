@@ -1,7 +1,11 @@
-"""experiments/rolora_mnist.run_toy: train.py runs per setting and learning rate, reused when
-complete, and the best-learning-rate table checked against its own CSV."""
+"""experiments/rolora_mnist.run_toy: one train.py run per setting and learning rate (replaced by a
+recorder that writes the summaries a finished run would; train.py's own summaries are tested in
+tests/scripts/test_train.py), reuse of complete runs, and the best-learning-rate table checked
+against its own CSV."""
 
 import csv
+import json
+import pathlib
 import subprocess
 import sys
 
@@ -10,22 +14,51 @@ import pytest
 from experiments import rolora_mnist
 from tests.conftest import REPO_ROOT
 
+# Final test accuracy of (algorithm, learning rate): 0.05 wins for rolora, 0.5 for the others.
+_ACCURACY = {("rolora", "0.5"): 0.61, ("rolora", "0.05"): 0.72, ("fedavg_lora", "0.5"): 0.55,
+             ("fedavg_lora", "0.05"): 0.5, ("ffa_lora", "0.5"): 0.45, ("ffa_lora", "0.05"): 0.4}
 
-def test_toy_runs_tabulate_the_best_learning_rate(shared_data, tmp_path):
-    lines = []
-    table = rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5", "0.05"], rounds=2, local_steps=2,
-                                 data_dir=str(shared_data), log=lines.append)
+
+def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_train(args, what):
+        args = [str(a) for a in args]
+        calls.append(args)
+        run_dir = pathlib.Path(next(a.split("=", 1)[1] for a in args
+                                    if a.startswith("--output_dir=")))
+        lr = next(a.split("=", 1)[1] for a in args if a.startswith("--learning_rate="))
+        for algorithm in rolora_mnist.TOY_ALGORITHMS:
+            (run_dir / algorithm).mkdir(parents=True, exist_ok=True)
+            accuracy = _ACCURACY[algorithm, lr]
+            (run_dir / algorithm / "summary.json").write_text(json.dumps({
+                "algorithm": algorithm, "best_eval_accuracy": accuracy + 0.01,
+                "final": {"eval_accuracy": accuracy, "train_loss": 0.5}}))
+
+    monkeypatch.setattr(rolora_mnist, "run_subprocess", fake_train)
+    table = rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5", "0.05"], rounds=2, local_steps=3,
+                                 data_dir="/data", log=lambda line: None)
+    assert len(calls) == 2
+    assert {"--task=mnist", "--num_clients=2", "--classes_per_client=2", "--rounds=2",
+            "--local_steps=3", "--data_dir=/data",
+            "--algorithm=rolora,fedavg_lora,ffa_lora"} <= set(calls[0])
+    assert not any(a == "--resume" for a in calls[0])
     with open(tmp_path / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert sorted((r["algorithm"], float(r["learning_rate"])) for r in rows) == sorted(
-        (a, lr) for a in rolora_mnist.TOY_ALGORITHMS for lr in (0.5, 0.05))
+    assert len(rows) == 6
     for algorithm in rolora_mnist.TOY_ALGORITHMS:
         best = max((r for r in rows if r["algorithm"] == algorithm),
                    key=lambda r: float(r["final_test_accuracy"]))
         assert (f"| 2 clients x 2 labels | {algorithm} | {float(best['learning_rate']):g} | "
                 f"{float(best['final_test_accuracy']):.4f} |") in table
+    assert "| 2 clients x 2 labels | rolora | 0.05 | 0.7200 | 0.7300 |" in table
     assert (tmp_path / "results.md").read_text().startswith(
-        "uv run python scripts/rolora_mnist_toy.py --rounds=2 --local_steps=2")
+        "uv run python scripts/rolora_mnist_toy.py --rounds=2 --local_steps=3")
+    # Complete runs are reused: train.py is asked to --resume them (it reloads and stops).
+    calls.clear()
+    rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5"], rounds=2, local_steps=3,
+                         data_dir="/data", log=lambda line: None)
+    assert calls and "--resume" in calls[0]
 
 
 @pytest.mark.parametrize("args, message", [
