@@ -84,6 +84,7 @@ def build_algorithm(
     finetune_epochs: int | None = None,
     shortcut_epochs: int = 1,
     flute: personalized.FluteConfig | None = None,
+    adaptpfl: personalized.AdaptPflConfig | None = None,
     server_optimizer=None,
     weight_decay: float = 0.0,
     frozen_dir=None,
@@ -108,6 +109,7 @@ def build_algorithm(
             representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
             representation_blocks=representation_blocks,
             shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
+            adaptpfl=adaptpfl if name == "adaptpfl" else None,
             lora_schedule="alternating" if representation == "lora_alternating" else "joint",
             **common,
         )

@@ -33,6 +33,22 @@ RUN_FLAGS = (
 )
 
 
+# AdaptPFL's variant and ablation switches (`tffl.adaptpfl.AdaptPflConfig`), with their defaults.
+ADAPTPFL_FLAGS = {"adaptpfl_variant": "a", "adaptpfl_order": None, "shortcut_ridge": 0.0,
+                  "project_shortcut": True, "shortcut_damping": 1.0, "head_damping": 1.0}
+
+
+def adaptpfl_config(options: Mapping[str, Any]):
+    """The AdaptPflConfig of the --adaptpfl_variant, --adaptpfl_order, --shortcut_ridge,
+    --project_shortcut, --shortcut_damping and --head_damping options."""
+    from tffl import adaptpfl
+
+    return adaptpfl.AdaptPflConfig(
+        variant=options["adaptpfl_variant"], order=options["adaptpfl_order"],
+        shortcut_ridge=options["shortcut_ridge"], project_shortcut=options["project_shortcut"],
+        shortcut_damping=options["shortcut_damping"], head_damping=options["head_damping"])
+
+
 def client_ranks(options: Mapping[str, Any]) -> list[int]:
     """--client_ranks as integers (empty without it)."""
     return [int(r) for r in options["client_ranks"] or []]
@@ -63,7 +79,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
     for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
                           ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
                           ("client_ranks", None), ("flute_final_head_epochs", 0),
-                          ("eval_test", False), ("eval_per_client", False)):
+                          ("eval_test", False), ("eval_per_client", False),
+                          *ADAPTPFL_FLAGS.items()):
         if options[name] != default:
             config[name] = options[name]
     config["rank"] = adapter_rank(options)
@@ -137,6 +154,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         representation_blocks=options["representation_blocks"],
         finetune_epochs=options["finetune_epochs"],
         shortcut_epochs=options["shortcut_epochs"],
+        adaptpfl=adaptpfl_config(options) if algorithm == "adaptpfl" else None,
         flute=personalized.FluteConfig(
             feature_penalty=options["flute_feature_penalty"], head_penalty=options["flute_head_penalty"],
             nc_penalty=options["flute_nc_penalty"], nc_step=options["flute_nc_step"],

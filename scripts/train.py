@@ -39,6 +39,8 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
 import datetime  # noqa: E402
 import pathlib  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 # TensorFlow must be imported before absl's app.run starts `main`: imported inside `main`, Keras 2
 # builds layers on graph tensors instead of KerasTensors and `tf.keras.Sequential` fails.
 import tensorflow as tf  # noqa: E402, F401
@@ -89,6 +91,24 @@ _SHORTCUT_EPOCHS = flags.DEFINE_integer(
 _SHORTCUT_ALPHA = flags.DEFINE_float(
     "shortcut_alpha", 0.5, "adaptpfl: the mixing weight alpha in [0, 1] of the personal shortcut "
     "(0 is FedRep).")
+_ADAPTPFL_VARIANT = flags.DEFINE_enum(
+    "adaptpfl_variant", "a", ["a", "b"], "adaptpfl: a (Algorithm 1: head, shortcut, then "
+    "representation epochs) or b (the draft's analysed iteration, eqs. 2-7: shortcut with a "
+    "ridge, projected onto span(W) of the first layer's complement, then head, both damped; "
+    "tffl/adaptpfl.py; its exact solves are gradient epochs here and it has no QR).")
+_ADAPTPFL_ORDER = flags.DEFINE_enum(
+    "adaptpfl_order", None, ["ws", "sw"], "adaptpfl: ws (head then shortcut) or sw (shortcut "
+    "then head); default ws for variant a, sw for b.")
+_SHORTCUT_RIDGE = flags.DEFINE_float(
+    "shortcut_ridge", 0.0, "adaptpfl: beta >= 0, L2 on the shortcut in its phase (eq. 2's "
+    "ridge), in place of --weight_decay there.")
+_PROJECT_SHORTCUT = flags.DEFINE_boolean(
+    "project_shortcut", True, "adaptpfl variant b: project the shortcut onto the complement of "
+    "span(W), W the first layer's kernel (eq. 3).")
+_SHORTCUT_DAMPING = flags.DEFINE_float(
+    "shortcut_damping", 1.0, "adaptpfl variant b: lambda_S in (0, 1] (eq. 4; 1: no damping).")
+_HEAD_DAMPING = flags.DEFINE_float(
+    "head_damping", 1.0, "adaptpfl variant b: lambda_W in (0, 1] (eq. 6; 1: no damping).")
 _FLUTE_FEATURE_PENALTY = flags.DEFINE_float(
     "flute_feature_penalty", 0.005, "flute: lambda1 on mean ||features||^2.")
 _FLUTE_HEAD_PENALTY = flags.DEFINE_float("flute_head_penalty", 0.0025,
@@ -261,6 +281,12 @@ _FLAG_NAMES = (
     "representation_epochs",
     "shortcut_epochs",
     "shortcut_alpha",
+    "adaptpfl_variant",
+    "adaptpfl_order",
+    "shortcut_ridge",
+    "project_shortcut",
+    "shortcut_damping",
+    "head_damping",
     "flute_feature_penalty",
     "flute_head_penalty",
     "flute_nc_penalty",
@@ -339,6 +365,22 @@ def _adapter_rank() -> int:
     return training.adapter_rank(_options())
 
 
+def _validate_adaptpfl() -> None:
+    changed = [n for n in training.ADAPTPFL_FLAGS if flags.FLAGS[n].present]
+    if changed and "adaptpfl" not in _ALGORITHM.value:
+        raise UsageError(f"flag --{changed[0]}={flags.FLAGS[changed[0]].value}: is AdaptPFL's; "
+                         "use it with --algorithm=adaptpfl")
+    if not (np.isfinite(_SHORTCUT_RIDGE.value) and _SHORTCUT_RIDGE.value >= 0):
+        raise UsageError(f"flag --shortcut_ridge={_SHORTCUT_RIDGE.value}: must be >= 0")
+    for name in ("shortcut_damping", "head_damping"):
+        value = flags.FLAGS[name].value
+        if not 0.0 < value <= 1.0:
+            raise UsageError(f"flag --{name}={value}: must be in (0, 1] (1: no damping)")
+        if value != 1.0 and _ADAPTPFL_VARIANT.value != "b":
+            raise UsageError(f"flag --{name}={value}: damping is variant b's step; add "
+                             "--adaptpfl_variant=b")
+
+
 def _validate_client_ranks() -> None:
     if not _CLIENT_RANKS.value:
         return
@@ -385,6 +427,7 @@ def _validate_flags() -> pathlib.Path:
         _positive(name)
     if not 0.0 <= _SHORTCUT_ALPHA.value <= 1.0:
         raise UsageError(f"flag --shortcut_alpha={_SHORTCUT_ALPHA.value}: must be in [0, 1]")
+    _validate_adaptpfl()
     if ("flute" in _ALGORITHM.value and _FLUTE_VARIANT.value == "plain"
             and flags.FLAGS["head_epochs"].present):
         raise UsageError(f"flag --head_epochs={_HEAD_EPOCHS.value}: plain FLUTE (the paper's "

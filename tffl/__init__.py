@@ -9,13 +9,13 @@ included).
 
 >>> import tffl
 >>> sorted(tffl.__all__)[:3]
-['adaptpfl_linear', 'checkpoint', 'client_training']
+['adaptpfl', 'adaptpfl_linear', 'checkpoint']
 """
 
 import importlib
 
 __all__ = [
-    "adaptpfl_linear", "checkpoint", "client_training", "communication", "engine", "evaluation",
+    "adaptpfl", "adaptpfl_linear", "checkpoint", "client_training", "communication", "engine", "evaluation",
     "fedrep_linear", "flute", "flute_linear", "frozen", "linear_engine", "lora_fl", "lora_ranks",
     "participation", "personal_state", "personalized", "plots", "processes", "production",
     "roles", "rolora_linear", "runtime", "server_steps", "simulation", "srpfl",

@@ -261,6 +261,13 @@ class Phase:
     # loss ℓ; `features` are the activations `features_model` returns beside the predictions
     # (e.g. FLUTE's λ1·mean‖ψ(x)‖² + λ2‖H‖² + λ3·NC(H), which closes over the head variable).
     penalty: Callable[[tf.Tensor], tf.Tensor] | None = None
+    # This phase's coupled L2 λ_p (g + λ_p·θ), instead of the loop's `weight_decay` (e.g.
+    # AdaptPFL's shortcut ridge β).
+    weight_decay: float | None = None
+    # `after(variables, start)`, run once the phase's epochs are done: `variables` are
+    # `model.trainable_variables`, `start` their values when the loop began (e.g. AdaptPFL's
+    # projection of the shortcut and its damping toward the stored personal values).
+    after: Callable[[list, list], None] | None = None
 
 
 def build_phased_loop(
@@ -280,6 +287,9 @@ def build_phased_loop(
     (λ = `weight_decay`, coupled L2 as in PyTorch's SGD/Adam `weight_decay`):
 
         θ_{S_p} ← optimizer step of θ_{S_p} with gradient g_k   (SGD: θ_{S_p} − η·g_k)
+
+    (λ is the phase's own `Phase.weight_decay` when it has one); after its epochs the phase's
+    `after(variables, start)`, if any, may transform the variables.
 
     The optimizer (a `tff.learning.optimizers.Optimizer`; a float η means plain SGD) starts
     from a fresh state in every phase, e.g. momentum restarts at 0.
@@ -328,6 +338,10 @@ def build_phased_loop(
             raise ValueError(f"a training phase needs epochs >= 1, got {phase.epochs}")
         if phase.penalty is not None and features_model is None:
             raise ValueError("a phase with a penalty needs features_model")
+        if phase.weight_decay is not None and not (
+                np.isfinite(phase.weight_decay) and phase.weight_decay >= 0):
+            raise ValueError(f"a phase's weight_decay={phase.weight_decay} must be a finite "
+                             "number >= 0")
 
     def correct(y, pred):
         if not (y.dtype.is_integer and pred.shape.rank == 2 and (pred.shape[-1] or 0) > 1):
@@ -353,8 +367,9 @@ def build_phased_loop(
             grads = tape.gradient(objective, trained,
                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
             values = [v.read_value() for v in trained]
-            if weight_decay:
-                grads = [g + tf.cast(weight_decay, g.dtype) * w for g, w in zip(grads, values)]
+            decay = weight_decay if phase.weight_decay is None else phase.weight_decay
+            if decay:
+                grads = [g + tf.cast(decay, g.dtype) * w for g, w in zip(grads, values)]
             opt_state, values = optimizer.next(opt_state, values, grads)
             for variable, value in zip(trained, values):
                 variable.assign(value)
@@ -391,6 +406,8 @@ def build_phased_loop(
                     loss_sum += loss * n
                     num_correct += batch_correct
                     num_examples += n
+            if phase.after is not None:
+                phase.after(trainable, weights.trainable)
         return dict(
             trainable=[v.read_value() for v in trainable],
             loss_sum=loss_sum,

@@ -14,7 +14,7 @@ is f(x; φ, h_i).
 | `fedavg`    | (h, φ) jointly for E epochs from the global model                       | h and φ   |
 | `fedavg_ft` | as `fedavg`; at evaluation each client first fine-tunes h for E_ft     | h and φ   |
 | `flute`     | h_i: τ_h epochs, then (h_i, φ) τ_r epochs, regularized; NC step on H_i | φ         |
-| `adaptpfl`  | h_i: τ_w, shortcut s_i: τ_s, then φ: τ_b epochs                         | φ         |
+| `adaptpfl`  | h_i: τ_w, shortcut s_i: τ_s, then φ: τ_b epochs (B: `tffl.adaptpfl`)    | φ         |
 | `fedsa_lora`| (A, B_i, head) jointly for E epochs; every `lora_b` is personal         | A, head   |
 
 (FedAvg trains every `head` and representation variable, so it also runs on untagged models.
@@ -91,11 +91,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl import adaptpfl as adaptpfl_phases
 from tffl import client_training
 from tffl import engine
 from tffl import lora_fl
 from tffl import processes
 from tffl import roles
+from tffl.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
 from tffl.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
 
 ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
@@ -171,6 +173,7 @@ def build_personalized_process(
     representation_blocks: int = 1,
     finetune_epochs: int | None = None,
     flute: FluteConfig | None = None,
+    adaptpfl: AdaptPflConfig | None = None,
     lora_schedule: str = "joint",
     loss_fn: Callable[[], client_training.LossFn] | None = None,
     aggregator=None,
@@ -206,6 +209,8 @@ def build_personalized_process(
         `fedavg_ft`, as in srpfl.md §6.4; 0 otherwise; `fedavg` must keep 0).
       flute: FLUTE's regularizers (default `FluteConfig()`, the official code's values); only for
         `algorithm="flute"`.
+      adaptpfl: AdaptPFL's variant and ablation switches (default `AdaptPflConfig()`, variant
+        A; `tffl.adaptpfl`); only for `algorithm="adaptpfl"`.
       lora_schedule: "joint" or "alternating" (RoLoRA-style B then A rounds; needs LoRA factors).
       loss_fn: no-arg function returning `(y_true, y_pred) -> scalar` (default: sparse
         categorical cross-entropy on logits).
@@ -250,6 +255,11 @@ def build_personalized_process(
                          "apply only to 'flute'")
     if algorithm == "flute" and flute is None:
         flute = FluteConfig()
+    if adaptpfl is not None and algorithm != "adaptpfl":
+        raise ValueError(f"an AdaptPflConfig was given for algorithm {algorithm!r}; it applies "
+                         "only to 'adaptpfl'")
+    if algorithm == "adaptpfl" and adaptpfl is None:
+        adaptpfl = AdaptPflConfig()
     if finetune_epochs is None:
         finetune_epochs = 10 if algorithm == "fedavg_ft" else 0
     finetune_epochs = _check_epochs("finetune_epochs", finetune_epochs, minimum=0)
@@ -307,9 +317,8 @@ def build_personalized_process(
             return (client_training.Phase(head, head_epochs),
                     client_training.Phase(second, representation_epochs)) * representation_blocks
         if algorithm == "adaptpfl":
-            return (client_training.Phase(head, head_epochs),
-                    client_training.Phase(shortcut, shortcut_epochs),
-                    client_training.Phase(rep, representation_epochs))
+            return adaptpfl_phases.phases(adaptpfl, spec, head, shortcut, rep, head_epochs,
+                                          shortcut_epochs, representation_epochs)
         return (client_training.Phase(tuple(sorted(head + rep)), local_epochs),)
 
     if lora_schedule == "alternating":
@@ -378,6 +387,6 @@ def personal_state_type(process) -> tff.Type:
     return engine.personal_type(process.model, getattr(process, "hook", None))
 
 
-__all__ = ["ALGORITHMS", "FluteConfig", "LORA_SCHEDULES", "METRIC_UPLOAD_BYTES",
+__all__ = ["ALGORITHMS", "AdaptPflConfig", "FluteConfig", "LORA_SCHEDULES", "METRIC_UPLOAD_BYTES",
            "PersonalizationProcess", "PersonalizedProcess", "build_personalized_process",
            "neural_collapse", "personal_state_type"]

@@ -71,6 +71,10 @@ _VALIDATED = [
     (["--algorithm=fedavg", "--finetune_epochs=3"], "--finetune_epochs"),
     (["--algorithm=adaptpfl", "--shortcut_alpha=1.5"], "--shortcut_alpha"),
     (["--algorithm=adaptpfl", "--shortcut_alpha=-0.1"], "--shortcut_alpha"),
+    (["--algorithm=adaptpfl", "--shortcut_damping=0.5"], "--shortcut_damping"),
+    (["--algorithm=adaptpfl", "--adaptpfl_variant=b", "--head_damping=0"], "--head_damping"),
+    (["--algorithm=adaptpfl", "--shortcut_ridge=-1"], "--shortcut_ridge"),
+    (["--algorithm=fedrep", "--adaptpfl_variant=b"], "--adaptpfl_variant"),
     (["--algorithm=flute", "--flute_nc_penalty=-1"], "--flute_nc_penalty"),
     (["--algorithm=flute", "--flute_feature_penalty=-0.5"], "--flute_feature_penalty"),
     (["--algorithm=adaptpfl", "--representation=lora"], "--representation"),
@@ -305,6 +309,29 @@ def test_fedrep_with_srpfl_participation(tmp_path):
     assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
     assert "eval_accuracy" not in rows[-1]  # no global model to test: heads are personal
     assert "personalized test accuracy" in proc.stdout
+
+
+def test_adaptpfl_variant_b_runs_and_its_switches_enter_the_run_configuration(tmp_path):
+    """AdaptPFL variant B end to end on the digits MLP (shortcut 64×10, W 64×32): the shortcut
+    and the head stay personal (only the representation goes up), and the variant and its
+    switches name the run (--resume refuses a checkpoint of another configuration)."""
+    args = ["--algorithm=adaptpfl", "--adaptpfl_variant=b", "--shortcut_damping=0.5",
+            "--shortcut_ridge=0.01", "--num_clients=4", "--clients_per_round=4", "--rounds=2",
+            "--local_steps=2", "--eval_every=2", "--learning_rate=0.1"]
+    proc = _run(*args, f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(tmp_path)
+    representation = 64 * 32 + 32 + 32 * 16 + 16
+    assert rows[0]["bytes_up_per_client"] == representation * 4 + 3 * 4 + 4
+    assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
+    # The checkpoint's configuration, which --resume compares (tffl.simulation).
+    import json
+
+    meta = json.loads(next(tmp_path.glob("**/meta.json")).read_text())
+    assert {k: meta["config"].get(k) for k in ("adaptpfl_variant", "shortcut_damping",
+                                               "shortcut_ridge", "head_damping")} == {
+        "adaptpfl_variant": "b", "shortcut_damping": 0.5, "shortcut_ridge": 0.01,
+        "head_damping": None}  # at its default: absent, so that older runs still resume
 
 
 def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, shared_data):

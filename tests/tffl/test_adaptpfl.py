@@ -1,0 +1,143 @@
+"""tffl.adaptpfl: AdaptPFL's variants on the deep (Keras) model, against numpy written from
+adaptpfl.md §1.5: logits = (1−α)(x·W·H + b) + α·x·S, every client dataset one full batch (one
+epoch = one gradient step), gradients by central finite differences of the numpy
+cross-entropy."""
+
+import numpy as np
+import pytest
+
+from tests.tffl.test_personalized import (CLASS_SPEC, LR, _class_clients, _class_datasets,
+                                          _classifier, _numeric_grad)
+from tffl import adaptpfl
+from tffl import client_training
+from tffl import personalized
+
+ALPHA = 0.5
+
+
+def _ce(p, x, y):
+    logits = (1 - ALPHA) * (x @ p["w"] @ p["h"] + p["b"]) + ALPHA * x @ p["s"]
+    logits = logits - logits.max(axis=1, keepdims=True)
+    return np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
+
+
+def _round(config):
+    """One round of `config` on two clients with non-zero starting shortcuts: (process, the
+    clients, the starting personal states, the round's output)."""
+    process = personalized.build_personalized_process(
+        "adaptpfl", lambda: _classifier(shortcut_alpha=ALPHA), CLASS_SPEC, LR, adaptpfl=config)
+    clients = _class_clients(seed=8)
+    weights = process.model_weights(process.initialize())
+    h0, b0, s0 = (np.asarray(v, np.float32) for v in weights.trainable[1:])
+    rng = np.random.default_rng(2)
+    starts = [[h0, b0, (0.3 * rng.normal(size=s0.shape)).astype(np.float32)] for _ in clients]
+    out = process.next(process.initialize(), _class_datasets(clients), starts)
+    return process, clients, starts, weights, out
+
+
+def _check(process, clients, out, expected):
+    new_ws = []
+    for got, p in zip(out.personal_states, expected):
+        for k, name in enumerate(("h", "b", "s")):
+            np.testing.assert_allclose(got[k], p[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        new_ws.append(p["w"])
+    sizes = [len(x) for x, _ in clients]
+    expected_w = sum(n * w for n, w in zip(sizes, new_ws)) / sum(sizes)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], expected_w,
+                               rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["sw", "ws"])
+def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
+    """Variant B with ridge β, projection (3), damping λ_S (4) and λ_W (6): S̃ by a ridge step,
+    S̄ = (I − QQᵀ)S̃ with Q = orth(W), the head step from the stored head with S̄ (order sw) or
+    before the shortcut (ws), both damped toward their stored values, then W's step with the
+    damped pair; W averaged by examples."""
+    beta, lam_s, lam_w = 0.3, 0.5, 0.7
+    config = adaptpfl.AdaptPflConfig(variant="b", order=order, shortcut_ridge=beta,
+                                     shortcut_damping=lam_s, head_damping=lam_w)
+    process, clients, starts, weights, out = _round(config)
+    w0 = np.asarray(weights.trainable[0], np.float64)
+    q, _ = np.linalg.qr(w0)
+    expected = []
+    for (x, y), start in zip(clients, starts):
+        x = x.astype(np.float64)
+        f = lambda q_: _ce(q_, x, y)  # noqa: E731
+        old = {"w": w0, "h": start[0].astype(np.float64), "b": start[1].astype(np.float64),
+               "s": start[2].astype(np.float64)}
+        p = dict(old)
+
+        def shortcut_step():
+            s = p["s"] - LR * (_numeric_grad(f, p, "s") + beta * p["s"])
+            p["s"] = s - q @ (q.T @ s)
+
+        def head_step():
+            gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+            p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+
+        for step in ((shortcut_step, head_step) if order == "sw" else (head_step, shortcut_step)):
+            step()
+        p["s"] = (1 - lam_s) * old["s"] + lam_s * p["s"]
+        p["h"] = (1 - lam_w) * old["h"] + lam_w * p["h"]
+        p["b"] = (1 - lam_w) * old["b"] + lam_w * p["b"]
+        p["w"] = p["w"] - LR * _numeric_grad(f, p, "w")
+        expected.append(p)
+    _check(process, clients, out, expected)
+    # Projected: every client's stored shortcut is orthogonal to span(W⁰) up to float32 (the
+    # damping mixes in the unprojected stored S, so only with λ_S = 1 would it be exactly).
+    assert np.abs(q.T @ (out.personal_states[0][2] - (1 - lam_s) * starts[0][2])).max() < 1e-5
+
+
+def test_variant_a_with_a_shortcut_ridge_equals_numpy(tff_runtime):
+    """Variant A (head, shortcut, representation) with β: only the shortcut's step gets + β·S;
+    no projection and no damping."""
+    beta = 0.4
+    process, clients, starts, weights, out = _round(adaptpfl.AdaptPflConfig(shortcut_ridge=beta))
+    w0 = np.asarray(weights.trainable[0], np.float64)
+    expected = []
+    for (x, y), start in zip(clients, starts):
+        x = x.astype(np.float64)
+        f = lambda q_: _ce(q_, x, y)  # noqa: E731
+        p = {"w": w0, "h": start[0].astype(np.float64), "b": start[1].astype(np.float64),
+             "s": start[2].astype(np.float64)}
+        gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
+        p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
+        p["s"] = p["s"] - LR * (_numeric_grad(f, p, "s") + beta * p["s"])
+        p["w"] = p["w"] - LR * _numeric_grad(f, p, "w")
+        expected.append(p)
+    _check(process, clients, out, expected)
+
+
+def test_phases_and_bad_input():
+    spec = client_training.inspect_model(lambda: _classifier(shortcut_alpha=ALPHA), CLASS_SPEC)
+    head, shortcut, rep = (1, 2), (3,), (0,)
+    a = adaptpfl.phases(adaptpfl.AdaptPflConfig(), spec, head, shortcut, rep, 2, 3, 4)
+    assert [(p.train_indices, p.epochs, p.after) for p in a] == [
+        (head, 2, None), (shortcut, 3, None), (rep, 4, None)]
+    b = adaptpfl.phases(adaptpfl.AdaptPflConfig("b", project_shortcut=False), spec, head,
+                        shortcut, rep, 2, 3, 4)
+    assert [p.train_indices for p in b] == [shortcut, head, rep]
+    assert all(p.after is None for p in b)  # no projection, λ = 1: nothing after
+    assert adaptpfl.projection_kernels(spec, shortcut, rep) == (3, 0)
+    with pytest.raises(ValueError, match="variant='c' must be one of a, b"):
+        adaptpfl.AdaptPflConfig("c")
+    with pytest.raises(ValueError, match="order='x'"):
+        adaptpfl.AdaptPflConfig("b", order="x")
+    with pytest.raises(ValueError, match="shortcut_ridge=-1"):
+        adaptpfl.AdaptPflConfig(shortcut_ridge=-1.0)
+    with pytest.raises(ValueError, match="head_damping=1.5 must be in"):
+        adaptpfl.AdaptPflConfig("b", head_damping=1.5)
+    with pytest.raises(ValueError, match="damping is variant B's step"):
+        adaptpfl.AdaptPflConfig("a", shortcut_damping=0.5)
+    def kernels(*shapes):
+        return client_training.ModelSpec(tuple(
+            client_training.VariableInfo(f"v{i}", shape, np.float32, "shared")
+            for i, shape in enumerate(shapes)), ())
+
+    with pytest.raises(ValueError, match="kernel is 4×5: its span is all of R\\^4"):
+        adaptpfl.projection_kernels(kernels((4, 5), (4, 3)), (1,), (0,))
+    with pytest.raises(ValueError, match="reads its 4-dimensional input, and the model has none"):
+        adaptpfl.projection_kernels(kernels((2, 3), (4, 3)), (1,), (0,))
+    with pytest.raises(ValueError, match="applies only to 'adaptpfl'"):
+        personalized.build_personalized_process("fedrep", _classifier, CLASS_SPEC, LR,
+                                                adaptpfl=adaptpfl.AdaptPflConfig())
