@@ -172,32 +172,63 @@ def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, fl
     return evaluate
 
 
+def _pooled(per_client: list[dict[str, float]]) -> dict[str, float]:
+    """Example-weighted loss and accuracy, and the unweighted mean client accuracy, of clients'
+    evaluations `{"loss", "accuracy", "num_examples"}` (what one evaluation over all of them
+    gives)."""
+    n = np.array([m["num_examples"] for m in per_client], np.float64)
+    total = max(n.sum(), 1.0)
+    return {"loss": float(np.dot(n, [m["loss"] for m in per_client]) / total),
+            "accuracy": float(np.dot(n, [m["accuracy"] for m in per_client]) / total),
+            "mean_client_accuracy": float(np.mean([m["accuracy"] for m in per_client])),
+            "num_examples": float(n.sum())}
+
+
 def per_client_evaluator(task: RunTask, process, personalized: bool
                          ) -> Callable[..., dict[str, float]]:
-    """`(state, store=None) -> {"<client id>_accuracy": …}` for every client with test data (the
-    review domains: per-domain accuracy): a personalized process evaluates each client with its
-    own stored personal state; a global one evaluates its global model on each client's test
-    set."""
+    """--eval_per_client's `evaluate_fn`: `(state, store=None) -> {"<client id>_accuracy": …}`
+    for every client with test data (the review domains: per-domain accuracy), and the pooled
+    metrics the run reports without it, from the same one pass over each client's test set:
+
+    - personalized: each client with its own stored personal state (FedAvg-FT: after
+      fine-tuning); `personal_loss` and `personal_accuracy` = Σ_i n_i·m_i / Σ_i n_i and
+      `personal_mean_client_accuracy` = mean_i accuracy_i, which is what
+      `personalized_evaluator`'s one evaluation over all clients returns. FedAvg and FedAvg-FT
+      add their global model's pooled `loss` and `accuracy` (`task.evaluate`);
+    - global: the global model on each client's test set; `loss` and `accuracy` pooled the same
+      way when the clients' test sets add up to the pooled test set (`task.global_test_size`:
+      they partition it), else `task.evaluate`'s second pass."""
 
     evaluators = {}
 
     def evaluate(state, store=None) -> dict[str, float]:
         ids, train, test = task.client_eval_data()
-        out = {}
+        per_client = []
         if personalized:
             personal = store.lookup(ids) if store is not None else None
-            for i, cid in enumerate(ids):
+            for i in range(len(ids)):
                 if personal is not None:
-                    metrics = process.evaluate(state, [personal[i]], [train[i]], [test[i]])
+                    per_client.append(process.evaluate(state, [personal[i]], [train[i]],
+                                                       [test[i]]))
                 else:
-                    metrics = process.evaluate(state, [train[i]], [test[i]])
-                out[f"{cid}_accuracy"] = metrics["accuracy"]
-            return out
-        weights = process.model_weights(state)
-        for cid, data in zip(ids, test):
-            if cid not in evaluators:
-                evaluators[cid] = evaluation.make_keras_evaluator(task.keras_model_fn, data)
-            out[f"{cid}_accuracy"] = evaluators[cid](weights)["accuracy"]
+                    per_client.append(process.evaluate(state, [train[i]], [test[i]]))
+        else:
+            weights = process.model_weights(state)
+            for cid, data in zip(ids, test):
+                if cid not in evaluators:
+                    evaluators[cid] = evaluation.make_keras_evaluator(
+                        task.keras_model_fn, data, with_count=True)
+                per_client.append(evaluators[cid](weights))
+        out = {f"{cid}_accuracy": m["accuracy"] for cid, m in zip(ids, per_client)}
+        pooled = _pooled(per_client)
+        if personalized:
+            out.update({f"personal_{k}": v for k, v in pooled.items() if k != "num_examples"})
+            if store is None:
+                out.update(task.evaluate(process.model_weights(state)))
+        elif getattr(task, "global_test_size", None) == round(pooled["num_examples"]):
+            out.update(loss=pooled["loss"], accuracy=pooled["accuracy"])
+        else:
+            out.update(task.evaluate(process.model_weights(state)))
         return out
 
     return evaluate

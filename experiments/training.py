@@ -168,14 +168,9 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
             del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
             return task.evaluate(process.model_weights(state))
     if options["eval_per_client"]:
-        overall = evaluate_fn
-        per_client = algorithms.per_client_evaluator(
+        # The pooled metrics too, from the same pass over each client's test set.
+        evaluate_fn = algorithms.per_client_evaluator(
             task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
-
-        def evaluate_fn(state, store=None):
-            if store is None:
-                return {**overall(state), **per_client(state)}
-            return {**overall(state, store), **per_client(state, store)}
     stage_rounds = options["stage_rounds"]
     sampler = algorithms.build_sampler(
         task, options["clients_per_round"], options["seed"], kind=options["participation"],

@@ -35,6 +35,9 @@ class RunTask:
     client_eval_data: Callable[[], tuple[list[str], list, list]] | None = None
     # `() -> list of arrays or None`: pretrained frozen weights to start from (text tasks).
     pretrained_non_trainable: Callable[[], Any] | None = None
+    # Examples in the pooled test set `evaluate` reads (None: unknown). When the clients' test
+    # sets add up to it they partition it, and per-client evaluations pool to `evaluate`'s.
+    global_test_size: int | None = None
 
 
 def _ordered(*element):
@@ -182,7 +185,13 @@ def _run_task(
         input_spec=input_spec,
         evaluate=evaluation.make_keras_evaluator(keras_model_fn, task.global_test_data.batch(256)),
         client_eval_data=_client_eval_data(task, batch_size),
+        global_test_size=_size(task.global_test_data),
     )
+
+
+def _size(dataset: tf.data.Dataset) -> int | None:
+    size = int(dataset.cardinality())
+    return size if size >= 0 else None
 
 
 def _scheme_kwargs(partition: str, classes_per_client: int, dirichlet_alpha: float) -> dict:
@@ -455,5 +464,7 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
         client_eval_data=client_eval_data,
     )
     run.pretrained_non_trainable = pretrained_non_trainable
+    # With --eval_test `evaluate` also reads the test split, which no client holds.
+    run.global_test_size = None if eval_test else len(test_examples)
     run.prefix_cache = cache
     return run

@@ -26,9 +26,11 @@ import tensorflow_federated as tff
 def make_keras_evaluator(
     keras_model_fn: Callable[[], tf.keras.Model],
     dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
+    with_count: bool = False,
 ) -> Callable[[tff.learning.models.ModelWeights], dict[str, float]]:
     """Returns `weights -> {"loss", "accuracy"}` evaluating one reused Keras model on `dataset`
-    (or on the dataset `dataset()` returns, made on the first evaluation).
+    (or on the dataset `dataset()` returns, made on the first evaluation); `with_count` adds
+    `num_examples`, the examples evaluated (so that evaluations of parts can be pooled).
 
     `dataset` yields batched `(x, y)` with integer labels; the model returns logits. The model is
     built on the first call, not here: Keras invalidates models built eagerly before TFF traces a
@@ -53,7 +55,7 @@ def make_keras_evaluator(
                 loss_sum += loss_fn(y, logits)
                 correct += tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
                 count += tf.cast(tf.shape(y)[0], tf.float32)
-            return loss_sum / count, correct / count
+            return loss_sum / count, correct / count, count
 
         return model, totals
 
@@ -61,7 +63,10 @@ def make_keras_evaluator(
         if "model" not in cache:
             cache["model"], cache["totals"] = build()
         weights.assign_weights_to(cache["model"])
-        loss, accuracy = cache["totals"]()
-        return {"loss": float(loss), "accuracy": float(accuracy)}
+        loss, accuracy, count = cache["totals"]()
+        out = {"loss": float(loss), "accuracy": float(accuracy)}
+        if with_count:
+            out["num_examples"] = float(count)
+        return out
 
     return evaluate

@@ -49,16 +49,22 @@ def test_samplers_by_name():
         algorithms.build_sampler(task, 3, 0, kind="full", straggler="slow")
 
 
-def test_per_client_accuracies_average_to_the_pooled_ones(tmp_path):
-    """--eval_per_client: FedRep's per-client accuracies (each client with its own head) average
-    to the TFF evaluation's mean client accuracy; FedAvg's global model evaluated per client by
-    a Keras evaluator gives the same per-client numbers as the TFF evaluation of that model."""
+def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
+    """--eval_per_client evaluates each client once and pools: FedRep's personal loss, accuracy
+    and mean client accuracy equal one TFF evaluation over all clients; FedAvg's per-client
+    accuracies (global model, Keras) equal the TFF evaluation's per-client ones, and its pooled
+    loss and accuracy equal the pooled test set's (the digits clients' test sets partition it);
+    with the pooled size unknown, the pooled test set is read instead."""
+    import dataclasses
+
     from tffl import runtime
     from tffl import simulation
 
     task = registry.build_task("digits", num_clients=3, batch_size=16, local_steps=2, seed=1,
                                model="pfl_mlp")
     ids = task.client_ids
+    assert task.global_test_size == sum(
+        sum(1 for _ in d.unbatch()) for d in task.client_eval_data()[2])
     with runtime.local_runtime():
         for name in ("fedrep", "fedavg"):
             process = algorithms.build_algorithm(name, task, client_learning_rate=0.5)
@@ -66,12 +72,22 @@ def test_per_client_accuracies_average_to_the_pooled_ones(tmp_path):
                 process, algorithms.build_sampler(task, 3, 0), task.client_dataset_fn, rounds=1,
                 output_dir=tmp_path / name, log=None, tensorboard=False)
             store = result.personal_store
-            pooled = algorithms.personalized_evaluator(task, process)(result.state, store)
+            one_pass = algorithms.personalized_evaluator(task, process)(result.state, store)
             personal = algorithms.per_client_evaluator(task, process, True)(result.state, store)
-            assert sorted(personal) == sorted(f"{c}_accuracy" for c in ids)
-            assert np.mean(list(personal.values())) == pytest.approx(
-                pooled["personal_mean_client_accuracy"], abs=1e-6)
+            accuracies = [personal.pop(f"{c}_accuracy") for c in ids]
+            assert sorted(personal) == sorted(one_pass)
+            for key, value in one_pass.items():
+                assert personal[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+            assert np.mean(accuracies) == pytest.approx(
+                one_pass["personal_mean_client_accuracy"], abs=1e-6)
             if name == "fedavg":
                 global_ = algorithms.per_client_evaluator(task, process, False)(result.state)
-                for key, value in personal.items():
-                    assert global_[key] == pytest.approx(value, abs=1e-6)
+                for cid, value in zip(ids, accuracies):
+                    assert global_[f"{cid}_accuracy"] == pytest.approx(value, abs=1e-6)
+                pooled = task.evaluate(process.model_weights(result.state))
+                for key in ("loss", "accuracy"):
+                    assert global_[key] == pytest.approx(pooled[key], rel=1e-5, abs=1e-6)
+                unknown = dataclasses.replace(task, global_test_size=None,
+                                              evaluate=lambda w: {"loss": -1.0, "accuracy": -1.0})
+                fallback = algorithms.per_client_evaluator(unknown, process, False)(result.state)
+                assert (fallback["loss"], fallback["accuracy"]) == (-1.0, -1.0)
