@@ -208,7 +208,8 @@ _EVAL_TEST = flags.DEFINE_bool(
 _EVAL_PER_CLIENT = flags.DEFINE_bool(
     "eval_per_client", False, "Also report every client's test accuracy at each evaluation "
     "(eval_<client id>_accuracy; for --task=reviews, the per-domain accuracy): personalized "
-    "algorithms with each client's own state, the others with the global model.")
+    "algorithms with each client's own state, the others with the global model. Each client's "
+    "test set is read once; the pooled metrics are combined from those passes.")
 _CLIENT_RANKS = flags.DEFINE_list(
     "client_ranks", None, "flexlora and flora: LoRA ranks assigned to the clients in turn, e.g. "
     "4,8,16 (client k gets rank k mod 3); the adapters take --rank, by default the largest "
