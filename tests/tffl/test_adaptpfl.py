@@ -47,18 +47,10 @@ def _check(process, clients, out, expected):
                                rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("order", ["sw", "ws"])
-def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
-    """Variant B with ridge β, projection (3), damping λ_S (4) and λ_W (6): S̃ by a ridge step,
-    S̄ = (I − QQᵀ)S̃ with Q = orth(W), the head step from the stored head with S̄ (order sw) or
-    before the shortcut (ws), both damped toward their stored values, then W's step with the
-    damped pair; W averaged by examples."""
-    beta, lam_s, lam_w = 0.3, 0.5, 0.7
-    config = adaptpfl.AdaptPflConfig(variant="b", order=order, shortcut_ridge=beta,
-                                     shortcut_damping=lam_s, head_damping=lam_w)
-    process, clients, starts, weights, out = _round(config)
-    w0 = np.asarray(weights.trainable[0], np.float64)
-    q, _ = np.linalg.qr(w0)
+def _numpy_round(clients, starts, w0, order, beta, q=None, lam_s=1.0, lam_w=1.0):
+    """Each client's (w, h, b, s) after one round written from adaptpfl.md §1.5: the shortcut's
+    step with ridge β, projected by (I − QQᵀ) when Q is given, and the head's step, in `order`;
+    both damped toward their stored values (λ = 1: not); then W's step with the damped pair."""
     expected = []
     for (x, y), start in zip(clients, starts):
         x = x.astype(np.float64)
@@ -69,7 +61,7 @@ def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
 
         def shortcut_step():
             s = p["s"] - LR * (_numeric_grad(f, p, "s") + beta * p["s"])
-            p["s"] = s - q @ (q.T @ s)
+            p["s"] = s if q is None else s - q @ (q.T @ s)
 
         def head_step():
             gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
@@ -82,7 +74,22 @@ def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
         p["b"] = (1 - lam_w) * old["b"] + lam_w * p["b"]
         p["w"] = p["w"] - LR * _numeric_grad(f, p, "w")
         expected.append(p)
-    _check(process, clients, out, expected)
+    return expected
+
+
+@pytest.mark.parametrize("order", ["sw", "ws"])
+def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
+    """Variant B with ridge β, projection (3), damping λ_S (4) and λ_W (6): S̃ by a ridge step,
+    S̄ = (I − QQᵀ)S̃ with Q = orth(W), the head step from the stored head with S̄ (order sw) or
+    before the shortcut (ws), both damped toward their stored values, then W's step with the
+    damped pair; W averaged by examples."""
+    beta, lam_s, lam_w = 0.3, 0.5, 0.7
+    config = adaptpfl.AdaptPflConfig(variant="b", order=order, shortcut_ridge=beta,
+                                     shortcut_damping=lam_s, head_damping=lam_w)
+    process, clients, starts, weights, out = _round(config)
+    w0 = np.asarray(weights.trainable[0], np.float64)
+    q, _ = np.linalg.qr(w0)
+    _check(process, clients, out, _numpy_round(clients, starts, w0, order, beta, q, lam_s, lam_w))
     # Projected: every client's stored shortcut is orthogonal to span(W⁰) up to float32 (the
     # damping mixes in the unprojected stored S, so only with λ_S = 1 would it be exactly).
     assert np.abs(q.T @ (out.personal_states[0][2] - (1 - lam_s) * starts[0][2])).max() < 1e-5
@@ -94,18 +101,7 @@ def test_variant_a_with_a_shortcut_ridge_equals_numpy(tff_runtime):
     beta = 0.4
     process, clients, starts, weights, out = _round(adaptpfl.AdaptPflConfig(shortcut_ridge=beta))
     w0 = np.asarray(weights.trainable[0], np.float64)
-    expected = []
-    for (x, y), start in zip(clients, starts):
-        x = x.astype(np.float64)
-        f = lambda q_: _ce(q_, x, y)  # noqa: E731
-        p = {"w": w0, "h": start[0].astype(np.float64), "b": start[1].astype(np.float64),
-             "s": start[2].astype(np.float64)}
-        gh, gb = _numeric_grad(f, p, "h"), _numeric_grad(f, p, "b")
-        p["h"], p["b"] = p["h"] - LR * gh, p["b"] - LR * gb
-        p["s"] = p["s"] - LR * (_numeric_grad(f, p, "s") + beta * p["s"])
-        p["w"] = p["w"] - LR * _numeric_grad(f, p, "w")
-        expected.append(p)
-    _check(process, clients, out, expected)
+    _check(process, clients, out, _numpy_round(clients, starts, w0, "ws", beta))
 
 
 def test_phases_and_bad_input():
