@@ -1,4 +1,5 @@
-"""SRPFL experiments: `srpfl_speedup` (5, linear) and issue 19's `srpfl_mnist` (8, neural)."""
+"""SRPFL experiments: `srpfl_speedup` (5, linear) and issue 19's `srpfl_mnist` (8, neural; 12 with
+Figure 6's dynamic speeds)."""
 
 from __future__ import annotations
 
@@ -114,12 +115,21 @@ SRPFL_MNIST_METHODS = {
 }
 
 
-def srpfl_mnist_args(rounds: int, seed: int) -> list[str]:
+# The straggler models: Figure 5's fixed speeds (T_i ~ Exp(1) once) and Figure 6's dynamic ones
+# (λ_i ~ U[1/M, 1] once, then every round T_i ~ Exp(λ_i); srpfl.md §3.2).
+SRPFL_MNIST_SPEEDS = {
+    "fixed": "fixed speeds T_i ~ Exp(1) (Figure 5)",
+    "dynamic": "dynamic speeds: λ_i ~ U[1/100, 1] once, then every round T_i ~ Exp(λ_i) "
+               "(Figure 6)",
+}
+
+
+def srpfl_mnist_args(rounds: int, seed: int, straggler: str = "fixed") -> list[str]:
     """train.py flags shared by both methods (the code's FedRep: 10 head epochs + 1
     representation epoch, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10; evaluation
     after 10 head epochs of fine-tuning)."""
     return ["--task=mnist", "--partition=shards", "--classes_per_client=2", "--num_clients=100",
-            "--algorithm=fedrep", "--srpfl_pool=20", "--straggler=fixed", "--head_epochs=10",
+            "--algorithm=fedrep", "--srpfl_pool=20", f"--straggler={straggler}", "--head_epochs=10",
             "--representation_epochs=1", "--batch_size=10", "--learning_rate=0.01",
             "--client_optimizer=sgdm", "--client_momentum=0.5", "--weight_decay=1e-4",
             "--finetune_epochs=10", f"--rounds={rounds}", "--eval_every=5", f"--seed={seed}"]
@@ -135,7 +145,12 @@ def time_to_target(rows: Sequence[dict], target: float) -> tuple[float, int] | N
     return None
 
 
-def run_srpfl_mnist(ctx: Context) -> Result:
+def run_srpfl_mnist_dynamic(ctx: Context) -> Result:
+    """Figure 6's setting: `srpfl_mnist` with dynamic speeds."""
+    return run_srpfl_mnist(ctx, straggler="dynamic")
+
+
+def run_srpfl_mnist(ctx: Context, straggler: str = "fixed") -> Result:
     _need_data(ctx, "mnist")
     cfg = SRPFL_MNIST_SCALES[ctx.scale]
     seeds = [ctx.seed + s for s in range(cfg["seeds"])]
@@ -143,7 +158,8 @@ def run_srpfl_mnist(ctx: Context) -> Result:
     for method, flags_ in SRPFL_MNIST_METHODS.items():
         for seed in seeds:
             run_dir = ctx.output_dir / f"{method.lower()}_seed{seed}"
-            args = [SCRIPTS / "train.py", *srpfl_mnist_args(cfg["rounds"], seed), *flags_,
+            args = [SCRIPTS / "train.py", *srpfl_mnist_args(cfg["rounds"], seed, straggler),
+                    *flags_,
                     f"--data_dir={ctx.data_dir}", f"--output_dir={run_dir}"]
             run_subprocess(args + (["--resume"] if ctx.resume else []),
                            f"scripts/train.py ({method}, seed {seed})")
@@ -176,8 +192,9 @@ def run_srpfl_mnist(ctx: Context) -> Result:
     title = (
         f"SRPFL vs FedRep on MNIST-5k (srpfl.md §2.4, the code's neural setting, Figs 5-6): "
         f"M = 100 clients × 2 classes, every round a pool of N = 20 drawn at random; FedRep takes "
-        f"all 20, SRPFL the fastest min(20, 10·2^r) (stages of 10 rounds); fixed speeds "
-        f"T_i ~ Exp(1), a round lasts as long as its slowest participant, no communication cost; "
+        f"all 20, SRPFL the fastest min(20, 10·2^r) (stages of 10 rounds); "
+        f"{SRPFL_MNIST_SPEEDS[straggler]}, a round lasts as long as its slowest participant, no "
+        f"communication cost; "
         f"MLP 784-200-100-10 with a personal last layer, 10 head epochs + 1 "
         f"representation epoch per round, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10; "
         f"personalized test accuracy after 10 head epochs of fine-tuning, every 5 rounds; "
@@ -202,4 +219,4 @@ def run_srpfl_mnist(ctx: Context) -> Result:
                             "personalized test accuracy", series,
                             hlines=[(f"target {t}", t) for t in SRPFL_MNIST_TARGETS]))
     return Result(Table(title, columns, rows, notes), panels,
-                  "SRPFL vs FedRep on MNIST-5k (partial participation, fixed stragglers)")
+                  f"SRPFL vs FedRep on MNIST-5k (partial participation, {straggler} stragglers)")

@@ -81,6 +81,9 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
    accuracy (`train.py --eval_per_client`). small: tiny backbone, 6 rounds × 5 steps;
    full: MiniLM-L6, 64 tokens, 40 rounds × 10 steps of 16, lr 0.3, 5 head epochs.
+12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6; issue 19): `srpfl_mnist` with dynamic
+   speeds: every client draws λ_i ~ U[1/100, 1] once, then a new compute time T_i ~ Exp(λ_i)
+   every round. Same scales.
 
 --resume continues a stopped run in --output_dir: the train.py runs continue from their
 checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
@@ -127,7 +130,7 @@ DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
                "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
-               "sst2_clients", "sst2_dirichlet", "reviews_domains")
+               "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic")
 SCALES = ("small", "full")
 
 # The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
@@ -175,6 +178,7 @@ RUNNERS: dict[str, Callable[[Context], running.Result]] = {
     "sst2_clients": sst2.run_sst2_clients,
     "sst2_dirichlet": sst2.run_sst2_dirichlet,
     "reviews_domains": reviews.run_reviews_domains,
+    "srpfl_mnist_dynamic": srpfl.run_srpfl_mnist_dynamic,
 }
 
 # ------------------------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ def test_time_to_target_is_the_first_evaluated_round_at_or_above_it():
     assert srpfl.time_to_target(rows, 0.99) is None
     # Both methods share every training flag but the participation ones.
     shared = srpfl.srpfl_mnist_args(150, 1)
-    assert "--srpfl_pool=20" in shared and "--seed=1" in shared
+    assert "--srpfl_pool=20" in shared and "--seed=1" in shared and "--straggler=fixed" in shared
+    assert "--straggler=dynamic" in srpfl.srpfl_mnist_args(150, 1, "dynamic")
     assert not any(a.startswith("--participation") for a in shared)
 
 
