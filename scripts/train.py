@@ -101,7 +101,7 @@ _ADAPTPFL_ORDER = flags.DEFINE_enum(
     "then head); default ws for variant a, sw for b.")
 _SHORTCUT_RIDGE = flags.DEFINE_float(
     "shortcut_ridge", 0.0, "adaptpfl: beta >= 0, L2 on the shortcut in its phase (eq. 2's "
-    "ridge), in place of --weight_decay there.")
+    "ridge); beta > 0 replaces --weight_decay in that phase, 0 leaves it.")
 _PROJECT_SHORTCUT = flags.DEFINE_boolean(
     "project_shortcut", True, "adaptpfl variant b: project the shortcut onto the complement of "
     "span(W), W the first layer's kernel (eq. 3).")

@@ -15,8 +15,9 @@ included).
 import importlib
 
 __all__ = [
-    "adaptpfl", "adaptpfl_linear", "checkpoint", "client_training", "communication", "engine", "evaluation",
-    "fedrep_linear", "flute", "flute_linear", "frozen", "linear_engine", "lora_fl", "lora_ranks",
+    "adaptpfl", "adaptpfl_linear", "checkpoint", "client_training", "communication", "engine",
+    "evaluation", "fedrep_linear", "flute", "flute_linear", "frozen", "linear_engine", "lora_fl",
+    "lora_ranks",
     "participation", "personal_state", "personalized", "plots", "processes", "production",
     "roles", "rolora_linear", "runtime", "server_steps", "simulation", "srpfl",
 ]

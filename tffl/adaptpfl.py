@@ -50,9 +50,9 @@ class AdaptPflConfig:
 
     `variant`: "a" or "b" (module docstring). `order`: "ws" (head, then shortcut: Algorithm 1)
     or "sw" (the analysis); default "ws" for A, "sw" for B. `shortcut_ridge`: β ≥ 0, coupled L2
-    on S_i in its phase, in place of the client weight decay there (both variants). Variant B only: `project_shortcut` (eq. 3),
-    `shortcut_damping` λ_S and `head_damping` λ_W in (0, 1] (eqs. 4 and 6; the draft's γ taken
-    equal to λ_W)."""
+    on S_i in its phase (both variants); β > 0 replaces the client weight decay in that phase,
+    β = 0 leaves it. Variant B only: `project_shortcut` (eq. 3), `shortcut_damping` λ_S and
+    `head_damping` λ_W in (0, 1] (eqs. 4 and 6; the draft's γ taken equal to λ_W)."""
 
     variant: str = "a"
     order: str | None = None
