@@ -165,16 +165,18 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
 
 
 def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
-    # Enough rounds (each takes well under a second) that SIGINT after round 2 lands mid-run,
-    # even when the machine is busy and this reader lags behind the run's output.
+    # SIGINT after round 2 must land mid-run however far this reader lags behind the run: the
+    # run's stdout is a one-page pipe, so it blocks on its progress lines a few dozen rounds
+    # later until this test reads on, and this test reads on only after sending the signal.
     rounds = "--rounds=60"
     full = tmp_path / "full"
     assert _run(*_FAST, rounds, f"--output_dir={full}").returncode == 0
 
     cut = tmp_path / "cut"
+    stderr_file = open(tmp_path / "cut.stderr", "w+")  # a file: a full pipe would block the run
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *_FAST, rounds, f"--output_dir={cut}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=stderr_file, text=True, pipesize=4096,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=SCRIPT.parents[1],
         # A shell without job control starts background jobs with SIGINT ignored, and Python
         # then installs no KeyboardInterrupt handler: give the run the default disposition.
@@ -188,13 +190,15 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
             if line.startswith("round  2/60"):
                 proc.send_signal(signal.SIGINT)
                 break
+        proc.stdout.read()  # unblocks the run, which is now interrupted
         proc.wait(timeout=60)
-        stderr = proc.stderr.read()
+        stderr_file.seek(0)
+        stderr = stderr_file.read()
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
-        proc.stderr.close()
+        stderr_file.close()
     assert proc.returncode != 0
     assert workers, "the run should have started a TFF worker"
     time.sleep(0.5)
