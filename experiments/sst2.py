@@ -246,11 +246,18 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         return [1] if method == "centralized" else list(clients)
 
     # Run order, so that an experiment stopped part-way has its most telling cells: per method
-    # (RoLoRA, FedAvg-LoRA and FFA-LoRA first), its learning-rate grid, then its first seed at
-    # every N; only then the other seeds, method by method. (The grid's run at the chosen rate
-    # is that method's first seed at the smallest N.)
+    # (RoLoRA, FedAvg-LoRA, the centralized run, FFA-LoRA, ...), its learning-rate grid, then
+    # its first seed at every N; only then the other seeds, method by method. (The grid's run at
+    # the chosen rate is that method's first seed at the smallest N.) The centralized run comes
+    # right after FedAvg-LoRA, since the two decide whether the budget is large enough.
+    def position(method):
+        if method == "centralized" and "fedavg_lora" in methods:
+            return methods.index("fedavg_lora") + 0.5
+        return methods.index(method)
+
+    run_order = sorted(methods, key=position)
     chosen, grids = {}, {}
-    for method in methods:
+    for method in run_order:
         n = client_counts(method)[0]
         grid = {}
         for lr in cfg["learning_rates"]:
@@ -262,7 +269,7 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         if chosen[method] is not None:
             for n in client_counts(method):
                 execute(run_of(method, n, seeds[0], chosen[method]))
-    for method in methods:
+    for method in run_order:
         for seed in seeds[1:]:
             for n in client_counts(method) if chosen[method] is not None else []:
                 execute(run_of(method, n, seed, chosen[method]))

@@ -14,11 +14,13 @@ def _value(args, flag):
 
 def test_each_method_runs_its_grid_then_its_first_seed_at_every_n_before_other_seeds(
         tmp_path, monkeypatch):
+    """... and the centralized run comes right after FedAvg-LoRA, the pair that decides
+    whether the budget is large enough."""
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=2,
                clients=(3, 20))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     monkeypatch.setattr(sst2, "SST2_CLAIM_METHODS",
-                        {m: sst2.SST2_CLAIM_METHODS[m] for m in ("rolora", "fedavg_lora")})
+                        {m: sst2.SST2_CLAIM_METHODS[m] for m in ("rolora", "fedavg_lora", "ffa_lora")})
     runs = []
 
     def fake_train(args, what):
@@ -40,11 +42,11 @@ def test_each_method_runs_its_grid_then_its_first_seed_at_every_n_before_other_s
     grid = [("lr0.1",), ("lr0.3",)]
     expected = []
     for method, ns in (("rolora", ("N3", "N20")), ("fedavg_lora", ("N3", "N20")),
-                       ("centralized", ("N1",))):
+                       ("centralized", ("N1",)), ("ffa_lora", ("N3", "N20"))):
         expected += [(method, ns[0], "seed0") + lr for lr in grid]      # the grid
         expected += [(method, n, "seed0", "lr0.3") for n in ns[1:]]      # seed 0, other N
     for method, ns in (("rolora", ("N3", "N20")), ("fedavg_lora", ("N3", "N20")),
-                       ("centralized", ("N1",))):
+                       ("centralized", ("N1",)), ("ffa_lora", ("N3", "N20"))):
         expected += [(method, n, "seed1", "lr0.3") for n in ns]          # then seed 1
     assert runs == expected
     assert set(chosen.values()) == {0.3}
