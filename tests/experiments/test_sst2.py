@@ -20,7 +20,8 @@ def test_each_method_runs_its_grid_then_its_first_seed_at_every_n_before_other_s
                clients=(3, 20))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     monkeypatch.setattr(sst2, "SST2_CLAIM_METHODS",
-                        {m: sst2.SST2_CLAIM_METHODS[m] for m in ("rolora", "fedavg_lora", "ffa_lora")})
+                        {m: sst2.SST2_CLAIM_METHODS[m]
+                         for m in ("rolora", "fedavg_lora", "ffa_lora")})
     runs = []
 
     def fake_train(args, what):
