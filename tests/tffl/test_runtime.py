@@ -352,6 +352,55 @@ def test_worker_killed_mid_computation_is_named_at_once(tmp_path, workers):
     assert runtime.running_workers() == []
 
 
+def _crash_when_busy(context, times: int) -> list[int]:
+    """Starts a thread that, `times` times, waits until the runtime's last worker (a new process
+    each time) has computed for 0.3 s of CPU and sends it SIGSEGV; returns the pids signalled."""
+    signalled = []
+
+    def crash():
+        for _ in range(times):
+            while context.workers[-1].pid in signalled or not context.workers[-1].is_alive():
+                time.sleep(0.02)
+            victim = psutil.Process(context.workers[-1].pid)
+            busy = sum(victim.cpu_times()[:2]) + 0.3
+            while sum(victim.cpu_times()[:2]) < busy:
+                time.sleep(0.02)
+            victim.send_signal(signal.SIGSEGV)
+            signalled.append(victim.pid)
+
+    threading.Thread(target=crash, daemon=True).start()
+    return signalled
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_crashed_worker_is_restarted_and_the_computation_run_again(tmp_path, workers, caplog):
+    """A worker that crashes (SIGSEGV) mid-computation is replaced and the computation run again:
+    its result is the undisturbed one. External kills still end the run (tests above)."""
+    steps = [400_000] * 4  # about a second of CPU per client
+    with runtime.local_runtime(log_dir=tmp_path, num_workers=workers) as context:
+        signalled = _crash_when_busy(context, times=1)
+        with caplog.at_level("WARNING", logger="tffl.runtime"):
+            crashed_run = _slow_sum(steps)
+        assert len(signalled) == 1 and signalled[0] not in runtime.running_workers()
+        assert len(runtime.running_workers()) == workers
+        assert context.workers[-1].generation == 1 and context.workers[0].generation == (
+            0 if workers == 2 else 1)
+        assert f"pid {signalled[0]}" in caplog.text and "crashed; restarted as" in caplog.text
+        assert crashed_run == _slow_sum(steps)  # an undisturbed run, on the restarted worker
+    assert runtime.running_workers() == []
+
+
+def test_worker_that_crashes_again_after_its_restart_ends_the_run(tmp_path):
+    with runtime.local_runtime(log_dir=tmp_path) as context:
+        signalled = _crash_when_busy(context, times=2)
+        with pytest.raises(runtime.WorkerError, match=r"killed by SIGSEGV while running a "
+                           r"computation \(on the second run, after a restart that followed: "
+                           r"TFF worker #0 \(pid \d+.*killed by SIGSEGV"):
+            _slow_sum([3_000_000] * 4)
+        assert len(signalled) == 2
+    assert runtime.running_workers() == []
+
+
 def test_remote_worker_that_stops_answering_is_named(tmp_path):
     """Workers given by address (started elsewhere; here two local ones): one that goes away
     raises WorkerError naming its address after `ready_timeout_s`, not an endless retry."""

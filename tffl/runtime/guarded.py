@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
 from tensorflow_federated.proto.v0 import executor_pb2
@@ -22,7 +25,10 @@ from tffl.runtime.tff_internals import (
     value_serialization,
 )
 
-from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, WorkerError, _Worker
+from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, LocalWorker, WorkerError, _Worker
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class _GuardedStub(remote_executor_stub.RemoteExecutorStub):
@@ -38,8 +44,15 @@ class _GuardedStub(remote_executor_stub.RemoteExecutorStub):
         self._worker = worker
         self._timeout_s = timeout_s
         self._stub = worker.stub
+        self._generation = worker.generation
+
+    def _replaced(self) -> bool:
+        """Whether the worker process this stub talked to was replaced by a restart."""
+        return self._generation != self._worker.generation
 
     def _call(self, name: str, request):
+        if self._replaced():
+            raise WorkerError(f"{self._worker.describe()} was restarted; this executor is gone")
         try:
             return getattr(self._stub, name)(request)
         except grpc.RpcError as e:
@@ -48,6 +61,8 @@ class _GuardedStub(remote_executor_stub.RemoteExecutorStub):
 
     def _dispose_call(self, name: str, request, empty):
         # Called from finalizers too: after the worker is gone there is nothing left to free.
+        if self._replaced():
+            return empty
         try:
             return getattr(self._stub, name)(request)
         except grpc.RpcError:
@@ -146,6 +161,65 @@ class _WorkerExecutor(remote_executor.RemoteExecutor):
         return value
 
 
+class _WorkerExecutorFactory(python_executor_stacks.ResourceManagingExecutorFactory):
+    """TFF's cache of one executor per cardinalities, emptied when the worker is restarted (its
+    executors lived in the process that ended)."""
+
+    def __init__(self, worker: _Worker, stack_fn):
+        super().__init__(stack_fn)
+        self._worker = worker
+        self._generation = worker.generation
+
+    def create_executor(self, cardinalities):
+        if self._generation != self._worker.generation:
+            for executor in list(self._executors.values()):
+                executor.close()
+            self._executors.clear()
+            self._generation = self._worker.generation
+        return super().create_executor(cardinalities)
+
+
+def rerun_after_a_crash(
+    workers: Sequence[_Worker], ready_timeout_s: float, call: Callable[[], _T]
+) -> _T:
+    """`call()`; if it fails because a local worker crashed (`LocalWorker.crashed`: SIGSEGV,
+    SIGBUS, SIGABRT, SIGILL, SIGFPE), restarts the crashed workers and calls once more.
+
+    A computation is a function of its argument, so its second run gives what the first would
+    have. A worker killed from outside (SIGKILL, SIGTERM, SIGINT) or that crashes again ends the
+    call with `WorkerError`, as does a remote worker that stops answering."""
+    try:
+        return call()
+    except WorkerError as error:
+        crashed = [w for w in workers if isinstance(w, LocalWorker) and w.crashed()]
+        if not crashed:
+            raise
+        first_error = error
+    for worker in crashed:
+        old = worker.describe()
+        worker.restart(ready_timeout_s)
+        _log.warning("tffl.runtime: %s crashed; restarted as %s, running the computation again",
+                     old, worker.describe())
+    try:
+        return call()
+    except WorkerError as error:
+        raise WorkerError(f"{error} (on the second run, after a restart that followed: "
+                          f"{first_error})") from error
+
+
+class _RestartingSyncContext(sync_execution_context.SyncExecutionContext):
+    """TFF's synchronous context on one worker, restarting it once if it crashes in a call."""
+
+    def __init__(self, worker: _Worker, ready_timeout_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.workers = [worker]
+        self._ready_timeout_s = ready_timeout_s
+
+    def invoke(self, comp, arg):
+        return rerun_after_a_crash(self.workers, self._ready_timeout_s,
+                                   lambda: super(_RestartingSyncContext, self).invoke(comp, arg))
+
+
 def _executor_factory(
     worker: _Worker, default_num_clients: int, timeout_s: float, threaded: bool = False
 ) -> python_executor_stacks.ResourceManagingExecutorFactory:
@@ -163,7 +237,7 @@ def _executor_factory(
         executor.set_cardinalities(cardinalities)
         return executor
 
-    return python_executor_stacks.ResourceManagingExecutorFactory(stack_fn)
+    return _WorkerExecutorFactory(worker, stack_fn)
 
 
 def create_worker_context(
@@ -171,8 +245,11 @@ def create_worker_context(
     default_num_clients: int = 0,
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
 ) -> sync_execution_context.SyncExecutionContext:
-    """TFF's synchronous execution context executing on an already started `worker`."""
-    return sync_execution_context.SyncExecutionContext(
+    """TFF's synchronous execution context executing on an already started `worker` (restarted
+    once if it crashes during a call: `rerun_after_a_crash`)."""
+    return _RestartingSyncContext(
+        worker,
+        ready_timeout_s,
         executor_fn=_executor_factory(worker, default_num_clients, ready_timeout_s),
         compiler_fn=native_compiler.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,

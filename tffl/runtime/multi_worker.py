@@ -30,7 +30,11 @@ from tffl.runtime.tff_internals import (
     type_conversions,
 )
 
-from tffl.runtime.guarded import _create_async_worker_context, create_worker_context
+from tffl.runtime.guarded import (
+    _create_async_worker_context,
+    create_worker_context,
+    rerun_after_a_crash,
+)
 from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, _Worker
 
 _log = logging.getLogger(__name__)
@@ -234,6 +238,8 @@ class MultiWorkerContext(context_base.SyncContext):
     runs on one worker (or on every group, for CLIENTS-placed results, concatenated). Stage k > 1
     gets `<argument, result of stage k - 1>`. Other computations, and those TFF cannot compile to
     mergeable form, run whole on worker 0; the names and reasons of the latter are in `unsplit`.
+    A local worker that crashes during a call is restarted and the call run again, once
+    (`rerun_after_a_crash`).
 
     Args:
       workers: started workers (`LocalWorker` or connected `RemoteWorker`).
@@ -250,6 +256,7 @@ class MultiWorkerContext(context_base.SyncContext):
         if not workers:
             raise ValueError("MultiWorkerContext needs at least one worker")
         self.workers = list(workers)
+        self._ready_timeout_s = ready_timeout_s
         self.whole = create_worker_context(workers[0], default_num_clients, ready_timeout_s)
         self.async_contexts = [
             _create_async_worker_context(w, default_num_clients, ready_timeout_s)
@@ -321,10 +328,16 @@ class MultiWorkerContext(context_base.SyncContext):
             return self.whole.invoke(comp, arg)
         stages = self._stages(comp)
         if stages is None:
-            return self.whole.invoke(comp, arg)
-        result = None
-        for k, form in enumerate(stages):
-            result = self.run_stage(form, arg if k == 0 else structure.Struct.unnamed(arg, result))
+            return self.whole.invoke(comp, arg)  # restarts worker 0 if it crashes
+
+        def run_stages():
+            result = None
+            for k, form in enumerate(stages):
+                result = self.run_stage(
+                    form, arg if k == 0 else structure.Struct.unnamed(arg, result))
+            return result
+
+        result = rerun_after_a_crash(self.workers, self._ready_timeout_s, run_stages)
         return tensorflow_computation.transform_result(result)
 
 

@@ -34,6 +34,9 @@ _GRPC_OPTIONS = [
 _PR_SET_PDEATHSIG = 1
 # After an RPC fails, how long a local worker may take to be seen as exited.
 _EXIT_GRACE_S = 2.0
+# Signals with which a process ends on its own fault (not sent by a user or the OOM killer).
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL,
+                           signal.SIGFPE})
 
 _log = logging.getLogger(__name__)
 
@@ -97,6 +100,9 @@ class _Worker:
     """What the contexts need from a worker: a gRPC channel, readiness and fault checks."""
 
     address: str
+    # How many times the worker was restarted (`LocalWorker.restart`): executors made for an
+    # earlier generation are gone with its process.
+    generation: int = 0
     _channel: grpc.Channel | None = None
     # TFF's gRPC stub on `_channel`, one per worker: each stub subscribes to the channel's state.
     stub: remote_executor_grpc_stub.RemoteExecutorGrpcStub | None = None
@@ -254,6 +260,20 @@ class LocalWorker(_Worker):
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def crashed(self) -> bool:
+        """Whether the process ended on its own fault: killed by one of `CRASH_SIGNALS`."""
+        process = self.process
+        return process is not None and process.poll() is not None and (
+            -process.returncode in CRASH_SIGNALS)
+
+    def restart(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "LocalWorker":
+        """Replaces an ended process with a new one on a new port (`generation` + 1) and waits
+        until it answers. Call it from the thread that launched the first one (see the class)."""
+        self.stop()
+        self.port = None
+        self.generation += 1
+        return self.start(ready_timeout_s)
 
     def check_running(self) -> None:
         process = self.process
