@@ -39,6 +39,8 @@ and builds TFF's own execution contexts on top of them:
 Faults: when a worker dies, or stops answering, the computation raises `WorkerError` naming the
 worker (its number, pid or address and log file) instead of TFF's endless retries of a gRPC
 `UNAVAILABLE`; a worker that is not ready within `ready_timeout_s` raises `WorkerError` too.
+A local worker that crashes on its own (a segfault of the C++ worker, not a kill from outside) is
+restarted and the computation run once more; a second crash raises `WorkerError`.
 `tffl.simulation.run_rounds` has checkpointed every completed round by then, so the run continues
 with `resume=True` (`scripts/train.py --resume`). See docs/runtime.md.
 
@@ -140,7 +142,9 @@ def local_runtime(
       The installed context.
 
     Raises:
-      WorkerError: a worker did not start or become ready, or (inside the block) died.
+      WorkerError: a worker did not start or become ready, or (inside the block) died. A worker
+        that crashes on its own (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE) is first restarted and
+        the computation run once more (`guarded.rerun_after_a_crash`).
     """
     if num_workers < 1:
         raise ValueError(f"num_workers={num_workers} must be >= 1")
