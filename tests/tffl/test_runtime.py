@@ -376,7 +376,7 @@ def _crash_when_busy(context, times: int) -> list[int]:
 def test_crashed_worker_is_restarted_and_the_computation_run_again(tmp_path, workers, caplog):
     """A worker that crashes (SIGSEGV) mid-computation is replaced and the computation run again:
     its result is the undisturbed one. External kills still end the run (tests above)."""
-    steps = [400_000] * 4  # about a second of CPU per client
+    steps = [400_000] * 4  # about 0.8 s of CPU per client here
     with runtime.local_runtime(log_dir=tmp_path, num_workers=workers) as context:
         signalled = _crash_when_busy(context, times=1)
         with caplog.at_level("WARNING", logger="tffl.runtime"):
