@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
 from collections.abc import Sequence
 
 from experiments.report import Column, Panel, Series, Table, _missing
@@ -145,6 +146,7 @@ SST2_CLAIM_METHODS = {
     "fedsa_lora": ["--algorithm=fedsa_lora"],
     "rolora_ffa": ["--algorithm=rolora_ffa", "--rolora_fraction=0.2"],
 }
+SST2_CLAIM_ALL = (*SST2_CLAIM_METHODS, "centralized")  # --methods' names
 SST2_CLAIM_NAMES = {**METHOD_NAMES, "flora": "FLoRA", "fedsa_lora": "FedSA-LoRA",
                     "rolora_ffa": "20% RoLoRA + 80% FFA-LoRA", "centralized": "centralized LoRA"}
 SST2_CLAIM_SCALES = {
@@ -191,6 +193,37 @@ def _finished(run: Sst2Run) -> dict | None:
     return summary if summary.get("rounds_completed") == run.rounds else None
 
 
+# What a finished run keeps in --archive_dir: its final numbers (and flags) and its per-round
+# metrics. A few KiB, against the checkpoints' and TensorBoard's megabytes.
+ARCHIVED_FILES = ("summary.json", "metrics.csv")
+
+
+def _archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> pathlib.Path:
+    return archive / run.run_dir.relative_to(output_dir)
+
+
+def restore_archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> dict | None:
+    """Copies a finished run's files from `archive` into its run folder; its summary, or None if
+    the archive holds no finished copy (an unfinished run folder is then left as it is)."""
+    source = _archived(archive, output_dir, run)
+    if _finished(dataclasses.replace(run, run_dir=source)) is None:
+        return None
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ARCHIVED_FILES:
+        if (source / name).exists():
+            shutil.copyfile(source / name, run.run_dir / name)
+    return _finished(run)
+
+
+def archive_finished(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> None:
+    """Copies a finished run's `ARCHIVED_FILES` to `archive` (same relative path)."""
+    target = _archived(archive, output_dir, run)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ARCHIVED_FILES:
+        if (run.run_dir / name).exists():
+            shutil.copyfile(run.run_dir / name, target / name)
+
+
 def _claim_accuracy(summary: dict, key: str) -> float | None:
     """Final `key` accuracy: eval_test_accuracy / eval_accuracy of the global model, or for
     FedSA-LoRA (personal B factors) the personalized accuracy on the clients' dev shards."""
@@ -232,22 +265,28 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
             return {"final": {"eval_accuracy": 0.0, "eval_test_accuracy": 0.0},
                     "communication_rounds": 1, "upload_bytes_per_client_total": 0}
         summary = _finished(run)
+        if summary is None and ctx.archive_dir is not None:
+            summary = restore_archived(ctx.archive_dir, ctx.output_dir, run)
         if summary is None and not ctx.collect:
             run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir)
                            + (["--resume"] if (run.run_dir / "checkpoints").exists() else []),
                            f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
                            f"lr {run.learning_rate:g})")
             summary = _finished(run)
+        if summary is not None and ctx.archive_dir is not None:
+            archive_finished(ctx.archive_dir, ctx.output_dir, run)
         return summary
 
-    methods = list(SST2_CLAIM_METHODS) + (["centralized"] if centralized else [])
+    methods = [m for m in [*SST2_CLAIM_METHODS, *(["centralized"] if centralized else [])]
+               if ctx.methods is None or m in ctx.methods]
 
     def client_counts(method):
         return [1] if method == "centralized" else list(clients)
 
     # Run order, so that an experiment stopped part-way has its most telling cells: per method
     # (RoLoRA, FedAvg-LoRA, the centralized run, FFA-LoRA, ...), its learning-rate grid, then
-    # its first seed at every N; only then the other seeds, method by method. (The grid's run at
+    # its first seed at every other N, largest first; only then the other seeds, method by
+    # method. (The grid's run at
     # the chosen rate is that method's first seed at the smallest N.) The centralized run comes
     # right after FedAvg-LoRA, since the two decide whether the budget is large enough.
     def position(method):
@@ -266,8 +305,8 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         grids[method] = grid
         done = {lr: acc for lr, acc in grid.items() if acc is not None}
         chosen[method] = max(done, key=done.get) if len(done) == len(grid) else None
-        if chosen[method] is not None:
-            for n in client_counts(method):
+        if chosen[method] is not None:  # the largest N first: the claims are about N = 50
+            for n in [n, *sorted(client_counts(method)[1:], reverse=True)]:
                 execute(run_of(method, n, seeds[0], chosen[method]))
     for method in run_order:
         for seed in seeds[1:]:

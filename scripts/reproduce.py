@@ -163,6 +163,15 @@ _COLLECT = flags.DEFINE_bool(
     "collect", False, "sst2_clients and sst2_dirichlet: run nothing; write the table and plot "
     "from the runs finished so far (unfinished cells say how many seeds are done).",
     flag_values=FLAGS)
+_METHODS = flags.DEFINE_list(
+    "methods", None, "sst2_clients and sst2_dirichlet: run (or --collect) only these methods, "
+    "e.g. flexlora,flora (names: " + ", ".join(sst2.SST2_CLAIM_ALL) + "); default: all.",
+    flag_values=FLAGS)
+_ARCHIVE_DIR = flags.DEFINE_string(
+    "archive_dir", None, "sst2_clients and sst2_dirichlet: a folder that keeps every finished "
+    "run's summary.json and metrics.csv (the --output_dir layout, a few KiB per run); a run "
+    "found there is copied back instead of run again, so that a long experiment continues on "
+    "another machine or a fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 
 
@@ -205,6 +214,23 @@ def contexts_from_flags() -> list[Context]:
     if _COLLECT.value and any(n not in collectable for n in names):
         raise UsageError(f"flag --collect: only {' and '.join(collectable)} tabulate finished "
                          f"runs without running; --experiment={_EXPERIMENT.value} would run")
+    for flag, value in (("methods", _METHODS.value), ("archive_dir", _ARCHIVE_DIR.value)):
+        if value is not None and any(n not in collectable for n in names):
+            raise UsageError(f"flag --{flag}: only {' and '.join(collectable)} take it, not "
+                             f"--experiment={_EXPERIMENT.value}")
+    methods = None
+    if _METHODS.value is not None:
+        unknown = [m for m in _METHODS.value if m not in sst2.SST2_CLAIM_ALL]
+        if unknown or not _METHODS.value:
+            raise UsageError(f"flag --methods={','.join(_METHODS.value)}: "
+                             f"{'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+                             f"choose from {', '.join(sst2.SST2_CLAIM_ALL)}")
+        methods = tuple(_METHODS.value)
+        if "centralized" in methods and "sst2_dirichlet" in names:
+            raise UsageError("flag --methods=centralized: sst2_dirichlet has no centralized run")
+    archive = None if _ARCHIVE_DIR.value is None else pathlib.Path(_ARCHIVE_DIR.value).absolute()
+    if archive is not None:
+        cli.writable_output_dir(archive, "archive_dir")
     contexts = []
     for name in names:
         if _OUTPUT_DIR.value is None:
@@ -218,7 +244,8 @@ def contexts_from_flags() -> list[Context]:
                                 output_dir=path.absolute(), resume=_RESUME.value,
                                 seed=_SEED.value,
                                 data_dir=pathlib.Path(_DATA_DIR.value).absolute(),
-                                collect=_COLLECT.value))
+                                collect=_COLLECT.value, methods=methods,
+                                archive_dir=archive))
     for ctx in contexts:
         # --estimate writes only its probes (<output_dir>/estimate), beside any run there.
         _prepare_output_dir(ctx.output_dir, ctx.resume or _ESTIMATE.value or _COLLECT.value)
