@@ -92,6 +92,12 @@ synthetic scripts, which have no checkpoints, rerun (they are deterministic). Ev
 seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
 --resume, an --output_dir that already holds a run is refused (exit status 2).
 
+sst2_clients and sst2_dirichlet run for days on 2 cores, in sittings. `--methods=flexlora,flora`
+runs (or `--collect`s) only those methods. `--archive_dir=DIR` keeps every finished run's
+summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run) and copies a run
+found there back instead of running it again: commit DIR, and the next sitting continues on a
+fresh checkout (`runs/` is not committed). docs/runs/ holds ours (docs/RESULTS.md, issue 19).
+
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Subprocesses get SIGTERM (and stop their TFF workers) when this
 program is stopped.

@@ -53,3 +53,55 @@ def test_each_method_runs_its_grid_then_its_first_seed_at_every_n_before_other_s
     assert set(chosen.values()) == {0.3}
     assert {r["seeds_done"] for r in rows} == {"2/2"}
     assert {r["test_accuracy"] for r in rows} == {"0.8100 ± 0.0000"}
+
+
+def _fake_train(tmp_path, runs):
+    """A train.py that records its run and writes the summary a finished run would."""
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        runs.append(run_dir.relative_to(run_dir.parents[3]).parts)
+        rounds = int(_value(args, "rounds"))
+        accuracy = 0.8 if _value(args, "learning_rate") == "0.3" else 0.6
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.csv").write_text(f"round\n{rounds}\n")
+        (run_dir / "checkpoints").mkdir()
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": rounds, "communication_rounds": rounds,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy + 0.01}}))
+    return fake_train
+
+
+def test_methods_filter_largest_n_first_and_archive_restores_without_running(
+        tmp_path, monkeypatch):
+    """--methods runs only the named methods; after the grid the first seed goes to the largest
+    N first; finished runs are archived (summary.json, metrics.csv, no checkpoints), and a fresh
+    output folder with the same archive re-runs nothing and gives the same table."""
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=1,
+               clients=(3, 20, 50))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    runs = []
+    monkeypatch.setattr(sst2, "run_subprocess", _fake_train(tmp_path, runs))
+    archive = tmp_path / "archive"
+
+    def protocol(output_dir):
+        ctx = running.Context("sst2_clients", "small", output_dir, resume=True, seed=0,
+                              data_dir=tmp_path, methods=("flora",), archive_dir=archive)
+        return sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+
+    rows, chosen, _ = protocol(tmp_path / "first")
+    assert runs == [("flora", "N3", "seed0", "lr0.1"), ("flora", "N3", "seed0", "lr0.3"),
+                    ("flora", "N50", "seed0", "lr0.3"), ("flora", "N20", "seed0", "lr0.3")]
+    assert chosen == {"flora": 0.3} and [r["clients"] for r in rows] == [3, 20, 50]
+    kept = sorted(p.relative_to(archive).as_posix() for p in archive.rglob("*") if p.is_file())
+    assert kept == sorted(f"flora/{n}/seed0/{lr}/{f}" for n, lr in
+                          (("N3", "lr0.1"), ("N3", "lr0.3"), ("N50", "lr0.3"), ("N20", "lr0.3"))
+                          for f in ("metrics.csv", "summary.json"))
+    runs.clear()
+    again, _, _ = protocol(tmp_path / "fresh_checkout")
+    assert runs == [] and again == rows
+    # An unfinished archived copy is not taken for a finished run: it runs again.
+    summary = archive / "flora/N20/seed0/lr0.3/summary.json"
+    summary.write_text(json.dumps(dict(json.loads(summary.read_text()), rounds_completed=0)))
+    protocol(tmp_path / "third")
+    assert runs == [("flora", "N20", "seed0", "lr0.3")]

@@ -40,6 +40,12 @@ def _run(*args, timeout=120):
         (["--experiment=rolora_mnist", "--data_dir=/nonexistent/tffl_data"], "--data_dir"),
         (["--experiment=rolora_linear", "extra"], "unexpected arguments"),
         (["--experiment=srpfl_mnist", "--collect"], "--collect"),
+        (["--experiment=sst2_clients", "--methods=rolora,nope"], "--methods"),
+        (["--experiment=sst2_dirichlet", "--methods=centralized"], "--methods"),
+        (["--experiment=srpfl_mnist", "--methods=rolora"], "--methods"),
+        (["--experiment=rolora_linear", "--archive_dir=/tmp"], "--archive_dir"),
+        (["--experiment=sst2_clients", "--archive_dir=/proc/tffl_not_writable"],
+         "--archive_dir"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
