@@ -154,7 +154,7 @@ SST2_CLAIM_SCALES = {
                   learning_rates=(0.5,), seeds=1, clients=(3, 20)),
     "full": dict(backbone="minilm", sequence_length=32, lora_layers="3,4,5", rounds_3=500,
                  local_steps=10, batch_size=16, learning_rates=(0.1, 0.3, 1.0), seeds=3,
-                 clients=(3, 20, 50)),
+                 clients=(3, 20, 50), grid_every_n=True),
 }
 
 
@@ -284,38 +284,50 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         return [1] if method == "centralized" else list(clients)
 
     # Run order, so that an experiment stopped part-way has its most telling cells: per method
-    # (RoLoRA, FedAvg-LoRA, the centralized run, FFA-LoRA, ...), its learning-rate grid, then
-    # its first seed at every other N, largest first; only then the other seeds, method by
-    # method. (The grid's run at
-    # the chosen rate is that method's first seed at the smallest N.) The centralized run comes
-    # right after FedAvg-LoRA, since the two decide whether the budget is large enough.
+    # (RoLoRA, FedAvg-LoRA, the centralized run, FFA-LoRA, ...), its learning-rate grid at the
+    # smallest N, then its first seed at every other N, largest first (its grid there, with
+    # cfg["grid_every_n"]); only then the other seeds, method by method. (A grid's run at the
+    # chosen rate is that method's first seed at that N.) The centralized run comes right after
+    # FedAvg-LoRA, since the two decide whether the budget is large enough.
     def position(method):
         if method == "centralized" and "fedavg_lora" in methods:
             return methods.index("fedavg_lora") + 0.5
         return methods.index(method)
 
     run_order = sorted(methods, key=position)
+    # chosen[(method, N)]: the best final dev accuracy of the grid at that N, or (without
+    # cfg["grid_every_n"]) of the grid at the method's smallest N; None until its grid is done.
     chosen, grids = {}, {}
-    for method in run_order:
-        n = client_counts(method)[0]
+
+    def run_grid(method, n):
         grid = {}
         for lr in cfg["learning_rates"]:
             summary = execute(run_of(method, n, seeds[0], lr))
             grid[lr] = None if summary is None else _claim_accuracy(summary, "eval_accuracy")
-        grids[method] = grid
+        grids[(method, n)] = grid
         done = {lr: acc for lr, acc in grid.items() if acc is not None}
-        chosen[method] = max(done, key=done.get) if len(done) == len(grid) else None
-        if chosen[method] is not None:  # the largest N first: the claims are about N = 50
-            for n in [n, *sorted(client_counts(method)[1:], reverse=True)]:
-                execute(run_of(method, n, seeds[0], chosen[method]))
+        return max(done, key=done.get) if len(done) == len(grid) else None
+
+    for method in run_order:
+        first, *rest = client_counts(method)
+        chosen[(method, first)] = run_grid(method, first)
+        for n in sorted(rest, reverse=True):  # the largest N first: the claims are about N = 50
+            if cfg.get("grid_every_n"):
+                chosen[(method, n)] = run_grid(method, n)
+            else:
+                chosen[(method, n)] = chosen[(method, first)]
+                if chosen[(method, n)] is not None:
+                    execute(run_of(method, n, seeds[0], chosen[(method, n)]))
     for method in run_order:
         for seed in seeds[1:]:
-            for n in client_counts(method) if chosen[method] is not None else []:
-                execute(run_of(method, n, seed, chosen[method]))
+            for n in client_counts(method):
+                if chosen[(method, n)] is not None:
+                    execute(run_of(method, n, seed, chosen[(method, n)]))
     rows = []  # every run below is finished (or, with --collect, not run)
     for method in methods:
         for n in client_counts(method):
-            lr = chosen[method]
+            lr = chosen[(method, n)]
+            grid = grids.get((method, n))
             tests, devs, uploads = [], [], []
             for seed in seeds:
                 summary = execute(run_of(method, n, seed, lr)) if lr is not None else None
@@ -335,17 +347,16 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
                 "dev_accuracy": _mean_std(devs, "{:.4f}") if devs else None,
                 "dev_mean": _mean(devs) if devs else None,
                 "upload_kib": _mean(uploads) if uploads else None,
+                "grid": None if grid is None else ", ".join(
+                    f"{r:g}: {'–' if a is None else f'{a:.4f}'}" for r, a in grid.items()),
                 "paper": SST2_PAPER.get((n, method), ""),
             })
     return rows, chosen, grids
 
 
-def _sst2_claim_result(ctx: Context, rows, chosen, grids, setting: str) -> Result:
+def _sst2_claim_result(ctx: Context, rows, setting: str) -> Result:
     cfg = SST2_CLAIM_SCALES[ctx.scale]
-    grid_text = "; ".join(
-        f"{SST2_CLAIM_NAMES[m]} " + ", ".join(
-            f"{lr:g}: {'–' if a is None else f'{a:.4f}'}" for lr, a in g.items())
-        + ("" if chosen[m] is None else f" → {chosen[m]:g}") for m, g in grids.items())
+    where = "at each N" if cfg.get("grid_every_n") else "at the smallest N"
     title = (
         f"SST-2, {setting} (issue 19): {cfg['backbone']} backbone, LoRA rank 4 on query and "
         f"value{' of layers ' + cfg['lora_layers'] if cfg.get('lora_layers') else ''}, "
@@ -353,7 +364,8 @@ def _sst2_claim_result(ctx: Context, rows, chosen, grids, setting: str) -> Resul
         f"SGD steps of batch {cfg['batch_size']} per round, R_N = ⌊{cfg['rounds_3']}·3/N + ½⌋ "
         f"rounds (the same total samples for every N); the centralized run trains one client for "
         f"R_3 rounds (the same sequential steps as a client at N = 3). Learning rate per method "
-        f"from a dev-set grid (final dev accuracy, first seed, smallest N): {grid_text}. Test "
+        f"from a dev-set grid {where} (final dev accuracy, first seed; the `lr grid` column). "
+        f"Test "
         f"accuracy: the labeled test split (1,821 sentences), final round, mean ± std over the "
         f"seeds done. FedSA-LoRA keeps B personal: its figure is the personalized accuracy on the "
         f"clients' dev shards (not held out). A cell with fewer seeds than planned is "
@@ -366,6 +378,7 @@ def _sst2_claim_result(ctx: Context, rows, chosen, grids, setting: str) -> Resul
                Column("seeds done", "seeds_done"), Column("test acc", "test_accuracy"),
                Column("dev acc", "dev_accuracy"),
                Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
+               Column("lr grid (dev acc, seed 0)", "grid"),
                Column("paper SST-2 acc % (RoBERTa-L)", "paper")]
     series = []
     for key in dict.fromkeys(r["key"] for r in rows if r["key"] != "centralized"):
@@ -384,13 +397,13 @@ def _sst2_claim_result(ctx: Context, rows, chosen, grids, setting: str) -> Resul
 def run_sst2_clients(ctx: Context) -> Result:
     _need_data(ctx, "sst2/test-labeled.tsv")
     cfg = SST2_CLAIM_SCALES[ctx.scale]
-    rows, chosen, grids = _sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
-    return _sst2_claim_result(ctx, rows, chosen, grids, "IID shards, N = "
+    rows, _, _ = _sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+    return _sst2_claim_result(ctx, rows, "IID shards, N = "
                               + ", ".join(map(str, cfg["clients"])))
 
 
 def run_sst2_dirichlet(ctx: Context) -> Result:
     _need_data(ctx, "sst2/test-labeled.tsv")
-    rows, chosen, grids = _sst2_protocol(
+    rows, _, _ = _sst2_protocol(
         ctx, ["--partition=dirichlet", "--dirichlet_alpha=0.5"], (20,), False)
-    return _sst2_claim_result(ctx, rows, chosen, grids, "Dirichlet(0.5) label skew, N = 20")
+    return _sst2_claim_result(ctx, rows, "Dirichlet(0.5) label skew, N = 20")

@@ -67,8 +67,8 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    local steps per client per round for every N, R_N = R_3·3/N, all clients every round, IID
    shards — for RoLoRA, FedAvg-LoRA, FFA-LoRA, FlexLoRA, FLoRA, FedSA-LoRA and 20% RoLoRA + 80%
    FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
-   learning rate from a dev-set grid (first seed, smallest N), test accuracy on the labeled test
-   split, mean ± std over seeds. One train.py run per (method, N, seed, learning rate), each
+   learning rate from a dev-set grid (first seed; full: at each N), test accuracy on the labeled
+   test split, mean ± std over seeds. One train.py run per (method, N, seed, learning rate), each
    resumable; `--collect` writes the table from the runs finished so far.
    small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
           check).

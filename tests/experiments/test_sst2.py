@@ -4,6 +4,8 @@ summary a finished run would (no training: the order is what is under test)."""
 import json
 import pathlib
 
+import pytest
+
 from experiments import running
 from experiments import sst2
 
@@ -72,13 +74,15 @@ def _fake_train(tmp_path, runs):
     return fake_train
 
 
+@pytest.mark.parametrize("grid_every_n", [False, True])
 def test_methods_filter_largest_n_first_and_archive_restores_without_running(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, grid_every_n):
     """--methods runs only the named methods; after the grid the first seed goes to the largest
-    N first; finished runs are archived (summary.json, metrics.csv, no checkpoints), and a fresh
-    output folder with the same archive re-runs nothing and gives the same table."""
+    N first (with grid_every_n, the grid at every N); finished runs are archived (summary.json,
+    metrics.csv, no checkpoints), and a fresh output folder with the same archive re-runs
+    nothing and gives the same table."""
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=1,
-               clients=(3, 20, 50))
+               clients=(3, 20, 50), grid_every_n=grid_every_n)
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     runs = []
     monkeypatch.setattr(sst2, "run_subprocess", _fake_train(tmp_path, runs))
@@ -90,12 +94,20 @@ def test_methods_filter_largest_n_first_and_archive_restores_without_running(
         return sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
 
     rows, chosen, _ = protocol(tmp_path / "first")
-    assert runs == [("flora", "N3", "seed0", "lr0.1"), ("flora", "N3", "seed0", "lr0.3"),
+    if grid_every_n:
+        expected = [("flora", n, "seed0", lr) for n in ("N3", "N50", "N20")
+                    for lr in ("lr0.1", "lr0.3")]
+        grid = "0.1: 0.6000, 0.3: 0.8000"
+        assert [r["grid"] for r in rows] == [grid, grid, grid]
+    else:
+        expected = [("flora", "N3", "seed0", "lr0.1"), ("flora", "N3", "seed0", "lr0.3"),
                     ("flora", "N50", "seed0", "lr0.3"), ("flora", "N20", "seed0", "lr0.3")]
-    assert chosen == {"flora": 0.3} and [r["clients"] for r in rows] == [3, 20, 50]
+        assert [r["grid"] for r in rows] == ["0.1: 0.6000, 0.3: 0.8000", None, None]
+    assert runs == expected
+    assert chosen == {("flora", 3): 0.3, ("flora", 20): 0.3, ("flora", 50): 0.3}
+    assert [r["clients"] for r in rows] == [3, 20, 50]
     kept = sorted(p.relative_to(archive).as_posix() for p in archive.rglob("*") if p.is_file())
-    assert kept == sorted(f"flora/{n}/seed0/{lr}/{f}" for n, lr in
-                          (("N3", "lr0.1"), ("N3", "lr0.3"), ("N50", "lr0.3"), ("N20", "lr0.3"))
+    assert kept == sorted(f"flora/{n}/seed0/{lr}/{f}" for _, n, _, lr in expected
                           for f in ("metrics.csv", "summary.json"))
     runs.clear()
     again, _, _ = protocol(tmp_path / "fresh_checkout")
