@@ -193,35 +193,57 @@ def _finished(run: Sst2Run) -> dict | None:
     return summary if summary.get("rounds_completed") == run.rounds else None
 
 
-# What a finished run keeps in --archive_dir: its final numbers (and flags) and its per-round
-# metrics. A few KiB, against the checkpoints' and TensorBoard's megabytes.
+# What --archive_dir keeps of a finished run: its final numbers (and flags) and its per-round
+# metrics, a few KiB. Of an unfinished one (a sitting stopped it): also its newest checkpoint
+# (the federated variables only, about 100 KiB), so that the next sitting resumes it.
 ARCHIVED_FILES = ("summary.json", "metrics.csv")
+CHECKPOINTS = "checkpoints"
 
 
 def _archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> pathlib.Path:
     return archive / run.run_dir.relative_to(output_dir)
 
 
+def _newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The newest complete `checkpoints/round_<000n>` (tffl.checkpoint's layout)."""
+    done = [c for c in (run_dir / CHECKPOINTS).glob("round_*") if (c / "meta.json").is_file()]
+    return max(done, key=lambda c: c.name) if done else None
+
+
 def restore_archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> dict | None:
-    """Copies a finished run's files from `archive` into its run folder; its summary, or None if
-    the archive holds no finished copy (an unfinished run folder is then left as it is)."""
+    """Copies a run's files from `archive` into its run folder: a finished run's files, or an
+    unfinished run's newest checkpoint and metrics when the folder has no checkpoint of its own.
+    Returns the summary of a finished run, else None."""
     source = _archived(archive, output_dir, run)
-    if _finished(dataclasses.replace(run, run_dir=source)) is None:
-        return None
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    for name in ARCHIVED_FILES:
-        if (source / name).exists():
-            shutil.copyfile(source / name, run.run_dir / name)
-    return _finished(run)
+    if _finished(dataclasses.replace(run, run_dir=source)) is not None:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ARCHIVED_FILES:
+            if (source / name).exists():
+                shutil.copyfile(source / name, run.run_dir / name)
+        return _finished(run)
+    newest = _newest_checkpoint(source)
+    if newest is not None and _newest_checkpoint(run.run_dir) is None:
+        shutil.copytree(newest, run.run_dir / CHECKPOINTS / newest.name, dirs_exist_ok=True)
+        if (source / "metrics.csv").exists():
+            shutil.copyfile(source / "metrics.csv", run.run_dir / "metrics.csv")
+    return None
 
 
-def archive_finished(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> None:
-    """Copies a finished run's `ARCHIVED_FILES` to `archive` (same relative path)."""
+def archive_run(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> None:
+    """Copies a run's `ARCHIVED_FILES` to `archive` (same relative path); for an unfinished run
+    also its newest checkpoint, replacing an older archived one; a finished run's is removed."""
     target = _archived(archive, output_dir, run)
+    newest = None if _finished(run) is not None else _newest_checkpoint(run.run_dir)
+    if _finished(run) is None and newest is None:
+        return
     target.mkdir(parents=True, exist_ok=True)
     for name in ARCHIVED_FILES:
         if (run.run_dir / name).exists():
             shutil.copyfile(run.run_dir / name, target / name)
+    if (target / CHECKPOINTS).exists():
+        shutil.rmtree(target / CHECKPOINTS)
+    if newest is not None:
+        shutil.copytree(newest, target / CHECKPOINTS / newest.name)
 
 
 def _claim_accuracy(summary: dict, key: str) -> float | None:
@@ -268,13 +290,17 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         if summary is None and ctx.archive_dir is not None:
             summary = restore_archived(ctx.archive_dir, ctx.output_dir, run)
         if summary is None and not ctx.collect:
-            run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir)
-                           + (["--resume"] if (run.run_dir / "checkpoints").exists() else []),
-                           f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
-                           f"lr {run.learning_rate:g})")
+            try:
+                run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir)
+                               + (["--resume"] if (run.run_dir / CHECKPOINTS).exists() else []),
+                               f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
+                               f"lr {run.learning_rate:g})")
+            finally:  # stopped or failed too: its newest checkpoint is kept
+                if ctx.archive_dir is not None:
+                    archive_run(ctx.archive_dir, ctx.output_dir, run)
             summary = _finished(run)
-        if summary is not None and ctx.archive_dir is not None:
-            archive_finished(ctx.archive_dir, ctx.output_dir, run)
+        elif summary is not None and ctx.archive_dir is not None:
+            archive_run(ctx.archive_dir, ctx.output_dir, run)
         return summary
 
     methods = [m for m in [*SST2_CLAIM_METHODS, *(["centralized"] if centralized else [])]

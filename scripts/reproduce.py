@@ -94,9 +94,11 @@ seeded, so a resumed run ends with the same final metrics as an uninterrupted on
 
 sst2_clients and sst2_dirichlet run for days on 2 cores, in sittings. `--methods=flexlora,flora`
 runs (or `--collect`s) only those methods. `--archive_dir=DIR` keeps every finished run's
-summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run) and copies a run
-found there back instead of running it again: commit DIR, and the next sitting continues on a
-fresh checkout (`runs/` is not committed). docs/runs/ holds ours (docs/RESULTS.md, issue 19).
+summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run), and the newest
+checkpoint of a run that was stopped (about 100 KiB); a finished run found there is copied back
+instead of running it again, a stopped one is resumed from its checkpoint. Commit DIR, and the
+next sitting continues on a fresh checkout (`runs/` is not committed). docs/runs/ holds ours
+(docs/RESULTS.md, issue 19).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Subprocesses get SIGTERM (and stop their TFF workers) when this
@@ -175,8 +177,9 @@ _METHODS = flags.DEFINE_list(
     flag_values=FLAGS)
 _ARCHIVE_DIR = flags.DEFINE_string(
     "archive_dir", None, "sst2_clients and sst2_dirichlet: a folder that keeps every finished "
-    "run's summary.json and metrics.csv (the --output_dir layout, a few KiB per run); a run "
-    "found there is copied back instead of run again, so that a long experiment continues on "
+    "run's summary.json and metrics.csv (the --output_dir layout, a few KiB per run) and a "
+    "stopped run's newest checkpoint; a finished run found there is copied back instead of run "
+    "again, a stopped one resumes from its checkpoint, so that a long experiment continues on "
     "another machine or a fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 

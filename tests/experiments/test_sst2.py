@@ -3,6 +3,7 @@ summary a finished run would (no training: the order is what is under test)."""
 
 import json
 import pathlib
+import shutil
 
 import pytest
 
@@ -117,3 +118,53 @@ def test_methods_filter_largest_n_first_and_archive_restores_without_running(
     summary.write_text(json.dumps(dict(json.loads(summary.read_text()), rounds_completed=0)))
     protocol(tmp_path / "third")
     assert runs == [("flora", "N20", "seed0", "lr0.3")]
+
+
+def test_a_stopped_run_keeps_its_newest_checkpoint_in_the_archive_and_resumes_from_it(
+        tmp_path, monkeypatch):
+    """A sitting stopped mid-run (here: train.py fails after checkpointing rounds 2 and 3) keeps
+    the run's newest checkpoint and metrics in the archive; on a fresh output folder the run is
+    resumed from it (--resume); once finished, the archive keeps no checkpoint."""
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=1, clients=(3,))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    calls = []
+    finish = _fake_train(tmp_path, [])
+
+    def stopped_train(args, what):
+        calls.append(args)
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        for r in (2, 3):
+            (run_dir / "checkpoints" / f"round_{r:06d}").mkdir(parents=True)
+            (run_dir / "checkpoints" / f"round_{r:06d}" / "meta.json").write_text(str(r))
+        (run_dir / "checkpoints" / "round_000004").mkdir()  # incomplete: no meta.json
+        (run_dir / "metrics.csv").write_text("round\n1\n2\n3\n")
+        raise running.StepError("train.py was stopped")
+
+    archive = tmp_path / "archive"
+
+    def protocol(output_dir):
+        ctx = running.Context("sst2_clients", "small", output_dir, resume=True, seed=0,
+                              data_dir=tmp_path, methods=("rolora",), archive_dir=archive)
+        return sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
+
+    monkeypatch.setattr(sst2, "run_subprocess", stopped_train)
+    with pytest.raises(running.StepError):
+        protocol(tmp_path / "first")
+    kept = archive / "rolora/N3/seed0/lr0.3"
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == [
+        "checkpoints/round_000003/meta.json", "metrics.csv"]
+
+    def resumed_train(args, what):
+        calls.append(args)
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        assert (run_dir / "checkpoints/round_000003/meta.json").read_text() == "3"
+        assert (run_dir / "metrics.csv").read_text() == "round\n1\n2\n3\n"
+        shutil.rmtree(run_dir)
+        finish(args, what)
+
+    monkeypatch.setattr(sst2, "run_subprocess", resumed_train)
+    rows, _, _ = protocol(tmp_path / "fresh_checkout")
+    assert "--resume" not in calls[0] and "--resume" in calls[1]
+    assert rows[0]["seeds_done"] == "1/1"
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == [
+        "metrics.csv", "summary.json"]
