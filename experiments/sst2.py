@@ -154,7 +154,7 @@ SST2_CLAIM_SCALES = {
                   learning_rates=(0.5,), seeds=1, clients=(3, 20)),
     "full": dict(backbone="minilm", sequence_length=32, lora_layers="3,4,5", rounds_3=500,
                  local_steps=10, batch_size=16, learning_rates=(0.1, 0.3, 1.0), seeds=3,
-                 clients=(3, 20, 50), grid_every_n=True),
+                 clients=(3, 20, 50), grid_every_n=True, edge_rates=(0.03, 3.0)),
 }
 
 
@@ -326,13 +326,24 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
     chosen, grids = {}, {}
 
     def run_grid(method, n):
-        grid = {}
-        for lr in cfg["learning_rates"]:
-            summary = execute(run_of(method, n, seeds[0], lr))
-            grid[lr] = None if summary is None else _claim_accuracy(summary, "eval_accuracy")
-        grids[(method, n)] = grid
-        done = {lr: acc for lr, acc in grid.items() if acc is not None}
-        return max(done, key=done.get) if len(done) == len(grid) else None
+        """The grid's best rate; a best rate at an edge of the grid brings in the nearest of
+        cfg["edge_rates"] beyond that edge, until the best is inside or none is left."""
+        rates, grid = sorted(cfg["learning_rates"]), {}
+        while True:
+            for lr in rates:
+                if lr not in grid:
+                    summary = execute(run_of(method, n, seeds[0], lr))
+                    grid[lr] = (None if summary is None
+                                else _claim_accuracy(summary, "eval_accuracy"))
+            grids[(method, n)] = dict(sorted(grid.items()))
+            if any(acc is None for acc in grid.values()):
+                return None
+            best = max(rates, key=grid.get)
+            beyond = [r for r in cfg.get("edge_rates", ()) if
+                      (best == rates[0] and r < best) or (best == rates[-1] and r > best)]
+            if not beyond:
+                return best
+            rates = sorted([*rates, min(beyond, key=lambda r: abs(math.log(r / best)))])
 
     for method in run_order:
         first, *rest = client_counts(method)

@@ -168,3 +168,42 @@ def test_a_stopped_run_keeps_its_newest_checkpoint_in_the_archive_and_resumes_fr
     assert rows[0]["seeds_done"] == "1/1"
     assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == [
         "metrics.csv", "summary.json"]
+
+
+@pytest.mark.parametrize("best, ran", [
+    (0.3, ["lr0.1", "lr0.3", "lr1"]),                    # inside the grid: no edge rate
+    (3.0, ["lr0.1", "lr0.3", "lr1", "lr3"]),             # at the top edge: 3.0, now inside
+    (10.0, ["lr0.1", "lr0.3", "lr1", "lr3"]),            # still at the edge: none left above
+    (0.01, ["lr0.1", "lr0.3", "lr1", "lr0.03", "lr0.01"]),  # at the bottom: 0.03, then 0.01
+])
+def test_a_best_rate_at_the_grids_edge_brings_in_the_next_rate_beyond_it(
+        tmp_path, monkeypatch, best, ran):
+    """Dev accuracy peaks at `best` (falls with |log(lr / best)|); the grid 0.1, 0.3, 1.0 is
+    extended by the edge rates beyond the edge where its best sits, nearest first, until the
+    best is inside or none is left; the chosen rate is the best of all that ran."""
+    import math
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3, 1.0), seeds=1,
+               clients=(3,), edge_rates=(0.01, 0.03, 3.0))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    runs = []
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        runs.append(run_dir.name)
+        lr = float(_value(args, "learning_rate"))
+        accuracy = 0.9 - 0.05 * abs(math.log(lr / best))
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("rolora",))
+    rows, chosen, grids = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
+    assert runs == ran
+    expected = min((float(r[2:]) for r in ran), key=lambda r: abs(math.log(r / best)))
+    assert chosen == {("rolora", 3): expected}
+    assert list(grids[("rolora", 3)]) == sorted(float(r[2:]) for r in ran)
+    assert rows[0]["learning_rate"] == expected
