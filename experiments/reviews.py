@@ -6,7 +6,9 @@ import json
 
 from experiments.report import Column, Panel, Series, Table
 from experiments.rolora_mnist import _eval_curve
-from experiments.running import Context, METHOD_NAMES, Result, _need_data, run_subprocess
+from experiments import archive
+from experiments.running import (Context, METHOD_NAMES, Result, SCRIPTS, _need_data,
+                                 run_subprocess)
 from experiments.sst2 import SST2_CLAIM_NAMES, _run_seconds, _train_args
 
 
@@ -106,7 +108,7 @@ REVIEWS_DOMAIN_SCALES = {
     "small": dict(backbone="tiny", sequence_length=32, rounds=6, local_steps=5, batch_size=16,
                   learning_rate=0.5, head_epochs=2),
     "full": dict(backbone="minilm", sequence_length=64, rounds=40, local_steps=10,
-                 batch_size=16, learning_rate=0.3, head_epochs=5),
+                 batch_size=16, learning_rate=0.3, head_epochs=5, lora_layers="3,4,5"),
 }
 
 
@@ -115,17 +117,28 @@ def run_reviews_domains(ctx: Context) -> Result:
     cfg = REVIEWS_DOMAIN_SCALES[ctx.scale]
     rows, series = [], []
     for method, (flags_, personalized) in REVIEWS_DOMAIN_METHODS.items():
+        if ctx.methods is not None and method not in ctx.methods:
+            continue
         run_dir = ctx.output_dir / method
         head = [f"--head_epochs={cfg['head_epochs']}"] if method in ("fedrep", "flute") else []
-        run_subprocess(_train_args(ctx, run_dir, [
-            "--task=reviews", f"--backbone={cfg['backbone']}",
+        args = [
+            SCRIPTS / "train.py", "--task=reviews", f"--backbone={cfg['backbone']}",
             f"--sequence_length={cfg['sequence_length']}", "--rank=4",
-            "--lora_targets=query,value", *flags_, *head, "--num_clients=5",
+            "--lora_targets=query,value",
+            *([f"--lora_layers={cfg['lora_layers']}"] if cfg.get("lora_layers") else []),
+            *flags_, *head, "--num_clients=5",
             "--clients_per_round=5", f"--rounds={cfg['rounds']}",
             f"--local_steps={cfg['local_steps']}", f"--batch_size={cfg['batch_size']}",
             f"--learning_rate={cfg['learning_rate']}", "--eval_per_client",
-            f"--eval_every={max(1, cfg['rounds'] // 5)}"]), f"train.py ({method}, reviews)")
-        summary = json.loads((run_dir / "summary.json").read_text())
+            f"--eval_every={max(1, cfg['rounds'] // 5)}", f"--seed={ctx.seed}",
+            f"--data_dir={ctx.data_dir}", f"--output_dir={run_dir}"]
+        summary = archive.train_once(
+            run_dir, cfg["rounds"],
+            None if ctx.collect else lambda resume, args=args, method=method: run_subprocess(
+                args + (["--resume"] if resume else []), f"train.py ({method}, reviews)"),
+            ctx.output_dir, ctx.archive_dir)
+        if summary is None:  # --collect, not finished yet
+            continue
         final = summary["final"]
         key = "eval_personal_accuracy" if personalized else "eval_accuracy"
         row = {"method": REVIEWS_DOMAIN_LABELS[method],

@@ -249,7 +249,9 @@ def estimate_experiment(ctx: Context, runner: Callable[[Context], Any]) -> float
     import shutil
 
     global _PROBES
-    probe_ctx = dataclasses.replace(ctx, output_dir=ctx.output_dir / "estimate", resume=False)
+    # Probes never touch --archive_dir: they are neither finished runs nor ones to continue.
+    probe_ctx = dataclasses.replace(ctx, output_dir=ctx.output_dir / "estimate", resume=False,
+                                    archive_dir=None)
     shutil.rmtree(probe_ctx.output_dir, ignore_errors=True)
     _PROBES = []
     try:

@@ -6,9 +6,9 @@ import dataclasses
 import json
 import math
 import pathlib
-import shutil
 from collections.abc import Sequence
 
+from experiments import archive
 from experiments.report import Column, Panel, Series, Table, _missing
 from experiments.running import (Context, METHOD_NAMES, Probe, Result, SCRIPTS, _float, _mean,
                                  _mean_std, _need_data, _read_csv, active_probes, run_subprocess)
@@ -186,64 +186,7 @@ def sst2_claim_args(cfg: dict, run: Sst2Run, partition: Sequence[str], data_dir)
 
 def _finished(run: Sst2Run) -> dict | None:
     """The run's summary.json if it completed all its rounds."""
-    path = run.run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("rounds_completed") == run.rounds else None
-
-
-# What --archive_dir keeps of a finished run: its final numbers (and flags) and its per-round
-# metrics, a few KiB. Of an unfinished one (a sitting stopped it): also its newest checkpoint
-# (the federated variables only, about 100 KiB), so that the next sitting resumes it.
-ARCHIVED_FILES = ("summary.json", "metrics.csv")
-CHECKPOINTS = "checkpoints"
-
-
-def _archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> pathlib.Path:
-    return archive / run.run_dir.relative_to(output_dir)
-
-
-def _newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete `checkpoints/round_<000n>` (tffl.checkpoint's layout)."""
-    done = [c for c in (run_dir / CHECKPOINTS).glob("round_*") if (c / "meta.json").is_file()]
-    return max(done, key=lambda c: c.name) if done else None
-
-
-def restore_archived(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> dict | None:
-    """Copies a run's files from `archive` into its run folder: a finished run's files, or an
-    unfinished run's newest checkpoint and metrics when the folder has no checkpoint of its own.
-    Returns the summary of a finished run, else None."""
-    source = _archived(archive, output_dir, run)
-    if _finished(dataclasses.replace(run, run_dir=source)) is not None:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ARCHIVED_FILES:
-            if (source / name).exists():
-                shutil.copyfile(source / name, run.run_dir / name)
-        return _finished(run)
-    newest = _newest_checkpoint(source)
-    if newest is not None and _newest_checkpoint(run.run_dir) is None:
-        shutil.copytree(newest, run.run_dir / CHECKPOINTS / newest.name, dirs_exist_ok=True)
-        if (source / "metrics.csv").exists():
-            shutil.copyfile(source / "metrics.csv", run.run_dir / "metrics.csv")
-    return None
-
-
-def archive_run(archive: pathlib.Path, output_dir: pathlib.Path, run: Sst2Run) -> None:
-    """Copies a run's `ARCHIVED_FILES` to `archive` (same relative path); for an unfinished run
-    also its newest checkpoint, replacing an older archived one; a finished run's is removed."""
-    target = _archived(archive, output_dir, run)
-    newest = None if _finished(run) is not None else _newest_checkpoint(run.run_dir)
-    if _finished(run) is None and newest is None:
-        return
-    target.mkdir(parents=True, exist_ok=True)
-    for name in ARCHIVED_FILES:
-        if (run.run_dir / name).exists():
-            shutil.copyfile(run.run_dir / name, target / name)
-    if (target / CHECKPOINTS).exists():
-        shutil.rmtree(target / CHECKPOINTS)
-    if newest is not None:
-        shutil.copytree(newest, target / CHECKPOINTS / newest.name)
+    return archive.finished_summary(run.run_dir, run.rounds)
 
 
 def _claim_accuracy(summary: dict, key: str) -> float | None:
@@ -269,13 +212,13 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
     counted: set[pathlib.Path] = set()
 
     def execute(run):
+        what = (f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
+                f"lr {run.learning_rate:g})")
         probes = active_probes()
         if probes is not None:
             # --estimate: one probe per N (the first method's, and the centralized run's):
             # seeds and learning rates cost the same, and the methods differ only in what they
             # upload and in the server step.
-            what = (f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
-                    f"lr {run.learning_rate:g})")
             key = (run.method == "centralized", run.clients)
             if key not in probed:
                 start = len(probes)
@@ -286,22 +229,12 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
             counted.add(run.run_dir)
             return {"final": {"eval_accuracy": 0.0, "eval_test_accuracy": 0.0},
                     "communication_rounds": 1, "upload_bytes_per_client_total": 0}
-        summary = _finished(run)
-        if summary is None and ctx.archive_dir is not None:
-            summary = restore_archived(ctx.archive_dir, ctx.output_dir, run)
-        if summary is None and not ctx.collect:
-            try:
-                run_subprocess(sst2_claim_args(cfg, run, partition, ctx.data_dir)
-                               + (["--resume"] if (run.run_dir / CHECKPOINTS).exists() else []),
-                               f"train.py ({run.method}, N={run.clients}, seed {run.seed}, "
-                               f"lr {run.learning_rate:g})")
-            finally:  # stopped or failed too: its newest checkpoint is kept
-                if ctx.archive_dir is not None:
-                    archive_run(ctx.archive_dir, ctx.output_dir, run)
-            summary = _finished(run)
-        elif summary is not None and ctx.archive_dir is not None:
-            archive_run(ctx.archive_dir, ctx.output_dir, run)
-        return summary
+        return archive.train_once(
+            run.run_dir, run.rounds,
+            None if ctx.collect else lambda resume: run_subprocess(
+                sst2_claim_args(cfg, run, partition, ctx.data_dir)
+                + (["--resume"] if resume else []), what),
+            ctx.output_dir, ctx.archive_dir)
 
     methods = [m for m in [*SST2_CLAIM_METHODS, *(["centralized"] if centralized else [])]
                if ctx.methods is None or m in ctx.methods]

@@ -81,7 +81,8 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    global RoLoRA, FedAvg-LoRA, FFA-LoRA against personalized FedRep heads over RoLoRA adapters,
    FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
    accuracy (`train.py --eval_per_client`). small: tiny backbone, 6 rounds × 5 steps;
-   full: MiniLM-L6, 64 tokens, 40 rounds × 10 steps of 16, lr 0.3, 5 head epochs.
+   full: MiniLM-L6 with LoRA on layers 3-5 (as `sst2_clients`; layers 0-2 cached), 64 tokens,
+   40 rounds × 10 steps of 16, lr 0.3, 5 head epochs.
 12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6; issue 19): `srpfl_mnist` with dynamic
    speeds: every client draws λ_i ~ U[1/100, 1] once, then a new compute time T_i ~ Exp(λ_i)
    every round. Same scales.
@@ -93,8 +94,9 @@ synthetic scripts, which have no checkpoints, rerun (they are deterministic). Ev
 seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
 --resume, an --output_dir that already holds a run is refused (exit status 2).
 
-sst2_clients and sst2_dirichlet run for days on 2 cores, in sittings. `--methods=flexlora,flora`
-runs (or `--collect`s) only those methods. `--archive_dir=DIR` keeps every finished run's
+sst2_clients, sst2_dirichlet and reviews_domains run for hours or days on 2 cores, in sittings.
+`--collect` writes the table from the runs finished so far; `--methods=flexlora,flora` runs (or
+collects) only those methods. `--archive_dir=DIR` keeps every finished run's
 summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run), and the newest
 checkpoint of a run that was stopped (about 100 KiB); a finished run found there is copied back
 instead of running it again, a stopped one is resumed from its checkpoint. Commit DIR, and the
@@ -168,20 +170,24 @@ _ESTIMATE = flags.DEFINE_bool(
     "estimate", False, "Print the predicted time of the experiment from a short timed probe of "
     "each of its train.py runs (ESTIMATE_PROBE_ROUNDS rounds, evaluated twice) and stop; the "
     "probes go to <output_dir>/estimate.", flag_values=FLAGS)
+# The experiments that run in sittings (days on 2 cores), and their --methods names.
+SITTING_METHODS = {"sst2_clients": sst2.SST2_CLAIM_ALL,
+                   "sst2_dirichlet": tuple(sst2.SST2_CLAIM_METHODS),
+                   "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS)}
+_SITTINGS = ", ".join(SITTING_METHODS)
 _COLLECT = flags.DEFINE_bool(
-    "collect", False, "sst2_clients and sst2_dirichlet: run nothing; write the table and plot "
-    "from the runs finished so far (unfinished cells say how many seeds are done).",
-    flag_values=FLAGS)
+    "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "
+    "finished so far (unfinished cells say how many seeds are done).", flag_values=FLAGS)
 _METHODS = flags.DEFINE_list(
-    "methods", None, "sst2_clients and sst2_dirichlet: run (or --collect) only these methods, "
-    "e.g. flexlora,flora (names: " + ", ".join(sst2.SST2_CLAIM_ALL) + "); default: all.",
-    flag_values=FLAGS)
+    "methods", None, f"{_SITTINGS}: run (or --collect) only these methods, e.g. flexlora,flora "
+    "(names: " + "; ".join(f"{e}: {', '.join(m)}" for e, m in SITTING_METHODS.items())
+    + "); default: all.", flag_values=FLAGS)
 _ARCHIVE_DIR = flags.DEFINE_string(
-    "archive_dir", None, "sst2_clients and sst2_dirichlet: a folder that keeps every finished "
-    "run's summary.json and metrics.csv (the --output_dir layout, a few KiB per run) and a "
-    "stopped run's newest checkpoint; a finished run found there is copied back instead of run "
-    "again, a stopped one resumes from its checkpoint, so that a long experiment continues on "
-    "another machine or a fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
+    "archive_dir", None, f"{_SITTINGS}: a folder that keeps every finished run's summary.json "
+    "and metrics.csv (the --output_dir layout, a few KiB per run) and a stopped run's newest "
+    "checkpoint; a finished run found there is copied back instead of run again, a stopped one "
+    "resumes from its checkpoint, so that a long experiment continues on another machine or a "
+    "fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 
 
@@ -220,24 +226,22 @@ def contexts_from_flags() -> list[Context]:
     if _SEED.value < 0:
         raise UsageError(f"flag --seed={_SEED.value}: must be >= 0")
     names = EXPERIMENTS if _EXPERIMENT.value == "all" else (_EXPERIMENT.value,)
-    collectable = ("sst2_clients", "sst2_dirichlet")
-    if _COLLECT.value and any(n not in collectable for n in names):
-        raise UsageError(f"flag --collect: only {' and '.join(collectable)} tabulate finished "
-                         f"runs without running; --experiment={_EXPERIMENT.value} would run")
+    if _COLLECT.value and any(n not in SITTING_METHODS for n in names):
+        raise UsageError(f"flag --collect: only {_SITTINGS} tabulate finished runs without "
+                         f"running; --experiment={_EXPERIMENT.value} would run")
     for flag, value in (("methods", _METHODS.value), ("archive_dir", _ARCHIVE_DIR.value)):
-        if value is not None and any(n not in collectable for n in names):
-            raise UsageError(f"flag --{flag}: only {' and '.join(collectable)} take it, not "
+        if value is not None and any(n not in SITTING_METHODS for n in names):
+            raise UsageError(f"flag --{flag}: only {_SITTINGS} take it, not "
                              f"--experiment={_EXPERIMENT.value}")
     methods = None
     if _METHODS.value is not None:
-        unknown = [m for m in _METHODS.value if m not in sst2.SST2_CLAIM_ALL]
+        known = SITTING_METHODS[names[0]]
+        unknown = [m for m in _METHODS.value if m not in known]
         if unknown or not _METHODS.value:
             raise UsageError(f"flag --methods={','.join(_METHODS.value)}: "
-                             f"{'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
-                             f"choose from {', '.join(sst2.SST2_CLAIM_ALL)}")
+                             f"{'unknown ' + ', '.join(unknown) if unknown else 'empty'} for "
+                             f"{names[0]}; choose from {', '.join(known)}")
         methods = tuple(_METHODS.value)
-        if "centralized" in methods and "sst2_dirichlet" in names:
-            raise UsageError("flag --methods=centralized: sst2_dirichlet has no centralized run")
     archive = None if _ARCHIVE_DIR.value is None else pathlib.Path(_ARCHIVE_DIR.value).absolute()
     if archive is not None:
         cli.writable_output_dir(archive, "archive_dir")

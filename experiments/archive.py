@@ -1,0 +1,111 @@
+"""Finished train.py runs that outlive a checkout: `reproduce.py --archive_dir`.
+
+The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run in sittings, and
+`runs/` is not committed. The archive keeps, in `--output_dir`'s layout, what a run needs to be
+tabulated or continued elsewhere:
+
+- a finished run (its `summary.json` says every round was completed): `summary.json` and
+  `metrics.csv`, a few KiB;
+- a run that a sitting stopped: `metrics.csv` and its newest complete checkpoint
+  (`checkpoints/round_<n>/`, tffl.checkpoint's layout: the federated variables only, about
+  100 KiB for LoRA on MiniLM), dropped once the run finishes.
+
+`train_once` is the one way these experiments run a train.py run:
+
+>>> import json, pathlib
+>>> out, keep = run_dir / "archive_example" / "out", run_dir / "archive_example" / "keep"
+>>> def train(resume):   # stands in for the train.py subprocess
+...     (out / "r").mkdir(parents=True)
+...     (out / "r" / "summary.json").write_text(json.dumps({"rounds_completed": 5}))
+...     (out / "r" / "metrics.csv").write_text("round\\n5\\n")
+>>> train_once(out / "r", 5, train, out, keep)
+{'rounds_completed': 5}
+>>> sorted(p.name for p in (keep / "r").iterdir())
+['metrics.csv', 'summary.json']
+>>> train_once(out.parent / "fresh" / "r", 5, None, out.parent / "fresh", keep)  # not run again
+{'rounds_completed': 5}
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from collections.abc import Callable
+
+KEPT_FILES = ("summary.json", "metrics.csv")
+CHECKPOINTS = "checkpoints"
+
+
+def finished_summary(run_dir: pathlib.Path, rounds: int) -> dict | None:
+    """The run's summary.json if it completed all `rounds` rounds, else None."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("rounds_completed") == rounds else None
+
+
+def newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The newest complete `checkpoints/round_<000n>` of a run (one with its meta.json)."""
+    done = [c for c in (run_dir / CHECKPOINTS).glob("round_*") if (c / "meta.json").is_file()]
+    return max(done, key=lambda c: c.name) if done else None
+
+
+def restore(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> dict | None:
+    """Copies a run's files from its `archived` folder into `run_dir`: a finished run's files,
+    or a stopped run's newest checkpoint and metrics when `run_dir` has no checkpoint of its
+    own. Returns the summary of a finished run, else None."""
+    if finished_summary(archived, rounds) is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in KEPT_FILES:
+            if (archived / name).exists():
+                shutil.copyfile(archived / name, run_dir / name)
+        return finished_summary(run_dir, rounds)
+    newest = newest_checkpoint(archived)
+    if newest is not None and newest_checkpoint(run_dir) is None:
+        shutil.copytree(newest, run_dir / CHECKPOINTS / newest.name, dirs_exist_ok=True)
+        if (archived / "metrics.csv").exists():
+            shutil.copyfile(archived / "metrics.csv", run_dir / "metrics.csv")
+    return None
+
+
+def keep(run_dir: pathlib.Path, rounds: int, archived: pathlib.Path) -> None:
+    """Copies a run's `KEPT_FILES` to `archived`; for a stopped run also its newest checkpoint,
+    replacing an older archived one; a finished run's archived checkpoint is removed."""
+    finished = finished_summary(run_dir, rounds) is not None
+    newest = None if finished else newest_checkpoint(run_dir)
+    if not finished and newest is None:
+        return
+    archived.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (run_dir / name).exists():
+            shutil.copyfile(run_dir / name, archived / name)
+    if (archived / CHECKPOINTS).exists():
+        shutil.rmtree(archived / CHECKPOINTS)
+    if newest is not None:
+        shutil.copytree(newest, archived / CHECKPOINTS / newest.name)
+
+
+def train_once(run_dir: pathlib.Path, rounds: int, train: Callable[[bool], None] | None,
+               output_dir: pathlib.Path, archive: pathlib.Path | None) -> dict | None:
+    """The summary of the run in `run_dir` (under `output_dir`), training it only if needed.
+
+    Found finished in `run_dir` or in `archive` (same relative path): not run again. Else, if
+    `train` is given (not with --collect), `train(resume)` runs it, `resume` saying whether
+    `run_dir` holds checkpoints (its own, or restored from `archive`) to continue from; stopped
+    or failed, its newest checkpoint still goes to `archive`. None if it is not finished."""
+    archived = None if archive is None else archive / run_dir.relative_to(output_dir)
+    summary = finished_summary(run_dir, rounds)
+    if summary is None and archived is not None:
+        summary = restore(archived, run_dir, rounds)
+    if summary is None and train is not None:
+        try:
+            train((run_dir / CHECKPOINTS).exists())
+        finally:
+            if archived is not None:
+                keep(run_dir, rounds, archived)
+        return finished_summary(run_dir, rounds)
+    if summary is not None and archived is not None:
+        keep(run_dir, rounds, archived)
+    return summary
