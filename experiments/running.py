@@ -53,10 +53,11 @@ class Context:
     log: Callable[[str], None] = print
     # Run nothing; tables from the runs finished so far (the multi-sitting experiments).
     collect: bool = False
-    # sst2_clients / sst2_dirichlet: only these methods (None: all of them).
+    # sst2_clients, sst2_dirichlet, reviews_domains: only these methods (None: all of them).
     methods: tuple[str, ...] | None = None
-    # sst2_clients / sst2_dirichlet: where finished runs' summary.json and metrics.csv are kept
-    # (same layout as output_dir), so that a later sitting on a fresh checkout skips them.
+    # The same three: where finished runs' summary.json and metrics.csv, and a stopped run's
+    # newest checkpoint, are kept (output_dir's layout; experiments.archive), so that a later
+    # sitting on a fresh checkout skips or resumes them.
     archive_dir: pathlib.Path | None = None
 
 

@@ -243,8 +243,6 @@ def contexts_from_flags() -> list[Context]:
                              f"{names[0]}; choose from {', '.join(known)}")
         methods = tuple(_METHODS.value)
     archive = None if _ARCHIVE_DIR.value is None else pathlib.Path(_ARCHIVE_DIR.value).absolute()
-    if archive is not None:
-        cli.writable_output_dir(archive, "archive_dir")
     contexts = []
     for name in names:
         if _OUTPUT_DIR.value is None:
@@ -260,6 +258,15 @@ def contexts_from_flags() -> list[Context]:
                                 data_dir=pathlib.Path(_DATA_DIR.value).absolute(),
                                 collect=_COLLECT.value, methods=methods,
                                 archive_dir=archive))
+    if archive is not None:
+        # The archive's copies replace the run folder's own checkpoints: the two must not meet.
+        for ctx in contexts:
+            a, o = archive.resolve(), ctx.output_dir.resolve()
+            if a == o or o in a.parents or a in o.parents:
+                raise UsageError(f"flag --archive_dir={_ARCHIVE_DIR.value}: overlaps "
+                                 f"--output_dir={ctx.output_dir}; keep the archive in a folder "
+                                 "of its own (e.g. docs/runs/<experiment>-<scale>)")
+        cli.writable_output_dir(archive, "archive_dir")
     for ctx in contexts:
         # --estimate writes only its probes (<output_dir>/estimate), beside any run there.
         _prepare_output_dir(ctx.output_dir, ctx.resume or _ESTIMATE.value or _COLLECT.value)

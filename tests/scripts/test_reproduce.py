@@ -46,6 +46,10 @@ def _run(*args, timeout=120):
         (["--experiment=rolora_linear", "--archive_dir=/tmp"], "--archive_dir"),
         (["--experiment=sst2_clients", "--archive_dir=/proc/tffl_not_writable"],
          "--archive_dir"),
+        (["--experiment=sst2_clients", "--output_dir=/tmp/tffl_same_dir",
+          "--archive_dir=/tmp/tffl_same_dir"], "--archive_dir"),
+        (["--experiment=sst2_clients", "--output_dir=/tmp/tffl_same_dir/out",
+          "--archive_dir=/tmp/tffl_same_dir"], "--archive_dir"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
