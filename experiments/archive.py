@@ -13,16 +13,16 @@ tabulated or continued elsewhere:
 `train_once` is the one way these experiments run a train.py run:
 
 >>> import json, pathlib
->>> out, keep = run_dir / "archive_example" / "out", run_dir / "archive_example" / "keep"
+>>> out, kept = run_dir / "archive_example" / "out", run_dir / "archive_example" / "kept"
 >>> def train(resume):   # stands in for the train.py subprocess
 ...     (out / "r").mkdir(parents=True)
 ...     (out / "r" / "summary.json").write_text(json.dumps({"rounds_completed": 5}))
 ...     (out / "r" / "metrics.csv").write_text("round\\n5\\n")
->>> train_once(out / "r", 5, train, out, keep)
+>>> train_once(out / "r", 5, train, out, kept)
 {'rounds_completed': 5}
->>> sorted(p.name for p in (keep / "r").iterdir())
+>>> sorted(p.name for p in (kept / "r").iterdir())
 ['metrics.csv', 'summary.json']
->>> train_once(out.parent / "fresh" / "r", 5, None, out.parent / "fresh", keep)  # not run again
+>>> train_once(out.parent / "fresh" / "r", 5, None, out.parent / "fresh", kept)  # not run again
 {'rounds_completed': 5}
 """
 
@@ -38,11 +38,21 @@ CHECKPOINTS = "checkpoints"
 
 
 def finished_summary(run_dir: pathlib.Path, rounds: int) -> dict | None:
-    """The run's summary.json if it completed all `rounds` rounds, else None."""
+    """The run's summary.json if it completed all `rounds` rounds, else None.
+
+    Raises:
+      ValueError: naming the file, if it is not a JSON object (a damaged archive or run)."""
     path = run_dir / "summary.json"
     if not path.exists():
         return None
-    summary = json.loads(path.read_text())
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a train.py summary ({e}); delete it to run that run "
+                         "again") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a train.py summary (no JSON object); delete it to run "
+                         "that run again")
     return summary if summary.get("rounds_completed") == rounds else None
 
 

@@ -207,3 +207,18 @@ def test_a_best_rate_at_the_grids_edge_brings_in_the_next_rate_beyond_it(
     assert chosen == {("rolora", 3): expected}
     assert list(grids[("rolora", 3)]) == sorted(float(r[2:]) for r in ran)
     assert rows[0]["learning_rate"] == expected
+
+
+def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    """A summary.json in the archive that is not JSON stops the experiment with a ValueError
+    (reproduce.py: one line) that names the file, instead of a JSON traceback."""
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=1, clients=(3,))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    monkeypatch.setattr(sst2, "run_subprocess", _fake_train(tmp_path, []))
+    damaged = tmp_path / "archive/rolora/N3/seed0/lr0.3/summary.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"rounds_completed": 6,')  # cut short
+    ctx = running.Context("sst2_clients", "small", tmp_path / "out", resume=True, seed=0,
+                          data_dir=tmp_path, methods=("rolora",), archive_dir=tmp_path / "archive")
+    with pytest.raises(ValueError, match=str(damaged)):
+        sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
