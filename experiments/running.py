@@ -4,11 +4,13 @@ reloadable units and small numeric helpers."""
 from __future__ import annotations
 
 import csv
+import ctypes
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -152,11 +154,26 @@ def run_subprocess(args: Sequence[str], what: str) -> None:
     _run_command(args, what)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Asks the Linux kernel to SIGTERM this child when its parent thread exits, even by
+    SIGKILL (e.g. a `subprocess.run(timeout=...)` around reproduce.py), so a train.py run never
+    outlives the experiment: its SIGTERM handler stops its TFF workers, and `--resume` restarts
+    it from its last checkpoint (`tffl.runtime.workers` does the same for the workers, with
+    SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # Not Linux: the SIGTERM in `_run_command`'s `finally` still applies.
+
+
 def _run_command(args: Sequence[str], what: str) -> None:
     command = [sys.executable, *map(str, args)]
     shown = [str(a).replace(f"{ROOT}{os.sep}", "") for a in args]
     print("$ python " + " ".join(shown), flush=True)
-    proc = subprocess.Popen(command, cwd=ROOT, env=_child_env())
+    proc = subprocess.Popen(command, cwd=ROOT, env=_child_env(), preexec_fn=_stop_with_parent)
     try:
         code = proc.wait()
     finally:
