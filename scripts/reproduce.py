@@ -82,7 +82,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
    accuracy (`train.py --eval_per_client`). small: tiny backbone, 6 rounds × 5 steps;
    full: MiniLM-L6 with LoRA on layers 3-5 (as `sst2_clients`; layers 0-2 cached), 64 tokens,
-   40 rounds × 10 steps of 16, lr 0.3, 5 head epochs.
+   100 rounds × 10 steps of 16, lr 0.3, 5 head epochs, evaluated at rounds 50 and 100.
 12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6; issue 19): `srpfl_mnist` with dynamic
    speeds: every client draws λ_i ~ U[1/100, 1] once, then a new compute time T_i ~ Exp(λ_i)
    every round. Same scales.
