@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl import feature_cache
 from tffl import roles
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 
@@ -268,6 +269,10 @@ class Phase:
     # `model.trainable_variables`, `start` their values when the loop began (e.g. AdaptPFL's
     # projection of the shortcut and its damping toward the stored personal values).
     after: Callable[[list, list], None] | None = None
+    # A phase that trains only the output layer computes the layers below it once per batch and
+    # runs its epochs on those features (`tffl.feature_cache`); False runs the whole model in
+    # every epoch.
+    cache_features: bool = True
 
 
 def build_phased_loop(
@@ -289,7 +294,9 @@ def build_phased_loop(
         θ_{S_p} ← optimizer step of θ_{S_p} with gradient g_k   (SGD: θ_{S_p} − η·g_k)
 
     (λ is the phase's own `Phase.weight_decay` when it has one); after its epochs the phase's
-    `after(variables, start)`, if any, may transform the variables.
+    `after(variables, start)`, if any, may transform the variables. A phase that trains only the
+    output layer h of f = h∘ψ (a deterministic ψ) passes the dataset once to compute ψ(x_k), then
+    runs its E passes on the head alone (`tffl.feature_cache`): the same steps, ψ run once.
 
     The optimizer (a `tff.learning.optimizers.Optimizer`; a float η means plain SGD) starts
     from a fresh state in every phase, e.g. momentum restarts at 0.
@@ -349,20 +356,33 @@ def build_phased_loop(
         labels = tf.cast(tf.reshape(y, [-1]), tf.int64)
         return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1), labels), tf.float32))
 
-    def make_step(phase: Phase):
+    def split(phase: Phase):
+        """`(body, head)` when the phase runs on cached features (`tffl.feature_cache`)."""
+        if not (phase.cache_features and phase.epochs > 1):
+            return None
+        found = feature_cache.head_split(model, [trainable[i] for i in phase.train_indices])
+        if found is not None and phase.penalty is not None and not _same_features(
+                features_model, found[0]):
+            return None
+        return found
+
+    def make_step(phase: Phase, head=None):
         """One SGD step of `phase` on a batch: `(x, y, optimizer state) -> (optimizer state,
-        batch loss, batch size, correct predictions)`, XLA-compiled with `jit_compile`."""
+        batch loss, batch size, correct predictions)`, XLA-compiled with `jit_compile`; with
+        `head`, x is the batch's features and the step runs the head alone."""
         trained = [trainable[i] for i in phase.train_indices]
 
         def step(x, y, opt_state):
             with tf.GradientTape() as tape:
-                if phase.penalty is None:
-                    pred = model(x, training=True)
-                    loss = loss_fn(y, pred)
-                    objective = loss
+                if head is not None:
+                    features, pred = x, head(x, training=True)
+                elif phase.penalty is None:
+                    features, pred = None, model(x, training=True)
                 else:
                     features, pred = features_model(x, training=True)
-                    loss = loss_fn(y, pred)
+                loss = loss_fn(y, pred)
+                objective = loss
+                if phase.penalty is not None:
                     objective = loss + tf.cast(phase.penalty(features), loss.dtype)
             grads = tape.gradient(objective, trained,
                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -378,7 +398,9 @@ def build_phased_loop(
 
         return tf.function(step, jit_compile=True) if jit_compile else step
 
-    steps = [make_step(phase) for phase in phases]
+    splits = [split(phase) for phase in phases]
+    steps = [make_step(phase, None if found is None else found[1])
+             for phase, found in zip(phases, splits)]
 
     @tf.function
     def loop(weights, dataset):
@@ -396,16 +418,28 @@ def build_phased_loop(
         for p, phase in enumerate(phases):
             trained = [trainable[i] for i in phase.train_indices]
             last = p == len(phases) - 1
-            data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
             opt_state = optimizer.initialize(
                 [tf.TensorSpec(v.shape, v.dtype) for v in trained])
-            for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
-                x, y = split_batch(batch)
-                opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
-                if last:
-                    loss_sum += loss * n
-                    num_correct += batch_correct
-                    num_examples += n
+            if splits[p] is None:
+                data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
+                for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
+                    x, y = split_batch(batch)
+                    opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
+                    if last:
+                        loss_sum += loss * n
+                        num_correct += batch_correct
+                        num_examples += n
+            else:  # ψ(x_k) once, then E passes of head steps (`tffl.feature_cache`)
+                pairs = dataset.map(_as_pair)
+                arrays, size = feature_cache.cache(splits[p][0], pairs)
+                for _ in tf.range(phase.epochs):
+                    for k in tf.range(size):
+                        x, y = feature_cache.read(arrays, pairs.element_spec[1], k)
+                        opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
+                        if last:
+                            loss_sum += loss * n
+                            num_correct += batch_correct
+                            num_examples += n
             if phase.after is not None:
                 phase.after(trainable, weights.trainable)
         return dict(
@@ -416,6 +450,16 @@ def build_phased_loop(
         )
 
     return loop
+
+
+def _as_pair(*batch):
+    """`dataset.map` function: a batch (tuple or mapping) -> `(x, y)`."""
+    return split_batch(batch[0] if len(batch) == 1 else batch)
+
+
+def _same_features(features_model: tf.keras.Model | None, body: tf.keras.Model) -> bool:
+    """Whether `features_model`'s features (its first output) are `body`'s output."""
+    return features_model is not None and features_model.outputs[0] is body.outputs[0]
 
 
 def build_training_loop(

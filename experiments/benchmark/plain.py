@@ -24,13 +24,16 @@ class PlainClient:
     process on `model`. `run(trainable, non_trainable, dataset)` assigns the weights, runs each
     phase's `epochs` passes of SGD on the phase's variables and returns `(trainable values,
     loss_sum, num_correct, num_examples)`. With `jit_compile` each SGD step is an XLA-compiled
-    `tf.function` (the dataset loop itself cannot be compiled)."""
+    `tf.function` (the dataset loop itself cannot be compiled). `cache_features=False` runs a
+    head-only phase's epochs through the whole model (`tffl.feature_cache`'s baseline)."""
 
     def __init__(self, model: tf.keras.Model, learning_rate: float,
-                 phases: Sequence[tuple[tuple[int, ...], int]], jit_compile: bool):
+                 phases: Sequence[tuple[tuple[int, ...], int]], jit_compile: bool,
+                 cache_features: bool = True):
         self._loop = client_training.build_phased_loop(
             model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            learning_rate, [client_training.Phase(tuple(indices), epochs)
+            learning_rate, [client_training.Phase(tuple(indices), epochs,
+                                                  cache_features=cache_features)
                             for indices, epochs in phases], jit_compile=jit_compile)
 
     @property
@@ -48,9 +51,11 @@ class PlainRunner:
     """Runs one algorithm's rounds with the plain loop: clients one after the other, then the
     example-weighted mean of the uploaded deltas (as `tff.aggregators.MeanFactory`), in numpy."""
 
-    def __init__(self, built: Built, model: tf.keras.Model, config: Config, jit_compile: bool):
+    def __init__(self, built: Built, model: tf.keras.Model, config: Config, jit_compile: bool,
+                 cache_features: bool = True):
         self.built = built
-        self.clients = [PlainClient(model, config.learning_rate, s.phases, jit_compile)
+        self.clients = [PlainClient(model, config.learning_rate, s.phases, jit_compile,
+                                    cache_features)
                         for s in built.sub_rounds]
         self.trainable: list[np.ndarray] = []
         self.non_trainable: list[tf.Tensor] = []

@@ -76,6 +76,9 @@ def format_table(result: dict) -> str:
             "state I/O s", "TFF r1 s", "plain r1 s"]
     if xla:
         head += ["XLA s/rnd", "XLA gain"]
+    cached = any("feature_cache_speedup" in r for r in rows)
+    if cached:
+        head += ["uncached s/rnd", "cache gain"]
     head += ["down B/cl", "up B/cl", "TFF peak MB", "(worker)", "plain MB", "retraces"]
     lines = []
     for r in rows:
@@ -86,6 +89,10 @@ def format_table(result: dict) -> str:
                  f"{r['plain_round1_seconds']:.2f}"]
         if xla:
             cells += [f"{r['plain_xla_seconds_per_round']:.2f}", f"{r['xla_speedup']:.2f}"]
+        if cached:
+            cells += ([f"{r['plain_nocache_seconds_per_round']:.2f}",
+                       f"{r['feature_cache_speedup']:.2f}"]
+                      if "feature_cache_speedup" in r else ["", ""])
         peak = r["tff_peak_rss_bytes"]
         retr = f"{r['tff_retraces_after_round2']}/{r['plain_retraces_after_round2']}"
         if xla:

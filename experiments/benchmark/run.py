@@ -55,6 +55,10 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
     plain = {"plain": PlainRunner(built, model, config, jit_compile=False)}
     if config.jit_compile:
         plain["plain_xla"] = PlainRunner(built, model, config, jit_compile=True)
+    if any(epochs > 1 for s in built.sub_rounds for _, epochs in s.phases):
+        # The same loop without `tffl.feature_cache`: head-only epochs through the whole model.
+        plain["plain_nocache"] = PlainRunner(built, model, config, jit_compile=False,
+                                             cache_features=False)
     profile_dir = output_dir / "profiles" if config.profile and output_dir is not None else None
     stem = f"{built.backbone.name}_{built.algorithm.replace('+', '_')}_{num_clients}"
     datasets = list(datasets[:num_clients])
@@ -260,6 +264,9 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
         plain_cpu["plain"][1:])
     if "plain_xla" in plain:
         row["xla_speedup"] = row["plain_seconds_per_round"] / row["plain_xla_seconds_per_round"]
+    if "plain_nocache" in plain:
+        row["feature_cache_speedup"] = (row["plain_nocache_seconds_per_round"]
+                                        / row["plain_seconds_per_round"])
     return row
 
 

@@ -30,7 +30,8 @@ MICRO = benchmark_config.BackboneShape("micro", num_layers=1, num_heads=2, hidde
                                 intermediate_dim=16, vocabulary_size=50, max_sequence_length=16)
 CONFIG = benchmark_config.Config(
     backbones=("micro",), clients_per_round=(1, 2), algorithms=("rolora", "fedrep"),
-    local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5)
+    local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5,
+    head_epochs=2)
 CLASSES = benchmark_config.NUM_CLASSES
 
 
@@ -104,13 +105,21 @@ def test_fedrep_keeps_the_head_and_uploads_the_adapters(result):
     assert row["plain_bytes"]["up"] == upload
     # Only the averaged adapters go down: the head is personal, the backbone frozen.
     assert row["bytes_down_per_client"] == 4 * (p["lora_a"] + p["lora_b"])
-    # Head phase + representation phase, one pass each.
-    assert row["sgd_steps_per_client"] == 2 * CONFIG.local_steps
+    # Head phase (head_epochs passes) + representation phase (one pass).
+    assert row["sgd_steps_per_client"] == (CONFIG.head_epochs + 1) * CONFIG.local_steps
 
 
 def test_plain_loop_does_the_same_work_as_the_process(result):
     for row in result["rows"]:
         assert row["max_weight_diff"]["plain"] < 1e-5, row["algorithm"]
+        # FedRep's head epochs: the loop on cached features and the one through the whole
+        # model (the feature cache's baseline) both do the process's work.
+        if row["algorithm"] == "fedrep":
+            assert row["max_weight_diff"]["plain_nocache"] < 1e-5
+            assert row["feature_cache_speedup"] == pytest.approx(
+                row["plain_nocache_seconds_per_round"] / row["plain_seconds_per_round"])
+        else:
+            assert "plain_nocache" not in row["max_weight_diff"]
 
 
 def test_times_and_ratios_are_positive(result):
