@@ -30,6 +30,10 @@ For each backbone × algorithm × clients-per-round n ("a configuration"):
   benchmark.json checks that it is the same computation.
 * **plain (XLA)**, with `--jit_compile`: the plain loop with its SGD step compiled by XLA
   (`tf.function(jit_compile=True)`).
+* **plain (no feature cache)**, for an algorithm with a phase of more than one epoch (FedRep
+  with `--head_epochs` > 1): the plain loop with `Phase(cache_features=False)`, so its head
+  epochs run the whole model instead of the cached features (`tffl.feature_cache`);
+  `feature_cache_speedup` = its s/round ÷ plain s/round (the table's "head cache gain").
 
 The TFF and plain rounds alternate (TFF round t, plain round t, XLA round t, …: run_rounds'
 `after_round` callback runs the plain rounds after each benchmark round's last communication

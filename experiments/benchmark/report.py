@@ -78,7 +78,7 @@ def format_table(result: dict) -> str:
         head += ["XLA s/rnd", "XLA gain"]
     cached = any("feature_cache_speedup" in r for r in rows)
     if cached:
-        head += ["uncached s/rnd", "cache gain"]
+        head += ["head uncached s/rnd", "head cache gain"]
     head += ["down B/cl", "up B/cl", "TFF peak MB", "(worker)", "plain MB", "retraces"]
     lines = []
     for r in rows:
