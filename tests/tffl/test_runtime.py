@@ -123,6 +123,36 @@ def test_no_worker_outlives_a_killed_owner(sig, workers):
         assert proc.returncode == 128 + signal.SIGTERM
 
 
+_BLOCKED_CHILD = textwrap.dedent(
+    """
+    import threading, time
+    from tffl.runtime import workers
+
+    workers.SIGTERM_EXIT_DEADLINE_S = 1.0
+    with workers._sigterm_raises():
+        # A library's non-daemon thread that never ends: Python's shutdown would join it forever.
+        threading.Thread(target=threading.Event().wait).start()
+        print("READY", flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def test_a_sigtermed_run_exits_although_a_thread_never_ends():
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_CHILD], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().startswith("READY")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "still alive 1 s after SIGTERM" in proc.stderr.read()
+
+
 # --- Several workers ---------------------------------------------------------------------------
 
 

@@ -34,6 +34,9 @@ _GRPC_OPTIONS = [
 _PR_SET_PDEATHSIG = 1
 # After an RPC fails, how long a local worker may take to be seen as exited.
 _EXIT_GRACE_S = 2.0
+# After a SIGTERM's cleanup, how long Python's shutdown (joining non-daemon threads, atexit) may
+# take before the process exits anyway (`_sigterm_raises`).
+SIGTERM_EXIT_DEADLINE_S = 30.0
 # Signals with which a process ends on its own fault (not sent by a user or the OOM killer).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL,
                            signal.SIGFPE})
@@ -414,6 +417,22 @@ def running_workers(parent_pid: int | None = None) -> list[int]:
     return found
 
 
+def _exit_after(seconds: float, status: int) -> None:
+    """Ends the process with `status` in `seconds` if it is still alive then: a daemon thread's
+    `os._exit`. A SIGTERMed run must end although a library left a non-daemon thread blocked
+    (Python's shutdown joins every one of them, so one blocked thread keeps the process alive,
+    orphaned, after its parent has given up waiting)."""
+
+    def exit_later():
+        time.sleep(seconds)
+        sys.stderr.write(f"tffl: still alive {seconds:g} s after SIGTERM (a thread did not end); "
+                         "exiting now.\n")
+        sys.stderr.flush()
+        os._exit(status)
+
+    threading.Thread(target=exit_later, name="tffl-sigterm-deadline", daemon=True).start()
+
+
 class _Terminated(BaseException):
     """Raised in the main thread by our SIGTERM handler so that `finally` blocks run."""
 
@@ -435,6 +454,7 @@ def _sigterm_raises() -> Iterator[None]:
         # Leave with the conventional status of a SIGTERM death (128 + 15), after cleanup ran.
         sys.stderr.write("tffl: terminated (SIGTERM); TFF workers stopped.\n")
         sys.stderr.flush()
+        _exit_after(SIGTERM_EXIT_DEADLINE_S, 128 + signal.SIGTERM)
         raise SystemExit(128 + signal.SIGTERM) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
