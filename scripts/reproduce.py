@@ -319,8 +319,15 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"reproduce.py: error: {e}\n")
         return 2
     _quiet()
-    # SIGTERM unwinds like an exception, so that subprocesses and TFF workers are stopped.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM unwinds like an exception, so that subprocesses and TFF workers are stopped. Once:
+    # a second SIGTERM (`uv run` forwards the one it got) must not cut short the wait for a
+    # train.py's own cleanup.
+    def on_sigterm(signum, frame):
+        # A Python no-op, not SIG_IGN: an ignored signal would stay ignored in any child started.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     for ctx in contexts:
         try:
             if _ESTIMATE.value:

@@ -153,6 +153,43 @@ def test_a_sigtermed_run_exits_although_a_thread_never_ends():
     assert "still alive 1 s after SIGTERM" in proc.stderr.read()
 
 
+_TWICE_TERMINATED_CHILD = textwrap.dedent(
+    """
+    import time
+    from tffl.runtime import workers
+
+    with workers._sigterm_raises():
+        try:
+            print("READY", flush=True)
+            time.sleep(120)
+        finally:
+            print("STOPPING", flush=True)
+            time.sleep(1.5)  # the cleanup (closing channels, stopping workers) takes a while
+            print("CLEANED", flush=True)
+    """
+)
+
+
+def test_a_second_sigterm_does_not_interrupt_the_cleanup():
+    # A process manager and the parent-death signal can both send SIGTERM; the second one used
+    # to raise inside the cleanup (inside gRPC's Channel.close, leaving a channel half-closed).
+    proc = subprocess.Popen([sys.executable, "-c", _TWICE_TERMINATED_CHILD],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().startswith("READY")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().startswith("STOPPING")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "CLEANED" in out, err
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "signal 15 again; already stopping" in err
+
+
 # --- Several workers ---------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""TFF worker processes: started, guarded against outliving Python, and stopped (see `tffl.runtime`)."""
+"""TFF worker processes: started, guarded against outliving Python, and stopped (`tffl.runtime`)."""
 
 
 from __future__ import annotations
@@ -444,7 +444,17 @@ def _sigterm_raises() -> Iterator[None]:
         yield
         return
 
+    # One shot: a second SIGTERM (a process manager and the parent-death signal often both send
+    # one) must not interrupt the cleanup the first one started. Raised inside gRPC's
+    # `Channel.close`, it leaves the channel half-closed, and the garbage collector's later
+    # close of it waits forever (a hang seen under `reproduce.py`).
+    terminating = []
+
     def handler(signum, frame):
+        if terminating:
+            sys.stderr.write(f"tffl: signal {signum} again; already stopping.\n")
+            return
+        terminating.append(signum)
         raise _Terminated(f"terminated by signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, handler)
