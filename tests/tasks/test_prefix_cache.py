@@ -183,3 +183,30 @@ def test_text_rounds_bad_input_is_one_clear_error():
         prefix_cache.TextRounds(lambda cid: None, K_STEPS, BATCH, seed=0)
     with _pytest.raises(ValueError, match="need a 'padding_mask'"):
         prefix_cache.ClientExamples({"token_ids": np.ones((2, 3), np.int32)}, np.zeros(2))
+
+
+@pytest.mark.parametrize("fixed_shape", [True, False])
+def test_client_examples_from_dataset_reads_every_element_in_order(monkeypatch, fixed_shape):
+    # Chunks of 7 over 20 elements: two full chunks and a ragged one. A variable-shape dataset
+    # takes the one-element-at-a-time path; both must give the arrays stacked in order.
+    monkeypatch.setattr(prefix_cache, "_READ_CHUNK", 7)
+    rng = np.random.default_rng(3)
+    n, length = 20, 5
+    tokens = rng.integers(1, VOCAB, (n, length)).astype(np.int32)
+    mask = (np.arange(length)[None, :] < rng.integers(1, length + 1, n)[:, None]).astype(np.int32)
+    labels = rng.integers(0, 2, n).astype(np.int32)
+    elements = [(collections.OrderedDict(padding_mask=mask[i], token_ids=tokens[i]), labels[i])
+                for i in range(n)]
+    shape = [length] if fixed_shape else [None]
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(elements),
+        output_signature=(collections.OrderedDict(
+            padding_mask=tf.TensorSpec(shape, tf.int32),
+            token_ids=tf.TensorSpec(shape, tf.int32)), tf.TensorSpec([], tf.int32)))
+    examples = prefix_cache.ClientExamples.from_dataset(dataset)
+    np.testing.assert_array_equal(examples.features["token_ids"], tokens)
+    np.testing.assert_array_equal(examples.features["padding_mask"], mask)
+    np.testing.assert_array_equal(examples.labels, labels)
+    np.testing.assert_array_equal(examples.lengths, mask.sum(axis=1))
+    with pytest.raises(ValueError, match="a client has no examples"):
+        prefix_cache.ClientExamples.from_dataset(dataset.take(0))
