@@ -412,9 +412,8 @@ def build_phased_loop(
             variable.assign(value)
         for variable, value in zip(non_trainable, weights.non_trainable, strict=True):
             variable.assign(value)
-        loss_sum = tf.constant(0.0, tf.float32)
-        num_correct = tf.constant(0.0, tf.float32)
-        num_examples = tf.constant(0.0, tf.float32)
+        zero = tf.constant(0.0, tf.float32)
+        totals = (zero, zero, zero)  # loss_sum, num_correct, num_examples of the last phase
         for p, phase in enumerate(phases):
             trained = [trainable[i] for i in phase.train_indices]
             last = p == len(phases) - 1
@@ -426,9 +425,7 @@ def build_phased_loop(
                     x, y = split_batch(batch)
                     opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
                     if last:
-                        loss_sum += loss * n
-                        num_correct += batch_correct
-                        num_examples += n
+                        totals = _tally(totals, loss, n, batch_correct)
             else:  # ψ(x_k) once, then E passes of head steps (`tffl.feature_cache`)
                 pairs = dataset.map(_as_pair)
                 arrays, size = feature_cache.cache(splits[p][0], pairs)
@@ -437,11 +434,10 @@ def build_phased_loop(
                         x, y = feature_cache.read(arrays, pairs.element_spec[1], k)
                         opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
                         if last:
-                            loss_sum += loss * n
-                            num_correct += batch_correct
-                            num_examples += n
+                            totals = _tally(totals, loss, n, batch_correct)
             if phase.after is not None:
                 phase.after(trainable, weights.trainable)
+        loss_sum, num_correct, num_examples = totals
         return dict(
             trainable=[v.read_value() for v in trainable],
             loss_sum=loss_sum,
@@ -450,6 +446,12 @@ def build_phased_loop(
         )
 
     return loop
+
+
+def _tally(totals, loss, n, correct):
+    """`(loss_sum, num_correct, num_examples)` after one more batch of `n` examples."""
+    loss_sum, num_correct, num_examples = totals
+    return loss_sum + loss * n, num_correct + correct, num_examples + n
 
 
 def _as_pair(*batch):
