@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from models import backbones as backbones_lib
 from models import lora_targets
+from tffl import feature_cache
 
 HIDDEN = "hidden"
 PADDING_MASK = "padding_mask"
@@ -64,13 +65,6 @@ def find_backbone(model: tf.keras.Model) -> tf.keras.Model:
             return layer
     raise ValueError(f"model {model.name!r} has no KerasNLP backbone (no layer with "
                      "`transformer_layers`); the frozen-prefix cache needs one")
-
-
-def _active_dropout(layer: tf.keras.layers.Layer) -> float:
-    rates = [getattr(sub, "rate", 0.0) for sub in layer._flatten_layers(include_self=True)
-             if isinstance(sub, tf.keras.layers.Dropout)]
-    rates.append(float(getattr(layer, "dropout", 0.0) or 0.0))
-    return max(rates)
 
 
 def trained_start_layer(model: tf.keras.Model) -> int | None:
@@ -93,7 +87,8 @@ def trained_start_layer(model: tf.keras.Model) -> int | None:
         return None
     prefix_layers = [layer for layer in backbone.layers
                      if layer not in encoders and layer not in _pooler(backbone)]
-    if any(_active_dropout(layer) > 0 for layer in [*prefix_layers, *encoders[:start]]):
+    below = [*prefix_layers, *encoders[:start]]
+    if any(feature_cache.stochastic_layers(layer) for layer in below):
         return None
     return start
 

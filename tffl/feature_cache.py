@@ -32,6 +32,7 @@ True
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -43,11 +44,17 @@ _NOISE = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise,
 _STATEFUL = (tf.keras.layers.BatchNormalization,)
 
 
-def stochastic_layers(body: tf.keras.Model) -> list[str]:
-    """Names of the layers in `body` (at any depth) whose training-mode call is random or
-    updates state: dropout/noise of positive rate, batch normalization."""
+def _positive_rate(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
+def stochastic_layers(body: tf.Module) -> list[str]:
+    """Names of `body` and the layers in it (at any depth) whose training-mode call is random
+    or updates state: dropout/noise of positive rate, batch normalization, and any layer with a
+    positive `dropout` rate attribute (e.g. a KerasNLP encoder layer, or a layer that applies
+    `tf.nn.dropout` itself)."""
     found = []
-    for layer in body.submodules:
+    for layer in (body, *body.submodules):
         if isinstance(layer, _STATEFUL):
             found.append(layer.name)
         elif isinstance(layer, _NOISE):
@@ -55,6 +62,8 @@ def stochastic_layers(body: tf.keras.Model) -> list[str]:
             amount = getattr(layer, "stddev", None) if amount is None else amount
             if amount is None or float(amount) > 0:
                 found.append(layer.name)
+        elif _positive_rate(getattr(layer, "dropout", None)):
+            found.append(layer.name)
     return found
 
 

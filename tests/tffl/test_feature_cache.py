@@ -108,3 +108,23 @@ def test_head_split_only_for_the_output_layer_of_a_deterministic_body():
     assert feature_cache.stochastic_layers(
         tf.keras.Sequential([tf.keras.layers.Dense(2), tf.keras.layers.BatchNormalization(
             name="bn")])) == ["bn"]
+
+
+class _SelfDropout(tf.keras.layers.Layer):
+    """Dropout applied with `tf.nn.dropout`, no Dropout sublayer: only its `dropout` says so."""
+
+    def __init__(self, dropout, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = dropout
+
+    def call(self, x, training=None):
+        return tf.nn.dropout(x, self.dropout) if training and self.dropout else x
+
+
+def test_a_layer_with_a_positive_dropout_attribute_is_stochastic():
+    assert feature_cache.stochastic_layers(_SelfDropout(0.3, name="own")) == ["own"]
+    assert feature_cache.stochastic_layers(_SelfDropout(0.0)) == []
+    inputs = tf.keras.Input((Z,))
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(C, name="head")(
+        _SelfDropout(0.3, name="own")(inputs)))
+    assert feature_cache.head_split(model, [model.get_layer("head").kernel]) is None
