@@ -132,8 +132,17 @@ def writable_output_dir(path: os.PathLike | str, flag: str = "output_dir") -> pa
     return output_dir
 
 
+def verbosity_requested(argv: Sequence[str] | None = None) -> bool:
+    """Whether the command line (default `sys.argv`) sets absl's `--verbosity`/`-v`."""
+    args = sys.argv[1:] if argv is None else argv
+    return any(str(a).startswith(("--verbosity", "-v")) for a in args)
+
+
 def quiet_python_logs() -> None:
-    """Silences Python warnings and TensorFlow's and absl's Python loggers below ERROR."""
+    """Silences Python warnings and TensorFlow's and absl's Python loggers below ERROR, unless
+    the command line asks for verbosity (`verbosity_requested`)."""
+    if verbosity_requested():
+        return
     import logging
     import warnings
 

@@ -252,8 +252,7 @@ def main(argv: list[str]) -> int:
     from experiments.benchmark import report, run
     from tffl import runtime
 
-    if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-        cli.quiet_python_logs()
+    cli.quiet_python_logs()
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -134,14 +134,9 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         config = _validate_flags()
-        import tensorflow as tf
-
         from tffl import runtime
 
-        if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-            import logging
-            tf.get_logger().setLevel(logging.ERROR)
-            logging.getLogger("absl").setLevel(logging.ERROR)
+        cli.quiet_python_logs()
         started = time.perf_counter()
         rows = []
         with runtime.local_runtime(log_dir=config["output_dir"]):

@@ -254,14 +254,6 @@ def _output_dir() -> pathlib.Path:
 # main
 
 
-def _quiet_python_logs() -> None:
-    import logging
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
-
-
 def _warn_about_target(config: Config, log: Callable[[str], None]) -> None:
     """The paper's fairness condition: ε must need all N clients, ĉ < √(N / n_last)."""
     for n in config.num_clients:
@@ -285,8 +277,7 @@ def main(argv: list[str]) -> int:
             raise
         sys.stderr.write(f"srpfl_speedup.py: error: {e}\n")
         return 2
-    if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-        _quiet_python_logs()
+    cli.quiet_python_logs()
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -672,8 +672,7 @@ def main(argv: list[str]) -> int:
     output_dir = None
     try:
         output_dir = _validate_flags()
-        if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
-            cli.quiet_python_logs()
+        cli.quiet_python_logs()
         summaries = run(output_dir)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
         if os.environ.get("TFFL_DEBUG"):
