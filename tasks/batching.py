@@ -53,10 +53,11 @@ def round_example_ids(num_examples: int, local_steps: int, batch_size: int, seed
     if num_examples <= 0:
         raise ValueError("a client has no training examples; every sampled client needs at "
                          "least one (use fewer clients)")
+    count = local_steps * batch_size
     order = (tf.data.Dataset.range(num_examples)
              .shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
-             .repeat().take(local_steps * batch_size))
-    return np.fromiter(order.as_numpy_iterator(), np.int64, local_steps * batch_size)
+             .repeat().batch(count))  # one read of all K·B ids, not K·B Python steps
+    return next(iter(order.as_numpy_iterator())).astype(np.int64)
 
 
 def in_order(ids: np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -131,21 +132,52 @@ def variable_length_dataset(batches: Sequence, directory: str | None = None
     structure = tf.nest.map_structure(lambda _: 0, batches[0])  # not the batches themselves
     index = tf.data.Dataset.from_tensor_slices(
         tuple((starts, sizes, shapes) for _, _, starts, sizes, shapes, _ in columns))
+    dtypes = tuple(np.dtype(c[1]).name for c in columns)
     if directory is None:
         values = tf.data.Dataset.from_tensors(tuple(c[0] for c in columns))
     else:
-        def read(_):
-            return tuple(tf.io.decode_raw(tf.io.read_file(path), tf.as_dtype(dtype))
-                         for path, dtype, *_ in columns)
-
-        values = tf.data.Dataset.from_tensors(0).map(read).cache()
-
-    def element(slices, flats):
-        leaves = []
-        for (start, size, shape), values_j, column in zip(slices, flats, columns):
-            leaf = tf.reshape(values_j[start:start + size], shape)
-            leaf.set_shape(column[5])
-            leaves.append(leaf)
-        return tf.nest.pack_sequence_as(structure, leaves)
-
+        paths = tuple(c[0] for c in columns)
+        values = tf.data.Dataset.from_tensors(paths).map(_file_reader(dtypes)).cache()
+    element = _element_builder(structure, dtypes, tuple(tuple(c[5]) for c in columns))
     return tf.data.Dataset.zip((index, values.repeat())).map(element)
+
+
+# `variable_length_dataset` runs once per client per round. Its map functions are `tf.function`s
+# kept per dtypes and shapes, so that building a dataset reuses their traces (tracing them anew
+# each time was most of its cost).
+_READERS: dict = {}
+_BUILDERS: dict = {}
+
+
+def _file_reader(dtypes: tuple[str, ...]):
+    """paths -> the flat arrays in them (raw bytes of `dtypes`)."""
+    if dtypes not in _READERS:
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string) for _ in dtypes],
+                     autograph=False)
+        def read(*paths):
+            return tuple(tf.io.decode_raw(tf.io.read_file(path), tf.as_dtype(dtype))
+                         for path, dtype in zip(paths, dtypes))
+
+        _READERS[dtypes] = read
+    return _READERS[dtypes]
+
+
+def _element_builder(structure, dtypes: tuple[str, ...], statics: tuple[tuple, ...]):
+    """(per-leaf (start, size, shape), per-leaf flat arrays) -> the batch (`structure`)."""
+    key = (repr(structure), dtypes, statics)
+    if key not in _BUILDERS:
+        index_spec = tuple((tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64),
+                            tf.TensorSpec([None], tf.int64)) for _ in dtypes)
+        flat_spec = tuple(tf.TensorSpec([None], tf.as_dtype(dtype)) for dtype in dtypes)
+
+        @tf.function(input_signature=[index_spec, flat_spec], autograph=False)
+        def element(slices, flats):
+            leaves = []
+            for (start, size, shape), values_j, static in zip(slices, flats, statics):
+                leaf = tf.reshape(values_j[start:start + size], shape)
+                leaf.set_shape(static)
+                leaves.append(leaf)
+            return tf.nest.pack_sequence_as(structure, leaves)
+
+        _BUILDERS[key] = element
+    return _BUILDERS[key]

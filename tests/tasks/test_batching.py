@@ -19,6 +19,18 @@ def test_round_example_ids_repeat_a_full_shuffle():
         batching.round_example_ids(0, 1, 1, 0)
 
 
+@pytest.mark.parametrize("num_examples", [5, 12_345])  # 12,345: more than SHUFFLE_BUFFER
+def test_round_example_ids_are_the_classic_pipelines_order(num_examples):
+    import tensorflow as tf
+
+    classic = (tf.data.Dataset.range(num_examples)
+               .shuffle(batching.SHUFFLE_BUFFER, seed=11, reshuffle_each_iteration=False)
+               .repeat().take(3 * 7))
+    np.testing.assert_array_equal(
+        batching.round_example_ids(num_examples, local_steps=3, batch_size=7, seed=11),
+        [int(i) for i in classic])
+
+
 def test_length_bucketed_batches_hold_the_same_examples_sorted_by_length():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 30, 50)
