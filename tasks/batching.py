@@ -54,6 +54,8 @@ def round_example_ids(num_examples: int, local_steps: int, batch_size: int, seed
         raise ValueError("a client has no training examples; every sampled client needs at "
                          "least one (use fewer clients)")
     count = local_steps * batch_size
+    if count <= 0:
+        return np.empty(0, np.int64)
     order = (tf.data.Dataset.range(num_examples)
              .shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
              .repeat().batch(count))  # one read of all K·B ids, not K·B Python steps
@@ -112,7 +114,8 @@ def variable_length_dataset(batches: Sequence, directory: str | None = None
     columns = []
     for j in range(len(flat[0])):
         leaves = [np.asarray(f[j]) for f in flat]
-        if len({leaf.ndim for leaf in leaves}) != 1 or len({leaf.shape[2:] for leaf in leaves}) != 1:
+        if (len({leaf.ndim for leaf in leaves}) != 1
+                or len({leaf.shape[2:] for leaf in leaves}) != 1):
             raise ValueError(f"feature {j}: batches differ beyond their first two dimensions")
         if len({leaf.dtype for leaf in leaves}) != 1:
             raise ValueError(f"feature {j}: batches have different dtypes")

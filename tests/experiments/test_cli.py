@@ -20,6 +20,8 @@ def test_quiet_python_logs_leaves_a_verbose_run_alone(monkeypatch):
 
     absl_logger = logging.getLogger("absl")
     monkeypatch.setattr(absl_logger, "level", logging.INFO)
+    monkeypatch.setattr(logging.getLogger("tensorflow"), "level",
+                        logging.getLogger("tensorflow").level)  # restored after the test
     monkeypatch.setattr("sys.argv", ["train.py", "--verbosity=1"])
     cli.quiet_python_logs()
     assert absl_logger.level == logging.INFO

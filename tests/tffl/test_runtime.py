@@ -190,6 +190,41 @@ def test_a_second_sigterm_does_not_interrupt_the_cleanup():
     assert "signal 15 again; already stopping" in err
 
 
+_SWALLOWING_CHILD = textwrap.dedent(
+    """
+    import time
+    from tffl.runtime import workers
+
+    workers.SIGTERM_EXIT_DEADLINE_S = 1.0
+    with workers._sigterm_raises():
+        print("READY", flush=True)
+        while True:
+            try:
+                time.sleep(120)
+            except BaseException:  # as a finalizer or a callback would swallow it
+                print("SWALLOWED", flush=True)
+    """
+)
+
+
+def test_a_second_sigterm_ends_a_run_that_swallowed_the_first():
+    proc = subprocess.Popen([sys.executable, "-c", _SWALLOWING_CHILD], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        assert proc.stdout.readline().startswith("READY")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().startswith("SWALLOWED")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "already stopping (exiting within 1 s)" in err
+    assert "still alive 1 s after SIGTERM" in err
+
+
 # --- Several workers ---------------------------------------------------------------------------
 
 

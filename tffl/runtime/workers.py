@@ -417,11 +417,20 @@ def running_workers(parent_pid: int | None = None) -> list[int]:
     return found
 
 
+_EXIT_SCHEDULED = False  # `_exit_after` was called: a later call leaves the first deadline
+
+
 def _exit_after(seconds: float, status: int) -> None:
     """Ends the process with `status` in `seconds` if it is still alive then: a daemon thread's
     `os._exit`. A SIGTERMed run must end although a library left a non-daemon thread blocked
     (Python's shutdown joins every one of them, so one blocked thread keeps the process alive,
     orphaned, after its parent has given up waiting)."""
+
+    global _EXIT_SCHEDULED
+    with _LIVE_LOCK:
+        if _EXIT_SCHEDULED:
+            return
+        _EXIT_SCHEDULED = True
 
     def exit_later():
         time.sleep(seconds)
@@ -444,15 +453,19 @@ def _sigterm_raises() -> Iterator[None]:
         yield
         return
 
-    # One shot: a second SIGTERM (a process manager and the parent-death signal often both send
+    # One raise: a second SIGTERM (a process manager and the parent-death signal often both send
     # one) must not interrupt the cleanup the first one started. Raised inside gRPC's
     # `Channel.close`, it leaves the channel half-closed, and the garbage collector's later
-    # close of it waits forever (a hang seen under `reproduce.py`).
+    # close of it waits forever (a hang seen under `reproduce.py`). It starts the exit deadline
+    # instead, so a first exception that was swallowed (in a finalizer or a callback) or a hung
+    # cleanup still ends the process.
     terminating = []
 
     def handler(signum, frame):
         if terminating:
-            sys.stderr.write(f"tffl: signal {signum} again; already stopping.\n")
+            sys.stderr.write(f"tffl: signal {signum} again; already stopping (exiting within "
+                             f"{SIGTERM_EXIT_DEADLINE_S:g} s).\n")
+            _exit_after(SIGTERM_EXIT_DEADLINE_S, 128 + signum)
             return
         terminating.append(signum)
         raise _Terminated(f"terminated by signal {signum}")
