@@ -138,19 +138,29 @@ _BLOCKED_CHILD = textwrap.dedent(
 )
 
 
-def test_a_sigtermed_run_exits_although_a_thread_never_ends():
-    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_CHILD], stdout=subprocess.PIPE,
+def _sigtermed(child: str, *second_after: str) -> tuple[int, str, str]:
+    """Runs `child`; once it prints READY, SIGTERMs it, and, if `second_after` names the line it
+    prints next, SIGTERMs it again after that line. Returns (status, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     try:
         assert proc.stdout.readline().startswith("READY")
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        for line in second_after:
+            assert proc.stdout.readline().startswith(line)
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM
-    assert "still alive 1 s after SIGTERM" in proc.stderr.read()
+    return proc.returncode, out, err
+
+
+def test_a_sigtermed_run_exits_although_a_thread_never_ends():
+    status, _, err = _sigtermed(_BLOCKED_CHILD)
+    assert status == 128 + signal.SIGTERM
+    assert "still alive 1 s after SIGTERM" in err
 
 
 _TWICE_TERMINATED_CHILD = textwrap.dedent(
@@ -173,20 +183,9 @@ _TWICE_TERMINATED_CHILD = textwrap.dedent(
 def test_a_second_sigterm_does_not_interrupt_the_cleanup():
     # A process manager and the parent-death signal can both send SIGTERM; the second one used
     # to raise inside the cleanup (inside gRPC's Channel.close, leaving a channel half-closed).
-    proc = subprocess.Popen([sys.executable, "-c", _TWICE_TERMINATED_CHILD],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        assert proc.stdout.readline().startswith("READY")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.stdout.readline().startswith("STOPPING")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    status, out, err = _sigtermed(_TWICE_TERMINATED_CHILD, "STOPPING")
     assert "CLEANED" in out, err
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert status == 128 + signal.SIGTERM
     assert "signal 15 again; already stopping" in err
 
 
@@ -208,19 +207,8 @@ _SWALLOWING_CHILD = textwrap.dedent(
 
 
 def test_a_second_sigterm_ends_a_run_that_swallowed_the_first():
-    proc = subprocess.Popen([sys.executable, "-c", _SWALLOWING_CHILD], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        assert proc.stdout.readline().startswith("READY")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.stdout.readline().startswith("SWALLOWED")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM
+    status, _, err = _sigtermed(_SWALLOWING_CHILD, "SWALLOWED")
+    assert status == 128 + signal.SIGTERM
     assert "already stopping (exiting within 1 s)" in err
     assert "still alive 1 s after SIGTERM" in err
 
