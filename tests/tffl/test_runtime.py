@@ -196,9 +196,12 @@ _SWALLOWING_CHILD = textwrap.dedent(
 
     workers.SIGTERM_EXIT_DEADLINE_S = 1.0
     with workers._sigterm_raises():
-        print("READY", flush=True)
+        ready = False
         while True:
             try:
+                if not ready:  # inside the try: a SIGTERM right after READY is swallowed too
+                    ready = True
+                    print("READY", flush=True)
                 time.sleep(120)
             except BaseException:  # as a finalizer or a callback would swallow it
                 print("SWALLOWED", flush=True)
