@@ -14,10 +14,11 @@ with 5 head epochs then runs the transformer layers forward 1 + 1 times per batc
 representation phase), not 5 + 1.
 
 This is exact only when ψ is deterministic: `head_split` refuses a body with a dropout or noise
-layer of positive rate or a batch normalization (whose training-mode output and moving
-statistics change with every call); such a model runs its epochs through the whole model, as
-does a phase with `cache_features=False`. The passes replay the first pass's batches, which is
-the loop's definition; a dataset that reshuffles on every iteration is read once.
+layer of positive rate or a trainable batch normalization (whose training-mode output and
+moving statistics change with every call; a frozen one is a fixed affine map); such a model
+runs its epochs through the whole model, as does a phase with `cache_features=False`. The
+passes replay the first pass's batches, which is the loop's definition; a dataset that
+reshuffles on every iteration is read once.
 
 Example (a 3 → 2 body and a 2 → 1 head; a phase on the head is cached, one on the body is not):
 
@@ -38,10 +39,12 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 # Layers whose training-mode output is random or whose call updates state; `rate`/`stddev` 0
-# makes the noise ones deterministic.
+# makes the noise ones deterministic, and `trainable=False` the batch normalizations (Keras then
+# runs them in inference mode, on the fixed moving statistics, whatever `training` says).
 _NOISE = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise,
           tf.keras.layers.GaussianDropout, tf.keras.layers.AlphaDropout)
-_STATEFUL = (tf.keras.layers.BatchNormalization,)
+_STATEFUL = (tf.keras.layers.BatchNormalization,
+             tf.keras.layers.experimental.SyncBatchNormalization)
 
 
 def _positive_rate(value) -> bool:
@@ -50,13 +53,15 @@ def _positive_rate(value) -> bool:
 
 def stochastic_layers(body: tf.Module) -> list[str]:
     """Names of `body` and the layers in it (at any depth) whose training-mode call is random
-    or updates state: dropout/noise of positive rate, batch normalization, and any layer with a
-    positive `dropout` rate attribute (e.g. a KerasNLP encoder layer, or a layer that applies
-    `tf.nn.dropout` itself)."""
+    or updates state: dropout/noise of positive rate, a trainable batch normalization (a frozen
+    one normalizes with its fixed moving statistics), and any layer with a positive `dropout`
+    rate attribute (e.g. a KerasNLP encoder layer, or a layer that applies `tf.nn.dropout`
+    itself)."""
     found = []
     for layer in (body, *body.submodules):
         if isinstance(layer, _STATEFUL):
-            found.append(layer.name)
+            if layer.trainable:
+                found.append(layer.name)
         elif isinstance(layer, _NOISE):
             amount = getattr(layer, "rate", None)
             amount = getattr(layer, "stddev", None) if amount is None else amount

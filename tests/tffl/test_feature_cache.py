@@ -110,6 +110,50 @@ def test_head_split_only_for_the_output_layer_of_a_deterministic_body():
             name="bn")])) == ["bn"]
 
 
+def _bn_model():
+    """_model with a frozen batch normalization between the body and the head."""
+    inputs = tf.keras.Input((D,))
+    z = tf.keras.layers.Dense(Z, use_bias=False, name="body")(_CallCounter(name="count")(inputs))
+    bn = tf.keras.layers.BatchNormalization(epsilon=0.01, name="bn")
+    bn.trainable = False
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(C, name="head")(bn(z)))
+
+
+def test_a_frozen_batch_norm_is_a_fixed_affine_map_and_its_body_is_cached():
+    model = client_training.build_model(_bn_model, (tf.TensorSpec([None, D]),
+                                                    tf.TensorSpec([None], tf.int32)))
+    assert feature_cache.stochastic_layers(model) == []
+    bn_stats = {"gamma": [1.5, -0.5], "beta": [0.2, -1.0], "moving_mean": [0.3, -0.7],
+                "moving_variance": [2.0, 0.5]}
+    non_trainable = [np.float32(0.0) if v.name.startswith("count") else np.asarray(
+        bn_stats[v.name.split("/")[-1].split(":")[0]], np.float32)
+        for v in model.non_trainable_variables]
+    x, y, dataset = _data()
+    rng = np.random.default_rng(1)
+    w, h, b = [rng.normal(size=v.shape).astype(np.float32) for v in model.trainable_variables]
+    loop = client_training.build_phased_loop(
+        model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), 0.5,
+        [client_training.Phase((1, 2), EPOCHS)])
+    out = loop(tff.learning.models.ModelWeights(trainable=[w, h, b],
+                                                non_trainable=non_trainable), dataset)
+    # Inference-mode batch normalization, from Ioffe & Szegedy (2015), Alg. 2: the moving
+    # statistics, not the batch's: γ·(z − μ)/√(σ² + ε) + β.
+    stats = {k: np.asarray(v, np.float64) for k, v in bn_stats.items()}
+    z = x.astype(np.float64) @ w
+    z_bn = (stats["gamma"] * (z - stats["moving_mean"]) / np.sqrt(stats["moving_variance"] + 0.01)
+            + stats["beta"])
+    h_np, b_np, loss_np = _numpy_head_sgd(z_bn, y, np.eye(Z), h.astype(np.float64),
+                                          b.astype(np.float64))
+    np.testing.assert_allclose(out["trainable"][1], h_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["trainable"][2], b_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["loss_sum"], loss_np, rtol=1e-5)
+    assert float(model.get_layer("count").calls.numpy()) == len(SIZES)  # one body pass
+    bn = model.get_layer("bn")
+    np.testing.assert_allclose(bn.moving_mean.numpy(), bn_stats["moving_mean"])  # not updated
+    bn.trainable = True
+    assert feature_cache.stochastic_layers(model) == ["bn"]
+
+
 class _SelfDropout(tf.keras.layers.Layer):
     """Dropout applied with `tf.nn.dropout`, no Dropout sublayer: only its `dropout` says so."""
 
