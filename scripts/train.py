@@ -622,13 +622,18 @@ def run(output_dir: pathlib.Path) -> list[dict]:
     return summaries
 
 
-def _final_eval(final: dict) -> str:
+def _final_eval(final: dict, held_out: str = "test") -> str:
+    """The final evaluation, in words; `held_out` names the evaluation split ("dev" for SST-2
+    with --eval_test, whose labeled test split is evaluated beside it)."""
     parts = []
     if "eval_accuracy" in final:
-        parts.append("test loss {:.4f}, test accuracy {:.4f}".format(
-            final.get("eval_loss", float("nan")), final["eval_accuracy"]))
+        parts.append("{0} loss {1:.4f}, {0} accuracy {2:.4f}".format(
+            held_out, final.get("eval_loss", float("nan")), final["eval_accuracy"]))
+    if "eval_test_accuracy" in final:
+        parts.append("labeled test accuracy {:.4f}".format(final["eval_test_accuracy"]))
     if "eval_personal_accuracy" in final:
-        parts.append("personalized test accuracy {:.4f}".format(final["eval_personal_accuracy"]))
+        parts.append("personalized {} accuracy {:.4f}".format(
+            held_out, final["eval_personal_accuracy"]))
     return "; ".join(parts) or "not evaluated"
 
 
@@ -706,7 +711,7 @@ def main(argv: list[str]) -> int:
                 summary["algorithm"],
                 summary["communication_rounds"],
                 final.get("train_loss", float("nan")),
-                _final_eval(final),
+                _final_eval(final, "dev" if _EVAL_TEST.value else "test"),
                 summary["wall_seconds_this_run"],
             ),
             flush=True,

@@ -137,6 +137,22 @@ print(json.dumps(messages))
 """
 
 
+def test_the_final_line_names_the_dev_set_with_eval_test():
+    code = """
+from scripts import train
+print(train._final_eval({"eval_loss": 0.5, "eval_accuracy": 0.8}))
+print(train._final_eval({"eval_loss": 0.4, "eval_accuracy": 0.8154, "eval_test_accuracy": 0.8221},
+                        "dev"))
+print(train._final_eval({"eval_personal_accuracy": 0.8073}, "dev"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=SCRIPT.parents[1], capture_output=True,
+                         text=True, check=True, timeout=300,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.splitlines()
+    assert out[-3:] == ["test loss 0.5000, test accuracy 0.8000",
+                        "dev loss 0.4000, dev accuracy 0.8154; labeled test accuracy 0.8221",
+                        "personalized dev accuracy 0.8073"]
+
+
 def test_flag_checks_name_the_flag(tmp_path):
     import json
 
