@@ -526,18 +526,29 @@ def _validate_flags() -> pathlib.Path:
     return cli.writable_output_dir(output_dir)
 
 
-_TABLE_COLUMNS = (
-    ("algorithm", "algorithm", "{}"),
-    ("comm. rounds", "communication_rounds", "{}"),
-    ("test acc (final)", "eval_accuracy", "{:.4f}"),
-    ("test acc (best)", "best_eval_accuracy", "{:.4f}"),
-    ("personalized acc (final)", "eval_personal_accuracy", "{:.4f}"),
-    ("personalized acc (best)", "best_personal_accuracy", "{:.4f}"),
-    ("simulated time", "simulated_time", "{:.1f}"),
-    ("train loss", "train_loss", "{:.4f}"),
-    ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
-    ("seconds", "wall_seconds_this_run", "{:.1f}"),
-)
+def _held_out_name() -> str:
+    """The split --task evaluates on: SST-2's dev set (GLUE's test labels are not public;
+    --eval_test adds the labeled test split of --data_dir), every other task's test split."""
+    return "dev" if _TASK.value == "sst2" else "test"
+
+
+def _table_columns(held_out: str, eval_test: bool) -> tuple[tuple[str, str, str], ...]:
+    """The comparison table's columns; `held_out` names the evaluation split."""
+    test_columns = ((("labeled test acc (final)", "eval_test_accuracy", "{:.4f}"),)
+                    if eval_test else ())
+    return (
+        ("algorithm", "algorithm", "{}"),
+        ("comm. rounds", "communication_rounds", "{}"),
+        (f"{held_out} acc (final)", "eval_accuracy", "{:.4f}"),
+        (f"{held_out} acc (best)", "best_eval_accuracy", "{:.4f}"),
+        *test_columns,
+        ("personalized acc (final)", "eval_personal_accuracy", "{:.4f}"),
+        ("personalized acc (best)", "best_personal_accuracy", "{:.4f}"),
+        ("simulated time", "simulated_time", "{:.1f}"),
+        ("train loss", "train_loss", "{:.4f}"),
+        ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
+        ("seconds", "wall_seconds_this_run", "{:.1f}"),
+    )
 
 
 def _comparison_rows(summaries: list[dict]) -> list[dict]:
@@ -549,6 +560,7 @@ def _comparison_rows(summaries: list[dict]) -> list[dict]:
             "algorithm": s["algorithm"],
             "communication_rounds": s["communication_rounds"],
             "eval_accuracy": final.get("eval_accuracy", float("nan")),
+            "eval_test_accuracy": final.get("eval_test_accuracy", float("nan")),
             "best_eval_accuracy": s["best_eval_accuracy"] or float("nan"),
             "eval_personal_accuracy": final.get("eval_personal_accuracy", float("nan")),
             "best_personal_accuracy": s["best_personal_accuracy"] or float("nan"),
@@ -569,8 +581,10 @@ def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
     flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
-    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=f"{_TASK.value}")
-    return cli.write_table(output_dir, "comparison", _comparison_rows(summaries), _TABLE_COLUMNS,
+    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=f"{_TASK.value}",
+                               held_out=_held_out_name())
+    return cli.write_table(output_dir, "comparison", _comparison_rows(summaries),
+                           _table_columns(_held_out_name(), _EVAL_TEST.value),
                            preamble=flag_line)
 
 
@@ -711,7 +725,7 @@ def main(argv: list[str]) -> int:
                 summary["algorithm"],
                 summary["communication_rounds"],
                 final.get("train_loss", float("nan")),
-                _final_eval(final, "dev" if _EVAL_TEST.value else "test"),
+                _final_eval(final, _held_out_name()),
                 summary["wall_seconds_this_run"],
             ),
             flush=True,

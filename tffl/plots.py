@@ -58,9 +58,10 @@ def accuracy_curves(rows: Sequence[Mapping[str, Any]]) -> Curves:
 
 
 def save_comparison_plot(path: os.PathLike | str, runs: Mapping[str, Sequence[Mapping]],
-                         title: str = "") -> pathlib.Path:
+                         title: str = "", held_out: str = "test") -> pathlib.Path:
     """Writes a PNG with two panels, accuracy vs communication rounds and vs uploaded MiB per
-    client, one line per run (`{name: metrics rows}`); returns its path."""
+    client, one line per run (`{name: metrics rows}`); returns its path. `held_out` names the
+    evaluated split in the axis label ("dev" for SST-2)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,7 +74,7 @@ def save_comparison_plot(path: os.PathLike | str, runs: Mapping[str, Sequence[Ma
         axes[1].plot([b / 2**20 for b in c.uploaded_bytes], c.accuracy, "-o", markersize=3,
                      label=name)
     metrics = sorted({c.metric for c in curves.values()})
-    ylabel = " / ".join(m.replace("eval_", "test ").replace("_", " ") for m in metrics)
+    ylabel = " / ".join(m.replace("eval_", f"{held_out} ").replace("_", " ") for m in metrics)
     for ax, xlabel in zip(axes, ("communication rounds", "uploaded MiB per client")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
