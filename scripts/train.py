@@ -36,10 +36,7 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 
-import datetime  # noqa: E402
 import pathlib  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 # TensorFlow must be imported before absl's app.run starts `main`: imported inside `main`, Keras 2
 # builds layers on graph tensors instead of KerasTensors and `tf.keras.Sequential` fails.
@@ -52,6 +49,8 @@ from tffl import runtime  # noqa: E402, F401
 
 from experiments import algorithms  # noqa: E402
 from experiments import cli  # noqa: E402
+from experiments import comparison  # noqa: E402
+from experiments import train_options  # noqa: E402
 from experiments import training  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
 from tasks import registry  # noqa: E402
@@ -61,11 +60,11 @@ _ALGORITHM = flags.DEFINE_list(
     "algorithm", "rolora,fedavg_lora,ffa_lora",
     "Algorithm, or a comma-separated list to compare on the same task: "
     + ", ".join(algorithms.ALGORITHMS) + ". The personalized ones (fedrep, fedper, lg_fedavg, "
-    "fedavg, fedavg_ft, flute, adaptpfl) train an MLP (or, with --representation=lora*, a LoRA net with a "
-    "personal head) and are evaluated on every client's own test set; the LoRA algorithms train "
-    "RoLoRA's two-layer net ReLU(x A B) W_out. fedsa_lora (FedSA-LoRA) trains that LoRA net too "
-    "(or the text tasks' LoRA classifier), shares and averages the A factors with the head and "
-    "keeps every client's B factors personal.",
+    "fedavg, fedavg_ft, flute, adaptpfl) train an MLP (or, with --representation=lora*, a LoRA "
+    "net with a personal head) and are evaluated on every client's own test set; the LoRA "
+    "algorithms train RoLoRA's two-layer net ReLU(x A B) W_out. fedsa_lora (FedSA-LoRA) trains "
+    "that LoRA net too (or the text tasks' LoRA classifier), shares and averages the A factors "
+    "with the head and keeps every client's B factors personal.",
 )
 _REPRESENTATION = flags.DEFINE_enum(
     "representation", "mlp", algorithms.REPRESENTATIONS,
@@ -146,7 +145,8 @@ _SRPFL_POOL = flags.DEFINE_integer(
     "n are picked (the paper's partial participation, Figs 5-6: N = M/5 of the M = --num_clients); "
     "0: all clients every round.")
 _STAGE_ROUNDS = flags.DEFINE_string(
-    "stage_rounds", "10", "srpfl: rounds per stage, an integer or lemma_b1 (the paper's Lemma B.1).")
+    "stage_rounds", "10",
+    "srpfl: rounds per stage, an integer or lemma_b1 (the paper's Lemma B.1).")
 _STRAGGLER = flags.DEFINE_enum(
     "straggler", "fixed", algorithms.STRAGGLER_MODELS,
     "full/srpfl: client compute times, fixed Exp(1) draws or redrawn every round from "
@@ -186,7 +186,8 @@ _PARTITION = flags.DEFINE_enum(
     "Client split: iid, shards (--classes_per_client classes each), dirichlet (--dirichlet_alpha).",
 )
 _CLASSES_PER_CLIENT = flags.DEFINE_integer("classes_per_client", 2, "Classes per client (shards).")
-_DIRICHLET_ALPHA = flags.DEFINE_float("dirichlet_alpha", 0.5, "Dirichlet concentration (dirichlet).")
+_DIRICHLET_ALPHA = flags.DEFINE_float(
+    "dirichlet_alpha", 0.5, "Dirichlet concentration (dirichlet).")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Folder of offline copies of the data, laid out as ../shared/data "
     "(mnist/mnist_5k.csv.gz, sst2/*.tsv, multidomain_sentiment/). Without it, --task=mnist and "
@@ -247,7 +248,8 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 1, "Checkpoint ever
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Run directory (default: runs/<task>-<algorithm>-<time>)."
 )
-_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its checkpoint.")
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "Continue the run in --output_dir from its checkpoint.")
 _WORKERS = flags.DEFINE_integer(
     "workers", 1, "Local TFF C++ worker processes; each round's clients are split across them "
     "(docs/runtime.md).")
@@ -270,86 +272,8 @@ _WORKER_TIMEOUT = flags.DEFINE_float(
     "worker_timeout", 60.0, "Seconds a TFF worker may take to answer (at start, or again after a "
     "failed call) before the run stops with an error.")
 
-
-
 # train.py's own flags (absl's global ones excluded), by name.
-_FLAG_NAMES = (
-    "algorithm",
-    "representation",
-    "local_epochs",
-    "head_epochs",
-    "representation_blocks",
-    "representation_epochs",
-    "shortcut_epochs",
-    "shortcut_alpha",
-    "adaptpfl_variant",
-    "adaptpfl_order",
-    "shortcut_ridge",
-    "project_shortcut",
-    "shortcut_damping",
-    "head_damping",
-    "flute_feature_penalty",
-    "flute_head_penalty",
-    "flute_nc_penalty",
-    "flute_nc_step",
-    "flute_variant",
-    "flute_final_head_epochs",
-    "flute_feature_reduction",
-    "finetune_epochs",
-    "participation",
-    "initial_participants",
-    "srpfl_pool",
-    "stage_rounds",
-    "straggler",
-    "communication_cost",
-    "task",
-    "backbone",
-    "sequence_length",
-    "lora_targets",
-    "lora_layers",
-    "prefix_cache",
-    "bucket_by_length",
-    "lora_alpha",
-    "partition",
-    "classes_per_client",
-    "dirichlet_alpha",
-    "data_dir",
-    "num_clients",
-    "clients_per_round",
-    "rounds",
-    "local_steps",
-    "rank",
-    "eval_test",
-    "eval_per_client",
-    "client_ranks",
-    "rolora_fraction",
-    "batch_size",
-    "learning_rate",
-    "client_optimizer",
-    "client_momentum",
-    "weight_decay",
-    "server_optimizer",
-    "server_learning_rate",
-    "server_momentum",
-    "frozen_dir",
-    "seed",
-    "eval_every",
-    "checkpoint_every",
-    "output_dir",
-    "resume",
-    "workers",
-    "worker_addresses",
-    "runtime",
-    "devices",
-    "logical_cpus",
-    "worker_timeout",
-)
-
-
-def _positive(name: str, minimum: int = 1) -> None:
-    value = flags.FLAGS[name].value
-    if value < minimum:
-        raise UsageError(f"flag --{name}={value}: must be >= {minimum}")
+_FLAG_NAMES = tuple(n for n in train_options.DEFAULTS if n != "rank_present")
 
 
 def _options() -> dict:
@@ -358,252 +282,12 @@ def _options() -> dict:
         "rank_present": flags.FLAGS["rank"].present}
 
 
-def _client_ranks() -> list[int]:
-    return training.client_ranks(_options())
-
-
-def _adapter_rank() -> int:
-    return training.adapter_rank(_options())
-
-
-def _validate_adaptpfl() -> None:
-    changed = [n for n in training.ADAPTPFL_FLAGS if flags.FLAGS[n].present]
-    if changed and "adaptpfl" not in _ALGORITHM.value:
-        raise UsageError(f"flag --{changed[0]}={flags.FLAGS[changed[0]].value}: is AdaptPFL's; "
-                         "use it with --algorithm=adaptpfl")
-    if not (np.isfinite(_SHORTCUT_RIDGE.value) and _SHORTCUT_RIDGE.value >= 0):
-        raise UsageError(f"flag --shortcut_ridge={_SHORTCUT_RIDGE.value}: must be >= 0")
-    for name in ("shortcut_damping", "head_damping"):
-        value = flags.FLAGS[name].value
-        if not 0.0 < value <= 1.0:
-            raise UsageError(f"flag --{name}={value}: must be in (0, 1] (1: no damping)")
-        if value != 1.0 and _ADAPTPFL_VARIANT.value != "b":
-            raise UsageError(f"flag --{name}={value}: damping is variant b's step; add "
-                             "--adaptpfl_variant=b")
-
-
-def _validate_client_ranks() -> None:
-    if not _CLIENT_RANKS.value:
-        return
-    given = ",".join(_CLIENT_RANKS.value)
-    try:
-        ranks = _client_ranks()
-    except ValueError:
-        raise UsageError(f"flag --client_ranks={given}: must be integer ranks, e.g. "
-                         "4,8,16") from None
-    if min(ranks) < 1:
-        raise UsageError(f"flag --client_ranks={given}: ranks must be >= 1")
-    others = [a for a in _ALGORITHM.value if a not in ("flexlora", "flora")]
-    if others:
-        raise UsageError(f"flag --client_ranks={given}: only flexlora and flora aggregate "
-                         f"adapters of different ranks, not {', '.join(others)}")
-    if max(ranks) > _adapter_rank():
-        raise UsageError(f"flag --client_ranks={given}: rank {max(ranks)} is above "
-                         f"--rank={_RANK.value}; raise --rank or leave it unset (the adapters "
-                         "then take the largest client rank)")
-
-
 def _validate_flags() -> pathlib.Path:
-    """Checks flag values together; returns the (created, writable) output directory."""
-    _validate_worker_flags()
-    for name in ("num_clients", "clients_per_round", "rounds", "local_steps", "batch_size",
-                 "checkpoint_every", "classes_per_client"):
-        _positive(name)
-    _positive("eval_every", minimum=0)
-    _positive("rank")
-    _validate_client_ranks()
-    _positive("sequence_length", minimum=4)
-    if _LORA_ALPHA.value is not None and not _LORA_ALPHA.value > 0:
-        raise UsageError(f"flag --lora_alpha={_LORA_ALPHA.value}: must be > 0")
-    try:
-        [int(i) for i in _LORA_LAYERS.value or []]
-    except ValueError:
-        raise UsageError(f"flag --lora_layers={','.join(_LORA_LAYERS.value)}: must be integer "
-                         "layer indices") from None
-    if _TASK.value in registry.TEXT_TASKS and "adaptpfl" in _ALGORITHM.value:
-        raise UsageError(f"flag --task={_TASK.value}: adaptpfl's shortcut model is defined for "
-                         "the image tasks (an MLP representation)")
-    for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants",
-                 "shortcut_epochs"):
-        _positive(name)
-    if not 0.0 <= _SHORTCUT_ALPHA.value <= 1.0:
-        raise UsageError(f"flag --shortcut_alpha={_SHORTCUT_ALPHA.value}: must be in [0, 1]")
-    _validate_adaptpfl()
-    if ("flute" in _ALGORITHM.value and _FLUTE_VARIANT.value == "plain"
-            and flags.FLAGS["head_epochs"].present):
-        raise UsageError(f"flag --head_epochs={_HEAD_EPOCHS.value}: plain FLUTE (the paper's "
-                         "Algorithm 2) has no head-only epochs; use --local_epochs, or "
-                         "--flute_variant=star")
-    for name in ("flute_feature_penalty", "flute_head_penalty", "flute_nc_penalty",
-                 "flute_nc_step"):
-        if not flags.FLAGS[name].value >= 0:
-            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be >= 0")
-    if "adaptpfl" in _ALGORITHM.value and _REPRESENTATION.value != "mlp":
-        raise UsageError(f"flag --representation={_REPRESENTATION.value}: adaptpfl's shortcut "
-                         "model needs --representation=mlp")
-    _positive("representation_blocks")
-    _positive("flute_final_head_epochs", minimum=0)
-    if _EVAL_TEST.value and _TASK.value != "sst2":
-        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
-                         f"its dev set, not --task={_TASK.value}")
-    if _FLUTE_FINAL_HEAD_EPOCHS.value and "flute" not in _ALGORITHM.value:
-        raise UsageError(f"flag --flute_final_head_epochs={_FLUTE_FINAL_HEAD_EPOCHS.value}: is "
-                         "FLUTE's final round; use it with --algorithm=flute")
-    if _REPRESENTATION_BLOCKS.value > 1 and set(_ALGORITHM.value) - {"fedrep"}:
-        raise UsageError(f"flag --representation_blocks={_REPRESENTATION_BLOCKS.value}: "
-                         "interleaves FedRep's head and representation epochs; use it with "
-                         "--algorithm=fedrep only")
-    if "fedsa_lora" in _ALGORITHM.value and _REPRESENTATION.value == "lora_alternating":
-        raise UsageError("flag --representation=lora_alternating: fedsa_lora trains A and its "
-                         "personal B together every round; leave --representation at its default")
-    if _FINETUNE_EPOCHS.value is not None:
-        _positive("finetune_epochs", minimum=0)
-    if _STAGE_ROUNDS.value != "lemma_b1":
-        try:
-            stage_rounds = int(_STAGE_ROUNDS.value)
-        except ValueError:
-            stage_rounds = 0
-        if stage_rounds < 1:
-            raise UsageError(f"flag --stage_rounds={_STAGE_ROUNDS.value}: must be an integer "
-                             ">= 1 or lemma_b1")
-    if not _COMMUNICATION_COST.value >= 0:
-        raise UsageError(f"flag --communication_cost={_COMMUNICATION_COST.value}: must be >= 0")
-    if _SRPFL_POOL.value:
-        if _PARTICIPATION.value not in ("srpfl", "full"):
-            raise UsageError(f"flag --srpfl_pool={_SRPFL_POOL.value}: applies to "
-                             "--participation=srpfl or full")
-        if not 1 <= _SRPFL_POOL.value <= _NUM_CLIENTS.value:
-            raise UsageError(f"flag --srpfl_pool={_SRPFL_POOL.value}: must be between 1 and "
-                             f"--num_clients={_NUM_CLIENTS.value} (the pool is drawn from them)")
-    pool = _SRPFL_POOL.value or _NUM_CLIENTS.value
-    if _PARTICIPATION.value == "srpfl" and _INITIAL_PARTICIPANTS.value > pool:
-        raise UsageError(
-            f"flag --initial_participants={_INITIAL_PARTICIPANTS.value}: must be <= "
-            f"{'--srpfl_pool' if _SRPFL_POOL.value else '--num_clients'}={pool} (SRPFL picks "
-            "the fastest n0 of the round's pool)")
-    if _FINETUNE_EPOCHS.value and "fedavg" in _ALGORITHM.value:
-        raise UsageError(f"flag --finetune_epochs={_FINETUNE_EPOCHS.value}: fedavg evaluates the "
-                         "global model as it is; use --algorithm=fedavg_ft to fine-tune heads")
-    if not 0.0 <= _ROLORA_FRACTION.value <= 1.0:
-        raise UsageError(f"flag --rolora_fraction={_ROLORA_FRACTION.value}: must be in [0, 1]")
-    unknown = [a for a in _ALGORITHM.value if a not in algorithms.ALGORITHMS]
-    if unknown or not _ALGORITHM.value:
-        raise UsageError(
-            f"flag --algorithm={','.join(_ALGORITHM.value)}: unknown {', '.join(unknown) or 'empty'};"
-            f" choose from {', '.join(algorithms.ALGORITHMS)}"
-        )
-    if len(set(_ALGORITHM.value)) != len(_ALGORITHM.value):
-        raise UsageError(f"flag --algorithm={','.join(_ALGORITHM.value)}: names repeat")
-    for name in ("learning_rate", "server_learning_rate", "dirichlet_alpha"):
-        if not flags.FLAGS[name].value > 0:
-            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be > 0")
-    for name, optimizer in (("client_momentum", _CLIENT_OPTIMIZER.value),
-                            ("server_momentum", _SERVER_OPTIMIZER.value)):
-        value = flags.FLAGS[name].value
-        if not 0.0 <= value < 1.0:
-            raise UsageError(f"flag --{name}={value}: must be in [0, 1)")
-        if value and optimizer not in ("sgd", "sgdm"):
-            raise UsageError(f"flag --{name}={value}: momentum applies to the sgd and sgdm "
-                             f"optimizers only, not {optimizer}")
-        if optimizer == "sgdm" and not value > 0:
-            raise UsageError(f"flag --{name}={value}: the sgdm optimizer needs a momentum > 0 "
-                             "(e.g. 0.5)")
-    if not _WEIGHT_DECAY.value >= 0:
-        raise UsageError(f"flag --weight_decay={_WEIGHT_DECAY.value}: must be >= 0")
-    if _CLIENTS_PER_ROUND.value > _NUM_CLIENTS.value:
-        raise UsageError(
-            f"flag --clients_per_round={_CLIENTS_PER_ROUND.value}: must be <= "
-            f"--num_clients={_NUM_CLIENTS.value}"
-        )
-    if _OUTPUT_DIR.value:
-        output_dir = pathlib.Path(_OUTPUT_DIR.value)
-    elif _RESUME.value:
-        raise UsageError("flag --resume needs --output_dir naming the run to continue")
-    else:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = "-".join(_ALGORITHM.value) if len(_ALGORITHM.value) <= 3 else "compare"
-        output_dir = pathlib.Path("runs") / f"{_TASK.value}-{name}-{stamp}"
-    return cli.writable_output_dir(output_dir)
-
-
-def _held_out_name() -> str:
-    """The split --task evaluates on: SST-2's dev set (GLUE's test labels are not public;
-    --eval_test adds the labeled test split of --data_dir), every other task's test split."""
-    return "dev" if _TASK.value == "sst2" else "test"
-
-
-def _table_columns(held_out: str, eval_test: bool) -> tuple[tuple[str, str, str], ...]:
-    """The comparison table's columns; `held_out` names the evaluation split."""
-    test_columns = ((("labeled test acc (final)", "eval_test_accuracy", "{:.4f}"),)
-                    if eval_test else ())
-    return (
-        ("algorithm", "algorithm", "{}"),
-        ("comm. rounds", "communication_rounds", "{}"),
-        (f"{held_out} acc (final)", "eval_accuracy", "{:.4f}"),
-        (f"{held_out} acc (best)", "best_eval_accuracy", "{:.4f}"),
-        *test_columns,
-        ("personalized acc (final)", "eval_personal_accuracy", "{:.4f}"),
-        ("personalized acc (best)", "best_personal_accuracy", "{:.4f}"),
-        ("simulated time", "simulated_time", "{:.1f}"),
-        ("train loss", "train_loss", "{:.4f}"),
-        ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
-        ("seconds", "wall_seconds_this_run", "{:.1f}"),
-    )
-
-
-def _comparison_rows(summaries: list[dict]) -> list[dict]:
-    rows = []
-    for s in summaries:
-        final = s["final"]
-        comm = max(1, s["communication_rounds"])
-        rows.append({
-            "algorithm": s["algorithm"],
-            "communication_rounds": s["communication_rounds"],
-            "eval_accuracy": final.get("eval_accuracy", float("nan")),
-            "eval_test_accuracy": final.get("eval_test_accuracy", float("nan")),
-            "best_eval_accuracy": s["best_eval_accuracy"] or float("nan"),
-            "eval_personal_accuracy": final.get("eval_personal_accuracy", float("nan")),
-            "best_personal_accuracy": s["best_personal_accuracy"] or float("nan"),
-            "simulated_time": final.get("simulated_time", float("nan")),
-            "train_loss": final.get("train_loss", float("nan")),
-            "upload_per_round_kib": s["upload_bytes_per_client_total"] / comm / 1024,
-            "wall_seconds_this_run": s["wall_seconds_this_run"],
-        })
-    return rows
-
-
-def write_comparison(output_dir: pathlib.Path, summaries: list[dict]) -> str:
-    """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
-    and vs uploaded bytes); returns the Markdown table."""
-    from tffl import plots
-    from tffl import simulation
-
-    flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
-    runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
-            for s in summaries}
-    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=f"{_TASK.value}",
-                               held_out=_held_out_name())
-    return cli.write_table(output_dir, "comparison", _comparison_rows(summaries),
-                           _table_columns(_held_out_name(), _EVAL_TEST.value),
-                           preamble=flag_line)
-
-
-def _validate_worker_flags() -> None:
-    _positive("workers")
-    if _RUNTIME.value == "distribute":
-        if _WORKERS.value != 1 or _WORKER_ADDRESSES.value:
-            raise UsageError("flags --workers/--worker_addresses are for --runtime=tff; "
-                             "--runtime=distribute runs in this process over --devices")
-        if _LOGICAL_CPUS.value < 0:
-            raise UsageError(f"flag --logical_cpus={_LOGICAL_CPUS.value}: must be >= 0")
-    elif _DEVICES.value or _LOGICAL_CPUS.value:
-        raise UsageError("flags --devices/--logical_cpus need --runtime=distribute (the TFF "
-                         "worker of tensorflow-federated 0.87 runs on the CPU only)")
-    if not _WORKER_TIMEOUT.value > 0:
-        raise UsageError(f"flag --worker_timeout={_WORKER_TIMEOUT.value}: must be > 0")
-    if _WORKER_ADDRESSES.value and _WORKERS.value != 1:
-        raise UsageError(f"flag --workers={_WORKERS.value}: give either --workers or "
-                         "--worker_addresses")
+    """Checks flag values together (`experiments.train_options`); returns the (created,
+    writable) output directory."""
+    options = _options()
+    train_options.check(options, present={n for n in _FLAG_NAMES if flags.FLAGS[n].present})
+    return train_options.output_dir(options)
 
 
 def _runtime(output_dir: pathlib.Path):
@@ -634,21 +318,6 @@ def run(output_dir: pathlib.Path) -> list[dict]:
             run_dir = output_dir / algorithm if len(algorithms) > 1 else output_dir
             summaries.append(training.run_algorithm(algorithm, run_dir, _options()))
     return summaries
-
-
-def _final_eval(final: dict, held_out: str = "test") -> str:
-    """The final evaluation, in words; `held_out` names the evaluation split ("dev" for SST-2
-    with --eval_test, whose labeled test split is evaluated beside it)."""
-    parts = []
-    if "eval_accuracy" in final:
-        parts.append("{0} loss {1:.4f}, {0} accuracy {2:.4f}".format(
-            held_out, final.get("eval_loss", float("nan")), final["eval_accuracy"]))
-    if "eval_test_accuracy" in final:
-        parts.append("labeled test accuracy {:.4f}".format(final["eval_test_accuracy"]))
-    if "eval_personal_accuracy" in final:
-        parts.append("personalized {} accuracy {:.4f}".format(
-            held_out, final["eval_personal_accuracy"]))
-    return "; ".join(parts) or "not evaluated"
 
 
 def resume_command(output_dir: pathlib.Path) -> str:
@@ -717,7 +386,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"train.py: {interrupted_message(output_dir)}\n")
         return 130
     if len(summaries) > 1:
-        print("\n" + write_comparison(output_dir, summaries) + "\n", flush=True)
+        table = comparison.write_comparison(output_dir, summaries, _TASK.value, _EVAL_TEST.value)
+        print("\n" + table + "\n", flush=True)
     for summary in summaries:
         final = summary["final"]
         print(
@@ -725,7 +395,7 @@ def main(argv: list[str]) -> int:
                 summary["algorithm"],
                 summary["communication_rounds"],
                 final.get("train_loss", float("nan")),
-                _final_eval(final, _held_out_name()),
+                comparison.final_eval(final, comparison.held_out_name(_TASK.value)),
                 summary["wall_seconds_this_run"],
             ),
             flush=True,

@@ -137,45 +137,6 @@ print(json.dumps(messages))
 """
 
 
-def test_the_final_line_names_the_dev_set_with_eval_test():
-    code = """
-from scripts import train
-print(train._final_eval({"eval_loss": 0.5, "eval_accuracy": 0.8}))
-print(train._final_eval({"eval_loss": 0.4, "eval_accuracy": 0.8154, "eval_test_accuracy": 0.8221},
-                        "dev"))
-print(train._final_eval({"eval_personal_accuracy": 0.8073}, "dev"))
-"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=SCRIPT.parents[1], capture_output=True,
-                         text=True, check=True, timeout=300,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.splitlines()
-    assert out[-3:] == ["test loss 0.5000, test accuracy 0.8000",
-                        "dev loss 0.4000, dev accuracy 0.8154; labeled test accuracy 0.8221",
-                        "personalized dev accuracy 0.8073"]
-
-
-def test_comparison_table_names_the_dev_set_and_the_labeled_test_split():
-    code = """
-from experiments import cli
-from scripts import train
-summary = {"algorithm": "rolora", "communication_rounds": 4, "best_eval_accuracy": 0.82,
-           "best_personal_accuracy": None, "upload_bytes_per_client_total": 4096,
-           "wall_seconds_this_run": 1.0,
-           "final": {"eval_accuracy": 0.81, "eval_test_accuracy": 0.8429, "train_loss": 0.3}}
-rows = train._comparison_rows([summary])
-print(cli.markdown_table(rows, train._table_columns("dev", True)).splitlines()[0])
-print(cli.markdown_table(rows, train._table_columns("test", False)).splitlines()[0])
-print(rows[0]["eval_test_accuracy"], rows[0]["upload_per_round_kib"])
-"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=SCRIPT.parents[1], capture_output=True,
-                         text=True, check=True, timeout=300,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.splitlines()
-    assert out[-3].startswith("| algorithm | comm. rounds | dev acc (final) | dev acc (best) | "
-                              "labeled test acc (final) | ")
-    assert out[-2].startswith("| algorithm | comm. rounds | test acc (final) | test acc (best) | ")
-    assert "labeled" not in out[-2]
-    assert out[-1] == "0.8429 1.0"  # 4096 bytes over 4 rounds = 1 KiB per round
-
-
 def test_flag_checks_name_the_flag(tmp_path):
     import json
 

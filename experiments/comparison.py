@@ -1,0 +1,100 @@
+"""What scripts/train.py reports at the end: the comparison of several algorithms
+(comparison.csv / .md / .png) and each run's final evaluation in words.
+
+The held-out split is named for what it is: SST-2's dev set (GLUE's test labels are not public;
+--eval_test adds the labeled test split of --data_dir beside it), every other task's test split.
+
+>>> held_out_name("sst2"), held_out_name("mnist")
+('dev', 'test')
+>>> final_eval({"eval_loss": 0.4, "eval_accuracy": 0.8154, "eval_test_accuracy": 0.8221}, "dev")
+'dev loss 0.4000, dev accuracy 0.8154; labeled test accuracy 0.8221'
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from experiments import cli
+
+
+def held_out_name(task: str) -> str:
+    """The split `task` evaluates on: "dev" for SST-2, "test" otherwise."""
+    return "dev" if task == "sst2" else "test"
+
+
+def table_columns(held_out: str, eval_test: bool) -> tuple[tuple[str, str, str], ...]:
+    """The comparison table's (header, row key, format) columns; `held_out` names the evaluated
+    split, `eval_test` adds SST-2's labeled test accuracy."""
+    test_columns = ((("labeled test acc (final)", "eval_test_accuracy", "{:.4f}"),)
+                    if eval_test else ())
+    return (
+        ("algorithm", "algorithm", "{}"),
+        ("comm. rounds", "communication_rounds", "{}"),
+        (f"{held_out} acc (final)", "eval_accuracy", "{:.4f}"),
+        (f"{held_out} acc (best)", "best_eval_accuracy", "{:.4f}"),
+        *test_columns,
+        ("personalized acc (final)", "eval_personal_accuracy", "{:.4f}"),
+        ("personalized acc (best)", "best_personal_accuracy", "{:.4f}"),
+        ("simulated time", "simulated_time", "{:.1f}"),
+        ("train loss", "train_loss", "{:.4f}"),
+        ("upload KiB/client/comm. round", "upload_per_round_kib", "{:.2f}"),
+        ("seconds", "wall_seconds_this_run", "{:.1f}"),
+    )
+
+
+def comparison_rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """One row per run summary (`summary.json`): final and best accuracies, and the upload per
+    client per communication round in KiB (total upload bytes / rounds / 1024)."""
+    nan = float("nan")
+    rows = []
+    for s in summaries:
+        final = s["final"]
+        comm = max(1, s["communication_rounds"])
+        rows.append({
+            "algorithm": s["algorithm"],
+            "communication_rounds": s["communication_rounds"],
+            "eval_accuracy": final.get("eval_accuracy", nan),
+            "eval_test_accuracy": final.get("eval_test_accuracy", nan),
+            "best_eval_accuracy": s["best_eval_accuracy"] or nan,
+            "eval_personal_accuracy": final.get("eval_personal_accuracy", nan),
+            "best_personal_accuracy": s["best_personal_accuracy"] or nan,
+            "simulated_time": final.get("simulated_time", nan),
+            "train_loss": final.get("train_loss", nan),
+            "upload_per_round_kib": s["upload_bytes_per_client_total"] / comm / 1024,
+            "wall_seconds_this_run": s["wall_seconds_this_run"],
+        })
+    return rows
+
+
+def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, Any]],
+                     task: str, eval_test: bool) -> str:
+    """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
+    and vs uploaded bytes) of the runs in `output_dir/<algorithm>/`; returns the Markdown
+    table."""
+    from tffl import plots
+    from tffl import simulation
+
+    flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
+    runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
+            for s in summaries}
+    held_out = held_out_name(task)
+    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=task, held_out=held_out)
+    return cli.write_table(output_dir, "comparison", comparison_rows(summaries),
+                           table_columns(held_out, eval_test), preamble=flag_line)
+
+
+def final_eval(final: Mapping[str, float], held_out: str = "test") -> str:
+    """A run's final evaluation in words; `held_out` names the evaluated split ("dev" for SST-2,
+    whose labeled test split --eval_test evaluates beside it)."""
+    parts = []
+    if "eval_accuracy" in final:
+        parts.append("{0} loss {1:.4f}, {0} accuracy {2:.4f}".format(
+            held_out, final.get("eval_loss", float("nan")), final["eval_accuracy"]))
+    if "eval_test_accuracy" in final:
+        parts.append("labeled test accuracy {:.4f}".format(final["eval_test_accuracy"]))
+    if "eval_personal_accuracy" in final:
+        parts.append("personalized {} accuracy {:.4f}".format(
+            held_out, final["eval_personal_accuracy"]))
+    return "; ".join(parts) or "not evaluated"

@@ -1,0 +1,267 @@
+"""scripts/train.py's flag values checked together, before TensorFlow builds anything.
+
+`check(options, present)` takes every flag value by flag name (`options`, the dict that
+`experiments.training.run_algorithm` reads, with "rank_present") and the names of the flags given
+on the command line (`present`); it raises `UsageError` naming the first flag whose value cannot
+work, with what to do instead. `output_dir(options)` resolves --output_dir (or a fresh
+runs/<task>-<algorithms>-<time>) and proves it writable.
+
+>>> options = dict(DEFAULTS, algorithm=["rolora"], clients_per_round=8, num_clients=5)
+>>> check(options, present={"algorithm", "clients_per_round"})
+Traceback (most recent call last):
+...
+experiments.cli.UsageError: flag --clients_per_round=8: must be <= --num_clients=5
+>>> check(dict(DEFAULTS, algorithm=["rolora"]), present={"algorithm"})   # passes: no output
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import pathlib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from experiments import algorithms
+from experiments import cli
+from experiments import training
+from experiments.cli import UsageError
+from tasks import registry
+
+# scripts/train.py's flags and their defaults (its --help documents each), and "rank_present"
+# (whether --rank was given); a starting point for options built without absl, as above.
+DEFAULTS: dict[str, Any] = {
+    "algorithm": ["rolora", "fedavg_lora", "ffa_lora"], "representation": "mlp",
+    "local_epochs": 1, "head_epochs": 10, "representation_blocks": 1, "representation_epochs": 1,
+    "shortcut_epochs": 1, "shortcut_alpha": 0.5, "adaptpfl_variant": "a", "adaptpfl_order": None,
+    "shortcut_ridge": 0.0, "project_shortcut": True, "shortcut_damping": 1.0, "head_damping": 1.0,
+    "flute_feature_penalty": 0.005, "flute_head_penalty": 0.0025, "flute_nc_penalty": 0.25,
+    "flute_nc_step": 0.5, "flute_variant": "star", "flute_final_head_epochs": 0,
+    "flute_feature_reduction": "mean", "finetune_epochs": None, "participation": "uniform",
+    "initial_participants": 2, "srpfl_pool": 0, "stage_rounds": "10", "straggler": "fixed",
+    "communication_cost": 0.0, "task": "digits", "backbone": "tiny", "sequence_length": 64,
+    "lora_targets": ["query", "value"], "lora_layers": None, "prefix_cache": True,
+    "bucket_by_length": True, "lora_alpha": None, "partition": "shards", "classes_per_client": 2,
+    "dirichlet_alpha": 0.5, "data_dir": None, "num_clients": 5, "clients_per_round": 5,
+    "rounds": 100, "local_steps": 10, "rank": 16, "eval_test": False, "eval_per_client": False,
+    "client_ranks": None, "rolora_fraction": 0.5, "batch_size": 16, "learning_rate": 0.5,
+    "client_optimizer": "sgd", "client_momentum": 0.0, "weight_decay": 0.0,
+    "server_optimizer": "sgd", "server_learning_rate": 1.0, "server_momentum": 0.0,
+    "frozen_dir": None, "seed": 0, "eval_every": 5, "checkpoint_every": 1, "output_dir": None,
+    "resume": False, "workers": 1, "worker_addresses": None, "runtime": "tff", "devices": "",
+    "logical_cpus": 0, "worker_timeout": 60.0,
+    "rank_present": False,
+}
+
+
+def _at_least(options: Mapping[str, Any], name: str, minimum: int = 1) -> None:
+    cli.at_least(name, options[name], minimum)
+
+
+def _check_workers(options: Mapping[str, Any]) -> None:
+    _at_least(options, "workers")
+    if options["runtime"] == "distribute":
+        if options["workers"] != 1 or options["worker_addresses"]:
+            raise UsageError("flags --workers/--worker_addresses are for --runtime=tff; "
+                             "--runtime=distribute runs in this process over --devices")
+        if options["logical_cpus"] < 0:
+            raise UsageError(f"flag --logical_cpus={options['logical_cpus']}: must be >= 0")
+    elif options["devices"] or options["logical_cpus"]:
+        raise UsageError("flags --devices/--logical_cpus need --runtime=distribute (the TFF "
+                         "worker of tensorflow-federated 0.87 runs on the CPU only)")
+    if not options["worker_timeout"] > 0:
+        raise UsageError(f"flag --worker_timeout={options['worker_timeout']}: must be > 0")
+    if options["worker_addresses"] and options["workers"] != 1:
+        raise UsageError(f"flag --workers={options['workers']}: give either --workers or "
+                         "--worker_addresses")
+
+
+def _check_adaptpfl(options: Mapping[str, Any], present: Collection[str]) -> None:
+    changed = [n for n in training.ADAPTPFL_FLAGS if n in present]
+    if changed and "adaptpfl" not in options["algorithm"]:
+        raise UsageError(f"flag --{changed[0]}={options[changed[0]]}: is AdaptPFL's; "
+                         "use it with --algorithm=adaptpfl")
+    ridge = options["shortcut_ridge"]
+    if not (math.isfinite(ridge) and ridge >= 0):
+        raise UsageError(f"flag --shortcut_ridge={ridge}: must be >= 0")
+    for name in ("shortcut_damping", "head_damping"):
+        value = options[name]
+        if not 0.0 < value <= 1.0:
+            raise UsageError(f"flag --{name}={value}: must be in (0, 1] (1: no damping)")
+        if value != 1.0 and options["adaptpfl_variant"] != "b":
+            raise UsageError(f"flag --{name}={value}: damping is variant b's step; add "
+                             "--adaptpfl_variant=b")
+
+
+def _check_client_ranks(options: Mapping[str, Any]) -> None:
+    if not options["client_ranks"]:
+        return
+    given = ",".join(options["client_ranks"])
+    try:
+        ranks = training.client_ranks(options)
+    except ValueError:
+        raise UsageError(f"flag --client_ranks={given}: must be integer ranks, e.g. "
+                         "4,8,16") from None
+    if min(ranks) < 1:
+        raise UsageError(f"flag --client_ranks={given}: ranks must be >= 1")
+    others = [a for a in options["algorithm"] if a not in ("flexlora", "flora")]
+    if others:
+        raise UsageError(f"flag --client_ranks={given}: only flexlora and flora aggregate "
+                         f"adapters of different ranks, not {', '.join(others)}")
+    if max(ranks) > training.adapter_rank(options):
+        raise UsageError(f"flag --client_ranks={given}: rank {max(ranks)} is above "
+                         f"--rank={options['rank']}; raise --rank or leave it unset (the "
+                         "adapters then take the largest client rank)")
+
+
+def _check_model(options: Mapping[str, Any]) -> None:
+    """The model's flags: LoRA, the representation and the task it is defined for."""
+    _at_least(options, "rank")
+    _check_client_ranks(options)
+    _at_least(options, "sequence_length", minimum=4)
+    if options["lora_alpha"] is not None and not options["lora_alpha"] > 0:
+        raise UsageError(f"flag --lora_alpha={options['lora_alpha']}: must be > 0")
+    try:
+        [int(i) for i in options["lora_layers"] or []]
+    except ValueError:
+        raise UsageError(f"flag --lora_layers={','.join(options['lora_layers'])}: must be "
+                         "integer layer indices") from None
+    if options["task"] in registry.TEXT_TASKS and "adaptpfl" in options["algorithm"]:
+        raise UsageError(f"flag --task={options['task']}: adaptpfl's shortcut model is defined "
+                         "for the image tasks (an MLP representation)")
+    if "adaptpfl" in options["algorithm"] and options["representation"] != "mlp":
+        raise UsageError(f"flag --representation={options['representation']}: adaptpfl's "
+                         "shortcut model needs --representation=mlp")
+    if "fedsa_lora" in options["algorithm"] and options["representation"] == "lora_alternating":
+        raise UsageError("flag --representation=lora_alternating: fedsa_lora trains A and its "
+                         "personal B together every round; leave --representation at its default")
+
+
+def _check_local_work(options: Mapping[str, Any], present: Collection[str]) -> None:
+    """The epochs and penalties of the personalized algorithms' client work."""
+    algorithm = options["algorithm"]
+    for name in ("local_epochs", "head_epochs", "representation_epochs", "initial_participants",
+                 "shortcut_epochs", "representation_blocks"):
+        _at_least(options, name)
+    if not 0.0 <= options["shortcut_alpha"] <= 1.0:
+        raise UsageError(f"flag --shortcut_alpha={options['shortcut_alpha']}: must be in [0, 1]")
+    _check_adaptpfl(options, present)
+    if ("flute" in algorithm and options["flute_variant"] == "plain"
+            and "head_epochs" in present):
+        raise UsageError(f"flag --head_epochs={options['head_epochs']}: plain FLUTE (the "
+                         "paper's Algorithm 2) has no head-only epochs; use --local_epochs, or "
+                         "--flute_variant=star")
+    for name in ("flute_feature_penalty", "flute_head_penalty", "flute_nc_penalty",
+                 "flute_nc_step"):
+        if not options[name] >= 0:
+            raise UsageError(f"flag --{name}={options[name]}: must be >= 0")
+    _at_least(options, "flute_final_head_epochs", minimum=0)
+    if options["flute_final_head_epochs"] and "flute" not in algorithm:
+        raise UsageError(f"flag --flute_final_head_epochs={options['flute_final_head_epochs']}: "
+                         "is FLUTE's final round; use it with --algorithm=flute")
+    if options["representation_blocks"] > 1 and set(algorithm) - {"fedrep"}:
+        raise UsageError(f"flag --representation_blocks={options['representation_blocks']}: "
+                         "interleaves FedRep's head and representation epochs; use it with "
+                         "--algorithm=fedrep only")
+    if options["finetune_epochs"] is not None:
+        _at_least(options, "finetune_epochs", minimum=0)
+    if options["finetune_epochs"] and "fedavg" in algorithm:
+        raise UsageError(f"flag --finetune_epochs={options['finetune_epochs']}: fedavg evaluates "
+                         "the global model as it is; use --algorithm=fedavg_ft to fine-tune heads")
+    if not 0.0 <= options["rolora_fraction"] <= 1.0:
+        raise UsageError(f"flag --rolora_fraction={options['rolora_fraction']}: must be in "
+                         "[0, 1]")
+
+
+def _check_participation(options: Mapping[str, Any]) -> None:
+    """SRPFL's participation flags and the clients sampled per round."""
+    if options["stage_rounds"] != "lemma_b1":
+        try:
+            stage_rounds = int(options["stage_rounds"])
+        except ValueError:
+            stage_rounds = 0
+        if stage_rounds < 1:
+            raise UsageError(f"flag --stage_rounds={options['stage_rounds']}: must be an "
+                             "integer >= 1 or lemma_b1")
+    if not options["communication_cost"] >= 0:
+        raise UsageError(f"flag --communication_cost={options['communication_cost']}: must be "
+                         ">= 0")
+    pool, num_clients = options["srpfl_pool"], options["num_clients"]
+    if pool:
+        if options["participation"] not in ("srpfl", "full"):
+            raise UsageError(f"flag --srpfl_pool={pool}: applies to --participation=srpfl or "
+                             "full")
+        if not 1 <= pool <= num_clients:
+            raise UsageError(f"flag --srpfl_pool={pool}: must be between 1 and "
+                             f"--num_clients={num_clients} (the pool is drawn from them)")
+    if options["participation"] == "srpfl" and options["initial_participants"] > (
+            pool or num_clients):
+        raise UsageError(
+            f"flag --initial_participants={options['initial_participants']}: must be <= "
+            f"{'--srpfl_pool' if pool else '--num_clients'}={pool or num_clients} (SRPFL "
+            "picks the fastest n0 of the round's pool)")
+    if options["clients_per_round"] > num_clients:
+        raise UsageError(f"flag --clients_per_round={options['clients_per_round']}: must be <= "
+                         f"--num_clients={num_clients}")
+
+
+def _check_optimizers(options: Mapping[str, Any]) -> None:
+    for name in ("learning_rate", "server_learning_rate", "dirichlet_alpha"):
+        if not options[name] > 0:
+            raise UsageError(f"flag --{name}={options[name]}: must be > 0")
+    for name, optimizer in (("client_momentum", options["client_optimizer"]),
+                            ("server_momentum", options["server_optimizer"])):
+        value = options[name]
+        if not 0.0 <= value < 1.0:
+            raise UsageError(f"flag --{name}={value}: must be in [0, 1)")
+        if value and optimizer not in ("sgd", "sgdm"):
+            raise UsageError(f"flag --{name}={value}: momentum applies to the sgd and sgdm "
+                             f"optimizers only, not {optimizer}")
+        if optimizer == "sgdm" and not value > 0:
+            raise UsageError(f"flag --{name}={value}: the sgdm optimizer needs a momentum > 0 "
+                             "(e.g. 0.5)")
+    if not options["weight_decay"] >= 0:
+        raise UsageError(f"flag --weight_decay={options['weight_decay']}: must be >= 0")
+
+
+def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
+    """Raises `UsageError` naming the first flag of `options` that cannot work.
+
+    `present`: the flags given on the command line (a few checks refuse a flag that was given
+    but does nothing for the chosen algorithm).
+    """
+    _check_workers(options)
+    for name in ("num_clients", "clients_per_round", "rounds", "local_steps", "batch_size",
+                 "checkpoint_every", "classes_per_client"):
+        _at_least(options, name)
+    _at_least(options, "eval_every", minimum=0)
+    _check_model(options)
+    _check_local_work(options, present)
+    if options["eval_test"] and options["task"] != "sst2":
+        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
+                         f"its dev set, not --task={options['task']}")
+    _check_participation(options)
+    algorithm = options["algorithm"]
+    unknown = [a for a in algorithm if a not in algorithms.ALGORITHMS]
+    if unknown or not algorithm:
+        raise UsageError(f"flag --algorithm={','.join(algorithm)}: unknown "
+                         f"{', '.join(unknown) or 'empty'}; choose from "
+                         f"{', '.join(algorithms.ALGORITHMS)}")
+    if len(set(algorithm)) != len(algorithm):
+        raise UsageError(f"flag --algorithm={','.join(algorithm)}: names repeat")
+    _check_optimizers(options)
+
+
+def output_dir(options: Mapping[str, Any]) -> pathlib.Path:
+    """--output_dir, or runs/<task>-<algorithms>-<time> for a new run; created and proved
+    writable (`UsageError` otherwise, and for --resume without --output_dir)."""
+    if options["output_dir"]:
+        path = pathlib.Path(options["output_dir"])
+    elif options["resume"]:
+        raise UsageError("flag --resume needs --output_dir naming the run to continue")
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        algorithm = options["algorithm"]
+        name = "-".join(algorithm) if len(algorithm) <= 3 else "compare"
+        path = pathlib.Path("runs") / f"{options['task']}-{name}-{stamp}"
+    return cli.writable_output_dir(path)
