@@ -45,12 +45,12 @@ def test_the_defaults_pass():
 
 
 @pytest.mark.parametrize("changes, present, flag", [
-    # given on the command line for an algorithm that does not use it
-    ({"adaptpfl_variant": "b"}, {"adaptpfl_variant"}, "--adaptpfl_variant=b"),
+    ({"adaptpfl_variant": "b"}, {"adaptpfl_variant"}, "--adaptpfl_variant=b"),  # not adaptpfl
     ({"algorithm": ["flute"], "flute_variant": "plain"}, {"head_epochs"}, "--head_epochs=10"),
-    # the same values at their defaults (not given) pass for the other algorithms
 ])
-def test_a_flag_given_for_another_algorithm_is_refused(changes, present, flag):
+def test_a_flag_given_where_it_does_nothing_is_refused(changes, present, flag):
+    """Given on the command line, refused (AdaptPFL's switch without adaptpfl; head-only epochs
+    for plain FLUTE, which has none); the same values not given pass."""
     with pytest.raises(UsageError, match=flag):
         train_options.check(_options(**changes), present)
     train_options.check(_options(**changes), present=())
