@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -105,6 +106,9 @@ class PrefixCache:
         self.computed = 0  # examples passed through the prefix so far
         self.seconds = 0.0  # time spent computing them
         self._call = None
+        # The simulation loop builds a round's batches on a background thread while evaluation
+        # reads h_k on the main one (`tffl.simulation.run_rounds(prefetch=True)`).
+        self._lock = threading.RLock()
 
     def _compute(self, features) -> np.ndarray:
         if self._call is None:
@@ -121,6 +125,10 @@ class PrefixCache:
 
     def hidden(self, cid: str, examples: ClientExamples, ids: np.ndarray) -> list[np.ndarray]:
         """h_k of examples `ids` of client `cid`, each (len_i, H); computes the missing ones."""
+        with self._lock:
+            return self._hidden_locked(cid, examples, ids)
+
+    def _hidden_locked(self, cid: str, examples: ClientExamples, ids: np.ndarray) -> list:
         store = self._hidden.setdefault(cid, [None] * len(examples))
         missing = np.unique([i for i in ids if store[i] is None]).astype(np.int64)
         if len(missing):
@@ -149,7 +157,8 @@ class PrefixCache:
 
     @property
     def examples_cached(self) -> int:
-        return sum(sum(h is not None for h in store) for store in self._hidden.values())
+        with self._lock:
+            return sum(sum(h is not None for h in store) for store in self._hidden.values())
 
 
 class TextRounds:
@@ -176,6 +185,7 @@ class TextRounds:
                  storage_dir: str | None = None):
         self._clients = clients
         self._loaded: dict[str, ClientExamples] = {}
+        self._loading = threading.Lock()  # `examples` may be asked from two threads at once
         if client_ids is None and callable(clients):
             raise ValueError("TextRounds needs client_ids when clients is a loading function")
         self.client_ids = list(client_ids if client_ids is not None else clients)
@@ -186,10 +196,11 @@ class TextRounds:
         self.storage_dir = storage_dir
 
     def examples(self, cid: str) -> ClientExamples:
-        if cid not in self._loaded:
-            source = self._clients
-            self._loaded[cid] = source(cid) if callable(source) else source[cid]
-        return self._loaded[cid]
+        with self._loading:
+            if cid not in self._loaded:
+                source = self._clients
+                self._loaded[cid] = source(cid) if callable(source) else source[cid]
+            return self._loaded[cid]
 
     def _seeds(self, cid: str, round_num: int) -> tuple[int, int]:
         # The first is the shuffle seed the classic tf.data pipeline used for (seed, t, client).

@@ -3,7 +3,10 @@
 Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
 
 1. asks the sampler for the round's client ids (a pure function of the seed and `t`);
-2. builds each chosen client's dataset with `client_dataset_fn(client_id, t)`;
+2. builds each chosen client's dataset with `client_dataset_fn(client_id, t)`: with `prefetch`
+   (the default) on a background thread while round t − 1 runs, so that building it (e.g. a
+   text task's frozen-prefix outputs and round files, `tasks.prefix_cache`) overlaps the TFF
+   computation instead of following it; the datasets and their order are the same either way;
 3. calls `process.next(state, datasets)` and flattens the returned metrics;
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
 5. appends a row to `<output_dir>/metrics.csv`, releases its numbers as TensorBoard scalars to
@@ -42,6 +45,7 @@ import dataclasses
 import math
 import os
 import pathlib
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -72,7 +76,8 @@ _LEADING_COLUMNS = (
     "round_seconds",
 )
 # Columns that depend on the machine, not on the math: left out of resume comparisons.
-TIMING_COLUMNS = ("round_seconds", "evaluation_seconds")
+# `data_seconds`: how long the round waited for its clients' datasets (not in round_seconds).
+TIMING_COLUMNS = ("round_seconds", "evaluation_seconds", "data_seconds")
 
 
 class Sampler(Protocol):
@@ -225,6 +230,55 @@ def _progress_line(row: dict[str, Any], rounds: int) -> str:
     return "  ".join(parts)
 
 
+class _RoundData:
+    """The clients' datasets of a round, built now or, with `prefetch`, on a background thread
+    started during the previous round (`start`); `take` returns them (and raises whatever
+    building them raised). Each round's participation is sampled once, in round order."""
+
+    def __init__(self, sampler: Sampler, client_dataset_fn, prefetch: bool):
+        self._sampler, self._fn, self._prefetch = sampler, client_dataset_fn, prefetch
+        self._pending = None  # (round_num, participation, thread, result box)
+
+    def _build(self, participation: Participation, round_num: int) -> list:
+        return [self._fn(cid, round_num) for cid in participation.client_ids]
+
+    def start(self, round_num: int) -> None:
+        """Starts building round `round_num`'s datasets in the background (with `prefetch`)."""
+        if not self._prefetch:
+            return
+        participation, box = self._sampler.sample(round_num), {}
+
+        def build():
+            try:
+                box["datasets"] = self._build(participation, round_num)
+            except BaseException as e:  # re-raised by `take`, in the loop's thread
+                box["error"] = e
+
+        thread = threading.Thread(target=build, name=f"tffl-round-{round_num}-data",
+                                  daemon=True)
+        thread.start()
+        self._pending = (round_num, participation, thread, box)
+
+    def take(self, round_num: int) -> tuple[Participation, list]:
+        if self._pending is None or self._pending[0] != round_num:
+            self.wait()
+            participation = self._sampler.sample(round_num)
+            return participation, self._build(participation, round_num)
+        _, participation, thread, box = self._pending
+        self._pending = None
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return participation, box["datasets"]
+
+    def wait(self) -> None:
+        """Lets a background build finish (its result is dropped): nothing writes after the
+        loop returns."""
+        if self._pending is not None:
+            self._pending[2].join()
+            self._pending = None
+
+
 def run_rounds(
     process: Any,
     sampler: Sampler,
@@ -241,6 +295,7 @@ def run_rounds(
     until: Callable[[Mapping[str, Any]], bool] | None = None,
     after_round: Callable[[Mapping[str, Any], Any], None] | None = None,
     initial_state: Any = None,
+    prefetch: bool = True,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -272,6 +327,9 @@ def run_rounds(
       initial_state: the state round 1 starts from (default `process.initialize()`), e.g. a
         method-of-moments initialization; it must have `initialize()`'s structure (it is the
         template checkpoints are loaded into).
+      prefetch: build round t + 1's datasets on a background thread while round t runs (step
+        2 above). `client_dataset_fn` must then be safe to call from another thread while
+        `process.next` and `evaluate_fn` run (the text tasks' `tasks.prefix_cache` is).
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -316,7 +374,8 @@ def run_rounds(
             )
             raise ResumeError(
                 f"cannot resume {output_dir}: its run used a different configuration "
-                f"(differs in: {', '.join(changed)}); use the original flags or another --output_dir"
+                f"(differs in: {', '.join(changed)}); use the original flags or another "
+                "--output_dir"
             )
         if store is not None:
             store.load_arrays(extra)
@@ -332,57 +391,66 @@ def run_rounds(
     release = _TensorBoardRelease(output_dir / TENSORBOARD_DIR) if tensorboard else None
     communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
 
-    for round_num in range(first_round, rounds + 1):
-        participation = sampler.sample(round_num)
-        datasets = [client_dataset_fn(cid, round_num) for cid in participation.client_ids]
-        traffic_columns = traffic.columns(state, participation.client_ids)
-        start = time.perf_counter()
-        if store is not None:
-            output = process.next(state, datasets, store.lookup(participation.client_ids))
-            store.update(participation.client_ids, output.personal_states)
-        else:
-            output = process.next(state, datasets)
-        seconds = time.perf_counter() - start
-        if hasattr(output, "state"):
-            state, metrics = output.state, output.metrics
-        else:
-            state, metrics = output
-        flat = flatten_metrics(metrics)
-        row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
-        row.update(_summary_metrics(flat))
-        row.update(traffic_columns)
-        communication_rounds += 1
-        row["communication_rounds"] = communication_rounds
-        row["round_seconds"] = seconds
-        row.update(participation.info)
-        row.update(flat)
-        loss = row.get("train_loss")
-        if loss is not None and not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"round {round_num}: training loss is {loss}; the run stopped and its last good "
-                f"checkpoint is kept in {checkpoint_dir}. Lower the learning rate and rerun "
-                "with a fresh --output_dir."
-            )
-        is_last = round_num == rounds
-        if evaluate_fn is not None and (is_last or (eval_every and round_num % eval_every == 0)):
-            eval_start = time.perf_counter()
-            evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
-            for key, value in evaluated.items():
-                row[f"eval_{key}"] = float(value)
-            row["evaluation_seconds"] = time.perf_counter() - eval_start
-        stop = until is not None and bool(until(row))
-        is_last = is_last or stop
-        history.append(row)
-        _write_metrics(metrics_path, history)
-        if release is not None:
-            release(row)
-        if is_last or round_num % checkpoint_every == 0:
-            checkpoint.save(checkpoint_dir, round_num, state, config=config,
-                            extra=store.to_arrays() if store is not None else None,
-                            frozen_fingerprint=fingerprint)
-        say(_progress_line(row, rounds))
-        if after_round is not None:
-            after_round(row, state)
-        if stop:
-            break
+    round_data = _RoundData(sampler, client_dataset_fn, prefetch)
+    try:
+        for round_num in range(first_round, rounds + 1):
+            waited = time.perf_counter()
+            participation, datasets = round_data.take(round_num)
+            data_seconds = time.perf_counter() - waited
+            if round_num < rounds:
+                round_data.start(round_num + 1)  # built while this round runs
+            traffic_columns = traffic.columns(state, participation.client_ids)
+            start = time.perf_counter()
+            if store is not None:
+                output = process.next(state, datasets, store.lookup(participation.client_ids))
+                store.update(participation.client_ids, output.personal_states)
+            else:
+                output = process.next(state, datasets)
+            seconds = time.perf_counter() - start
+            if hasattr(output, "state"):
+                state, metrics = output.state, output.metrics
+            else:
+                state, metrics = output
+            flat = flatten_metrics(metrics)
+            row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
+            row.update(_summary_metrics(flat))
+            row.update(traffic_columns)
+            communication_rounds += 1
+            row["communication_rounds"] = communication_rounds
+            row["round_seconds"] = seconds
+            row["data_seconds"] = data_seconds
+            row.update(participation.info)
+            row.update(flat)
+            loss = row.get("train_loss")
+            if loss is not None and not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"round {round_num}: training loss is {loss}; the run stopped and its last "
+                    f"good checkpoint is kept in {checkpoint_dir}. Lower the learning rate and "
+                    "rerun with a fresh --output_dir."
+                )
+            is_last = round_num == rounds
+            evaluate_now = is_last or (eval_every and round_num % eval_every == 0)
+            if evaluate_fn is not None and evaluate_now:
+                eval_start = time.perf_counter()
+                evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
+                for key, value in evaluated.items():
+                    row[f"eval_{key}"] = float(value)
+                row["evaluation_seconds"] = time.perf_counter() - eval_start
+            stop = until is not None and bool(until(row))
+            is_last = is_last or stop
+            history.append(row)
+            _write_metrics(metrics_path, history)
+            if release is not None:
+                release(row)
+            if is_last or round_num % checkpoint_every == 0:
+                checkpoint.save(checkpoint_dir, round_num, state, config=config,
+                                extra=store.to_arrays() if store is not None else None,
+                                frozen_fingerprint=fingerprint)
+            say(_progress_line(row, rounds))
+            if after_round is not None:
+                after_round(row, state)
+            if stop:
+                break
+    finally:
+        round_data.wait()
     return SimulationResult(state, history, first_round, store)

@@ -169,7 +169,8 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
             config=dataclasses.asdict(config) | dict(backbone=built.backbone.name,
                                                      algorithm=built.algorithm,
                                                      clients_per_round=num_clients),
-            log=None, tensorboard=False, after_round=after_round, initial_state=state)
+            log=None, tensorboard=False, after_round=after_round, initial_state=state,
+            prefetch=False)  # the datasets are pre-built; a round's first request starts its span
         if len(result.history) != total or len(tff_times) != config.rounds:
             raise RuntimeError(f"{stem}: run_rounds ran {len(result.history)} communication "
                                f"rounds ({len(tff_times)} benchmark rounds), expected {total}")

@@ -5,6 +5,8 @@ The toy process keeps a running vector state s; a round adds the mean over the s
 """
 
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -212,3 +214,91 @@ def test_after_round_sees_every_row_and_state(tmp_path):
     for r, state in seen:
         np.testing.assert_allclose(state, _expected_state(r))
     np.testing.assert_allclose(result.state["s"], seen[-1][1])
+
+
+class _WaitsForTheNextRound(_SumProcess):
+    """`next` of round t waits (at most 30 s) until round t + 1's first dataset was asked for
+    and records whether it was: the loop builds the next round during this one."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = {}  # round -> threading.Event
+        self.overlapped = []
+
+    def data(self, cid, round_num):
+        self.asked.setdefault(round_num, threading.Event()).set()
+        return _data(cid, round_num)
+
+    def next(self, state, datasets):
+        t = self.calls + 1
+        self.overlapped.append(self.asked.setdefault(t + 1, threading.Event()).wait(30))
+        return super().next(state, datasets)
+
+
+def test_the_next_rounds_datasets_are_built_while_a_round_runs(tmp_path):
+    process = _WaitsForTheNextRound()
+    result = simulation.run_rounds(
+        process, participation.UniformSampler(_CLIENTS, 3, seed=1), process.data, rounds=4,
+        output_dir=tmp_path, log=None, tensorboard=False)
+    assert process.overlapped == [True, True, True, False]  # the last round has no next
+    np.testing.assert_allclose(result.state["s"], _expected_state(4))
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    assert all(r["data_seconds"] >= 0.0 for r in rows)
+
+
+def test_prefetch_gives_the_same_run_as_building_each_round_in_turn(tmp_path):
+    calls = {True: [], False: []}
+    results = {}
+    for prefetch in (True, False):
+        def data(cid, round_num, log=calls[prefetch]):
+            log.append((round_num, cid))
+            return _data(cid, round_num)
+
+        results[prefetch] = simulation.run_rounds(
+            _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, rounds=5,
+            output_dir=tmp_path / str(prefetch), log=None, tensorboard=False,
+            evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
+            prefetch=prefetch)
+    assert calls[True] == calls[False]  # the same clients' datasets, in the same order
+    drop = set(simulation.TIMING_COLUMNS)
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in results[True].history]
+            == [{k: v for k, v in r.items() if k not in drop} for r in results[False].history])
+    np.testing.assert_array_equal(results[True].state["s"], _expected_state(5))
+
+
+class _CountingSampler(participation.UniformSampler):
+    def __init__(self):
+        super().__init__(_CLIENTS, 3, seed=1)
+        self.asked = []
+
+    def sample(self, round_num):
+        self.asked.append(round_num)
+        return super().sample(round_num)
+
+
+def test_each_round_is_sampled_once_in_order_and_a_stopped_run_leaves_no_build_behind(tmp_path):
+    sampler, built = _CountingSampler(), []
+
+    def slow_data(cid, round_num):
+        time.sleep(0.05)  # still building round 3 when round 2 stops the run
+        built.append(round_num)
+        return _data(cid, round_num)
+
+    simulation.run_rounds(_SumProcess(), sampler, slow_data, rounds=6, output_dir=tmp_path,
+                          log=None, tensorboard=False, until=lambda row: row["round"] == 2)
+    assert sampler.asked == [1, 2, 3]
+    assert built == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # round 3's build finished before the return
+
+
+def test_a_failed_build_of_the_next_round_surfaces_when_that_round_starts(tmp_path):
+    def data(cid, round_num):
+        if round_num == 3:
+            raise FileNotFoundError(f"client {cid}: its round-3 file is missing")
+        return _data(cid, round_num)
+
+    with pytest.raises(FileNotFoundError, match="round-3 file is missing"):
+        simulation.run_rounds(_SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1),
+                              data, rounds=5, output_dir=tmp_path, log=None, tensorboard=False)
+    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    assert [r["round"] for r in rows] == [1, 2]  # rounds 1 and 2 are kept, and checkpointed
+    assert checkpoint.latest(tmp_path / "checkpoints")[0] == 2
