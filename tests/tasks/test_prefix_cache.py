@@ -7,6 +7,8 @@ split (a missing layer, a wrong mask, a stale cache, a shifted weight) fails it.
 """
 
 import collections
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -177,11 +179,9 @@ def test_classic_path_keeps_the_tf_data_pipelines_batches():
 
 
 def test_text_rounds_bad_input_is_one_clear_error():
-    import pytest as _pytest
-
-    with _pytest.raises(ValueError, match="needs client_ids"):
+    with pytest.raises(ValueError, match="needs client_ids"):
         prefix_cache.TextRounds(lambda cid: None, K_STEPS, BATCH, seed=0)
-    with _pytest.raises(ValueError, match="need a 'padding_mask'"):
+    with pytest.raises(ValueError, match="need a 'padding_mask'"):
         prefix_cache.ClientExamples({"token_ids": np.ones((2, 3), np.int32)}, np.zeros(2))
 
 
@@ -210,3 +210,60 @@ def test_client_examples_from_dataset_reads_every_element_in_order(monkeypatch, 
     np.testing.assert_array_equal(examples.lengths, mask.sum(axis=1))
     with pytest.raises(ValueError, match="a client has no examples"):
         prefix_cache.ClientExamples.from_dataset(dataset.take(0))
+
+
+def _at_once(calls):
+    """Runs the zero-argument `calls` on threads released together; returns their results."""
+    barrier, results = threading.Barrier(len(calls)), [None] * len(calls)
+
+    def run(slot):
+        barrier.wait()
+        results[slot] = calls[slot]()
+
+    threads = [threading.Thread(target=run, args=(slot,)) for slot in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    return results
+
+
+def test_prefix_cache_computes_each_example_once_when_two_threads_ask_at_once():
+    # run_rounds(prefetch=True) builds round t+1's batches on a thread while evaluation reads
+    # h_k on the main one. The slow prefix below holds the first thread inside the computation
+    # long enough that, without the cache's lock, the second would also find every example
+    # missing and compute it again (`computed` would be 2n) or read a half-filled store.
+    examples = _clients()["1"]
+    n = len(examples)
+    batch_sizes = []
+
+    def slow_prefix(features):  # h_k = (token, -token) per position: checkable per example
+        batch_sizes.append(len(features["token_ids"]))
+        time.sleep(0.2)
+        return features["token_ids"][..., None].astype(np.float32) * np.float32([1, -1])
+
+    cache = prefix_cache.PrefixCache(prefix=None, compute_batch_size=4)
+    cache._compute = slow_prefix
+    forward, backward = np.arange(n), np.arange(n)[::-1]
+    got = _at_once([lambda: cache.hidden("train/1", examples, forward),
+                    lambda: cache.hidden("train/1", examples, backward)])
+    assert cache.computed == n and sum(batch_sizes) == n and cache.examples_cached == n
+    tokens = examples.features["token_ids"]
+    for order, states in zip((forward, backward), got):
+        for i, h in zip(order, states):
+            expected = tokens[i, :examples.lengths[i], None] * np.float32([1, -1])
+            np.testing.assert_array_equal(h, expected)
+
+
+def test_text_rounds_loads_a_client_once_when_two_threads_ask_at_once():
+    clients, loads = _clients(), []
+
+    def slow_load(cid):
+        loads.append(cid)
+        time.sleep(0.2)  # without the lock the second thread would load the client again
+        return clients[cid]
+
+    rounds = prefix_cache.TextRounds(slow_load, K_STEPS, BATCH, seed=0, client_ids=["0", "2"])
+    first, second = _at_once([lambda: rounds.examples("2"), lambda: rounds.examples("2")])
+    assert loads == ["2"] and first is second is clients["2"]
