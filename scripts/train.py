@@ -168,7 +168,7 @@ _BACKBONE = flags.DEFINE_enum(
 _SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 64, "Text tasks: tokens per example.")
 _LORA_TARGETS = flags.DEFINE_list(
     "lora_targets", "query,value", "Text tasks: the projections that get LoRA adapters "
-    "(query, key, value, attention_output, intermediate, output).")
+    "(query, key, value, attention_output, ffn_in, ffn_out).")
 _LORA_LAYERS = flags.DEFINE_list(
     "lora_layers", None, "Text tasks: transformer layer indices (0-based) to adapt; default all.")
 _PREFIX_CACHE = flags.DEFINE_bool(
@@ -246,7 +246,8 @@ _EVAL_EVERY = flags.DEFINE_integer(
 )
 _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 1, "Checkpoint every N rounds.")
 _OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", None, "Run directory (default: runs/<task>-<algorithm>-<time>)."
+    "output_dir", None, "Run directory (default: runs/<task>-<algorithms>-<time>, or "
+    "runs/<task>-compare-<time> for more than 3 algorithms)."
 )
 _RESUME = flags.DEFINE_bool(
     "resume", False, "Continue the run in --output_dir from its checkpoint.")
