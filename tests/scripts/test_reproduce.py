@@ -40,6 +40,8 @@ def _run(*args, timeout=120):
         (["--experiment=rolora_mnist", "--data_dir=/nonexistent/tffl_data"], "--data_dir"),
         (["--experiment=rolora_linear", "extra"], "unexpected arguments"),
         (["--experiment=srpfl_mnist", "--collect"], "--collect"),
+        (["--experiment=rolora_linear", "--estimate"], "--estimate"),
+        (["--experiment=flute_synthetic", "--estimate"], "--estimate"),
         (["--experiment=sst2_clients", "--methods=rolora,nope"], "--methods"),
         (["--experiment=sst2_dirichlet", "--methods=centralized"], "--methods"),
         (["--experiment=srpfl_mnist", "--methods=rolora"], "--methods"),
