@@ -341,7 +341,7 @@ def main(argv: list[str]) -> int:
             if _ESTIMATE.value:
                 if ctx.experiment in ESTIMABLE:
                     running.estimate_experiment(ctx, RUNNERS[ctx.experiment])
-                else:  # --experiment=all: estimate the others
+                else:  # --experiment=all: skip it, estimate the rest
                     ctx.log(f"{ctx.experiment}: not estimated (no train.py runs to probe); "
                             "docs/REPRODUCE.md has its measured time")
                 continue
