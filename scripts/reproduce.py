@@ -2,7 +2,7 @@ r"""Reproduce the papers' experiments: one command each, a table (CSV + Markdown
 
     .venv/bin/python scripts/reproduce.py --experiment=rolora_linear             # small scale
     .venv/bin/python scripts/reproduce.py --experiment=sst2_minilm --scale=full
-    .venv/bin/python scripts/reproduce.py --experiment=all                       # all eleven
+    .venv/bin/python scripts/reproduce.py --experiment=all                       # all twelve
     .venv/bin/python scripts/reproduce.py --experiment=rolora_mnist --resume     # after a kill
 
 Each experiment writes `results.csv`, `results.md` (the table it prints), `results.png` and
