@@ -71,6 +71,26 @@ def parse_flags(argv: list[str], flag_values=None, help_text: str | None = None)
     return rest
 
 
+def error_exit(script: str, error: BaseException, status: int, message: str | None = None
+               ) -> int:
+    """Reports `error` as one line, `<script>: error: <message>` (default: the error's text), on
+    stderr and returns `status`, the script's exit status (2: a bad flag; 1: a failed step).
+    With TFFL_DEBUG=1 in the environment it re-raises `error` instead, traceback and all. Call
+    it from the `except` block that caught `error`:
+
+    >>> try:
+    ...     at_least("rounds", 0, 1)
+    ... except UsageError as e:
+    ...     status = error_exit("train.py", e, 2)   # stderr: train.py: error: flag --rounds=0: ...
+    >>> status
+    2
+    """
+    if os.environ.get("TFFL_DEBUG"):
+        raise error
+    sys.stderr.write(f"{script}: error: {error if message is None else message}\n")
+    return status
+
+
 def _number_list(name: str, values: Sequence[str], kind, noun: str) -> list:
     if not values:
         raise UsageError(f"flag --{name}: give at least one value")

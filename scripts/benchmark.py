@@ -237,10 +237,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
             raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
                              "targets run on real SST-2 sentences; see ../shared/data)")
     except UsageError as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"{name}: error: {e}\n")
-        sys.exit(2)
+        sys.exit(cli.error_exit(name, e, 2))
     _import_tensorflow()
     return rest
 
@@ -272,10 +269,7 @@ def main(argv: list[str]) -> int:
         result = run.run_benchmark(config, log=log, output_dir=output_dir)
     except (ValueError, OSError, FloatingPointError, runtime.WorkerError) as e:
         # FloatingPointError: run_rounds' NonFiniteLossError (a NaN or infinite training loss).
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"benchmark.py: error: {e}\n")
-        return 1
+        return cli.error_exit("benchmark.py", e, 1)
     table = report.format_table(result)
     targets = report.format_targets(result)
     report.write_outputs(output_dir, result, table, targets, command.strip())

@@ -145,15 +145,9 @@ def main(argv: list[str]) -> int:
                     for seed in config["seeds"]:
                         rows += run_setting(m, k, seed, config)
     except UsageError as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"flute_synthetic.py: error: {e}\n")
-        return 2
+        return cli.error_exit("flute_synthetic.py", e, 2)
     except (ValueError, FloatingPointError, OSError) as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"flute_synthetic.py: error: {e}\n")
-        return 1
+        return cli.error_exit("flute_synthetic.py", e, 1)
     print("\n" + write_results(rows, config) + "\n", flush=True)
     print(f"done in {time.perf_counter() - started:.0f} s; results in {config['output_dir']}",
           flush=True)

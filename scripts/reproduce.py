@@ -322,10 +322,7 @@ def main(argv: list[str]) -> int:
     try:
         contexts = contexts_from_flags()
     except UsageError as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"reproduce.py: error: {e}\n")
-        return 2
+        return cli.error_exit("reproduce.py", e, 2)
     _quiet()
     # SIGTERM unwinds like an exception, so that subprocesses and TFF workers are stopped. Once:
     # a second SIGTERM (`uv run` forwards the one it got) must not cut short the wait for a
@@ -347,15 +344,9 @@ def main(argv: list[str]) -> int:
                 continue
             run_experiment(ctx, command.strip())
         except UsageError as e:
-            if os.environ.get("TFFL_DEBUG"):
-                raise
-            sys.stderr.write(f"reproduce.py: error: {e}\n")
-            return 2
+            return cli.error_exit("reproduce.py", e, 2)
         except (StepError, ValueError, FloatingPointError, OSError, KeyError) as e:
-            if os.environ.get("TFFL_DEBUG"):
-                raise
-            sys.stderr.write(f"reproduce.py: error: {ctx.experiment}: {e}\n")
-            return 1
+            return cli.error_exit("reproduce.py", e, 1, f"{ctx.experiment}: {e}")
     return 0
 
 

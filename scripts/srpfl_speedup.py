@@ -273,10 +273,7 @@ def main(argv: list[str]) -> int:
         config = config_from_flags()
         output_dir = _output_dir()
     except UsageError as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"srpfl_speedup.py: error: {e}\n")
-        return 2
+        return cli.error_exit("srpfl_speedup.py", e, 2)
     cli.quiet_python_logs()
 
     def log(line: str) -> None:
@@ -299,10 +296,7 @@ def main(argv: list[str]) -> int:
         with runtime.local_runtime(log_dir=output_dir):
             rows = run_comparison(config, log=log, output_dir=output_dir)
     except (ValueError, FloatingPointError, OSError) as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"srpfl_speedup.py: error: {e}\n")
-        return 1
+        return cli.error_exit("srpfl_speedup.py", e, 1)
     tables = format_tables(config, rows)
     write_outputs(output_dir, config, rows, tables, command.strip())
     print("\n" + tables + "\n", flush=True)

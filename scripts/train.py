@@ -364,23 +364,14 @@ def main(argv: list[str]) -> int:
         cli.quiet_python_logs()
         summaries = run(output_dir)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"train.py: error: {e}\n")
-        return 2
+        return cli.error_exit("train.py", e, 2)
     except (ValueError, FloatingPointError, OSError) as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
-        sys.stderr.write(f"train.py: error: {e}\n")
-        return 1
+        return cli.error_exit("train.py", e, 1)
     except runtime.WorkerError as e:
-        if os.environ.get("TFFL_DEBUG"):
-            raise
         resumable = output_dir is not None and any(output_dir.rglob(simulation.CHECKPOINT_DIR))
-        sys.stderr.write(f"train.py: error: {e}" + (
+        return cli.error_exit("train.py", e, 3, f"{e}" + (
             f"; the completed rounds are checkpointed in {output_dir}: rerun with the same flags "
-            "and --resume to continue" if resumable else "") + "\n")
-        return 3
+            "and --resume to continue" if resumable else ""))
     except KeyboardInterrupt:
         if os.environ.get("TFFL_DEBUG"):
             raise

@@ -43,3 +43,26 @@ def test_int_list_and_output_dir_errors_name_the_flag(tmp_path):
     blocker.write_text("")
     with pytest.raises(cli.UsageError, match="--output_dir"):
         cli.writable_output_dir(blocker / "sub")
+
+
+def test_error_exit_is_one_line_and_the_status(monkeypatch, capsys):
+    monkeypatch.delenv("TFFL_DEBUG", raising=False)
+    try:
+        raise ValueError("round 3: training loss is nan")
+    except ValueError as e:
+        assert cli.error_exit("train.py", e, 1) == 1
+        assert cli.error_exit("reproduce.py", e, 2, f"sst2_clients: {e}") == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["train.py: error: round 3: training loss is nan",
+                                "reproduce.py: error: sst2_clients: round 3: training loss is nan"]
+
+
+def test_error_exit_reraises_under_tffl_debug(monkeypatch, capsys):
+    monkeypatch.setenv("TFFL_DEBUG", "1")
+    with pytest.raises(cli.UsageError, match="--rounds=0") as raised:
+        try:
+            cli.at_least("rounds", 0, 1)
+        except cli.UsageError as e:
+            cli.error_exit("train.py", e, 2)
+    assert raised.traceback[-1].name == "at_least"  # the original traceback, not a new one
+    assert capsys.readouterr().err == ""
