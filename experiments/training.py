@@ -118,7 +118,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
                 f"flag --client_ranks={','.join(options['client_ranks'])}: rank {adapter_rank(options)}"))
         raise
     who = {
-        "uniform": f"{options['clients_per_round']} clients per round",
+        "uniform": f"{registry.counted(options['clients_per_round'], 'client')} per round",
         "full": (f"{options['srpfl_pool']} random of {options['num_clients']} clients per round"
                  if options['srpfl_pool'] else f"all {options['num_clients']} clients per round")
                 + f" ({options['straggler']} speeds)",
@@ -129,7 +129,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
     }[options["participation"]]
     print(
         f"tffl: {algorithm} on {task.description}; {who}, "
-        f"{options['rounds']} communication rounds -> {output_dir}",
+        f"{registry.counted(options['rounds'], 'communication round')} -> {output_dir}",
         flush=True,
     )
     started = time.perf_counter()

@@ -383,9 +383,9 @@ def main(argv: list[str]) -> int:
     for summary in summaries:
         final = summary["final"]
         print(
-            "done: {} {} communication rounds; train loss {:.4f}; {}; {:.1f} s.".format(
+            "done: {} {}; train loss {:.4f}; {}; {:.1f} s.".format(
                 summary["algorithm"],
-                summary["communication_rounds"],
+                registry.counted(summary["communication_rounds"], "communication round"),
                 final.get("train_loss", float("nan")),
                 comparison.final_eval(final, comparison.held_out_name(_TASK.value)),
                 summary["wall_seconds_this_run"],

@@ -177,8 +177,8 @@ def _run_task(
         "lora_head_net": f"ReLU(xAB)W_head, d={input_dim}, r={rank}, W_head personal",
     }.get(model, f"ReLU(xAB)W_out, d={input_dim}, r={rank}")
     return RunTask(
-        description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
-        f"clients; {shape})",
+        description=f"{task.name} ({n_train} train examples, "
+        f"{counted(len(task.train_data.client_ids), 'client')}; {shape})",
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=_client_dataset_fn(task.train_data, batch_size, local_steps, seed),
         keras_model_fn=keras_model_fn,
@@ -187,6 +187,15 @@ def _run_task(
         client_eval_data=_client_eval_data(task, batch_size),
         global_test_size=_size(task.global_test_data),
     )
+
+
+def counted(count: int, noun: str) -> str:
+    """`count` and `noun`, in the plural unless count is 1, as run descriptions print them.
+
+    >>> counted(1, "client"), counted(3, "client")
+    ('1 client', '3 clients')
+    """
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _size(dataset: tf.data.Dataset) -> int | None:
@@ -453,9 +462,9 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
             return {**on_dev(weights), **{f"test_{k}": v for k, v in on_test(weights).items()}}
 
     run = RunTask(
-        description=f"{task.name} ({n_train} train examples, {len(task.train_data.client_ids)} "
-        f"clients; {shape}, LoRA r={rank} on {','.join(lora_targets)}, L={sequence_length}; "
-        f"{how})",
+        description=f"{task.name} ({n_train} train examples, "
+        f"{counted(len(task.train_data.client_ids), 'client')}; {shape}, LoRA r={rank} on "
+        f"{','.join(lora_targets)}, L={sequence_length}; {how})",
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=train_rounds.dataset,
         keras_model_fn=model_fn,

@@ -22,6 +22,12 @@ def test_client_rounds_take_exactly_local_steps_batches_deterministically():
     assert not all(np.array_equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))  # next round differs
 
 
+def test_description_counts_clients_in_the_singular_and_plural():
+    one = registry.build_task("digits", num_clients=1, batch_size=7, local_steps=1, seed=0)
+    three = registry.build_task("digits", num_clients=3, batch_size=7, local_steps=1, seed=0)
+    assert ", 1 client;" in one.description and ", 3 clients;" in three.description
+
+
 def test_shards_partition_gives_k_classes_per_client():
     task = registry.build_task("digits", num_clients=10, batch_size=500, local_steps=1, seed=0,
                                partition="shards", classes_per_client=2)
