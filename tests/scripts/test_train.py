@@ -285,6 +285,8 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data):
                 "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
                 f"--data_dir={shared_data}", f"--output_dir={tmp_path}", timeout=900)
     assert proc.returncode == 0, proc.stderr
+    assert "2 clients per round, 1 communication round ->" in proc.stdout   # singular, not "1 …s"
+    assert "done: rolora 1 communication round;" in proc.stdout
     (row,) = _rows(tmp_path)
     assert row["bytes_down_per_client"] == (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4
     assert row["bytes_down_per_client"] < 1_000_000
