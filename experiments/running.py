@@ -65,9 +65,13 @@ class Context:
 
 @dataclasses.dataclass
 class Result:
+    """An experiment's output: its `table` (results.csv/.md), `panels` (results.png) and
+    `extra_tables`, each written beside them as `<stem>.csv` and `<stem>.md`."""
+
     table: Table
     panels: list[Panel]
     plot_title: str = ""
+    extra_tables: dict[str, Table] = dataclasses.field(default_factory=dict)
 
 
 def _child_env() -> dict[str, str]:

@@ -298,13 +298,14 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
         for n in client_counts(method):
             lr = chosen[(method, n)]
             grid = grids.get((method, n))
-            tests, devs, uploads = [], [], []
+            tests, devs, uploads, by_seed = [], [], [], {}
             for seed in seeds:
                 summary = execute(run_of(method, n, seed, lr)) if lr is not None else None
                 if summary is None:
                     continue
                 devs.append(_claim_accuracy(summary, "eval_accuracy"))
                 tests.append(_claim_accuracy(summary, "eval_test_accuracy"))
+                by_seed[seed] = devs[-1] if tests[-1] is None else tests[-1]
                 comm = max(1, summary["communication_rounds"])
                 uploads.append(summary["upload_bytes_per_client_total"] / comm / 1024)
             rows.append({
@@ -320,8 +321,67 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
                 "grid": None if grid is None else ", ".join(
                     f"{r:g}: {'–' if a is None else f'{a:.4f}'}" for r, a in grid.items()),
                 "paper": SST2_PAPER.get((n, method), ""),
+                # the claim's measure per finished seed: test, or FedSA-LoRA's personalized dev
+                "by_seed": by_seed,
+                "measure": "test" if tests and None not in tests else "personalized dev",
             })
     return rows, chosen, grids
+
+
+def _paper_mean(method: str, n: int) -> float | None:
+    cell = SST2_PAPER.get((n, method))
+    return float(cell.split()[0]) if cell else None
+
+
+def degradation_rows(rows: Sequence[dict]) -> list[dict]:
+    """Accuracy points each method loses from its smallest N to every larger N, paired by seed.
+
+    With a(N, s) the claim's accuracy at N and seed s (test; FedSA-LoRA: personalized dev), the
+    drop to N is d_s = 100·(a(N_0, s) − a(N, s)) over the seeds s finished at both N_0 and N;
+    `drop_<N>` is mean ± std of the d_s (the std divides by their number) and `seeds_<N>` that
+    number. `paper_drop_<N>` is the difference of the paper's Table 1 means. Methods run at one
+    N only (the centralized run) have no row.
+
+    >>> rows = [dict(key="rolora", method="RoLoRA", clients=n, by_seed=acc, measure="test")
+    ...         for n, acc in ((3, {0: 0.85, 1: 0.84}), (50, {0: 0.82, 1: 0.83, 2: 0.8}))]
+    >>> row, = degradation_rows(rows)
+    >>> row["drop_50"], row["seeds_50"], row["paper_drop_50"]
+    ('2.00 ± 1.00', 2, 0.69)
+    """
+    out = []
+    for key in dict.fromkeys(r["key"] for r in rows):
+        mine = sorted((r for r in rows if r["key"] == key), key=lambda r: r["clients"])
+        if len(mine) < 2:
+            continue
+        first, *rest = mine
+        row = {"method": first["method"], "measure": first["measure"]}
+        for r in rest:
+            n = r["clients"]
+            drops = [100 * (first["by_seed"][s] - r["by_seed"][s])
+                     for s in sorted(first["by_seed"].keys() & r["by_seed"].keys())]
+            row[f"drop_{n}"] = _mean_std(drops, "{:.2f}") if drops else None
+            row[f"seeds_{n}"] = len(drops)
+            p0, p = _paper_mean(key, first["clients"]), _paper_mean(key, n)
+            row[f"paper_drop_{n}"] = None if p0 is None or p is None else round(p0 - p, 2)
+        out.append(row)
+    return out
+
+
+def _degradation_table(rows: Sequence[dict]) -> Table | None:
+    clients = sorted({r["clients"] for r in rows if r["key"] != "centralized"})
+    if len(clients) < 2:
+        return None
+    n0, *rest = clients
+    columns = [Column("method", "method"), Column("measure", "measure")]
+    for n in rest:
+        columns += [Column(f"drop {n0} → {n} (points)", f"drop_{n}"),
+                    Column(f"seeds {n0} & {n}", f"seeds_{n}")]
+    columns += [Column(f"paper drop {n0} → {n} (RoBERTa-L)", f"paper_drop_{n}", "{:.2f}")
+                for n in rest]
+    title = (f"Degradation as N grows (the claim's measure): accuracy points lost from N = {n0} "
+             f"to each larger N, per seed finished at both, mean ± std over those seeds (the "
+             f"std divides by their number); the paper's drop is the difference of its means.")
+    return Table(title, columns, degradation_rows(rows))
 
 
 def _sst2_claim_result(ctx: Context, rows, setting: str) -> Result:
@@ -361,7 +421,9 @@ def _sst2_claim_result(ctx: Context, rows, setting: str) -> Result:
                     "test accuracy (final; FedSA-LoRA: personalized dev)", series, logx=True,
                     hlines=[("majority class", 0.5092)]
                     + ([("centralized", central[0]["test_mean"])] if central else []))]
-    return Result(Table(title, columns, rows, notes), panels, f"SST-2 {setting}: federated LoRA")
+    drops = _degradation_table(rows)
+    return Result(Table(title, columns, rows, notes), panels, f"SST-2 {setting}: federated LoRA",
+                  {"drops": drops} if drops else {})
 
 
 def run_sst2_clients(ctx: Context) -> Result:

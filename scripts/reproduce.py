@@ -68,8 +68,10 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    shards — for RoLoRA, FedAvg-LoRA, FFA-LoRA, FlexLoRA, FLoRA, FedSA-LoRA and 20% RoLoRA + 80%
    FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
    learning rate from a dev-set grid (first seed; full: at each N), test accuracy on the labeled
-   test split, mean ± std over seeds. One train.py run per (method, N, seed, learning rate), each
-   resumable; `--collect` writes the table from the runs finished so far.
+   test split, mean ± std over seeds, and `drops.csv`/`drops.md`: each method's accuracy lost
+   from N = 3 to N = 20 and 50, paired by seed (mean ± std), beside the paper's drops. One
+   train.py run per (method, N, seed, learning rate), each resumable; `--collect` writes the
+   tables from the runs finished so far.
    small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
           check).
    full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50
@@ -289,13 +291,17 @@ def run_experiment(ctx: Context, command: str) -> str:
     ctx.log(f"== {ctx.experiment} ({ctx.scale} scale, seed {ctx.seed}) -> {ctx.output_dir}")
     result = RUNNERS[ctx.experiment](ctx)
     text = write_table(ctx.output_dir, result.table)
+    for stem, table in result.extra_tables.items():
+        text += "\n\n" + write_table(ctx.output_dir, table, stem)
     save_plot(ctx.output_dir / "results.png", result.panels, result.plot_title)
     seconds = time.perf_counter() - started
     (ctx.output_dir / "reproduce.json").write_text(json.dumps({
         "experiment": ctx.experiment, "scale": ctx.scale, "seed": ctx.seed,
         "resumed": ctx.resume, "seconds_this_invocation": round(seconds, 1),
         "command": command}, indent=1))
-    ctx.log(f"\n{text}\n\n{ctx.experiment}: {seconds:.0f} s; results.csv, results.md and "
+    written = ["results.csv", "results.md",
+               *(f"{stem}.{ext}" for stem in result.extra_tables for ext in ("csv", "md"))]
+    ctx.log(f"\n{text}\n\n{ctx.experiment}: {seconds:.0f} s; {', '.join(written)} and "
             f"results.png in {ctx.output_dir}")
     return text
 

@@ -1,6 +1,7 @@
 """experiments/sst2's run order and table, with train.py replaced by a recorder that writes the
 summary a finished run would (no training: the order is what is under test)."""
 
+import csv
 import json
 import pathlib
 import shutil
@@ -222,3 +223,50 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
                           data_dir=tmp_path, methods=("rolora",), archive_dir=tmp_path / "archive")
     with pytest.raises(ValueError, match=str(damaged)):
         sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
+
+
+def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypatch):
+    """drops.csv: a method's drop from N = 3 to N is 100·(a(3, s) − a(N, s)) over the seeds
+    finished at both, mean ± population std (numpy below); a seed missing at one N leaves only
+    that pair; FedSA-LoRA's drop is on its personalized dev accuracy; the paper's drop is the
+    difference of its Table 1 means; the centralized run (one N) has no row."""
+    import numpy as np
+    from experiments import report
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=3, clients=(3, 20))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    rng = np.random.default_rng(7)
+    accuracy = {(m, n, s): float(rng.uniform(0.6, 0.9)) for m in ("rolora", "fedsa_lora")
+                for n in (3, 20) for s in range(3)}
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        method, n, seed = run_dir.relative_to(tmp_path).parts[:3]
+        if (method, n, seed) == ("rolora", "N20", "seed2"):
+            return  # stopped: no summary
+        a = accuracy.get((method, int(n[1:]), int(seed[4:])), 0.7)
+        final = ({"eval_personal_accuracy": a} if method == "fedsa_lora"
+                 else {"eval_accuracy": a, "eval_test_accuracy": a})
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0, "final": final}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("rolora", "fedsa_lora", "centralized"))
+    rows, _, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+    result = sst2._sst2_claim_result(ctx, rows, "IID")
+    report.write_table(tmp_path / "out", result.extra_tables["drops"], "drops")
+    with open(tmp_path / "out" / "drops.csv", newline="") as f:
+        table = {r["method"]: r for r in csv.DictReader(f)}
+    assert set(table) == {"RoLoRA", "FedSA-LoRA"}
+    for method, name, seeds, measure in (("rolora", "RoLoRA", (0, 1), "test"),
+                                         ("fedsa_lora", "FedSA-LoRA", (0, 1, 2),
+                                          "personalized dev")):
+        d = np.array([100 * (accuracy[method, 3, s] - accuracy[method, 20, s]) for s in seeds])
+        assert table[name]["drop_20"] == f"{d.mean():.2f} ± {d.std():.2f}"
+        assert table[name]["seeds_20"] == str(len(seeds))
+        assert table[name]["measure"] == measure
+    assert float(table["RoLoRA"]["paper_drop_20"]) == pytest.approx(95.49 - 94.88)
+    assert table["FedSA-LoRA"]["paper_drop_20"] == ""
+    assert "| drop 3 → 20 (points) |" in (tmp_path / "out" / "drops.md").read_text()
