@@ -323,7 +323,8 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
                 "paper": SST2_PAPER.get((n, method), ""),
                 # the claim's measure per finished seed: test, or FedSA-LoRA's personalized dev
                 "by_seed": by_seed,
-                "measure": "test" if tests and None not in tests else "personalized dev",
+                "measure": None if not tests else (
+                    "test" if None not in tests else "personalized dev"),
             })
     return rows, chosen, grids
 
