@@ -112,7 +112,7 @@ def run_sst2_minilm(ctx: Context) -> Result:
                    [r["best_accuracy"] for r in rows if r["algorithm"] == a])
             for a in algorithms]
     paper = [Series(METHOD_NAMES[a], SST2_CLIENTS,
-                    [float(SST2_PAPER[n, a].split()[0]) / 100 for n in SST2_CLIENTS], "--s")
+                    [_paper_mean(a, n) / 100 for n in SST2_CLIENTS], "--s")
              for a in ("rolora", "fedavg_lora", "ffa_lora", "flexlora")]
     panels = [
         Panel(f"ours ({cfg['backbone']}, {ctx.scale} scale)", "clients N", "SST-2 dev accuracy "
