@@ -339,15 +339,15 @@ def degradation_rows(rows: Sequence[dict]) -> list[dict]:
 
     With a(N, s) the claim's accuracy at N and seed s (test; FedSA-LoRA: personalized dev), the
     drop to N is d_s = 100·(a(N_0, s) − a(N, s)) over the seeds s finished at both N_0 and N;
-    `drop_<N>` is mean ± std of the d_s (the std divides by their number) and `seeds_<N>` that
-    number. `paper_drop_<N>` is the difference of the paper's Table 1 means. Methods run at one
-    N only (the centralized run) have no row.
+    `drop_<N>` is mean ± std of the d_s (the std divides by their number), `seeds_<N>` that
+    number and `per_seed_<N>` each d_s as "s: d_s". `paper_drop_<N>` is the difference of the
+    paper's Table 1 means. Methods run at one N only (the centralized run) have no row.
 
     >>> rows = [dict(key="rolora", method="RoLoRA", clients=n, by_seed=acc, measure="test")
     ...         for n, acc in ((3, {0: 0.85, 1: 0.84}), (50, {0: 0.82, 1: 0.83, 2: 0.8}))]
     >>> row, = degradation_rows(rows)
-    >>> row["drop_50"], row["seeds_50"], row["paper_drop_50"]
-    ('2.00 ± 1.00', 2, 0.69)
+    >>> row["drop_50"], row["seeds_50"], row["per_seed_50"], row["paper_drop_50"]
+    ('2.00 ± 1.00', 2, '0: 3.00, 1: 1.00', 0.69)
     """
     out = []
     for key in dict.fromkeys(r["key"] for r in rows):
@@ -358,10 +358,11 @@ def degradation_rows(rows: Sequence[dict]) -> list[dict]:
         row = {"method": first["method"], "measure": first["measure"]}
         for r in rest:
             n = r["clients"]
-            drops = [100 * (first["by_seed"][s] - r["by_seed"][s])
-                     for s in sorted(first["by_seed"].keys() & r["by_seed"].keys())]
+            paired = sorted(first["by_seed"].keys() & r["by_seed"].keys())
+            drops = [100 * (first["by_seed"][s] - r["by_seed"][s]) for s in paired]
             row[f"drop_{n}"] = _mean_std(drops, "{:.2f}") if drops else None
             row[f"seeds_{n}"] = len(drops)
+            row[f"per_seed_{n}"] = ", ".join(f"{s}: {d:.2f}" for s, d in zip(paired, drops))
             p0, p = _paper_mean(key, first["clients"]), _paper_mean(key, n)
             row[f"paper_drop_{n}"] = None if p0 is None or p is None else round(p0 - p, 2)
         out.append(row)
@@ -376,7 +377,8 @@ def _degradation_table(rows: Sequence[dict]) -> Table | None:
     columns = [Column("method", "method"), Column("measure", "measure")]
     for n in rest:
         columns += [Column(f"drop {n0} → {n} (points)", f"drop_{n}"),
-                    Column(f"seeds {n0} & {n}", f"seeds_{n}")]
+                    Column(f"seeds {n0} & {n}", f"seeds_{n}"),
+                    Column(f"per seed {n0} → {n} (seed: points)", f"per_seed_{n}")]
     columns += [Column(f"paper drop {n0} → {n} (RoBERTa-L)", f"paper_drop_{n}", "{:.2f}")
                 for n in rest]
     title = (f"Degradation as N grows (the claim's measure): accuracy points lost from N = {n0} "

@@ -69,9 +69,9 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
    learning rate from a dev-set grid (first seed; full: at each N), test accuracy on the labeled
    test split, mean ± std over seeds, and `drops.csv`/`drops.md`: each method's accuracy lost
-   from N = 3 to N = 20 and 50, paired by seed (mean ± std), beside the paper's drops. One
-   train.py run per (method, N, seed, learning rate), each resumable; `--collect` writes the
-   tables from the runs finished so far.
+   from N = 3 to N = 20 and 50, paired by seed (mean ± std and per seed), beside the
+   paper's drops. One train.py run per (method, N, seed, learning rate), each resumable;
+   `--collect` writes the tables from the runs finished so far.
    small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
           check).
    full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50

@@ -227,9 +227,10 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
 
 def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypatch):
     """drops.csv: a method's drop from N = 3 to N is 100·(a(3, s) − a(N, s)) over the seeds
-    finished at both, mean ± population std (numpy below); a seed missing at one N leaves only
-    that pair; FedSA-LoRA's drop is on its personalized dev accuracy; the paper's drop is the
-    difference of its Table 1 means; the centralized run (one N) has no row."""
+    finished at both, mean ± population std (numpy below), each seed's drop listed; a seed
+    missing at one N leaves only that pair; FedSA-LoRA's drop is on its personalized dev
+    accuracy; the paper's drop is the difference of its Table 1 means; the centralized run (one
+    N) has no row."""
     import numpy as np
     from experiments import report
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=3, clients=(3, 20))
@@ -266,7 +267,9 @@ def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypat
         d = np.array([100 * (accuracy[method, 3, s] - accuracy[method, 20, s]) for s in seeds])
         assert table[name]["drop_20"] == f"{d.mean():.2f} ± {d.std():.2f}"
         assert table[name]["seeds_20"] == str(len(seeds))
+        assert table[name]["per_seed_20"] == ", ".join(f"{s}: {x:.2f}" for s, x in zip(seeds, d))
         assert table[name]["measure"] == measure
     assert float(table["RoLoRA"]["paper_drop_20"]) == pytest.approx(95.49 - 94.88)
     assert table["FedSA-LoRA"]["paper_drop_20"] == ""
-    assert "| drop 3 → 20 (points) |" in (tmp_path / "out" / "drops.md").read_text()
+    markdown = (tmp_path / "out" / "drops.md").read_text()
+    assert "| drop 3 → 20 (points) | seeds 3 & 20 | per seed 3 → 20 (seed: points) |" in markdown
