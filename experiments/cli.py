@@ -1,5 +1,5 @@
 """What every absl script here shares: one-line flag errors, a writable output folder, quiet logs,
-and the CSV + Markdown table writer.
+the CSV + Markdown table writer, and the main() of a script that runs a grid of settings.
 
 Nothing here imports TensorFlow at module level, so a script can check its flags (and fail in a
 second with one line) before paying for the import.
@@ -31,7 +31,8 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 
 class UsageError(ValueError):
@@ -215,3 +216,57 @@ def run_directory(path: pathlib.Path | None, prefix: str = "tffl_run_"):
         return
     shutil.rmtree(path, ignore_errors=True)
     yield pathlib.Path(path)
+
+
+def run_settings(script: str, argv: Sequence[str], validate_flags: Callable[[], dict],
+                 settings: Callable[[dict], Iterable[list[dict]]],
+                 write_results: Callable[[list[dict], dict], str]) -> int:
+    """The `main(argv)` of a script that runs a grid of settings on one managed TFF runtime and
+    writes one table: returns its exit status.
+
+    `validate_flags()` returns the config (with "output_dir") or raises `UsageError` (status
+    2); `settings(config)` yields each setting's result rows in turn, inside
+    `tffl.runtime.local_runtime` (its worker log in output_dir); `write_results(rows, config)`
+    writes the files and returns the table, printed with the elapsed time. A ValueError,
+    FloatingPointError or OSError while running is one line on stderr (status 1); a stray
+    positional argument is absl's usage error.
+
+    >>> def settings(config):  # one row per setting, run on a TFF worker started and stopped here
+    ...     for m in config["sizes"]:
+    ...         yield [{"m": m, "loss": 1 / m}]
+    >>> status = run_settings(  # doctest: +ELLIPSIS
+    ...     "example.py", ["example.py"], lambda: {"sizes": (2, 4), "output_dir": run_dir},
+    ...     settings, lambda rows, config: markdown_table(rows, [("m", "m", "{}"),
+    ...                                                          ("loss", "loss", "{:g}")]))
+    <BLANKLINE>
+    | m | loss |
+    |---|---|
+    | 2 | 0.5 |
+    | 4 | 0.25 |
+    <BLANKLINE>
+    done in ... s; results in ...
+    >>> status
+    0
+    """
+    if len(argv) > 1:
+        from absl import app
+
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        config = validate_flags()
+        from tffl import runtime
+
+        quiet_python_logs()
+        started = time.perf_counter()
+        rows = []
+        with runtime.local_runtime(log_dir=config["output_dir"]):
+            for setting_rows in settings(config):
+                rows += setting_rows
+    except UsageError as e:
+        return error_exit(script, e, 2)
+    except (ValueError, FloatingPointError, OSError) as e:
+        return error_exit(script, e, 1)
+    print("\n" + write_results(rows, config) + "\n", flush=True)
+    print(f"done in {time.perf_counter() - started:.0f} s; results in {config['output_dir']}",
+          flush=True)
+    return 0

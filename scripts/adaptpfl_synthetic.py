@@ -39,8 +39,6 @@ if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     warnings.filterwarnings("ignore")
 
-import time  # noqa: E402
-
 import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
@@ -48,9 +46,9 @@ from absl import flags  # noqa: E402
 from experiments import cli  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
 
-# TensorFlow, TFF and tffl are imported in `main` after the flags are checked, so that a bad flag
-# is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker) is imported
-# before any worker is started.
+# TensorFlow, TFF and tffl are imported (by `cli.run_settings`) after the flags are checked, so
+# that a bad flag is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker)
+# is imported before any worker is started.
 
 from experiments.adaptpfl_synthetic import METHODS, run_setting, write_results  # noqa: E402
 
@@ -155,27 +153,13 @@ def _validate_flags() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
-        config = _validate_flags()
-        from tffl import runtime
+    def settings(config):
+        for m in config["num_samples"]:
+            for seed in config["seeds"]:
+                yield run_setting(m, seed, config)
 
-        cli.quiet_python_logs()
-        started = time.perf_counter()
-        rows = []
-        with runtime.local_runtime(log_dir=config["output_dir"]):
-            for m in config["num_samples"]:
-                for seed in config["seeds"]:
-                    rows += run_setting(m, seed, config)
-    except UsageError as e:
-        return cli.error_exit("adaptpfl_synthetic.py", e, 2)
-    except (ValueError, FloatingPointError, OSError) as e:
-        return cli.error_exit("adaptpfl_synthetic.py", e, 1)
-    print("\n" + write_results(rows, config) + "\n", flush=True)
-    print(f"done in {time.perf_counter() - started:.0f} s; results in {config['output_dir']}",
-          flush=True)
-    return 0
+    return cli.run_settings("adaptpfl_synthetic.py", argv, _validate_flags, settings,
+                            write_results)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,32 @@ def test_error_exit_reraises_under_tffl_debug(monkeypatch, capsys):
             cli.error_exit("train.py", e, 2)
     assert raised.traceback[-1].name == "at_least"  # the original traceback, not a new one
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("error, status", [(cli.UsageError("flag --ks=0: must be >= 1"), 2),
+                                           (FloatingPointError("seed 1: loss is nan"), 1)])
+def test_run_settings_reports_a_failure_as_one_line_and_writes_nothing(
+        error, status, tmp_path, monkeypatch, capsys):
+    """A setting that fails stops the grid: one stderr line, its status, no table written."""
+    import contextlib
+
+    from tffl import runtime
+    monkeypatch.delenv("TFFL_DEBUG", raising=False)
+    monkeypatch.setattr(runtime, "local_runtime", lambda log_dir: contextlib.nullcontext())
+    ran, written = [], []
+
+    def settings(config):
+        yield [{"m": 1}]
+        ran.append(2)
+        raise error
+
+    assert cli.run_settings("grid.py", ["grid.py"], lambda: {"output_dir": tmp_path}, settings,
+                            lambda rows, config: written.append(rows) or "") == status
+    assert ran == [2] and written == []
+    assert capsys.readouterr().err == f"grid.py: error: {error}\n"
+
+
+def test_run_settings_refuses_a_positional_argument():
+    from absl import app
+    with pytest.raises(app.UsageError, match="unexpected arguments: extra"):
+        cli.run_settings("grid.py", ["grid.py", "extra"], dict, iter, print)
