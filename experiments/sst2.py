@@ -382,8 +382,9 @@ def _degradation_table(rows: Sequence[dict]) -> Table | None:
     columns += [Column(f"paper drop {n0} → {n} (RoBERTa-L)", f"paper_drop_{n}", "{:.2f}")
                 for n in rest]
     title = (f"Degradation as N grows (the claim's measure): accuracy points lost from N = {n0} "
-             f"to each larger N, per seed finished at both, mean ± std over those seeds (the "
-             f"std divides by their number); the paper's drop is the difference of its means.")
+             f"to each larger N, per seed finished at both: mean ± std over those seeds (the "
+             f"std divides by their number) and each seed's drop; the paper's drop is the "
+             f"difference of its means.")
     return Table(title, columns, degradation_rows(rows))
 
 
