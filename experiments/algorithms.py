@@ -151,20 +151,37 @@ def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = 
     raise ValueError(f"unknown participation {kind!r}; choose one of {', '.join(PARTICIPATIONS)}")
 
 
+def _personal_metrics(process, state, store, data, prefix: str) -> dict[str, float]:
+    """`process.evaluate` of every client in `data` = (ids, train, test) with its own state,
+    keyed `<prefix><metric>`."""
+    ids, train, test = data
+    if store is not None:
+        metrics = process.evaluate(state, store.lookup(ids), train, test)
+    else:
+        metrics = process.evaluate(state, train, test)
+    return {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_examples"}
+
+
+def _personal_heldout(task: RunTask, process, state, store) -> dict[str, float]:
+    """`personal_test_*`: every client's own model on its shard of the task's held-out split
+    (`RunTask.client_heldout_data`, e.g. SST-2's labeled test split), none without one."""
+    heldout = getattr(task, "client_heldout_data", None)
+    if heldout is None:
+        return {}
+    return _personal_metrics(process, state, store, heldout(), "personal_test_")
+
+
 def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, float]]:
     """The `evaluate_fn` of `tffl.simulation.run_rounds` for a process of
     `PERSONALIZED_ALGORITHMS`: every client with test data evaluated on its own test set
-    (`personal_*`; with its stored personal state, or after fine-tuning for FedAvg-FT), plus the
-    global model on the pooled test set (`loss`, `accuracy`) for FedAvg and FedAvg-FT, whose
-    global model is the whole model."""
+    (`personal_*`; with its stored personal state, or after fine-tuning for FedAvg-FT), and on
+    its shard of the held-out split when the task has one (`personal_test_*`), plus the global
+    model on the pooled test set (`loss`, `accuracy`) for FedAvg and FedAvg-FT, whose global
+    model is the whole model."""
 
     def evaluate(state, store=None) -> dict[str, float]:
-        ids, train, test = task.client_eval_data()
-        if store is not None:
-            metrics = process.evaluate(state, store.lookup(ids), train, test)
-        else:
-            metrics = process.evaluate(state, train, test)
-        out = {f"personal_{k}": v for k, v in metrics.items() if k != "num_examples"}
+        out = _personal_metrics(process, state, store, task.client_eval_data(), "personal_")
+        out.update(_personal_heldout(task, process, state, store))
         if store is None:
             out.update(task.evaluate(process.model_weights(state)))
         return out
@@ -193,8 +210,9 @@ def per_client_evaluator(task: RunTask, process, personalized: bool
     - personalized: each client with its own stored personal state (FedAvg-FT: after
       fine-tuning); `personal_loss` and `personal_accuracy` = Σ_i n_i·m_i / Σ_i n_i and
       `personal_mean_client_accuracy` = mean_i accuracy_i, which is what
-      `personalized_evaluator`'s one evaluation over all clients returns. FedAvg and FedAvg-FT
-      add their global model's pooled `loss` and `accuracy` (`task.evaluate`);
+      `personalized_evaluator`'s one evaluation over all clients returns, with its
+      `personal_test_*` on a held-out split. FedAvg and FedAvg-FT add their global model's
+      pooled `loss` and `accuracy` (`task.evaluate`);
     - global: the global model on each client's test set; `loss` and `accuracy` pooled the same
       way when the clients' test sets add up to the pooled test set (`task.global_test_size`:
       they partition it), else `task.evaluate`'s second pass."""
@@ -223,6 +241,7 @@ def per_client_evaluator(task: RunTask, process, personalized: bool
         pooled = _pooled(per_client)
         if personalized:
             out.update({f"personal_{k}": v for k, v in pooled.items() if k != "num_examples"})
+            out.update(_personal_heldout(task, process, state, store))
             if store is None:
                 out.update(task.evaluate(process.model_weights(state)))
         elif getattr(task, "global_test_size", None) == round(pooled["num_examples"]):

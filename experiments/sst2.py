@@ -191,10 +191,12 @@ def _finished(run: Sst2Run) -> dict | None:
 
 def _claim_accuracy(summary: dict, key: str) -> float | None:
     """Final `key` accuracy: eval_test_accuracy / eval_accuracy of the global model, or for
-    FedSA-LoRA (personal B factors) the personalized accuracy on the clients' dev shards."""
+    FedSA-LoRA (personal B factors) the personalized accuracy on the clients' shards of the
+    test / dev split (None for a run from before the test split was cut per client)."""
     final = summary["final"]
     if "eval_personal_accuracy" in final:
-        return final["eval_personal_accuracy"] if key == "eval_accuracy" else None
+        return final.get({"eval_accuracy": "eval_personal_accuracy",
+                          "eval_test_accuracy": "eval_personal_test_accuracy"}[key])
     return final.get(key)
 
 
@@ -305,7 +307,7 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
                     continue
                 devs.append(_claim_accuracy(summary, "eval_accuracy"))
                 tests.append(_claim_accuracy(summary, "eval_test_accuracy"))
-                by_seed[seed] = devs[-1] if tests[-1] is None else tests[-1]
+                by_seed[seed] = (tests[-1], devs[-1], "eval_personal_accuracy" in summary["final"])
                 comm = max(1, summary["communication_rounds"])
                 uploads.append(summary["upload_bytes_per_client_total"] / comm / 1024)
             rows.append({
@@ -321,11 +323,20 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
                 "grid": None if grid is None else ", ".join(
                     f"{r:g}: {'–' if a is None else f'{a:.4f}'}" for r, a in grid.items()),
                 "paper": SST2_PAPER.get((n, method), ""),
-                # the claim's measure per finished seed: test, or FedSA-LoRA's personalized dev
                 "by_seed": by_seed,
-                "measure": None if not tests else (
-                    "test" if None not in tests else "personalized dev"),
             })
+    # The claim's measure per finished seed, one per method: test accuracy (FedSA-LoRA's
+    # personalized), or personalized dev where a FedSA-LoRA run lacks a test figure (runs from
+    # before its test split was cut per client).
+    for key in dict.fromkeys(r["key"] for r in rows):
+        mine = [r for r in rows if r["key"] == key]
+        seeds_done = [v for r in mine for v in r["by_seed"].values()]
+        on_test = all(t is not None for t, _, _ in seeds_done)
+        personal = "personalized " if any(p for _, _, p in seeds_done) else ""
+        for r in mine:
+            r["measure"] = None if not r["by_seed"] else (
+                personal + ("test" if on_test else "dev"))
+            r["by_seed"] = {s: t if on_test else d for s, (t, d, _) in r["by_seed"].items()}
     return rows, chosen, grids
 
 
@@ -337,7 +348,7 @@ def _paper_mean(method: str, n: int) -> float | None:
 def degradation_rows(rows: Sequence[dict]) -> list[dict]:
     """Accuracy points each method loses from its smallest N to every larger N, paired by seed.
 
-    With a(N, s) the claim's accuracy at N and seed s (test; FedSA-LoRA: personalized dev), the
+    With a(N, s) the claim's accuracy at N and seed s (its row's `measure`), the
     drop to N is d_s = 100·(a(N_0, s) − a(N, s)) over the seeds s finished at both N_0 and N;
     `drop_<N>` is mean ± std of the d_s (the std divides by their number), `seeds_<N>` that
     number and `per_seed_<N>` each d_s as "s: d_s". `paper_drop_<N>` is the difference of the
@@ -401,8 +412,9 @@ def _sst2_claim_result(ctx: Context, rows, setting: str) -> Result:
         f"from a dev-set grid {where} (final dev accuracy, first seed; the `lr grid` column). "
         f"Test "
         f"accuracy: the labeled test split (1,821 sentences), final round, mean ± std over the "
-        f"seeds done. FedSA-LoRA keeps B personal: its figure is the personalized accuracy on the "
-        f"clients' dev shards (not held out). A cell with fewer seeds than planned is "
+        f"seeds done. FedSA-LoRA keeps B personal: its figures are personalized, every sentence "
+        f"scored by the model of the client whose shard holds it (the dev and test splits are "
+        f"cut per client like the training labels). A cell with fewer seeds than planned is "
         f"unfinished; nothing is extrapolated.")
     notes = ["Paper's claim (rolora.md §3.2, Table 1): RoLoRA degrades least as N grows "
              "(94.80 at N = 50 against FedAvg-LoRA's 93.00); FFA-LoRA declines; FlexLoRA "
@@ -418,11 +430,13 @@ def _sst2_claim_result(ctx: Context, rows, setting: str) -> Result:
     for key in dict.fromkeys(r["key"] for r in rows if r["key"] != "centralized"):
         mine = [r for r in rows if r["key"] == key]
         series.append(Series(SST2_CLAIM_NAMES[key], [r["clients"] for r in mine],
-                             [r["test_mean"] if r["test_mean"] is not None else r["dev_mean"]
-                              for r in mine]))
+                             [r["test_mean"] if (r["measure"] or "").endswith("test")
+                              else r["dev_mean"] for r in mine]))
     central = [r for r in rows if r["key"] == "centralized" and r["test_mean"] is not None]
+    fedsa = next((r["measure"] for r in rows if r["key"] == "fedsa_lora" and r["measure"]), None)
     panels = [Panel(f"SST-2 {setting} ({cfg['backbone']}, {ctx.scale} scale)", "clients N",
-                    "test accuracy (final; FedSA-LoRA: personalized dev)", series, logx=True,
+                    "test accuracy (final" + (f"; FedSA-LoRA: {fedsa}" if fedsa else "") + ")",
+                    series, logx=True,
                     hlines=[("majority class", 0.5092)]
                     + ([("centralized", central[0]["test_mean"])] if central else []))]
     drops = _degradation_table(rows)

@@ -48,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "client_optimizer": "sgd", "client_momentum": 0.0, "weight_decay": 0.0,
     "server_optimizer": "sgd", "server_learning_rate": 1.0, "server_momentum": 0.0,
     "frozen_dir": None, "seed": 0, "eval_every": 5, "checkpoint_every": 1, "output_dir": None,
-    "resume": False, "workers": 1, "worker_addresses": None, "runtime": "tff", "devices": "",
-    "logical_cpus": 0, "worker_timeout": 60.0,
+    "resume": False, "evaluate_only": False, "workers": 1, "worker_addresses": None,
+    "runtime": "tff", "devices": "", "logical_cpus": 0, "worker_timeout": 60.0,
     "rank_present": False,
 }
 
@@ -254,11 +254,14 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
 
 def output_dir(options: Mapping[str, Any]) -> pathlib.Path:
     """--output_dir, or runs/<task>-<algorithms>-<time> for a new run; created and proved
-    writable (`UsageError` otherwise, and for --resume without --output_dir)."""
+    writable (`UsageError` otherwise, and for --resume or --evaluate_only without
+    --output_dir)."""
     if options["output_dir"]:
         path = pathlib.Path(options["output_dir"])
-    elif options["resume"]:
-        raise UsageError("flag --resume needs --output_dir naming the run to continue")
+    elif options["resume"] or options["evaluate_only"]:
+        which = "--resume" if options["resume"] else "--evaluate_only"
+        raise UsageError(f"flag {which} needs --output_dir naming the run to "
+                         f"{'continue' if options['resume'] else 'evaluate'}")
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         algorithm = options["algorithm"]

@@ -171,6 +171,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         # The pooled metrics too, from the same pass over each client's test set.
         evaluate_fn = algorithms.per_client_evaluator(
             task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
+    if options["evaluate_only"]:
+        return evaluate_checkpoint(process, output_dir, evaluate_fn, config, algorithm, started)
     stage_rounds = options["stage_rounds"]
     sampler = algorithms.build_sampler(
         task, options["clients_per_round"], options["seed"], kind=options["participation"],
@@ -215,4 +217,57 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         print(f"final round ({options['flute_final_head_epochs']} head epochs on every client): "
               f"personalized test accuracy {final['accuracy']:.4f}", flush=True)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+EVALUATION_FILE = "evaluation.json"
+
+
+def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: Mapping[str, Any],
+                        algorithm: str, started: float) -> dict:
+    """--evaluate_only: the newest checkpoint of the run in `output_dir` (trained with the same
+    flags: `config`), evaluated once by `evaluate_fn` and written to `evaluation.json` as
+    {"round", "metrics": {"eval_<name>": value}}; nothing is trained.
+
+    When that checkpoint is the run's last round (its summary.json's `rounds_completed`), the
+    metrics its `final` lacks (e.g. `eval_personal_test_accuracy` after the held-out split was
+    added) are added to it and listed under `evaluated_later`, with the largest difference
+    between a metric it already held and its recomputed value (0 when the checkpoint restores
+    the run exactly). Returns that summary, or for an unfinished run one of the evaluation."""
+    from tffl import checkpoint
+    from tffl import simulation
+
+    found = checkpoint.latest(output_dir / simulation.CHECKPOINT_DIR)
+    if found is None:
+        raise UsageError(f"flag --evaluate_only: {output_dir} holds no checkpoint; train the run "
+                         "first (the same flags without --evaluate_only)")
+    done = found[0]
+    result = simulation.run_rounds(process, sampler=None, client_dataset_fn=None, rounds=done,
+                                   output_dir=output_dir, config=config, resume=True, log=None,
+                                   tensorboard=False)
+    store = result.personal_store
+    evaluated = evaluate_fn(result.state, store) if store is not None else evaluate_fn(result.state)
+    metrics = {f"eval_{k}": float(v) for k, v in evaluated.items()}
+    (output_dir / EVALUATION_FILE).write_text(
+        json.dumps({"round": done, "metrics": metrics}, indent=1, sort_keys=True))
+    summary_path = output_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    if summary is None or summary.get("rounds_completed") != done:
+        last = result.history[-1] if result.history else {}
+        return {"algorithm": algorithm, "rounds_completed": done,
+                "communication_rounds": last.get("communication_rounds", 0),
+                "final": {**{k: v for k, v in last.items() if k.startswith("train_")},
+                          **metrics},
+                "wall_seconds_this_run": time.perf_counter() - started}
+    final = summary["final"]
+    held = [k for k in metrics if k in final]
+    added = sorted(k for k in metrics if k not in final)
+    final.update({k: metrics[k] for k in added})
+    summary["evaluated_later"] = {
+        "round": done, "added": added,
+        "max_abs_difference_of_held_metrics": max(
+            (abs(final[k] - metrics[k]) for k in held), default=None)}
+    summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True))
+    print(f"evaluated round {done} of {output_dir}: added {', '.join(added) or 'nothing'} to "
+          f"summary.json", flush=True)
     return summary

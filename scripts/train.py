@@ -9,6 +9,7 @@ real images), split 5 clients x 2 classes, all clients every round, 100 communic
     uv run python scripts/train.py --algorithm=fedavg --partition=iid --num_clients=20 \
         --clients_per_round=10 --learning_rate=0.1 --rounds=30 --output_dir=runs/digits
     uv run python scripts/train.py --output_dir=runs/digits --resume     # continue a stopped run
+    uv run python scripts/train.py --output_dir=runs/digits --evaluate_only  # re-evaluate it
     uv run python scripts/train.py --task=mnist                          # MNIST through TFDS
     uv run python scripts/train.py --task=mnist --data_dir=../shared/data  # the MNIST-5k CSV
     uv run python scripts/train.py --workers=2           # clients split over 2 TFF C++ workers
@@ -19,6 +20,7 @@ Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>)
                        client, seconds; RoLoRA's rows alternate `b_round/...` and `a_round/...`)
   checkpoints/         the newest server states; --resume continues after the last one
   summary.json         final metrics and the flags used
+  evaluation.json      --evaluate_only's metrics of the newest checkpoint
 and a comparison of several algorithms goes to comparison.csv / comparison.md; the TFF C++
 worker's own log to tff_worker.log (tff_worker_<i>.log with --workers, see docs/runtime.md).
 TF/TFF log noise is off unless --verbosity is given.
@@ -251,6 +253,10 @@ _OUTPUT_DIR = flags.DEFINE_string(
 )
 _RESUME = flags.DEFINE_bool(
     "resume", False, "Continue the run in --output_dir from its checkpoint.")
+_EVALUATE_ONLY = flags.DEFINE_bool(
+    "evaluate_only", False, "Train nothing: evaluate the newest checkpoint of the run in "
+    "--output_dir (trained with these flags) into evaluation.json, and add the metrics its "
+    "summary.json lacks (e.g. --eval_test's personalized test accuracy, added later) to it.")
 _WORKERS = flags.DEFINE_integer(
     "workers", 1, "Local TFF C++ worker processes; each round's clients are split across them "
     "(docs/runtime.md).")

@@ -33,6 +33,9 @@ class RunTask:
     # Per-client evaluation data: `() -> (client ids, train datasets, test datasets)`, batched;
     # the clients with a non-empty test split, each train dataset one pass over its data.
     client_eval_data: Callable[[], tuple[list[str], list, list]] | None = None
+    # The same for a held-out split beside the test split (SST-2's labeled test split with
+    # --eval_test), cut per client like the test split: personalized runs report it too.
+    client_heldout_data: Callable[[], tuple[list[str], list, list]] | None = None
     # `() -> list of arrays or None`: pretrained frozen weights to start from (text tasks).
     pretrained_non_trainable: Callable[[], Any] | None = None
     # Examples in the pooled test set `evaluate` reads (None: unknown). When the clients' test
@@ -290,6 +293,19 @@ def build_task(
                      shortcut_alpha=shortcut_alpha)
 
 
+def _split_like_clients(train_data, test_labels, seed: int) -> dict[str, np.ndarray]:
+    """`partition.split_test_like_train` for a `ClientData` with `client_labels`: indices into
+    `test_labels` per client of `train_data`, each client's class shares following its own
+    training labels."""
+    from tasks import partition as partition_lib
+
+    ids = list(train_data.client_ids)
+    labels = [np.asarray(train_data.client_labels(cid)) for cid in ids]
+    stops = np.cumsum([len(y) for y in labels])
+    parts = {cid: np.arange(stop - len(y), stop) for cid, y, stop in zip(ids, labels, stops)}
+    return partition_lib.split_test_like_train(np.concatenate(labels), parts, test_labels, seed)
+
+
 def _round_storage() -> str:
     """A fresh folder for this process's round data, removed at exit."""
     import atexit
@@ -449,8 +465,8 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
 
         test = text_files.load_glue_tsv(data_dir / "sst2", "sst2",
                                         splits=("test-labeled",))["test-labeled"]
-        test_data = client_data_lib.tensor_dataset(text_lib.tokenize(test.segments, packer),
-                                                   test.labels)
+        test_data_x = text_lib.tokenize(test.segments, packer)
+        test_data = client_data_lib.tensor_dataset(test_data_x, test.labels)
         held_out = prefix_lib.TextRounds(
             {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(_ordered))}, 1, 128,
             seed,
@@ -460,6 +476,21 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
 
         def evaluate(weights):
             return {**on_dev(weights), **{f"test_{k}": v for k, v in on_test(weights).items()}}
+
+        def client_heldout_data():
+            """The test split cut per client like the dev split (`split_test_like_train`:
+            each client's share of every class follows its training labels; the shards
+            partition the split), for personalized models' held-out accuracy."""
+            if "heldout" not in drawn:
+                ids, train, _ = client_eval_data()
+                parts = _split_like_clients(task.train_data, test.labels, seed)
+                shards = client_data_lib.ArrayClientData(
+                    test_data_x, test.labels, {cid: parts[cid] for cid in ids if len(parts[cid])})
+                passes = rounds(shards, "heldout")
+                kept = [i for i, cid in enumerate(ids) if cid in shards.client_ids]
+                drawn["heldout"] = ([ids[i] for i in kept], [train[i] for i in kept],
+                                    [passes.one_pass(ids[i], 256) for i in kept])
+            return drawn["heldout"]
 
     run = RunTask(
         description=f"{task.name} ({n_train} train examples, "
@@ -471,6 +502,7 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
         input_spec=input_spec,
         evaluate=evaluate,
         client_eval_data=client_eval_data,
+        client_heldout_data=client_heldout_data if eval_test else None,
     )
     run.pretrained_non_trainable = pretrained_non_trainable
     # With --eval_test `evaluate` also reads the test split, which no client holds.

@@ -54,7 +54,8 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     and mean client accuracy equal one TFF evaluation over all clients; FedAvg's per-client
     accuracies (global model, Keras) equal the TFF evaluation's per-client ones, and its pooled
     loss and accuracy equal the pooled test set's (the digits clients' test sets partition it);
-    with the pooled size unknown, the pooled test set is read instead."""
+    with the pooled size unknown, the pooled test set is read instead. A held-out split per
+    client adds `personal_test_*`, computed like `personal_*`."""
     import dataclasses
 
     from tffl import runtime
@@ -80,6 +81,17 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
                 assert personal[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
             assert np.mean(accuracies) == pytest.approx(
                 one_pass["personal_mean_client_accuracy"], abs=1e-6)
+            # A held-out split per client is evaluated like the test split: handed the same
+            # data, `personal_test_*` equals `personal_*` in both evaluators.
+            assert not any(k.startswith("personal_test_") for k in one_pass)
+            twice = dataclasses.replace(task, client_heldout_data=task.client_eval_data)
+            for evaluator in (algorithms.personalized_evaluator(twice, process),
+                              algorithms.per_client_evaluator(twice, process, True)):
+                both = evaluator(result.state, store)
+                for key, value in one_pass.items():
+                    if key.startswith("personal_"):
+                        test_key = key.replace("personal_", "personal_test_")
+                        assert both[test_key] == pytest.approx(value, rel=1e-5, abs=1e-6)
             if name == "fedavg":
                 global_ = algorithms.per_client_evaluator(task, process, False)(result.state)
                 for cid, value in zip(ids, accuracies):

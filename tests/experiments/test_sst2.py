@@ -273,3 +273,47 @@ def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypat
     assert table["FedSA-LoRA"]["paper_drop_20"] == ""
     markdown = (tmp_path / "out" / "drops.md").read_text()
     assert "| drop 3 → 20 (points) | seeds 3 & 20 | per seed 3 → 20 (seed: points) |" in markdown
+
+
+@pytest.mark.parametrize("missing", [None, ("N20", "seed1")])
+def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
+        tmp_path, monkeypatch, missing):
+    """FedSA-LoRA's runs report personalized accuracy on the clients' dev and test shards: its
+    test column and drops use the test figures when every finished run has one; when one run
+    (from before the test split was cut per client) lacks it, every seed of the method falls
+    back to personalized dev, so that no drop pairs a dev figure with a test one."""
+    import numpy as np
+    from experiments import report
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=2, clients=(3, 20))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    rng = np.random.default_rng(3)
+    dev = {(n, s): float(rng.uniform(0.6, 0.9)) for n in (3, 20) for s in range(2)}
+    test = {(n, s): float(rng.uniform(0.6, 0.9)) for n in (3, 20) for s in range(2)}
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        n, seed = run_dir.relative_to(tmp_path).parts[1:3]
+        final = {"eval_personal_accuracy": dev[int(n[1:]), int(seed[4:])]}
+        if (n, seed) != missing:
+            final["eval_personal_test_accuracy"] = test[int(n[1:]), int(seed[4:])]
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0, "final": final}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("fedsa_lora",))
+    rows, _, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
+    result = sst2._sst2_claim_result(ctx, rows, "IID")
+    report.write_table(tmp_path / "out", result.extra_tables["drops"], "drops")
+    with open(tmp_path / "out" / "drops.csv", newline="") as f:
+        (row,) = csv.DictReader(f)
+    used = dev if missing else test
+    d = np.array([100 * (used[3, s] - used[20, s]) for s in (0, 1)])
+    assert row["measure"] == ("personalized dev" if missing else "personalized test")
+    assert row["drop_20"] == f"{d.mean():.2f} ± {d.std():.2f}"
+    at3 = next(r for r in rows if r["clients"] == 3)
+    assert at3["test_mean"] == pytest.approx(np.mean([test[3, 0], test[3, 1]]))
+    assert at3["dev_mean"] == pytest.approx(np.mean([dev[3, 0], dev[3, 1]]))
+    assert result.panels[0].ylabel.endswith(f"FedSA-LoRA: {row['measure']})")

@@ -87,6 +87,8 @@ def test_output_dir(tmp_path, monkeypatch):
     assert (tmp_path / "a").is_dir()
     with pytest.raises(UsageError, match="flag --resume needs --output_dir"):
         train_options.output_dir(_options(resume=True))
+    with pytest.raises(UsageError, match="flag --evaluate_only needs --output_dir naming the run"):
+        train_options.output_dir(_options(evaluate_only=True))
     monkeypatch.chdir(tmp_path)
     made = train_options.output_dir(_options(algorithm=["rolora", "fedavg_lora"], task="mnist"))
     assert made.parent == pathlib.Path("runs") and made.name.startswith("mnist-rolora-fedavg_lora-")

@@ -116,6 +116,7 @@ _VALIDATED = [
 _BUILD_ERRORS = [
     (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
     (["--task=reviews", "--algorithm=fedrep"], "--data_dir"),
+    (["--algorithm=fedrep", "--evaluate_only"], "--evaluate_only"),   # no checkpoint to evaluate
 ]
 # Both lists in one subprocess, to spare a TensorFlow import per case.
 _CHECK = """
@@ -293,6 +294,50 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data):
     assert row["bytes_up_per_client"] == (12 * 16 * 384 + 384 * 2 + 2) * 4 + 16   # B round
     state = next((tmp_path / "checkpoints").iterdir()) / "state.npz"
     assert state.stat().st_size < 2_000_000   # the checkpoint holds no backbone either
+
+
+def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restores_it(
+        tmp_path, shared_data):
+    """FedSA-LoRA on SST-2 with --eval_test reports its personalized accuracy on the labeled test
+    split cut per client (eval_personal_test_*) beside the dev shards'. --evaluate_only on the
+    finished run trains nothing: it recomputes every metric from the last checkpoint (equal to
+    the run's own, so the checkpoint restores shared and personal state) and adds the ones
+    summary.json lacks, as for a run from before the test split was cut."""
+    import json
+
+    args = ["--task=sst2", "--algorithm=fedsa_lora", "--eval_test", "--rounds=2",
+            "--num_clients=3", "--clients_per_round=3", "--local_steps=1", "--rank=2",
+            "--sequence_length=16", "--eval_every=0", f"--data_dir={shared_data}",
+            f"--output_dir={tmp_path}"]
+    proc = _run(*args, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    final = summary["final"]
+    personal = {k: v for k, v in final.items() if k.startswith("eval_personal")}
+    assert {"eval_personal_accuracy", "eval_personal_test_accuracy",
+            "eval_personal_test_loss", "eval_personal_test_mean_client_accuracy"} <= set(personal)
+    # Pooled accuracies: correct sentences over all 1,821 test / 872 dev sentences, each scored
+    # by the model of the client whose shard holds it.
+    for key, size in (("eval_personal_test_accuracy", 1821), ("eval_personal_accuracy", 872)):
+        assert final[key] * size == pytest.approx(round(final[key] * size), abs=1e-3), key
+    assert "eval_accuracy" not in final   # B is personal: no global model
+    older = [k for k in personal if k.startswith("eval_personal_test_")]
+    for key in older:
+        del final[key]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    rows = _rows(tmp_path)
+
+    again = _run(*args, "--evaluate_only", timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert "evaluated round 2 of" in again.stdout and "round 1/" not in again.stdout
+    restored = json.loads((tmp_path / "summary.json").read_text())
+    assert restored["evaluated_later"]["added"] == sorted(older)
+    assert restored["evaluated_later"]["max_abs_difference_of_held_metrics"] <= 1e-6
+    for key, value in personal.items():
+        assert restored["final"][key] == pytest.approx(value, abs=1e-6), key
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert evaluation["round"] == 2 and set(evaluation["metrics"]) == set(personal)
+    assert _rows(tmp_path) == rows   # nothing trained or rewritten
 
 
 def test_fedrep_with_srpfl_participation(tmp_path):
