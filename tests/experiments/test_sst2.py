@@ -225,28 +225,18 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
         sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
 
 
-def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypatch):
-    """drops.csv: a method's drop from N = 3 to N is 100·(a(3, s) − a(N, s)) over the seeds
-    finished at both, mean ± population std (numpy below), each seed's drop listed; a seed
-    missing at one N leaves only that pair; FedSA-LoRA's drop is on its personalized dev
-    accuracy; the paper's drop is the difference of its Table 1 means; the centralized run (one
-    N) has no row."""
-    import numpy as np
+def _protocol_with_finals(tmp_path, monkeypatch, cfg, final_of, methods):
+    """Runs `sst2._sst2_protocol` at `cfg` with every train.py run replaced by a summary.json
+    whose "final" is `final_of(method, N, seed)` (None: a stopped run, no summary); returns its
+    rows, its result and the drops table (drops.csv) by method."""
     from experiments import report
-    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=3, clients=(3, 20))
-    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
-    rng = np.random.default_rng(7)
-    accuracy = {(m, n, s): float(rng.uniform(0.6, 0.9)) for m in ("rolora", "fedsa_lora")
-                for n in (3, 20) for s in range(3)}
 
     def fake_train(args, what):
         run_dir = pathlib.Path(_value(args, "output_dir"))
         method, n, seed = run_dir.relative_to(tmp_path).parts[:3]
-        if (method, n, seed) == ("rolora", "N20", "seed2"):
-            return  # stopped: no summary
-        a = accuracy.get((method, int(n[1:]), int(seed[4:])), 0.7)
-        final = ({"eval_personal_accuracy": a} if method == "fedsa_lora"
-                 else {"eval_accuracy": a, "eval_test_accuracy": a})
+        final = final_of(method, int(n[1:]), int(seed[4:]))
+        if final is None:
+            return
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
@@ -254,12 +244,37 @@ def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypat
 
     monkeypatch.setattr(sst2, "run_subprocess", fake_train)
     ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
-                          data_dir=tmp_path, methods=("rolora", "fedsa_lora", "centralized"))
-    rows, _, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], True)
+                          data_dir=tmp_path, methods=methods)
+    rows, _, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"],
+                                     "centralized" in methods)
     result = sst2._sst2_claim_result(ctx, rows, "IID")
     report.write_table(tmp_path / "out", result.extra_tables["drops"], "drops")
     with open(tmp_path / "out" / "drops.csv", newline="") as f:
-        table = {r["method"]: r for r in csv.DictReader(f)}
+        return rows, result, {r["method"]: r for r in csv.DictReader(f)}
+
+
+def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypatch):
+    """drops.csv: a method's drop from N = 3 to N is 100·(a(3, s) − a(N, s)) over the seeds
+    finished at both, mean ± population std (numpy below), each seed's drop listed; a seed
+    missing at one N leaves only that pair; FedSA-LoRA's drop is on its personalized dev
+    accuracy; the paper's drop is the difference of its Table 1 means; the centralized run (one
+    N) has no row."""
+    import numpy as np
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=3, clients=(3, 20))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    rng = np.random.default_rng(7)
+    accuracy = {(m, n, s): float(rng.uniform(0.6, 0.9)) for m in ("rolora", "fedsa_lora")
+                for n in (3, 20) for s in range(3)}
+
+    def final(method, n, seed):
+        if (method, n, seed) == ("rolora", 20, 2):
+            return None  # stopped: no summary
+        a = accuracy.get((method, n, seed), 0.7)
+        return ({"eval_personal_accuracy": a} if method == "fedsa_lora"
+                else {"eval_accuracy": a, "eval_test_accuracy": a})
+
+    _, result, table = _protocol_with_finals(tmp_path, monkeypatch, cfg, final,
+                                             ("rolora", "fedsa_lora", "centralized"))
     assert set(table) == {"RoLoRA", "FedSA-LoRA"}
     for method, name, seeds, measure in (("rolora", "RoLoRA", (0, 1), "test"),
                                          ("fedsa_lora", "FedSA-LoRA", (0, 1, 2),
@@ -275,7 +290,7 @@ def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypat
     assert "| drop 3 → 20 (points) | seeds 3 & 20 | per seed 3 → 20 (seed: points) |" in markdown
 
 
-@pytest.mark.parametrize("missing", [None, ("N20", "seed1")])
+@pytest.mark.parametrize("missing", [None, (20, 1)])
 def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
         tmp_path, monkeypatch, missing):
     """FedSA-LoRA's runs report personalized accuracy on the clients' dev and test shards: its
@@ -283,32 +298,21 @@ def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
     (from before the test split was cut per client) lacks it, every seed of the method falls
     back to personalized dev, so that no drop pairs a dev figure with a test one."""
     import numpy as np
-    from experiments import report
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=2, clients=(3, 20))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     rng = np.random.default_rng(3)
     dev = {(n, s): float(rng.uniform(0.6, 0.9)) for n in (3, 20) for s in range(2)}
     test = {(n, s): float(rng.uniform(0.6, 0.9)) for n in (3, 20) for s in range(2)}
 
-    def fake_train(args, what):
-        run_dir = pathlib.Path(_value(args, "output_dir"))
-        n, seed = run_dir.relative_to(tmp_path).parts[1:3]
-        final = {"eval_personal_accuracy": dev[int(n[1:]), int(seed[4:])]}
+    def final(method, n, seed):
+        out = {"eval_personal_accuracy": dev[n, seed]}
         if (n, seed) != missing:
-            final["eval_personal_test_accuracy"] = test[int(n[1:]), int(seed[4:])]
-        run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({
-            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
-            "upload_bytes_per_client_total": 0, "final": final}))
+            out["eval_personal_test_accuracy"] = test[n, seed]
+        return out
 
-    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
-    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
-                          data_dir=tmp_path, methods=("fedsa_lora",))
-    rows, _, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
-    result = sst2._sst2_claim_result(ctx, rows, "IID")
-    report.write_table(tmp_path / "out", result.extra_tables["drops"], "drops")
-    with open(tmp_path / "out" / "drops.csv", newline="") as f:
-        (row,) = csv.DictReader(f)
+    rows, result, table = _protocol_with_finals(tmp_path, monkeypatch, cfg, final,
+                                                ("fedsa_lora",))
+    (row,) = table.values()
     used = dev if missing else test
     d = np.array([100 * (used[3, s] - used[20, s]) for s in (0, 1)])
     assert row["measure"] == ("personalized dev" if missing else "personalized test")
