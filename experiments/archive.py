@@ -82,10 +82,16 @@ def restore(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> dict 
 
 def keep(run_dir: pathlib.Path, rounds: int, archived: pathlib.Path) -> None:
     """Copies a run's `KEPT_FILES` to `archived`; for a stopped run also its newest checkpoint,
-    replacing an older archived one; a finished run's archived checkpoint is removed."""
+    replacing an older archived one; a finished run's archived checkpoint is removed. A finished
+    run whose archived summary.json is as new as `run_dir`'s or newer (e.g. one re-evaluated
+    with train.py --evaluate_only since `run_dir` was written) is left as archived."""
     finished = finished_summary(run_dir, rounds) is not None
     newest = None if finished else newest_checkpoint(run_dir)
     if not finished and newest is None:
+        return
+    if finished and finished_summary(archived, rounds) is not None and (
+            (archived / "summary.json").stat().st_mtime
+            >= (run_dir / "summary.json").stat().st_mtime):
         return
     archived.mkdir(parents=True, exist_ok=True)
     for name in KEPT_FILES:
