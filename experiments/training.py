@@ -242,9 +242,13 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
         raise UsageError(f"flag --evaluate_only: {output_dir} holds no checkpoint; train the run "
                          "first (the same flags without --evaluate_only)")
     done = found[0]
-    result = simulation.run_rounds(process, sampler=None, client_dataset_fn=None, rounds=done,
-                                   output_dir=output_dir, config=config, resume=True, log=None,
-                                   tensorboard=False)
+    try:
+        result = simulation.run_rounds(process, sampler=None, client_dataset_fn=None,
+                                       rounds=done, output_dir=output_dir, config=config,
+                                       resume=True, log=None, tensorboard=False)
+    except (simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
+        raise UsageError(f"flag --evaluate_only: {e}; pass the flags the run was trained "
+                         "with") from e
     store = result.personal_store
     evaluated = evaluate_fn(result.state, store) if store is not None else evaluate_fn(result.state)
     metrics = {f"eval_{k}": float(v) for k, v in evaluated.items()}

@@ -163,6 +163,13 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
     again = _run(*_FAST, "--rounds=3", f"--output_dir={tmp_path}", timeout=120)
     assert again.returncode == 2 and "--resume" in again.stderr
     assert _rows(tmp_path) == rows  # nothing overwritten
+    # --evaluate_only with other flags than the run's names itself, not --resume.
+    other = _run(*_FAST, "--rounds=3", "--learning_rate=0.2", f"--output_dir={tmp_path}",
+                 "--evaluate_only", timeout=120)
+    message = other.stderr.strip().splitlines()
+    assert other.returncode == 2 and len(message) == 1, other.stderr
+    assert "--evaluate_only" in message[0] and "learning_rate" in message[0], message
+    assert _rows(tmp_path) == rows and not (tmp_path / "evaluation.json").exists()
 
 
 def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
