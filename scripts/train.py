@@ -358,6 +358,27 @@ def interrupted_message(output_dir: pathlib.Path | None) -> str:
             f"{resume_command(output_dir)}")
 
 
+def exit_after_interrupt(status: int) -> None:
+    """Ends the process after Ctrl-C without Python's interpreter teardown.
+
+    By now every completed round is checkpointed and the TFF workers are stopped. TFF's
+    event-loop threads (daemon threads of `AsyncThreadRunner`) may still be inside the
+    interrupted computation's gRPC call; when such a thread wants the GIL back during teardown,
+    Python ends it with `pthread_exit`, whose unwinding through gRPC's C++ frames sometimes
+    aborts the process ("terminate called ...", "Fatal Python error: Aborted") after the one-line
+    message. So: free the run's objects (TensorBoard's file writer flushes when deleted), stop
+    any worker left, flush the streams and exit."""
+    import gc
+    import logging
+
+    gc.collect()
+    runtime.stop_all_workers()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -365,6 +386,7 @@ def main(argv: list[str]) -> int:
     from tffl import simulation
 
     output_dir = None
+    interrupted = False
     try:
         output_dir = _validate_flags()
         cli.quiet_python_logs()
@@ -382,7 +404,9 @@ def main(argv: list[str]) -> int:
         if os.environ.get("TFFL_DEBUG"):
             raise
         sys.stderr.write(f"train.py: {interrupted_message(output_dir)}\n")
-        return 130
+        interrupted = True
+    if interrupted:
+        exit_after_interrupt(130)
     if len(summaries) > 1:
         table = comparison.write_comparison(output_dir, summaries, _TASK.value, _EVAL_TEST.value)
         print("\n" + table + "\n", flush=True)

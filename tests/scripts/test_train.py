@@ -228,6 +228,20 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert _rows(cut) == _rows(full)
+    # TensorBoard lost no round either: the interrupted run flushed what it released before
+    # exiting, and the resumed run released the rest.
+    assert _tensorboard_steps(cut, "train_loss") == set(range(1, 61))
+
+
+def _tensorboard_steps(output_dir, tag):
+    import tensorflow as tf
+
+    steps = set()
+    for events in (output_dir / simulation.TENSORBOARD_DIR).glob("events*"):
+        for event in tf.data.TFRecordDataset(str(events)).as_numpy_iterator():
+            parsed = tf.compat.v1.Event.FromString(event)
+            steps |= {parsed.step for value in parsed.summary.value if value.tag == tag}
+    return steps
 
 
 def test_lora_comparison_reports_exact_upload_bytes(tmp_path):
