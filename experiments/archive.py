@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 KEPT_FILES = ("summary.json", "metrics.csv")
 CHECKPOINTS = "checkpoints"
+RERUN = "rerun"   # summary.json's record of a rerun (`attach_rerun`)
+RERUN_METRICS = "metrics_rerun.csv"
 
 
 def finished_summary(run_dir: pathlib.Path, rounds: int) -> dict | None:
@@ -125,3 +127,52 @@ def train_once(run_dir: pathlib.Path, rounds: int, train: Callable[[bool], None]
     if summary is not None and archived is not None:
         keep(run_dir, rounds, archived)
     return summary
+
+
+def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
+    """Records in a finished run's summary.json a rerun of it, for metrics the run lacks.
+
+    A run that kept no checkpoint cannot be re-evaluated (train.py --evaluate_only), e.g. for
+    FedSA-LoRA's personalized test accuracy, added after it ran: it is run again with the same
+    flags (seed included) in `rerun_dir`. The run's own figures stay as they are; its summary
+    gets `rerun` = {"final": the rerun's final metrics, "wall_seconds_this_run",
+    "max_abs_difference_of_shared_metrics": max |final[k] − rerun final[k]| over the numeric
+    metrics both hold}, and the rerun's metrics.csv is kept beside as `metrics_rerun.csv`. The
+    difference is float rounding only when the runs compute the same thing (TFF sums the
+    clients' updates in the order they arrive, so reruns agree to rounding, not bit for bit).
+    `experiments.sst2` takes a figure from `rerun` only when the run's own final lacks it.
+
+    Returns the updated summary.
+
+    Raises:
+      ValueError: naming the folder, if either run is not finished, they ran a different number
+        of rounds, or their flags differ (naming the flags).
+    """
+    summaries = []
+    for folder in (run_dir, rerun_dir):
+        path = folder / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else None
+        if not isinstance(summary, dict) or "rounds_completed" not in summary:
+            raise ValueError(f"{folder}: no finished train.py run (summary.json); finish it "
+                             "first")
+        summaries.append(summary)
+    run, rerun = summaries
+    if run["rounds_completed"] != rerun["rounds_completed"]:
+        raise ValueError(f"{rerun_dir}: ran {rerun['rounds_completed']} rounds, {run_dir} "
+                         f"{run['rounds_completed']}; rerun with the run's flags")
+    flags, again = run.get("flags", {}), rerun.get("flags", {})
+    differ = sorted(k for k in set(flags) | set(again) if flags.get(k) != again.get(k))
+    if differ:
+        raise ValueError(f"{rerun_dir}: flags differ from {run_dir}'s ({', '.join(differ)}); "
+                         "rerun with the run's flags")
+    shared = [k for k in run["final"] if k in rerun["final"]
+              and isinstance(run["final"][k], (int, float))]
+    run[RERUN] = {
+        "final": rerun["final"],
+        "wall_seconds_this_run": rerun.get("wall_seconds_this_run"),
+        "max_abs_difference_of_shared_metrics": max(
+            (abs(run["final"][k] - rerun["final"][k]) for k in shared), default=None)}
+    (run_dir / "summary.json").write_text(json.dumps(run, indent=1, sort_keys=True))
+    if (rerun_dir / "metrics.csv").exists():
+        shutil.copyfile(rerun_dir / "metrics.csv", run_dir / RERUN_METRICS)
+    return run

@@ -1,8 +1,10 @@
 """experiments.archive: which copy of a finished run wins when the output folder and the archive
-both hold one."""
+both hold one; a rerun recorded beside a finished run (`attach_rerun`)."""
 
 import json
 import os
+
+import pytest
 
 from experiments import archive
 
@@ -35,3 +37,49 @@ def test_a_newer_output_copy_replaces_the_archived_run(tmp_path):
     archive.train_once(out / "r", 5, None, out, kept)
     assert json.loads((kept / "r" / "summary.json").read_text())["marker"] == "re-evaluated"
     assert "re-evaluated" in (kept / "r" / "metrics.csv").read_text()
+
+
+def _summary(folder, final, flags, rounds=5, metrics="round\n5\n"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps(
+        {"rounds_completed": rounds, "final": final, "flags": flags}))
+    (folder / "metrics.csv").write_text(metrics)
+
+
+def test_attach_rerun_keeps_the_runs_figures_and_records_the_reruns(tmp_path):
+    """A rerun (same flags) is recorded under `rerun` with its final metrics and the largest
+    |difference| of the numeric metrics both hold; the run's own final and metrics are
+    untouched; the rerun's metrics.csv is kept as metrics_rerun.csv."""
+    flags = {"seed": 0, "learning_rate": 0.3}
+    own = {"eval_personal_accuracy": 0.8234, "train_loss": 0.2139, "round": 5}
+    again = {"eval_personal_accuracy": 0.8211, "train_loss": 0.2150, "round": 5,
+             "eval_personal_test_accuracy": 0.8342}
+    _summary(tmp_path / "run", own, flags, metrics="round,train_loss\n5,0.2139\n")
+    _summary(tmp_path / "rerun", again, flags, metrics="round,train_loss\n5,0.2150\n")
+    summary = archive.attach_rerun(tmp_path / "run", tmp_path / "rerun")
+    stored = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert stored == summary and stored["final"] == own
+    assert stored["rerun"]["final"] == again
+    assert stored["rerun"]["max_abs_difference_of_shared_metrics"] == max(
+        abs(0.8234 - 0.8211), abs(0.2139 - 0.2150), 0)
+    assert (tmp_path / "run" / "metrics_rerun.csv").read_text() == "round,train_loss\n5,0.2150\n"
+    assert (tmp_path / "run" / "metrics.csv").read_text() == "round,train_loss\n5,0.2139\n"
+
+
+@pytest.mark.parametrize("rerun_flags, rounds, expected", [
+    ({"seed": 1, "learning_rate": 0.3}, 5, "flags differ"),
+    ({"seed": 0, "learning_rate": 0.3}, 4, "ran 4 rounds"),
+    (None, 5, "no finished train.py run"),
+])
+def test_attach_rerun_refuses_a_rerun_of_another_run(tmp_path, rerun_flags, rounds, expected):
+    flags = {"seed": 0, "learning_rate": 0.3}
+    _summary(tmp_path / "run", {"train_loss": 0.2}, flags)
+    before = (tmp_path / "run" / "summary.json").read_text()
+    if rerun_flags is not None:
+        _summary(tmp_path / "rerun", {"train_loss": 0.2}, rerun_flags, rounds=rounds)
+    with pytest.raises(ValueError, match=expected) as raised:
+        archive.attach_rerun(tmp_path / "run", tmp_path / "rerun")
+    assert "\n" not in str(raised.value)
+    if rerun_flags and rerun_flags["seed"] != 0:
+        assert "(seed)" in str(raised.value)
+    assert (tmp_path / "run" / "summary.json").read_text() == before

@@ -237,10 +237,12 @@ def _protocol_with_finals(tmp_path, monkeypatch, cfg, final_of, methods):
         final = final_of(method, int(n[1:]), int(seed[4:]))
         if final is None:
             return
+        rerun = final.pop("rerun", None)   # a rerun recorded by archive.attach_rerun
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
-            "upload_bytes_per_client_total": 0, "final": final}))
+            "upload_bytes_per_client_total": 0, "final": final,
+            **({"rerun": {"final": rerun}} if rerun else {})}))
 
     monkeypatch.setattr(sst2, "run_subprocess", fake_train)
     ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
@@ -290,13 +292,15 @@ def test_degradation_table_pairs_drops_by_seed_against_numpy(tmp_path, monkeypat
     assert "| drop 3 → 20 (points) | seeds 3 & 20 | per seed 3 → 20 (seed: points) |" in markdown
 
 
-@pytest.mark.parametrize("missing", [None, (20, 1)])
+@pytest.mark.parametrize("missing, reran", [(None, False), ((20, 1), False), ((20, 1), True)])
 def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
-        tmp_path, monkeypatch, missing):
+        tmp_path, monkeypatch, missing, reran):
     """FedSA-LoRA's runs report personalized accuracy on the clients' dev and test shards: its
     test column and drops use the test figures when every finished run has one; when one run
     (from before the test split was cut per client) lacks it, every seed of the method falls
-    back to personalized dev, so that no drop pairs a dev figure with a test one."""
+    back to personalized dev, so that no drop pairs a dev figure with a test one, unless a
+    rerun of that run recorded in its summary (archive.attach_rerun) has the test figure: that
+    one is used, its dev figure is not, and a note names the run."""
     import numpy as np
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=2, clients=(3, 20))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
@@ -308,14 +312,25 @@ def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
         out = {"eval_personal_accuracy": dev[n, seed]}
         if (n, seed) != missing:
             out["eval_personal_test_accuracy"] = test[n, seed]
+        elif reran:
+            out["rerun"] = {"eval_personal_accuracy": 0.5, "eval_personal_test_accuracy":
+                            test[n, seed]}
         return out
 
     rows, result, table = _protocol_with_finals(tmp_path, monkeypatch, cfg, final,
                                                 ("fedsa_lora",))
     (row,) = table.values()
-    used = dev if missing else test
+    used = dev if missing and not reran else test
+    reran_notes = [n for n in result.table.notes if "rerun" in n]
+    assert reran_notes == ([f"Test figures from a rerun with the same flags and seed, the run "
+                            f"having kept no checkpoint to evaluate (its summary.json's "
+                            f"`rerun`), with the run's dev figure → the rerun's: FedSA-LoRA, "
+                            f"N = 20, seed 1 (dev {dev[20, 1]:.4f} → 0.5000)."]
+                           if reran else [])
     d = np.array([100 * (used[3, s] - used[20, s]) for s in (0, 1)])
-    assert row["measure"] == ("personalized dev" if missing else "personalized test")
+    assert row["measure"] == ("personalized dev" if used is dev else "personalized test")
+    at20 = next(r for r in rows if r["clients"] == 20)
+    assert at20["dev_mean"] == pytest.approx(np.mean([dev[20, 0], dev[20, 1]]))
     assert row["drop_20"] == f"{d.mean():.2f} ± {d.std():.2f}"
     at3 = next(r for r in rows if r["clients"] == 3)
     assert at3["test_mean"] == pytest.approx(np.mean([test[3, 0], test[3, 1]]))

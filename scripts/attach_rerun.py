@@ -1,0 +1,56 @@
+r"""Records a rerun of a finished train.py run in the run's summary.json, for metrics it lacks.
+
+A finished run keeps no checkpoint in an experiment's archive (`reproduce.py --archive_dir`), so a
+metric added after it ran (FedSA-LoRA's personalized test accuracy) cannot come from
+`train.py --evaluate_only`. Run it again with the same flags and seed into another folder, then
+
+    python scripts/attach_rerun.py --run=docs/runs/sst2_clients-full/fedsa_lora/N3/seed0/lr0.3 \
+        --rerun=runs/fedsa_seed0_rerun/N3
+
+The run's own figures are left as they are; its summary.json gets `rerun` (the rerun's final
+metrics, wall time and the largest difference of the metrics both report) and its folder the
+rerun's metrics as `metrics_rerun.csv` (`experiments.archive.attach_rerun`). `reproduce.py`'s
+SST-2 tables take a figure from the rerun only where the run lacks it, and say so in a note.
+A rerun agrees with the run to float rounding, not bit for bit: TFF sums the clients' updates in
+the order they arrive.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from absl import app
+from absl import flags
+
+from experiments import archive
+from experiments import cli
+
+_RUN = flags.DEFINE_string("run", None, "The finished run's folder (its summary.json).")
+_RERUN = flags.DEFINE_string("rerun", None, "The rerun's folder: same flags and seed, finished.")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        for flag in (_RUN, _RERUN):
+            if not flag.value:
+                raise cli.UsageError(f"flag --{flag.name} is required: the "
+                                     + ("finished run's folder" if flag is _RUN
+                                        else "rerun's folder"))
+        summary = archive.attach_rerun(pathlib.Path(_RUN.value), pathlib.Path(_RERUN.value))
+    except cli.UsageError as e:
+        return cli.error_exit("attach_rerun.py", e, 2)
+    except (ValueError, OSError) as e:
+        return cli.error_exit("attach_rerun.py", e, 1)
+    rerun = summary[archive.RERUN]
+    added = sorted(k for k in rerun["final"] if k not in summary["final"])
+    print(json.dumps({"run": _RUN.value, "rerun metrics the run lacks": added,
+                      "max_abs_difference_of_shared_metrics":
+                          rerun["max_abs_difference_of_shared_metrics"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,43 @@
+"""scripts/attach_rerun.py in a subprocess: records a rerun, refuses one of another run."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "attach_rerun.py"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120, cwd=SCRIPT.parents[1], check=False)
+
+
+def _summary(folder, final, seed):
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(
+        {"rounds_completed": 3, "final": final, "flags": {"seed": seed}}))
+    (folder / "metrics.csv").write_text("round\n3\n")
+
+
+def test_attach_rerun_records_the_rerun_and_names_bad_input(tmp_path):
+    run, rerun, other = tmp_path / "run", tmp_path / "rerun", tmp_path / "other"
+    _summary(run, {"eval_personal_accuracy": 0.75}, 0)
+    _summary(rerun, {"eval_personal_accuracy": 0.5, "eval_personal_test_accuracy": 0.25}, 0)
+    _summary(other, {"eval_personal_accuracy": 0.5}, 1)
+
+    missing = _run(f"--run={run}")
+    assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0
+    assert "--rerun" in missing.stderr
+    refused = _run(f"--run={run}", f"--rerun={other}")
+    assert refused.returncode == 1 and "seed" in refused.stderr, refused.stderr
+    assert "rerun" not in json.loads((run / "summary.json").read_text())
+
+    done = _run(f"--run={run}", f"--rerun={rerun}")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rerun metrics the run lacks"] == ["eval_personal_test_accuracy"]
+    assert report["max_abs_difference_of_shared_metrics"] == 0.25
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final"] == {"eval_personal_accuracy": 0.75}
+    assert summary["rerun"]["final"]["eval_personal_test_accuracy"] == 0.25
