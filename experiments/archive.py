@@ -137,9 +137,10 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     flags (seed included) in `rerun_dir`. The run's own figures stay as they are; its summary
     gets `rerun` = {"final": the rerun's final metrics, "wall_seconds_this_run",
     "max_abs_difference_of_shared_metrics": max |final[k] − rerun final[k]| over the numeric
-    metrics both hold}, and the rerun's metrics.csv is kept beside as `metrics_rerun.csv`. The
-    difference is float rounding only when the runs compute the same thing (TFF sums the
-    clients' updates in the order they arrive, so reruns agree to rounding, not bit for bit).
+    metrics both hold}, and the rerun's metrics.csv is kept beside as `metrics_rerun.csv`.
+    Reruns on this CPU runtime agree to float rounding, not always bit for bit (FedSA-LoRA's
+    SST-2 reruns: training losses apart by ~1e-7 from round 2, final dev accuracies by up to a
+    few sentences), so the difference is recorded rather than required to be 0.
     `experiments.sst2` takes a figure from `rerun` only when the run's own final lacks it.
 
     Returns the updated summary.
