@@ -336,3 +336,37 @@ def test_fedsa_lora_drops_are_on_personalized_test_only_when_every_run_has_it(
     assert at3["test_mean"] == pytest.approx(np.mean([test[3, 0], test[3, 1]]))
     assert at3["dev_mean"] == pytest.approx(np.mean([dev[3, 0], dev[3, 1]]))
     assert result.panels[0].ylabel.endswith(f"FedSA-LoRA: {row['measure']})")
+
+
+def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
+        tmp_path, monkeypatch):
+    """sst2_dirichlet runs every method at N = 20 on Dirichlet(0.5) shards. The paper has no
+    SST-2 figure for label skew (its Table 2 is MNLI and QQP): the table has no paper column,
+    its note states Table 2's claim, not Table 1's, and its title has no centralized run."""
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=1, clients=(3, 20))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "test-labeled.tsv").write_text("sentence\tlabel\n")
+    calls = []
+
+    def fake_train(args, what):
+        calls.append(args)
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": 0.75, "eval_test_accuracy": 0.5}}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_dirichlet", "small", tmp_path / "out", resume=True, seed=0,
+                          data_dir=tmp_path, methods=None)
+    result = sst2.run_sst2_dirichlet(ctx)
+    assert {_value(a, "num_clients") for a in calls} == {"20"}
+    assert all(_value(a, "partition") == "dirichlet" and _value(a, "dirichlet_alpha") == "0.5"
+               for a in calls)
+    assert len(calls) == len(sst2.SST2_CLAIM_METHODS)
+    assert "paper" not in [c.key for c in result.table.columns]
+    assert "Table 2" in result.table.notes[0] and "Table 1" not in result.table.notes[0]
+    assert "centralized" not in result.table.title
+    assert "94.88" not in json.dumps(result.table.rows, default=str)
