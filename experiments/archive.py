@@ -44,6 +44,15 @@ def finished_summary(run_dir: pathlib.Path, rounds: int) -> dict | None:
 
     Raises:
       ValueError: naming the file, if it is not a JSON object (a damaged archive or run)."""
+    summary = read_summary(run_dir)
+    return summary if summary is not None and summary.get("rounds_completed") == rounds else None
+
+
+def read_summary(run_dir: pathlib.Path) -> dict | None:
+    """The run's summary.json as a dict; None if there is none.
+
+    Raises:
+      ValueError: naming the file, if it is not a JSON object (a damaged archive or run)."""
     path = run_dir / "summary.json"
     if not path.exists():
         return None
@@ -55,7 +64,7 @@ def finished_summary(run_dir: pathlib.Path, rounds: int) -> dict | None:
     if not isinstance(summary, dict):
         raise ValueError(f"{path}: not a train.py summary (no JSON object); delete it to run "
                          "that run again")
-    return summary if summary.get("rounds_completed") == rounds else None
+    return summary
 
 
 def newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
@@ -151,11 +160,12 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     """
     summaries = []
     for folder in (run_dir, rerun_dir):
-        path = folder / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else None
-        if not isinstance(summary, dict) or "rounds_completed" not in summary:
-            raise ValueError(f"{folder}: no finished train.py run (summary.json); finish it "
-                             "first")
+        summary = read_summary(folder)
+        done = None if summary is None else summary.get("rounds_completed")
+        if done is None or not isinstance(summary.get("final"), dict) or (
+                done != summary.get("flags", {}).get("rounds", done)):
+            raise ValueError(f"{folder}: no finished train.py run (summary.json with its final "
+                             "metrics after all --rounds); finish it first")
         summaries.append(summary)
     run, rerun = summaries
     if run["rounds_completed"] != rerun["rounds_completed"]:

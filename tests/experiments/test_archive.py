@@ -69,13 +69,21 @@ def test_attach_rerun_keeps_the_runs_figures_and_records_the_reruns(tmp_path):
 @pytest.mark.parametrize("rerun_flags, rounds, expected", [
     ({"seed": 1, "learning_rate": 0.3}, 5, "flags differ"),
     ({"seed": 0, "learning_rate": 0.3}, 4, "ran 4 rounds"),
+    ({"seed": 0, "learning_rate": 0.3, "rounds": 5}, 3, "no finished train.py run"),  # stopped
     (None, 5, "no finished train.py run"),
+    ("damaged", 5, "rerun/summary.json: not a train.py summary"),
 ])
 def test_attach_rerun_refuses_a_rerun_of_another_run(tmp_path, rerun_flags, rounds, expected):
+    """A rerun with other flags or rounds, a stopped or missing one, or a damaged summary.json
+    is refused in one line naming the folder or file; the run's summary is left as it was."""
     flags = {"seed": 0, "learning_rate": 0.3}
     _summary(tmp_path / "run", {"train_loss": 0.2}, flags)
     before = (tmp_path / "run" / "summary.json").read_text()
-    if rerun_flags is not None:
+    if rerun_flags == "damaged":
+        (tmp_path / "rerun").mkdir()
+        (tmp_path / "rerun" / "summary.json").write_text('{"rounds_completed": 5,')
+        rerun_flags = None
+    elif rerun_flags is not None:
         _summary(tmp_path / "rerun", {"train_loss": 0.2}, rerun_flags, rounds=rounds)
     with pytest.raises(ValueError, match=expected) as raised:
         archive.attach_rerun(tmp_path / "run", tmp_path / "rerun")
