@@ -165,20 +165,22 @@ class _Traffic:
 
 
 def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
-    """Rows of a `metrics.csv`, with numbers parsed (`round` and `clients` as int)."""
+    """Rows of a `metrics.csv`, with numbers parsed as they were written: an integer (`round`,
+    `clients`, the bytes per client) as int, any other number as float, so that a resumed run
+    rewrites its earlier rows unchanged."""
     rows = []
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            parsed = {}
-            for key, value in row.items():
-                if value in ("", None):
-                    continue
-                parsed[key] = (
-                    int(value) if key in ("round", "clients", "communication_rounds")
-                    else float(value)
-                )
-            rows.append(parsed)
+            rows.append({key: _parse_number(value) for key, value in row.items()
+                         if value not in ("", None)})
     return rows
+
+
+def _parse_number(value: str) -> int | float:
+    try:
+        return int(value)
+    except ValueError:
+        return float(value)
 
 
 def _write_metrics(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:

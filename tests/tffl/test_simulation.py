@@ -305,3 +305,19 @@ def test_a_failed_build_of_the_next_round_surfaces_when_that_round_starts(tmp_pa
     rows = simulation.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2]  # rounds 1 and 2 are kept, and checkpointed
     assert checkpoint.latest(tmp_path / "checkpoints")[0] == 2
+
+
+def test_metrics_rows_read_back_as_written(tmp_path):
+    # A resumed run rewrites its earlier rows from read_metrics: the bytes columns (ints) used to
+    # come back as floats ("39960.0").
+    path = tmp_path / "metrics.csv"
+    rows = [{"round": 1, "clients": 3, "bytes_up_per_client": 39960, "train_loss": 0.25,
+             "client_work/train/num_examples": 480.0, "eval_accuracy": float("nan")}]
+    simulation._write_metrics(path, rows)
+    text = path.read_text()
+    back = simulation.read_metrics(path)
+    assert back[0]["bytes_up_per_client"] == 39960
+    assert isinstance(back[0]["bytes_up_per_client"], int)
+    assert isinstance(back[0]["client_work/train/num_examples"], float)
+    simulation._write_metrics(path, back)
+    assert path.read_text() == text
