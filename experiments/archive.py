@@ -147,9 +147,10 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     gets `rerun` = {"final": the rerun's final metrics, "wall_seconds_this_run",
     "max_abs_difference_of_shared_metrics": max |final[k] − rerun final[k]| over the numeric
     metrics both hold}, and the rerun's metrics.csv is kept beside as `metrics_rerun.csv`.
-    Reruns on this CPU runtime agree to float rounding, not always bit for bit (FedSA-LoRA's
-    SST-2 reruns: training losses apart by ~1e-7 from round 2, final dev accuracies by up to a
-    few sentences), so the difference is recorded rather than required to be 0.
+    A rerun on another machine agrees to float rounding, not always bit for bit (FedSA-LoRA's
+    SST-2 reruns, three days after their runs: training losses apart by ~1e-7 from round 2,
+    final dev accuracies by up to a few sentences; `experiments.machine`), so the difference is
+    recorded rather than required to be 0, with the rerun's `machine` beside it.
     `experiments.sst2` takes a figure from `rerun` only when the run's own final lacks it.
 
     Returns the updated summary.
@@ -181,6 +182,7 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     run[RERUN] = {
         "final": rerun["final"],
         "wall_seconds_this_run": rerun.get("wall_seconds_this_run"),
+        "machine": rerun.get("machine"),
         "max_abs_difference_of_shared_metrics": max(
             (abs(run["final"][k] - rerun["final"][k]) for k in shared), default=None)}
     (run_dir / "summary.json").write_text(json.dumps(run, indent=1, sort_keys=True))

@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from experiments import algorithms
+from experiments import machine
 from experiments.cli import UsageError
 from tasks import registry
 
@@ -208,6 +209,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
         "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
+        "machine": machine.describe(),  # of the sitting that finished the run
     }
     if algorithm == "flute" and options["flute_final_head_epochs"]:
         ids, train, test = task.client_eval_data()

@@ -8,7 +8,6 @@ import cProfile
 import dataclasses
 import os
 import pathlib
-import platform
 import pstats
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ import psutil
 import tensorflow as tf
 
 from experiments import cli
+from experiments import machine
 from experiments.benchmark.build import Built, build_process, client_datasets
 from experiments.benchmark.config import BACKBONES, BackboneShape, Config
 from experiments.benchmark.measure import (CompileCounter, PeakSampler, cpu_seconds, mean,
@@ -311,7 +311,6 @@ def _run_benchmark(config, log, shapes, output_dir) -> dict:
         "backbones": {b: dataclasses.asdict(shapes[b]) for b in config.backbones},
         "rows": rows,
         "targets": evaluate_targets(rows, config),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "tensorflow": tf.__version__,
-                    "load_average_at_start": load_at_start, "load_average_at_end": _load()},
+        "machine": {**machine.describe(), "load_average_at_start": load_at_start,
+                    "load_average_at_end": _load()},
     }

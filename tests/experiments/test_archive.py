@@ -56,10 +56,14 @@ def test_attach_rerun_keeps_the_runs_figures_and_records_the_reruns(tmp_path):
              "eval_personal_test_accuracy": 0.8342}
     _summary(tmp_path / "run", own, flags, metrics="round,train_loss\n5,0.2139\n")
     _summary(tmp_path / "rerun", again, flags, metrics="round,train_loss\n5,0.2150\n")
+    rerun_summary = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    rerun_summary["machine"] = {"cpu": "another CPU", "cpu_features": ["avx2"]}
+    (tmp_path / "rerun" / "summary.json").write_text(json.dumps(rerun_summary))
     summary = archive.attach_rerun(tmp_path / "run", tmp_path / "rerun")
     stored = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert stored == summary and stored["final"] == own
     assert stored["rerun"]["final"] == again
+    assert stored["rerun"]["machine"] == {"cpu": "another CPU", "cpu_features": ["avx2"]}
     assert stored["rerun"]["max_abs_difference_of_shared_metrics"] == max(
         abs(0.8234 - 0.8211), abs(0.2139 - 0.2150), 0)
     assert (tmp_path / "run" / "metrics_rerun.csv").read_text() == "round,train_loss\n5,0.2150\n"

@@ -1,6 +1,7 @@
 """scripts/train.py end to end, in subprocesses: flags, outputs, interrupt and resume, no orphans."""
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -139,7 +140,6 @@ print(json.dumps(messages))
 
 
 def test_flag_checks_name_the_flag(tmp_path):
-    import json
 
     cases = [([*args, f"--output_dir={tmp_path / str(i)}"], i >= len(_VALIDATED))
              for i, (args, _) in enumerate(_VALIDATED + _BUILD_ERRORS)]
@@ -159,7 +159,9 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
     rows = _rows(tmp_path)
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert rows[-1]["bytes_up_per_client"] > 0 and "eval_accuracy" in rows[-1]
-    assert (tmp_path / "summary.json").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # The machine the run ran on (experiments.machine), for tracing a rerun's float differences.
+    assert summary["machine"]["cpus"] == os.cpu_count() and summary["machine"]["cpu"]
     again = _run(*_FAST, "--rounds=3", f"--output_dir={tmp_path}", timeout=120)
     assert again.returncode == 2 and "--resume" in again.stderr
     assert _rows(tmp_path) == rows  # nothing overwritten
@@ -324,7 +326,6 @@ def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restore
     finished run trains nothing: it recomputes every metric from the last checkpoint (equal to
     the run's own, so the checkpoint restores shared and personal state) and adds the ones
     summary.json lacks, as for a run from before the test split was cut."""
-    import json
 
     args = ["--task=sst2", "--algorithm=fedsa_lora", "--eval_test", "--rounds=2",
             "--num_clients=3", "--clients_per_round=3", "--local_steps=1", "--rank=2",
@@ -397,7 +398,6 @@ def test_adaptpfl_variant_b_runs_and_its_switches_enter_the_run_configuration(tm
     assert rows[0]["bytes_up_per_client"] == representation * 4 + 3 * 4 + 4
     assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
     # The checkpoint's configuration, which --resume compares (tffl.simulation).
-    import json
 
     meta = json.loads(next(tmp_path.glob("**/meta.json")).read_text())
     assert {k: meta["config"].get(k) for k in ("adaptpfl_variant", "shortcut_damping",

@@ -1,0 +1,83 @@
+"""The machine a run ran on, for its `summary.json` (and the benchmark's report).
+
+Float results depend on it: TensorFlow's CPU kernels (oneDNN's matmuls among them) pick their
+instructions from the CPU they find, and another instruction set rounds differently. Two runs of
+the same flags and code on one machine repeat bit for bit here (resumed or not). Experiment 1's
+FedSA-LoRA run at N = 3 and its rerun three days later parted at round 2 (training loss
+0.6876596808 against 0.6876596212). On today's AVX-512 machine the code of the commit that
+archived the run (c40c859) gives the rerun's figure, and today's code gives the run's once oneDNN
+is held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the run had met a CPU without AVX-512.
+`describe()` records what decides the kernels, so such a difference can be read off the runs'
+summaries rather than guessed.
+
+Example:
+
+>>> info = describe()
+>>> sorted(info)
+['cpu', 'cpu_features', 'cpus', 'environment', 'platform', 'python', 'tensorflow']
+>>> info["cpus"] >= 1 and isinstance(info["cpu_features"], list)
+True
+>>> differences(info, dict(info, cpu="another CPU"))
+['cpu']
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+# The CPU flags (as /proc/cpuinfo spells them) whose presence changes which kernels TensorFlow
+# and oneDNN run.
+KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512dq",
+                "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                "amx_int8")
+# Environment variables that change TensorFlow's CPU arithmetic, recorded when set.
+KERNEL_ENVIRONMENT = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "TF_DETERMINISTIC_OPS",
+                      "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
+    """(model name, the KERNEL_FLAGS it has) from `path`; on a system without it, the
+    processor `platform` names and no flags."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return platform.processor() or platform.machine(), []
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model or platform.machine(), [f for f in KERNEL_FLAGS if f in flags]
+
+
+def describe() -> dict[str, Any]:
+    """{"cpu", "cpu_features", "cpus", "platform", "python", "tensorflow", "environment"}: the
+    CPU's model name and kernel-relevant flags, the core count, the OS, Python's and
+    TensorFlow's versions, and the KERNEL_ENVIRONMENT variables that are set."""
+    import tensorflow as tf
+
+    model, features = _cpuinfo()
+    return {
+        "cpu": model,
+        "cpu_features": features,
+        "cpus": os.cpu_count() or 1,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "environment": {k: os.environ[k] for k in KERNEL_ENVIRONMENT if k in os.environ},
+    }
+
+
+def differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[str]:
+    """The keys of two `describe()` records that differ, other than `platform` (which names
+    the kernel release too); empty if either is missing (a run from before it was recorded)."""
+    if not a or not b:
+        return []
+    return sorted(k for k in set(a) | set(b) if k != "platform" and a.get(k) != b.get(k))
