@@ -11,8 +11,9 @@ The run's own figures are left as they are; its summary.json gets `rerun` (the r
 metrics, wall time and the largest difference of the metrics both report) and its folder the
 rerun's metrics as `metrics_rerun.csv` (`experiments.archive.attach_rerun`). `reproduce.py`'s
 SST-2 tables take a figure from the rerun only where the run lacks it, and say so in a note.
-A rerun agrees with the run to float rounding, not always bit for bit; the difference is
-recorded.
+A rerun on the run's machine repeats it bit for bit; on a machine with another CPU it agrees to
+float rounding (`experiments.machine`), so the difference is recorded, with the rerun's
+`machine`.
 """
 
 from __future__ import annotations
