@@ -17,8 +17,8 @@ Example:
 ['cpu', 'cpu_features', 'cpus', 'environment', 'platform', 'python', 'tensorflow']
 >>> info["cpus"] >= 1 and isinstance(info["cpu_features"], list)
 True
->>> differences(info, dict(info, cpu="another CPU"))
-['cpu']
+>>> differences(info, dict(info, cpu="another CPU")), differences(info, None)
+(['cpu'], None)
 """
 
 from __future__ import annotations
@@ -75,9 +75,10 @@ def describe() -> dict[str, Any]:
     }
 
 
-def differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[str]:
+def differences(a: Mapping[str, Any] | None,
+                b: Mapping[str, Any] | None) -> list[str] | None:
     """The keys of two `describe()` records that differ, other than `platform` (which names
-    the kernel release too); empty if either is missing (a run from before it was recorded)."""
+    the kernel release too); None if either is missing (a run from before it was recorded)."""
     if not a or not b:
-        return []
+        return None
     return sorted(k for k in set(a) | set(b) if k != "platform" and a.get(k) != b.get(k))

@@ -26,6 +26,7 @@ from absl import flags
 
 from experiments import archive
 from experiments import cli
+from experiments import machine
 
 _RUN = flags.DEFINE_string("run", None, "The finished run's folder (its summary.json).")
 _RERUN = flags.DEFINE_string("rerun", None, "The rerun's folder: same flags and seed, finished.")
@@ -47,9 +48,14 @@ def main(argv: list[str]) -> int:
         return cli.error_exit("attach_rerun.py", e, 1)
     rerun = summary[archive.RERUN]
     added = sorted(k for k in rerun["final"] if k not in summary["final"])
+    differ = machine.differences(summary.get("machine"), rerun.get("machine"))
     print(json.dumps({"run": _RUN.value, "rerun metrics the run lacks": added,
                       "max_abs_difference_of_shared_metrics":
-                          rerun["max_abs_difference_of_shared_metrics"]}, indent=1))
+                          rerun["max_abs_difference_of_shared_metrics"],
+                      # Another CPU rounds differently (experiments.machine).
+                      "machine": "not recorded for both" if differ is None
+                      else "the same" if not differ else f"differs in {', '.join(differ)}"},
+                     indent=1))
     return 0
 
 

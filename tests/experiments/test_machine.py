@@ -45,4 +45,4 @@ def test_differences_ignore_the_platform_string_and_missing_records():
     a = {"cpu": "x", "cpu_features": ["avx2"], "platform": "Linux-6.1", "tensorflow": "2.14.1"}
     assert machine.differences(a, dict(a, platform="Linux-6.5")) == []
     assert machine.differences(a, dict(a, cpu_features=["avx2", "avx512f"])) == ["cpu_features"]
-    assert machine.differences(a, None) == [] and machine.differences({}, a) == []
+    assert machine.differences(a, None) is None and machine.differences({}, a) is None

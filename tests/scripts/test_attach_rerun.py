@@ -38,6 +38,20 @@ def test_attach_rerun_records_the_rerun_and_names_bad_input(tmp_path):
     report = json.loads(done.stdout)
     assert report["rerun metrics the run lacks"] == ["eval_personal_test_accuracy"]
     assert report["max_abs_difference_of_shared_metrics"] == 0.25
+    assert report["machine"] == "not recorded for both"  # summaries from before the record
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final"] == {"eval_personal_accuracy": 0.75}
     assert summary["rerun"]["final"]["eval_personal_test_accuracy"] == 0.25
+
+
+def test_attach_rerun_reports_whether_the_machines_differ(tmp_path):
+    cpu = {"cpu": "Xeon", "cpu_features": ["avx2", "avx512f"], "cpus": 2}
+    for name, record in (("run", cpu), ("same", cpu),
+                         ("other", dict(cpu, cpu_features=["avx2"]))):
+        _summary(tmp_path / name, {"eval_personal_accuracy": 0.5}, 0)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        (tmp_path / name / "summary.json").write_text(json.dumps(dict(summary, machine=record)))
+    same = _run(f"--run={tmp_path / 'run'}", f"--rerun={tmp_path / 'same'}")
+    assert same.returncode == 0 and json.loads(same.stdout)["machine"] == "the same"
+    other = _run(f"--run={tmp_path / 'run'}", f"--rerun={tmp_path / 'other'}")
+    assert json.loads(other.stdout)["machine"] == "differs in cpu_features"
