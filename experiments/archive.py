@@ -4,9 +4,9 @@ The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run in
 `runs/` is not committed. The archive keeps, in `--output_dir`'s layout, what a run needs to be
 tabulated or continued elsewhere:
 
-- a finished run (its `summary.json` says every round was completed): `summary.json` and
-  `metrics.csv`, a few KiB;
-- a run that a sitting stopped: `metrics.csv` and its newest complete checkpoint
+- a finished run (its `summary.json` says every round was completed): `summary.json`,
+  `metrics.csv` and `sittings.jsonl` (`experiments.machine`), a few KiB;
+- a run that a sitting stopped: `metrics.csv`, `sittings.jsonl` and its newest complete checkpoint
   (`checkpoints/round_<n>/`, tffl.checkpoint's layout: the federated variables only, about
   100 KiB for LoRA on MiniLM), dropped once the run finishes.
 
@@ -33,7 +33,9 @@ import pathlib
 import shutil
 from collections.abc import Callable
 
-KEPT_FILES = ("summary.json", "metrics.csv")
+from experiments import machine
+
+KEPT_FILES = ("summary.json", "metrics.csv", machine.SITTINGS_FILE)
 CHECKPOINTS = "checkpoints"
 RERUN = "rerun"   # summary.json's record of a rerun (`attach_rerun`)
 RERUN_METRICS = "metrics_rerun.csv"
@@ -86,8 +88,9 @@ def restore(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> dict 
     newest = newest_checkpoint(archived)
     if newest is not None and newest_checkpoint(run_dir) is None:
         shutil.copytree(newest, run_dir / CHECKPOINTS / newest.name, dirs_exist_ok=True)
-        if (archived / "metrics.csv").exists():
-            shutil.copyfile(archived / "metrics.csv", run_dir / "metrics.csv")
+        for name in ("metrics.csv", machine.SITTINGS_FILE):
+            if (archived / name).exists():
+                shutil.copyfile(archived / name, run_dir / name)
     return None
 
 

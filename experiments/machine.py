@@ -8,7 +8,9 @@ FedSA-LoRA run at N = 3 and its rerun three days later parted at round 2 (traini
 archived the run (c40c859) gives the rerun's figure, and today's code gives the run's once oneDNN
 is held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the run had met a CPU without AVX-512.
 `describe()` records what decides the kernels, so such a difference can be read off the runs'
-summaries rather than guessed.
+summaries rather than guessed. A run continued in several sittings (`--resume`) may have met
+several machines: `record_sitting` keeps one line per sitting in the run's `sittings.jsonl`
+(the round it began with, when, and `describe()`), which `summary.json` repeats as `sittings`.
 
 Example:
 
@@ -19,11 +21,18 @@ Example:
 True
 >>> differences(info, dict(info, cpu="another CPU")), differences(info, None)
 (['cpu'], None)
+>>> run = run_dir / "machine_example"
+>>> record_sitting(run, 1, info); record_sitting(run, 35, dict(info, cpu="another CPU"))
+>>> [(s["first_round"], s["machine"]["cpu"] == info["cpu"]) for s in read_sittings(run)]
+[(1, True), (35, False)]
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import pathlib
 import platform
 from collections.abc import Mapping
 from typing import Any
@@ -82,3 +91,43 @@ def differences(a: Mapping[str, Any] | None,
     if not a or not b:
         return None
     return sorted(k for k in set(a) | set(b) if k != "platform" and a.get(k) != b.get(k))
+
+
+SITTINGS_FILE = "sittings.jsonl"
+
+
+def record_sitting(run_dir: os.PathLike | str, first_round: int,
+                   info: Mapping[str, Any] | None = None) -> None:
+    """Appends to `run_dir`'s SITTINGS_FILE the sitting that began with round `first_round`:
+    {"first_round", "started" (UTC, ISO 8601), "machine": `info` or `describe()`}. Lines of
+    sittings that began at `first_round` or later are dropped first: their rounds were not
+    checkpointed and are being trained again (a fresh run, `first_round` 1, starts the file)."""
+    path = pathlib.Path(run_dir) / SITTINGS_FILE
+    kept = [s for s in read_sittings(run_dir) if s["first_round"] < first_round]
+    kept.append({"first_round": first_round,
+                 "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                     timespec="seconds"),
+                 "machine": dict(info) if info is not None else describe()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(s, sort_keys=True) + "\n" for s in kept))
+
+
+def read_sittings(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
+    """The sittings `record_sitting` recorded for `run_dir`, oldest first ([] for a run from
+    before the record).
+
+    Raises:
+      ValueError: naming the file and line, if a line is not a recorded sitting."""
+    path = pathlib.Path(run_dir) / SITTINGS_FILE
+    if not path.exists():
+        return []
+    sittings = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            sitting = json.loads(line)
+            sitting["first_round"] = int(sitting["first_round"])
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}, line {number}: not a recorded sitting ({e!r}); delete "
+                             "the line (it only records machines)") from None
+        sittings.append(sitting)
+    return sittings

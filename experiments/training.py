@@ -182,6 +182,16 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         straggler=options["straggler"], communication_cost=options["communication_cost"],
         pool=options["srpfl_pool"] or None,
     )
+    sitting_recorded = []
+
+    def record_sitting(row, state):
+        # Once per sitting, after its first round: a sitting that trained no round leaves no
+        # line (experiments.machine.record_sitting).
+        del state
+        if not sitting_recorded:
+            machine.record_sitting(output_dir, row["round"])
+            sitting_recorded.append(row["round"])
+
     result = simulation.run_rounds(
         process,
         sampler=sampler,
@@ -194,6 +204,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         config=config,
         resume=options["resume"],
         log=lambda line: print(line, flush=True),
+        after_round=record_sitting,
     )
     history = result.history
     last = history[-1] if history else {}
@@ -210,6 +221,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
         "machine": machine.describe(),  # of the sitting that finished the run
+        "sittings": machine.read_sittings(output_dir),  # each sitting's first round and machine
     }
     if algorithm == "flute" and options["flute_final_head_epochs"]:
         ids, train, test = task.client_eval_data()

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from experiments import archive
+from experiments import machine
 
 
 def _finished(folder, marker, mtime):
@@ -37,6 +38,35 @@ def test_a_newer_output_copy_replaces_the_archived_run(tmp_path):
     archive.train_once(out / "r", 5, None, out, kept)
     assert json.loads((kept / "r" / "summary.json").read_text())["marker"] == "re-evaluated"
     assert "re-evaluated" in (kept / "r" / "metrics.csv").read_text()
+
+
+def test_a_stopped_runs_sittings_travel_with_its_checkpoint(tmp_path):
+    """A sitting stops a run: its newest checkpoint, metrics and sittings record go to the
+    archive; a fresh checkout restores all three before the next sitting resumes."""
+    out, kept = tmp_path / "out", tmp_path / "kept"
+
+    def stopped(resume):
+        assert not resume
+        (out / "r" / "checkpoints" / "round_000034").mkdir(parents=True)
+        (out / "r" / "checkpoints" / "round_000034" / "meta.json").write_text("{}")
+        (out / "r" / "metrics.csv").write_text("round\n34\n")
+        machine.record_sitting(out / "r", 1, {"cpu": "first machine"})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        archive.train_once(out / "r", 75, stopped, out, kept)
+    assert sorted(p.name for p in (kept / "r").iterdir()) == [
+        "checkpoints", "metrics.csv", machine.SITTINGS_FILE]
+    fresh = tmp_path / "fresh"
+    resumed = []
+
+    def resume(resume):
+        resumed.append(resume)
+        assert [s["machine"]["cpu"] for s in machine.read_sittings(fresh / "r")] == [
+            "first machine"]
+
+    assert archive.train_once(fresh / "r", 75, resume, fresh, kept) is None
+    assert resumed == [True] and (fresh / "r" / "metrics.csv").read_text() == "round\n34\n"
 
 
 def _summary(folder, final, flags, rounds=5, metrics="round\n5\n"):
