@@ -283,8 +283,9 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
     chosen, grids = {}, {}
 
     def run_grid(method, n):
-        """The grid's best rate; a best rate at an edge of the grid brings in the nearest of
-        cfg["edge_rates"] beyond that edge, until the best is inside or none is left."""
+        """The grid's best rate (of equal dev accuracies, the smallest rate); a best rate at an
+        edge of the grid brings in the nearest of cfg["edge_rates"] beyond that edge, until the
+        best is inside or none is left."""
         rates, grid = sorted(cfg["learning_rates"]), {}
         while True:
             for lr in rates:
@@ -295,7 +296,7 @@ def _sst2_protocol(ctx: Context, partition: Sequence[str], clients: Sequence[int
             grids[(method, n)] = dict(sorted(grid.items()))
             if any(acc is None for acc in grid.values()):
                 return None
-            best = max(rates, key=grid.get)
+            best = max(rates, key=grid.get)  # the first of equals: the smallest rate
             beyond = [r for r in cfg.get("edge_rates", ()) if
                       (best == rates[0] and r < best) or (best == rates[-1] and r > best)]
             if not beyond:

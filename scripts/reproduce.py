@@ -76,7 +76,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
           check).
    full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50
           gets 300 sequential steps), lr grid 0.1, 0.3, 1.0 at every N (0.03 or 3.0 too when
-          the best is at an edge), N = 3, 20, 50, 3 seeds.
+          the best is at an edge; of tied rates the smallest), N = 3, 20, 50, 3 seeds.
 10. `sst2_dirichlet` (RoLoRA's Table 2 setting; issue 19): as `sst2_clients` at N = 20 with
    Dirichlet(0.5) label skew, without the centralized run.
 11. `reviews_domains` (issue 19, experiment 3): the five review domains as natural clients,

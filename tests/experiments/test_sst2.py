@@ -210,6 +210,34 @@ def test_a_best_rate_at_the_grids_edge_brings_in_the_next_rate_beyond_it(
     assert rows[0]["learning_rate"] == expected
 
 
+def test_a_tie_goes_to_the_smaller_rate_and_brings_in_no_edge_rate(tmp_path, monkeypatch):
+    """FlexLoRA under label skew (seed 0) ended lr 0.3 and lr 1.0 at the same dev accuracy,
+    702 of 872 sentences: the smaller rate, inside the grid, is chosen, and lr 3.0 does not
+    run."""
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3, 1.0), seeds=1,
+               clients=(3,), edge_rates=(0.03, 3.0))
+    monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
+    dev = {0.1: 647 / 872, 0.3: 702 / 872, 1.0: 702 / 872}
+    runs = []
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        runs.append(run_dir.name)
+        accuracy = dev[float(_value(args, "learning_rate"))]
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("flexlora",))
+    rows, chosen, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
+    assert runs == ["lr0.1", "lr0.3", "lr1"]
+    assert chosen == {("flexlora", 3): 0.3} and rows[0]["learning_rate"] == 0.3
+
+
 def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monkeypatch):
     """A summary.json in the archive that is not JSON stops the experiment with a ValueError
     (reproduce.py: one line) that names the file, instead of a JSON traceback."""
