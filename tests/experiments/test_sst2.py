@@ -171,6 +171,25 @@ def test_a_stopped_run_keeps_its_newest_checkpoint_in_the_archive_and_resumes_fr
         "metrics.csv", "summary.json"]
 
 
+def _train_to_accuracy(monkeypatch, accuracy_of):
+    """Replaces train.py by runs that end at dev and test accuracy `accuracy_of(lr)`; returns
+    the list the runs' folder names are appended to, in order."""
+    runs = []
+
+    def fake_train(args, what):
+        run_dir = pathlib.Path(_value(args, "output_dir"))
+        runs.append(run_dir.name)
+        accuracy = accuracy_of(float(_value(args, "learning_rate")))
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
+
+    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    return runs
+
+
 @pytest.mark.parametrize("best, ran", [
     (0.3, ["lr0.1", "lr0.3", "lr1"]),                    # inside the grid: no edge rate
     (3.0, ["lr0.1", "lr0.3", "lr1", "lr3"]),             # at the top edge: 3.0, now inside
@@ -186,20 +205,7 @@ def test_a_best_rate_at_the_grids_edge_brings_in_the_next_rate_beyond_it(
     cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3, 1.0), seeds=1,
                clients=(3,), edge_rates=(0.01, 0.03, 3.0))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
-    runs = []
-
-    def fake_train(args, what):
-        run_dir = pathlib.Path(_value(args, "output_dir"))
-        runs.append(run_dir.name)
-        lr = float(_value(args, "learning_rate"))
-        accuracy = 0.9 - 0.05 * abs(math.log(lr / best))
-        run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({
-            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
-            "upload_bytes_per_client_total": 0,
-            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
-
-    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    runs = _train_to_accuracy(monkeypatch, lambda lr: 0.9 - 0.05 * abs(math.log(lr / best)))
     ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
                           data_dir=tmp_path, methods=("rolora",))
     rows, chosen, grids = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
@@ -218,19 +224,7 @@ def test_a_tie_goes_to_the_smaller_rate_and_brings_in_no_edge_rate(tmp_path, mon
                clients=(3,), edge_rates=(0.03, 3.0))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     dev = {0.1: 647 / 872, 0.3: 702 / 872, 1.0: 702 / 872}
-    runs = []
-
-    def fake_train(args, what):
-        run_dir = pathlib.Path(_value(args, "output_dir"))
-        runs.append(run_dir.name)
-        accuracy = dev[float(_value(args, "learning_rate"))]
-        run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({
-            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 1,
-            "upload_bytes_per_client_total": 0,
-            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
-
-    monkeypatch.setattr(sst2, "run_subprocess", fake_train)
+    runs = _train_to_accuracy(monkeypatch, dev.get)
     ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
                           data_dir=tmp_path, methods=("flexlora",))
     rows, chosen, _ = sst2._sst2_protocol(ctx, ["--partition=iid"], cfg["clients"], False)
