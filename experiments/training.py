@@ -182,6 +182,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         straggler=options["straggler"], communication_cost=options["communication_cost"],
         pool=options["srpfl_pool"] or None,
     )
+    machine.read_sittings(output_dir)  # a damaged record stops the run here, before any round
     sitting_recorded = []
 
     def record_sitting(row, state):
