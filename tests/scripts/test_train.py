@@ -173,6 +173,14 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path):
     assert other.returncode == 2 and len(message) == 1, other.stderr
     assert "--evaluate_only" in message[0] and "learning_rate" in message[0], message
     assert _rows(tmp_path) == rows and not (tmp_path / "evaluation.json").exists()
+    # A damaged sittings record stops a resumed run in one line before it trains a round.
+    with open(tmp_path / machine.SITTINGS_FILE, "a") as f:
+        f.write("not json\n")
+    damaged = _run(*_FAST, "--rounds=4", f"--output_dir={tmp_path}", "--resume", timeout=120)
+    message = damaged.stderr.strip().splitlines()
+    assert damaged.returncode == 1 and len(message) == 1, damaged.stderr
+    assert "sittings.jsonl, line 2: not a recorded sitting" in message[0], message
+    assert _rows(tmp_path) == rows
 
 
 def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path):
