@@ -341,6 +341,44 @@ def split_test_like_train(
     }
 
 
+def majority_label_accuracy(
+    train_labels, train_parts: Mapping[str, np.ndarray], test_labels,
+    test_parts: Mapping[str, np.ndarray],
+) -> float:
+    """Pooled accuracy of the model-free personal predictor: client i answers every example of
+    its test shard with its most common training label (the smaller label on a tie).
+
+    With n_ic the training count of class c at client i and t_ic its test count, the accuracy is
+    Σ_i t_{i,argmax_c n_ic} / Σ_i Σ_c t_ic. Under label skew (`split_test_like_train` shards)
+    it is what a personalized model scores from its client's label mix alone, the reference
+    its pooled personalized accuracy is read against. Clients with an empty test shard count
+    for nothing.
+
+    Example:
+
+    >>> y = np.array([0, 0, 1, 1, 1, 0])
+    >>> train = {"a": np.array([0, 1, 2]), "b": np.array([3, 4, 5])}   # a: 0,0,1; b: 1,1,0
+    >>> test = {"a": np.array([0, 2, 5]), "b": np.array([1, 3, 4])}    # a: 0,1,0; b: 0,1,1
+    >>> majority_label_accuracy(y, train, y, test)   # a scores 2 of 3, b 2 of 3
+    0.6666666666666666
+    """
+    train_labels = _as_labels(train_labels)
+    test_labels = _as_labels(test_labels)
+    if list(train_parts) != list(test_parts):
+        raise ValueError(f"train clients {list(train_parts)} and test clients "
+                         f"{list(test_parts)} differ")
+    total = sum(len(idx) for idx in test_parts.values())
+    if total == 0:
+        raise ValueError("every test shard is empty: there is nothing to score")
+    correct = 0
+    for cid, idx in train_parts.items():
+        if len(idx) == 0:
+            raise ValueError(f"client {cid!r} has no training examples to take a label from")
+        majority = np.argmax(np.bincount(train_labels[idx]))
+        correct += int(np.sum(test_labels[test_parts[cid]] == majority))
+    return correct / total
+
+
 def check_partition(parts: Mapping[str, np.ndarray], num_examples: int) -> None:
     """Raise ValueError unless parts are non-empty, disjoint and index into [0, num_examples)."""
     seen = np.zeros(num_examples, dtype=bool)
@@ -363,6 +401,7 @@ __all__: Sequence[str] = (
     "dirichlet",
     "iid",
     "label_counts",
+    "majority_label_accuracy",
     "partition",
     "shards",
     "split_test_like_train",

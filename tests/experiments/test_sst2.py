@@ -364,11 +364,24 @@ def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
         tmp_path, monkeypatch):
     """sst2_dirichlet runs every method at N = 20 on Dirichlet(0.5) shards. The paper has no
     SST-2 figure for label skew (its Table 2 is MNLI and QQP): the table has no paper column,
-    its note states Table 2's claim, not Table 1's, and its title has no centralized run."""
-    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=1, clients=(3, 20))
+    its note states Table 2's claim, not Table 1's, and its title has no centralized run.
+    A second note gives each seed's model-free reference: every client answering its shards
+    with its most common training label (checked here by counting sentence by sentence)."""
+    import collections
+
+    import numpy as np
+
+    from tasks import partition
+
+    cfg = dict(sst2.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=2, clients=(3, 20))
     monkeypatch.setitem(sst2.SST2_CLAIM_SCALES, "small", cfg)
     (tmp_path / "sst2").mkdir()
-    (tmp_path / "sst2" / "test-labeled.tsv").write_text("sentence\tlabel\n")
+    rng = np.random.default_rng(0)
+    labels = {split: rng.integers(0, 2, n) for split, n in
+              (("train", 400), ("dev", 60), ("test-labeled", 90))}
+    for split, y in labels.items():
+        (tmp_path / "sst2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"words {i}\t{v}\n" for i, v in enumerate(y)))
     calls = []
 
     def fake_train(args, what):
@@ -387,8 +400,20 @@ def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
     assert {_value(a, "num_clients") for a in calls} == {"20"}
     assert all(_value(a, "partition") == "dirichlet" and _value(a, "dirichlet_alpha") == "0.5"
                for a in calls)
-    assert len(calls) == len(sst2.SST2_CLAIM_METHODS)
+    assert len(calls) == 2 * len(sst2.SST2_CLAIM_METHODS)
     assert "paper" not in [c.key for c in result.table.columns]
+    for seed in (0, 1):
+        parts = partition.partition(labels["train"], 20, "dirichlet", seed, alpha=0.5)
+        scores = []
+        for split in ("dev", "test-labeled"):
+            shards = partition.split_test_like_train(labels["train"], parts, labels[split], seed)
+            correct = 0
+            for cid, idx in parts.items():
+                counts = collections.Counter(labels["train"][idx].tolist())
+                label = min(c for c, k in counts.items() if k == max(counts.values()))
+                correct += sum(labels[split][j] == label for j in shards[cid])
+            scores.append(correct / len(labels[split]))
+        assert f"dev {scores[0]:.4f}, test {scores[1]:.4f} at seed {seed}" in result.table.notes[1]
     assert "Table 2" in result.table.notes[0] and "Table 1" not in result.table.notes[0]
     assert "centralized" not in result.table.title
     assert "94.88" not in json.dumps(result.table.rows, default=str)

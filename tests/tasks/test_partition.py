@@ -195,6 +195,49 @@ def test_split_test_like_train_rounding_sums_to_class_total():
     np.testing.assert_array_less(np.abs(counts - 11 * train_counts / 30), 1.0)
 
 
+def test_majority_label_accuracy_closed_form_on_label_like_test_shards():
+    """The three clients above: a trains mostly on class 0 (60 of 100), b on 2 (100 of 140),
+    c on 3 (100 of 160); their test shards hold 30 of class 0, 50 of class 2, 50 of class 3:
+    130 of the 200 test examples."""
+    train = np.repeat(np.arange(4), 100)
+    parts = {"a": np.r_[0:60, 100:140], "b": np.r_[60:100, 200:300],
+             "c": np.r_[140:200, 300:400]}
+    test = np.repeat(np.arange(4), 50)
+    shards = partition.split_test_like_train(train, parts, test, seed=0)
+    assert partition.majority_label_accuracy(train, parts, test, shards) == 130 / 200
+
+
+def test_majority_label_accuracy_matches_a_per_example_count():
+    """Against an example-by-example count on a Dirichlet split with empty test shards."""
+    import collections
+
+    rng = np.random.default_rng(3)
+    train = rng.integers(0, 3, 600)
+    parts = partition.dirichlet(train, 12, alpha=0.3, seed=1)
+    test = rng.integers(0, 3, 40)   # small: some clients get no test example
+    shards = partition.split_test_like_train(train, parts, test, seed=2)
+    assert any(len(v) == 0 for v in shards.values())
+    correct = 0
+    for cid, idx in parts.items():
+        counts = collections.Counter(train[idx].tolist())
+        best = max(counts.values())
+        label = min(c for c, k in counts.items() if k == best)
+        for j in shards[cid]:
+            correct += test[j] == label
+    assert partition.majority_label_accuracy(train, parts, test, shards) == pytest.approx(
+        correct / 40)
+
+
+def test_majority_label_accuracy_ties_and_errors():
+    y = np.array([0, 1, 1, 0])
+    train = {"a": np.array([0, 1])}   # one of each: the tie goes to label 0
+    assert partition.majority_label_accuracy(y, train, y, {"a": np.array([2, 3])}) == 0.5
+    with pytest.raises(ValueError, match="differ"):
+        partition.majority_label_accuracy(y, train, y, {"b": np.array([2])})
+    with pytest.raises(ValueError, match="every test shard is empty"):
+        partition.majority_label_accuracy(y, train, y, {"a": np.array([], int)})
+
+
 def test_check_partition_errors():
     with pytest.raises(ValueError, match="client 'x' has no examples"):
         partition.check_partition({"x": np.array([], int)}, 3)
