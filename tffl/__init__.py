@@ -16,7 +16,8 @@ import importlib
 
 __all__ = [
     "adaptpfl", "adaptpfl_linear", "checkpoint", "client_training", "communication", "engine",
-    "evaluation", "fedrep_linear", "flute", "flute_linear", "frozen", "linear_engine", "lora_fl",
+    "evaluation", "factor_aggregation", "fedrep_linear", "flute", "flute_linear", "frozen",
+    "linear_engine", "lora_fl",
     "lora_ranks",
     "participation", "personal_state", "personalized", "plots", "processes", "production",
     "roles", "rolora_linear", "runtime", "server_steps", "simulation", "srpfl",

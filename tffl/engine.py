@@ -11,9 +11,11 @@ a `FederatedModel` (its `tffl.frozen.Layout`; the frozen base never travels):
    client optimizer), and upload `ClientResult(update, update_weight = n_i)`; its train metrics
    (loss, accuracy, examples) go through `tff.learning.metrics.sum_then_finalize`;
 3. aggregator: any `tff.aggregators` factory (weighted; unweighted ones via
-   `tff.aggregators.as_weighted_aggregator`), or FLoRA's stacking sum;
+   `tff.aggregators.as_weighted_aggregator`), or, for uploaded factors (FLoRA, FlexLoRA), the
+   stacking sum Σ p_i A_iB_i (`tffl.factor_aggregation`);
 4. finalizer: a `tffl.server_steps` step (a `tff.learning.optimizers` server optimizer by
-   default; FlexLoRA's SVD; FLoRA's merge).
+   default; FlexLoRA's SVD; FLoRA's merge), plus the round's measurements if it has any
+   (`with_averaging_error`).
 
 `build_evaluation` is the personalized evaluation on the same model assembly (each client its
 federated weights, frozen weights and personal state, optionally fine-tuned, on its test data).
@@ -54,13 +56,15 @@ import tensorflow_federated as tff
 
 from tffl import client_training
 from tffl import communication
+from tffl import factor_aggregation
 from tffl import frozen as frozen_lib
 from tffl import server_steps
 
 # What one client sends besides its update: the three float32 metric sums and the float32 weight.
 METRIC_UPLOAD_BYTES = 3 * 4
 WEIGHT_UPLOAD_BYTES = 4
-UPLOADS = ("delta", "product", "factors")
+UPLOADS = ("delta", "factors")
+SERVER_STEPS = ("optimizer", "svd", "merge")
 
 
 def _default_loss() -> tf.keras.losses.Loss:
@@ -150,12 +154,15 @@ class RoundSpec:
     Attributes:
       name: e.g. "b_round".
       phases: the clients' local phases (`Phase.train_indices` index `spec.trainable`).
-      upload: "delta" (Δ_i of `uploaded`), "product" (FlexLoRA: A_iB_i − AB for each of
-        `pairs`, then Δ_i of the rest of `uploaded`) or "factors" (FLoRA: (A_i, B_i) for each of
-        `pairs`, then Δ_i of the rest).
+      upload: what a client sends: "delta" (Δ_i of `uploaded`) or "factors" ((A_i, B_i) for
+        each of `pairs`, then Δ_i of the rest of `uploaded`; aggregated by
+        `factor_aggregation.stacking_aggregation` into Σ p_i A_iB_i per adapter).
+      server_step: what the server does with the aggregate (`tffl.server_steps`): "optimizer"
+        (`OptimizerStep` on the mean deltas; needs "delta"), "svd" (FlexLoRA's `SvdStep` on
+        Σ p_i A_iB_i; needs "factors") or "merge" (FLoRA's `MergeStep`; needs "factors").
       uploaded: positions in `spec.trainable` sent up (default: the phases' trained federated
         variables).
-      pairs: (A, B) positions in `spec.trainable` for "product"/"factors".
+      pairs: (A, B) positions in `spec.trainable` for "factors".
       links: FLoRA's `client_training.LinkInfo`s (same order as `pairs`); seed: its A seed.
     """
 
@@ -163,6 +170,7 @@ class RoundSpec:
     phases: tuple[client_training.Phase, ...]
     upload: str = "delta"
     uploaded: tuple[int, ...] | None = None
+    server_step: str = "optimizer"
     pairs: tuple[tuple[int, int], ...] = ()
     links: tuple[client_training.LinkInfo, ...] = ()
     seed: int = 0
@@ -232,15 +240,33 @@ def _uploaded(model: FederatedModel, round_spec: RoundSpec) -> tuple[int, ...]:
     return tuple(k for k in model.layout.trainable if k in trained)
 
 
+def _check_round_spec(round_spec: RoundSpec) -> None:
+    upload, step = round_spec.upload, round_spec.server_step
+    if upload not in UPLOADS:
+        raise ValueError(f"upload={upload!r} must be one of {UPLOADS}")
+    if step not in SERVER_STEPS:
+        raise ValueError(f"server_step={step!r} must be one of {SERVER_STEPS}")
+    if (upload == "factors") != (step in ("svd", "merge")):
+        raise ValueError(f"round {round_spec.name!r}: server_step={step!r} does not take "
+                         f"upload={upload!r} (\"svd\" and \"merge\" take \"factors\", "
+                         "\"optimizer\" takes \"delta\")")
+    if upload == "factors" and not round_spec.pairs:
+        raise ValueError(f"round {round_spec.name!r}: upload=\"factors\" needs pairs")
+
+
+def _singles(model: FederatedModel, round_spec: RoundSpec) -> list[int]:
+    """Positions in `spec.trainable` uploaded as deltas (all of `uploaded` but the factors)."""
+    paired = ({k for pair in round_spec.pairs for k in pair} if round_spec.upload == "factors"
+              else set())
+    return [k for k in _uploaded(model, round_spec) if k not in paired]
+
+
 def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
                              client: ClientConfig) -> tff.Computation:
     """`(w, data[, personal]) -> (ClientResult, metric sums, personal)`: one client's round."""
     layout, has_personal = model.layout, bool(model.layout.personal)
-    if round_spec.upload not in UPLOADS:
-        raise ValueError(f"upload={round_spec.upload!r} must be one of {UPLOADS}")
-    uploaded = _uploaded(model, round_spec)
-    paired = {k for pair in round_spec.pairs for k in pair}
-    singles = [k for k in uploaded if k not in paired]
+    _check_round_spec(round_spec)
+    singles = _singles(model, round_spec)
     hook = client.hook
 
     inputs = round_inputs(hook)
@@ -268,10 +294,7 @@ def build_client_computation(model: FederatedModel, round_spec: RoundSpec,
                                              **dict(zip(inputs, list(round_values))))
         old = full.trainable
         deltas = [trained[k] - old[k] for k in singles]
-        if round_spec.upload == "product":
-            update = [trained[a] @ trained[b] - old[a] @ old[b] for a, b in round_spec.pairs]
-            update += deltas
-        elif round_spec.upload == "factors":
+        if round_spec.upload == "factors":
             update = ([(trained[a], trained[b]) for a, b in round_spec.pairs], deltas)
         else:
             update = deltas
@@ -323,74 +346,14 @@ def _weighted(factory) -> tuple[tff.aggregators.WeightedAggregationFactory, bool
                     f"UnweightedAggregationFactory, got {type(factory).__name__}")
 
 
-def _stacking_aggregation(update_type, factory, weighted: bool):
-    """FLoRA's aggregation of (factors, deltas): Σ_i p_i A_iB_i per adapter by a
-    `tff.federated_aggregate` (p_i = n_i/Σn if `weighted`, else 1/N), deltas by `factory`."""
-    factors_type, deltas_type = update_type[0], update_type[1]
-    dims = [(f[0].shape[0], f[1].shape[1]) for f in factors_type]
-    dtype = factors_type[0][0].dtype
-    # Without extra-role deltas there is nothing for `factory` to aggregate (it would only
-    # upload the weight n_i a second time).
-    inner = factory.create(deltas_type, tff.TensorType(np.float32)) if len(deltas_type) else None
-
-    @tff.tensorflow.computation
-    def zero():
-        return collections.OrderedDict(products=[tf.zeros(d, dtype) for d in dims],
-                                       weight=tf.constant(0.0, tf.float32))
-
-    acc_type = zero.type_signature.result
-
-    @tff.tensorflow.computation(acc_type, (factors_type, np.float32))
-    def accumulate(acc, value):
-        factors, weight = value
-        weight = weight if weighted else tf.constant(1.0, tf.float32)
-        return collections.OrderedDict(
-            products=[p + tf.cast(weight, p.dtype) * (a @ b)
-                      for p, (a, b) in zip(acc["products"], factors)],
-            weight=acc["weight"] + weight)
-
-    @tff.tensorflow.computation(acc_type, acc_type)
-    def merge(x, y):
-        return collections.OrderedDict(
-            products=[p + q for p, q in zip(x["products"], y["products"])],
-            weight=x["weight"] + y["weight"])
-
-    @tff.tensorflow.computation(acc_type)
-    def report(acc):
-        return [tf.math.divide_no_nan(p, tf.cast(acc["weight"], p.dtype))
-                for p in acc["products"]]
-
-    @tff.federated_computation
-    def initialize():
-        return inner.initialize() if inner else tff.federated_value((), tff.SERVER)
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(update_type, tff.CLIENTS),
-                               tff.FederatedType(np.float32, tff.CLIENTS))
-    def next_fn(state, value, weight):
-        products = tff.federated_aggregate(tff.federated_zip((value[0], weight)), zero(),
-                                           accumulate, merge, report)
-        if inner is None:
-            return tff.templates.MeasuredProcessOutput(
-                state, tff.federated_zip((products, tff.federated_value([], tff.SERVER))),
-                tff.federated_value(collections.OrderedDict(), tff.SERVER))
-        out = inner.next(state, value[1], weight)
-        return tff.templates.MeasuredProcessOutput(
-            out.state, tff.federated_zip((products, out.result)), out.measurements)
-
-    return tff.templates.AggregationProcess(initialize, next_fn)
-
-
 def _server_step(model, round_spec, update_type, optimizer):
     layout = model.layout
     weights_type = layout.global_type()
-    uploaded = _uploaded(model, round_spec)
-    paired = {k for pair in round_spec.pairs for k in pair}
-    others = [layout.global_index(k) for k in uploaded if k not in paired]
-    if round_spec.upload == "product":
+    others = [layout.global_index(k) for k in _singles(model, round_spec)]
+    if round_spec.server_step == "svd":
         pairs = [(layout.global_index(a), layout.global_index(b)) for a, b in round_spec.pairs]
         return server_steps.SvdStep(optimizer, weights_type, pairs, others, update_type)
-    if round_spec.upload == "factors":
+    if round_spec.server_step == "merge":
         links = []
         for link in round_spec.links:
             base = (layout.global_index(link.base_index) if link.base_trainable
@@ -422,6 +385,9 @@ class RoundPieces:
     step: Any  # a `tffl.server_steps` step
     traffic: communication.RoundTraffic
     upload_type: tff.Type
+    # `(w, diagnostic aggregate) -> measurements`, or None. With it, the aggregator's result is
+    # (the step's update, the diagnostic aggregate) and the finalizer reports the measurements.
+    measure: tff.Computation | None = None
 
 
 def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConfig,
@@ -437,7 +403,7 @@ def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConf
     result_type = client_update.type_signature.result[0]
     update_type = result_type.update
     if round_spec.upload == "factors":
-        aggregation = _stacking_aggregation(update_type, factory, weighted)
+        aggregation = factor_aggregation.stacking_aggregation(update_type, factory, weighted)
     else:
         aggregation = factory.create(update_type, result_type.update_weight)
     step = _server_step(model, round_spec, aggregation.next.type_signature.result.result.member,
@@ -449,6 +415,29 @@ def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConf
         down=communication.type_bytes(model.layout.global_type()) + extra, up=up)
     return RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
                        client_update.type_signature.result[0])
+
+
+def with_averaging_error(model: FederatedModel, round_spec: RoundSpec, pieces: RoundPieces,
+                         pairs: Sequence[tuple[int, int]], aggregator=None) -> RoundPieces:
+    """`pieces` (of a "delta" round uploading both factors of every (A, B) in `pairs`, positions
+    in `spec.trainable`) that also measure FedAvg-LoRA's averaging error
+    ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F (`tffl.factor_aggregation`; weights p_i as
+    `aggregator`'s: n_i/Σn if weighted, else 1/N), reported as the finalizer's measurement
+    `averaging_error`. Simulation-only: the aggregation reads every client's ΔA_i, ΔB_i a second
+    time; `traffic` (the declared bytes) is unchanged and does not count it."""
+    uploaded = _uploaded(model, round_spec)
+    if round_spec.upload != "delta" or any(k not in uploaded for pair in pairs for k in pair):
+        raise ValueError(f"round {round_spec.name!r}: the averaging error needs a \"delta\" "
+                         "round that uploads both factors of every adapter")
+    _, weighted = _weighted(aggregator or tff.aggregators.MeanFactory())
+    update_pairs = [(uploaded.index(a), uploaded.index(b)) for a, b in pairs]
+    aggregation = factor_aggregation.averaging_error_aggregation(
+        pieces.aggregator, pieces.upload_type.update, update_pairs, weighted)
+    layout = model.layout
+    measure = factor_aggregation.averaging_error_measure(
+        layout.global_type(), [(layout.global_index(a), layout.global_index(b)) for a, b in pairs],
+        aggregation.next.type_signature.result.result.member[1])
+    return dataclasses.replace(pieces, aggregator=aggregation, measure=measure)
 
 
 def _build_evaluate_loop(model, loss_fn):

@@ -18,22 +18,25 @@ communication round, so every round trains on its own client data.
 | `ffa_lora`     | `b_round`: B (+ extra); A stays at its init        | always                     |
 | `rolora`       | `b_round`: B (+ extra); `a_round`: A (+ extra)     | B if t even, else A        |
 | `rolora_ffa`   | as RoLoRA                                          | RoLoRA while t < x·T, then B |
-| `flexlora`     | `ab_round`: A, B; uploads A_iB_i − AB              | always                     |
+| `flexlora`     | `ab_round`: A_i, B_i; SVD of Σ p_i A_iB_i          | always                     |
 | `flora`        | `ab_round`: A_i, B_i (from B = 0); merged into W0 | always                     |
 
 RoLoRA's exactness: in a B round every client holds the same A, so mean_i(A·B_i) = A·mean_i(B_i);
 in an A round every client holds the same B̄, so mean_i(A_i·B̄) = mean_i(A_i)·B̄. FedAvg-LoRA's
-mean_i(A_i)·mean_i(B_i) differs from mean_i(A_i·B_i) in general. RoLoRA starts with the B round
-(B = 0 at init makes ∇_A ℓ = 0).
+mean_i(A_i)·mean_i(B_i) differs from mean_i(A_i·B_i) in general; `averaging_error=True`
+measures it each round (`build_schedule`). RoLoRA starts with the B round (B = 0 at init makes
+∇_A ℓ = 0).
 
-FlexLoRA (Bai et al. 2024): the server forms P = A·B + mean_i(A_iB_i − A·B) = mean_i(A_iB_i) and
-splits its rank-r truncated SVD P ≈ U_r S_r V_rᵀ into A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ; each
-client uploads its product delta (d_in·d_out values per adapted matrix).
+FlexLoRA (Bai et al. 2024): clients upload their factors A_i, B_i (r·(d_in + d_out) values per
+adapted matrix, as FLoRA's); the stacking aggregation (below) gives the server
+P = Σ_i p_i A_iB_i (= A·B + mean_i(A_iB_i − A·B), the paper's product average), and the server
+splits its rank-r truncated SVD P ≈ U_r S_r V_rᵀ into A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ.
 
 FLoRA (Wang et al. 2024): every round starts from a fresh adapter (A random, B = 0); clients
-upload A_i, B_i; the aggregation stacks them, [p_1A_1 … p_NA_N]·[B_1; …; B_N] = Σ_i p_i·A_i·B_i
-(a `tff.federated_aggregate` accumulating p_i·A_i·B_i, so the upload stays r·(d_in + d_out)); the
-server merges W0 ← W0 + scale·Σ_i p_i A_iB_i into the frozen kernel linked to the adapter
+upload A_i, B_i; the aggregation (`tffl.factor_aggregation.stacking_aggregation`) stacks them,
+[p_1A_1 … p_NA_N]·[B_1; …; B_N] = Σ_i p_i·A_i·B_i (a `tff.federated_aggregate` accumulating
+p_i·A_i·B_i, so the upload stays r·(d_in + d_out)); the server merges
+W0 ← W0 + scale·Σ_i p_i A_iB_i into the frozen kernel linked to the adapter
 (`tffl.roles.link_lora`) and restarts it: A ← `flora_a_init(seed, t)`, B ← 0. Those kernels are
 therefore federated (broadcast and counted in the bytes down).
 
@@ -127,8 +130,8 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                    loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
                    server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
                    frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                   initial_trainable=None, jit_compile: bool = False, client_ranks=None
-                   ) -> processes.ScheduledProcess:
+                   initial_trainable=None, jit_compile: bool = False, client_ranks=None,
+                   averaging_error: bool = False) -> processes.ScheduledProcess:
     """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
 
     Args:
@@ -158,10 +161,22 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       client_ranks: flexlora and flora: each client's rank (`{client id: rank}` or a function
         of the client id, each in [1, the model's LoRA rank]); the process is then a
         `tffl.lora_ranks.HeterogeneousRankProcess` (the rank is the clients' personal state).
+      averaging_error: fedavg_lora only: also report, in every round's metrics under
+        `finalizer/averaging_error` (a `metrics.csv` column of `tffl.simulation`),
+        ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F over all adapters
+        (`tffl.factor_aggregation`; the means with the aggregator's weights p_i, A, B the
+        round's starting factors). A simulation-only diagnostic: its second aggregation of the
+        clients' ΔA_i, ΔB_i is not counted in `traffic` (the algorithm's own upload), and TFF
+        can then compile the round to MapReduceForm only.
 
     Raises:
-      ValueError: the model has no `lora_a`/`lora_b` variables, or the learning rate is not > 0.
+      ValueError: the model has no `lora_a`/`lora_b` variables, the learning rate is not > 0,
+        or `averaging_error` for another algorithm.
     """
+    if averaging_error and algorithm != "fedavg_lora":
+        raise ValueError(f"averaging_error is FedAvg-LoRA's measurement (fedavg_lora), not "
+                         f"{algorithm!r}'s: one factor a round (RoLoRA, FFA-LoRA) makes it 0, "
+                         "and FlexLoRA and FLoRA aggregate the products themselves")
     if client_ranks is not None:
         from tffl import lora_ranks
 
@@ -181,9 +196,17 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                          initial_trainable=initial_trainable, jit_compile=jit_compile)
     pieces = [engine.build_round(plan.model, s, plan.client, plan.aggregator,
                                  plan.server_optimizer) for s in plan.round_specs]
+    traffic_rounds = None
+    if averaging_error:
+        plain, pairs = pieces, lora_pairs(plan.model.spec)
+        pieces = [engine.with_averaging_error(plan.model, s, p, pairs, plan.aggregator)
+                  for s, p in zip(plan.round_specs, plain)]
+
+        def traffic_rounds():   # the algorithm's own rounds: what `traffic` sizes
+            return processes.compose_rounds(plan.model, plain, personal=False)[1]
     initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=False)
     return processes.ScheduledProcess(algorithm, plan.model, pieces, initialize, rounds,
-                                      plan.schedule)
+                                      plan.schedule, traffic_rounds=traffic_rounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,12 +247,14 @@ def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_ra
                  _round(spec, "a_round", (roles.LORA_A, *extra_roles))]
         schedule = processes.alternating("b_round", "a_round", switch_round, "b_round")
     elif algorithm == "flexlora":
-        specs = [_round(spec, "ab_round", a_b, upload="product", pairs=tuple(lora_pairs(spec)))]
+        specs = [_round(spec, "ab_round", a_b, upload="factors", server_step="svd",
+                        pairs=tuple(lora_pairs(spec)))]
         schedule = processes.constant("ab_round")
     elif algorithm == "flora":
         links = _flora_links(spec)
         federated_nt = tuple(link.base_index for link in links if not link.base_trainable)
-        specs = [_round(spec, "ab_round", a_b, upload="factors", links=links, seed=int(seed),
+        specs = [_round(spec, "ab_round", a_b, upload="factors", server_step="merge",
+                        links=links, seed=int(seed),
                         pairs=tuple((link.a_index, link.b_index) for link in links))]
         schedule = processes.constant("ab_round")
     else:
@@ -277,7 +302,8 @@ def _flora_links(spec):
 
 def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
     """FedAvg-LoRA (FedIT): clients train A and B; the server sets A ← mean A_i, B ← mean B_i.
-    Keyword arguments as `build_schedule`."""
+    Keyword arguments as `build_schedule` (`averaging_error=True`: also measure
+    ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F each round)."""
     return build_schedule("fedavg_lora", keras_model_fn, input_spec, client_learning_rate,
                           **kwargs)
 
@@ -297,9 +323,10 @@ def build_rolora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
 
 
 def build_flexlora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
-    """FlexLoRA: clients train A and B and upload A_iB_i − AB; the server sets A = U_r S_r^{1/2},
-    B = S_r^{1/2} V_rᵀ from the truncated SVD of mean_i(A_iB_i). Keyword arguments as
-    `build_schedule`."""
+    """FlexLoRA: clients train A and B and upload A_i, B_i; the stacking aggregation gives
+    P = Σ_i p_i A_iB_i and the server sets A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ from P's rank-r
+    truncated SVD. `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and aggregates the
+    `extra_roles` deltas. Keyword arguments as `build_schedule`."""
     return build_schedule("flexlora", keras_model_fn, input_spec, client_learning_rate,
                           **kwargs)
 
@@ -348,7 +375,8 @@ def build_rolora_then_ffa(rolora_fraction: float, total_communication_rounds: in
 
 def upload_bytes_per_communication_round(process) -> dict[str, int]:
     """Bytes one client uploads in each round kind, from the types: the update (trained
-    factors' deltas, + `extra_roles` variables), its float32 weight and the three metric sums."""
+    factors' deltas, or FlexLoRA's and FLoRA's factors, + `extra_roles` deltas), its float32
+    weight and the three metric sums."""
     return {name: traffic.up for name, traffic in process.traffic.items()}
 
 

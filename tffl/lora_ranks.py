@@ -13,12 +13,14 @@ adapter A_i[:, :r_i]·B_i[:r_i, :] in a model of the server's shapes, and the on
 computation serves every rank.
 
 - **FlexLoRA** (Bai et al. 2024): the server holds A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ, the
-  rank-r truncated SVD of P = mean_i(A_iB_i); the first r_i columns/rows are the rank-r_i
-  truncation of P that FlexLoRA sends a rank-r_i client. Clients upload A_iB_i − AB (the
-  untruncated AB), so the server's P is still mean_i(A_iB_i).
-- **FLoRA** (Wang et al. 2024): the stacking Σ_i p_i·A_iB_i of factors of different ranks,
-  [p_1A_1 … p_NA_N]·[B_1; …; B_N], is the same sum with the zeroed slices; every client starts
-  from the first r_i columns of the round's fresh A and B = 0.
+  rank-r truncated SVD of P = Σ_i p_i A_iB_i; the first r_i columns/rows are the rank-r_i
+  truncation of P that FlexLoRA sends a rank-r_i client. Clients upload their factors
+  (A_i, B_i), whose products have rank ≤ r_i, and the stacking gives P (as in FLoRA).
+- **FLoRA** (Wang et al. 2024): every client starts from the first r_i columns of the round's
+  fresh A and B = 0.
+
+Both stack the uploaded factors, Σ_i p_i·A_iB_i = [p_1A_1 … p_NA_N]·[B_1; …; B_N]: with factors
+of different ranks it is the same sum with the zeroed slices.
 
 Every client uses the model's LoRA scale α/r (r the server's rank), so adapters of different
 ranks add up on one scale. The rank of a client is its personal state (an int32 scalar, kept by
@@ -176,7 +178,8 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
 def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]:
     """`{round name: RoundTraffic}` for a client of `rank`: the TFF types' bytes (rank r) less
     the (r − rank)·(d_in + d_out) factor values per adapter it neither needs down (its
-    truncation) nor, in FLoRA, sends up (FlexLoRA uploads the d_in×d_out product)."""
+    truncation) nor sends up (FlexLoRA and FLoRA upload the factors, whose last r − rank
+    columns of A_i and rows of B_i are zero)."""
     spec = process.spec
     if not 1 <= int(rank) <= process.max_rank:
         raise ValueError(f"rank {rank} must be between 1 and the adapters' rank "
@@ -187,11 +190,8 @@ def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]
         unused = max(factor_a.shape[1] - int(rank), 0)
         saved += unused * (factor_a.shape[0] * np.dtype(factor_a.dtype).itemsize
                            + factor_b.shape[1] * np.dtype(factor_b.dtype).itemsize)
-    out = {}
-    for name, traffic in process.traffic.items():
-        up = traffic.up - saved if process.algorithm == "flora" else traffic.up
-        out[name] = communication.RoundTraffic(down=traffic.down - saved, up=up)
-    return out
+    return {name: communication.RoundTraffic(down=traffic.down - saved, up=traffic.up - saved)
+            for name, traffic in process.traffic.items()}
 
 
 __all__ = ["ALGORITHMS", "HeterogeneousRankProcess", "RankTruncation", "assign_ranks",

@@ -88,7 +88,9 @@ def _increment():
 
 
 def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_type):
-    """The server step of round `name`; state {round_num, steps: {round: state}}."""
+    """The server step of round `name`; state {round_num, steps: {round: state}}. With the
+    round's `measure`, the aggregate is (the step's update, a diagnostic) and the measurements
+    are `measure(w, diagnostic)` on the weights w the round started from."""
     own = next(p for p in pieces if p.name == name)
 
     @tff.federated_computation
@@ -99,21 +101,25 @@ def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_ty
             round_num=tff.federated_value(np.int32(0), tff.SERVER),
             steps=tff.federated_zip(steps)))
 
-    update_type = own.step.apply.type_signature.parameter[2]
+    update_type = own.aggregator.next.type_signature.result.result.member
 
     @tff.federated_computation(initialize.type_signature.result,
                                tff.FederatedType(weights_type, tff.SERVER),
                                tff.FederatedType(update_type, tff.SERVER))
     def next_fn(state, weights, update):
         round_num = tff.federated_map(_increment(), state.round_num)
+        if own.measure is None:
+            measurements = tff.federated_value(collections.OrderedDict(), tff.SERVER)
+        else:
+            measurements = tff.federated_map(own.measure, (weights, update[1]))
+            update = update[0]
         step_state, new_weights = tff.federated_map(
             own.step.apply, (state.steps[name], weights, update, round_num))
         steps = collections.OrderedDict(
             (p.name, step_state if p.name == name else state.steps[p.name]) for p in pieces)
         new_state = tff.federated_zip(collections.OrderedDict(
             round_num=round_num, steps=tff.federated_zip(steps)))
-        return tff.templates.MeasuredProcessOutput(
-            new_state, new_weights, tff.federated_value(collections.OrderedDict(), tff.SERVER))
+        return tff.templates.MeasuredProcessOutput(new_state, new_weights, measurements)
 
     return tff.learning.templates.FinalizerProcess(initialize, next_fn)
 
@@ -238,7 +244,7 @@ class Scheduled:
 
     def _setup(self, algorithm: str, model: engine.FederatedModel,
                pieces: Sequence[engine.RoundPieces], rounds: Mapping[str, tff.Computation],
-               schedule: Callable[[int], str]):
+               schedule: Callable[[int], str], traffic_rounds=None):
         self.algorithm = algorithm
         self.model = model
         self.rounds = collections.OrderedDict(rounds)
@@ -247,6 +253,9 @@ class Scheduled:
         # refines them with TFF's own sizing of each round (`tffl.communication.round_traffic`).
         self.declared_traffic = collections.OrderedDict((p.name, p.traffic) for p in pieces)
         self.upload_types = collections.OrderedDict((p.name, p.upload_type) for p in pieces)
+        # `() -> {round name: computation}` whose traffic `traffic` reports (default `rounds`):
+        # the rounds without a simulation-only diagnostic's extra aggregation.
+        self._traffic_rounds = traffic_rounds
         self._traffic = None
 
     @property
@@ -258,7 +267,8 @@ class Scheduled:
         weights, and `ClientResult(update, weight)` plus the metric sums."""
         if self._traffic is None:
             traffic = collections.OrderedDict()
-            for name, computation in self.rounds.items():
+            rounds = self._traffic_rounds() if self._traffic_rounds else self.rounds
+            for name, computation in rounds.items():
                 try:
                     traffic[name] = communication.round_traffic(computation)
                 except ValueError:
@@ -390,8 +400,9 @@ class ScheduledProcess(Scheduled, tff.learning.templates.LearningProcess):
     metrics are `{name: metrics}`.
     """
 
-    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule):
-        self._setup(algorithm, model, pieces, rounds, schedule)
+    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule,
+                 traffic_rounds=None):
+        self._setup(algorithm, model, pieces, rounds, schedule, traffic_rounds)
         first = next(iter(self.rounds.values()))
         get_model_weights, self._set_weights_computation = _weights_computations(initialize)
         super().__init__(initialize, first, get_model_weights, self._set_weights_computation)

@@ -20,9 +20,9 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
 
 | algorithm (`tffl.lora_fl`)            | MapReduceForm                   | DistributeAggregateForm |
 |---------------------------------------|---------------------------------|-------------------------|
-| `fedavg_lora`, `ffa_lora`, `flexlora` | `next` (its one round kind)     | the same                |
+| `fedavg_lora`, `ffa_lora`             | `next` (its one round kind)     | the same                |
 | `rolora`, `rolora_ffa`                | `b_round`, `a_round`            | the same                |
-| `flora`                               | `next` (its one round kind)     | no (TFF 0.87, below)    |
+| `flexlora`, `flora`                   | `next` (its one round kind)     | no (TFF 0.87, below)    |
 
 - Every `next` of a `tffl.processes` process is one communication round. RoLoRA has two round
   kinds of one state type; its `next` is a Python dispatcher that runs the kind the state's
@@ -30,7 +30,8 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
   call them alternately (what `to_map_reduce_form(process)` compiles). A computation that chains
   two broadcast-aggregate rounds would be refused by TFF ("Detected broadcast dependent on
   aggregate"); `_reason` says so.
-- FLoRA aggregates with `tff.federated_aggregate` (the stacking accumulator). TFF 0.87's
+- FlexLoRA and FLoRA aggregate with `tff.federated_aggregate` (the stacking accumulator of
+  their uploaded factors; so does FedAvg-LoRA with `averaging_error=True`). TFF 0.87's
   DistributeAggregateForm compiler wraps every non-placed argument of an aggregation intrinsic in
   a SERVER-placed value, which fails for the accumulate/merge/report *functions* ("Expected a
   `tff.FederatedType` to not contain `tff.FederatedType`s or `tff.FunctionType`s"). Its
@@ -123,7 +124,7 @@ def to_distribute_aggregate_form(process_or_computation, name: str | None = None
 
     Raises:
       ValueError: as `to_map_reduce_form`; also for a round that uses `tff.federated_aggregate`
-        (FLoRA), which TFF 0.87 cannot put in this form.
+        (FlexLoRA, FLoRA), which TFF 0.87 cannot put in this form.
     """
     return _compile(process_or_computation, name, "DistributeAggregateForm",
                     tff.backends.mapreduce.get_distribute_aggregate_form_for_computation)
@@ -275,8 +276,8 @@ def _reason(computation: tff.Computation, error: Exception, form_name: str) -> s
                 "`communication_rounds` instead (pass the process itself). ")
     if (form_name == "DistributeAggregateForm"
             and tff.framework.FEDERATED_AGGREGATE.uri in _intrinsic_uris(computation)):
-        return ("it uses tff.federated_aggregate (e.g. FLoRA's stacking), whose accumulate/merge/"
-                "report functions TFF 0.87's DistributeAggregateForm compiler cannot place at "
+        return ("it uses tff.federated_aggregate (e.g. FlexLoRA's or FLoRA's stacking), whose "
+                "accumulate/merge/report functions TFF 0.87's DistributeAggregateForm compiler cannot place at "
                 "SERVER; use to_map_reduce_form. ")
     return ""
 

@@ -10,7 +10,7 @@ Each step is a pair of TensorFlow computations on the federated `ModelWeights` w
 | step            | aggregate                                   | w after the step                      |
 |-----------------|---------------------------------------------|----------------------------------------|
 | `OptimizerStep` | Δ̄ (mean delta) of `w.trainable[positions]` | server optimizer step with gradient −Δ̄ |
-| `SvdStep`       | mean product deltas, then other deltas      | A,B ← √-split rank-r SVD of AB + mean  |
+| `SvdStep`       | Σ p_i A_iB_i per adapter, then other deltas | A,B ← √-split rank-r SVD of Σ p_i A_iB_i |
 | `MergeStep`     | Σ p_i A_iB_i per adapter, then other deltas | W0 += scale·Σ p_i A_iB_i; A ← fresh, B ← 0 |
 
 With the default server optimizer (SGD, η_s = 1) `OptimizerStep` gives w + Δ̄ = mean_i w_i, the
@@ -93,9 +93,11 @@ class OptimizerStep:
 
 class SvdStep:
     """FlexLoRA (Bai et al. 2024): for each pair (A at `pairs[j][0]`, B at `pairs[j][1]`, rank r)
-    P = A·B + mean_i(A_iB_i − AB) = mean_i(A_iB_i), P ≈ U_r S_r V_rᵀ, A ← U_r S_r^{1/2},
-    B ← S_r^{1/2} V_rᵀ; the `others` positions take a server optimizer step on their deltas.
-    `update` = [product deltas in pair order] + [deltas in `others` order]."""
+    the aggregate is the clients' mean product P = Σ_i p_i A_iB_i (the stacking of their uploaded
+    factors, `tffl.factor_aggregation.stacking_aggregation`; Σ p_i = 1, so P also equals
+    A·B + Σ_i p_i(A_iB_i − A·B)); P ≈ U_r S_r V_rᵀ (rank-r truncated SVD), A ← U_r S_r^{1/2},
+    B ← S_r^{1/2} V_rᵀ. The `others` positions take a server optimizer step on their deltas.
+    `update` = ([P per pair, in pair order], [deltas in `others` order])."""
 
     def __init__(self, optimizer, weights_type, pairs: Sequence[tuple[int, int]],
                  others: Sequence[int], update_type):
@@ -103,14 +105,14 @@ class SvdStep:
 
         def split_svd(trainable, non_trainable, update, round_num):
             del non_trainable, round_num
-            update = list(update)
-            for (a, b), delta in zip(pairs, update[: len(pairs)]):
+            products, deltas = update
+            for (a, b), product in zip(pairs, products):
                 rank = weights_type.trainable[a].shape[1]
-                s, u, v = tf.linalg.svd(trainable[a] @ trainable[b] + delta)
+                s, u, v = tf.linalg.svd(product)
                 root = tf.sqrt(s[:rank])
                 trainable[a] = u[:, :rank] * root[tf.newaxis, :]
                 trainable[b] = root[:, tf.newaxis] * tf.transpose(v[:, :rank])
-            return update[len(pairs):]
+            return list(deltas)
 
         self.initialize, self.apply = _build_step(optimizer, weights_type, others, update_type,
                                                   split_svd)

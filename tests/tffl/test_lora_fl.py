@@ -459,6 +459,122 @@ def test_flexlora_svd_has_rank_r_and_is_exact_for_rank_r_means(tff_runtime):
     np.testing.assert_allclose(b_new @ b_new.T, np.diag(s[:2]), rtol=1e-4, atol=1e-6)
 
 
+def client_factors_by_fedavg(fedavg, a, b, datasets):
+    """Each client's trained (A_i, B_i) from (a, b), read off a FedAvg-LoRA round on that client
+    alone (its mean is A + ΔA_i = A_i): the same client training, none of FlexLoRA's server
+    math (stacking, SVD)."""
+    factors = []
+    for dataset in datasets:
+        state = fedavg.initialize()
+        weights = fedavg.get_model_weights(state)
+        state = fedavg.set_model_weights(state, tff.learning.models.ModelWeights(
+            trainable=[np.asarray(a, np.float32), np.asarray(b, np.float32)],
+            non_trainable=weights.non_trainable))
+        trained = fedavg.get_model_weights(fedavg.next(state, [dataset]).state).trainable
+        factors.append(tuple(np.asarray(v, np.float64) for v in trained))
+    return factors
+
+
+def check_flexlora_round(a, b, factors, counts, a_new, b_new, atol=1e-6):
+    """FlexLoRA's round with the product-upload formula (numpy, float64): P = A·B +
+    Σ p_i(A_iB_i − A·B), p_i = n_i/Σn, P = U S Vᵀ; the new A·B is U_r S_r V_rᵀ (r = A's columns)
+    and A, B are the √-split, so the singular values of both are √s_1..√s_r."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    p = np.asarray(counts, np.float64) / np.sum(counts)
+    product = a @ b + sum(pi * (ai @ bi - a @ b) for pi, (ai, bi) in zip(p, factors))
+    u, s, vt = np.linalg.svd(product)
+    r = a.shape[1]
+    a_new, b_new = np.asarray(a_new, np.float64), np.asarray(b_new, np.float64)
+    np.testing.assert_allclose(a_new @ b_new, (u[:, :r] * s[:r]) @ vt[:r], rtol=1e-6, atol=atol)
+    for factor in (a_new, b_new):
+        np.testing.assert_allclose(np.linalg.svd(factor, compute_uv=False), np.sqrt(s[:r]),
+                                   rtol=1e-6, atol=atol)
+    return s
+
+
+def test_flexlora_uploads_the_factors_and_follows_the_product_formula(tff_runtime):
+    """FlexLoRA (r = 2, d_in = 4, d_out = 3, three clients) uploads A_i, B_i: (4·2 + 2·3)
+    float32, the 12 bytes of metric sums and the 4-byte weight n_i (TFF's MapReduceForm sizing
+    and the declared figure agree). Two rounds from (A0, B0 ≠ 0): the server's factors equal the
+    product-upload formula (`check_flexlora_round`), the clients' factors read off single-client
+    FedAvg-LoRA rounds (themselves checked against numpy SGD)."""
+    process = _small_process("flexlora")
+    factor_bytes = (_D_IN * _R + _R * _D_OUT) * 4
+    up = factor_bytes + 3 * 4 + 4
+    assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": up}
+    assert process.traffic["ab_round"] == process.declared_traffic["ab_round"]
+    assert communication.round_traffic(process.next).up == up
+    fedavg = _small_process("fedavg_lora")
+    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    a, b = _A0, _B0
+    for t in (1, 2):
+        state = process.next(state, datasets).state
+        a_new, b_new = process.get_model_weights(state).trainable
+        factors = client_factors_by_fedavg(fedavg, a, b, datasets)
+        for (ai, bi), (x, y) in zip(factors, _CLIENTS):
+            sgd_a, sgd_b = _local_sgd(a, b, _W0, x, y, _LR, _BATCH, "ab")
+            np.testing.assert_allclose(ai, sgd_a, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(bi, sgd_b, rtol=1e-5, atol=1e-5)
+        s = check_flexlora_round(a, b, factors, _COUNTS, a_new, b_new)
+        assert s[2] > 1e-3 * s[0], (t, s)   # rank 3 > r: the truncation acts
+        a, b = a_new, b_new
+
+
+def test_flexlora_bytes_up_with_a_head(tff_runtime):
+    """FlexLoRA on LowRankDense(12 → 6, r = 2) + a Dense(3) head (extra role): the declared
+    upload is the factors (12·2 + 2·6) + the head deltas (6·3 + 3) as float32 + 12 bytes of
+    metric sums + the 4-byte n_i; TFF's sizing (MapReduceForm) counts n_i once more, because the
+    head's `MeanFactory` sums it beside the stacking (as FLoRA's, `test_flora_with_a_head`)."""
+    spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
+    process = lora_fl.build_flexlora(_lora_with_head, spec, 0.1)
+    up = (12 * 2 + 2 * 6) * 4 + (6 * 3 + 3) * 4 + 3 * 4 + 4
+    assert process.declared_traffic["ab_round"].up == up
+    assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": up + 4}
+    assert process.traffic["ab_round"].down == (12 * 2 + 2 * 6 + 6 * 3 + 3) * 4
+
+
+def test_fedavg_lora_averaging_error_against_numpy(tff_runtime, tmp_path):
+    """`averaging_error=True` (two clients of 4 and 6 examples, weights p_i = n_i/Σn, two rounds
+    through `tffl.simulation.run_rounds`): metrics.csv's `finalizer/averaging_error` is
+    ‖Ā·B̄ − Σp_iA_iB_i‖_F / ‖Σp_iA_iB_i − A·B‖_F with numpy SGD's client factors from the round's
+    (A, B); the bytes per client, the declared traffic and the states equal plain FedAvg-LoRA's."""
+    clients = _CLIENTS[:2]
+    counts = _COUNTS[:2]
+    measured = _small_process("fedavg_lora", averaging_error=True)
+    plain = _small_process("fedavg_lora")
+    assert measured.traffic == plain.traffic
+    assert measured.declared_traffic == plain.declared_traffic
+    datasets = _datasets(clients, _BATCH)
+    ids = ["c0", "c1"]
+    result = simulation.run_rounds(
+        measured, participation.FullParticipation(ids),
+        lambda cid, t: datasets[ids.index(cid)], rounds=2, output_dir=tmp_path, log=None,
+        tensorboard=False, initial_state=_start(measured))
+    rows = simulation.read_metrics(tmp_path / simulation.METRICS_FILE)
+    state = _start(plain)
+    for row in rows:
+        state = plain.next(state, datasets).state
+        assert row["bytes_up_per_client"] == plain.traffic["ab_round"].up
+    for x, y in zip(measured.get_model_weights(result.state).trainable,
+                    plain.get_model_weights(state).trainable):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+    a, b = _A0.astype(np.float64), _B0.astype(np.float64)
+    p = np.asarray(counts, np.float64) / sum(counts)
+    for row in rows:
+        local = [_local_sgd(a, b, _W0, x, y, _LR, _BATCH, "ab") for x, y in clients]
+        a_bar = sum(pi * ai for pi, (ai, _) in zip(p, local))
+        b_bar = sum(pi * bi for pi, (_, bi) in zip(p, local))
+        mean_product = sum(pi * ai @ bi for pi, (ai, bi) in zip(p, local))
+        error = (np.linalg.norm(a_bar @ b_bar - mean_product)
+                 / np.linalg.norm(mean_product - a @ b))
+        assert error > 1e-3, error
+        np.testing.assert_allclose(row["finalizer/averaging_error"], error, rtol=1e-5)
+        a, b = a_bar, b_bar
+    with pytest.raises(ValueError, match="averaging_error is FedAvg-LoRA's.*'rolora'"):
+        _small_process("rolora", averaging_error=True)
+
+
 def test_weights_of_another_rank_are_rejected(tff_runtime, tmp_path):
     """A rank-2 model's weights cannot be set into, nor a rank-2 checkpoint loaded into, a rank-4
     process: `set_model_weights` raises one ValueError naming the variable and both shapes;

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.tffl.test_lora_fl import _local_sgd, _model_fn, _spec, _weighted_mean
+from tests.tffl.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
 from tffl import lora_fl
 from tffl import lora_ranks
 from tffl import runtime
@@ -122,14 +123,60 @@ def test_flora_stacks_adapters_of_different_ranks(tff_runtime):
         assert (full.down - at_k.down, full.up - at_k.up) == ((3 - k) * 9 * 4,) * 2
 
 
-def test_flexlora_rank_traffic_uploads_the_whole_product(tff_runtime):
+def test_flexlora_rank_traffic_uploads_the_factors(tff_runtime):
+    """FlexLoRA uploads the rank-3 factors, (5·3 + 3·4) float32 + 12 bytes of metric sums + the
+    4-byte n_i; a rank-k client needs (3 − k)·(5 + 4) float32 fewer down and up."""
     process = _process("flexlora", (1, 2, 3))
     full = process.traffic["ab_round"]
-    assert full.up == _D_IN * _D_OUT * 4 + lora_fl.METRIC_UPLOAD_BYTES
-    at_1 = lora_ranks.traffic_at_rank(process, 1)["ab_round"]
-    assert (at_1.up, full.down - at_1.down) == (full.up, 2 * 9 * 4)
+    assert full.up == (_D_IN * _R + _R * _D_OUT) * 4 + 3 * 4 + 4
+    for k in (1, 2, 3):
+        at_k = lora_ranks.traffic_at_rank(process, k)["ab_round"]
+        assert (full.up - at_k.up, full.down - at_k.down) == ((3 - k) * 9 * 4,) * 2
+    mean = process.client_traffic("ab_round", _IDS)   # ranks 1, 2, 3
+    assert mean.up == full.up - (2 + 1 + 0) * 9 * 4 / 3
     with pytest.raises(ValueError, match="rank 4 must be between 1 and the adapters' rank 3"):
         lora_ranks.traffic_at_rank(process, 4)
+
+
+def test_flexlora_ranks_one_and_two_follow_the_product_formula(tff_runtime):
+    """Server rank r = 2, client ranks (1, 2, 1), two rounds from (A0, B0 ≠ 0): the server's
+    factors equal the product-upload formula on the clients' factors
+    (`test_lora_fl.check_flexlora_round`: P = A·B + Σ p_i(A_iB_i − A·B), its rank-2 SVD and
+    √-split), the clients' factors read off single-client FedAvg-LoRA rounds from the rank-r_i
+    truncation (A·diag(m_i), diag(m_i)·B), and checked against numpy SGD at rank r_i."""
+    ranks, r = (1, 2, 1), 2
+    a0, b0 = _A0[:, :r], _B0[:r]
+    process = lora_fl.build_lora_process(
+        "flexlora", _model_fn([(_W0, a0)]), _spec(_D_IN, _D_OUT), _LR,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        client_ranks=lora_ranks.assign_ranks(_IDS, (1, 2)))
+    fedavg = lora_fl.build_lora_process("fedavg_lora", _model_fn([(_W0, a0)]),
+                                        _spec(_D_IN, _D_OUT), _LR,
+                                        loss_fn=tf.keras.losses.MeanSquaredError)
+    assert process.traffic["ab_round"].up == (_D_IN * r + r * _D_OUT) * 4 + 3 * 4 + 4
+    personal = [process.initialize_personal(c) for c in _IDS]
+    assert [int(p[0]) for p in personal] == list(ranks)
+    state = process.initialize()
+    weights = process.get_model_weights(state)
+    state = process.set_model_weights(state, tff.learning.models.ModelWeights(
+        trainable=[a0, b0], non_trainable=weights.non_trainable))
+    a, b = a0, b0
+    for _ in range(2):
+        state = process.next(state, _datasets(), personal).state
+        a_new, b_new = process.get_model_weights(state).trainable
+        factors = []
+        for rank, dataset, (x, y) in zip(ranks, _datasets(), _CLIENTS):
+            mask = (np.arange(r) < rank).astype(np.float64)
+            (ai, bi), = client_factors_by_fedavg(fedavg, a * mask, mask[:, None] * b, [dataset])
+            np.testing.assert_array_equal(ai[:, rank:], 0.0)
+            np.testing.assert_array_equal(bi[rank:], 0.0)
+            sgd_a, sgd_b = _local_sgd(a[:, :rank], b[:rank], _W0, x, y, _LR, _BATCH, "ab")
+            np.testing.assert_allclose(ai[:, :rank], sgd_a, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(bi[:rank], sgd_b, rtol=1e-5, atol=1e-5)
+            factors.append((ai, bi))
+        s = check_flexlora_round(a, b, factors, _COUNTS, a_new, b_new)
+        assert s[2] > 1e-3 * s[0], s   # rank(P) = 3 > r: the truncation acts
+        a, b = np.asarray(a_new, np.float64), np.asarray(b_new, np.float64)
 
 
 def test_bad_client_ranks_are_one_line_errors():

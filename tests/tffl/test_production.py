@@ -18,8 +18,9 @@ from test_personalized import _build as _build_personalized
 from tffl import lora_fl
 from tffl import production
 
-STATELESS = ("fedavg_lora", "ffa_lora", "rolora", "flexlora")
-ALL = (*STATELESS, "flora")
+STATELESS = ("fedavg_lora", "ffa_lora", "rolora")   # take DistributeAggregateForm
+STACKING = ("flexlora", "flora")   # stack uploaded factors with `tff.federated_aggregate`
+ALL = (*STATELESS, *STACKING)
 MAP_REDUCE_PIECES = ("prepare", "work", "zero", "accumulate", "merge", "report", "update")
 
 
@@ -77,8 +78,9 @@ def _run_map_reduce(pieces, state, datasets):
 
 @pytest.mark.parametrize("name", ALL)
 def test_each_communication_round_compiles(name):
-    """Every round takes MapReduceForm; every round but FLoRA's takes DistributeAggregateForm
-    (FLoRA's `federated_aggregate` gives the documented error); a one-round `next` compiles too."""
+    """Every round takes MapReduceForm; every round but FlexLoRA's and FLoRA's takes
+    DistributeAggregateForm (their stacking `federated_aggregate` gives the documented error); a
+    one-round `next` compiles too."""
     process = _process(name)
     rounds = process.communication_rounds
     forms = _map_reduce_forms(name)
@@ -87,8 +89,8 @@ def test_each_communication_round_compiles(name):
         assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
         assert form.type_signature.is_equivalent_to(rounds[round_name].type_signature)
         assert not form.securely_aggregates_tensors
-    if name == "flora":
-        with pytest.raises(ValueError, match=r"flora \(ab_round\): .*federated_aggregate"):
+    if name in STACKING:
+        with pytest.raises(ValueError, match=rf"{name} \(ab_round\): .*federated_aggregate"):
             production.to_distribute_aggregate_form(process)
         return
     forms = _distribute_aggregate_forms(name)
