@@ -89,12 +89,16 @@ def build_algorithm(
     weight_decay: float = 0.0,
     frozen_dir=None,
     client_ranks=None,
+    averaging_error: bool = True,
 ):
     """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
     or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
     `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
     any, go into the process's frozen-weights file (they never enter the server state).
-    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.lora_ranks`)."""
+    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.lora_ranks`).
+    `averaging_error` (fedavg_lora): log ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F /
+    ‖mean(A_iB_i) − A·B‖_F per round (`finalizer/averaging_error`, a simulation-only diagnostic
+    whose extra aggregation is not counted in the bytes; `tffl.lora_fl`)."""
     import tensorflow_federated as tff
 
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
@@ -120,6 +124,8 @@ def build_algorithm(
     if name in LORA_ALGORITHMS:
         if client_ranks is not None:
             common["client_ranks"] = client_ranks
+        elif name == "fedavg_lora" and averaging_error:
+            common["averaging_error"] = True
         return lora_fl.build_lora_process(name, task.keras_model_fn, task.input_spec,
                                           client_learning_rate, **common)
     raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")

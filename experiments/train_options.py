@@ -39,12 +39,13 @@ DEFAULTS: dict[str, Any] = {
     "flute_nc_step": 0.5, "flute_variant": "star", "flute_final_head_epochs": 0,
     "flute_feature_reduction": "mean", "finetune_epochs": None, "participation": "uniform",
     "initial_participants": 2, "srpfl_pool": 0, "stage_rounds": "10", "straggler": "fixed",
-    "communication_cost": 0.0, "task": "digits", "backbone": "tiny", "sequence_length": 64,
+    "communication_cost": 0.0, "task": "digits", "backbone": "tiny", "sequence_length": None,
+    "pooling": None, "head": "linear",
     "lora_targets": ["query", "value"], "lora_layers": None, "prefix_cache": True,
     "bucket_by_length": True, "lora_alpha": None, "partition": "shards", "classes_per_client": 2,
     "dirichlet_alpha": 0.5, "data_dir": None, "num_clients": 5, "clients_per_round": 5,
     "rounds": 100, "local_steps": 10, "rank": 16, "eval_test": False, "eval_per_client": False,
-    "client_ranks": None, "rolora_fraction": 0.5, "batch_size": 16, "learning_rate": 0.5,
+    "client_ranks": None, "averaging_error": True, "rolora_fraction": 0.5, "batch_size": 16, "learning_rate": 0.5,
     "client_optimizer": "sgd", "client_momentum": 0.0, "weight_decay": 0.0,
     "server_optimizer": "sgd", "server_learning_rate": 1.0, "server_momentum": 0.0,
     "frozen_dir": None, "seed": 0, "eval_every": 5, "checkpoint_every": 1, "output_dir": None,
@@ -118,7 +119,8 @@ def _check_model(options: Mapping[str, Any]) -> None:
     """The model's flags: LoRA, the representation and the task it is defined for."""
     _at_least(options, "rank")
     _check_client_ranks(options)
-    _at_least(options, "sequence_length", minimum=4)
+    if options["sequence_length"] is not None:
+        _at_least(options, "sequence_length", minimum=4)
     if options["lora_alpha"] is not None and not options["lora_alpha"] > 0:
         raise UsageError(f"flag --lora_alpha={options['lora_alpha']}: must be > 0")
     try:

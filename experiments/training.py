@@ -28,7 +28,8 @@ RUN_FLAGS = (
     "client_optimizer", "client_momentum", "weight_decay", "server_optimizer", "server_momentum",
     "head_epochs", "representation_epochs", "finetune_epochs", "participation",
     "shortcut_epochs", "shortcut_alpha", "flute_feature_penalty", "flute_head_penalty",
-    "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "lora_targets",
+    "flute_nc_penalty", "flute_nc_step", "backbone", "sequence_length", "pooling", "head",
+    "lora_targets",
     "lora_layers", "lora_alpha", "prefix_cache", "bucket_by_length",
     "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
@@ -105,6 +106,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
             lora_layers=(tuple(int(i) for i in options["lora_layers"])
                          if options["lora_layers"] else None),
             sequence_length=options["sequence_length"],
+            pooling=options["pooling"],
+            head=options["head"],
             prefix_cache=options["prefix_cache"],
             bucket_by_length=options["bucket_by_length"],
             # Workers at other addresses may not see this machine's files: send rounds in the call.
@@ -148,6 +151,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         representation=options["representation"],
         client_ranks=(lora_ranks.assign_ranks(task.client_ids, client_ranks(options))
                       if options["client_ranks"] else None),
+        averaging_error=options["averaging_error"],
         local_epochs=options["local_epochs"],
         head_epochs=(None if algorithm == "flute" and options["flute_variant"] == "plain"
                      else options["head_epochs"]),

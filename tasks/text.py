@@ -6,7 +6,10 @@ The output of `tokenize` is the input dict of KerasNLP's `BertBackbone`:
      "segment_ids":  int32 (n, L),   0 on segment a (and its [CLS]/[SEP]), 1 on segment b, 0 on pad,
      "padding_mask": int32 (n, L)}   1 on real tokens, 0 on padding.
 
-Segments are truncated round-robin so that everything fits in L = `sequence_length`. The texts are
+Segments are truncated round-robin so that everything fits in L = `sequence_length`. A packer
+built with `trim=True` then cuts each batch to its longest example, and `tokenize` pads the batches
+to the longest example of all: L is then the longest tokenized text (at most `sequence_length`),
+so no text is cut that fits the model. The texts are
 mapped through the preprocessor in large batches by `tf.data` (parallel map) exactly once; the
 result is a dict of numpy arrays that partitions and `ArrayClientData` then slice without
 re-tokenizing (the cache).
@@ -49,6 +52,8 @@ class BertInputPacker:
         tensor of ids.
       sequence_length: L.
       cls_token, sep_token, pad_token: the special tokens (looked up in the tokenizer).
+      trim: cut each packed batch to its longest example (`tokenize` then pads to the longest of
+        all), so that L is a cap, not a width.
 
     Example:
 
@@ -56,6 +61,8 @@ class BertInputPacker:
     ...     vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hi"])
     >>> BertInputPacker(tok, 4)((tf.constant(["hi"]),))["padding_mask"].numpy().tolist()
     [[1, 1, 1, 0]]
+    >>> BertInputPacker(tok, 8, trim=True)((tf.constant(["hi", "hi hi"]),))["token_ids"].shape
+    TensorShape([2, 4])
     """
 
     def __init__(
@@ -65,12 +72,14 @@ class BertInputPacker:
         cls_token: str = "[CLS]",
         sep_token: str = "[SEP]",
         pad_token: str = "[PAD]",
+        trim: bool = False,
     ):
         if sequence_length < 3:
             raise ValueError(f"sequence_length must be >= 3, got {sequence_length}")
         self.tokenizer = tokenizer
         self.sequence_length = int(sequence_length)
         self.pad_id = int(tokenizer.token_to_id(pad_token))
+        self.trim = bool(trim)
         self.packer = keras_nlp.layers.MultiSegmentPacker(
             sequence_length=self.sequence_length,
             start_value=int(tokenizer.token_to_id(cls_token)),
@@ -83,15 +92,21 @@ class BertInputPacker:
         if not isinstance(segments, (tuple, list)):
             segments = (segments,)
         token_ids, segment_ids = self.packer(tuple(self.tokenizer(s) for s in segments))
+        padding_mask = tf.cast(token_ids != self.pad_id, tf.int32)
+        if self.trim:
+            longest = tf.reduce_max(tf.reduce_sum(padding_mask, axis=1))
+            token_ids, segment_ids, padding_mask = (
+                t[:, :longest] for t in (token_ids, segment_ids, padding_mask))
         return {
             "token_ids": tf.cast(token_ids, tf.int32),
             "segment_ids": tf.cast(segment_ids, tf.int32),
-            "padding_mask": tf.cast(token_ids != self.pad_id, tf.int32),
+            "padding_mask": padding_mask,
         }
 
 
 def bert_packer(
-    vocabulary: Sequence[str] | str | os.PathLike, sequence_length: int, lowercase: bool = True
+    vocabulary: Sequence[str] | str | os.PathLike, sequence_length: int, lowercase: bool = True,
+    trim: bool = False,
 ) -> BertInputPacker:
     """`BertInputPacker` over `keras_nlp.models.BertTokenizer(vocabulary, lowercase)`.
 
@@ -100,6 +115,7 @@ def bert_packer(
         contain [PAD], [CLS], [SEP], [MASK].
       sequence_length: L.
       lowercase: lower-case before tokenizing (True for uncased models such as all-MiniLM-L6-v2).
+      trim: as `BertInputPacker`'s.
 
     Example:
 
@@ -112,7 +128,7 @@ def bert_packer(
     else:
         vocabulary = list(vocabulary)
     tokenizer = keras_nlp.models.BertTokenizer(vocabulary=vocabulary, lowercase=lowercase)
-    return BertInputPacker(tokenizer, sequence_length)
+    return BertInputPacker(tokenizer, sequence_length, trim=trim)
 
 
 def tokenize(
@@ -128,7 +144,9 @@ def tokenize(
       batch_size: texts per preprocessor call.
 
     Returns:
-      dict name -> int32 array (n, L) (the keys of the preprocessor's output).
+      dict name -> int32 array (n, L) (the keys of the preprocessor's output); batches of
+      different widths (a trimming packer's) are padded to the widest, with the preprocessor's
+      `pad_id` (default 0) for `token_ids` and 0 elsewhere.
 
     Example:
 
@@ -151,4 +169,13 @@ def tokenize(
             chunks.setdefault(key, []).append(np.asarray(value).astype(np.int32))
     if not chunks:
         raise ValueError("tokenize got no texts")
-    return {key: np.concatenate(value) for key, value in chunks.items()}
+    pad_id = getattr(preprocessor, "pad_id", 0)
+    return {key: _concatenate_padded(value, pad_id if key == "token_ids" else 0)
+            for key, value in chunks.items()}
+
+
+def _concatenate_padded(chunks: list[np.ndarray], pad_value: int) -> np.ndarray:
+    """The (b_k, L_k) chunks stacked into (Σ b_k, max L_k), each padded on the right."""
+    width = max(c.shape[1] for c in chunks)
+    return np.concatenate([
+        np.pad(c, ((0, 0), (0, width - c.shape[1])), constant_values=pad_value) for c in chunks])

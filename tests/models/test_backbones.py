@@ -20,16 +20,78 @@ def _lora_classifier(kind="bert", num_classes=3):
     return backbone, model
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_head_is_dense_on_pooled_features(kind):
-    backbone, model = _lora_classifier(kind)
-    batch = dummy_batch(backbone, batch_size=3, seq_len=5)
+def _numpy_features(backbone, batch, pooling):
+    """The pooled features computed in numpy from the backbone's last hidden state."""
     out = backbone(batch)
-    feats = out["pooled_output"] if kind == "bert" else out[:, 0, :]
-    head = model.get_layer("head")
-    expected = feats.numpy() @ head.kernel.numpy() + head.bias.numpy()
+    h = (out["sequence_output"] if isinstance(out, dict) else out).numpy()
+    if pooling == "mean":
+        m = np.asarray(batch["padding_mask"], np.float64)[:, :, None]
+        return (h * m).sum(axis=1) / m.sum(axis=1)
+    if pooling == "cls":
+        return h[:, 0, :]
+    pooler = backbone.pooled_dense
+    return np.tanh(h[:, 0, :] @ pooler.kernel.numpy() + pooler.bias.numpy())
+
+
+def _padded_batch(backbone):
+    batch = dummy_batch(backbone, batch_size=3, seq_len=5)
+    batch["padding_mask"] = tf.constant([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]],
+                                        tf.int32)
+    return batch
+
+
+@pytest.mark.parametrize("kind,pooling", [("bert", "mean"), ("bert", "cls"), ("bert", "pooler"),
+                                          ("roberta", "mean"), ("roberta", "cls")])
+@pytest.mark.parametrize("head", ["linear", "dense_tanh"])
+def test_logits_are_the_head_on_numpy_pooled_features(kind, pooling, head):
+    build = build_bert_backbone if kind == "bert" else build_roberta_backbone
+    backbone = build(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16,
+                     intermediate_dim=24, max_sequence_length=16)
+    model = build_classifier(backbone, 3, pooling=pooling, head=head)
+    batch = _padded_batch(backbone)
+    feats = _numpy_features(backbone, batch, pooling)
+    if head == "dense_tanh":
+        dense = model.get_layer("head_dense")
+        feats = np.tanh(feats @ dense.kernel.numpy() + dense.bias.numpy())
+    out = model.get_layer("head")
+    expected = feats @ out.kernel.numpy() + out.bias.numpy()
     np.testing.assert_allclose(model(batch).numpy(), expected, atol=1e-5)
-    assert [roles.role_of(v) for v in head.weights] == ["head", "head"]
+
+
+def test_pooler_needs_a_backbone_with_one():
+    backbone = build_roberta_backbone(vocabulary_size=64, num_layers=1, hidden_dim=16,
+                                      intermediate_dim=24)
+    with pytest.raises(ValueError, match="no pooler"):
+        build_classifier(backbone, 2, pooling="pooler")
+    with pytest.raises(ValueError, match="pooling='max'"):
+        build_classifier(backbone, 2, pooling="max")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "pooler"])
+@pytest.mark.parametrize("head", ["linear", "dense_tanh"])
+def test_no_frozen_variable_between_backbone_output_and_logits(pooling, head):
+    """Every variable that the logits depend on, other than the encoders' and embeddings', is
+    trainable and tagged `head`: the gradient of the logits reaches no frozen layer after the
+    last hidden state (the old classifier's frozen pooler would fail this)."""
+    backbone = build_bert_backbone(vocabulary_size=64, num_layers=2, hidden_dim=16,
+                                   intermediate_dim=24, max_sequence_length=16)
+    apply_lora(backbone, LoraConfig(rank=2))
+    model = build_classifier(backbone, 3, pooling=pooling, head=head)
+    encoder_side = {id(v) for layer in backbone.layers if layer is not backbone.pooled_dense
+                    for v in layer.weights}
+    batch = _padded_batch(backbone)
+    with tf.GradientTape() as tape:
+        tape.watch(model.variables)
+        logits = model(batch)
+    grads = tape.gradient(logits, model.variables,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    reached = [v for v, g in zip(model.variables, grads)
+               if id(v) not in encoder_side and np.any(g.numpy() != 0)]
+    trainable = {id(v) for v in model.trainable_variables}
+    assert reached and all(id(v) in trainable for v in reached)
+    assert all(roles.role_of(v) == roles.HEAD for v in reached)
+    pooler_reached = any(v is backbone.pooled_dense.kernel for v in reached)
+    assert pooler_reached == (pooling == "pooler")
 
 
 def test_lora_classifier_trainables_and_exactness():

@@ -9,13 +9,14 @@ from models import lora_targets
 from models import prefix
 
 
-def _classifier(kind="bert", layers=(2, 3), dropout=0.0, num_layers=4):
+def _classifier(kind="bert", layers=(2, 3), dropout=0.0, num_layers=4, pooling="mean",
+                head="linear"):
     build = backbones.build_bert_backbone if kind == "bert" else backbones.build_roberta_backbone
     backbone = build(vocabulary_size=40, num_layers=num_layers, num_heads=2, hidden_dim=16,
                      intermediate_dim=32, dropout=dropout, max_sequence_length=10)
     config = lora_targets.LoraConfig(rank=2, targets=("query", "value"), layers=layers, seed=1)
     lora_targets.apply_lora(backbone, config)
-    return backbones.build_classifier(backbone, 3, seed=2), config
+    return backbones.build_classifier(backbone, 3, seed=2, pooling=pooling, head=head), config
 
 
 def _batch(backbone, lengths=(3, 10, 6)):
@@ -28,18 +29,23 @@ def _batch(backbone, lengths=(3, 10, 6)):
     return batch
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("kind,pooling,head", [
+    ("bert", "mean", "linear"), ("roberta", "cls", "linear"), ("bert", "pooler", "dense_tanh"),
+    ("roberta", "mean", "dense_tanh")])
 @pytest.mark.parametrize("layers,start", [((2, 3), 2), ((0, 3), 0), ((3,), 3)])
-def test_suffix_of_prefix_is_the_whole_classifier(kind, layers, start):
-    model, config = _classifier(kind, layers)
+def test_suffix_of_prefix_is_the_whole_classifier(kind, pooling, head, layers, start):
+    model, config = _classifier(kind, layers, pooling=pooling, head=head)
     # Weights of std 0.3, so that every layer changes its input (0.02 is nearly the identity).
     for v in model.non_trainable_variables + model.trainable_variables:
         if len(v.shape) >= 2:
             v.assign(tf.random.stateless_normal(v.shape, [len(v.name), 7]) * 0.3)
     assert prefix.trained_start_layer(model) == start
     backbone = prefix.find_backbone(model)
-    spec = prefix.SuffixSpec.from_backbone(backbone, start)
+    spec = prefix.SuffixSpec.from_backbone(backbone, start, pooling=pooling, head=head)
     suffix = spec.build_classifier(config, num_classes=3, seed=2)
+    assert [v.name for v in suffix.trainable_variables] == [
+        v.name for v in model.trainable_variables if "embedding" not in v.name
+        and not any(f"transformer_layer_{i}/" in v.name for i in range(start))]
     # Only encoders start..3 (and the pooler and head) exist in the suffix.
     names = {layer.name for layer in suffix._flatten_layers()}
     assert {f"transformer_layer_{i}" in names for i in range(4)} == (

@@ -184,3 +184,34 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
         assert "glue/sst2" in sst2.description or "sst2" in sst2.description
     with pytest.raises(ValueError, match="--data_dir"):
         registry.build_task("reviews", num_clients=5, batch_size=4, local_steps=1, seed=0)
+
+
+def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(shared_data):
+    """all-MiniLM-L6-v2 declares mean pooling (its 1_Pooling/config.json), so the SST-2
+    classifier's default features are the padding-masked mean of the backbone's last hidden
+    state: checked against numpy on a separately loaded backbone, with padded sentences."""
+    import tensorflow as tf
+
+    from models import checkpoints
+    from models import hf_bert
+    from tasks import text as text_lib
+
+    folder = _minilm_or_skip()
+    assert checkpoints.declared_pooling(folder) == "mean"
+    assert registry.default_pooling("minilm", folder) == "mean"
+    assert registry.default_pooling("tiny", folder) == "mean"
+    task = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
+                               data_dir=shared_data, backbone="minilm", rank=2,
+                               prefix_cache=False)
+    assert "mean pooling" in task.description and "whole texts up to 256 tokens" in task.description
+    model = task.keras_model_fn()
+    for variable, value in zip(model.non_trainable_variables, task.pretrained_non_trainable()):
+        variable.assign(value)
+    features = tf.keras.Model(model.input, model.get_layer("head").input)
+    packer = text_lib.bert_packer(folder / "vocab.txt", 12)
+    batch = packer((tf.constant(["a gripping, funny film", "dull", "not bad at all , really"]),))
+    backbone, _ = hf_bert.load_hf_bert(folder)
+    h = backbone(batch)["sequence_output"].numpy().astype(np.float64)
+    m = batch["padding_mask"].numpy().astype(np.float64)[:, :, None]
+    assert m.sum() < m.size  # some padding to leave out
+    np.testing.assert_allclose(features(batch).numpy(), (h * m).sum(1) / m.sum(1), atol=1e-4)

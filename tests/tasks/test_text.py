@@ -98,3 +98,16 @@ def test_real_sst2_dev_tokenized_batch(text, shared_data):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_trimming_packer_keeps_every_text_whole_at_the_longest_width(text):
+    """With `trim`, L is a cap: each text keeps all its tokens ([CLS] w… [SEP]), and the arrays
+    are as wide as the longest text, padded with [PAD] = 0 and mask 0 (counted by hand)."""
+    packer = text.bert_packer(VOCAB, sequence_length=64, trim=True)
+    texts = _arr(*["good movie"] * 3, "bad", "good good good movie")
+    out = text.tokenize((texts,), packer, batch_size=4)  # two batches of widths 4 and 6
+    assert out["token_ids"].shape == (5, 6)
+    assert out["token_ids"][3].tolist() == [2, 6, 3, 0, 0, 0]
+    assert out["token_ids"][4].tolist() == [2, 5, 5, 5, 7, 3]
+    assert out["padding_mask"].sum(axis=1).tolist() == [4, 4, 4, 3, 6]
+    assert not out["segment_ids"].any()
