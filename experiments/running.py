@@ -245,14 +245,25 @@ def _mean(values) -> float:
 
 
 def _std(values) -> float:
+    """The sample standard deviation (ddof = 1) of the values that are not missing:
+    s = √(Σ (v − v̄)² / (n − 1)); NaN for fewer than two.
+
+    >>> _std([1.0, 2.0, 3.0]), _std([3.0, 1.0]), _std([5.0])
+    (1.0, 1.4142135623730951, nan)
+    """
     values = [v for v in values if not _missing(v)]
     if len(values) < 2:
         return math.nan
     m = _mean(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
 def _mean_std(values, spec="{:.3f}") -> str:
+    """"mean ± s" with s the sample std (ddof = 1, `_std`); one value alone; "–" for none.
+
+    >>> _mean_std([0.8, 0.9], "{:.4f}"), _mean_std([0.8]), _mean_std([None])
+    ('0.8500 ± 0.0707', '0.800', '–')
+    """
     values = [v for v in values if not _missing(v)]
     if not values:
         return "–"

@@ -2,7 +2,7 @@ r"""Reproduce the papers' experiments: one command each, a table (CSV + Markdown
 
     .venv/bin/python scripts/reproduce.py --experiment=rolora_linear             # small scale
     .venv/bin/python scripts/reproduce.py --experiment=sst2_minilm --scale=full
-    .venv/bin/python scripts/reproduce.py --experiment=all                       # all twelve
+    .venv/bin/python scripts/reproduce.py --experiment=all                       # all fourteen
     .venv/bin/python scripts/reproduce.py --experiment=rolora_mnist --resume     # after a kill
 
 Each experiment writes `results.csv`, `results.md` (the table it prints), `results.png` and
@@ -68,17 +68,26 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    shards — for RoLoRA, FedAvg-LoRA, FFA-LoRA, FlexLoRA, FLoRA, FedSA-LoRA and 20% RoLoRA + 80%
    FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
    learning rate from a dev-set grid (first seed; full: at each N), test accuracy on the labeled
-   test split, mean ± std over seeds, and `drops.csv`/`drops.md`: each method's accuracy lost
-   from N = 3 to N = 20 and 50, paired by seed (mean ± std and per seed), beside the
-   paper's drops. One train.py run per (method, N, seed, learning rate), each resumable;
-   `--collect` writes the tables from the runs finished so far.
+   test split, mean ± std over seeds (the sample std, ddof = 1), `drops.csv`/`drops.md`: each
+   method's accuracy lost from N = 3 to N = 20 and 50, paired by seed (mean ± std and per
+   seed), beside the paper's drops, and `claims.csv`/`claims.md`: each of Table 1's claims as
+   a paired per-seed difference with its 95% Student-t interval and the verdict the interval
+   gives (confirmed, not reproduced at this scale, refuted; `experiments.verdicts`), beside the
+   regime (local work, LoRA layers, backbone, pooling and head). One train.py run per (method,
+   N, seed, learning rate), each resumable; `--collect` writes the tables from the runs
+   finished so far.
+   The frozen-pooler protocol: the archived runs (docs/runs/sst2_clients-full) classified
+   BERT's frozen, untrained pooler output on sentences cut at 32 tokens. The command lines pass
+   `--pooling=pooler --sequence_length=32`; since issue 51 `--pooling=pooler` trains the pooler,
+   so rerunning is not the archived protocol (the archives are what they are).
    small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
           check).
    full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50
           gets 300 sequential steps), lr grid 0.1, 0.3, 1.0 at every N (0.03 or 3.0 too when
           the best is at an edge; of tied rates the smallest), N = 3, 20, 50, 3 seeds.
 10. `sst2_dirichlet` (RoLoRA's Table 2 setting; issue 19): as `sst2_clients` at N = 20 with
-   Dirichlet(0.5) label skew, without the centralized run.
+   Dirichlet(0.5) label skew, without the centralized run (frozen-pooler protocol too; its claim:
+   RoLoRA more accurate than FedAvg-LoRA under label skew).
 11. `reviews_domains` (issue 19, experiment 3): the five review domains as natural clients,
    global RoLoRA, FedAvg-LoRA, FFA-LoRA against personalized FedRep heads over RoLoRA adapters,
    FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
@@ -88,6 +97,20 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
 12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6; issue 19): `srpfl_mnist` with dynamic
    speeds: every client draws λ_i ~ U[1/100, 1] once, then a new compute time T_i ~ Exp(λ_i)
    every round. Same scales.
+13. `sst2_clients_mean` (issue 51, item 6): the cells of `sst2_clients` its claims rest on, with
+   the corrected classifier: `--pooling=mean --head=linear` and whole sentences (no
+   `--sequence_length`: train.py's default is the longest tokenized example). RoLoRA,
+   FedAvg-LoRA and FFA-LoRA at N = 3 and 50, FlexLoRA at N = 50 only, the centralized run;
+   lr grid 0.1, 0.3, 1.0 at every N with edge rates 0.01, 0.03, 3.0, 10.0 (a best rate at an
+   edge keeps extending); otherwise `sst2_clients`' full scale (MiniLM-L6, LoRA rank 4 on
+   query, value of layers 3-5, R_3 = 500, 10 local steps of batch 16, 3 seeds). Its table
+   adds FedAvg-LoRA's averaging error (metrics.csv's `*averaging_error`, mean over rounds and
+   seeds), `claims.md` its verdicts and, at the full scale, `pooler_era.csv`/`pooler_era.md`
+   each cell beside its frozen-pooler figure from docs/runs/sst2_clients-full.
+   small: as `sst2_clients`' small scale with the corrected classifier, FlexLoRA at N = 20 only.
+14. `sst2_dirichlet_mean` (issue 51, item 6): `sst2_dirichlet`'s RoLoRA and FedAvg-LoRA with the
+   corrected classifier, as `sst2_clients_mean` (N = 20, Dirichlet(0.5)); its pooler-era
+   figures come from docs/runs/sst2_dirichlet-full.
 
 --resume continues a stopped run in --output_dir: the train.py runs continue from their
 checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
@@ -96,7 +119,8 @@ synthetic scripts, which have no checkpoints, rerun (they are deterministic). Ev
 seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
 --resume, an --output_dir that already holds a run is refused (exit status 2).
 
-sst2_clients, sst2_dirichlet and reviews_domains run for hours or days on 2 cores, in sittings.
+sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean and reviews_domains run
+for hours or days on 2 cores, in sittings.
 `--collect` writes the table from the runs finished so far; `--methods=flexlora,flora` runs (or
 collects) only those methods. `--archive_dir=DIR` keeps every finished run's
 summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run), and the newest
@@ -143,12 +167,14 @@ DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
                "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
-               "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic")
+               "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
+               "sst2_clients_mean", "sst2_dirichlet_mean")
 SCALES = ("small", "full")
 # The experiments made of train.py runs, which --estimate replaces by probes; the others run in
 # this process or run other scripts, and their measured times are in docs/REPRODUCE.md.
 ESTIMABLE = ("rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora", "srpfl_mnist",
-             "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic")
+             "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
+             "sst2_clients_mean", "sst2_dirichlet_mean")
 
 # The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
 # experiment) and other scripts define --output_dir and --seed in absl's global FLAGS, and tests
@@ -179,7 +205,9 @@ _ESTIMATE = flags.DEFINE_bool(
 # The experiments that run in sittings (days on 2 cores), and their --methods names.
 SITTING_METHODS = {"sst2_clients": sst2.SST2_CLAIM_ALL,
                    "sst2_dirichlet": tuple(sst2.SST2_CLAIM_METHODS),
-                   "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS)}
+                   "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS),
+                   "sst2_clients_mean": (*sst2.SST2_MEAN_METHODS, "centralized"),
+                   "sst2_dirichlet_mean": sst2.SST2_DIRICHLET_MEAN_METHODS}
 _SITTINGS = ", ".join(SITTING_METHODS)
 _COLLECT = flags.DEFINE_bool(
     "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "
@@ -210,6 +238,8 @@ RUNNERS: dict[str, Callable[[Context], running.Result]] = {
     "sst2_dirichlet": sst2.run_sst2_dirichlet,
     "reviews_domains": reviews.run_reviews_domains,
     "srpfl_mnist_dynamic": srpfl.run_srpfl_mnist_dynamic,
+    "sst2_clients_mean": sst2.run_sst2_clients_mean,
+    "sst2_dirichlet_mean": sst2.run_sst2_dirichlet_mean,
 }
 
 # ------------------------------------------------------------------------------------------------

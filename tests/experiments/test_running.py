@@ -59,3 +59,12 @@ def test_a_failed_run_is_one_step_error_naming_it(tmp_path):
     child.write_text("raise SystemExit(3)\n")
     with pytest.raises(running.StepError, match=r"^my run failed \(exit status 3\)$"):
         running._run_command([child], "my run")
+
+
+def test_std_is_the_sample_std():
+    """ddof = 1: (0.8, 0.9) → √((0.05² + 0.05²) / 1) = 0.0707107; (1, 2, 3, 4) → √(5/3) =
+    1.2909944; one value has no std; missing values are left out."""
+    assert running._std([0.8, 0.9]) == pytest.approx(0.0707107, abs=1e-7)
+    assert running._std([1.0, 2.0, None, 3.0, 4.0]) == pytest.approx(1.2909944, abs=1e-7)
+    assert running._std([3.0]) != running._std([3.0])   # NaN
+    assert running._mean_std([0.8, 0.9], "{:.4f}") == "0.8500 ± 0.0707"

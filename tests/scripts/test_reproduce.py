@@ -44,6 +44,8 @@ def _run(*args, timeout=120):
         (["--experiment=flute_synthetic", "--estimate"], "--estimate"),
         (["--experiment=sst2_clients", "--methods=rolora,nope"], "--methods"),
         (["--experiment=sst2_dirichlet", "--methods=centralized"], "--methods"),
+        (["--experiment=sst2_dirichlet_mean", "--methods=ffa_lora"], "--methods"),
+        (["--experiment=sst2_clients_mean", "--methods=flora"], "--methods"),
         (["--experiment=srpfl_mnist", "--methods=rolora"], "--methods"),
         (["--experiment=rolora_linear", "--archive_dir=/tmp"], "--archive_dir"),
         (["--experiment=sst2_clients", "--archive_dir=/proc/tffl_not_writable"],
@@ -204,9 +206,29 @@ def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy
     args = [str(a) for a in sst2.sst2_claim_args(cfg, central, ["--partition=iid"], "/d")]
     assert "--algorithm=fedavg_lora" in args and "--num_clients=1" in args
     assert f"--rounds={cfg['rounds_3']}" in args
+    # The frozen-pooler protocol, stated on the command line: the pooler, 32 tokens, no --head.
+    assert "--pooling=pooler" in args and "--sequence_length=32" in args
+    assert not any(a.startswith("--head") for a in args)
     personal = {"final": {"eval_personal_accuracy": 0.8}}
     assert sst2._claim_accuracy(personal, "eval_accuracy") == 0.8
     assert sst2._claim_accuracy(personal, "eval_test_accuracy") is None
     both = {"final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.75}}
     assert sst2._claim_accuracy(both, "eval_test_accuracy") == 0.75
     assert sst2._finished(run) is None
+
+
+@pytest.mark.parametrize("experiment", ["sst2_clients_mean", "sst2_dirichlet_mean"])
+def test_the_mean_experiments_collect_their_tables_and_claims(experiment, tmp_path):
+    """--collect on the issue-51 experiments with nothing run yet: every cell 0 seeds, every
+    claim undecided; the tables say which classifier they are about."""
+    (tmp_path / "sst2").mkdir()
+    for split in ("train", "dev", "test-labeled"):
+        (tmp_path / "sst2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"w {i}\t{i % 2}\n" for i in range(40)))
+    proc = _run(f"--experiment={experiment}", "--collect", f"--data_dir={tmp_path}",
+                f"--output_dir={tmp_path / 'out'}")
+    assert proc.returncode == 0, proc.stderr
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "corrected classifier: mean pooling, linear head, whole sentences" in results
+    claims = (tmp_path / "out" / "claims.md").read_text()
+    assert "undecided (0 seeds)" in claims and "5 steps × batch 16 = 80 samples" in claims
