@@ -188,7 +188,7 @@ SST2_MEAN_SCALES = {
 # repository root; skipped when absent).
 POOLER_ERA_ARCHIVES = {"sst2_clients_mean": "docs/runs/sst2_clients-full",
                        "sst2_dirichlet_mean": "docs/runs/sst2_dirichlet-full"}
-# metrics.csv's FedAvg-LoRA averaging-error column ends in this (e.g. train/averaging_error).
+# metrics.csv's FedAvg-LoRA averaging-error column ends in this (finalizer/averaging_error).
 AVERAGING_ERROR = "averaging_error"
 
 

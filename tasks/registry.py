@@ -322,7 +322,7 @@ def _round_storage() -> str:
 
 
 TEXT_TASKS = ("sst2", "reviews")
-# A random backbone was trained with no pooling: it pools by the mean, as sentence encoders do.
+# A random backbone declares no pooling: it pools by the mean, as sentence encoders do.
 RANDOM_BACKBONE_POOLING = "mean"
 RANDOM_BACKBONE_MAX_LENGTH = 512
 

@@ -35,6 +35,10 @@ and builds TFF's own execution contexts on top of them:
   stages run in order. A computation without CLIENTS-placed arguments (initialize,
   get_model_weights, ...), or one that cannot be compiled (see `MultiWorkerContext.unsplit`), runs
   whole on worker 0. Results equal a single worker's up to float rounding (sums in another order).
+- for TFF's program layer (`tff.learning.programs.train_model`, `tff.program` state and release
+  managers), `program_runtime()`: TFF's `tff.program.NativeFederatedContext` over either of the
+  above (`program_context`), with `ClientDataSource` for seeded, resumable client data
+  (tffl/runtime/program.py).
 
 Faults: when a worker dies, or stops answering, the computation raises `WorkerError` naming the
 worker (its number, pid or address and log file) instead of TFF's endless retries of a gRPC
@@ -65,6 +69,8 @@ import os
 import pathlib
 from collections.abc import Iterator, Sequence
 
+import tensorflow_federated as tff
+
 from tffl.runtime.tff_internals import context_base, context_stack_impl
 
 from tffl.runtime.distribute import (  # noqa: F401  (public API)
@@ -80,6 +86,11 @@ from tffl.runtime.multi_worker import (  # noqa: F401  (public API)
     compile_to_mergeable_stages,
     split_at_aggregation_layers,
     split_clients,
+)
+from tffl.runtime.program import (  # noqa: F401  (public API)
+    ClientDataIterator,
+    ClientDataSource,
+    program_context,
 )
 from tffl.runtime.workers import (  # noqa: F401  (public API)
     DEFAULT_READY_TIMEOUT_S,
@@ -209,3 +220,37 @@ def remote_runtime(
             for worker in workers:
                 worker.stop()
 
+
+@contextlib.contextmanager
+def program_runtime(
+    log_dir: os.PathLike | str | None = None,
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    default_num_clients: int = 0,
+    num_workers: int = 1,
+    max_concurrent_calls: int | None = None,
+) -> Iterator[tff.program.NativeFederatedContext]:
+    """`local_runtime()` for TFF's program layer: installs a `tff.program.NativeFederatedContext`.
+
+    TFF's program logic (`tff.learning.programs.train_model`, `tff.program` release and program
+    state managers) is asynchronous and checks that the current context is a
+    `tff.program.FederatedContext`; this block's context is one (`program_context`), running the
+    computations on `num_workers` managed local workers started and stopped as by
+    `local_runtime()` (same arguments). On exit, by an exception too, the previous context is
+    back and no worker is left. Run the program's coroutine inside the block, in the block's
+    thread (`asyncio.run(...)`); computations invoked there return value references to await.
+
+    >>> with runtime.program_runtime(log_dir="runs/x"):  # doctest: +SKIP
+    ...     asyncio.run(tff.learning.programs.train_model(
+    ...         train_process=process, train_data_source=runtime.ClientDataSource("train", ds),
+    ...         train_per_round_clients=2, train_total_rounds=4,
+    ...         program_state_manager=tff.program.FileProgramStateManager("runs/x/state"),
+    ...         model_output_manager=tff.program.MemoryReleaseManager(),
+    ...         train_metrics_manager=tff.program.MemoryReleaseManager(),
+    ...         evaluation_manager=None, evaluation_periodicity=1))
+    >>> runtime.running_workers()
+    []
+    """
+    with local_runtime(log_dir, ready_timeout_s, default_num_clients, num_workers,
+                       max_concurrent_calls) as context:
+        with _installed(program_context(context)) as federated_context:
+            yield federated_context

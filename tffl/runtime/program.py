@@ -1,0 +1,180 @@
+"""TFF's program layer (`tff.program`, `tff.learning.programs`) on tffl's managed workers.
+
+TFF's program logic (`tff.learning.programs.train_model`, release managers, program state
+managers) runs as coroutines and needs the current TFF context to be a
+`tff.program.FederatedContext`; TFF builds one as `tff.program.NativeFederatedContext` over an
+asynchronous execution context. This module gives
+
+- `program_context(context)`: that `NativeFederatedContext` over any of tffl's synchronous
+  contexts (one worker, several, or remote ones), so that the workers' fault handling (a
+  `WorkerError` naming a lost worker, the restart of a crashed one) carries over;
+- `ClientDataSource`: a `tff.program.FederatedDataSource` serving seeded per-round client
+  datasets, whose iterator can be deep-copied and saved in the program state (TFF 0.87's
+  `DatasetDataSource` iterator cannot be deep-copied, which `train_model` does every round, and it
+  samples with the unseeded `random` module, so a resumed run would differ).
+
+`tffl.runtime.program_runtime()` starts the workers and installs the context for a block.
+"""
+
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.runtime.tff_internals import computation_types, context_base
+
+
+class _BlockingAsyncContext:
+    """An asynchronous execution context over a synchronous one (`invoke` is a coroutine).
+
+    The call runs in the awaiting thread, as TFF's own remote executor makes its (blocking) gRPC
+    calls inside its coroutines: the event loop waits for each computation. Running it in the
+    loop's thread (normally the main thread) keeps a crashed local worker's restart in the
+    thread that launched it (`LocalWorker`: the kernel kills a worker when that thread ends).
+    """
+
+    def __init__(self, context: context_base.SyncContext):
+        self.sync_context = context
+
+    async def invoke(self, comp, arg):
+        return self.sync_context.invoke(comp, arg)
+
+
+def program_context(context: context_base.SyncContext) -> tff.program.NativeFederatedContext:
+    """TFF's `NativeFederatedContext` running its computations on `context` (e.g. the one
+    `local_runtime()` or `remote_runtime()` yields).
+
+    Invoked computations return `tff.program.MaterializableValueReference`s, as in any TFF
+    program; awaiting one (`tff.program.materialize_value`) runs the computation. Install it with
+    `runtime.installed(...)`, or use `runtime.program_runtime()`, which does both.
+
+    >>> with runtime.remote_runtime(["hostA:8000"]) as context:  # doctest: +SKIP
+    ...     with runtime.installed(runtime.program_context(context)):
+    ...         asyncio.run(tff.learning.programs.train_model(...))
+    """
+    return tff.program.NativeFederatedContext(_BlockingAsyncContext(context))
+
+
+# Live sources by name: a saved iterator records its source's name and finds it again on load.
+_SOURCES: "weakref.WeakValueDictionary[str, ClientDataSource]" = weakref.WeakValueDictionary()
+
+
+class ClientDataSource(tff.program.FederatedDataSource):
+    """Client datasets for TFF programs: each round a seeded choice of clients.
+
+    `client_datasets` is the population: a sequence of `tf.data.Dataset`s (the same clients every
+    round), or a function of the round number (1, 2, ...) returning that round's sequence (fresh
+    data per round, e.g. seeded by the round). Round r selects `k` of them without replacement
+    with `numpy.random.default_rng([seed, r])`, in population order; `k=None` or `k` equal to the
+    population size selects all. The selection depends only on (seed, r), so a run resumed from
+    a program state gets the clients the uninterrupted run got.
+
+    The iterator's saved form (`to_bytes`) holds the source's `name`, seed and the number of
+    rounds served, not the data: to resume, build the source again with the same name and seed
+    before `train_model` loads the program state (`from_bytes` raises `LookupError` otherwise).
+    Building a source with the name of a live one replaces it.
+
+    >>> datasets = [tf.data.Dataset.range(n) for n in (10, 20, 30)]  # 3 clients
+    >>> source = ClientDataSource("doc", datasets, seed=1)
+    >>> iterator = source.iterator()
+    >>> [int(d.cardinality()) for d in iterator.select(2)]   # round 1: 2 of the 3 clients
+    [10, 20]
+    >>> ClientDataIterator.from_bytes(iterator.to_bytes()).rounds_served
+    1
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client_datasets: Sequence[tf.data.Dataset] | Callable[[int], Sequence[tf.data.Dataset]],
+        seed: int = 0,
+    ):
+        if not callable(client_datasets) and not client_datasets:
+            raise ValueError("ClientDataSource needs at least one client dataset")
+        self.name = name
+        self.seed = int(seed)
+        self._client_datasets = client_datasets
+        self._federated_type = None
+        _SOURCES[name] = self
+
+    def population(self, round_num: int) -> Sequence[tf.data.Dataset]:
+        """The clients' datasets to choose from in round `round_num` (from 1)."""
+        if callable(self._client_datasets):
+            return list(self._client_datasets(round_num))
+        return list(self._client_datasets)
+
+    @property
+    def federated_type(self) -> tff.FederatedType:
+        """`{sequence of the datasets' elements}@CLIENTS` (read off round 1's first dataset)."""
+        if self._federated_type is None:
+            element_type = computation_types.tensorflow_to_type(
+                self.population(1)[0].element_spec)
+            self._federated_type = tff.FederatedType(tff.SequenceType(element_type), tff.CLIENTS)
+        return self._federated_type
+
+    def iterator(self) -> ClientDataIterator:
+        return ClientDataIterator(self, rounds_served=0)
+
+
+class ClientDataIterator(tff.program.FederatedDataSourceIterator):
+    """The position of a pass over a `ClientDataSource`: how many rounds it has served.
+
+    Deep copies share the source (datasets are not copied) and keep the position, as
+    `train_model` needs to retry a discarded round and to save the iterator.
+    """
+
+    def __init__(self, source: ClientDataSource, rounds_served: int = 0):
+        self.source = source
+        self.rounds_served = rounds_served
+
+    @property
+    def federated_type(self) -> tff.FederatedType:
+        return self.source.federated_type
+
+    def select(self, k: int | None = None) -> list[tf.data.Dataset]:
+        """The next round's `k` clients' datasets (all with `k=None`)."""
+        round_num = self.rounds_served + 1
+        population = self.source.population(round_num)
+        if k is None:
+            k = len(population)
+        if not 0 < k <= len(population):
+            raise ValueError(f"k={k} clients requested from a population of {len(population)}")
+        if k == len(population):
+            chosen = range(k)
+        else:
+            rng = np.random.default_rng([self.source.seed, round_num])
+            chosen = sorted(rng.choice(len(population), size=k, replace=False))
+        self.rounds_served = round_num
+        return [population[i] for i in chosen]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"source": self.source.name, "seed": self.source.seed,
+                           "rounds_served": self.rounds_served}).encode()
+
+    @classmethod
+    def from_bytes(cls, buffer: bytes) -> ClientDataIterator:
+        saved = json.loads(bytes(buffer).decode())
+        source = _SOURCES.get(saved["source"])
+        if source is None:
+            raise LookupError(f"no ClientDataSource named {saved['source']!r} exists: build it "
+                              "(same name and seed) before loading the program state")
+        if source.seed != saved["seed"]:
+            raise ValueError(f"ClientDataSource {source.name!r} has seed {source.seed}, the saved "
+                             f"iterator seed {saved['seed']}: the resumed run would differ")
+        return cls(source, saved["rounds_served"])
+
+    def __deepcopy__(self, memo) -> ClientDataIterator:
+        return ClientDataIterator(self.source, self.rounds_served)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ClientDataIterator):
+            return NotImplemented
+        return (self.source, self.rounds_served) == (other.source, other.rounds_served)
+
+    __hash__ = None
