@@ -11,16 +11,17 @@ from collections.abc import Callable
 import numpy as np
 
 from tasks.registry import RunTask
+from tffl import algorithms as registry
 from tffl import evaluation
-from tffl import lora_fl
 from tffl import participation
 from tffl import personalized
 from tffl import srpfl
 
 
-LORA_ALGORITHMS = (*lora_fl.ALGORITHMS, "rolora_ffa")
-PERSONALIZED_ALGORITHMS = personalized.ALGORITHMS
-ALGORITHMS = (*PERSONALIZED_ALGORITHMS, *LORA_ALGORITHMS)
+ALGORITHMS = tuple(registry.ALGORITHMS)  # the one list (`tffl.algorithms.ALGORITHMS`)
+LORA_ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family == "lora")
+PERSONALIZED_ALGORITHMS = tuple(
+    n for n, a in registry.ALGORITHMS.items() if a.family == "personalized")
 # The representation of the personalized algorithms: a whole MLP, or LoRA adapters averaged
 # jointly (FedAvg-LoRA-style) or alternately (RoLoRA-style: a B round, then an A round).
 REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
@@ -104,31 +105,26 @@ def build_algorithm(
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
         float(server_learning_rate))
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
-    common = dict(server_optimizer=server_optimizer, weight_decay=weight_decay,
-                  initial_non_trainable=pretrained, frozen_dir=frozen_dir)
-    if name in PERSONALIZED_ALGORITHMS:
-        return personalized.build_personalized_process(
-            name, task.keras_model_fn, task.input_spec, client_learning_rate,
+    model = dict(initial_non_trainable=pretrained, frozen_dir=frozen_dir)
+    entry = registry.get(name)
+    if entry.family == "personalized":
+        config = dict(
             local_epochs=local_epochs, head_epochs=head_epochs,
             representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
             representation_blocks=representation_blocks,
             shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
             adaptpfl=adaptpfl if name == "adaptpfl" else None,
             lora_schedule="alternating" if representation == "lora_alternating" else "joint",
-            **common,
-        )
-    if name == "rolora_ffa":
-        return lora_fl.build_rolora_then_ffa(
-            rolora_fraction, communication_rounds, task.keras_model_fn, task.input_spec,
-            client_learning_rate, **common)
-    if name in LORA_ALGORITHMS:
-        if client_ranks is not None:
-            common["client_ranks"] = client_ranks
-        elif name == "fedavg_lora" and averaging_error:
-            common["averaging_error"] = True
-        return lora_fl.build_lora_process(name, task.keras_model_fn, task.input_spec,
-                                          client_learning_rate, **common)
-    raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+            server_optimizer=server_optimizer, weight_decay=weight_decay)
+    else:
+        config = registry.LoraConfig(
+            server_optimizer=server_optimizer, weight_decay=weight_decay,
+            rolora_fraction=rolora_fraction, total_rounds=communication_rounds,
+            client_ranks=client_ranks,
+            averaging_error=(name == "fedavg_lora" and averaging_error
+                             and client_ranks is None))
+    return entry.build(task.keras_model_fn, task.input_spec, client_learning_rate, config,
+                       **model)
 
 
 def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",

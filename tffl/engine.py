@@ -37,17 +37,17 @@ Example:
 >>> pieces = build_round(model, b_round, ClientConfig(optimizer=client_training.as_optimizer(0.1)))
 >>> pieces.traffic.down, pieces.traffic.up      # 4·(16 + 16 + 27) down; 4·(16 + 27) + 16 up
 (236, 188)
->>> from tffl import processes                  # FFA-LoRA: the B round every time
+>>> from tffl import processes, schedules       # FFA-LoRA: the B round every time
 >>> initialize, rounds = processes.compose_rounds(model, [pieces], personal=False)
 >>> ffa = processes.ScheduledProcess("ffa_lora", model, [pieces], initialize, rounds,
-...                                  processes.constant("b_round"))
+...                                  schedules.constant("b_round"))
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,94 +57,18 @@ import tensorflow_federated as tff
 from tffl import client_training
 from tffl import communication
 from tffl import factor_aggregation
-from tffl import frozen as frozen_lib
 from tffl import server_steps
+from tffl.client_hooks import (  # noqa: F401  (public here)
+    ROUND_INPUT_BYTES, ROUND_INPUTS, ClientConfig, ClientHook, round_inputs)
+from tffl.federated_evaluation import build_evaluation  # noqa: F401  (public here)
+from tffl.federated_model import (  # noqa: F401  (public here)
+    FederatedModel, build_federated_model, personal_type)
 
 # What one client sends besides its update: the three float32 metric sums and the float32 weight.
 METRIC_UPLOAD_BYTES = 3 * 4
 WEIGHT_UPLOAD_BYTES = 4
 UPLOADS = ("delta", "factors")
 SERVER_STEPS = ("optimizer", "svd", "merge")
-
-
-def _default_loss() -> tf.keras.losses.Loss:
-    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class FederatedModel:
-    """A role-tagged Keras model split into federated and base weights (`tffl.frozen`)."""
-
-    keras_model_fn: Callable[[], tf.keras.Model]
-    input_spec: Any
-    layout: frozen_lib.Layout
-    frozen: frozen_lib.FrozenWeights
-    initial_global: tff.learning.models.ModelWeights  # numpy
-    initial_personal: tuple[np.ndarray, ...]
-    loss_fn: Callable[[], client_training.LossFn]
-    client_device: str | None = None
-
-    @property
-    def spec(self) -> client_training.ModelSpec:
-        return self.layout.spec
-
-    def data_type(self) -> tff.Type:
-        return tff.SequenceType(client_training.element_type(self.input_spec))
-
-    def full_weights(self, global_weights, personal=None) -> tff.learning.models.ModelWeights:
-        """The whole model's weights (numpy) from the federated ones (+ a personal state)."""
-        global_weights = tff.learning.models.ModelWeights(
-            trainable=list(global_weights.trainable),
-            non_trainable=list(global_weights.non_trainable))
-        weights = self.layout.assemble(global_weights, self.frozen.load(), personal)
-        return tff.learning.models.ModelWeights(
-            trainable=[np.asarray(v) for v in weights.trainable],
-            non_trainable=[np.asarray(v) for v in weights.non_trainable])
-
-
-def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
-                          federated_non_trainable: Sequence[int] = (),
-                          personal: Sequence[int] = (), initial_non_trainable=None,
-                          frozen_dir=None, loss_fn=None, client_device=None,
-                          spec: client_training.ModelSpec | None = None,
-                          initial_trainable=None) -> FederatedModel:
-    """Draws the model's initial weights once, writes the base part to its fingerprinted file.
-
-    Args:
-      federated / federated_non_trainable / personal: positions (`tffl.frozen.Layout`).
-      initial_non_trainable: values replacing the model's own initial non-trainable weights, in
-        `model.non_trainable_variables` order (e.g. a pretrained backbone).
-      initial_trainable: likewise for `model.trainable_variables` (e.g. a given LoRA A that an
-        algorithm keeps frozen, like FFA-LoRA's).
-      frozen_dir: where the base weights file goes (default `tffl.frozen.default_directory()`).
-
-    Raises:
-      ValueError: `initial_non_trainable` does not fit the model.
-    """
-    spec = spec or client_training.inspect_model(keras_model_fn, input_spec)
-    layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
-    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
-
-    def replaced(values, infos, kind):
-        given = [np.asarray(v) for v in values]
-        expected = [v.shape for v in infos]
-        if [v.shape for v in given] != expected:
-            raise ValueError(f"initial weights do not fit the model: {len(given)} {kind} tensors "
-                             f"{[v.shape for v in given][:3]}..., the model has {len(expected)} "
-                             f"{expected[:3]}...")
-        return [v.astype(info.dtype) for v, info in zip(given, infos)]
-
-    if initial_non_trainable is not None:
-        non_trainable = replaced(initial_non_trainable, spec.non_trainable, "frozen")
-    if initial_trainable is not None:
-        trainable = replaced(initial_trainable, spec.trainable, "trainable")
-    return FederatedModel(
-        keras_model_fn=keras_model_fn, input_spec=input_spec, layout=layout,
-        frozen=frozen_lib.FrozenWeights.write(layout.base_values(trainable, non_trainable),
-                                              frozen_dir),
-        initial_global=layout.global_values(trainable, non_trainable),
-        initial_personal=tuple(trainable[k] for k in layout.personal),
-        loss_fn=loss_fn or _default_loss, client_device=client_device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,63 +98,6 @@ class RoundSpec:
     pairs: tuple[tuple[int, int], ...] = ()
     links: tuple[client_training.LinkInfo, ...] = ()
     seed: int = 0
-
-
-class ClientHook:
-    """Algorithm-specific client steps around the loop (FLUTE's penalties, class indicator and
-    NC step; the heterogeneous ranks' truncation). `extra_types`: tensors appended to the personal state. `round_inputs`: values of
-    the round the server broadcasts to every client with the weights, passed to `finish` as
-    keyword arguments; the one supported is `"num_clients"`, |I| (float32), counted by a
-    `federated_sum` of one per client before the broadcast."""
-
-    extra_types: tuple[tff.Type, ...] = ()
-    round_inputs: tuple[str, ...] = ()
-
-    def prepare(self, model, extra, dataset, phases):
-        """-> (phases, features_model or None, context)."""
-        return phases, None, None
-
-    def start(self, weights, context):
-        """The client's starting weights from the assembled ones (e.g. a rank truncation); the
-        update is still taken against the assembled weights."""
-        del context
-        return weights
-
-    def finish(self, trained, context, **round_values):
-        """-> (trained values, extra personal tensors)."""
-        return trained, []
-
-
-ROUND_INPUTS = ("num_clients",)
-# Bytes per client and round of each round input: one float32 up (the count's 1) and one down.
-ROUND_INPUT_BYTES = 4
-
-
-def round_inputs(hook: ClientHook | None) -> tuple[str, ...]:
-    names = tuple(hook.round_inputs) if hook is not None else ()
-    unknown = [n for n in names if n not in ROUND_INPUTS]
-    if unknown:
-        raise ValueError(f"unsupported round inputs {unknown}; supported: {ROUND_INPUTS}")
-    return names
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientConfig:
-    """Client training: the `tff.learning.optimizers` optimizer (or SGD step) and weight decay."""
-
-    optimizer: Any
-    weight_decay: float = 0.0
-    hook: ClientHook | None = None
-    # Mark each local step for XLA (`build_phased_loop`); TFF 0.87's worker does not compile it.
-    jit_compile: bool = False
-
-
-def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:
-    """One client's personal state: its personal variables (+ the hook's extra tensors)."""
-    spec = model.spec
-    types = [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
-             for k in model.layout.personal]
-    return tff.types.to_type(types + list(hook.extra_types if hook else ()))
 
 
 def _uploaded(model: FederatedModel, round_spec: RoundSpec) -> tuple[int, ...]:
@@ -438,115 +305,3 @@ def with_averaging_error(model: FederatedModel, round_spec: RoundSpec, pieces: R
         layout.global_type(), [(layout.global_index(a), layout.global_index(b)) for a, b in pairs],
         aggregation.next.type_signature.result.result.member[1])
     return dataclasses.replace(pieces, aggregator=aggregation, measure=measure)
-
-
-def _build_evaluate_loop(model, loss_fn):
-    """`tf.function (weights, dataset) -> (loss_sum, num_correct, num_examples)` of `model` with
-    `weights` (a whole-model `ModelWeights`) assigned."""
-
-    @tf.function
-    def evaluate(weights, dataset):
-        for variable, value in zip(model.trainable_variables, weights.trainable, strict=True):
-            variable.assign(value)
-        for variable, value in zip(model.non_trainable_variables, weights.non_trainable,
-                                   strict=True):
-            variable.assign(value)
-        loss_sum = tf.constant(0.0, tf.float32)
-        num_correct = tf.constant(0.0, tf.float32)
-        num_examples = tf.constant(0.0, tf.float32)
-        for batch in iter(dataset):
-            x, y = client_training.split_batch(batch)
-            pred = model(x, training=False)
-            n = tf.cast(tf.shape(y)[0], tf.float32)
-            loss_sum += tf.cast(loss_fn(y, pred), tf.float32) * n
-            labels = tf.cast(tf.reshape(y, [-1]), tf.int64)
-            num_correct += tf.reduce_sum(
-                tf.cast(tf.equal(tf.argmax(pred, -1), labels), tf.float32))
-            num_examples += n
-        return loss_sum, num_correct, num_examples
-
-    return evaluate
-
-
-@tff.tensorflow.computation(np.float32, np.float32)
-def _divide(a, b):
-    return tf.math.divide_no_nan(a, b)
-
-
-def build_evaluation(model: FederatedModel, client: ClientConfig,
-                     finetune: Sequence[client_training.Phase] = (),
-                     hook: ClientHook | None = None,
-                     finetune_objective: bool = False) -> tff.Computation:
-    """Personalized federated evaluation `(w@S, [personal@C,] train@C, test@C) -> metrics@S`.
-
-    Client i assembles its model from the federated weights w, the frozen weights and its
-    personal state (if the model has personal variables), optionally fine-tunes it on its
-    training data with the `finetune` phases (`client`'s optimizer and weight decay; with
-    `finetune_objective`, the phases as the `hook` prepares them, e.g. FLUTE's penalties), and
-    tests on its test data. Metrics: example-weighted `loss` and `accuracy` over all clients' test
-    examples, `mean_client_accuracy` (the unweighted mean over clients) and `num_examples`.
-    """
-    layout = model.layout
-    has_personal = bool(layout.personal) or hook is not None
-    weights_type, data_type = layout.global_type(), model.data_type()
-    finetune = list(finetune)
-
-    def client_eval(weights, personal, train_ds, test_ds):
-        with client_training.placed(model.client_device):
-            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
-                                                      zero_init=True)
-            own = list(personal)[: len(layout.personal)]
-            full = layout.assemble(weights, model.frozen.restore(),
-                                   own if layout.personal else None)
-            if finetune:
-                phases, features_model = finetune, None
-                if finetune_objective and hook is not None:
-                    extra = list(personal)[len(layout.personal):]
-                    phases, features_model, _ = hook.prepare(keras_model, extra, train_ds,
-                                                             finetune)
-                loop = client_training.build_phased_loop(
-                    keras_model, model.loss_fn(), client.optimizer, phases, features_model,
-                    device=model.client_device, weight_decay=client.weight_decay)
-                full = tff.learning.models.ModelWeights(
-                    trainable=loop(full, train_ds)["trainable"],
-                    non_trainable=list(full.non_trainable))
-            loss_sum, num_correct, num_examples = _build_evaluate_loop(
-                keras_model, model.loss_fn())(full, test_ds)
-        return collections.OrderedDict(
-            loss_sum=loss_sum, num_correct=num_correct, num_examples=num_examples,
-            accuracy=tf.math.divide_no_nan(num_correct, num_examples))
-
-    if has_personal:
-        @tff.tensorflow.computation(weights_type, personal_type(model, hook), data_type,
-                                    data_type)
-        def client_evaluate(weights, personal, train_ds, test_ds):
-            return client_eval(weights, personal, train_ds, test_ds)
-    else:
-        @tff.tensorflow.computation(weights_type, data_type, data_type)
-        def client_evaluate(weights, train_ds, test_ds):
-            return client_eval(weights, [], train_ds, test_ds)
-
-    def summarize(out):
-        num_examples = tff.federated_sum(out.num_examples)
-        return tff.federated_zip(collections.OrderedDict(
-            loss=tff.federated_map(_divide, (tff.federated_sum(out.loss_sum), num_examples)),
-            accuracy=tff.federated_map(_divide, (tff.federated_sum(out.num_correct),
-                                                 num_examples)),
-            mean_client_accuracy=tff.federated_mean(out.accuracy),
-            num_examples=num_examples))
-
-    at_server = tff.FederatedType(weights_type, tff.SERVER)
-    at_clients = tff.FederatedType(data_type, tff.CLIENTS)
-    if has_personal:
-        @tff.federated_computation(at_server,
-                                   tff.FederatedType(personal_type(model, hook),
-                                                     tff.CLIENTS), at_clients, at_clients)
-        def evaluate(weights, personal, train, test):
-            sent = tff.federated_broadcast(weights)
-            return summarize(tff.federated_map(client_evaluate, (sent, personal, train, test)))
-    else:
-        @tff.federated_computation(at_server, at_clients, at_clients)
-        def evaluate(weights, train, test):
-            sent = tff.federated_broadcast(weights)
-            return summarize(tff.federated_map(client_evaluate, (sent, train, test)))
-    return evaluate

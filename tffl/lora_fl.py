@@ -9,8 +9,8 @@ v_i = θ_i − θ; the server applies them with a `tff.learning.optimizers` serv
 SGD with η_s = 1, so θ + mean(v_i) = mean(θ_i)).
 
 Every algorithm is a set of round kinds (`tffl.engine.RoundSpec`: which roles clients train,
-what they upload, which server step) and a schedule over them (`tffl.processes`); `next` runs one
-communication round, so every round trains on its own client data.
+what they upload, which server step) and a schedule over them (`tffl.processes`); every
+communication round trains on its own client data.
 
 | algorithm      | round kinds (trained; uploaded)                    | schedule (t = rounds done) |
 |----------------|----------------------------------------------------|----------------------------|
@@ -49,81 +49,43 @@ Build the processes before creating any eager Keras model in the same program: t
 builds Keras models in graphs, which invalidates Keras 2 models created eagerly before.
 Datasets with dict elements must yield `OrderedDict`s or dicts with sorted keys (a TFF rule).
 
+TFF's contract: every process here is a `tff.learning.templates.LearningProcess` whose `next` is
+a `tff.Computation` with TFF's metric structure, so `tff.learning.programs.train_model` runs it.
+For RoLoRA `next` is one RoLoRA iteration, the B round then the A round, each on its own client
+data: `next(state, {<b_round=D*, a_round=D*>}@CLIENTS)` (`process.data_names`; metrics
+`client_work/train` over both rounds, `finalizer/round_kind` = [b_round, a_round]).
+`next_round(state, datasets)` runs one communication round (what `tffl.simulation` calls).
+RoLoRA→FFA switches once, so it has no periodic `next`: its `next` is `next_round`.
+
 Example:
 
 >>> process = build_lora_process("rolora", model_fn, input_spec, client_learning_rate=0.1)
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
-...     state = process.next(state, client_datasets).state   # a B round
-...     state = process.next(state, other_datasets).state    # an A round, on fresh batches
-...     weights = process.model_weights(state)
+...     state = process.next_round(state, client_datasets).state   # a B round
+...     state = process.next_round(state, other_datasets).state    # an A round, on fresh batches
+...     both = process.next(state, [{"b_round": b, "a_round": a}   # one iteration: B then A
+...                                 for b, a in zip(client_datasets, other_datasets)]).state
+...     weights = process.model_weights(both)
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-from tffl import client_training
 from tffl import communication
 from tffl import engine
+from tffl import lora_plans
+from tffl import lora_ranks
 from tffl import processes
 from tffl import roles
+from tffl.lora_plans import SchedulePlan, lora_pairs, plan_schedule  # noqa: F401  (public here)
 from tffl.processes import check_weights_shapes  # noqa: F401  (public here since 0.1)
 from tffl.server_steps import flora_a_init  # noqa: F401  (public here since 0.1)
 
-ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora")
+ALGORITHMS = lora_plans.ALGORITHMS
 # What every client uploads besides its update: float32 loss sum, correct and example counts,
 # and the float32 weight n_i of the aggregation.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
 LoraLearningProcess = processes.ScheduledProcess
-
-
-def lora_pairs(spec: client_training.ModelSpec) -> list[tuple[int, int]]:
-    """Pairs (index of A, index of B) in `spec.trainable`: the k-th `lora_a` with the k-th `lora_b`.
-
-    Raises:
-      ValueError: if the counts differ, a pair's names do not share a layer prefix, or the ranks
-        (A's last axis, B's first axis) differ.
-    """
-    a_idx, b_idx = spec.indices([roles.LORA_A]), spec.indices([roles.LORA_B])
-    if len(a_idx) != len(b_idx):
-        raise ValueError(f"{len(a_idx)} trainable lora_a but {len(b_idx)} lora_b variables")
-    pairs = []
-    for i, j in zip(a_idx, b_idx):
-        a, b = spec.trainable[i], spec.trainable[j]
-        if a.name.rsplit("/", 1)[0] != b.name.rsplit("/", 1)[0]:
-            raise ValueError(f"cannot pair LoRA factors {a.name} and {b.name} (different layers)")
-        if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]:
-            raise ValueError(f"LoRA factors {a.name} {a.shape} and {b.name} {b.shape} do not "
-                             "have shapes (d_in, r) and (r, d_out)")
-        pairs.append((i, j))
-    return pairs
-
-
-def _inspect(keras_model_fn, input_spec, extra_roles) -> client_training.ModelSpec:
-    for role in extra_roles:
-        if role not in roles.ROLES or role in (roles.LORA_A, roles.LORA_B, roles.FROZEN):
-            raise ValueError(f"extra_roles may hold {roles.HEAD!r}, {roles.SHARED!r} or "
-                             f"{roles.SHORTCUT!r}, got {role!r}")
-    spec = client_training.inspect_model(keras_model_fn, input_spec)
-    found = {v.role for v in spec.trainable}
-    if roles.LORA_A not in found or roles.LORA_B not in found:
-        names = ", ".join(f"{v.name}:{v.role}" for v in spec.trainable) or "none"
-        raise ValueError(
-            "the model has no trainable LoRA factors: it needs variables tagged "
-            f"'{roles.LORA_A}' and '{roles.LORA_B}' (tffl.roles.tag); trainable variables: {names}"
-        )
-    lora_pairs(spec)  # validates the factor shapes
-    return spec
-
-
-def _round(spec, name, train_roles, **kwargs) -> engine.RoundSpec:
-    indices = spec.indices(train_roles)
-    if not indices:
-        raise ValueError(f"round {name!r}: the model has no trainable variables with roles "
-                         f"{list(train_roles)}")
-    return engine.RoundSpec(name, (client_training.Phase(indices, 1),), **kwargs)
 
 
 def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
@@ -178,8 +140,6 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                          f"{algorithm!r}'s: one factor a round (RoLoRA, FFA-LoRA) makes it 0, "
                          "and FlexLoRA and FLoRA aggregate the products themselves")
     if client_ranks is not None:
-        from tffl import lora_ranks
-
         return lora_ranks.build_heterogeneous_rank_process(
             algorithm, keras_model_fn, input_spec, client_learning_rate, client_ranks,
             loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
@@ -207,97 +167,6 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
     initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=False)
     return processes.ScheduledProcess(algorithm, plan.model, pieces, initialize, rounds,
                                       plan.schedule, traffic_rounds=traffic_rounds)
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulePlan:
-    """An algorithm before composition: its model, round kinds, schedule and client/server
-    configuration (`build_schedule` composes it; `tffl.lora_ranks` adds a client hook)."""
-
-    model: engine.FederatedModel
-    round_specs: tuple[engine.RoundSpec, ...]
-    schedule: Any
-    client: engine.ClientConfig
-    aggregator: Any
-    server_optimizer: Any
-
-
-def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
-                  loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
-                  server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
-                  frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                  initial_trainable=None, jit_compile: bool = False) -> SchedulePlan:
-    """`build_schedule`'s plan (same arguments) before its rounds are built and composed."""
-    try:
-        client_training.as_optimizer(client_learning_rate)
-    except ValueError:
-        raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
-                         "> 0 (or a tff.learning.optimizers.Optimizer)") from None
-    extra_roles = tuple(extra_roles)
-    spec = _inspect(keras_model_fn, input_spec, extra_roles)
-    a_b = (roles.LORA_A, roles.LORA_B, *extra_roles)
-    federated_nt: tuple[int, ...] = ()
-    if algorithm in ("fedavg_lora",):
-        specs, schedule = [_round(spec, "ab_round", a_b)], processes.constant("ab_round")
-    elif algorithm == "ffa_lora":
-        specs = [_round(spec, "b_round", (roles.LORA_B, *extra_roles))]
-        schedule = processes.constant("b_round")
-    elif algorithm in ("rolora", "rolora_ffa"):
-        specs = [_round(spec, "b_round", (roles.LORA_B, *extra_roles)),
-                 _round(spec, "a_round", (roles.LORA_A, *extra_roles))]
-        schedule = processes.alternating("b_round", "a_round", switch_round, "b_round")
-    elif algorithm == "flexlora":
-        specs = [_round(spec, "ab_round", a_b, upload="factors", server_step="svd",
-                        pairs=tuple(lora_pairs(spec)))]
-        schedule = processes.constant("ab_round")
-    elif algorithm == "flora":
-        links = _flora_links(spec)
-        federated_nt = tuple(link.base_index for link in links if not link.base_trainable)
-        specs = [_round(spec, "ab_round", a_b, upload="factors", server_step="merge",
-                        links=links, seed=int(seed),
-                        pairs=tuple((link.a_index, link.b_index) for link in links))]
-        schedule = processes.constant("ab_round")
-    else:
-        raise ValueError(f"unknown LoRA algorithm {algorithm!r}; expected one of "
-                         f"{', '.join((*ALGORITHMS, 'rolora_ffa'))}")
-    federated = {k for s in specs for p in s.phases for k in p.train_indices}
-    _check_all_trained(spec, federated, algorithm, extra_roles)
-    if algorithm == "flora":
-        federated |= {link.base_index for link in specs[0].links if link.base_trainable}
-    model = engine.build_federated_model(
-        keras_model_fn, input_spec, sorted(federated), federated_nt,
-        initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
-        client_device=client_device, spec=spec, initial_trainable=initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, weight_decay, jit_compile=jit_compile)
-    return SchedulePlan(model, tuple(specs), schedule, client, aggregator, server_optimizer)
-
-
-def _check_all_trained(spec, trained, algorithm, extra_roles) -> None:
-    """A trainable variable that no round trains would silently keep its initial value (e.g. an
-    untagged classifier head, which is `shared` by default): an error naming it. LoRA factors an
-    algorithm keeps fixed by design (FFA-LoRA's A) are not."""
-    idle = [v for k, v in enumerate(spec.trainable) if k not in trained
-            and v.role not in (roles.LORA_A, roles.LORA_B)]
-    if idle:
-        names = ", ".join(f"{v.name} (role {v.role}"
-                          + (", untagged)" if v.role == roles.SHARED else ")") for v in idle)
-        raise ValueError(
-            f"{names}: trainable, but no round of {algorithm} trains it (extra_roles="
-            f"{list(extra_roles)}). Tag it with tffl.roles.tag / tag_layer as "
-            f"{' or '.join(repr(r) for r in (roles.HEAD, roles.SHARED, roles.SHORTCUT))} and "
-            "pass that role in extra_roles to train and average it, or make it non-trainable "
-            "to keep it frozen")
-
-
-def _flora_links(spec):
-    linked = {link.a_index for link in spec.links}
-    unlinked = [spec.trainable[i].name for i in spec.indices([roles.LORA_A]) if i not in linked]
-    if unlinked:
-        raise ValueError(
-            "FLoRA merges each adapter into its frozen base kernel, so every lora_a must be "
-            "linked to one with tffl.roles.link_lora (models.lora_layers does this); "
-            f"unlinked: {', '.join(unlinked)}")
-    return tuple(spec.links)
 
 
 def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):

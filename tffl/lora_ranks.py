@@ -50,10 +50,10 @@ import tensorflow_federated as tff
 
 from tffl import communication
 from tffl import engine
-from tffl import lora_fl
+from tffl import lora_plans
 from tffl import processes
 
-ALGORITHMS = ("flexlora", "flora")
+ALGORITHMS = ("flexlora", "flora")  # those that aggregate adapters of different ranks
 
 
 class RankTruncation(engine.ClientHook):
@@ -156,10 +156,10 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
         raise ValueError(f"heterogeneous client ranks need {' or '.join(ALGORITHMS)} (they "
                          f"aggregate adapters of different ranks), got {algorithm!r}")
     lookup = _rank_lookup(client_ranks)
-    plan = lora_fl.plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
-                                 **kwargs)
+    plan = lora_plans.plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
+                                    **kwargs)
     spec = plan.model.spec
-    pairs = lora_fl.lora_pairs(spec)
+    pairs = lora_plans.lora_pairs(spec)
     max_rank = max(spec.trainable[a].shape[1] for a, _ in pairs)
     hook = RankTruncation(pairs)
     client = engine.ClientConfig(plan.client.optimizer, plan.client.weight_decay, hook=hook,

@@ -69,6 +69,13 @@ Bytes per client per communication round (`traffic`): down = the broadcast feder
 the uploaded deltas plus the 4-byte weight and 12 metric bytes — read off the types; the personal
 state is not traffic (it stays on the device).
 
+Options and builders (`tffl.personalized_builders`): `build_personalized_process` takes its options
+as keywords or as one `PersonalizedConfig` (each field documented there with its default);
+`BUILDERS[algorithm]` turns the model's variables by role into the algorithm's plan: its rounds
+(`engine.RoundSpec`s per `lora_schedule`) and schedule, personal variables and hook. The process
+classes here receive the evaluation computations (`evaluate_computation`, FLUTE's
+`final_evaluate_computation`) as constructor arguments.
+
 Example:
 
 >>> process = build_personalized_process("fedrep", model_fn, input_spec, 0.05,
@@ -91,20 +98,18 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import adaptpfl as adaptpfl_phases
 from tffl import client_training
 from tffl import engine
-from tffl import lora_fl
 from tffl import processes
-from tffl import roles
 from tffl.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
 from tffl.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
+from tffl.personalized_builders import (  # noqa: F401  (public here)
+    BUILDERS, LORA_SCHEDULES, PERSONAL_ROLES, REPRESENTATION_ROLES, PersonalizedConfig, Plan,
+    Split)
 
-ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
-              "fedsa_lora")
-LORA_SCHEDULES = ("joint", "alternating")
-REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
-PERSONAL_ROLES = (roles.HEAD,)
+ALGORITHMS = tuple(BUILDERS)
+assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute",
+                      "adaptpfl", "fedsa_lora")
 # What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
 
@@ -120,7 +125,23 @@ def _floats(metrics) -> dict[str, float]:
 
 
 class PersonalizationProcess(processes.ScheduledProcess):
-    """FedAvg and FedAvg-FT (no personal state): a `LearningProcess` with `evaluate`."""
+    """FedAvg and FedAvg-FT (no personal state): a `LearningProcess` with `evaluate`.
+
+    Attributes beyond `processes.ScheduledProcess`'s: `evaluate_computation` (`engine.
+    build_evaluation`'s `(weights@S, train@C, test@C) -> metrics@S`), `personal_indices` (empty)
+    and `finetune_epochs` (E_ft of the evaluation); `final_evaluate_computation` is None.
+    """
+
+    final_evaluate_computation = None
+
+    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, *,
+                 evaluate_computation: tff.Computation, personal_indices: tuple[int, ...] = (),
+                 finetune_epochs: int = 0, traffic_rounds=None):
+        super().__init__(algorithm, model, pieces, initialize, rounds, schedule,
+                         traffic_rounds=traffic_rounds)
+        self.evaluate_computation = evaluate_computation
+        self.personal_indices = tuple(personal_indices)
+        self.finetune_epochs = finetune_epochs
 
     def evaluate(self, state, train_data, test_data) -> dict[str, float]:
         """Per-client test metrics (FedAvg-FT fine-tunes the head first) over the clients whose
@@ -131,8 +152,24 @@ class PersonalizationProcess(processes.ScheduledProcess):
 
 
 class PersonalizedProcess(processes.PersonalizedProcess):
-    """FedRep, FedPer, LG-FedAvg, FLUTE and AdaptPFL: the stateful-clients protocol with
-    `evaluate(state, personal_states, train, test)`."""
+    """FedRep, FedPer, LG-FedAvg, FLUTE, AdaptPFL and FedSA-LoRA: the stateful-clients protocol
+    with `evaluate(state, personal_states, train, test)`.
+
+    Attributes beyond `processes.PersonalizedProcess`'s: `evaluate_computation` (`(weights@S,
+    personal@C, train@C, test@C) -> metrics@S`), `final_evaluate_computation` (FLUTE's final
+    head fine-tuning round, same signature, or None), `personal_indices` (the personal
+    variables' positions in `spec.trainable`) and `finetune_epochs` (E_ft of the evaluation).
+    """
+
+    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, hook=None, *,
+                 evaluate_computation: tff.Computation,
+                 final_evaluate_computation: tff.Computation | None = None,
+                 personal_indices: tuple[int, ...] = (), finetune_epochs: int = 0):
+        super().__init__(algorithm, model, pieces, initialize, rounds, schedule, hook)
+        self.evaluate_computation = evaluate_computation
+        self.final_evaluate_computation = final_evaluate_computation
+        self.personal_indices = tuple(personal_indices)
+        self.finetune_epochs = finetune_epochs
 
     def evaluate(self, state, personal_states, train_data, test_data) -> dict[str, float]:
         """Personalized test metrics: client i uses its `personal_states[i]`."""
@@ -145,7 +182,7 @@ class PersonalizedProcess(processes.PersonalizedProcess):
         """FLUTE's final round (`FluteConfig.final_head_epochs` > 0): every given client
         fine-tunes its head on its training data with the FLUTE objective, then is tested as in
         `evaluate`; neither the state nor the personal states change."""
-        if getattr(self, "final_evaluate_computation", None) is None:
+        if self.final_evaluate_computation is None:
             raise ValueError(f"{self.algorithm} has no final head fine-tuning round (FLUTE's "
                              "final_head_epochs > 0 builds one)")
         self.check_personal(train_data, personal_states)
@@ -154,39 +191,17 @@ class PersonalizedProcess(processes.PersonalizedProcess):
             self.get_model_weights(state), list(personal_states), train_data, test_data))
 
 
-def _check_epochs(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or int(value) != value or value < minimum:
-        raise ValueError(f"{name}={value} must be an integer >= {minimum}")
-    return int(value)
-
-
 def build_personalized_process(
     algorithm: str,
     keras_model_fn: Callable[[], tf.keras.Model],
     input_spec,
     client_learning_rate,
     *,
-    local_epochs: int = 1,
-    head_epochs: int | None = None,
-    representation_epochs: int = 1,
-    shortcut_epochs: int = 1,
-    representation_blocks: int = 1,
-    finetune_epochs: int | None = None,
-    flute: FluteConfig | None = None,
-    adaptpfl: AdaptPflConfig | None = None,
-    lora_schedule: str = "joint",
-    loss_fn: Callable[[], client_training.LossFn] | None = None,
-    aggregator=None,
-    server_learning_rate: float = 1.0,
-    server_optimizer=None,
-    weight_decay: float = 0.0,
-    initial_non_trainable=None,
-    frozen_dir=None,
-    client_device: str | None = None,
-    initial_trainable=None,
-    jit_compile: bool = False,
+    config: PersonalizedConfig | None = None,
+    **options,
 ) -> PersonalizationProcess | PersonalizedProcess:
-    """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE or AdaptPFL (module docstring).
+    """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE, AdaptPFL or FedSA-LoRA (module
+    docstring).
 
     Args:
       algorithm: one of `ALGORITHMS`.
@@ -194,191 +209,72 @@ def build_personalized_process(
         the role `head` and whose representation carries `shared` / `lora_a` / `lora_b`.
       input_spec: element spec `(x, y)` of a client's batched dataset.
       client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`.
-      local_epochs: E ≥ 1, epochs of joint training (FedPer, LG-FedAvg, FedAvg, FedAvg-FT,
-        FedSA-LoRA, plain FLUTE).
-      head_epochs: τ_h ≥ 1, FedRep's (FLUTE*'s, AdaptPFL's τ_w) head epochs per round (default
-        1); plain FLUTE has no head-only epochs and refuses it.
-      representation_epochs: τ_r ≥ 1, FedRep's (FLUTE's, AdaptPFL's τ_b) representation epochs
-        per round.
-      shortcut_epochs: τ_s ≥ 1, AdaptPFL's shortcut epochs (between the head and the
-        representation phases).
-      representation_blocks: R ≥ 1, FedRep's (head τ_h, representation τ_r) blocks per round,
-        interleaved: R = 5 is SRPFL's code on CIFAR-100/EMNIST/FEMNIST (`local_rep_ep`), 5 × (10
-        head epochs + 1 representation epoch); default 1 (FedRep's paper).
-      finetune_epochs: E_ft ≥ 0, head fine-tuning epochs before evaluation (default 10 for
-        `fedavg_ft`, as in srpfl.md §6.4; 0 otherwise; `fedavg` must keep 0).
-      flute: FLUTE's regularizers (default `FluteConfig()`, the official code's values); only for
-        `algorithm="flute"`.
-      adaptpfl: AdaptPFL's variant and ablation switches (default `AdaptPflConfig()`, variant
-        A; `tffl.adaptpfl`); only for `algorithm="adaptpfl"`.
-      lora_schedule: "joint" or "alternating" (RoLoRA-style B then A rounds; needs LoRA factors).
-      loss_fn: no-arg function returning `(y_true, y_pred) -> scalar` (default: sparse
-        categorical cross-entropy on logits).
-      aggregator: a `tff.aggregators` factory for the deltas (default `MeanFactory()`).
-      server_learning_rate: η_s > 0 of the default server optimizer, φ ← φ + η_s·agg(Δ_i).
-      server_optimizer: a `tff.learning.optimizers.Optimizer` instead of SGD with η_s.
-      weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
-      initial_non_trainable, initial_trainable, frozen_dir, client_device, jit_compile: as
-        `tffl.lora_fl.build_schedule`.
+      config: the options as a `PersonalizedConfig` (its fields and defaults are documented
+        there); or pass them as keywords instead, not both.
+      **options: the fields of `PersonalizedConfig` (local_epochs, head_epochs,
+        representation_epochs, shortcut_epochs, representation_blocks, finetune_epochs, flute,
+        adaptpfl, lora_schedule, loss_fn, aggregator, server_learning_rate, server_optimizer,
+        weight_decay, initial_non_trainable, frozen_dir, client_device, initial_trainable,
+        jit_compile).
 
     Raises:
       ValueError: unknown algorithm or schedule; an epoch count ≤ 0; η ≤ 0; a split that leaves
         the personal (`head`) or the representation role empty; "alternating" without LoRA.
+      TypeError: both `config` and keyword options, or an unknown option.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown personalized algorithm {algorithm!r}; expected one of "
                          f"{', '.join(ALGORITHMS)}")
-    if lora_schedule not in LORA_SCHEDULES:
-        raise ValueError(f"lora_schedule={lora_schedule!r} must be one of "
-                         f"{', '.join(LORA_SCHEDULES)}")
+    if config is not None and options:
+        raise TypeError(f"pass the options either as config= or as keywords, not both (got "
+                        f"config and {', '.join(sorted(options))})")
     if not isinstance(client_learning_rate, tff.learning.optimizers.Optimizer) and not (
             np.isfinite(client_learning_rate) and client_learning_rate > 0):
         raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
                          "> 0")
-    if not (np.isfinite(server_learning_rate) and server_learning_rate > 0):
-        raise ValueError(f"server_learning_rate={server_learning_rate} must be a finite number "
-                         "> 0")
-    local_epochs = _check_epochs("local_epochs", local_epochs)
-    if algorithm == "flute" and flute is not None and flute.variant == "plain" and (
-            head_epochs is not None):
-        raise ValueError(f"head_epochs={head_epochs}: plain FLUTE (the paper's Algorithm 2) has "
-                         "no head-only epochs; use local_epochs, or variant='star' (FLUTE*)")
-    head_epochs = _check_epochs("head_epochs (τ_h)", 1 if head_epochs is None else head_epochs)
-    representation_epochs = _check_epochs("representation_epochs (τ_r)", representation_epochs)
-    shortcut_epochs = _check_epochs("shortcut_epochs (τ_s)", shortcut_epochs)
-    representation_blocks = _check_epochs("representation_blocks", representation_blocks)
-    if representation_blocks > 1 and algorithm != "fedrep":
-        raise ValueError(f"representation_blocks={representation_blocks} interleaves FedRep's "
-                         f"head and representation epochs; it does not apply to {algorithm!r}")
-    if flute is not None and algorithm != "flute":
-        raise ValueError(f"flute regularizers were given for algorithm {algorithm!r}; they "
-                         "apply only to 'flute'")
-    if algorithm == "flute" and flute is None:
-        flute = FluteConfig()
-    if adaptpfl is not None and algorithm != "adaptpfl":
-        raise ValueError(f"an AdaptPflConfig was given for algorithm {algorithm!r}; it applies "
-                         "only to 'adaptpfl'")
-    if algorithm == "adaptpfl" and adaptpfl is None:
-        adaptpfl = AdaptPflConfig()
-    if finetune_epochs is None:
-        finetune_epochs = 10 if algorithm == "fedavg_ft" else 0
-    finetune_epochs = _check_epochs("finetune_epochs", finetune_epochs, minimum=0)
-    if algorithm == "fedavg" and finetune_epochs:
-        raise ValueError("fedavg evaluates the global model as it is; for head fine-tuning "
-                         "before evaluation use fedavg_ft")
-
+    config = (PersonalizedConfig(**options) if config is None else config).resolved(algorithm)
     spec = client_training.inspect_model(keras_model_fn, input_spec)
-    head = spec.indices(PERSONAL_ROLES)
-    shortcut = spec.indices([roles.SHORTCUT])
-    representation = spec.indices(REPRESENTATION_ROLES)
-    layout = ", ".join(f"{v.name}:{v.role}" for v in spec.trainable) or "none"
-    if algorithm == "fedsa_lora":
-        a_idx, b_idx = spec.indices([roles.LORA_A]), spec.indices([roles.LORA_B])
-        if not a_idx or not b_idx:
-            raise ValueError(
-                "fedsa_lora shares the LoRA A factors and keeps the B factors personal, but the "
-                f"model has no trainable lora_a/lora_b variables (use a LoRA model, e.g. "
-                f"--representation=lora). Trainable variables: {layout}")
-        if lora_schedule != "joint":
-            raise ValueError("fedsa_lora trains A and B together (lora_schedule='joint'); "
-                             "alternating rounds would leave the personal B untrained half the time")
-        # The head (if any) is averaged with A; B is the personal state.
-        representation = tuple(sorted(set(representation + head) - set(b_idx)))
-        head = b_idx
-    if not head and algorithm != "fedavg":
-        raise ValueError(
-            f"{algorithm} needs personal variables (role {roles.HEAD!r}: the head, or "
-            f"LG-FedAvg's local layers) but the model has none; tag them with "
-            f"tffl.roles.tag_layer(layer, {roles.HEAD!r}). Trainable variables: {layout}")
-    if not representation and algorithm != "fedavg":
-        raise ValueError(
-            f"{algorithm} needs a representation to aggregate (trainable variables with roles "
-            f"{', '.join(REPRESENTATION_ROLES)}) but the model has none. Trainable variables: "
-            f"{layout}")
-    if not head + representation:
-        raise ValueError(f"{algorithm}: the model has no trainable variables to train")
-    if algorithm == "adaptpfl" and not shortcut:
-        raise ValueError(
-            f"adaptpfl needs a personal shortcut (variables with role {roles.SHORTCUT!r}), but "
-            "the model has none: build it with a shortcut branch, e.g. "
-            f"models.paper_models.build_mlp(shortcut_alpha=α). Trainable variables: {layout}")
-    personal = () if algorithm in ("fedavg", "fedavg_ft") else head
-    if algorithm == "adaptpfl":
-        personal = tuple(sorted(head + shortcut))
-    hook = _flute_hook(spec, head, flute, input_spec) if algorithm == "flute" else None
+    plan = BUILDERS[algorithm](algorithm, Split.of(spec), config, input_spec)
+    return _build_process(algorithm, keras_model_fn, input_spec, client_learning_rate, config,
+                          spec, plan)
 
-    def phases_for(rep: tuple[int, ...]) -> tuple[client_training.Phase, ...]:
-        if algorithm == "flute" and flute.variant == "plain":
-            # The paper's Algorithm 2: H, b and B trained jointly from the same point.
-            return (client_training.Phase(tuple(sorted(head + rep)), local_epochs),)
-        if algorithm in ("fedrep", "flute"):
-            # FLUTE* as the official code runs it: head-only epochs, then joint epochs.
-            second = rep if algorithm == "fedrep" else tuple(sorted(head + rep))
-            return (client_training.Phase(head, head_epochs),
-                    client_training.Phase(second, representation_epochs)) * representation_blocks
-        if algorithm == "adaptpfl":
-            return adaptpfl_phases.phases(adaptpfl, spec, head, shortcut, rep, head_epochs,
-                                          shortcut_epochs, representation_epochs)
-        return (client_training.Phase(tuple(sorted(head + rep)), local_epochs),)
 
-    if lora_schedule == "alternating":
-        a_idx, b_idx = spec.indices([roles.LORA_A]), spec.indices([roles.LORA_B])
-        if not a_idx or not b_idx:
-            raise ValueError("lora_schedule='alternating' alternates the LoRA factors, but the "
-                             f"model has no trainable lora_a/lora_b variables: {layout}")
-        lora_fl.lora_pairs(spec)
-        others = tuple(k for k in representation if k not in a_idx + b_idx)
-        rep_sets = {"b_round": tuple(sorted(others + b_idx)),
-                    "a_round": tuple(sorted(others + a_idx))}
-        schedule = processes.alternating("b_round", "a_round")
-    else:
-        rep_sets = {"round": representation}
-        schedule = processes.constant("round")
-    round_specs = [engine.RoundSpec(name, phases_for(rep)) for name, rep in rep_sets.items()]
-    trained = {k for s in round_specs for p in s.phases for k in p.train_indices}
-    federated = sorted(trained - set(personal))
+def _build_process(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
+                   config: PersonalizedConfig, spec: client_training.ModelSpec,
+                   plan: Plan) -> PersonalizationProcess | PersonalizedProcess:
+    """The engine's rounds, the evaluation computations and the process for `plan`: the
+    federated weights are the variables some round trains, minus the personal ones."""
+    trained = {k for s in plan.round_specs for p in s.phases for k in p.train_indices}
+    federated = sorted(trained - set(plan.personal))
     model = engine.build_federated_model(
-        keras_model_fn, input_spec, federated, personal=personal,
-        initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
-        client_device=client_device, spec=spec, initial_trainable=initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, weight_decay, hook, jit_compile)
-    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
-        float(server_learning_rate))
-    pieces = [engine.build_round(model, s, client, aggregator, server_optimizer)
-              for s in round_specs]
-    stateful = bool(personal) or hook is not None
-    initialize, rounds = processes.compose_rounds(model, pieces, personal=stateful, hook=hook)
-    if stateful:
-        process = PersonalizedProcess(algorithm, model, pieces, initialize, rounds, schedule,
-                                      hook)
-    else:
-        process = PersonalizationProcess(algorithm, model, pieces, initialize, rounds, schedule)
-    finetune = [client_training.Phase(head, finetune_epochs)] if finetune_epochs else []
-    process.evaluate_computation = engine.build_evaluation(model, client, finetune, hook)
-    process.final_evaluate_computation = None
-    if flute is not None and flute.final_head_epochs:
-        process.final_evaluate_computation = engine.build_evaluation(
-            model, client, [client_training.Phase(head, flute.final_head_epochs)], hook,
-            finetune_objective=True)
-    process.personal_indices = tuple(personal)
-    process.finetune_epochs = finetune_epochs
-    return process
-
-
-def _flute_hook(spec, head, flute: FluteConfig, input_spec) -> FluteHook:
-    kernels = [k for k in head if len(spec.trainable[k].shape) == 2]
-    if len(kernels) != 1:
-        raise ValueError(f"flute needs exactly one head kernel H (k×m), found "
-                         f"{[spec.trainable[k].name for k in kernels]}")
-    kernel_index = kernels[0]
-    num_classes = spec.trainable[kernel_index].shape[1]
-    if num_classes < 2:
-        raise ValueError(f"flute's neural-collapse term needs m >= 2 classes, the head "
-                         f"kernel {spec.trainable[kernel_index].name} has {num_classes}")
-    y_spec = client_training.split_batch(input_spec)[1]
-    if not y_spec.dtype.is_integer:
-        raise ValueError(f"flute needs integer class labels, got {y_spec.dtype.name}")
-    return FluteHook(flute, kernel_index, num_classes, head)
+        keras_model_fn, input_spec, federated, personal=plan.personal,
+        initial_non_trainable=config.initial_non_trainable, frozen_dir=config.frozen_dir,
+        loss_fn=config.loss_fn, client_device=config.client_device, spec=spec,
+        initial_trainable=config.initial_trainable)
+    client = engine.ClientConfig(client_learning_rate, config.weight_decay, plan.hook,
+                                 config.jit_compile)
+    server_optimizer = config.server_optimizer or tff.learning.optimizers.build_sgdm(
+        float(config.server_learning_rate))
+    pieces = [engine.build_round(model, s, client, config.aggregator, server_optimizer)
+              for s in plan.round_specs]
+    stateful = bool(plan.personal) or plan.hook is not None
+    initialize, rounds = processes.compose_rounds(model, pieces, personal=stateful,
+                                                  hook=plan.hook)
+    finetune = ([client_training.Phase(plan.head, config.finetune_epochs)]
+                if config.finetune_epochs else [])
+    evaluation = dict(
+        evaluate_computation=engine.build_evaluation(model, client, finetune, plan.hook),
+        personal_indices=tuple(plan.personal), finetune_epochs=config.finetune_epochs)
+    if not stateful:
+        return PersonalizationProcess(algorithm, model, pieces, initialize, rounds,
+                                      plan.schedule, **evaluation)
+    final = None
+    if config.flute is not None and config.flute.final_head_epochs:
+        final = engine.build_evaluation(
+            model, client, [client_training.Phase(plan.head, config.flute.final_head_epochs)],
+            plan.hook, finetune_objective=True)
+    return PersonalizedProcess(algorithm, model, pieces, initialize, rounds, plan.schedule,
+                               plan.hook, final_evaluate_computation=final, **evaluation)
 
 
 def personal_state_type(process) -> tff.Type:
@@ -387,6 +283,7 @@ def personal_state_type(process) -> tff.Type:
     return engine.personal_type(process.model, getattr(process, "hook", None))
 
 
-__all__ = ["ALGORITHMS", "AdaptPflConfig", "FluteConfig", "LORA_SCHEDULES", "METRIC_UPLOAD_BYTES",
-           "PersonalizationProcess", "PersonalizedProcess", "build_personalized_process",
-           "neural_collapse", "personal_state_type"]
+__all__ = ["ALGORITHMS", "AdaptPflConfig", "BUILDERS", "FluteConfig", "LORA_SCHEDULES",
+           "METRIC_UPLOAD_BYTES", "PersonalizationProcess", "PersonalizedConfig",
+           "PersonalizedProcess", "build_personalized_process", "neural_collapse",
+           "personal_state_type"]

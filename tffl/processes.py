@@ -1,32 +1,33 @@
-"""Processes: round kinds of `tffl.engine` composed with one shared state and run by a schedule.
+"""Processes: an algorithm's round kinds, composed with one shared state
+(`tffl.composition`), run by a schedule (`tffl.schedules`).
 
-Every round kind of an algorithm is composed from the same four pieces
-(`tff.learning.templates.compose_learning_process` for stateless clients, `compose_personalized`
-for clients with personal state), with the aggregator and finalizer states keyed by round name
-and a `round_num` counter in the finalizer state. So all kinds share one state type and one
-`initialize`, and the algorithm is `schedule: t ↦ round name` (t = communication rounds done):
+All kinds share one state type and one `initialize`, and the algorithm is
+`schedule: t ↦ round name` (t = communication rounds done, the finalizer's `round_num`):
 
-| algorithm    | schedule                                                      |
-|--------------|---------------------------------------------------------------|
-| one kind     | t ↦ that kind                                                 |
-| RoLoRA       | t ↦ `b_round` if t is even else `a_round`                      |
-| RoLoRA→FFA   | as RoLoRA while t < switch, then `b_round`                     |
+| algorithm    | schedule                                                      | cycle        |
+|--------------|---------------------------------------------------------------|--------------|
+| one kind     | t ↦ that kind                                                 | (kind,)      |
+| RoLoRA       | t ↦ `b_round` if t is even else `a_round`                      | (b, a)       |
+| RoLoRA→FFA   | as RoLoRA while t < switch, then `b_round`                     | none         |
 
-`next` runs ONE communication round (the kind the state's `round_num` selects) on the data it is
-given, so every communication round gets its own client data. The kinds' own computations,
-`process.rounds[name]`, are ordinary federated computations of identical type: a TFF pipeline
-embeds an algorithm by calling them in the schedule's order.
+`next_round(state, data)` runs ONE communication round (the kind the state's `round_num`
+selects) on the data it is given, so every communication round gets its own client data; the
+kinds' own computations, `process.rounds[name]`, are ordinary federated computations of
+identical type.
 
 Two process protocols:
 
-- `ScheduledProcess`, a `tff.learning.templates.LearningProcess`:
-  `next(state, data@CLIENTS) -> LearningProcessOutput(state, metrics)`;
+- `ScheduledProcess`, a `tff.learning.templates.LearningProcess` whose `next` is a
+  `tff.Computation` running one cycle: for one kind, that round; for RoLoRA,
+  `compose_cycle`'s B round then A round, `next(state, {<b_round=D*, a_round=D*>}@CLIENTS)`,
+  so `tff.learning.programs.train_model` runs it (with `runtime.ClientDataSource(...,
+  data_names=process.data_names)`);
 - `PersonalizedProcess` (`tffl.personal_state`'s stateful clients):
   `next(state, data@CLIENTS, personal@CLIENTS) -> PersonalizedOutput(state, personal, metrics)`,
   plus `initialize_personal(client_id)`.
 
-Both have `round_name(state)`, `traffic` ({round name: bytes per client}), `model` (the
-`tffl.engine.FederatedModel`: frozen weights and their fingerprint) and
+Both have `round_name(state)`, `next_round`, `traffic` ({round name: bytes per client}),
+`model` (the `tffl.engine.FederatedModel`: frozen weights and their fingerprint) and
 `model_weights(state)` (the whole model's weights, frozen ones included, as numpy).
 
 Example:
@@ -34,7 +35,7 @@ Example:
 >>> with runtime.local_runtime():                       # `process`: RoLoRA
 ...     state = process.initialize()
 ...     first = process.round_name(state)
-...     state = process.next(state, datasets).state     # one B round
+...     state = process.next_round(state, datasets).state     # one B round
 ...     second = process.round_name(state)
 >>> first, second
 ('b_round', 'a_round')
@@ -47,189 +48,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import communication
+from tffl import composition
 from tffl import engine
+from tffl import schedules
+from tffl.composition import compose_personalized, compose_rounds  # noqa: F401  (public here)
 from tffl.personal_state import PersonalizedOutput
 
-LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
-
-
-def _keyed_aggregator(pieces: Sequence[engine.RoundPieces], name: str):
-    """The aggregation of round `name`, with state {round: state} of every round kind."""
-    own = next(p for p in pieces if p.name == name)
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(collections.OrderedDict(
-            (p.name, p.aggregator.initialize()) for p in pieces))
-
-    params = own.aggregator.next.type_signature.parameter
-
-    @tff.federated_computation(initialize.type_signature.result, params[1], params[2])
-    def next_fn(state, value, weight):
-        out = own.aggregator.next(state[name], value, weight)
-        new = collections.OrderedDict(
-            (p.name, out.state if p.name == name else state[p.name]) for p in pieces)
-        return tff.templates.MeasuredProcessOutput(tff.federated_zip(new), out.result,
-                                                   out.measurements)
-
-    return tff.templates.AggregationProcess(initialize, next_fn)
-
-
-def _increment():
-    @tff.tensorflow.computation(np.int32)
-    def add_one(n):
-        return n + 1
-
-    return add_one
-
-
-def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_type):
-    """The server step of round `name`; state {round_num, steps: {round: state}}. With the
-    round's `measure`, the aggregate is (the step's update, a diagnostic) and the measurements
-    are `measure(w, diagnostic)` on the weights w the round started from."""
-    own = next(p for p in pieces if p.name == name)
-
-    @tff.federated_computation
-    def initialize():
-        steps = collections.OrderedDict(
-            (p.name, tff.federated_eval(p.step.initialize, tff.SERVER)) for p in pieces)
-        return tff.federated_zip(collections.OrderedDict(
-            round_num=tff.federated_value(np.int32(0), tff.SERVER),
-            steps=tff.federated_zip(steps)))
-
-    update_type = own.aggregator.next.type_signature.result.result.member
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(weights_type, tff.SERVER),
-                               tff.FederatedType(update_type, tff.SERVER))
-    def next_fn(state, weights, update):
-        round_num = tff.federated_map(_increment(), state.round_num)
-        if own.measure is None:
-            measurements = tff.federated_value(collections.OrderedDict(), tff.SERVER)
-        else:
-            measurements = tff.federated_map(own.measure, (weights, update[1]))
-            update = update[0]
-        step_state, new_weights = tff.federated_map(
-            own.step.apply, (state.steps[name], weights, update, round_num))
-        steps = collections.OrderedDict(
-            (p.name, step_state if p.name == name else state.steps[p.name]) for p in pieces)
-        new_state = tff.federated_zip(collections.OrderedDict(
-            round_num=round_num, steps=tff.federated_zip(steps)))
-        return tff.templates.MeasuredProcessOutput(new_state, new_weights, measurements)
-
-    return tff.learning.templates.FinalizerProcess(initialize, next_fn)
-
-
-def _client_work(piece: engine.RoundPieces, weights_type, data_type):
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_value((), tff.SERVER)
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(weights_type, tff.CLIENTS),
-                               tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, weights, data):
-        result, sums, _ = tff.federated_map(piece.client_update, (weights, data))
-        return tff.templates.MeasuredProcessOutput(state, result, engine.train_metrics(sums))
-
-    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
-
-
-def _initial_weights_fn(model: engine.FederatedModel):
-    initial = model.initial_global
-
-    @tff.tensorflow.computation
-    def initial_weights():
-        return tff.learning.models.ModelWeights(
-            trainable=[tf.constant(v) for v in initial.trainable],
-            non_trainable=[tf.constant(v) for v in initial.non_trainable])
-
-    return initial_weights
-
-
-@tff.tensorflow.computation(np.float32)
-def _as_round_values(count):
-    return [count]
-
-
-def compose_personalized(initial_weights_fn, distributor, client_update, aggregator, finalizer,
-                         data_type, personal_type, count_clients: bool = False):
-    """`compose_learning_process`'s round with the personal state in and out at CLIENTS:
-    `next(state, data@C, personal@C) -> (state, personal@C, metrics)`; the same state type.
-
-    With `count_clients` (a hook's round input `num_clients`), the round first sums one per
-    client and broadcasts |I| to every client beside the weights."""
-
-    @tff.tensorflow.computation(data_type)
-    def one(dataset):
-        del dataset
-        return tf.constant(1.0, tf.float32)
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(LearningAlgorithmState(
-            tff.federated_eval(initial_weights_fn, tff.SERVER), distributor.initialize(),
-            tff.federated_value((), tff.SERVER), aggregator.initialize(),
-            finalizer.initialize()))
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def next_fn(state, data, personal):
-        sent = distributor.next(state.distributor, state.global_model_weights)
-        if count_clients:
-            count = tff.federated_broadcast(tff.federated_sum(tff.federated_map(one, data)))
-            result, sums, new_personal = tff.federated_map(
-                client_update, (sent.result, data, personal,
-                                tff.federated_map(_as_round_values, count)))
-        else:
-            result, sums, new_personal = tff.federated_map(client_update,
-                                                           (sent.result, data, personal))
-        aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
-        final = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-        new_state = tff.federated_zip(LearningAlgorithmState(
-            final.result, sent.state, state.client_work, aggregated.state, final.state))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            distributor=sent.measurements, client_work=engine.train_metrics(sums),
-            aggregator=aggregated.measurements, finalizer=final.measurements))
-        return new_state, new_personal, metrics
-
-    return initialize, next_fn
-
-
-def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
-                   personal: bool, hook=None):
-    """`(initialize, {round name: next})`: every kind composed with the keyed states."""
-    weights_type, data_type = model.layout.global_type(), model.data_type()
-    initial = _initial_weights_fn(model)
-    rounds, initialize = collections.OrderedDict(), None
-    for piece in pieces:
-        distributor = tff.learning.templates.build_broadcast_process(weights_type)
-        aggregator = _keyed_aggregator(pieces, piece.name)
-        finalizer = _keyed_finalizer(pieces, piece.name, weights_type)
-        if personal:
-            init, next_fn = compose_personalized(
-                initial, distributor, piece.client_update, aggregator, finalizer, data_type,
-                engine.personal_type(model, hook),
-                count_clients="num_clients" in engine.round_inputs(hook))
-        else:
-            composed = tff.learning.templates.compose_learning_process(
-                initial, distributor, _client_work(piece, weights_type, data_type), aggregator,
-                finalizer)
-            init, next_fn = composed.initialize, composed.next
-        initialize = initialize or init
-        rounds[piece.name] = next_fn
-    return initialize, rounds
 
 
 @runtime_checkable
 class RoundProtocol(Protocol):
-    """What `tffl.simulation.run_rounds` reads from a process besides `initialize`/`next`:
-    which round kind `next(state, ...)` runs, its bytes per client, and the fingerprint of the
+    """What `tffl.simulation.run_rounds` reads from a process besides `initialize`: which
+    round kind the next communication round is, `next_round` to run that one round (with the
+    personal states for `PersonalizedProcess`), its bytes per client, and the fingerprint of the
     frozen weights the state belongs to. Both `ScheduledProcess` and `PersonalizedProcess`
     follow it (and so does any wrapper that forwards these attributes)."""
 
@@ -237,6 +71,8 @@ class RoundProtocol(Protocol):
     frozen_fingerprint: str
 
     def round_name(self, state) -> str: ...
+
+    def next_round(self, state, *data_and_personal) -> Any: ...
 
 
 class Scheduled:
@@ -247,6 +83,7 @@ class Scheduled:
                schedule: Callable[[int], str], traffic_rounds=None):
         self.algorithm = algorithm
         self.model = model
+        self.pieces = tuple(pieces)
         self.rounds = collections.OrderedDict(rounds)
         self.schedule = schedule
         # Bytes per client per round kind from the types the client work returns; `traffic`
@@ -375,45 +212,43 @@ def check_weights_shapes(spec, weights) -> None:
     _check_infos((spec.trainable, spec.non_trainable), groups, "set_model_weights")
 
 
-def _weights_computations(initialize):
-    """`(get_model_weights, set_model_weights)` TF computations on the state's federated
-    weights (`global_model_weights`), as `compose_learning_process` builds them."""
-    state_type = initialize.type_signature.result.member
-
-    @tff.tensorflow.computation(state_type)
-    def get_model_weights(state):
-        return state.global_model_weights
-
-    @tff.tensorflow.computation(state_type, state_type.global_model_weights)
-    def set_model_weights(state, weights):
-        return LearningAlgorithmState(weights, state.distributor, state.client_work,
-                                      state.aggregator, state.finalizer)
-
-    return get_model_weights, set_model_weights
-
-
 class ScheduledProcess(Scheduled, tff.learning.templates.LearningProcess):
-    """A `LearningProcess` whose `next` runs one communication round of the schedule.
+    """A `LearningProcess` whose `next` (a `tff.Computation`) runs one cycle of the schedule.
 
-    With one round kind, `next` is that kind's federated computation itself; with several it
-    reads `round_num` from the state and calls the kind's computation (`rounds[name]`), and its
-    metrics are `{name: metrics}`.
+    With one round kind the cycle is one communication round: `next` is that kind's federated
+    computation itself. With a periodic schedule of several kinds (RoLoRA's B round then A
+    round) `next` is `compose_cycle`'s computation: one communication round per kind, each on
+    its own client data (`{<b_round=D*, a_round=D*>}@CLIENTS`), metrics in TFF's structure.
+    `next_round(state, data)` runs the single communication round the state's `round_num`
+    selects (what `tffl.simulation` calls, with metrics `{kind: metrics}` for several kinds).
     """
 
     def __init__(self, algorithm, model, pieces, initialize, rounds, schedule,
                  traffic_rounds=None):
         self._setup(algorithm, model, pieces, rounds, schedule, traffic_rounds)
-        first = next(iter(self.rounds.values()))
-        get_model_weights, self._set_weights_computation = _weights_computations(initialize)
-        super().__init__(initialize, first, get_model_weights, self._set_weights_computation)
+        kinds = schedules.cycle_of(schedule)
+        if len(self.rounds) == 1:
+            next_fn = next(iter(self.rounds.values()))
+        elif kinds is not None:
+            next_fn = schedules.compose_cycle(self.rounds, kinds)
+        else:
+            # No periodic cycle (RoLoRA→FFA switches once): `next` stays a Python method.
+            next_fn = next(iter(self.rounds.values()))
+        self.cycle = kinds
+        # What `next` takes per client: one dataset for one round kind, else one per kind.
+        self.data_names = (None if len(self.rounds) == 1 or kinds is None
+                           else tuple(schedules.cycle_data_names(kinds)))
+        get_model_weights, self._set_weights_computation = composition.weights_computations(initialize)
+        super().__init__(initialize, next_fn, get_model_weights, self._set_weights_computation)
 
     @property
     def next(self):
-        if len(self.rounds) == 1:
-            return next(iter(self.rounds.values()))
-        return self._next
+        if len(self.rounds) == 1 or self.cycle is not None:
+            return self._next_fn
+        return self.next_round
 
-    def _next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
+    def next_round(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
+        """One communication round, of the kind `round_name(state)` says."""
         name = self.round_name(state)
         output = self.rounds[name](state, client_data)
         return tff.learning.templates.LearningProcessOutput(output.state,
@@ -442,7 +277,7 @@ class PersonalizedProcess(Scheduled):
         self._setup(algorithm, model, pieces, rounds, schedule)
         self.initialize = initialize
         self.hook = hook
-        self.get_model_weights, self._set_weights_computation = _weights_computations(initialize)
+        self.get_model_weights, self._set_weights_computation = composition.weights_computations(initialize)
         self._extra = [np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
                        for t in (hook.extra_types if hook else ())]
 
@@ -490,18 +325,4 @@ class PersonalizedProcess(Scheduled):
                                                          list(personal_states))
         return PersonalizedOutput(new_state, list(personal), self._metrics(name, metrics))
 
-
-def alternating(first: str, second: str, switch: int | None = None,
-                after: str | None = None) -> Callable[[int], str]:
-    """t ↦ `first` for even t, `second` for odd t; from t = `switch` on, `after`."""
-
-    def schedule(t: int) -> str:
-        if switch is not None and t >= switch:
-            return after
-        return first if t % 2 == 0 else second
-
-    return schedule
-
-
-def constant(name: str) -> Callable[[int], str]:
-    return lambda t: name
+    next_round = next  # one communication round: what `next` already is for this protocol

@@ -151,8 +151,10 @@ def deserialize(data: bytes) -> tff.Computation:
 class SavedProcess:
     """A process read back by `load_process`: `initialize() -> state@S`, `communication_rounds`
     {name: computation} in order, `schedule` (the round names of communication rounds
-    t = 0, 1, ... as saved, for the record) and `next`, the one round's computation when there
-    is a single round kind (else None: call the rounds in the schedule's order)."""
+    t = 0, 1, ... as saved, for the record) and `next`: the one round's computation when there
+    is a single round kind, the cycle's (`tffl.schedules.compose_cycle`, e.g. RoLoRA's B round
+    then A round) when the process had one, else None (call the rounds in the schedule's
+    order)."""
 
     algorithm: str
     initialize: tff.Computation
@@ -167,8 +169,9 @@ _SCHEDULE_RECORD = 8  # communication rounds of the schedule written to the mani
 def save_process(process, directory) -> pathlib.Path:
     """Writes `process`'s computations to `directory` (created if needed) and returns it.
 
-    Files: `initialize.pb`, one `round_<k>.pb` per round kind, and `manifest.json` (algorithm,
-    round names and files, the schedule of the first communication rounds).
+    Files: `initialize.pb`, one `round_<k>.pb` per round kind, `next.pb` for a process whose
+    `next` is a cycle of several rounds, and `manifest.json` (algorithm, round names and files,
+    the schedule of the first communication rounds).
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -176,6 +179,9 @@ def save_process(process, directory) -> pathlib.Path:
     round_files = [(name, f"round_{k}.pb") for k, name in enumerate(rounds)]
     files = {"initialize.pb": process.initialize}
     files.update((filename, rounds[name]) for name, filename in round_files)
+    cycle = len(rounds) > 1 and isinstance(getattr(process, "next", None), tff.Computation)
+    if cycle:
+        files["next.pb"] = process.next
     for filename, computation in files.items():
         (directory / filename).write_bytes(serialize(computation))
     schedule = getattr(process, "schedule", None)
@@ -183,6 +189,7 @@ def save_process(process, directory) -> pathlib.Path:
         "algorithm": getattr(process, "algorithm", "process"),
         "initialize": "initialize.pb",
         "communication_rounds": round_files,
+        "next": "next.pb" if cycle else None,
         "schedule": [schedule(t) for t in range(_SCHEDULE_RECORD)] if schedule else [],
     }
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -206,7 +213,8 @@ def load_process(directory) -> SavedProcess:
     return SavedProcess(
         algorithm=manifest["algorithm"],
         initialize=load(manifest["initialize"]),
-        next=next(iter(rounds.values())) if len(rounds) == 1 else None,
+        next=(load(manifest["next"]) if manifest.get("next")
+              else next(iter(rounds.values())) if len(rounds) == 1 else None),
         communication_rounds=rounds,
         schedule=tuple(manifest.get("schedule", ())),
     )

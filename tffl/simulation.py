@@ -7,11 +7,15 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
    (the default) on a background thread while round t − 1 runs, so that building it (e.g. a
    text task's frozen-prefix outputs and round files, `tasks.prefix_cache`) overlaps the TFF
    computation instead of following it; the datasets and their order are the same either way;
-3. calls `process.next(state, datasets)` and flattens the returned metrics;
+3. calls `process.next(state, datasets)` (a `tffl.processes` process: `next_round`, one
+   communication round) and flattens the returned metrics;
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
 5. appends a row to `<output_dir>/metrics.csv`, releases its numbers as TensorBoard scalars to
    `<output_dir>/tensorboard` (`tff.program.TensorBoardReleaseManager`, step = round), prints a
    progress line, and checkpoints the state.
+
+Building the row's columns and writing those records is `tffl.metrics_log`'s job (`read_metrics`,
+`flatten_metrics` and `TIMING_COLUMNS` are re-exported here).
 
 Personalized processes (`tffl.personal_state`: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
@@ -38,46 +42,33 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import csv
 import dataclasses
 import math
 import os
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tffl import checkpoint
-from tffl import communication
+from tffl import metrics_log
 from tffl import personal_state
 from tffl import processes
+from tffl.metrics_log import (  # noqa: F401  (re-exported: simulation.read_metrics, …)
+    TIMING_COLUMNS,
+    flatten_metrics,
+    read_metrics,
+)
+from tffl.metrics_log import write_metrics as _write_metrics  # noqa: F401  (re-exported)
 from tffl.participation import Participation
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 
 METRICS_FILE = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
-# Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
-_LEADING_COLUMNS = (
-    "round",
-    "communication_rounds",
-    "clients",
-    "train_loss",
-    "train_accuracy",
-    "bytes_down_per_client",
-    "bytes_up_per_client",
-    "round_seconds",
-)
-# Columns that depend on the machine, not on the math: left out of resume comparisons.
-# `data_seconds`: how long the round waited for its clients' datasets (not in round_seconds).
-TIMING_COLUMNS = ("round_seconds", "evaluation_seconds", "data_seconds")
 
 
 class Sampler(Protocol):
@@ -101,135 +92,31 @@ class SimulationResult:
     personal_store: personal_state.PersonalStore | None = None
 
 
-def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
-    """Nested metrics (dicts, attrs, tuples) as `{"a/b/c": float}`; empty structures vanish."""
-    flat = {}
-    if isinstance(metrics, Mapping):
-        items = metrics.items()
-    elif hasattr(metrics, "_asdict"):
-        items = metrics._asdict().items()
-    elif isinstance(metrics, list | tuple):
-        items = ((str(i), v) for i, v in enumerate(metrics))
-    else:
-        value = np.asarray(metrics.numpy() if hasattr(metrics, "numpy") else metrics)
-        if value.size == 1:
-            return {prefix: float(value.reshape(()))}
-        return {f"{prefix}/{i}": float(v) for i, v in enumerate(value.reshape(-1))}
-    for key, value in items:
-        flat.update(flatten_metrics(value, f"{prefix}/{key}" if prefix else str(key)))
-    return flat
+@dataclasses.dataclass
+class _Run:
+    """One `run_rounds` call's settings and what its rounds share (see `run_rounds`' arguments)."""
 
+    process: Any
+    rounds: int
+    output_dir: pathlib.Path
+    config: dict[str, Any]
+    say: Callable[[str], None]
+    # The frozen (never federated) weights the state belongs to; checkpoints record it.
+    fingerprint: Any
+    store: personal_state.PersonalStore | None
+    evaluate_fn: Callable[..., Mapping[str, float]] | None
+    eval_every: int
+    checkpoint_every: int
+    until: Callable[[Mapping[str, Any]], bool] | None
+    after_round: Callable[[Mapping[str, Any], Any], None] | None
 
-def _summary_metrics(flat: dict[str, float]) -> dict[str, float]:
-    """Short aliases `train_loss` / `train_accuracy` for the process's training metrics (the last
-    ones reported: for a `next` of several communication rounds, those of its last round)."""
-    out = {}
-    for key, value in flat.items():
-        parts = key.split("/")
-        if "train" not in parts:
-            continue
-        if parts[-1] == "loss":
-            out["train_loss"] = value
-        elif parts[-1].endswith("accuracy"):
-            out["train_accuracy"] = value
-    return out
+    @property
+    def checkpoint_dir(self) -> pathlib.Path:
+        return self.output_dir / CHECKPOINT_DIR
 
-
-class _Traffic:
-    """Bytes per client for each row. A `tffl.processes` process declares them per round kind
-    (read off its TFF types) and says which kind `next` runs; for any other `LearningProcess` they
-    are read off `process.next`'s DistributeAggregateForm (`tffl.communication.round_traffic`)."""
-
-    def __init__(self, process: Any, say: Callable[[str], None]):
-        self.process = process
-        self.scheduled = isinstance(process, processes.RoundProtocol)
-        self.whole: communication.RoundTraffic | None = None
-        if self.scheduled:
-            return
-        try:
-            self.whole = communication.round_traffic(process.next)
-        except (ValueError, TypeError, AttributeError) as e:
-            say(f"note: bytes per client not reported: {e}")
-
-    def columns(self, state: Any, client_ids: Sequence[str] = ()) -> dict[str, float]:
-        """The traffic of the communication round that `next(state, ...)` runs (the mean over
-        `client_ids` for a process whose clients differ, e.g. `tffl.lora_ranks`')."""
-        if self.scheduled and hasattr(self.process, "client_traffic"):
-            traffic = self.process.client_traffic(self.process.round_name(state), client_ids)
-        else:
-            traffic = (self.process.traffic[self.process.round_name(state)] if self.scheduled
-                       else self.whole)
-        if traffic is None:
-            return {}
-        return {"bytes_down_per_client": traffic.down, "bytes_up_per_client": traffic.up}
-
-
-def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
-    """Rows of a `metrics.csv`, with numbers parsed as they were written: an integer (`round`,
-    `clients`, the bytes per client) as int, any other number as float, so that a resumed run
-    rewrites its earlier rows unchanged."""
-    rows = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            rows.append({key: _parse_number(value) for key, value in row.items()
-                         if value not in ("", None)})
-    return rows
-
-
-def _parse_number(value: str) -> int | float:
-    try:
-        return int(value)
-    except ValueError:
-        return float(value)
-
-
-def _write_metrics(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
-    """Writes all rows to `path` atomically (temp file + rename)."""
-    keys = {k for row in rows for k in row}
-    columns = [c for c in _LEADING_COLUMNS if c in keys] + sorted(keys - set(_LEADING_COLUMNS))
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _format(v) for k, v in row.items()})
-    os.replace(tmp, path)
-
-
-def _format(value: Any) -> Any:
-    if isinstance(value, float):
-        return repr(value)  # round-trips exactly
-    return value
-
-
-class _TensorBoardRelease:
-    """Releases a metrics row's numbers as TensorBoard scalars, step = the row's round, with
-    TFF's `tff.program.TensorBoardReleaseManager` (its `release` is a coroutine)."""
-
-    def __init__(self, summary_dir: pathlib.Path):
-        self._manager = tff.program.TensorBoardReleaseManager(summary_dir)
-
-    def __call__(self, row: Mapping[str, Any]) -> None:
-        numbers = collections.OrderedDict(
-            (key, float(value)) for key, value in row.items()
-            if key != "round" and isinstance(value, (int, float, np.number))
-            and not isinstance(value, bool))
-        asyncio.run(self._manager.release(numbers, key=int(row["round"])))
-
-
-def _progress_line(row: dict[str, Any], rounds: int) -> str:
-    width = len(str(rounds))
-    parts = [f"round {row['round']:>{width}}/{rounds}"]
-    for key, label in (("train_loss", "loss"), ("train_accuracy", "acc")):
-        if key in row:
-            parts.append(f"{label} {row[key]:.4f}")
-    for key, value in row.items():
-        if key.startswith("eval_"):
-            parts.append(f"{key} {value:.4f}")
-    if "bytes_up_per_client" in row:
-        parts.append(f"up {row['bytes_up_per_client'] / 1024:.1f} KiB/client")
-    parts.append(f"{row['round_seconds']:.2f} s")
-    return "  ".join(parts)
+    @property
+    def metrics_path(self) -> pathlib.Path:
+        return self.output_dir / METRICS_FILE
 
 
 class _RoundData:
@@ -341,118 +228,160 @@ def run_rounds(
         raise ValueError(f"rounds={rounds} must be at least 1")
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir = output_dir / CHECKPOINT_DIR
-    metrics_path = output_dir / METRICS_FILE
     config = dict(config or {})
     say = log or (lambda _: None)
-
     state = process.initialize() if initial_state is None else initial_state
-    # The frozen (never federated) weights the state belongs to; checkpoints record it.
     fingerprint = (process.frozen_fingerprint if isinstance(process, processes.RoundProtocol)
                    else None)
     personalized = personal_state.is_personalized(process)
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
+    run = _Run(process, rounds, output_dir, config, say, fingerprint, store, evaluate_fn,
+               eval_every, checkpoint_every, until, after_round)
+    state, history, first_round, complete = _resume(run, state, resume)
+    if not complete:
+        state = _run_loop(run, state, history, first_round, sampler, client_dataset_fn, prefetch,
+                          tensorboard)
+    return SimulationResult(state, history, first_round, store)
+
+
+def _resume(run: _Run, state: Any,
+            resume: bool) -> tuple[Any, list[dict[str, Any]], int, bool]:
+    """Where the run starts: `(state, [], 1, False)` without a checkpoint in `output_dir`; else
+    the newest checkpoint's state (and personal store), checked against the run (`ResumeError` if
+    it cannot be continued), the `metrics.csv` rows up to its round, the next round, and whether
+    the run is already complete (all rounds done, or `until` met by the last row)."""
+    found = checkpoint.latest(run.checkpoint_dir)
+    if found is None:
+        return state, [], 1, False
+    done, path = found
+    if not resume:
+        raise ResumeError(
+            f"{run.output_dir} already holds a run (checkpoint of round {done}); pass --resume to "
+            "continue it, or choose another --output_dir"
+        )
+    state, extra, meta = checkpoint.load(path, template=state)
+    saved = meta.get("frozen_fingerprint")
+    if saved != run.fingerprint:
+        raise ResumeError(
+            f"cannot resume {run.output_dir}: its checkpoints were trained on frozen weights "
+            f"{saved}, this model's are {run.fingerprint} (another pretrained checkpoint, "
+            "backbone or model seed?); use the original model or another --output_dir")
+    if meta["config"] != run.config:
+        changed = sorted(
+            k for k in set(meta["config"]) | set(run.config)
+            if meta["config"].get(k) != run.config.get(k)
+        )
+        raise ResumeError(
+            f"cannot resume {run.output_dir}: its run used a different configuration "
+            f"(differs in: {', '.join(changed)}); use the original flags or another "
+            "--output_dir"
+        )
+    if run.store is not None:
+        run.store.load_arrays(extra)
     history: list[dict[str, Any]] = []
-    first_round = 1
-    found = checkpoint.latest(checkpoint_dir)
-    if found is not None:
-        done, path = found
-        if not resume:
-            raise ResumeError(
-                f"{output_dir} already holds a run (checkpoint of round {done}); pass --resume to "
-                "continue it, or choose another --output_dir"
-            )
-        state, extra, meta = checkpoint.load(path, template=state)
-        saved = meta.get("frozen_fingerprint")
-        if saved != fingerprint:
-            raise ResumeError(
-                f"cannot resume {output_dir}: its checkpoints were trained on frozen weights "
-                f"{saved}, this model's are {fingerprint} (another pretrained checkpoint, "
-                "backbone or model seed?); use the original model or another --output_dir")
-        if meta["config"] != config:
-            changed = sorted(
-                k for k in set(meta["config"]) | set(config)
-                if meta["config"].get(k) != config.get(k)
-            )
-            raise ResumeError(
-                f"cannot resume {output_dir}: its run used a different configuration "
-                f"(differs in: {', '.join(changed)}); use the original flags or another "
-                "--output_dir"
-            )
-        if store is not None:
-            store.load_arrays(extra)
-        if metrics_path.exists():
-            history = [r for r in read_metrics(metrics_path) if r["round"] <= done]
-        first_round = done + 1
-        say(f"resuming {output_dir} after round {done}")
-        if first_round > rounds or (until is not None and history and until(history[-1])):
-            say(f"run already complete ({done} of {rounds} rounds)")
-            return SimulationResult(state, history, first_round, store)
+    if run.metrics_path.exists():
+        history = [r for r in read_metrics(run.metrics_path) if r["round"] <= done]
+    first_round = done + 1
+    run.say(f"resuming {run.output_dir} after round {done}")
+    if first_round > run.rounds or (run.until is not None and history and run.until(history[-1])):
+        run.say(f"run already complete ({done} of {run.rounds} rounds)")
+        return state, history, first_round, True
+    return state, history, first_round, False
 
-    traffic = _Traffic(process, say)
-    release = _TensorBoardRelease(output_dir / TENSORBOARD_DIR) if tensorboard else None
+
+def _run_loop(run: _Run, state: Any, history: list[dict[str, Any]], first_round: int,
+              sampler: Sampler, client_dataset_fn: Callable[[str, int], tf.data.Dataset],
+              prefetch: bool, tensorboard: bool) -> Any:
+    """Rounds `first_round`..`run.rounds` (fewer if `run.until` stops the run): each one trained,
+    checked, evaluated when due, appended to `history` and recorded; returns the final state."""
+    traffic = metrics_log.Traffic(run.process, run.say)
+    release = (metrics_log.TensorBoardRelease(run.output_dir / TENSORBOARD_DIR) if tensorboard
+               else None)
     communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
-
     round_data = _RoundData(sampler, client_dataset_fn, prefetch)
     try:
-        for round_num in range(first_round, rounds + 1):
-            waited = time.perf_counter()
-            participation, datasets = round_data.take(round_num)
-            data_seconds = time.perf_counter() - waited
-            if round_num < rounds:
-                round_data.start(round_num + 1)  # built while this round runs
-            traffic_columns = traffic.columns(state, participation.client_ids)
-            start = time.perf_counter()
-            if store is not None:
-                output = process.next(state, datasets, store.lookup(participation.client_ids))
-                store.update(participation.client_ids, output.personal_states)
-            else:
-                output = process.next(state, datasets)
-            seconds = time.perf_counter() - start
-            if hasattr(output, "state"):
-                state, metrics = output.state, output.metrics
-            else:
-                state, metrics = output
-            flat = flatten_metrics(metrics)
-            row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
-            row.update(_summary_metrics(flat))
-            row.update(traffic_columns)
+        for round_num in range(first_round, run.rounds + 1):
             communication_rounds += 1
-            row["communication_rounds"] = communication_rounds
-            row["round_seconds"] = seconds
-            row["data_seconds"] = data_seconds
-            row.update(participation.info)
-            row.update(flat)
-            loss = row.get("train_loss")
-            if loss is not None and not math.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"round {round_num}: training loss is {loss}; the run stopped and its last "
-                    f"good checkpoint is kept in {checkpoint_dir}. Lower the learning rate and "
-                    "rerun with a fresh --output_dir."
-                )
-            is_last = round_num == rounds
-            evaluate_now = is_last or (eval_every and round_num % eval_every == 0)
-            if evaluate_fn is not None and evaluate_now:
-                eval_start = time.perf_counter()
-                evaluated = evaluate_fn(state, store) if store is not None else evaluate_fn(state)
-                for key, value in evaluated.items():
-                    row[f"eval_{key}"] = float(value)
-                row["evaluation_seconds"] = time.perf_counter() - eval_start
-            stop = until is not None and bool(until(row))
+            state, row = _train_round(run, state, traffic, round_data, round_num,
+                                      communication_rounds)
+            _check_loss(run, round_num, row)
+            is_last = round_num == run.rounds
+            evaluate_now = is_last or (run.eval_every and round_num % run.eval_every == 0)
+            if run.evaluate_fn is not None and evaluate_now:
+                _evaluate(run, state, row)
+            stop = run.until is not None and bool(run.until(row))
             is_last = is_last or stop
             history.append(row)
-            _write_metrics(metrics_path, history)
+            metrics_log.write_metrics(run.metrics_path, history)
             if release is not None:
                 release(row)
-            if is_last or round_num % checkpoint_every == 0:
-                checkpoint.save(checkpoint_dir, round_num, state, config=config,
-                                extra=store.to_arrays() if store is not None else None,
-                                frozen_fingerprint=fingerprint)
-            say(_progress_line(row, rounds))
-            if after_round is not None:
-                after_round(row, state)
+            if is_last or round_num % run.checkpoint_every == 0:
+                checkpoint.save(run.checkpoint_dir, round_num, state, config=run.config,
+                                extra=run.store.to_arrays() if run.store is not None else None,
+                                frozen_fingerprint=run.fingerprint)
+            run.say(metrics_log.progress_line(row, run.rounds))
+            if run.after_round is not None:
+                run.after_round(row, state)
             if stop:
                 break
     finally:
         round_data.wait()
-    return SimulationResult(state, history, first_round, store)
+    return state
+
+
+def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data: _RoundData,
+                 round_num: int, communication_rounds: int) -> tuple[Any, dict[str, Any]]:
+    """Round `round_num`'s training: takes its clients' datasets (and starts building the next
+    round's), runs the process on them and returns the new state and the round's metrics row
+    (without evaluation)."""
+    waited = time.perf_counter()
+    participation, datasets = round_data.take(round_num)
+    data_seconds = time.perf_counter() - waited
+    if round_num < run.rounds:
+        round_data.start(round_num + 1)  # built while this round runs
+    traffic_columns = traffic.columns(state, participation.client_ids)
+    start = time.perf_counter()
+    # A `tffl.processes` process runs one communication round (`next_round`); any
+    # other process, one `next`.
+    step = run.process.next_round if traffic.scheduled else run.process.next
+    if run.store is not None:
+        output = step(state, datasets, run.store.lookup(participation.client_ids))
+        run.store.update(participation.client_ids, output.personal_states)
+    else:
+        output = step(state, datasets)
+    seconds = time.perf_counter() - start
+    if hasattr(output, "state"):
+        state, metrics = output.state, output.metrics
+    else:
+        state, metrics = output
+    flat = flatten_metrics(metrics)
+    row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
+    row.update(metrics_log.summary_metrics(flat))
+    row.update(traffic_columns)
+    row["communication_rounds"] = communication_rounds
+    row["round_seconds"] = seconds
+    row["data_seconds"] = data_seconds
+    row.update(participation.info)
+    row.update(flat)
+    return state, row
+
+
+def _check_loss(run: _Run, round_num: int, row: Mapping[str, Any]) -> None:
+    """`NonFiniteLossError` if the row's `train_loss` is NaN or infinite."""
+    loss = row.get("train_loss")
+    if loss is not None and not math.isfinite(loss):
+        raise NonFiniteLossError(
+            f"round {round_num}: training loss is {loss}; the run stopped and its last "
+            f"good checkpoint is kept in {run.checkpoint_dir}. Lower the learning rate and "
+            "rerun with a fresh --output_dir."
+        )
+
+
+def _evaluate(run: _Run, state: Any, row: dict[str, Any]) -> None:
+    """Adds `eval_<name>` (from `run.evaluate_fn`) and `evaluation_seconds` to `row`."""
+    eval_start = time.perf_counter()
+    evaluated = (run.evaluate_fn(state, run.store) if run.store is not None
+                 else run.evaluate_fn(state))
+    for key, value in evaluated.items():
+        row[f"eval_{key}"] = float(value)
+    row["evaluation_seconds"] = time.perf_counter() - eval_start

@@ -197,7 +197,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                         out = process.next(state, datasets, personal)
                         state, personal = out.state, out.personal_states
                     else:
-                        state = process.next(state, datasets).state
+                        state = process.next_round(state, datasets).state
 
             profile_dir.mkdir(parents=True, exist_ok=True)
             profiler = profile_tff_call(context, tff_round)

@@ -253,13 +253,13 @@ def run_main(config: TargetsConfig, log) -> dict:
                 kind = processes["tff"].round_name(states["tff"])
                 for p in ("previous", "tff"):
                     result, row = meter.measure(
-                        lambda p=p: processes[p].next(states[p], data[p]))
+                        lambda p=p: processes[p].next_round(states[p], data[p]))
                     states[p] = result.state
                     row["loss"] = _leaf(result.metrics, "loss")
                     rows[p].append(row)
                 with runtime.installed(in_process):
                     result, row = meter.measure(
-                        lambda s=distributed_state: processes["tff"].next(s, data["tff"]))
+                        lambda s=distributed_state: processes["tff"].next_round(s, data["tff"]))
                 distributed_state = result.state
                 row["loss"] = _leaf(result.metrics, "loss")
                 rows["distribute"].append(row)

@@ -105,8 +105,8 @@ def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorith
         if algorithm == "fedrep":
             args_full.append(personal[0])
             args_suffix.append(personal[1])
-        out_full, out_suffix = full.next(full_state, *args_full), suffix.next(suffix_state,
-                                                                             *args_suffix)
+        out_full = full.next_round(full_state, *args_full)
+        out_suffix = suffix.next_round(suffix_state, *args_suffix)
         full_state, suffix_state = out_full.state, out_suffix.state
         loss_full = _leaf(out_full.metrics, "loss")
         assert np.isfinite(loss_full)

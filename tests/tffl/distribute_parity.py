@@ -133,10 +133,11 @@ def _two_rounds(process, data, personal) -> list[np.ndarray]:
     state = process.initialize()
     leaves = []
     for _ in range(ROUNDS):
+        step = getattr(process, "next_round", process.next)  # one communication round
         if personal is None:
-            out = process.next(state, data())
+            out = step(state, data())
         else:
-            out = process.next(state, data(), personal)
+            out = step(state, data(), personal)
             personal = out.personal_states
             leaves += [leaf for p in personal for leaf in _leaves(p)]
         state = out.state

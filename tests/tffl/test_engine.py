@@ -215,7 +215,7 @@ def test_server_sgd_step_scales_the_mean_delta(tff_runtime):
         _lora_model(), _SPEC, _LR, loss_fn=tf.keras.losses.MeanSquaredError,
         server_optimizer=tff.learning.optimizers.build_sgdm(0.5))
     a_new, b_new = process.model_weights(
-        process.next(process.initialize(), _datasets(_CLIENTS)).state).trainable
+        process.next_round(process.initialize(), _datasets(_CLIENTS)).state).trainable
     local = [_local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, _BATCH, "ab")
              for x, y in _CLIENTS]
     np.testing.assert_allclose(a_new, _A0 + 0.5 * (_weighted_mean([a for a, _ in local], _COUNTS)
@@ -302,7 +302,7 @@ def test_xla_compiled_client_steps_give_the_same_rounds(tff_runtime, algorithm):
                                              jit_compile=jit_compile)
         state = process.initialize()
         for _ in range(2):
-            state = process.next(state, _datasets(_CLIENTS)).state
+            state = process.next_round(state, _datasets(_CLIENTS)).state
         results.append(process.model_weights(state).trainable)
     for plain, compiled in zip(*results, strict=True):
         np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-6)

@@ -79,9 +79,9 @@ def test_rolora_trains_a_bert_classifier_with_its_tagged_head():
         state = process.with_model_weights(state, type(weights)(trainable,
                                                                  list(weights.non_trainable)))
         start = process.model_weights(state)
-        after_b = process.next(state, datasets).state
+        after_b = process.next_round(state, datasets).state
         mid = process.model_weights(after_b)
-        after_a = process.model_weights(process.next(after_b, datasets).state)
+        after_a = process.model_weights(process.next_round(after_b, datasets).state)
     expected_b = _reference_round(start, sorted(b_idx + head), datasets, LR)
     expected_a = _reference_round(mid, sorted(a_idx + head), datasets, LR)
     for got, expected, before, moved in ((mid, expected_b, start, b_idx + head),

@@ -139,7 +139,7 @@ def _run(process, state, datasets, calls):
     last state and the list of each call's metrics."""
     metrics = []
     for _ in range(calls):
-        state, round_metrics = process.next(state, datasets)
+        state, round_metrics = process.next_round(state, datasets)
         metrics.append(round_metrics)
     return state, metrics
 
@@ -191,7 +191,7 @@ def test_rolora_rounds_are_exact(tff_runtime):
 def test_fedavg_lora_averages_factors_and_shows_the_gap(tff_runtime):
     """FedAvg-LoRA: A ← mean A_i, B ← mean B_i (numpy), and mean_i(A_iB_i) ≠ Ā·B̄ visibly."""
     process = _small_process("fedavg_lora")
-    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    output = process.next_round(_start(process), _datasets(_CLIENTS, _BATCH))
     a_new, b_new = process.get_model_weights(output.state).trainable   # A and B both travel
     for whole, federated in zip(process.model_weights(output.state).trainable, (a_new, b_new)):
         np.testing.assert_array_equal(whole, federated)
@@ -211,7 +211,7 @@ def test_fedavg_lora_averages_factors_and_shows_the_gap(tff_runtime):
 
 def test_ffa_lora_keeps_a_and_averages_b(tff_runtime):
     process = _small_process("ffa_lora")
-    output = process.next(_start(process), _datasets(_CLIENTS, _BATCH))
+    output = process.next_round(_start(process), _datasets(_CLIENTS, _BATCH))
     a_new, b_new = process.model_weights(output.state).trainable
     (federated_b,) = process.get_model_weights(output.state).trainable   # A never travels
     np.testing.assert_array_equal(federated_b, b_new)
@@ -231,7 +231,7 @@ def test_flexlora_is_truncated_svd_of_mean_product(tff_runtime):
     weights = process.get_model_weights(state)
     state = process.set_model_weights(state, tff.learning.models.ModelWeights(
         trainable=[weights.trainable[0], b0], non_trainable=weights.non_trainable))
-    output = process.next(state, _datasets(_CLIENTS, _BATCH))
+    output = process.next_round(state, _datasets(_CLIENTS, _BATCH))
     a_new, b_new = process.get_model_weights(output.state).trainable
 
     local = [_local_sgd(a0, b0, _W0, x, y, _LR, _BATCH, "ab") for x, y in _CLIENTS]
@@ -289,7 +289,7 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
     state = process.initialize()
     kernel, a = w0.reshape(4, 6).astype(np.float64), a0
     for t in (1, 2):
-        state = process.next(state, datasets).state
+        state = process.next_round(state, datasets).state
         (a_new, b_new), (kernel_new,) = process.get_model_weights(state)
         local = [_local_sgd(a, np.zeros((2, 6)), kernel, x, y.reshape(-1, 6), _LR, _BATCH, "ab",
                             scale) for x, y in clients]
@@ -325,7 +325,7 @@ def test_flora_unweighted_two_adapters(tff_runtime):
     assert traffic.up == upload
     assert traffic.down == (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3 + _D_IN * 3 + 3 * 3) * 4
     assert communication.round_traffic(process.next) == traffic
-    output = process.next(process.initialize(), _datasets(_CLIENTS, _BATCH))
+    output = process.next_round(process.initialize(), _datasets(_CLIENTS, _BATCH))
     (new_a1, new_b1, new_a2, new_b2), (new_w1, new_w2) = process.get_model_weights(output.state)
 
     products = [[], []]
@@ -376,7 +376,7 @@ def test_flora_with_a_head(tff_runtime):
     # TFF's MapReduceForm: n_i once more (the stacking aggregate and the head's mean each sum it).
     assert communication.round_traffic(process.next).up == upload + 4
     clients = [(x, _RNG.normal(size=(len(x), 2)).astype(np.float32)) for x, _ in _CLIENTS]
-    output = process.next(process.initialize(), _datasets(clients, _BATCH))
+    output = process.next_round(process.initialize(), _datasets(clients, _BATCH))
     (_, b_new, h_new, c_new), (w_new,) = process.get_model_weights(output.state)
 
     products, heads, biases = [], [], []
@@ -416,7 +416,7 @@ def test_flora_trains_the_relu_toy_net_through_its_base_kernel(tff_runtime):
     state = process.initialize()
     kernels = [process.get_model_weights(state).non_trainable[0]]
     for _ in range(2):
-        state = process.next(state, datasets).state
+        state = process.next_round(state, datasets).state
         weights = process.get_model_weights(state)
         np.testing.assert_array_equal(weights.trainable[1], np.zeros((3, 12)))
         kernels.append(weights.non_trainable[0])
@@ -439,7 +439,7 @@ def test_flexlora_svd_has_rank_r_and_is_exact_for_rank_r_means(tff_runtime):
     are balanced, AᵀA = B·Bᵀ = S_2."""
     process = _small_process("flexlora")
     state = process.initialize()
-    one_step = process.next(state, _datasets(_CLIENTS, 100)).state
+    one_step = process.next_round(state, _datasets(_CLIENTS, 100)).state
     a_new, b_new = process.get_model_weights(one_step).trainable
     b_locals = [_local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, 100, "ab")[1]
                 for x, y in _CLIENTS]
@@ -447,7 +447,7 @@ def test_flexlora_svd_has_rank_r_and_is_exact_for_rank_r_means(tff_runtime):
     assert np.linalg.matrix_rank(mean_product) == _R
     np.testing.assert_allclose(a_new @ b_new, mean_product, rtol=1e-4, atol=1e-6)
 
-    many_steps = process.next(state, _datasets(_CLIENTS, 1)).state
+    many_steps = process.next_round(state, _datasets(_CLIENTS, 1)).state
     a_new, b_new = process.get_model_weights(many_steps).trainable
     local = [_local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, 1, "ab") for x, y in _CLIENTS]
     u, s, vt = np.linalg.svd(_weighted_mean([a @ b for a, b in local], _COUNTS))
@@ -508,7 +508,7 @@ def test_flexlora_uploads_the_factors_and_follows_the_product_formula(tff_runtim
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
     a, b = _A0, _B0
     for t in (1, 2):
-        state = process.next(state, datasets).state
+        state = process.next_round(state, datasets).state
         a_new, b_new = process.get_model_weights(state).trainable
         factors = client_factors_by_fedavg(fedavg, a, b, datasets)
         for (ai, bi), (x, y) in zip(factors, _CLIENTS):
@@ -689,7 +689,7 @@ def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
         state = process.initialize()
         history = []
         for _ in range(calls[name]):
-            state = process.next(state, datasets).state
+            state = process.next_round(state, datasets).state
             history.append(sin_theta(process.model_weights(state).trainable[0],
                                      problem.a_star))
         assert process.round_num(state) == calls[name]
@@ -723,7 +723,7 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
         process = processes[name]
         state = process.initialize()
         for _ in range(nexts):
-            state = process.next(state, datasets).state
+            state = process.next_round(state, datasets).state
         assert process.round_num(state) == nexts
         final[name, m] = sin_theta(process.model_weights(state).trainable[0],
                                    problem.a_star)
@@ -777,7 +777,7 @@ def test_rolora_then_ffa_schedule(tff_runtime):
     seen = []
     for _ in range(4):
         name = process.round_name(state)
-        state, metrics = process.next(state, _datasets(_CLIENTS, _BATCH))
+        state, metrics = process.next_round(state, _datasets(_CLIENTS, _BATCH))
         a, b = process.model_weights(state).trainable
         seen.append((process.round_num(state), name, sorted(metrics), a, b))
     assert [s[:3] for s in seen] == [(1, "b_round", ["b_round"]), (2, "a_round", ["a_round"]),

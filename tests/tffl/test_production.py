@@ -5,6 +5,7 @@ Each check runs the compiled or deserialized computation on the small problem of
 started non-zero) and compares it with the process's own computation on the same input.
 """
 
+import collections
 import functools
 
 import numpy as np
@@ -134,7 +135,7 @@ def test_serialized_computations_run_the_same(name, tff_runtime):
     first = process.communication_rounds[process.round_name(state)]
     output = _round_trip(first)(state, datasets)
     assert list(output) == ["state", "metrics"]
-    expected = process.next(state, datasets)
+    expected = process.next_round(state, datasets)
     _assert_same(output["state"], expected.state)
     metrics = expected.metrics
     if len(process.rounds) > 1:
@@ -171,27 +172,30 @@ def test_distribute_aggregate_form_recomposes_the_round(name, tff_runtime):
 
 def test_saved_rolora_loads_and_its_rounds_follow_the_schedule(tmp_path, tff_runtime):
     """`save_process`/`load_process`: the loaded `b_round` then `a_round` give the same states and
-    metrics as two calls of the process's `next`; the manifest records the schedule."""
+    metrics as two calls of the process's `next_round`, and the loaded cycle `next` (both rounds
+    in one computation) the same state; the manifest records the schedule."""
     process = _process("rolora")
     production.save_process(process, tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {
-        "initialize.pb", "round_0.pb", "round_1.pb", "manifest.json"}
+        "initialize.pb", "round_0.pb", "round_1.pb", "next.pb", "manifest.json"}
     saved = production.load_process(tmp_path)
     assert saved.algorithm == "rolora"
     assert list(saved.communication_rounds) == ["b_round", "a_round"]
     assert saved.schedule[:4] == ("b_round", "a_round", "b_round", "a_round")
-    assert saved.next is None   # two round kinds: no single `next`
+    assert saved.next.type_signature.is_equivalent_to(process.next.type_signature)  # B, then A
     _assert_same(saved.initialize(), process.initialize())
 
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
-    first = process.next(state, datasets)
-    second = process.next(first.state, datasets)
+    first = process.next_round(state, datasets)
+    second = process.next_round(first.state, datasets)
     b_out = saved.communication_rounds["b_round"](state, datasets)
     a_out = saved.communication_rounds["a_round"](b_out["state"], datasets)
     _assert_same(b_out["state"], first.state)
     _assert_same(a_out["state"], second.state)
     _assert_same((b_out["metrics"], a_out["metrics"]),
                  (first.metrics["b_round"], second.metrics["a_round"]))
+    cycle = saved.next(state, [collections.OrderedDict(b_round=d, a_round=d) for d in datasets])
+    _assert_same(cycle["state"], second.state)
     single = production.load_process(production.save_process(_process("ffa_lora"),
                                                              tmp_path / "ffa"))
     assert single.next is not None and single.schedule[:2] == ("b_round", "b_round")

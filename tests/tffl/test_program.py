@@ -3,6 +3,7 @@
 
 import asyncio
 import copy
+import pathlib
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ _PER_ROUND = 2
 
 
 def _model_fn():
+    # base_kernel: a frozen W0 linked to the adapter, which FLoRA merges into.
     return build_rolora_mnist_net(input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1,
-                                  trainable_head=True)
+                                  trainable_head=True, base_kernel=True)
 
 
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -34,8 +36,8 @@ def _client_datasets():
          rng.integers(0, _CLASSES, size=n).astype(np.int32))).batch(_BATCH) for n in _SIZES]
 
 
-def _source(name="train"):
-    return runtime.ClientDataSource(name, _client_datasets(), seed=7)
+def _source(name="train", data_names=None):
+    return runtime.ClientDataSource(name, _client_datasets(), seed=7, data_names=data_names)
 
 
 def _size(dataset) -> int:
@@ -64,6 +66,29 @@ def test_client_data_source_is_seeded_per_round_and_copyable():
     with pytest.raises(ValueError, match="k=5"):
         restored.select(5)
     assert source.federated_type == tff.FederatedType(tff.SequenceType(np.int64), tff.CLIENTS)
+
+
+def test_client_data_source_serves_one_choice_per_round_of_a_cycle():
+    """With `data_names` (RoLoRA's `next`: a B round and an A round), call c serves
+    communication rounds 2c − 1 and 2c, each with its own seeded choice and data."""
+    source = runtime.ClientDataSource(
+        "cycle", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(4)], seed=5,
+        data_names=("b_round", "a_round"))
+    plain = runtime.ClientDataSource(
+        "plain", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(4)], seed=5)
+    cycle, rounds = source.iterator(), plain.iterator()
+    for _ in range(3):
+        chosen = cycle.select(2)
+        assert list(chosen) == ["b_round", "a_round"]
+        for name in chosen:  # the plain source's next round, the same seeded choice
+            assert [int(d.cardinality()) for d in chosen[name]] == [
+                int(d.cardinality()) for d in rounds.select(2)]
+    assert cycle.rounds_served == 3 and rounds.rounds_served == 6
+    sequence = tff.SequenceType(np.int64)
+    assert source.federated_type == tff.FederatedType(
+        tff.StructType([("b_round", sequence), ("a_round", sequence)]), tff.CLIENTS)
+    with pytest.raises(ValueError, match="must be distinct names"):
+        runtime.ClientDataSource("bad", [tf.data.Dataset.range(1)], data_names=("x", "x"))
 
 
 def test_client_data_source_fresh_data_per_round_and_restore_errors():
@@ -118,7 +143,7 @@ def _train(process, state_dir, total_rounds, log_dir):
     with runtime.program_runtime(log_dir=log_dir):
         asyncio.run(tff.learning.programs.train_model(
             train_process=process,
-            train_data_source=_source(),
+            train_data_source=_source(data_names=process.data_names),
             train_per_round_clients=_PER_ROUND,
             train_total_rounds=total_rounds,
             program_state_manager=tff.program.FileProgramStateManager(str(state_dir)),
@@ -136,9 +161,14 @@ def _weights(state):
     return [np.asarray(w) for w in list(weights.trainable) + list(weights.non_trainable)]
 
 
-def _check_metrics(released, rounds):
+def _selected_examples(chosen) -> int:
+    columns = chosen.values() if isinstance(chosen, dict) else [chosen]
+    return sum(_size(d) for column in columns for d in column)
+
+
+def _check_metrics(released, rounds, data_names=None):
     assert list(released) == list(rounds)
-    iterator = _source().iterator()  # the same seeded clients, replayed
+    iterator = _source(data_names=data_names).iterator()  # the same seeded clients, replayed
     for _ in range(rounds[0] - 1):
         iterator.select(_PER_ROUND)
     for round_num in rounds:
@@ -146,36 +176,32 @@ def _check_metrics(released, rounds):
         # TFF's structure; train_model moves client_work/train to model_metrics.
         assert {"distributor", "client_work", "aggregator", "finalizer", "model_metrics"} <= set(
             metrics)
-        expected = sum(_size(d) for d in iterator.select(_PER_ROUND))
+        # A cycle (RoLoRA: B round, then A round) trains on both rounds' clients.
+        expected = _selected_examples(iterator.select(_PER_ROUND))
         assert int(metrics["model_metrics"]["num_examples"]) == expected
         assert np.isfinite(metrics["model_metrics"]["loss"])
+        if data_names is not None:
+            assert [bytes(k).decode() for k in metrics["finalizer"]["round_kind"]] == list(
+                data_names)
 
 
-# RoLoRA's metrics are keyed by round kind (`b_round`/`a_round`, so train_model's
-# `client_work/train` lookup fails) and its `next` is a Python method choosing between two
-# computations (train_model's error message then reads `next.type_signature`): issue 52.
-_ROLORA_FAILS = pytest.mark.xfail(
-    strict=True, raises=AttributeError,
-    reason="issue 52: RoLoRA's next is not a tff.Computation, its metrics not TFF's structure")
-
-
-@pytest.mark.parametrize("algorithm", ["ffa_lora", "fedavg_lora",
-                                       pytest.param("rolora", marks=_ROLORA_FAILS)])
+@pytest.mark.parametrize("algorithm", lora_fl.ALGORITHMS)
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
     assert isinstance(process, tff.learning.templates.LearningProcess)
+    names = process.data_names
 
     metrics, models = _train(process, tmp_path / "whole", 4, tmp_path / "logs")
-    _check_metrics(metrics, [1, 2, 3, 4])
+    _check_metrics(metrics, [1, 2, 3, 4], names)
     whole = _weights(models["training_checkpoint_round_4"])
 
     first_metrics, first_models = _train(process, tmp_path / "resumed", 2, tmp_path / "logs")
-    _check_metrics(first_metrics, [1, 2])
+    _check_metrics(first_metrics, [1, 2], names)
     halfway = _weights(first_models["training_checkpoint_round_2"])
     assert any(not np.allclose(a, b) for a, b in zip(halfway, whole))  # rounds 3, 4 train
 
     resumed_metrics, resumed_models = _train(process, tmp_path / "resumed", 4, tmp_path / "logs")
-    _check_metrics(resumed_metrics, [3, 4])  # rounds 1, 2 are not run again
+    _check_metrics(resumed_metrics, [3, 4], names)  # rounds 1, 2 are not run again
     resumed = _weights(resumed_models["training_checkpoint_round_4"])
     assert len(resumed) == len(whole)
     for got, want in zip(resumed, whole):
@@ -184,3 +210,18 @@ def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     versions = asyncio.run(
         tff.program.FileProgramStateManager(str(tmp_path / "resumed")).get_versions())
     assert versions == [0, 1, 2, 3, 4]
+
+
+def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, capsys):
+    """docs/engine.md's "Inside TFF's own programs" block, executed on two clients of 6
+    examples: 2 RoLoRA iterations, each a B round and an A round on both clients (24 examples)."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "engine.md").read_text()
+    block = text.split("## Inside TFF's own programs")[1].split("```python\n")[1].split("```")[0]
+    rng = np.random.default_rng(3)
+    datasets = [tf.data.Dataset.from_tensor_slices(
+        (rng.normal(size=(6, _D)).astype(np.float32),
+         rng.integers(0, _CLASSES, size=6).astype(np.int32))).batch(_BATCH) for _ in range(2)]
+    exec(block, dict(model_fn=_model_fn, input_spec=_SPEC, client_datasets=datasets,
+                     run_dir=str(tmp_path)))
+    assert capsys.readouterr().out.strip().endswith("24.0 [b'b_round' b'a_round']")
+    assert runtime.running_workers() == []

@@ -379,12 +379,12 @@ class _KillsAWorker:
     def __getattr__(self, name):
         return getattr(self.process, name)
 
-    def next(self, state, data):
+    def next_round(self, state, data):  # what run_rounds calls: one communication round
         self.calls += 1
         if self.calls == self.at:
             os.kill(self.pid, signal.SIGKILL)
             assert _gone(self.pid)  # dead (a zombie until the runtime reaps it)
-        return self.process.next(state, data)
+        return self.process.next_round(state, data)
 
 
 def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path):

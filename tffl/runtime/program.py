@@ -19,6 +19,7 @@ asynchronous execution context. This module gives
 
 from __future__ import annotations
 
+import collections
 import json
 import weakref
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.runtime.tff_internals import computation_types, context_base
+from tffl.runtime.tff_internals import computation_types, context_base, placements, structure
 
 
 class _BlockingAsyncContext:
@@ -43,7 +44,34 @@ class _BlockingAsyncContext:
         self.sync_context = context
 
     async def invoke(self, comp, arg):
+        parameter = comp.type_signature.parameter
+        if parameter is not None:
+            arg = _clients_first(arg, parameter)
         return self.sync_context.invoke(comp, arg)
+
+
+def _clients_first(value, value_type):
+    """`value` with every `{<n_1=.., ..>}@CLIENTS` part given column-first (a struct of
+    per-client lists, as `NativeFederatedContext` materializes it) turned into a list of
+    per-client structs, the form a computation is invoked with."""
+    if isinstance(value_type, computation_types.StructType):
+        elements = structure.to_elements(structure.from_container(value))
+        return structure.Struct([
+            (name, _clients_first(v, t)) for (name, v), (_, t) in zip(
+                elements, structure.iter_elements(value_type))])
+    if (isinstance(value_type, computation_types.FederatedType)
+            and value_type.placement is placements.CLIENTS and not value_type.all_equal
+            and isinstance(value_type.member, computation_types.StructType)
+            and not isinstance(value, (list, tuple))):
+        columns = structure.to_elements(structure.from_container(value))
+        if columns and all(isinstance(c, (list, tuple)) for _, c in columns):
+            sizes = {len(c) for _, c in columns}
+            if len(sizes) != 1:
+                raise ValueError(f"client data {[n for n, _ in columns]} name lists of "
+                                 f"different lengths {sorted(sizes)}: one entry per client each")
+            return [structure.Struct([(n, c[j]) for n, c in columns])
+                    for j in range(sizes.pop())]
+    return value
 
 
 def program_context(context: context_base.SyncContext) -> tff.program.NativeFederatedContext:
@@ -94,11 +122,16 @@ class ClientDataSource(tff.program.FederatedDataSource):
         name: str,
         client_datasets: Sequence[tf.data.Dataset] | Callable[[int], Sequence[tf.data.Dataset]],
         seed: int = 0,
+        data_names: Sequence[str] | None = None,
     ):
         if not callable(client_datasets) and not client_datasets:
             raise ValueError("ClientDataSource needs at least one client dataset")
+        if data_names is not None and (not data_names or len(set(data_names)) != len(data_names)):
+            raise ValueError(f"data_names={list(data_names)} must be distinct names, one per "
+                             "communication round of a process's `next`")
         self.name = name
         self.seed = int(seed)
+        self.data_names = tuple(data_names) if data_names is not None else None
         self._client_datasets = client_datasets
         self._federated_type = None
         _SOURCES[name] = self
@@ -115,7 +148,10 @@ class ClientDataSource(tff.program.FederatedDataSource):
         if self._federated_type is None:
             element_type = computation_types.tensorflow_to_type(
                 self.population(1)[0].element_spec)
-            self._federated_type = tff.FederatedType(tff.SequenceType(element_type), tff.CLIENTS)
+            member = tff.SequenceType(element_type)
+            if self.data_names is not None:
+                member = tff.StructType([(n, member) for n in self.data_names])
+            self._federated_type = tff.FederatedType(member, tff.CLIENTS)
         return self._federated_type
 
     def iterator(self) -> ClientDataIterator:
@@ -137,9 +173,24 @@ class ClientDataIterator(tff.program.FederatedDataSourceIterator):
     def federated_type(self) -> tff.FederatedType:
         return self.source.federated_type
 
-    def select(self, k: int | None = None) -> list[tf.data.Dataset]:
-        """The next round's `k` clients' datasets (all with `k=None`)."""
-        round_num = self.rounds_served + 1
+    def select(self, k: int | None = None):
+        """The next call's `k` clients' datasets (all with `k=None`): a list of datasets, or,
+        with `data_names` (E names), `OrderedDict(name_e=[k datasets])` for communication rounds
+        E·(c−1)+e of call c, each its own seeded choice. (A `{<...>}@CLIENTS` value in this
+        column-first form: `program_context` hands it to the computation one struct per
+        client, since TFF 0.87's program layer mispairs a list of per-client structs.)"""
+        calls = self.rounds_served + 1
+        names = self.source.data_names
+        if names is None:
+            chosen = self._choose(calls, k)
+        else:
+            first = len(names) * (calls - 1) + 1
+            chosen = collections.OrderedDict(
+                (n, self._choose(first + e, k)) for e, n in enumerate(names))
+        self.rounds_served = calls
+        return chosen
+
+    def _choose(self, round_num: int, k: int | None) -> list[tf.data.Dataset]:
         population = self.source.population(round_num)
         if k is None:
             k = len(population)
@@ -150,7 +201,6 @@ class ClientDataIterator(tff.program.FederatedDataSourceIterator):
         else:
             rng = np.random.default_rng([self.source.seed, round_num])
             chosen = sorted(rng.choice(len(population), size=k, replace=False))
-        self.rounds_served = round_num
         return [population[i] for i in chosen]
 
     def to_bytes(self) -> bytes:
