@@ -56,7 +56,7 @@ Example:
 
 >>> from tffl import runtime
 >>> with runtime.local_runtime(num_workers=2):   # `process`: RoLoRA on two clients
-...     state = process.next(process.initialize(), client_datasets).state  # one client per worker
+...     state = process.next_round(process.initialize(), client_datasets).state  # a B round
 >>> runtime.running_workers()
 []
 """
