@@ -111,20 +111,21 @@ def test_rolora_next_is_a_b_round_then_an_a_round(tff_runtime):
         "b_round", "a_round"]
 
 
+def _round_reporting(metrics):
+    """A stand-in round kind: state and data in, the state and `metrics` out."""
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.SERVER),
+                               tff.FederatedType(np.float32, tff.CLIENTS))
+    def round_kind(state, data):
+        del data
+        return tff.learning.templates.LearningProcessOutput(
+            state, tff.federated_value(metrics, tff.SERVER))
+
+    return round_kind
+
+
 def test_a_cycle_of_rounds_with_different_metrics_is_an_error():
-    @tff.federated_computation(tff.FederatedType(np.int32, tff.SERVER),
-                               tff.FederatedType(np.float32, tff.CLIENTS))
-    def one(state, data):
-        del data
-        return tff.learning.templates.LearningProcessOutput(
-            state, tff.federated_value(collections.OrderedDict(a=1.0), tff.SERVER))
-
-    @tff.federated_computation(tff.FederatedType(np.int32, tff.SERVER),
-                               tff.FederatedType(np.float32, tff.CLIENTS))
-    def other(state, data):
-        del data
-        return tff.learning.templates.LearningProcessOutput(
-            state, tff.federated_value(collections.OrderedDict(b=1), tff.SERVER))
-
+    one = _round_reporting(collections.OrderedDict(a=1.0))
+    other = _round_reporting(collections.OrderedDict(b=1))
     with pytest.raises(ValueError, match=r"round kinds \['one', 'other'\] report metrics"):
         schedules.compose_cycle({"one": one, "other": other}, ("one", "other"))
