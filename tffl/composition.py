@@ -88,6 +88,8 @@ def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_ty
         else:
             measurements = tff.federated_map(own.measure, (weights, update[1]))
             update = update[0]
+        if own.round_measure is not None:
+            measurements = tff.federated_map(own.round_measure, round_num)
         step_state, new_weights = tff.federated_map(
             own.step.apply, (state.steps[name], weights, update, round_num))
         steps = collections.OrderedDict(
@@ -100,6 +102,9 @@ def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_ty
 
 
 def _client_work(piece: engine.RoundPieces, weights_type, data_type):
+    if piece.round_counter:
+        return _counting_client_work(piece, weights_type, data_type)
+
     @tff.federated_computation
     def initialize():
         return tff.federated_value((), tff.SERVER)
@@ -110,6 +115,26 @@ def _client_work(piece: engine.RoundPieces, weights_type, data_type):
     def next_fn(state, weights, data):
         result, sums, _ = tff.federated_map(piece.client_update, (weights, data))
         return tff.templates.MeasuredProcessOutput(state, result, engine.train_metrics(sums))
+
+    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
+
+
+def _counting_client_work(piece: engine.RoundPieces, weights_type, data_type):
+    """Client work whose state is the round number t (int32), broadcast to every client with
+    the weights: `client_update(w, data, t)`; t + 1 after the round."""
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_value(np.int32(0), tff.SERVER)
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(weights_type, tff.CLIENTS),
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(state, weights, data):
+        t = tff.federated_broadcast(state)
+        result, sums, _ = tff.federated_map(piece.client_update, (weights, data, t))
+        return tff.templates.MeasuredProcessOutput(
+            tff.federated_map(_increment(), state), result, engine.train_metrics(sums))
 
     return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
 
@@ -180,6 +205,11 @@ def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPi
                    personal: bool, hook=None):
     """`(initialize, {round name: next})`: every kind composed with the keyed states."""
     weights_type, data_type = model.layout.global_type(), model.data_type()
+    if len(pieces) > 1 and any(p.round_counter for p in pieces):
+        raise ValueError("a round kind that counts rounds in its client work (a switch round) "
+                         "must be the algorithm's only kind: the kinds share one state type")
+    if personal and any(p.round_counter for p in pieces):
+        raise ValueError("a switch round has no personal state")
     initial = _initial_weights_fn(model)
     rounds, initialize = collections.OrderedDict(), None
     for piece in pieces:

@@ -255,6 +255,11 @@ class RoundPieces:
     # `(w, diagnostic aggregate) -> measurements`, or None. With it, the aggregator's result is
     # (the step's update, the diagnostic aggregate) and the finalizer reports the measurements.
     measure: tff.Computation | None = None
+    # The client work keeps the round number t as its state and each client gets t beside the
+    # weights (`client_update(w, data, t)`; `tffl.switch_round`).
+    round_counter: bool = False
+    # `round_num -> measurements` the finalizer also reports (e.g. a switch round's kind).
+    round_measure: tff.Computation | None = None
 
 
 def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConfig,

@@ -17,7 +17,7 @@ communication round trains on its own client data.
 | `fedavg_lora`  | `ab_round`: A, B (+ `extra_roles`); A ← Ā, B ← B̄ | always                     |
 | `ffa_lora`     | `b_round`: B (+ extra); A stays at its init        | always                     |
 | `rolora`       | `b_round`: B (+ extra); `a_round`: A (+ extra)     | B if t even, else A        |
-| `rolora_ffa`   | as RoLoRA                                          | RoLoRA while t < x·T, then B |
+| `rolora_ffa`   | `b_or_a_round`: RoLoRA's B or A round, in-graph    | A if t odd and t < x·T, else B |
 | `flexlora`     | `ab_round`: A_i, B_i; SVD of Σ p_i A_iB_i          | always                     |
 | `flora`        | `ab_round`: A_i, B_i (from B = 0); merged into W0 | always                     |
 
@@ -77,6 +77,7 @@ from tffl import lora_plans
 from tffl import lora_ranks
 from tffl import processes
 from tffl import roles
+from tffl import switch_round as switching
 from tffl.lora_plans import SchedulePlan, lora_pairs, plan_schedule  # noqa: F401  (public here)
 from tffl.processes import check_weights_shapes  # noqa: F401  (public here since 0.1)
 from tffl.server_steps import flora_a_init  # noqa: F401  (public here since 0.1)
@@ -154,8 +155,8 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                          initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir,
                          seed=seed, switch_round=switch_round,
                          initial_trainable=initial_trainable, jit_compile=jit_compile)
-    pieces = [engine.build_round(plan.model, s, plan.client, plan.aggregator,
-                                 plan.server_optimizer) for s in plan.round_specs]
+    pieces = [switching.build_round(plan.model, s, plan.client, plan.aggregator,
+                                       plan.server_optimizer) for s in plan.round_specs]
     traffic_rounds = None
     if averaging_error:
         plain, pairs = pieces, lora_pairs(plan.model.spec)

@@ -7,7 +7,7 @@ round kinds and schedule (`plan_schedule`), shared by `tffl.lora_fl` (equal rank
 | `fedavg_lora`| `ab_round`: A, B, extra; deltas; optimizer                  | constant          |
 | `ffa_lora`   | `b_round`: B, extra; deltas; optimizer                      | constant          |
 | `rolora`     | `b_round`, `a_round`: B or A, extra; deltas; optimizer      | B, A, B, A, ...   |
-| `rolora_ffa` | as RoLoRA                                                   | RoLoRA, then B    |
+| `rolora_ffa` | `b_or_a_round`: B or A by round number, as RoLoRA then B     | constant          |
 | `flexlora`   | `ab_round`: A, B, extra; factors; SVD of Σ p_i A_iB_i       | constant          |
 | `flora`      | `ab_round`: A, B, extra; factors; merge into W0, fresh A    | constant          |
 
@@ -25,6 +25,7 @@ from tffl import client_training
 from tffl import engine
 from tffl import roles
 from tffl import schedules
+from tffl import switch_round as switching
 
 
 
@@ -112,12 +113,23 @@ def _ffa_lora(spec, extra_roles, **_) -> Rounds:
                   schedules.constant("b_round"))
 
 
-def _rolora(spec, extra_roles, switch_round=None, **_) -> Rounds:
-    """A B round (A frozen) then an A round (B frozen), alternating from B; with
-    `switch_round` (RoLoRA→FFA), only B rounds from that communication round on."""
+def _rolora(spec, extra_roles, **_) -> Rounds:
+    """A B round (A frozen) then an A round (B frozen), alternating from B."""
     return Rounds((_round(spec, "b_round", (roles.LORA_B, *extra_roles)),
                    _round(spec, "a_round", (roles.LORA_A, *extra_roles))),
-                  schedules.alternating("b_round", "a_round", switch_round, "b_round"))
+                  schedules.alternating("b_round", "a_round"))
+
+
+def _rolora_ffa(spec, extra_roles, switch_round=None, **_) -> Rounds:
+    """RoLoRA's B and A rounds alternating until communication round `switch_round`, then only
+    B rounds: one switch round kind (`tffl.switch_round`) choosing B or A in-graph."""
+    if switch_round is None:
+        raise ValueError("rolora_ffa needs switch_round: the communication round from which "
+                         "only B rounds run")
+    kinds = (_round(spec, "b_round", (roles.LORA_B, *extra_roles)),
+             _round(spec, "a_round", (roles.LORA_A, *extra_roles)))
+    return Rounds((switching.SwitchRoundSpec("b_or_a_round", kinds, int(switch_round)),),
+                  schedules.constant("b_or_a_round"))
 
 
 def _flexlora(spec, extra_roles, **_) -> Rounds:
@@ -145,7 +157,7 @@ def _flora(spec, extra_roles, seed=0, **_) -> Rounds:
 # Every federated-LoRA algorithm: its round kinds and schedule on a model.
 ROUND_BUILDERS: dict[str, Callable[..., Rounds]] = {
     "rolora": _rolora, "fedavg_lora": _fedavg_lora, "ffa_lora": _ffa_lora,
-    "flexlora": _flexlora, "flora": _flora, "rolora_ffa": _rolora,
+    "flexlora": _flexlora, "flora": _flora, "rolora_ffa": _rolora_ffa,
 }
 # The ones with a fixed schedule (RoLoRA→FFA also needs its switch round).
 ALGORITHMS = tuple(name for name in ROUND_BUILDERS if name != "rolora_ffa")

@@ -46,8 +46,9 @@ _LEADING_COLUMNS = (
 TIMING_COLUMNS = ("round_seconds", "evaluation_seconds", "data_seconds")
 
 
-def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
-    """Nested metrics (dicts, attrs, tuples) as `{"a/b/c": float}`; empty structures vanish."""
+def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float | str]:
+    """Nested metrics (dicts, attrs, tuples) as `{"a/b/c": float}`; strings (e.g. a switch
+    round's `finalizer/round_kind`) as `str`; empty structures vanish."""
     flat = {}
     if isinstance(metrics, Mapping):
         items = metrics.items()
@@ -57,6 +58,10 @@ def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float]:
         items = ((str(i), v) for i, v in enumerate(metrics))
     else:
         value = np.asarray(metrics.numpy() if hasattr(metrics, "numpy") else metrics)
+        if value.dtype.kind in "SOU":
+            text = [v.decode() if isinstance(v, bytes) else str(v) for v in value.reshape(-1)]
+            return {prefix: text[0]} if value.size == 1 else {
+                f"{prefix}/{i}": v for i, v in enumerate(text)}
         if value.size == 1:
             return {prefix: float(value.reshape(()))}
         return {f"{prefix}/{i}": float(v) for i, v in enumerate(value.reshape(-1))}
@@ -121,11 +126,14 @@ def read_metrics(path: os.PathLike | str) -> list[dict[str, Any]]:
     return rows
 
 
-def _parse_number(value: str) -> int | float:
+def _parse_number(value: str) -> int | float | str:
     try:
         return int(value)
     except ValueError:
-        return float(value)
+        try:
+            return float(value)
+        except ValueError:
+            return value   # a string metric (e.g. `finalizer/round_kind`)
 
 
 def write_metrics(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:

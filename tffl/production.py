@@ -21,15 +21,16 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
 | algorithm (`tffl.lora_fl`)            | MapReduceForm                   | DistributeAggregateForm |
 |---------------------------------------|---------------------------------|-------------------------|
 | `fedavg_lora`, `ffa_lora`             | `next` (its one round kind)     | the same                |
-| `rolora`, `rolora_ffa`                | `b_round`, `a_round`            | the same                |
+| `rolora`                              | `b_round`, `a_round`            | the same                |
+| `rolora_ffa`                          | `next` (its one switch round)   | the same                |
 | `flexlora`, `flora`                   | `next` (its one round kind)     | no (TFF 0.87, below)    |
 
-- Every `next` of a `tffl.processes` process is one communication round. RoLoRA has two round
-  kinds of one state type; its `next` is a Python dispatcher that runs the kind the state's
-  `round_num` selects, so deploy `process.communication_rounds["b_round"]` and `["a_round"]` and
-  call them alternately (what `to_map_reduce_form(process)` compiles). A computation that chains
-  two broadcast-aggregate rounds would be refused by TFF ("Detected broadcast dependent on
-  aggregate"); `_reason` says so.
+- RoLoRA has two round kinds of one state type; its `next` is their cycle (B round, then A
+  round), which no form holds: a computation that chains two broadcast-aggregate rounds is
+  refused by TFF ("Detected broadcast dependent on aggregate"; `_reason` says so). Deploy
+  `process.communication_rounds["b_round"]` and `["a_round"]` and call them alternately (what
+  `to_map_reduce_form(process)` compiles). RoLoRA→FFA is one switch round kind
+  (`tffl.switch_round`), so its `next` compiles as it is.
 - FlexLoRA and FLoRA aggregate with `tff.federated_aggregate` (the stacking accumulator of
   their uploaded factors; so does FedAvg-LoRA with `averaging_error=True`). TFF 0.87's
   DistributeAggregateForm compiler wraps every non-placed argument of an aggregation intrinsic in

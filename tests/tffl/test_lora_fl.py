@@ -637,7 +637,16 @@ def test_upload_per_communication_round(dims):
     assert down["fedavg_lora"] == {"ab_round": a_bytes + b_bytes}
     assert down["ffa_lora"] == {"b_round": b_bytes}
     assert down["rolora"] == {"b_round": a_bytes + b_bytes, "a_round": a_bytes + b_bytes}
+    # RoLoRA→FFA: one switch round kind; a client uploads the chosen factor's deltas packed
+    # into max(|A|, |B|) floats, and gets the round number (int32) beside the weights.
+    switching = lora_fl.build_rolora_then_ffa(0.5, 4, _model_fn(layers), spec, 0.1,
+                                              loss_fn=tf.keras.losses.MeanSquaredError)
+    traffic = lora_fl.traffic_per_communication_round(switching)
+    assert {k: (t.down, t.up) for k, t in traffic.items()} == {
+        "b_or_a_round": (a_bytes + b_bytes + 4, max(a_bytes, b_bytes) + metric)}
+    assert communication.round_traffic(switching.next) == traffic["b_or_a_round"]
     if d_in == d_hidden == d_out:
+        assert traffic["b_or_a_round"].up == up["rolora"]["a_round"] == up["rolora"]["b_round"]
         half = (up["fedavg_lora"]["ab_round"] - metric) / 2
         assert up["ffa_lora"]["b_round"] - metric == half
         assert up["rolora"]["b_round"] - metric == half == up["rolora"]["a_round"] - metric
@@ -769,19 +778,23 @@ def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
 
 def test_rolora_then_ffa_schedule(tff_runtime):
     """4 communication rounds, first half RoLoRA: a B round and an A round (A moves), then two
-    B-only rounds in which A stays fixed; the switch reads `round_num` from the server state."""
+    B-only rounds in which A stays fixed. `next` is one `tff.Computation` (one switch round kind,
+    `tffl.switch_round`): the client work's state counts the rounds and chooses B or A in-graph,
+    and the finalizer reports the kind that ran."""
     process = lora_fl.build_rolora_then_ffa(
         0.5, 4, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
         loss_fn=tf.keras.losses.MeanSquaredError)
+    assert isinstance(process.next, tff.Computation)
     state = process.initialize()
     seen = []
     for _ in range(4):
         name = process.round_name(state)
-        state, metrics = process.next_round(state, _datasets(_CLIENTS, _BATCH))
+        state, metrics = process.next(state, _datasets(_CLIENTS, _BATCH))
         a, b = process.model_weights(state).trainable
-        seen.append((process.round_num(state), name, sorted(metrics), a, b))
-    assert [s[:3] for s in seen] == [(1, "b_round", ["b_round"]), (2, "a_round", ["a_round"]),
-                                     (3, "b_round", ["b_round"]), (4, "b_round", ["b_round"])]
+        kind = metrics["finalizer"]["round_kind"]
+        seen.append((process.round_num(state), name, kind.decode(), a, b))
+    assert [s[:3] for s in seen] == [(1, "b_or_a_round", "b_round"), (2, "b_or_a_round", "a_round"),
+                                     (3, "b_or_a_round", "b_round"), (4, "b_or_a_round", "b_round")]
     np.testing.assert_array_equal(seen[0][3], _A0)       # the B round keeps A
     assert not np.allclose(seen[1][3], _A0)              # the A round moves it
     np.testing.assert_array_equal(seen[1][4], seen[0][4])   # ... and keeps B

@@ -185,14 +185,23 @@ def _check_metrics(released, rounds, data_names=None):
                 data_names)
 
 
-@pytest.mark.parametrize("algorithm", lora_fl.ALGORITHMS)
+def _process(algorithm):
+    if algorithm == "rolora_ffa":   # RoLoRA for rounds 0, 1 (B, A), then B rounds
+        return lora_fl.build_rolora_then_ffa(0.5, 4, _model_fn, _SPEC, 0.1)
+    return lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
+
+
+@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa"])
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
-    process = lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
+    process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)
     names = process.data_names
 
     metrics, models = _train(process, tmp_path / "whole", 4, tmp_path / "logs")
     _check_metrics(metrics, [1, 2, 3, 4], names)
+    if algorithm == "rolora_ffa":   # the switch round's kind, chosen in-graph by round number
+        assert [bytes(metrics[t]["finalizer"]["round_kind"]).decode() for t in (1, 2, 3, 4)] == [
+            "b_round", "a_round", "b_round", "b_round"]
     whole = _weights(models["training_checkpoint_round_4"])
 
     first_metrics, first_models = _train(process, tmp_path / "resumed", 2, tmp_path / "logs")
