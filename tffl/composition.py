@@ -28,6 +28,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import engine
+from tffl.personal_state import PersonalizedOutput
 
 LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
 
@@ -159,7 +160,8 @@ def _as_round_values(count):
 def compose_personalized(initial_weights_fn, distributor, client_update, aggregator, finalizer,
                          data_type, personal_type, count_clients: bool = False):
     """`compose_learning_process`'s round with the personal state in and out at CLIENTS:
-    `next(state, data@C, personal@C) -> (state, personal@C, metrics)`; the same state type.
+    `next(state, data@C, personal@C) -> PersonalizedOutput(state, personal@C, metrics)`; the
+    same state type.
 
     With `count_clients` (a hook's round input `num_clients`), the round first sums one per
     client and broadcasts |I| to every client beside the weights."""
@@ -196,7 +198,7 @@ def compose_personalized(initial_weights_fn, distributor, client_update, aggrega
         metrics = tff.federated_zip(collections.OrderedDict(
             distributor=sent.measurements, client_work=engine.train_metrics(sums),
             aggregator=aggregated.measurements, finalizer=final.measurements))
-        return new_state, new_personal, metrics
+        return PersonalizedOutput(new_state, new_personal, metrics)
 
     return initialize, next_fn
 

@@ -24,7 +24,9 @@ Two process protocols:
   data_names=process.data_names)`);
 - `PersonalizedProcess` (`tffl.personal_state`'s stateful clients):
   `next(state, data@CLIENTS, personal@CLIENTS) -> PersonalizedOutput(state, personal, metrics)`,
-  plus `initialize_personal(client_id)`.
+  a `tff.Computation` running one cycle (`schedules.compose_personalized_cycle` for several
+  kinds), plus `initialize_personal(client_id)`; `next_round` checks the personal states and
+  runs one communication round.
 
 Both have `round_name(state)`, `next_round`, `traffic` ({round name: bytes per client}),
 `model` (the `tffl.engine.FederatedModel`: frozen weights and their fingerprint) and
@@ -277,6 +279,16 @@ class PersonalizedProcess(Scheduled):
         self._setup(algorithm, model, pieces, rounds, schedule)
         self.initialize = initialize
         self.hook = hook
+        kinds = schedules.cycle_of(schedule)
+        self.cycle = kinds
+        if len(self.rounds) == 1:
+            self._next_computation = next(iter(self.rounds.values()))
+        elif kinds is not None:
+            self._next_computation = schedules.compose_personalized_cycle(self.rounds, kinds)
+        else:
+            self._next_computation = None
+        self.data_names = (None if len(self.rounds) == 1 or kinds is None
+                           else tuple(schedules.cycle_data_names(kinds)))
         self.get_model_weights, self._set_weights_computation = composition.weights_computations(initialize)
         self._extra = [np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
                        for t in (hook.extra_types if hook else ())]
@@ -317,12 +329,20 @@ class PersonalizedProcess(Scheduled):
                     raise ValueError(f"personal state {i}: {name} must have shape {ref.shape}, "
                                      f"got {tuple(np.shape(value))}")
 
-    def next(self, state, client_data, personal_states) -> PersonalizedOutput:
-        """One communication round (the kind `round_name(state)` says) on the clients' data."""
+    @property
+    def next(self) -> tff.Computation:
+        """`(state@S, data@C, personal@C) -> PersonalizedOutput(state@S, personal@C,
+        metrics@S)`, a `tff.Computation` running one cycle of the schedule: with one round kind,
+        that round; with RoLoRA-alternated adapters, the B round then the A round, each on its
+        own data (`{<b_round=D*, a_round=D*>}@CLIENTS`, `data_names`), metrics in TFF's
+        structure as `schedules.compose_cycle`'s."""
+        return self._next_computation or self.next_round
+
+    def next_round(self, state, client_data, personal_states) -> PersonalizedOutput:
+        """One communication round (the kind `round_name(state)` says) on the clients' data,
+        their personal states checked first (one per client, this process's shapes)."""
         self.check_personal(client_data, personal_states)
         name = self.round_name(state)
         new_state, personal, metrics = self.rounds[name](state, client_data,
                                                          list(personal_states))
         return PersonalizedOutput(new_state, list(personal), self._metrics(name, metrics))
-
-    next_round = next  # one communication round: what `next` already is for this protocol

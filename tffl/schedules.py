@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.personal_state import PersonalizedOutput
+
 
 def alternating(first: str, second: str, switch: int | None = None,
                 after: str | None = None) -> Callable[[int], str]:
@@ -100,6 +102,23 @@ def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
     return combine
 
 
+def _cycle_parts(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
+    """(the cycle's client data type, its data names, the metrics combiner) of `kinds`.
+
+    Raises:
+      ValueError: the rounds' metrics differ in structure (they could not be stacked).
+    """
+    data_type = rounds[kinds[0]].type_signature.parameter[1]
+    names = cycle_data_names(kinds)
+    cycle_type = tff.FederatedType(
+        tff.StructType([(n, data_type.member) for n in names]), tff.CLIENTS)
+    metric_types = [rounds[k].type_signature.result.metrics.member for k in kinds]
+    if any(not t.is_equivalent_to(metric_types[0]) for t in metric_types[1:]):
+        raise ValueError(f"round kinds {list(kinds)} report metrics of different structures; a "
+                         "cycle stacks them per exchange, so they must agree")
+    return cycle_type, names, _combine_metrics(kinds, tff.StructType(metric_types))
+
+
 def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
     """One federated computation running the communication rounds `kinds` in turn, each on its
     own clients' data: `next(state, {<kind_1=D*, ..., kind_E=D*>}@CLIENTS) -> (state, metrics)`
@@ -111,16 +130,8 @@ def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
     Raises:
       ValueError: the rounds' metrics differ in structure (they could not be stacked).
     """
-    first = rounds[kinds[0]].type_signature
-    state_type, data_type = first.parameter[0], first.parameter[1]
-    names = cycle_data_names(kinds)
-    cycle_type = tff.FederatedType(
-        tff.StructType([(n, data_type.member) for n in names]), tff.CLIENTS)
-    metric_types = [rounds[k].type_signature.result.metrics.member for k in kinds]
-    if any(not t.is_equivalent_to(metric_types[0]) for t in metric_types[1:]):
-        raise ValueError(f"round kinds {list(kinds)} report metrics of different structures; a "
-                         "cycle stacks them per exchange, so they must agree")
-    combine = _combine_metrics(kinds, tff.StructType(metric_types))
+    state_type = rounds[kinds[0]].type_signature.parameter[0]
+    cycle_type, names, combine = _cycle_parts(rounds, kinds)
 
     @tff.federated_computation(state_type, cycle_type)
     def next_fn(state, data):
@@ -131,5 +142,29 @@ def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
             metrics.append(output.metrics)
         return tff.learning.templates.LearningProcessOutput(
             state, tff.federated_map(combine, tff.federated_zip(metrics)))
+
+    return next_fn
+
+
+def compose_personalized_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
+    """`compose_cycle` for rounds with personal state at CLIENTS: `next(state,
+    {<kind_1=D*, ...>}@CLIENTS, personal@CLIENTS) -> PersonalizedOutput(state, personal@CLIENTS,
+    metrics)`, each round starting from the previous one's state and personal states.
+
+    Raises:
+      ValueError: the rounds' metrics differ in structure.
+    """
+    state_type, _, personal_type = rounds[kinds[0]].type_signature.parameter
+    cycle_type, names, combine = _cycle_parts(rounds, kinds)
+
+    @tff.federated_computation(state_type, cycle_type, personal_type)
+    def next_fn(state, data, personal):
+        metrics = []
+        for name, kind in zip(names, kinds):
+            output = rounds[kind](state, data[name], personal)
+            state, personal = output.state, output.personal_states
+            metrics.append(output.metrics)
+        return PersonalizedOutput(state, personal,
+                                  tff.federated_map(combine, tff.federated_zip(metrics)))
 
     return next_fn

@@ -194,7 +194,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                 nonlocal state, personal
                 for _ in built.sub_rounds:  # one `next` per communication round (RoLoRA: B, A)
                     if built.personalized:
-                        out = process.next(state, datasets, personal)
+                        out = process.next_round(state, datasets, personal)
                         state, personal = out.state, out.personal_states
                     else:
                         state = process.next_round(state, datasets).state

@@ -374,12 +374,15 @@ def test_bad_input_raises_clear_errors():
 
 
 def test_mismatched_personal_states_raise(tff_runtime):
+    """`next_round` (what the driver calls) checks the personal states before TFF sees them;
+    `next` is the bare `tff.Computation`, which TFF's own type check guards."""
     process = _build("fedrep")
+    assert isinstance(process.next, tff.Computation)
     datasets = _datasets(_clients())
     with pytest.raises(ValueError, match="3 client datasets but 2 personal states"):
-        process.next(process.initialize(), datasets, [process.initialize_personal("a")] * 2)
+        process.next_round(process.initialize(), datasets, [process.initialize_personal("a")] * 2)
     with pytest.raises(ValueError, match=r"must have shape \(2, 1\)"):
-        process.next(process.initialize(), datasets, [[np.zeros((3, 1), np.float32)]] * 3)
+        process.next_round(process.initialize(), datasets, [[np.zeros((3, 1), np.float32)]] * 3)
 
 
 def _lora_classifier():
@@ -457,9 +460,9 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     before = process.model_weights(state).trainable
     for k in b_idx:
         np.testing.assert_array_equal(before[k], trainable[k])
-    # One call of `next` is one communication round: first a B round, then an A round.
+    # One call of `next_round` is one communication round: first a B round, then an A round.
     assert process.round_name(state) == "b_round"
-    b_only = process.next(state, datasets, [process.initialize_personal("x")] * 2)
+    b_only = process.next_round(state, datasets, [process.initialize_personal("x")] * 2)
     assert list(b_only.metrics) == ["b_round"]
     assert process.round_num(b_only.state) == 1
     after_b = process.model_weights(b_only.state).trainable
@@ -470,7 +473,7 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     assert not np.array_equal(heads[0][0], heads[1][0])   # personal, not averaged
     assert np.isfinite(b_only.metrics["b_round"]["client_work"]["train"]["loss"])
     assert process.round_name(b_only.state) == "a_round"
-    out = process.next(b_only.state, datasets, heads)
+    out = process.next_round(b_only.state, datasets, heads)
     assert list(out.metrics) == ["a_round"]
     assert process.round_num(out.state) == 2
     after = process.model_weights(out.state).trainable

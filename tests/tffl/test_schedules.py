@@ -129,3 +129,36 @@ def test_a_cycle_of_rounds_with_different_metrics_is_an_error():
     other = _round_reporting(collections.OrderedDict(b=1))
     with pytest.raises(ValueError, match=r"round kinds \['one', 'other'\] report metrics"):
         schedules.compose_cycle({"one": one, "other": other}, ("one", "other"))
+
+
+def test_personalized_next_is_the_cycle_with_personal_state_threaded(tff_runtime):
+    """FedRep heads over RoLoRA-alternated adapters: `next` is one `tff.Computation`, the B
+    round then the A round, each on its own data, each client's head passed from the first round
+    to the second; it equals two `next_round` calls (to 1e-6), heads included."""
+    from tffl import personalized
+
+    process = personalized.build_personalized_process("fedrep", _model_fn, _SPEC, 0.1,
+                                                      lora_schedule="alternating")
+    assert isinstance(process.next, tff.Computation)
+    assert process.data_names == ("b_round", "a_round")
+    b_data, a_data = _datasets(3, (4, 5)), _datasets(4, (6, 3))
+    state = process.initialize()
+    personal = [process.initialize_personal(c) for c in ("c0", "c1")]
+
+    first = process.next_round(state, b_data, personal)
+    second = process.next_round(first.state, a_data, first.personal_states)
+    pairs = [collections.OrderedDict(b_round=b, a_round=a) for b, a in zip(b_data, a_data)]
+    cycle = process.next(state, pairs, personal)
+    assert process.round_num(cycle.state) == 2
+    for got, want in zip(_flat(process.get_model_weights(cycle.state)),
+                         _flat(process.get_model_weights(second.state)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    for got, want in zip(cycle.personal_states, second.personal_states, strict=True):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+    assert not np.allclose(cycle.personal_states[0][0], personal[0][0])   # heads trained
+    n = [float(o.metrics[k]["client_work"]["train"]["num_examples"])
+         for o, k in ((first, "b_round"), (second, "a_round"))]
+    assert float(cycle.metrics["client_work"]["train"]["num_examples"]) == sum(n) == 18.0
+    assert [bytes(k).decode() for k in cycle.metrics["finalizer"]["round_kind"]] == [
+        "b_round", "a_round"]
