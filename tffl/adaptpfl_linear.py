@@ -229,8 +229,21 @@ def build_adaptpfl_linear(
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
         is negative or not an integer, β < 0, or a non-finite value; the message names the value.
     """
-    check_rate = linear_engine.check_rate
     dim, rank = linear_engine.check_dims(dim, rank)
+    fields = _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_steps,
+                      head_learning_rate, shortcut_learning_rate, shortcut_ridge, variant)
+    if variant == "b":
+        return _build_variant_b(dim, rank, fields["alpha"], fields["learning_rate"],
+                                fields["shortcut_ridge"], seed, project_shortcut,
+                                shortcut_damping, head_damping, order)
+    return _build_variant_a(dim, rank, seed, fields)
+
+
+def _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_steps,
+             head_learning_rate, shortcut_learning_rate, shortcut_ridge, variant) -> dict:
+    """`build_adaptpfl_linear`'s hyperparameters checked (its Raises, in argument order), the
+    defaults η_w = η_s = η_b filled in, as `AdaptPFLLinearProcess`'s fields (variant A's)."""
+    check_rate = linear_engine.check_rate
     alpha = float(alpha)
     if not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha={alpha} must be in [0, 1]")
@@ -239,16 +252,25 @@ def build_adaptpfl_linear(
                        else head_learning_rate)
     eta_s = check_rate("shortcut_learning_rate", eta_b if shortcut_learning_rate is None
                        else shortcut_learning_rate)
-    tau_w = _nonnegative_int("head_steps", head_steps)
-    tau_s = _nonnegative_int("shortcut_steps", shortcut_steps)
-    tau_b = _nonnegative_int("representation_steps", representation_steps)
-    beta = check_rate("shortcut_ridge", shortcut_ridge, allow_zero=True)
+    fields = dict(
+        alpha=alpha, learning_rate=eta_b, head_learning_rate=eta_w, shortcut_learning_rate=eta_s,
+        head_steps=_nonnegative_int("head_steps", head_steps),
+        shortcut_steps=_nonnegative_int("shortcut_steps", shortcut_steps),
+        representation_steps=_nonnegative_int("representation_steps", representation_steps),
+        shortcut_ridge=check_rate("shortcut_ridge", shortcut_ridge, allow_zero=True))
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
-    if variant == "b":
-        return _build_variant_b(dim, rank, alpha, eta_b, beta, seed, project_shortcut,
-                                shortcut_damping, head_damping, order)
+    return fields
 
+
+def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> AdaptPFLLinearProcess:
+    """Variant A (module docstring, step 2): τ_w head, τ_s shortcut and τ_b representation
+    gradient steps at the client, then the plain mean of the B_i (no QR)."""
+    alpha, beta = fields["alpha"], fields["shortcut_ridge"]
+    eta_b, eta_w = fields["learning_rate"], fields["head_learning_rate"]
+    eta_s = fields["shortcut_learning_rate"]
+    tau_w, tau_s = fields["head_steps"], fields["shortcut_steps"]
+    tau_b = fields["representation_steps"]
     server, personal_type = _server(dim, rank, seed, orthonormal=False)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
@@ -274,17 +296,7 @@ def build_adaptpfl_linear(
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   personal_type=personal_type)
-    return AdaptPFLLinearProcess(
-        **server.process_fields(next_fn),
-        alpha=alpha,
-        learning_rate=eta_b,
-        head_learning_rate=eta_w,
-        shortcut_learning_rate=eta_s,
-        head_steps=tau_w,
-        shortcut_steps=tau_s,
-        representation_steps=tau_b,
-        shortcut_ridge=beta,
-    )
+    return AdaptPFLLinearProcess(**server.process_fields(next_fn), **fields)
 
 
 VARIANTS = ("a", "b")

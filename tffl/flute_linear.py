@@ -56,8 +56,10 @@ seeded by (`seed`, client id), so a client's start does not depend on who else e
 Client data: one value per client, `OrderedDict(x=float32[N_i, d], y=float32[N_i])` (the whole
 local dataset: the gradients are full batch). Personal state: `OrderedDict(head=float32[k])`.
 Inside the computations the algebra runs in float64; results are cast back to float32. The
-state, round counter, shape checks and `next`'s personal-state plumbing are `tffl.linear_engine`'s;
-this module writes only FLUTE's client and server steps (steps 2–4 above).
+state, round counter and shape checks are `tffl.linear_engine`'s, and the round is its declared
+two-exchange round with personal state (`build_two_exchange_round`: sums up, server step, G down,
+head step); this module writes only FLUTE's client and server steps (steps 2–4 above) as
+`tff.tensorflow.computation`s.
 
 Metrics of a round (at the server, at the old point): `loss` = (1/|I|) Σ_i L_i(B, w_i);
 `regularizer` = R(B, W_I), formed from B and G alone (‖BW‖² = tr(BᵀB G)); `num_clients` = |I|.
@@ -146,6 +148,106 @@ class FluteLinearProcess(linear_engine.PersonalizedLinearProcess):
                 @ self.heads(personal_states)).T
 
 
+def _checked(dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2, init_scale
+             ) -> tuple[int, int, float, float, float, float, float]:
+    """(d, k, η_l, η_r, γ1, γ2, α) checked, with the defaults η_r = η_l and α = 1/(10d) filled in
+    (`build_flute_linear`'s Raises)."""
+    check_rate = linear_engine.check_rate
+    dim, rank = linear_engine.check_dims(dim, rank)
+    eta_l = check_rate("learning_rate", learning_rate)
+    eta_r = check_rate("regularizer_learning_rate",
+                       eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
+                       allow_zero=True)
+    g1 = check_rate("gamma1", gamma1, allow_zero=True)
+    g2 = check_rate("gamma2", gamma2, allow_zero=True)
+    alpha = check_rate("init_scale", 1.0 / (10 * dim) if init_scale is None else init_scale)
+    return dim, rank, eta_l, eta_r, g1, g2, alpha
+
+
+def _data_terms(b64, data, w64):
+    """(X, residual X B w − y, m) in float64 for the client's full batch."""
+    x64, y64, m = linear_engine.batch64(data)
+    residual = tf.linalg.matvec(x64 @ b64, w64) - y64                         # (N,)
+    return x64, residual, m
+
+
+def _client_steps(server: linear_engine.LinearServer, personal_type: tff.Type, eta_l: float,
+                  eta_r: float, g1: float, g2: float) -> tuple[tff.Computation, tff.Computation]:
+    """FLUTE's two client computations: the statistic of step 2 and the head step of step 4."""
+    b_type, data_type = server.representation_type, server.data_type
+    gram_type = tff.TensorType(np.float32, [server.rank, server.rank])
+
+    @tff.tensorflow.computation(b_type, data_type, personal_type)
+    def client_statistics(b, data, personal):
+        """Uploads ∇_B L_i (d×k) and w_i w_iᵀ (k×k); L_i; all at the old point."""
+        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
+        x64, residual, m = _data_terms(b64, data, w64)
+        xtr = tf.linalg.matvec(x64, residual, transpose_a=True) / m           # (d,)
+        return collections.OrderedDict(
+            value=collections.OrderedDict(
+                representation_gradient=tf.cast(xtr[:, tf.newaxis] * w64[tf.newaxis, :],
+                                                tf.float32),
+                head_gram=tf.cast(w64[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32)),
+            loss=tf.cast(tf.reduce_sum(residual**2) / (2.0 * m), tf.float32),
+        )
+
+    @tff.tensorflow.computation(b_type, gram_type, data_type, personal_type)
+    def client_head_update(b, gram, data, personal):
+        """w_i − η_l ∇_{w_i} L_i − η_r ∇_{w_i} R, everything at the old point (kept, not sent)."""
+        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
+        g64 = tf.cast(gram, tf.float64)
+        x64, residual, m = _data_terms(b64, data, w64)
+        grad_data = tf.linalg.matvec(x64 @ b64, residual, transpose_a=True) / m          # (k,)
+        grad_reg = (-2.0 * g1 * tf.linalg.matvec(tf.transpose(b64) @ b64, w64)
+                    + 4.0 * g2 * tf.linalg.matvec(g64, w64))
+        head = w64 - eta_l * grad_data - eta_r * grad_reg
+        return collections.OrderedDict(
+            personal=collections.OrderedDict(head=tf.cast(head, tf.float32)))
+
+    return client_statistics, client_head_update
+
+
+def _server_steps(server: linear_engine.LinearServer, sums_type: tff.Type, eta_l: float,
+                  eta_r: float, g1: float, g2: float) -> dict[str, tff.Computation]:
+    """FLUTE's server computations (steps 1, 3, 4 and the `regularizer` metric), as
+    `linear_engine.build_two_exchange_round`'s keyword arguments; `sums_type` is that of
+    (Σ_i ∇_B L_i, G)."""
+    state_type = server.state_type.member
+
+    @tff.tensorflow.computation(state_type)
+    def broadcast_representation(state):
+        """B, the first exchange's broadcast."""
+        return state["representation"]
+
+    @tff.tensorflow.computation(state_type, sums_type)
+    def server_step(state, sums):
+        """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W); round_num + 1."""
+        b64 = tf.cast(state["representation"], tf.float64)
+        new = (b64 - eta_l * tf.cast(sums["representation_gradient"], tf.float64)
+               - eta_r * regularizer_gradients(b64, tf.cast(sums["head_gram"], tf.float64),
+                                               g1, g2))
+        return collections.OrderedDict(representation=tf.cast(new, tf.float32),
+                                       round_num=state["round_num"] + 1)
+
+    @tff.tensorflow.computation(sums_type)
+    def gram(sums):
+        """G = WWᵀ, the second exchange's broadcast."""
+        return sums["head_gram"]
+
+    @tff.tensorflow.computation(state_type, sums_type)
+    def regularizer_value(state, sums):
+        """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
+        b64 = tf.cast(state["representation"], tf.float64)
+        g64 = tf.cast(sums["head_gram"], tf.float64)
+        btb = tf.transpose(b64) @ b64
+        value = (-g1 * tf.linalg.trace(btb @ g64)
+                 + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
+        return collections.OrderedDict(regularizer=tf.cast(value, tf.float32))
+
+    return dict(broadcast=broadcast_representation, server_update=server_step,
+                second_broadcast=gram, server_metrics=regularizer_value)
+
+
 def build_flute_linear(
     dim: int,
     rank: int,
@@ -157,6 +259,10 @@ def build_flute_linear(
     seed: int = 0,
 ) -> FluteLinearProcess:
     """Linear FLUTE (Algorithm 1): d = `dim`, k = `rank`, η_l, η_r, γ1, γ2, α = `init_scale`.
+
+    A round is `linear_engine.build_two_exchange_round` with personal state (the heads): the
+    first exchange sums (∇_B L_i, w_i w_iᵀ), the server steps B and sends G = WWᵀ, the second
+    exchange steps each head (module docstring, steps 1–4).
 
     Args:
       dim: d >= 1.
@@ -174,87 +280,19 @@ def build_flute_linear(
       ValueError: d < 1, k outside [1, d], η_l <= 0, η_r < 0, γ1 < 0, γ2 < 0, α <= 0, or any of
         them not finite; the message names the value.
     """
-    check_rate = linear_engine.check_rate
-    dim, rank = linear_engine.check_dims(dim, rank)
-    eta_l = check_rate("learning_rate", learning_rate)
-    eta_r = check_rate("regularizer_learning_rate",
-                       eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
-                       allow_zero=True)
-    g1 = check_rate("gamma1", gamma1, allow_zero=True)
-    g2 = check_rate("gamma2", gamma2, allow_zero=True)
-    alpha = check_rate("init_scale", 1.0 / (10 * dim) if init_scale is None else init_scale)
-
+    dim, rank, eta_l, eta_r, g1, g2, alpha = _checked(
+        dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2, init_scale)
     server = linear_engine.build_server(
         dim, rank, lambda: alpha * linear_engine.gaussian(dim, rank, seed, stream=1),
         orthonormal=False)
-    b_type, data_type = server.representation_type, server.data_type
-    gram_type = tff.TensorType(np.float32, [rank, rank])
     personal_type = linear_engine.personal_type(FluteLinearProcess.personal_shapes(dim, rank))
-
-    def data_terms(b64, data, w64):
-        """(X, residual, m) in float64 for the client's full batch."""
-        x64, y64, m = linear_engine.batch64(data)
-        residual = tf.linalg.matvec(x64 @ b64, w64) - y64                     # (N,)
-        return x64, residual, m
-
-    @tff.tensorflow.computation(b_type, data_type, personal_type)
-    def client_statistics(b, data, personal):
-        """∇_B L_i (d×k), w_i w_iᵀ (k×k) and L_i, all at the old point."""
-        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
-        x64, residual, m = data_terms(b64, data, w64)
-        xtr = tf.linalg.matvec(x64, residual, transpose_a=True) / m           # (d,)
-        return collections.OrderedDict(
-            representation_gradient=tf.cast(xtr[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32),
-            head_gram=tf.cast(w64[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32),
-            loss=tf.cast(tf.reduce_sum(residual**2) / (2.0 * m), tf.float32),
-        )
-
-    @tff.tensorflow.computation(b_type, gram_type, data_type, personal_type)
-    def client_head_update(b, gram, data, personal):
-        """w_i − η_l ∇_{w_i} L_i − η_r ∇_{w_i} R, everything at the old point."""
-        b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
-        g64 = tf.cast(gram, tf.float64)
-        x64, residual, m = data_terms(b64, data, w64)
-        grad_data = tf.linalg.matvec(x64 @ b64, residual, transpose_a=True) / m          # (k,)
-        grad_reg = (-2.0 * g1 * tf.linalg.matvec(tf.transpose(b64) @ b64, w64)
-                    + 4.0 * g2 * tf.linalg.matvec(g64, w64))
-        head = w64 - eta_l * grad_data - eta_r * grad_reg
-        return collections.OrderedDict(head=tf.cast(head, tf.float32))
-
-    @tff.tensorflow.computation(b_type, b_type, gram_type)
-    def server_representation_update(b, gradient_sum, gram):
-        """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W)."""
-        b64 = tf.cast(b, tf.float64)
-        new = (b64 - eta_l * tf.cast(gradient_sum, tf.float64)
-               - eta_r * regularizer_gradients(b64, tf.cast(gram, tf.float64), g1, g2))
-        return tf.cast(new, tf.float32)
-
-    @tff.tensorflow.computation(b_type, gram_type)
-    def regularizer_value(b, gram):
-        """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
-        b64, g64 = tf.cast(b, tf.float64), tf.cast(gram, tf.float64)
-        btb = tf.transpose(b64) @ b64
-        value = (-g1 * tf.linalg.trace(btb @ g64)
-                 + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
-        return tf.cast(value, tf.float32)
-
-    @tff.federated_computation(server.state_type, tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def next_fn(state, data, personal):
-        b = state.representation
-        b_clients = tff.federated_broadcast(b)
-        stats = tff.federated_map(client_statistics, (b_clients, data, personal))
-        gradient_sum = tff.federated_sum(stats.representation_gradient)
-        gram = tff.federated_sum(stats.head_gram)
-        new_b = tff.federated_map(server_representation_update,
-                                  tff.federated_zip((b, gradient_sum, gram)))
-        new_personal = tff.federated_map(
-            client_head_update, (b_clients, tff.federated_broadcast(gram), data, personal))
-        metrics = linear_engine.round_metrics(
-            stats.loss,
-            regularizer=tff.federated_map(regularizer_value, tff.federated_zip((b, gram))))
-        return server.advance(state, new_b), new_personal, metrics
-
+    client_statistics, client_head_update = _client_steps(server, personal_type, eta_l, eta_r,
+                                                          g1, g2)
+    sums_type = client_statistics.type_signature.result["value"]
+    next_fn = linear_engine.build_two_exchange_round(
+        server.state_type.member, server.data_type, first_update=client_statistics,
+        second_update=client_head_update, personal_type=personal_type, aggregation="sum",
+        **_server_steps(server, sums_type, eta_l, eta_r, g1, g2))
     return FluteLinearProcess(
         **server.process_fields(next_fn),
         learning_rate=eta_l,

@@ -18,9 +18,11 @@ A linear round t over the participating clients I (|I| = n):
 
 The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) has step 3 =
 B' = P((1/n) Σ_{i∈I} B_i) — the unweighted `tff.federated_mean`, whatever the m_i — with P the
-identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). Algorithms with another
-server step (FLUTE's sums) write their own `next` from `LinearServer.advance` and `round_metrics`;
-`build_two_exchange_round` is a round with two client exchanges (RoLoRA's Algorithm 2).
+identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). A round with two client
+exchanges (RoLoRA's Alt-min-GD; FLUTE: its sums, the server step, then the heads' step) is
+`build_two_exchange_round`, in `tffl.linear_rounds` with `round_metrics` (both re-exported here).
+Every federated computation of the linear algorithms is built in these two engine modules: an
+algorithm module writes only `tff.tensorflow.computation`s and calls their builders.
 
 TFF placement and types:
 
@@ -73,6 +75,11 @@ from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every T
 from tffl.linear_processes import (  # noqa: F401  (re-exported)
     LinearProcess,
     PersonalizedLinearProcess,
+)
+from tffl.linear_rounds import (  # noqa: F401  (re-exported)
+    build_two_exchange_round,
+    count_clients,
+    round_metrics,
 )
 
 # Argument checks (Python, at build time).
@@ -133,18 +140,6 @@ def personal_type(shapes: Mapping[str, Sequence[int]]) -> tff.StructWithPythonTy
         [(name, tff.TensorType(np.float32, list(shape))) for name, shape in shapes.items()],
         collections.OrderedDict,
     )
-
-
-def count_clients():
-    """n = the number of participating clients, @SERVER (int32)."""
-    return tff.federated_sum(tff.federated_value(np.int32(1), tff.CLIENTS))
-
-
-def round_metrics(client_loss, **server_values):
-    """`OrderedDict(loss=(1/n) Σ_i ℓ_i, **server_values, num_clients=n)` @SERVER (inside a
-    federated computation; `client_loss` is @CLIENTS, the `server_values` @SERVER)."""
-    return tff.federated_zip(collections.OrderedDict(
-        loss=tff.federated_mean(client_loss), **server_values, num_clients=count_clients()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,31 +303,3 @@ def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
         return tff.federated_eval(initial_state, tff.SERVER)
 
     return initialize
-
-
-def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
-                             broadcast: tff.Computation, first_update: tff.Computation,
-                             second_update: tff.Computation,
-                             server_update: tff.Computation) -> tff.Computation:
-    """A round with two client exchanges (RoLoRA's Algorithm 2: b, then a's gradient):
-
-    1. the server broadcasts v = `broadcast`(state); client i returns u_i = `first_update`(v,
-       data_i); the server forms ū = (1/n) Σ_i u_i (unweighted);
-    2. the server broadcasts ū; client i returns `second_update`(v, ū, data_i) =
-       `OrderedDict(value=g_i, loss=ℓ_i)`; the server forms ḡ = (1/n) Σ_i g_i;
-    3. the new state is `server_update`(state, ū, ḡ).
-
-    Returns (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, round_metrics(ℓ))`
-    (`state_type` and `data_type` unplaced)."""
-
-    @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
-                               tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, data):
-        sent = tff.federated_broadcast(tff.federated_map(broadcast, state))
-        first = tff.federated_mean(tff.federated_map(first_update, (sent, data)))
-        out = tff.federated_map(second_update, (sent, tff.federated_broadcast(first), data))
-        new_state = tff.federated_map(server_update,
-                                      (state, first, tff.federated_mean(out.value)))
-        return tff.learning.templates.LearningProcessOutput(new_state, round_metrics(out.loss))
-
-    return next_fn

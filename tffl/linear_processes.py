@@ -31,7 +31,7 @@ class LinearProcess:
 
     Attributes (TFF computations; the methods add shape checks):
       initialize_computation: () -> state@SERVER.
-      next_computation: the round (`build_averaging_round` or the algorithm's own).
+      next_computation: the round (`build_averaging_round` or `build_two_exchange_round`).
       set_representation_computation: (state, float32[d, k]) -> state with that B.
       dim, rank: d, k.
     """
