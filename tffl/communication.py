@@ -59,6 +59,18 @@ def type_bytes(type_spec: tff.Type) -> int:
     raise ValueError(f"cannot size TFF type {type_spec} ({type(type_spec).__name__})")
 
 
+def declared_traffic(broadcast_type: tff.Type, client_update: tff.Computation,
+                     round_input_bytes: int = 0) -> RoundTraffic:
+    """A round's bytes per client from the types of its pieces, for rounds neither TFF form can
+    hold (personal state returned at CLIENTS): down = `broadcast_type` (what the server sends,
+    e.g. the federated weights), up = the client update's `ClientResult` and metric sums (the
+    first two entries of its result); `round_input_bytes` (e.g. |I| broadcast and echoed) is
+    added to both."""
+    result = client_update.type_signature.result
+    return RoundTraffic(down=type_bytes(broadcast_type) + round_input_bytes,
+                        up=type_bytes(result[0]) + type_bytes(result[1]) + round_input_bytes)
+
+
 def round_traffic(next_computation: tff.Computation) -> RoundTraffic:
     """Per-client bytes down and up of one round of `next_computation` (a federated computation).
 

@@ -280,11 +280,9 @@ def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConf
         aggregation = factory.create(update_type, result_type.update_weight)
     step = _server_step(model, round_spec, aggregation.next.type_signature.result.result.member,
                         server_optimizer)
-    extra = ROUND_INPUT_BYTES * len(round_inputs(client.hook))
-    up = (communication.type_bytes(result_type)
-          + communication.type_bytes(client_update.type_signature.result[1]) + extra)
-    traffic = communication.RoundTraffic(
-        down=communication.type_bytes(model.layout.global_type()) + extra, up=up)
+    traffic = communication.declared_traffic(
+        model.layout.global_type(), client_update,
+        ROUND_INPUT_BYTES * len(round_inputs(client.hook)))
     return RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
                        client_update.type_signature.result[0])
 

@@ -181,11 +181,9 @@ def build_switch_round(model: engine.FederatedModel, round_spec: SwitchRoundSpec
     aggregation = factory.create(result_type.update, result_type.update_weight)
     step = SwitchStep(server_optimizer, model, uploaded, round_spec.switch,
                       aggregation.next.type_signature.result.result.member)
-    counter = communication.type_bytes(tff.TensorType(np.int32))
-    traffic = communication.RoundTraffic(
-        down=communication.type_bytes(model.layout.global_type()) + counter,
-        up=(communication.type_bytes(result_type)
-            + communication.type_bytes(client_update.type_signature.result[1])))
+    # Down: the weights and the round number t.
+    traffic = communication.declared_traffic(
+        tff.StructType([model.layout.global_type(), tff.TensorType(np.int32)]), client_update)
     return engine.RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
                               result_type, round_counter=True,
                               round_measure=_round_kind_measure(round_spec))
