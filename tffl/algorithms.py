@@ -8,6 +8,9 @@ family's typed configuration:
 |----------------|---------------------------------------------------------|-----------------|
 | `lora`         | rolora, fedavg_lora, ffa_lora, flexlora, flora, rolora_ffa | `LoraConfig` |
 | `personalized` | fedrep, fedper, lg_fedavg, fedavg, fedavg_ft, flute, adaptpfl, fedsa_lora | keyword options of `tffl.personalized.build_personalized_process` |
+| `linear`       | fedrep_linear, flute_linear, adaptpfl_linear, rolora_linear | `LinearConfig` |
+
+The `linear` family has no Keras model: `build(LinearConfig(dim, rank, learning_rate, ...))`.
 
 The names come from the families' own builder tables (`tffl.lora_plans.ROUND_BUILDERS`: each
 algorithm's round kinds and schedule; `tffl.personalized.ALGORITHMS`), so this mapping is the
@@ -26,10 +29,14 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tffl import adaptpfl_linear
+from tffl import fedrep_linear
+from tffl import flute_linear
 from tffl import lora_fl
 from tffl import lora_plans
 from tffl import personalized
 from tffl import roles
+from tffl import rolora_linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +83,37 @@ class LoraConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearConfig:
+    """A linear algorithm's problem size and step (the papers' synthetic linear models: client
+    i's predictor θ_i = B·w_i with a shared d×k representation B; RoLoRA's Algorithm 2 on a
+    rank-1 ΔW = a·bᵀ).
+
+    Attributes:
+      dim: d >= 1.
+      rank: k, 1 <= k <= d (`rolora_linear`: 1).
+      learning_rate: η > 0, the representation's step.
+      seed: the initial representation's seed.
+      options: the algorithm's own keyword arguments (e.g. FLUTE's `gamma1`, AdaptPFL's
+        `alpha`), as its builder in `LINEAR_BUILDERS` names them.
+    """
+
+    dim: int
+    rank: int
+    learning_rate: float
+    seed: int = 0
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# The linear algorithms: name -> builder (`tffl.<name>`; RoLoRA's Alt-min-GD is rank 1).
+LINEAR_BUILDERS: Mapping[str, Callable[..., Any]] = {
+    "fedrep_linear": fedrep_linear.build_fedrep_linear,
+    "flute_linear": flute_linear.build_flute_linear,
+    "adaptpfl_linear": adaptpfl_linear.build_adaptpfl_linear,
+    "rolora_linear": rolora_linear.build_rolora_alt_min_gd,
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Algorithm:
     """One registry entry: `build(keras_model_fn, input_spec, client_learning_rate, config=None,
     **model)` returns the process; `model` takes the model's own options (`loss_fn`,
@@ -117,10 +155,30 @@ def _personalized_builder(name: str) -> Callable[..., Any]:
     return build
 
 
+def _linear_builder(name: str) -> Callable[..., Any]:
+    builder = LINEAR_BUILDERS[name]
+
+    def build(config: LinearConfig):
+        if not isinstance(config, LinearConfig):
+            raise TypeError(f"{name} takes a tffl.algorithms.LinearConfig, got "
+                            f"{type(config).__name__}")
+        if name == "rolora_linear":
+            if config.rank != 1:
+                raise ValueError(f"rolora_linear is RoLoRA's rank-1 Alt-min-GD: rank="
+                                 f"{config.rank} must be 1")
+            return builder(config.dim, learning_rate=config.learning_rate, seed=config.seed,
+                           **config.options)
+        return builder(config.dim, config.rank, learning_rate=config.learning_rate,
+                       seed=config.seed, **config.options)
+
+    return build
+
+
 def _registry() -> dict[str, Algorithm]:
     entries = [Algorithm(n, "personalized", _personalized_builder(n))
                for n in personalized.ALGORITHMS]
     entries += [Algorithm(n, "lora", _lora_builder(n)) for n in lora_plans.ROUND_BUILDERS]
+    entries += [Algorithm(n, "linear", _linear_builder(n)) for n in LINEAR_BUILDERS]
     return {entry.name: entry for entry in entries}
 
 
@@ -138,4 +196,4 @@ def get(name: str) -> Algorithm:
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LoraConfig", "get"]
+__all__ = ["ALGORITHMS", "Algorithm", "LINEAR_BUILDERS", "LinearConfig", "LoraConfig", "get"]

@@ -33,8 +33,10 @@ def _datasets(seed):
 
 
 def test_the_registry_is_the_one_list_of_names():
-    assert list(algorithms.ALGORITHMS) == [*personalized.ALGORITHMS, *lora_plans.ROUND_BUILDERS]
-    assert {a.family for a in algorithms.ALGORITHMS.values()} == {"lora", "personalized"}
+    assert list(algorithms.ALGORITHMS) == [*personalized.ALGORITHMS, *lora_plans.ROUND_BUILDERS,
+                                           *algorithms.LINEAR_BUILDERS]
+    assert {a.family for a in algorithms.ALGORITHMS.values()} == {"lora", "personalized",
+                                                                  "linear"}
     assert all(name == entry.name for name, entry in algorithms.ALGORITHMS.items())
     with pytest.raises(ValueError, match="unknown algorithm 'fedprox'; choose one of fedrep"):
         algorithms.get("fedprox")
@@ -75,3 +77,53 @@ def test_every_entry_builds_and_runs_two_rounds(name, tff_runtime):
     end = _flat(process.get_model_weights(state))
     assert all(np.all(np.isfinite(w)) for w in end)
     assert any(not np.allclose(a, b) for a, b in zip(start, end, strict=True)), name
+
+
+# --- the linear family: no Keras model, a LinearConfig ----------------------------------------
+
+_LINEAR_OPTIONS = {"adaptpfl_linear": {"alpha": 0.3}}
+
+
+def _linear_clients(dim, seed=0, matrix=False):
+    """Three clients' {x: (m, d), y: (m,)}; RoLoRA's Alt-min-GD regresses y: (m, d)."""
+    rng = np.random.default_rng(seed)
+    return [dict(x=rng.normal(size=(m, dim)).astype(np.float32),
+                 y=rng.normal(size=(m, dim) if matrix else m).astype(np.float32))
+            for m in (6, 9, 7)]
+
+
+def _leaves(value):
+    if hasattr(value, "_asdict"):
+        value = value._asdict()
+    return [np.asarray(v) for v in tf.nest.flatten(value)]
+
+
+@pytest.mark.parametrize("name", list(algorithms.LINEAR_BUILDERS))
+def test_every_linear_entry_builds_and_runs_two_rounds(name, tff_runtime):
+    rank = 1 if name == "rolora_linear" else 2
+    entry = algorithms.get(name)
+    assert entry.family == "linear"
+    process = entry.build(algorithms.LinearConfig(
+        dim=5, rank=rank, learning_rate=0.1, seed=1, options=_LINEAR_OPTIONS.get(name, {})))
+    state = process.initialize()
+    start = _leaves(state)
+    personal = ([process.initialize_personal(str(i)) for i in range(3)]
+                if hasattr(process, "initialize_personal") else None)
+    for t in range(2):
+        data = _linear_clients(5, seed=t, matrix=name == "rolora_linear")
+        output = (process.next(state, data) if personal is None
+                  else process.next(state, data, personal))
+        state = output.state
+        if personal is not None:
+            personal = output.personal_states
+    end = _leaves(state)
+    assert all(np.all(np.isfinite(v)) for v in end)
+    assert any(v.dtype.kind == "f" and not np.allclose(a, v)
+               for a, v in zip(start, end, strict=True)), name
+
+
+def test_linear_config_is_checked():
+    with pytest.raises(TypeError, match="takes a tffl.algorithms.LinearConfig, got dict"):
+        algorithms.get("fedrep_linear").build({"dim": 5})
+    with pytest.raises(ValueError, match="rank=2 must be 1"):
+        algorithms.get("rolora_linear").build(algorithms.LinearConfig(5, 2, 0.1))
