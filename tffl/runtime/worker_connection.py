@@ -82,6 +82,16 @@ class _Worker:
     def _not_ready_hint(self) -> str:
         return ""
 
+    def _ready_or_stop(self, timeout_s: float) -> None:
+        """`wait_ready(timeout_s)`; if the worker does not answer (or the wait is interrupted,
+        e.g. by a SIGTERM), stops it (`stop`) and re-raises. What `RemoteWorker.connect` and
+        `LocalWorker.start` do after opening or launching."""
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
     def raise_if_lost(self, error: grpc.RpcError, timeout_s: float) -> None:
         """After a failed RPC: raises `WorkerError` (from `error`) if the worker died, or does not
         answer again within `timeout_s`; returns if it is alive and answering (the RPC's error is
@@ -133,11 +143,7 @@ class RemoteWorker(_Worker):
         """Opens the channel and blocks until the worker answers, or raises `WorkerError`."""
         if self._channel is None:
             self._open_channel()
-        try:
-            self.wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        self._ready_or_stop(ready_timeout_s)
         return self
 
     def stop(self) -> None:

@@ -177,11 +177,7 @@ class LocalWorker(_Worker):
     def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "LocalWorker":
         """Starts the worker and blocks until it answers, or raises `WorkerError` (and stops it)."""
         self.launch()
-        try:
-            self.wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        self._ready_or_stop(ready_timeout_s)
         return self
 
     def is_alive(self) -> bool:

@@ -1,0 +1,134 @@
+"""`RunTask`, what the round loop needs from a task, and the dataset helpers its builders share.
+
+`tasks.registry` builds `RunTask`s by name: flat-feature (image) tasks there, text tasks in
+`tasks.text_run_task`; both cut their clients' data with the helpers here.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tasks import batching
+
+
+@dataclasses.dataclass
+class RunTask:
+    """What the round loop needs from a task: clients, their data, a model and an evaluator."""
+
+    description: str
+    client_ids: list[str]
+    client_dataset_fn: Callable[[str, int], tf.data.Dataset]
+    keras_model_fn: Callable[[], tf.keras.Model]
+    input_spec: Any
+    evaluate: Callable[[Any], dict[str, float]]
+    # Per-client evaluation data: `() -> (client ids, train datasets, test datasets)`, batched;
+    # the clients with a non-empty test split, each train dataset one pass over its data.
+    client_eval_data: Callable[[], tuple[list[str], list, list]] | None = None
+    # The same for a held-out split beside the test split (SST-2's labeled test split with
+    # --eval_test), cut per client like the test split: personalized runs report it too.
+    client_heldout_data: Callable[[], tuple[list[str], list, list]] | None = None
+    # `() -> list of arrays or None`: pretrained frozen weights to start from (text tasks).
+    pretrained_non_trainable: Callable[[], Any] | None = None
+    # Examples in the pooled test set `evaluate` reads (None: unknown). When the clients' test
+    # sets add up to it they partition it, and per-client evaluations pool to `evaluate`'s.
+    global_test_size: int | None = None
+
+
+# One shuffle buffer for every task: the text tasks' round draw (tasks.batching) uses the same.
+_SHUFFLE_BUFFER = batching.SHUFFLE_BUFFER
+
+
+def _ordered(*element):
+    """The dataset element with every dict an `OrderedDict` of sorted keys (TFF serializes named
+    elements only in that form; text features are dicts)."""
+
+    def convert(value):
+        if isinstance(value, dict):
+            return collections.OrderedDict((k, convert(value[k])) for k in sorted(value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(convert(v) for v in value)
+        return value
+
+    return convert(element[0] if len(element) == 1 else tuple(element))
+
+
+def _client_dataset_fn(
+    train_data, batch_size: int, local_steps: int, seed: int
+) -> Callable[[str, int], tf.data.Dataset]:
+    """Client `cid`'s data for round `t`: shuffled with a seed of `(seed, t, cid)`, repeated,
+    batched, and cut to `local_steps` batches (so each client takes exactly that many steps)."""
+    index = {cid: i for i, cid in enumerate(train_data.client_ids)}
+
+    def dataset(cid: str, round_num: int) -> tf.data.Dataset:
+        shuffle_seed = int(np.random.SeedSequence((seed, round_num, index[cid])).generate_state(1)[0])
+        round_data = (
+            train_data.create_tf_dataset_for_client(cid)
+            .map(_ordered)
+            .shuffle(_SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
+            .repeat()
+            .batch(batch_size)
+            .take(local_steps)
+        )
+        return _materialized(round_data)
+
+    return dataset
+
+
+def _materialized(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The same batches, held as tensors of this round's examples only.
+
+    A client's dataset is built from its whole data, which `process.next` would serialize into
+    the computation's arguments every round (tens of MB for a text client); materializing the
+    round's K batches first sends K·B examples instead. The batches are identical.
+    """
+    batches = list(dataset.as_numpy_iterator())
+    if not batches:
+        return dataset
+    stacked = tf.nest.map_structure(lambda *parts: np.stack(parts), *batches)
+    return tf.data.Dataset.from_tensor_slices(stacked)
+
+
+def _client_eval_data(task, batch_size: int):
+    """`() -> (ids, train, test)` for personalized evaluation, built once on first call."""
+    cache = {}
+
+    def build():
+        if "data" not in cache:
+            with_test = set(task.test_data.client_ids)
+            ids = [cid for cid in task.train_data.client_ids if cid in with_test]
+            train = [task.train_data.create_tf_dataset_for_client(cid).map(_ordered)
+                     .batch(batch_size) for cid in ids]
+            test = [task.test_data.create_tf_dataset_for_client(cid).map(_ordered).batch(256)
+                    for cid in ids]
+            cache["data"] = (ids, train, test)
+        return cache["data"]
+
+    return build
+
+
+def counted(count: int, noun: str) -> str:
+    """`count` and `noun`, in the plural unless count is 1, as run descriptions print them.
+
+    >>> counted(1, "client"), counted(3, "client")
+    ('1 client', '3 clients')
+    """
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _size(dataset: tf.data.Dataset) -> int | None:
+    """The number of elements of `dataset`, or None when TensorFlow does not know it."""
+    size = int(dataset.cardinality())
+    return size if size >= 0 else None
+
+
+def _train_size(task) -> int | str:
+    """The task's training examples as its `info["train_sizes"]` counts them ("?" if it does
+    not), for run descriptions."""
+    sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
+    return sum(sizes.values()) if isinstance(sizes, dict) else "?"
