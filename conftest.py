@@ -21,7 +21,10 @@ def _world(tmp_dir) -> dict:
     import tensorflow_federated as tff
 
     from models import paper_models
-    from tffl import client_training, lora_fl, roles, runtime
+    from tffl import runtime
+    from tffl.engine import client_training
+    from tffl.algorithms import lora_fl
+    from tffl.engine import roles
 
     def model_fn():
         return paper_models.build_rolora_mnist_net(input_dim=8, rank=2, num_classes=3,

@@ -28,13 +28,13 @@ def _mean_error(thetas: np.ndarray, problem) -> float:
 def _run(process, data: list, label: str, rounds: int, evaluate, run_dir: pathlib.Path | None,
          diverged: str | None = None, initial_state=None) -> dict:
     """`rounds` rounds of `process` (all clients, each on its fixed data, every round) with
-    `tffl.simulation.run_rounds` in `run_dir`, the loss printed every tenth round; returns the last
+    `tffl.simulation.driver.run_rounds` in `run_dir`, the loss printed every tenth round; returns the last
     round's metrics row, whose eval_* are `evaluate(state, personal states in client order or
     None)` after the last round. `diverged`: the message of the FloatingPointError raised at the
     first round whose loss is not finite (None: no check); `initial_state`: where round 1 starts
     (default `process.initialize()`)."""
-    from tffl import participation
-    from tffl import simulation
+    from tffl.simulation import participation
+    from tffl.simulation import driver as simulation
 
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id = dict(zip(ids, data))
@@ -62,8 +62,8 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
     temporary directory if `config` has no output_dir)."""
     from tasks import subspace
     from tasks import synthetic
-    from tffl import adaptpfl_linear
-    from tffl import fedrep_linear
+    from tffl.algorithms import adaptpfl_linear
+    from tffl.algorithms import fedrep_linear
 
     d, k, eta = config["dim"], config["rank"], config["learning_rate"]
     problem = synthetic.adaptpfl_linear(

@@ -11,14 +11,14 @@ from collections.abc import Callable
 import numpy as np
 
 from tasks.registry import RunTask
-from tffl import algorithms as registry
-from tffl import evaluation
-from tffl import participation
-from tffl import personalized
-from tffl import srpfl
+from tffl.algorithms import registry
+from tffl.simulation import evaluation
+from tffl.simulation import participation
+from tffl.algorithms import personalized
+from tffl.simulation import srpfl
 
 
-# The Keras-model algorithms of the one list (`tffl.algorithms.ALGORITHMS`; its `linear`
+# The Keras-model algorithms of the one list (`tffl.algorithms.registry.ALGORITHMS`; its `linear`
 # family runs in the synthetic experiments, not in train.py).
 ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family != "linear")
 LORA_ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family == "lora")
@@ -98,10 +98,10 @@ def build_algorithm(
     or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
     `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
     any, go into the process's frozen-weights file (they never enter the server state).
-    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.lora_ranks`).
+    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.algorithms.lora_ranks`).
     `averaging_error` (fedavg_lora): log ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F /
     ‖mean(A_iB_i) − A·B‖_F per round (`finalizer/averaging_error`, a simulation-only diagnostic
-    whose extra aggregation is not counted in the bytes; `tffl.lora_fl`)."""
+    whose extra aggregation is not counted in the bytes; `tffl.algorithms.lora_fl`)."""
     import tensorflow_federated as tff
 
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
@@ -176,7 +176,7 @@ def _personal_heldout(task: RunTask, process, state, store) -> dict[str, float]:
 
 
 def personalized_evaluator(task: RunTask, process) -> Callable[..., dict[str, float]]:
-    """The `evaluate_fn` of `tffl.simulation.run_rounds` for a process of
+    """The `evaluate_fn` of `tffl.simulation.driver.run_rounds` for a process of
     `PERSONALIZED_ALGORITHMS`: every client with test data evaluated on its own test set
     (`personal_*`; with its stored personal state, or after fine-tuning for FedAvg-FT), and on
     its shard of the held-out split when the task has one (`personal_test_*`), plus the global

@@ -7,7 +7,7 @@ tabulated or continued elsewhere:
 - a finished run (its `summary.json` says every round was completed): `summary.json`,
   `metrics.csv` and `sittings.jsonl` (`experiments.machine`), a few KiB;
 - a run that a sitting stopped: `metrics.csv`, `sittings.jsonl` and its newest complete checkpoint
-  (`checkpoints/round_<n>/`, tffl.checkpoint's layout: the federated variables only, about
+  (`checkpoints/round_<n>/`, tffl.simulation.checkpoint's layout: the federated variables only, about
   100 KiB for LoRA on MiniLM), dropped once the run finishes.
 
 `train_once` is the one way these experiments run a train.py run:

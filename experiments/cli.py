@@ -207,7 +207,7 @@ def write_table(output_dir: os.PathLike | str, stem: str, rows: Sequence[dict],
 
 @contextlib.contextmanager
 def run_directory(path: pathlib.Path | None, prefix: str = "tffl_run_"):
-    """A folder for one `tffl.simulation.run_rounds` run: `path` emptied first (a script without
+    """A folder for one `tffl.simulation.driver.run_rounds` run: `path` emptied first (a script without
     --resume replaces its runs when rerun into the same --output_dir, as it replaces its
     tables, instead of `run_rounds` refusing them), or a temporary folder if `path` is None."""
     if path is None:

@@ -73,8 +73,8 @@ def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, 
     """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
     and vs uploaded bytes) of the runs in `output_dir/<algorithm>/`; returns the Markdown
     table."""
-    from tffl import plots
-    from tffl import simulation
+    from tffl.simulation import plots
+    from tffl.simulation import driver as simulation
 
     flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")

@@ -48,12 +48,12 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
          run_dir: pathlib.Path | None, diverged: str | None = None,
          initial_state=None) -> dict[int, float]:
     """`rounds` rounds of `process` (all clients, each on its fixed data, every round) with
-    `tffl.simulation.run_rounds` in `run_dir`; the error at every checkpoint round, with progress
+    `tffl.simulation.driver.run_rounds` in `run_dir`; the error at every checkpoint round, with progress
     lines. `error_fn(state, personal states in client order or None)`; `diverged`: the message of
     the FloatingPointError raised at the first round whose loss is not finite (None: no check);
     `initial_state`: where round 1 starts (default `process.initialize()`)."""
-    from tffl import participation
-    from tffl import simulation
+    from tffl.simulation import participation
+    from tffl.simulation import driver as simulation
 
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id, started = dict(zip(ids, data)), time.perf_counter()
@@ -83,8 +83,8 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
     goes to `<config["output_dir"]>/M<M>_k<k>_seed<seed>/<method>_eta<η>/` (a temporary directory
     if `config` has no output_dir)."""
     from tasks import synthetic
-    from tffl import fedrep_linear
-    from tffl import flute_linear
+    from tffl.algorithms import fedrep_linear
+    from tffl.algorithms import flute_linear
 
     problem = synthetic.flute_linear(num_clients, config["num_samples"], config["dim"],
                                      noise_std=float(np.sqrt(config["noise_variance"])), seed=seed)

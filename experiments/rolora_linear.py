@@ -52,7 +52,7 @@ def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHO
     import tensorflow as tf
 
     from models.paper_models import LowRankDense
-    from tffl import lora_fl
+    from tffl.algorithms import lora_fl
 
     d = config.dim
 
@@ -121,7 +121,7 @@ def centralized_optimum(problem, a0, iterations: int = 2000):
 
 def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str,
                 seed: int, output_dir: os.PathLike | str | None = None) -> dict:
-    """One method on one problem, driven by `tffl.simulation.run_rounds` (its metrics.csv and
+    """One method on one problem, driven by `tffl.simulation.driver.run_rounds` (its metrics.csv and
     checkpoints go to `output_dir`, default a temporary folder); must run inside
     `tffl.runtime.local_runtime()`. Returns sin θ(a, a*) and the global loss after every
     communication round (index 0: the start)."""
@@ -131,8 +131,8 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
     import tensorflow as tf
 
     from tasks.subspace import sin_theta
-    from tffl import participation
-    from tffl import simulation
+    from tffl.simulation import participation
+    from tffl.simulation import driver as simulation
 
     problem, a0 = linear_problem(config, setting, seed)
     m = config.num_samples

@@ -1,8 +1,8 @@
 """SRPFL vs FedRep on the linear synthetic task: simulated time to reach a target distance.
 
 The library side of `scripts/srpfl_speedup.py` (whose docstring describes the protocol): for
-each N and repeat, both methods run `tffl.fedrep_linear`'s TFF process through
-`tffl.simulation.run_rounds`, SRPFL with `tffl.srpfl.SrpflSampler`, FedRep with all N clients
+each N and repeat, both methods run `tffl.algorithms.fedrep_linear`'s TFF process through
+`tffl.simulation.driver.run_rounds`, SRPFL with `tffl.simulation.srpfl.SrpflSampler`, FedRep with all N clients
 (`FullParticipationClock`); `summarize` gives rounds and simulated time to ε = ĉ × the N-client
 floor, their ratio, and Theorem 4.6's bound
 
@@ -67,7 +67,7 @@ class Config:
 
 def straggler_model(name: str):
     """The compute-time model of --straggler (see the module docstring)."""
-    from tffl import srpfl
+    from tffl.simulation import srpfl
 
     if name == "iid":
         return srpfl.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
@@ -121,14 +121,14 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
              log: Callable[[str], None], output_dir: pathlib.Path) -> list[dict]:
     """Both methods on one problem (one N, one repeat); rows for every C and method.
 
-    Each method is one `tffl.simulation.run_rounds` run; its metrics.csv (a row per round, with
+    Each method is one `tffl.simulation.driver.run_rounds` run; its metrics.csv (a row per round, with
     `eval_distance` and the sampler's wall clock at C = 0) and last checkpoint go to
     `output_dir/fedrep` and `output_dir/srpfl`.
     """
     from tasks import subspace
     from tasks import synthetic
-    from tffl import simulation
-    from tffl import srpfl
+    from tffl.simulation import driver as simulation
+    from tffl.simulation import srpfl
 
     seed = config.seed + repeat
     tag = f"N={num_clients} repeat {repeat + 1}/{config.repeats}"
@@ -275,12 +275,12 @@ def run_comparison(config: Config, log: Callable[[str], None] = print,
     rows), distances (dist after rounds 1, 2, …) and participants (clients of rounds 1, 2, …, as
     counted by the TFF process).
 
-    Every method's run goes through `tffl.simulation.run_rounds`; its metrics.csv and checkpoint
+    Every method's run goes through `tffl.simulation.driver.run_rounds`; its metrics.csv and checkpoint
     go to `output_dir/runs/N<N>_repeat<r>/<method>` (`output_dir` None: a temporary directory).
     """
     import tempfile
 
-    from tffl import fedrep_linear
+    from tffl.algorithms import fedrep_linear
 
     process = fedrep_linear.build_fedrep_linear(
         config.dim, config.rank, config.learning_rate, seed=config.seed)

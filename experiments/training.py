@@ -1,5 +1,5 @@
 """One training run of `scripts/train.py`: flag values -> task, algorithm, sampler -> the round
-driver (`tffl.simulation.run_rounds`) -> metrics, checkpoints and `summary.json`.
+driver (`tffl.simulation.driver.run_rounds`) -> metrics, checkpoints and `summary.json`.
 
 `run_algorithm(algorithm, output_dir, options)` takes train.py's flag values by flag name (its
 `--help` documents each); the script checks them first.
@@ -35,7 +35,7 @@ RUN_FLAGS = (
 )
 
 
-# AdaptPFL's variant and ablation switches (`tffl.adaptpfl.AdaptPflConfig`), with their defaults.
+# AdaptPFL's variant and ablation switches (`tffl.algorithms.adaptpfl.AdaptPflConfig`), with their defaults.
 ADAPTPFL_FLAGS = {"adaptpfl_variant": "a", "adaptpfl_order": None, "shortcut_ridge": 0.0,
                   "project_shortcut": True, "shortcut_damping": 1.0, "head_damping": 1.0}
 
@@ -43,7 +43,7 @@ ADAPTPFL_FLAGS = {"adaptpfl_variant": "a", "adaptpfl_order": None, "shortcut_rid
 def adaptpfl_config(options: Mapping[str, Any]):
     """The AdaptPflConfig of the --adaptpfl_variant, --adaptpfl_order, --shortcut_ridge,
     --project_shortcut, --shortcut_damping and --head_damping options."""
-    from tffl import adaptpfl
+    from tffl.algorithms import adaptpfl
 
     return adaptpfl.AdaptPflConfig(
         variant=options["adaptpfl_variant"], order=options["adaptpfl_order"],
@@ -65,14 +65,14 @@ def adapter_rank(options: Mapping[str, Any]) -> int:
 
 def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str, Any]) -> dict:
     """Builds the task and `algorithm` from `options` (train.py's flag values by flag name, plus
-    `rank_present`: whether --rank was given), runs `tffl.simulation.run_rounds` into
+    `rank_present`: whether --rank was given), runs `tffl.simulation.driver.run_rounds` into
     `output_dir` and writes its `summary.json`; returns the summary.
 
     Must run inside a `tffl.runtime` context. A flag value that cannot work raises `UsageError`.
     """
-    from tffl import lora_ranks
-    from tffl import personalized
-    from tffl import simulation
+    from tffl.algorithms import lora_ranks
+    from tffl.algorithms import personalized
+    from tffl.simulation import driver as simulation
 
     tf.keras.utils.set_random_seed(options["seed"])
     config = {name: options[name] for name in RUN_FLAGS} | {"algorithm": algorithm}
@@ -253,8 +253,8 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
     added) are added to it and listed under `evaluated_later`, with the largest difference
     between a metric it already held and its recomputed value (0 when the checkpoint restores
     the run exactly). Returns that summary, or for an unfinished run one of the evaluation."""
-    from tffl import checkpoint
-    from tffl import simulation
+    from tffl.simulation import checkpoint
+    from tffl.simulation import driver as simulation
 
     found = checkpoint.latest(output_dir / simulation.CHECKPOINT_DIR)
     if found is None:

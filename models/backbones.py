@@ -16,7 +16,7 @@ import keras_nlp
 import tensorflow as tf
 
 from models.classifier_options import HEADS, POOLINGS
-from tffl import roles
+from tffl.engine import roles
 
 
 def build_bert_backbone(

@@ -10,7 +10,7 @@ in the row-vector convention of the RoLoRA paper (`shared/specs/rolora.md` §1.1
 - B ∈ R^{r×d_out}: up-projection, role `lora_b`, zeros, so at initialization y equals the
   wrapped layer's output exactly.
 - W0, b: role `frozen`; the wrapped layer is set non-trainable.
-- `tffl.roles.link_lora(A, B, W0, α/r)` records which kernel the factors adapt (FLoRA needs it).
+- `tffl.engine.roles.link_lora(A, B, W0, α/r)` records which kernel the factors adapt (FLoRA needs it).
 
 For `EinsumDense` (e.g. BERT's attention query, kernel (hidden, heads, head_dim) with equation
 `abc,cde->abde`, or the attention output, kernel (heads, head_dim, hidden) with `abcd,cde->abe`),
@@ -28,7 +28,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tffl import roles
+from tffl.engine import roles
 
 
 def _default_a_initializer(d_in: int, seed):

@@ -26,7 +26,7 @@ import dataclasses
 import tensorflow as tf
 
 from models.lora_layers import LoraLayer, kernel_dims, wrap_with_lora
-from tffl import roles
+from tffl.engine import roles
 
 # target name -> (attribute path from the TransformerEncoder)
 TARGETS = {

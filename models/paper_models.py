@@ -19,7 +19,7 @@ layers are `shared` (global) and the lower layers are personal, tagged `head`.
 
 import tensorflow as tf
 
-from tffl import roles
+from tffl.engine import roles
 
 
 class LowRankDense(tf.keras.layers.Layer):
@@ -27,7 +27,7 @@ class LowRankDense(tf.keras.layers.Layer):
     or N(0, `b_stddev`²) when `b_stddev` > 0, seeded by `seed` + 2).
 
     With `base_kernel=True`, y = x·(W0 + A·B) with W0 (d_in×units) zeros and frozen (role
-    `frozen`, non-trainable from creation), linked to (A, B) by `tffl.roles.link_lora` with
+    `frozen`, non-trainable from creation), linked to (A, B) by `tffl.engine.roles.link_lora` with
     scale 1, so that FLoRA can merge the adapter into it.
 
     Example:
@@ -164,14 +164,14 @@ def build_rolora_mnist_net(
 
     `trainable_head=True` makes the output layer a trainable Dense (kernel and bias, Glorot
     `seed + 1`) tagged `head`: the personalized algorithms' model with a LoRA representation
-    (`tffl.personalized`, FedRep heads over RoLoRA-averaged adapters).
+    (`tffl.algorithms.personalized`, FedRep heads over RoLoRA-averaged adapters).
 
     A ~ N(0, `a_stddev`²); B = 0 by default, as the paper states. With the ReLU that init cannot
     train: h = x·A·B = 0 and ReLU'(0) = 0, so ∂ℓ/∂h = 0 and ∇_B ℓ = (x·A)ᵀ·∂ℓ/∂h = 0,
     ∇_A ℓ = xᵀ·(∂ℓ/∂h)·Bᵀ = 0 exactly, for every batch. Pass a small `b_stddev` (e.g. 1e-3,
     B ~ N(0, b_stddev²)) to train the ReLU net; `linear=True` trains from B = 0 (∇_B ≠ 0).
     `base_kernel=True` adds a frozen zero W0 (hidden = ReLU(x·(W0 + A·B))) linked to the adapter:
-    FLoRA (`tffl.lora_fl.build_flora`) needs it to merge into (it resets B to 0 every round, so
+    FLoRA (`tffl.algorithms.lora_fl.build_flora`) needs it to merge into (it resets B to 0 every round, so
     with the ReLU it trains only once W0 ≠ 0, i.e. from an initial B ≠ 0: `b_stddev` > 0).
 
     Example:

@@ -51,8 +51,8 @@ import tensorflow as tf
 
 from models import backbones as backbones_lib
 from models import lora_targets
-from tffl import feature_cache
-from tffl import roles
+from tffl.engine import feature_cache
+from tffl.engine import roles
 
 HIDDEN = "hidden"
 PADDING_MASK = "padding_mask"

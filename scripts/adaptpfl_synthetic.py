@@ -8,11 +8,11 @@ All clients take part every round; every method starts from the same B⁰ (FedRe
 moments on the clients' data, or a random orthonormal B with --init=random).
 
 Methods:
-  fedrep        `tffl.fedrep_linear`: exact least-squares heads, one step on B, mean, QR (the same
+  fedrep        `tffl.algorithms.fedrep_linear`: exact least-squares heads, one step on B, mean, QR (the same
                 FedRep as the FLUTE comparison in scripts/flute_synthetic.py).
-  fedrep_gd     FedRep with gradient heads = `tffl.adaptpfl_linear` at α = 0: τ_w head steps,
+  fedrep_gd     FedRep with gradient heads = `tffl.algorithms.adaptpfl_linear` at α = 0: τ_w head steps,
                 τ_b steps on B, mean of B (the exact α = 0 case of AdaptPFL, same schedule).
-  adaptpfl      `tffl.adaptpfl_linear` at each --alphas value: τ_w head, τ_s shortcut, τ_b
+  adaptpfl      `tffl.algorithms.adaptpfl_linear` at each --alphas value: τ_w head, τ_s shortcut, τ_b
                 representation steps; only B is averaged.
   local         reference, not federated: each client's own least squares (minimum norm).
 Personalized error: (1/N) Σ_i ‖θ_i − θ_i*‖ (the population excess risk of client i is
@@ -23,7 +23,7 @@ Mean ± std over --seeds.
     .venv/bin/python scripts/adaptpfl_synthetic.py --num_samples=10,20,40 --alphas=0.1,0.3,0.5
 
 Writes results.csv (one row per run) and results.md (the printed table) to --output_dir. Every
-federated run is `tffl.simulation.run_rounds` (all clients every round; the error and dist(B, B*)
+federated run is `tffl.simulation.driver.run_rounds` (all clients every round; the error and dist(B, B*)
 are its evaluation after the last round) in --output_dir/m<m>_seed<seed>/<method>[_alpha<α>]/:
 metrics.csv (every round's loss; eval_error, eval_dist at the end) and the last checkpoint; a
 rerun replaces it.

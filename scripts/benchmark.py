@@ -12,9 +12,9 @@ docs/PERFORMANCE.md has the figures and what dominates the time.
 Everything is measured in one process and one run, so that the ratios are fair on a noisy machine.
 For each backbone × algorithm × clients-per-round n ("a configuration"):
 
-* **TFF**: the tffl process (`tffl.lora_fl.build_lora_process` for `rolora` / `fedavg_lora`,
-  `tffl.personalized.build_personalized_process("fedrep", …)` with LoRA adapters as the shared
-  representation and the classifier head personal), run by `tffl.simulation.run_rounds` (the one
+* **TFF**: the tffl process (`tffl.algorithms.lora_fl.build_lora_process` for `rolora` / `fedavg_lora`,
+  `tffl.algorithms.personalized.build_personalized_process("fedrep", …)` with LoRA adapters as the shared
+  representation and the classifier head personal), run by `tffl.simulation.driver.run_rounds` (the one
   round driver: `FullParticipation` over the n clients, the pre-built datasets, FedRep's heads in
   its personal-state store, one metrics row per communication round in
   <output_dir>/tff_runs/<backbone>_<algorithm>_<n>/metrics.csv, no TensorBoard, one checkpoint
@@ -22,7 +22,7 @@ For each backbone × algorithm × clients-per-round n ("a configuration"):
   configuration, so its peak memory is its own). A benchmark round is one round of the algorithm
   = one `process.next` per communication round (RoLoRA: a B round then an A round, two rows).
 * **plain**: the same client work without TFF: one eager Keras model and the engine's own
-  client loop, `tffl.client_training.build_phased_loop` (assign the broadcast weights, SGD phase
+  client loop, `tffl.engine.client_training.build_phased_loop` (assign the broadcast weights, SGD phase
   by phase on the same variables with the same learning rate and loss, one pass over the same
   batches), called as a `tf.function` in this process for the n clients one after the other, then the same example-weighted average of
   the uploaded deltas in numpy. It starts from the TFF process's initial weights, so after every
@@ -32,7 +32,7 @@ For each backbone × algorithm × clients-per-round n ("a configuration"):
   (`tf.function(jit_compile=True)`).
 * **plain (no feature cache)**, for an algorithm with a phase of more than one epoch (FedRep
   with `--head_epochs` > 1): the plain loop with `Phase(cache_features=False)`, so its head
-  epochs run the whole model instead of the cached features (`tffl.feature_cache`);
+  epochs run the whole model instead of the cached features (`tffl.engine.feature_cache`);
   `feature_cache_speedup` = its s/round ÷ plain s/round (the table's "head cache gain").
 
 The TFF and plain rounds alternate (TFF round t, plain round t, XLA round t, …: run_rounds'

@@ -7,9 +7,9 @@ y = φ_iᵀx + ξ with ξ ~ N(0, 0.3). Each client keeps its fixed dataset and u
 round; all M clients take part every round.
 
 Methods (every one sees the same data; per seed a new Φ, data and initialization):
-  flute        `tffl.flute_linear` (Algorithm 1), η_l = η_r = --learning_rate, γ1, γ2, random init
+  flute        `tffl.algorithms.flute_linear` (Algorithm 1), η_l = η_r = --learning_rate, γ1, γ2, random init
                N(0, α²), α = 1/(10d).
-  fedrep_ri    `tffl.fedrep_linear` (FedRep as flute.md §5.4 defines it: exact least-squares heads,
+  fedrep_ri    `tffl.algorithms.fedrep_linear` (FedRep as flute.md §5.4 defines it: exact least-squares heads,
                one local step on B, mean, QR) started from FLUTE's B⁰ (orthonormalized) —
                the paper's FedRep(RI). One run per --fedrep_learning_rates value.
   fedrep_mom   the same FedRep from the method-of-moments B⁰ (the paper's Figure 1 "FedRep").
@@ -22,7 +22,7 @@ reported at --report_rounds and after --rounds; the floor is the noise-free rank
 
 Writes results.csv (one row per run: M, k, seed, method, η, error at each report round) and
 results.md (the table printed at the end) to --output_dir; the TFF worker's log goes there too.
-Every run is `tffl.simulation.run_rounds` (all clients every round; the error is its evaluation at
+Every run is `tffl.simulation.driver.run_rounds` (all clients every round; the error is its evaluation at
 the report rounds and the last) in --output_dir/M<M>_k<k>_seed<seed>/<method>_eta<η>/: metrics.csv
 (every round's loss, eval_error at those rounds) and the last checkpoint; a rerun replaces it.
 """

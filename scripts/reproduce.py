@@ -17,7 +17,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
 1. `rolora_linear` (rolora.md §2.1–2.2; no such experiment in the paper, designed here): the
    rank-1 linear model Y_i = X_i a* b_i*ᵀ (`tasks.synthetic.rolora_linear`), f = X a bᵀ
    (`models.paper_models.LowRankDense`, rank 1, a⁰ a random unit vector, b⁰ = 0), RoLoRA vs
-   FFA-LoRA vs FedAvg-LoRA as TFF processes (`tffl.lora_fl`), K full-batch local GD steps per
+   FFA-LoRA vs FedAvg-LoRA as TFF processes (`tffl.algorithms.lora_fl`), K full-batch local GD steps per
    communication round, loss (1/m)‖Y_i − X_i a bᵀ‖²_F; homogeneous (γ = 0) and heterogeneous
    (γ = 1) clients. Reports sin θ(a, a*) per communication round, the global training loss, the
    centralized optimum of the same data (numpy alternating least squares) and the theory's

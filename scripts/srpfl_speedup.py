@@ -27,7 +27,7 @@ compute times per repeat):
   a floor ∝ 1/√N). With all N clients the initial distance itself shrinks like 1/√N, the rate of
   the floor, so FedRep's rounds to ε no longer grow with N and that part of the log N advantage
   goes away (docs/RESULTS.md shows both). The init round is charged to neither method.
-* Both methods run the same TFF process, `tffl.fedrep_linear` (exact least-squares heads, one
+* Both methods run the same TFF process, `tffl.algorithms.fedrep_linear` (exact least-squares heads, one
   gradient step on B with step η, server mean and QR).
 * FedRep: all N clients every round, for exactly --fedrep_rounds rounds. A round's wall clock is
   the slowest of the N compute times plus the communication cost C (`FullParticipationClock`).
@@ -36,7 +36,7 @@ compute times per repeat):
   is ε = ĉ × floor with ĉ = --target_factor. The paper needs 1 < ĉ so that ε is reachable, and
   ĉ below √(N / n_last) (n_last the stage before all N; √2 when N/n0 is a power of 2) so that ε
   needs all N clients; the script says so when ĉ is above that.
-* SRPFL: `tffl.srpfl.SrpflSampler` picks the n_r fastest of the N clients of each round
+* SRPFL: `tffl.simulation.srpfl.SrpflSampler` picks the n_r fastest of the N clients of each round
   (n_r = min(N, n0·2^r), stage r lasting τ_r rounds, the last stage open-ended) and the round's
   data list is built from exactly those client ids; a round's wall clock is the slowest selected
   compute time plus C. SRPFL stops at the first round with dist ≤ ε, or after --max_rounds.
@@ -66,7 +66,7 @@ Reported, per N, C and method (means over --repeats):
 
 Writes `srpfl_speedup.csv` (one row per N, repeat, method and C) and `srpfl_speedup.md` (the
 flags and the printed tables) to --output_dir (default runs/srpfl_speedup), and the TFF worker's
-log to `tff_worker.log`. Both methods run through `tffl.simulation.run_rounds` (sampler
+log to `tff_worker.log`. Both methods run through `tffl.simulation.driver.run_rounds` (sampler
 `FullParticipationClock` or `SrpflSampler`, the round's fresh batch per client id, dist(B^t, B*)
 as `eval_distance` after every round; SRPFL with `until` = the target), one run per N, repeat and
 method in `runs/N<N>_repeat<r>/{fedrep,srpfl}/` (metrics.csv, last checkpoint; the sampler's

@@ -97,7 +97,7 @@ _ADAPTPFL_VARIANT = flags.DEFINE_enum(
     "adaptpfl_variant", "a", ["a", "b"], "adaptpfl: a (Algorithm 1: head, shortcut, then "
     "representation epochs) or b (the draft's analysed iteration, eqs. 2-7: shortcut with a "
     "ridge, projected onto span(W) of the first layer's complement, then head, both damped; "
-    "tffl/adaptpfl.py; its exact solves are gradient epochs here and it has no QR).")
+    "tffl/algorithms/adaptpfl.py; its exact solves are gradient epochs here and it has no QR).")
 _ADAPTPFL_ORDER = flags.DEFINE_enum(
     "adaptpfl_order", None, ["ws", "sw"], "adaptpfl: ws (head then shortcut) or sw (shortcut "
     "then head); default ws for variant a, sw for b.")
@@ -234,7 +234,7 @@ _EVAL_PER_CLIENT = flags.DEFINE_bool(
 _CLIENT_RANKS = flags.DEFINE_list(
     "client_ranks", None, "flexlora and flora: LoRA ranks assigned to the clients in turn, e.g. "
     "4,8,16 (client k gets rank k mod 3); the adapters take --rank, by default the largest "
-    "client rank (tffl.lora_ranks).")
+    "client rank (tffl.algorithms.lora_ranks).")
 _ROLORA_FRACTION = flags.DEFINE_float(
     "rolora_fraction", 0.5,
     "rolora_ffa: fraction x of the communication rounds run as RoLoRA before FFA-LoRA takes over.",
@@ -358,8 +358,8 @@ def resume_command(output_dir: pathlib.Path) -> str:
 def interrupted_message(output_dir: pathlib.Path | None) -> str:
     """One line for Ctrl-C: the last checkpointed round of each algorithm and the command that
     continues the run."""
-    from tffl import checkpoint
-    from tffl import simulation
+    from tffl.simulation import checkpoint
+    from tffl.simulation import driver as simulation
 
     if output_dir is None:
         return "interrupted before the run started; nothing to resume"
@@ -400,8 +400,8 @@ def exit_after_interrupt(status: int) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from tffl import checkpoint
-    from tffl import simulation
+    from tffl.simulation import checkpoint
+    from tffl.simulation import driver as simulation
 
     output_dir = None
     interrupted = False

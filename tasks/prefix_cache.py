@@ -107,7 +107,7 @@ class PrefixCache:
         self.seconds = 0.0  # time spent computing them
         self._call = None
         # The simulation loop builds a round's batches on a background thread while evaluation
-        # reads h_k on the main one (`tffl.simulation.run_rounds(prefetch=True)`).
+        # reads h_k on the main one (`tffl.simulation.driver.run_rounds(prefetch=True)`).
         self._lock = threading.RLock()
 
     def _compute(self, features) -> np.ndarray:

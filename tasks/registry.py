@@ -37,7 +37,7 @@ from tasks.text_run_task import (  # noqa: F401  (re-exported: they used to live
     default_max_length,
     default_pooling,
 )
-from tffl import evaluation
+from tffl.simulation import evaluation
 
 # lora_net_base adds a frozen (zero) base kernel W0 linked to the adapter, for FLoRA to merge into.
 # pfl_mlp / pfl_mlp_lg: x -> hidden -> hidden/2 -> classes with FedRep's split (last layer `head`)

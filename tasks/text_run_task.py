@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.run_task import RunTask, _ordered, _train_size, counted
-from tffl import evaluation
+from tffl.simulation import evaluation
 
 TEXT_TASKS = ("sst2", "reviews")
 # A random backbone declares no pooling: it pools by the mean, as sentence encoders do.
@@ -177,7 +177,7 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
         """The whole classifier's starting weights: a random draw, with the pretrained backbone
         for minilm (drawn once)."""
         if "values" not in drawn:
-            from tffl import frozen as frozen_lib
+            from tffl.engine import frozen as frozen_lib
             trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, full_spec)
             if backbone == "minilm":
                 bb, _ = hf_bert.load_hf_bert(folder)

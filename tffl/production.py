@@ -18,7 +18,7 @@ aggregations; nothing placed at CLIENTS comes out of a round.
 
 Which of our algorithms take which form (checked by `tests/tffl/test_production.py`):
 
-| algorithm (`tffl.lora_fl`)            | MapReduceForm                   | DistributeAggregateForm |
+| algorithm (`tffl.algorithms.lora_fl`)            | MapReduceForm                   | DistributeAggregateForm |
 |---------------------------------------|---------------------------------|-------------------------|
 | `fedavg_lora`, `ffa_lora`             | `next` (its one round kind)     | the same                |
 | `rolora`                              | `b_round`, `a_round`            | the same                |
@@ -30,7 +30,7 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
   refused by TFF ("Detected broadcast dependent on aggregate"; `_reason` says so). Deploy
   `process.communication_rounds["b_round"]` and `["a_round"]` and call them alternately (what
   `to_map_reduce_form(process)` compiles). RoLoRA→FFA is one switch round kind
-  (`tffl.switch_round`), so its `next` compiles as it is.
+  (`tffl.engine.switch_round`), so its `next` compiles as it is.
 - FlexLoRA and FLoRA aggregate with `tff.federated_aggregate` (the stacking accumulator of
   their uploaded factors; so does FedAvg-LoRA with `averaging_error=True`). TFF 0.87's
   DistributeAggregateForm compiler wraps every non-placed argument of an aggregation intrinsic in
@@ -38,7 +38,7 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
   `tff.FederatedType` to not contain `tff.FederatedType`s or `tff.FunctionType`s"). Its
   MapReduceForm is fine.
 
-Personalized algorithms with personal state (`tffl.personalized`: `fedrep`, `fedper`,
+Personalized algorithms with personal state (`tffl.algorithms.personalized`: `fedrep`, `fedper`,
 `lg_fedavg`, `flute`, `adaptpfl`) take neither form. Their rounds are
 
     (state@SERVER, data@CLIENTS, personal@CLIENTS)
@@ -54,7 +54,7 @@ personal state could be packed into the client data as an *input*, but not retur
 sending h_i to the server, which would defeat its purpose. `to_map_reduce_form` and
 `to_distribute_aggregate_form` reject such computations up front with a `ValueError` that says
 so. (Their `fedavg` and `fedavg_ft`, which keep no personal state, compile.) Run personalized
-processes with `tffl.simulation` and its `PersonalStore`; their computations still serialize.
+processes with `tffl.simulation.driver` and its `PersonalStore`; their computations still serialize.
 
 Serialization: `serialize` / `deserialize` turn any `tff.Computation` (a federated computation, a
 TF computation, a form's piece) into `bytes` of a `computation.proto` and back. The deserialized
@@ -100,7 +100,7 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
     Args:
       process_or_computation: a federated computation `(state@S, data@C) -> (state@S, out@S)`
         (e.g. `process.communication_rounds["b_round"]`), or a process: an object with
-        `communication_rounds` (`tffl.processes`) or `next`, whose round kinds (else `next`)
+        `communication_rounds` (`tffl.engine.processes`) or `next`, whose round kinds (else `next`)
         are compiled one by one.
       name: what error messages call it (default: the process's `algorithm`, else "computation").
 
@@ -153,7 +153,7 @@ class SavedProcess:
     """A process read back by `load_process`: `initialize() -> state@S`, `communication_rounds`
     {name: computation} in order, `schedule` (the round names of communication rounds
     t = 0, 1, ... as saved, for the record) and `next`: the one round's computation when there
-    is a single round kind, the cycle's (`tffl.schedules.compose_cycle`, e.g. RoLoRA's B round
+    is a single round kind, the cycle's (`tffl.engine.schedules.compose_cycle`, e.g. RoLoRA's B round
     then A round) when the process had one, else None (call the rounds in the schedule's
     order)."""
 
@@ -259,7 +259,7 @@ def _check_round_signature(computation: tff.Computation, name: str, form_name: s
             "DistributeAggregateForm is (server_state@SERVER, client_data@CLIENTS) -> "
             "(server_state@SERVER, output@SERVER): what a client computes leaves it only as input "
             "to the aggregations. "
-            "Run personalized processes with tffl.simulation and a PersonalStore. "
+            "Run personalized processes with tffl.simulation.driver and a PersonalStore. "
             f"Type signature: {signature}")
     shape_ok = (
         isinstance(parameter, tff.StructType) and len(parameter) == 2

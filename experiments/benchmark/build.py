@@ -112,9 +112,9 @@ class Built:
 
 def build_process(algorithm: str, shape: BackboneShape, config: Config) -> Built:
     """The TFF process of `algorithm` on `shape`, its per-client traffic and its sub-rounds."""
-    from tffl import lora_fl
-    from tffl import personalized
-    from tffl import roles
+    from tffl.algorithms import lora_fl
+    from tffl.algorithms import personalized
+    from tffl.engine import roles
 
     calls = Counter()
     model_fn = make_model_fn(shape, config.rank, config.seed, calls)

@@ -1,6 +1,6 @@
 """The benchmark's baseline: the same client work as the TFF process, without TFF.
 
-`PlainClient` calls the engine's own client loop (`tffl.client_training.build_phased_loop`) in
+`PlainClient` calls the engine's own client loop (`tffl.engine.client_training.build_phased_loop`) in
 this process; `PlainRunner` runs an algorithm's sub-rounds over the clients one after the other
 and takes the example-weighted mean of the uploaded deltas in numpy (as
 `tff.aggregators.MeanFactory`)."""
@@ -15,17 +15,17 @@ import tensorflow_federated as tff
 
 from experiments.benchmark.build import Built
 from experiments.benchmark.config import Config
-from tffl import client_training
+from tffl.engine import client_training
 
 
 class PlainClient:
     """The client work of one sub-round without TFF: the engine's own client loop,
-    `tffl.client_training.build_phased_loop` (what TFF's client computation runs), called in this
+    `tffl.engine.client_training.build_phased_loop` (what TFF's client computation runs), called in this
     process on `model`. `run(trainable, non_trainable, dataset)` assigns the weights, runs each
     phase's `epochs` passes of SGD on the phase's variables and returns `(trainable values,
     loss_sum, num_correct, num_examples)`. With `jit_compile` each SGD step is an XLA-compiled
     `tf.function` (the dataset loop itself cannot be compiled). `cache_features=False` runs a
-    head-only phase's epochs through the whole model (`tffl.feature_cache`'s baseline)."""
+    head-only phase's epochs through the whole model (`tffl.engine.feature_cache`'s baseline)."""
 
     def __init__(self, model: tf.keras.Model, learning_rate: float,
                  phases: Sequence[tuple[tuple[int, ...], int]], jit_compile: bool,

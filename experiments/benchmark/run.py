@@ -39,7 +39,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
                       ) -> dict:
     """TFF and plain rounds, alternating, on a fresh TFF worker; returns the configuration's row.
 
-    The TFF rounds run through `tffl.simulation.run_rounds` (the one round driver): all
+    The TFF rounds run through `tffl.simulation.driver.run_rounds` (the one round driver): all
     `num_clients` clients every round (`FullParticipation` over ids "0".."n-1", client i's data
     `datasets[i]`), `rounds × len(built.sub_rounds)` communication rounds, one metrics row each.
     Its `after_round` callback closes a benchmark round after the last of its communication
@@ -48,15 +48,15 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
 
     The plain loops run on `model` (an eager model of the backbone) with `tf.function`s made for
     this configuration, so both paths trace (and XLA compiles) in their round 1."""
-    from tffl import participation
-    from tffl import simulation
+    from tffl.simulation import participation
+    from tffl.simulation import driver as simulation
 
     process = built.process
     plain = {"plain": PlainRunner(built, model, config, jit_compile=False)}
     if config.jit_compile:
         plain["plain_xla"] = PlainRunner(built, model, config, jit_compile=True)
     if any(epochs > 1 for s in built.sub_rounds for _, epochs in s.phases):
-        # The same loop without `tffl.feature_cache`: head-only epochs through the whole model.
+        # The same loop without `tffl.engine.feature_cache`: head-only epochs through the whole model.
         plain["plain_nocache"] = PlainRunner(built, model, config, jit_compile=False,
                                              cache_features=False)
     profile_dir = output_dir / "profiles" if config.profile and output_dir is not None else None

@@ -144,7 +144,7 @@ class PlainLoop:
 def trained_sets(process, algorithm: str) -> dict[str, tuple[int, ...]]:
     """Positions in `spec.trainable` each round kind trains and uploads (the builders' default
     extra role, the head, rides along)."""
-    from tffl import roles
+    from tffl.engine import roles
 
     spec = process.spec
     if algorithm == "rolora":
@@ -435,8 +435,8 @@ def run_large(config: TargetsConfig, log) -> dict:
 
     from experiments.benchmark import measure
     from tasks import prefix_cache
-    from tffl import frozen as frozen_lib
-    from tffl import lora_fl
+    from tffl.engine import frozen as frozen_lib
+    from tffl.algorithms import lora_fl
     from tffl import runtime
 
     model_fn, lora = _large_model_fn(config)

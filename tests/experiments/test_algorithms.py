@@ -59,7 +59,7 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     import dataclasses
 
     from tffl import runtime
-    from tffl import simulation
+    from tffl.simulation import driver as simulation
 
     task = registry.build_task("digits", num_clients=3, batch_size=16, local_steps=2, seed=1,
                                model="pfl_mlp")

@@ -9,7 +9,7 @@ import tensorflow as tf
 from models.backbones import (build_bert_backbone, build_classifier, build_roberta_backbone,
                               dummy_batch)
 from models.lora_targets import LoraConfig, apply_lora
-from tffl import roles
+from tffl.engine import roles
 
 
 def _lora_classifier(kind="bert", num_classes=3):

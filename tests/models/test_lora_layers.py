@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from models.lora_layers import LoraDense, LoraEinsumDense, kernel_dims, wrap_with_lora
-from tffl import roles
+from tffl.engine import roles
 
 
 def _dense(units=6, d_in=5, activation=None, seed=0):
@@ -98,7 +98,7 @@ def test_shapes_roles_and_trainable_variables():
 
 @pytest.mark.parametrize("make", [lambda: _dense(units=6, d_in=5), lambda: _query()])
 def test_link_to_base_kernel(make):
-    """`tffl.roles.lora_link(A)` names B, the wrapped kernel and the scale α/r."""
+    """`tffl.engine.roles.lora_link(A)` names B, the wrapped kernel and the scale α/r."""
     base = make()
     lora = wrap_with_lora(base, rank=2, alpha=3.0)
     link = roles.lora_link(lora.lora_a)

@@ -7,7 +7,7 @@ import tensorflow as tf
 from models.backbones import build_bert_backbone, build_roberta_backbone, dummy_batch
 from models.lora_targets import (ROLORA_BUDGETS, TARGETS, LoraConfig, apply_lora, lora_layers,
                                  rolora_config)
-from tffl import roles
+from tffl.engine import roles
 
 HIDDEN, INTER, HEADS, LAYERS = 16, 24, 2, 3
 # Independent expectation of (d_in, d_out) per target from the backbone's config numbers.

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from models.paper_models import LowRankDense, build_lenet_cnn, build_mlp, build_rolora_mnist_net
-from tffl import roles
+from tffl.engine import roles
 
 
 def test_rolora_net_matches_closed_form_and_roles():

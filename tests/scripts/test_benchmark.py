@@ -19,8 +19,8 @@ import pytest
 from experiments.benchmark import config as benchmark_config
 from experiments.benchmark import report
 from experiments.benchmark import run
-from tffl import lora_fl
-from tffl import personalized
+from tffl.algorithms import lora_fl
+from tffl.algorithms import personalized
 from tffl import runtime
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

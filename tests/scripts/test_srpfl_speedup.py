@@ -18,7 +18,7 @@ import pytest
 
 from experiments import srpfl_speedup
 from tffl import runtime
-from tffl import srpfl
+from tffl.simulation import srpfl
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "srpfl_speedup.py"

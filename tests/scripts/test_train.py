@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from experiments import machine
-from tffl import simulation
+from tffl.simulation import driver as simulation
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 _FAST = ["--algorithm=fedavg", "--partition=iid", "--num_clients=6", "--clients_per_round=3",
@@ -411,7 +411,7 @@ def test_adaptpfl_variant_b_runs_and_its_switches_enter_the_run_configuration(tm
     representation = 64 * 32 + 32 + 32 * 16 + 16
     assert rows[0]["bytes_up_per_client"] == representation * 4 + 3 * 4 + 4
     assert 0.0 <= rows[-1]["eval_personal_accuracy"] <= 1.0
-    # The checkpoint's configuration, which --resume compares (tffl.simulation).
+    # The checkpoint's configuration, which --resume compares (tffl.simulation.driver).
 
     meta = json.loads(next(tmp_path.glob("**/meta.json")).read_text())
     assert {k: meta["config"].get(k) for k in ("adaptpfl_variant", "shortcut_damping",

@@ -18,9 +18,9 @@ from models import backbones
 from models import lora_targets
 from models import prefix as prefix_lib
 from tasks import prefix_cache
-from tffl import frozen as frozen_lib
-from tffl import lora_fl
-from tffl import personalized
+from tffl.engine import frozen as frozen_lib
+from tffl.algorithms import lora_fl
+from tffl.algorithms import personalized
 
 VOCAB, SEQ, K_STEPS, BATCH = 60, 12, 3, 4
 LORA = lora_targets.LoraConfig(rank=2, targets=("query", "value"), layers=(2, 3), seed=0)

@@ -32,8 +32,12 @@ import test_fedrep_linear  # noqa: E402
 import test_lora_fl as lora  # noqa: E402
 import test_personalized as pers  # noqa: E402
 from tasks.synthetic import rolora_linear  # noqa: E402
-from tffl import adaptpfl_linear, fedrep_linear, flute_linear, lora_fl, personalized  # noqa: E402
-from tffl import rolora_linear as rolora_linear_module  # noqa: E402
+from tffl.algorithms import adaptpfl_linear  # noqa: E402
+from tffl.algorithms import fedrep_linear  # noqa: E402
+from tffl.algorithms import flute_linear  # noqa: E402
+from tffl.algorithms import lora_fl  # noqa: E402
+from tffl.algorithms import personalized  # noqa: E402
+from tffl.algorithms import rolora_linear as rolora_linear_module  # noqa: E402
 
 ROUNDS = 2
 

@@ -1,4 +1,4 @@
-"""An eager-TensorFlow client written from the papers, independent of `tffl.client_training`:
+"""An eager-TensorFlow client written from the papers, independent of `tffl.engine.client_training`:
 load the weights into a Keras model, then for each phase one pass of plain SGD over the
 dataset's batches on that phase's variables (cross-entropy on logits, batch mean)."""
 

@@ -1,4 +1,4 @@
-"""tffl.adaptpfl: AdaptPFL's variants on the deep (Keras) model, against numpy written from
+"""tffl.algorithms.adaptpfl: AdaptPFL's variants on the deep (Keras) model, against numpy written from
 adaptpfl.md §1.5: logits = (1−α)(x·W·H + b) + α·x·S, every client dataset one full batch (one
 epoch = one gradient step), gradients by central finite differences of the numpy
 cross-entropy."""
@@ -8,9 +8,9 @@ import pytest
 
 from tests.tffl.test_personalized import (CLASS_SPEC, LR, _class_clients, _class_datasets,
                                           _classifier, _numeric_grad)
-from tffl import adaptpfl
-from tffl import client_training
-from tffl import personalized
+from tffl.algorithms import adaptpfl
+from tffl.engine import client_training
+from tffl.algorithms import personalized
 
 ALPHA = 0.5
 

@@ -1,4 +1,4 @@
-"""tffl.adaptpfl_linear: linear AdaptPFL (Algorithm 1, variant A) against independent numpy.
+"""tffl.algorithms.adaptpfl_linear: linear AdaptPFL (Algorithm 1, variant A) against independent numpy.
 
 Two independent references, written from the specs rather than from the module:
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tasks.synthetic import adaptpfl_linear as synthetic_adaptpfl_linear
-from tffl import adaptpfl_linear
-from tffl import personal_state
+from tffl.algorithms import adaptpfl_linear
+from tffl.engine import personal_state
 from tffl import runtime
 
 

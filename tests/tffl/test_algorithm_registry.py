@@ -1,4 +1,4 @@
-"""tffl.algorithms: the one registry. Every name in it builds from its family's config and runs
+"""tffl.algorithms.registry: the one registry. Every name in it builds from its family's config and runs
 two communication rounds that change the federated weights. (tests/tffl/test_distribute.py also
 runs every entry, each on the model `experiments.algorithms.model_for` gives it.)"""
 
@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from models.paper_models import build_rolora_mnist_net
-from tffl import algorithms
-from tffl import lora_plans
-from tffl import personalized
+from tffl.algorithms import registry as algorithms
+from tffl.algorithms import lora_plans
+from tffl.algorithms import personalized
 
 _D, _CLASSES = 8, 3
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -50,7 +50,7 @@ def test_lora_config_becomes_the_builders_options():
     assert config.options("fedavg_lora")["weight_decay"] == 0.1
     with pytest.raises(ValueError, match=r"rolora_ffa needs LoraConfig\(total_rounds=T\)"):
         algorithms.get("rolora_ffa").build(_model_fn, _SPEC, 0.1)
-    with pytest.raises(TypeError, match="takes a tffl.algorithms.LoraConfig, got dict"):
+    with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LoraConfig, got dict"):
         algorithms.get("rolora").build(_model_fn, _SPEC, 0.1, {"seed": 1})
 
 
@@ -123,7 +123,7 @@ def test_every_linear_entry_builds_and_runs_two_rounds(name, tff_runtime):
 
 
 def test_linear_config_is_checked():
-    with pytest.raises(TypeError, match="takes a tffl.algorithms.LinearConfig, got dict"):
+    with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LinearConfig, got dict"):
         algorithms.get("fedrep_linear").build({"dim": 5})
     with pytest.raises(ValueError, match="rank=2 must be 1"):
         algorithms.get("rolora_linear").build(algorithms.LinearConfig(5, 2, 0.1))

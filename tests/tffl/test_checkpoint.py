@@ -1,4 +1,4 @@
-"""tffl.checkpoint: exact round-trips, atomic writes, clear mismatch errors."""
+"""tffl.simulation.checkpoint: exact round-trips, atomic writes, clear mismatch errors."""
 
 import collections
 
@@ -6,7 +6,7 @@ import attrs
 import numpy as np
 import pytest
 
-from tffl import checkpoint
+from tffl.simulation import checkpoint
 
 
 @attrs.define

@@ -1,11 +1,11 @@
-"""Tests of `tffl.client_training`: the one client loop against numpy SGD, its graph form, and
+"""Tests of `tffl.engine.client_training`: the one client loop against numpy SGD, its graph form, and
 `build_model(zero_init=True)`."""
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import client_training
+from tffl.engine import client_training
 
 
 def _linear_model_fn():
@@ -97,7 +97,7 @@ import numpy as np, tensorflow as tf, tensorflow_federated as tff
 (cpu,) = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tests.tffl import test_client_training as t
-from tffl import client_training
+from tffl.engine import client_training
 
 x, y, dataset = t._batches()
 weights = tff.learning.models.ModelWeights(

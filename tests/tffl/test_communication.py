@@ -1,10 +1,10 @@
-"""tffl.communication: bytes per client from TFF types, checked against closed forms."""
+"""tffl.engine.communication: bytes per client from TFF types, checked against closed forms."""
 
 import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tffl import communication
+from tffl.engine import communication
 
 
 def test_type_bytes_closed_form():

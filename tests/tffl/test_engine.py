@@ -1,4 +1,4 @@
-"""tffl.engine / tffl.processes: the one engine against TFF's own FedAvg and independent numpy.
+"""tffl.engine.rounds / tffl.engine.processes: the one engine against TFF's own FedAvg and independent numpy.
 
 - FedAvg on the engine equals `tff.learning.algorithms.build_weighted_fed_avg` on the same Keras
   model and data (3 rounds, 1e-6).
@@ -16,11 +16,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from test_lora_fl import _LinearLora, _local_sgd, _weighted_mean
-from tffl import frozen
-from tffl import lora_fl
-from tffl import participation
-from tffl import personalized
-from tffl import simulation
+from tffl.engine import frozen
+from tffl.algorithms import lora_fl
+from tffl.simulation import participation
+from tffl.algorithms import personalized
+from tffl.simulation import driver as simulation
 
 _RNG = np.random.default_rng(11)
 _D_IN, _D_OUT, _R = 4, 3, 2

@@ -1,4 +1,4 @@
-"""Tests of `tffl.feature_cache` through `tffl.client_training.build_phased_loop`: a head-only
+"""Tests of `tffl.engine.feature_cache` through `tffl.engine.client_training.build_phased_loop`: a head-only
 phase equals numpy softmax-regression SGD on the body's features, runs the body once per batch,
 and falls back to whole-model epochs when the body is stochastic or the phase opts out."""
 
@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import client_training
-from tffl import feature_cache
+from tffl.engine import client_training
+from tffl.engine import feature_cache
 
 D, Z, C = 3, 2, 3  # input, feature and class dimensions
 SIZES = (4, 4, 2)  # a ragged last batch

@@ -1,4 +1,4 @@
-"""tffl.fedrep_linear: linear FedRep (SRPFL Algorithm 2, no doubling) against independent numpy.
+"""tffl.algorithms.fedrep_linear: linear FedRep (SRPFL Algorithm 2, no doubling) against independent numpy.
 
 The numpy reference (`_numpy_round`) writes the round out directly from srpfl.md §2.3:
 w_i = lstsq(X_i B, y_i), B_i = B − η (1/m_i) X_iᵀ(X_i B w_i − y_i) w_iᵀ, B̄ = (1/n) Σ_i B_i,
@@ -12,7 +12,7 @@ import pytest
 
 from tasks.subspace import principal_angle_distance
 from tasks.synthetic import fedrep_linear as synthetic_fedrep_linear
-from tffl import fedrep_linear
+from tffl.algorithms import fedrep_linear
 from tffl import runtime
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from test_lora_fl import _A0, _BATCH, _CLIENTS, _COUNTS, _D_IN, _D_OUT, _LR, _R, _W0
 from test_lora_fl import _datasets, _local_sgd, _model_fn, _spec, _weighted_mean
-from tffl import personalized
+from tffl.algorithms import personalized
 
 
 def _process(**kwargs):

@@ -1,4 +1,4 @@
-"""tffl.flute_linear: linear FLUTE (Algorithm 1) against an independent numpy replica.
+"""tffl.algorithms.flute_linear: linear FLUTE (Algorithm 1) against an independent numpy replica.
 
 The numpy reference (`_numpy_round`) writes Algorithm 1 out directly with the server holding W
 (flute.md §2.2–2.3): R_i = X_i B w_i − y_i,
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tasks.synthetic import flute_linear as synthetic_flute_linear
-from tffl import flute_linear
-from tffl import personal_state
+from tffl.algorithms import flute_linear
+from tffl.engine import personal_state
 from tffl import runtime
 
 

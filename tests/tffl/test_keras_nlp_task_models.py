@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from models import lora_targets
 from tests.tffl import eager_reference
-from tffl import lora_fl
-from tffl import roles
+from tffl.algorithms import lora_fl
+from tffl.engine import roles
 from tffl import runtime
 
 LENGTH = 8
@@ -28,7 +28,7 @@ SPEC = (collections.OrderedDict(
 def _bert_classifier(tag_head=True):
     import keras_nlp
 
-    # Seeds the graph the model is built in (`tffl.frozen.initial_values` draws its initial
+    # Seeds the graph the model is built in (`tffl.engine.frozen.initial_values` draws its initial
     # weights there), so the backbone and head, and with them every step below, are the same on
     # every run.
     tf.keras.utils.set_random_seed(0)

@@ -1,4 +1,4 @@
-"""tffl.linear_rounds: the declared two-exchange round (sum aggregation with personal state at
+"""tffl.engine.linear_rounds: the declared two-exchange round (sum aggregation with personal state at
 CLIENTS, against numpy) and its build-time checks of the client computations' results."""
 
 import collections
@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import linear_engine, linear_rounds
+from tffl.engine import linear_engine
+from tffl.engine import linear_rounds
 
 _VECTOR = tff.TensorType(np.float32, [2])
 _STATE = tff.StructWithPythonType([("v", _VECTOR), ("round_num", tff.TensorType(np.int32))],

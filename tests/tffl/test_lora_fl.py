@@ -1,4 +1,4 @@
-"""tffl.lora_fl: federated LoRA processes checked against independent numpy computations.
+"""tffl.algorithms.lora_fl: federated LoRA processes checked against independent numpy computations.
 
 The test model is linear, y = x·W0 + x·A·B (W0 frozen, A `lora_a`, B `lora_b`), with the Keras
 MSE loss ℓ = (1/(n·d_out)) Σ (ŷ − y)² per batch, whose gradients numpy computes by hand:
@@ -15,13 +15,13 @@ from tasks.subspace import sin_theta
 from tasks.synthetic import rolora_linear
 from models.lora_layers import LoraEinsumDense
 from models.paper_models import LowRankDense, build_rolora_mnist_net
-from tffl import checkpoint
-from tffl import communication
-from tffl import lora_fl
-from tffl import participation
-from tffl import roles
+from tffl.simulation import checkpoint
+from tffl.engine import communication
+from tffl.algorithms import lora_fl
+from tffl.simulation import participation
+from tffl.engine import roles
 from tffl import runtime
-from tffl import simulation
+from tffl.simulation import driver as simulation
 
 
 class _LinearLora(tf.keras.layers.Layer):
@@ -305,7 +305,7 @@ def test_flora_unweighted_two_adapters(tff_runtime):
     """FLoRA with `UnweightedMeanFactory` (p_i = 1/N) on two stacked linked layers of scale 2,
     from B = 0: W0_k ← W0_k + 2·(1/N)Σ_i A_{k,i}B_{k,i} for k = 1, 2 (numpy SGD through both
     layers), B_k = 0, fresh A_k from stream t·2 + k (t = 1). TFF's DAF cannot hold the
-    `federated_aggregate`, so `tffl.communication.round_traffic` reads the MapReduceForm (TFF
+    `federated_aggregate`, so `tffl.engine.communication.round_traffic` reads the MapReduceForm (TFF
     cannot build a DistributeAggregateForm for it). The upload is the four factors + the metric
     sums + the float32 weight (ignored by the unweighted stacking, but part of the client's
     result); no deltas, so no second aggregator and no client count."""
@@ -535,7 +535,7 @@ def test_flexlora_bytes_up_with_a_head(tff_runtime):
 
 def test_fedavg_lora_averaging_error_against_numpy(tff_runtime, tmp_path):
     """`averaging_error=True` (two clients of 4 and 6 examples, weights p_i = n_i/Σn, two rounds
-    through `tffl.simulation.run_rounds`): metrics.csv's `finalizer/averaging_error` is
+    through `tffl.simulation.driver.run_rounds`): metrics.csv's `finalizer/averaging_error` is
     ‖Ā·B̄ − Σp_iA_iB_i‖_F / ‖Σp_iA_iB_i − A·B‖_F with numpy SGD's client factors from the round's
     (A, B); the bytes per client, the declared traffic and the states equal plain FedAvg-LoRA's."""
     clients = _CLIENTS[:2]
@@ -578,7 +578,7 @@ def test_fedavg_lora_averaging_error_against_numpy(tff_runtime, tmp_path):
 def test_weights_of_another_rank_are_rejected(tff_runtime, tmp_path):
     """A rank-2 model's weights cannot be set into, nor a rank-2 checkpoint loaded into, a rank-4
     process: `set_model_weights` raises one ValueError naming the variable and both shapes;
-    `tffl.checkpoint.load` raises `CheckpointMismatchError` naming both shapes."""
+    `tffl.simulation.checkpoint.load` raises `CheckpointMismatchError` naming both shapes."""
     rank2 = _small_process("rolora")
     a4 = np.random.default_rng(5).normal(size=(_D_IN, 4)).astype(np.float32)
     rank4 = lora_fl.build_rolora(_model_fn([(_W0, a4)]), _spec(_D_IN, _D_OUT), _LR,
@@ -779,7 +779,7 @@ def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
 def test_rolora_then_ffa_schedule(tff_runtime):
     """4 communication rounds, first half RoLoRA: a B round and an A round (A moves), then two
     B-only rounds in which A stays fixed. `next` is one `tff.Computation` (one switch round kind,
-    `tffl.switch_round`): the client work's state counts the rounds and chooses B or A in-graph,
+    `tffl.engine.switch_round`): the client work's state counts the rounds and chooses B or A in-graph,
     and the finalizer reports the kind that ran."""
     process = lora_fl.build_rolora_then_ffa(
         0.5, 4, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
@@ -827,7 +827,7 @@ def _lora_with_head():
 
 def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
     """RoLoRA on a classifier whose head (role `head`) is trained and uploaded in both rounds,
-    driven by `tffl.simulation.run_rounds` (metrics, checkpoints, resume): one row per
+    driven by `tffl.simulation.driver.run_rounds` (metrics, checkpoints, resume): one row per
     communication round (B, A, B, A, ...), and the state's `round_num` counts them."""
     spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
     process = lora_fl.build_rolora(_lora_with_head, spec, client_learning_rate=0.5)

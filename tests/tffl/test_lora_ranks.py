@@ -1,4 +1,4 @@
-"""tffl.lora_ranks: FlexLoRA and FLoRA with heterogeneous client ranks against numpy.
+"""tffl.algorithms.lora_ranks: FlexLoRA and FLoRA with heterogeneous client ranks against numpy.
 
 The numpy reference trains each client's adapter at its own size, A_i ∈ R^{d_in×r_i} and
 B_i ∈ R^{r_i×d_out} (the first r_i columns / rows of the server's factors), never a masked
@@ -12,8 +12,8 @@ import tensorflow_federated as tff
 
 from tests.tffl.test_lora_fl import _local_sgd, _model_fn, _spec, _weighted_mean
 from tests.tffl.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
-from tffl import lora_fl
-from tffl import lora_ranks
+from tffl.algorithms import lora_fl
+from tffl.algorithms import lora_ranks
 from tffl import runtime
 
 _RNG = np.random.default_rng(11)

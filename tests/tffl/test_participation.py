@@ -1,10 +1,10 @@
-"""tffl.participation: seeded, per-round-independent client sampling."""
+"""tffl.simulation.participation: seeded, per-round-independent client sampling."""
 
 import collections
 
 import pytest
 
-from tffl import participation
+from tffl.simulation import participation
 
 
 def test_uniform_sampler_is_a_pure_function_of_seed_and_round():

@@ -1,4 +1,4 @@
-"""tffl.personalized (+ the stateful-clients driver): FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT.
+"""tffl.algorithms.personalized (+ the stateful-clients driver): FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT.
 
 The model in the numpy checks is linear, f(x) = x·W·h with W (d×k, role `shared`) the
 representation and h (k×1, role `head`) the personal head, loss L = mean_n (x_n W h − y_n)², so
@@ -16,12 +16,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.tffl import eager_reference
-from tffl import checkpoint
-from tffl import participation
-from tffl import personal_state
-from tffl import personalized
-from tffl import roles
-from tffl import simulation
+from tffl.simulation import checkpoint
+from tffl.simulation import participation
+from tffl.engine import personal_state
+from tffl.algorithms import personalized
+from tffl.engine import roles
+from tffl.simulation import driver as simulation
 
 D, K = 4, 2
 SPEC = (tf.TensorSpec([None, D], tf.float32), tf.TensorSpec([None, 1], tf.float32))

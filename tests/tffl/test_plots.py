@@ -1,8 +1,8 @@
-"""tffl.plots: the curves against hand-computed sums, and the PNG."""
+"""tffl.simulation.plots: the curves against hand-computed sums, and the PNG."""
 
 import math
 
-from tffl import plots
+from tffl.simulation import plots
 
 
 def test_curves_accumulate_the_upload_and_keep_evaluated_rounds():

@@ -16,7 +16,7 @@ import tensorflow_federated as tff
 from test_lora_fl import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
 from test_lora_fl import _datasets, _model_fn, _small_process, _spec, _start
 from test_personalized import _build as _build_personalized
-from tffl import lora_fl
+from tffl.algorithms import lora_fl
 from tffl import production
 
 STATELESS = ("fedavg_lora", "ffa_lora", "rolora", "rolora_ffa")   # take DistributeAggregateForm

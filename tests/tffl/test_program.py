@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models.paper_models import build_rolora_mnist_net
-from tffl import lora_fl
+from tffl.algorithms import lora_fl
 from tffl import runtime
 from tffl.runtime.tff_internals import context_stack_impl
 

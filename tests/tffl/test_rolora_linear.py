@@ -1,11 +1,11 @@
-"""tffl.rolora_linear: RoLoRA's Algorithm 2 (Alt-min-GD) against numpy written from rolora.md
+"""tffl.algorithms.rolora_linear: RoLoRA's Algorithm 2 (Alt-min-GD) against numpy written from rolora.md
 §2.1, and the linear theory's recovery of a* (Theorem 4.5) on tasks.synthetic.rolora_linear."""
 
 import numpy as np
 import pytest
 
 from tasks.synthetic import rolora_linear
-from tffl import rolora_linear as alt_min
+from tffl.algorithms import rolora_linear as alt_min
 
 
 def _clients(problem):

@@ -16,12 +16,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl import checkpoint
-from tffl import lora_fl
-from tffl import participation
-from tffl import roles
+from tffl.simulation import checkpoint
+from tffl.algorithms import lora_fl
+from tffl.simulation import participation
+from tffl.engine import roles
 from tffl import runtime
-from tffl import simulation
+from tffl.simulation import driver as simulation
 
 
 @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))

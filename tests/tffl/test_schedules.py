@@ -1,4 +1,4 @@
-"""tffl.schedules: periodic schedules and the cycle that is a ScheduledProcess's `next`.
+"""tffl.engine.schedules: periodic schedules and the cycle that is a ScheduledProcess's `next`.
 
 RoLoRA's `next` (one `tff.Computation`: its B round, then its A round, each on its own client
 data) must equal two communication rounds run one at a time (`next_round`), and its metrics must
@@ -12,8 +12,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models.paper_models import build_rolora_mnist_net
-from tffl import lora_fl
-from tffl import schedules
+from tffl.algorithms import lora_fl
+from tffl.engine import schedules
 
 _D, _CLASSES = 8, 3
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -135,7 +135,7 @@ def test_personalized_next_is_the_cycle_with_personal_state_threaded(tff_runtime
     """FedRep heads over RoLoRA-alternated adapters: `next` is one `tff.Computation`, the B
     round then the A round, each on its own data, each client's head passed from the first round
     to the second; it equals two `next_round` calls (to 1e-6), heads included."""
-    from tffl import personalized
+    from tffl.algorithms import personalized
 
     process = personalized.build_personalized_process("fedrep", _model_fn, _SPEC, 0.1,
                                                       lora_schedule="alternating")

@@ -1,4 +1,4 @@
-"""tffl.simulation: the round loop's metrics, checkpoints and resume, on a process with known math.
+"""tffl.simulation.driver: the round loop's metrics, checkpoints and resume, on a process with known math.
 
 The toy process keeps a running vector state s; a round adds the mean over the sampled clients of
 (their data sum) — so every round's state is an exact closed form the test computes independently.
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tffl import checkpoint
-from tffl import participation
+from tffl.simulation import checkpoint
+from tffl.simulation import participation
 from tffl import runtime
-from tffl import simulation
+from tffl.simulation import driver as simulation
 
 
 class _SumProcess:

@@ -1,4 +1,4 @@
-"""tffl.srpfl: SRPFL's fastest-n participation, doubling schedule and simulated wall-clock.
+"""tffl.simulation.srpfl: SRPFL's fastest-n participation, doubling schedule and simulated wall-clock.
 
 Checked against independent numpy (argsort, cumsum) and closed forms from shared/specs/srpfl.md,
 never against the module's own output.
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tffl import srpfl
+from tffl.simulation import srpfl
 
 IDS = [f"c{i}" for i in range(20)]
 

@@ -45,7 +45,7 @@ worker (its number, pid or address and log file) instead of TFF's endless retrie
 `UNAVAILABLE`; a worker that is not ready within `ready_timeout_s` raises `WorkerError` too.
 A local worker that crashes on its own (a segfault of the C++ worker, not a kill from outside) is
 restarted and the computation run once more; a second crash raises `WorkerError`.
-`tffl.simulation.run_rounds` has checkpointed every completed round by then, so the run continues
+`tffl.simulation.driver.run_rounds` has checkpointed every completed round by then, so the run continues
 with `resume=True` (`scripts/train.py --resume`). See docs/runtime.md.
 
 Devices: the C++ worker pins every TensorFlow session it creates round-robin to the GPUs (or

@@ -1,0 +1,163 @@
+"""Linear FedRep (SRPFL Algorithm 2 without doubling) as TFF federated computations.
+
+Model (`shared/specs/srpfl.md` §4.1): client i has y = w_i*ᵀ B*ᵀ x + z, B* ∈ R^{d×k} orthonormal,
+w_i* ∈ R^k its personal head. Client i's round-t objective on its batch X_i ∈ R^{m_i×d},
+y_i ∈ R^{m_i} is (srpfl.md §2.3)
+
+    f̂_i(w, B) = (1/(2 m_i)) ‖X_i B w − y_i‖².
+
+One round (`next`, srpfl.md §2.3 main loop and eqs. 16–18, FedRep §6.1 with τ_φ = 1):
+
+1. the server broadcasts B (d×k, orthonormal columns);
+2. client i solves its head exactly, w_i = argmin_w f̂_i(w, B) (least squares; the minimum-norm
+   solution if X_i B is rank deficient), which equals ((1/m) BᵀX_iᵀX_iB)⁻¹ (1/m) BᵀX_iᵀy_i;
+3. client i takes one gradient step on B with w_i frozen,
+   B_i = B − η ∇_B f̂_i(w_i, B),  ∇_B f̂_i = (1/m_i) X_iᵀ (X_i B w_i − y_i) w_iᵀ   (d×k);
+4. the server takes the *unweighted* mean B̄ = (1/n) Σ_i B_i (`tff.federated_mean`) and
+   orthonormalizes, B ← Q of B̄ = QR with the signs fixed so that diag(R) ≥ 0.
+
+Personal state: none. In Algorithm 2 the head is recomputed *exactly* from the broadcast B and
+the round's batch ("exact head minimization", τ_h → ∞), so the previous w_i is never read: TFF's
+stateless clients lose nothing, and the server state is only B and the round count. (The generic
+Algorithm 1 / neural FedRep warm-starts heads from the stored h_i; that variant is not this file.)
+Fresh samples per round (Algorithm 2 samples a new batch each round) are the caller's business:
+pass new (X_i, y_i) to each `next`.
+
+Client data: one value per client, an `OrderedDict(x=float32[m_i, d], y=float32[m_i])` of
+tensors, m_i >= 1 (not a `tf.data` sequence: the exact head solve needs the whole batch at once).
+m_i may differ between clients; the server mean stays unweighted, as in the paper. The state,
+round counter, checks and the averaging round (steps 1 and 4) are `tffl.engine.linear_engine`'s; inside
+the client computation the algebra runs in float64 and results are cast back to float32.
+
+Method-of-moments initialization (srpfl.md §2.3 "Initialization", §5.2): client i uploads
+P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d); the server forms (1/N) Σ_i P_i (= (1/(Nm)) Σ_i Σ_j
+y_ij² x_ij x_ijᵀ for equal m) and B⁰ = its top-k eigenvectors (`tf.linalg.eigh`, d×k). Use a
+separate batch from the first round's (as the paper does).
+
+Metrics of a round (at the server): `loss` = (1/n) Σ_i f̂_i(w_i, B), the mean client objective at
+the exact heads and the *broadcast* B (before the step); `num_clients` = n. The subspace distance
+to B* is the caller's (tffl has no ground truth): e.g. `tasks.subspace.principal_angle_distance`.
+
+Example:
+
+>>> process = build_fedrep_linear(dim=10, rank=2, learning_rate=0.5)
+>>> data = [collections.OrderedDict(x=x_i, y=y_i) for x_i, y_i in zip(xs, ys)]  # 4 clients
+>>> with runtime.local_runtime():
+...     state = process.initialize_by_moments(data)      # or process.initialize()
+...     output = process.next(state, data)
+...     b = process.get_representation(output.state)      # float32 (d, k)
+>>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))   # QR: orthonormal columns
+((10, 2), True)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import linear_engine
+
+
+def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
+    """w = argmin_w ‖X B w − y‖² (k,), float64, via `tf.linalg.lstsq` (orthogonal decomposition,
+    minimum-norm solution when X B is rank deficient)."""
+    return tf.linalg.lstsq(x64 @ b64, y64[:, tf.newaxis], fast=False)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedRepLinearProcess(linear_engine.LinearProcess):
+    """Linear FedRep: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
+    no personal state; B is kept orthonormal (`set_representation` orthonormalizes).
+
+    Attributes (all TFF computations; the methods add shape checks):
+      initialize_computation: () -> state@SERVER, B = orthonormalized N(0, 1) d×k (seeded).
+      next_computation: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, metrics)`.
+      set_representation_computation: (state, float32[d, k]) -> state with B orthonormalized.
+      dim, rank: d, k.
+      moments_computation: (data@CLIENTS) -> state@SERVER, method of moments.
+      head: (float32[d, k], data) -> float32[k], one client's exact head (for personalization and
+        evaluation with a learned B).
+      learning_rate: η.
+    """
+
+    moments_computation: tff.Computation
+    head: tff.Computation
+    learning_rate: float
+
+    def initialize_by_moments(self, client_data):
+        """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ."""
+        self.check_data(client_data)
+        return self.moments_computation(client_data)
+
+    def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
+        """One FedRep round on `client_data` (a list of `{x: (m_i, d), y: (m_i,)}`)."""
+        self.check_data(client_data)
+        return self.next_computation(state, client_data)
+
+
+def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
+                        ) -> FedRepLinearProcess:
+    """Linear FedRep (SRPFL Algorithm 2, no doubling): d = `dim`, k = `rank`, η = `learning_rate`.
+
+    Args:
+      dim: d ≥ 1, the feature dimension.
+      rank: k, 1 ≤ k ≤ d, the representation dimension.
+      learning_rate: η > 0, the step on B of the (1/m)-normalized gradient (srpfl.md §5.2 suggests
+        0.1–0.5; the theory needs η ≤ 1/(8 σ̄²_max,*)).
+      seed: seed of `initialize`'s random B.
+
+    Raises:
+      ValueError: d < 1, k ≤ 0 or k > d, or η ≤ 0 (or not finite).
+    """
+    dim, rank = linear_engine.check_dims(dim, rank)
+    eta = linear_engine.check_rate("learning_rate", learning_rate)
+    server = linear_engine.build_server(
+        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        orthonormal=True)
+    b_type, data_type = server.representation_type, server.data_type
+
+    @tff.tensorflow.computation(b_type, data_type)
+    def head(b, data):
+        x64, y64, _ = linear_engine.batch64(data)
+        return tf.cast(_head(tf.cast(b, tf.float64), x64, y64), tf.float32)
+
+    @tff.tensorflow.computation(b_type, data_type)
+    def client_update(b, data):
+        """(B, {X_i, y_i}) -> {representation: B_i, loss: f̂_i(w_i, B)}."""
+        b64 = tf.cast(b, tf.float64)
+        x64, y64, m = linear_engine.batch64(data)
+        w = _head(b64, x64, y64)                                    # (k,)
+        residual = tf.linalg.matvec(x64 @ b64, w) - y64             # (m,)
+        grad = (tf.linalg.matvec(x64, residual, transpose_a=True)[:, tf.newaxis]
+                * w[tf.newaxis, :]) / m                             # (d, k)
+        loss = tf.reduce_sum(residual**2) / (2.0 * m)
+        return collections.OrderedDict(
+            representation=tf.cast(b64 - eta * grad, tf.float32), loss=tf.cast(loss, tf.float32)
+        )
+
+    @tff.tensorflow.computation(data_type)
+    def client_moments(data):
+        """P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d)."""
+        x64, y64, m = linear_engine.batch64(data)
+        p = tf.linalg.matmul(x64 * (y64**2)[:, tf.newaxis], x64, transpose_a=True) / m
+        return tf.cast(p, tf.float32)
+
+    @tff.tensorflow.computation(tff.TensorType(np.float32, [dim, dim]))
+    def top_eigenvectors(p):
+        """The top-k eigenvectors (d×k, by decreasing eigenvalue) of the symmetric p."""
+        p64 = tf.cast(p, tf.float64)
+        _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
+        return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
+
+    initialize_by_moments = linear_engine.build_mean_initializer(server, client_moments,
+                                                                 top_eigenvectors)
+
+    next_fn = linear_engine.build_averaging_round(server, client_update,
+                                                  server_update=server.orthonormalize)
+    return FedRepLinearProcess(**server.process_fields(next_fn),
+                               moments_computation=initialize_by_moments, head=head,
+                               learning_rate=eta)

@@ -1,0 +1,263 @@
+"""Federated LoRA as schedules on the one engine: FedAvg-LoRA, FFA-LoRA, RoLoRA, RoLoRA→FFA,
+FlexLoRA and FLoRA.
+
+Notation (`shared/specs/rolora.md` §1): an adapted matrix is W = W0 + A·B (times the layer's α/r),
+A ∈ R^{d_in×r} (role `lora_a`), B ∈ R^{r×d_out} (role `lora_b`, zero at init). Client i has n_i
+examples; "mean" is what the `tff.aggregators` factory computes (default `MeanFactory()`:
+Σ_i n_i·v_i / Σ_i n_i; `UnweightedMeanFactory()` gives the paper's 1/N). Clients upload deltas
+v_i = θ_i − θ; the server applies them with a `tff.learning.optimizers` server optimizer (default
+SGD with η_s = 1, so θ + mean(v_i) = mean(θ_i)).
+
+Every algorithm is a set of round kinds (`tffl.engine.rounds.RoundSpec`: which roles clients train,
+what they upload, which server step) and a schedule over them (`tffl.engine.processes`); every
+communication round trains on its own client data.
+
+| algorithm      | round kinds (trained; uploaded)                    | schedule (t = rounds done) |
+|----------------|----------------------------------------------------|----------------------------|
+| `fedavg_lora`  | `ab_round`: A, B (+ `extra_roles`); A ← Ā, B ← B̄ | always                     |
+| `ffa_lora`     | `b_round`: B (+ extra); A stays at its init        | always                     |
+| `rolora`       | `b_round`: B (+ extra); `a_round`: A (+ extra)     | B if t even, else A        |
+| `rolora_ffa`   | `b_or_a_round`: RoLoRA's B or A round, in-graph    | A if t odd and t < x·T, else B |
+| `flexlora`     | `ab_round`: A_i, B_i; SVD of Σ p_i A_iB_i          | always                     |
+| `flora`        | `ab_round`: A_i, B_i (from B = 0); merged into W0 | always                     |
+
+RoLoRA's exactness: in a B round every client holds the same A, so mean_i(A·B_i) = A·mean_i(B_i);
+in an A round every client holds the same B̄, so mean_i(A_i·B̄) = mean_i(A_i)·B̄. FedAvg-LoRA's
+mean_i(A_i)·mean_i(B_i) differs from mean_i(A_i·B_i) in general; `averaging_error=True`
+measures it each round (`build_schedule`). RoLoRA starts with the B round (B = 0 at init makes
+∇_A ℓ = 0).
+
+FlexLoRA (Bai et al. 2024): clients upload their factors A_i, B_i (r·(d_in + d_out) values per
+adapted matrix, as FLoRA's); the stacking aggregation (below) gives the server
+P = Σ_i p_i A_iB_i (= A·B + mean_i(A_iB_i − A·B), the paper's product average), and the server
+splits its rank-r truncated SVD P ≈ U_r S_r V_rᵀ into A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ.
+
+FLoRA (Wang et al. 2024): every round starts from a fresh adapter (A random, B = 0); clients
+upload A_i, B_i; the aggregation (`tffl.engine.factor_aggregation.stacking_aggregation`) stacks them,
+[p_1A_1 … p_NA_N]·[B_1; …; B_N] = Σ_i p_i·A_i·B_i (a `tff.federated_aggregate` accumulating
+p_i·A_i·B_i, so the upload stays r·(d_in + d_out)); the server merges
+W0 ← W0 + scale·Σ_i p_i A_iB_i into the frozen kernel linked to the adapter
+(`tffl.engine.roles.link_lora`) and restarts it: A ← `flora_a_init(seed, t)`, B ← 0. Those kernels are
+therefore federated (broadcast and counted in the bytes down).
+
+What travels: the server state, the broadcast and checkpoints hold only the federated variables
+(the factors the schedule trains, the `extra_roles` variables, FLoRA's base kernels); the frozen
+backbone and never-trained variables (FFA-LoRA's A) stay in the model's base-weights file
+(`tffl.engine.frozen`). `process.model_weights(state)` gives the whole model.
+
+Build the processes before creating any eager Keras model in the same program: tracing them
+builds Keras models in graphs, which invalidates Keras 2 models created eagerly before.
+Datasets with dict elements must yield `OrderedDict`s or dicts with sorted keys (a TFF rule).
+
+TFF's contract: every process here is a `tff.learning.templates.LearningProcess` whose `next` is
+a `tff.Computation` with TFF's metric structure, so `tff.learning.programs.train_model` runs it.
+For RoLoRA `next` is one RoLoRA iteration, the B round then the A round, each on its own client
+data: `next(state, {<b_round=D*, a_round=D*>}@CLIENTS)` (`process.data_names`; metrics
+`client_work/train` over both rounds, `finalizer/round_kind` = [b_round, a_round]).
+`next_round(state, datasets)` runs one communication round (what `tffl.simulation.driver` calls).
+RoLoRA→FFA switches once, so it has no periodic `next`: its `next` is `next_round`.
+
+Example:
+
+>>> process = build_lora_process("rolora", model_fn, input_spec, client_learning_rate=0.1)
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     state = process.next_round(state, client_datasets).state   # a B round
+...     state = process.next_round(state, other_datasets).state    # an A round, on fresh batches
+...     both = process.next(state, [{"b_round": b, "a_round": a}   # one iteration: B then A
+...                                 for b, a in zip(client_datasets, other_datasets)]).state
+...     weights = process.model_weights(both)
+"""
+
+from __future__ import annotations
+
+from tffl.engine import communication
+from tffl.engine import rounds as engine
+from tffl.algorithms import lora_plans
+from tffl.algorithms import lora_ranks
+from tffl.engine import processes
+from tffl.engine import roles
+from tffl.engine import switch_round as switching
+from tffl.algorithms.lora_plans import SchedulePlan, lora_pairs, plan_schedule  # noqa: F401  (public here)
+from tffl.engine.processes import check_weights_shapes  # noqa: F401  (public here since 0.1)
+from tffl.engine.server_steps import flora_a_init  # noqa: F401  (public here since 0.1)
+
+ALGORITHMS = lora_plans.ALGORITHMS
+# What every client uploads besides its update: float32 loss sum, correct and example counts,
+# and the float32 weight n_i of the aggregation.
+METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
+LoraLearningProcess = processes.ScheduledProcess
+
+
+def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
+                   loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
+                   server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
+                   frozen_dir=None, seed: int = 0, switch_round: int | None = None,
+                   initial_trainable=None, jit_compile: bool = False, client_ranks=None,
+                   averaging_error: bool = False) -> processes.ScheduledProcess:
+    """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
+
+    Args:
+      keras_model_fn: no-arg function returning a fresh, uncompiled Keras model whose variables
+        carry `tffl.engine.roles` (at least one `lora_a` and one `lora_b`).
+      input_spec: element spec `(x, y)` (or `{"x", "y"}`) of a client's batched dataset.
+      client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`;
+        local steps = batches in the dataset.
+      loss_fn: no-arg function returning the batch loss `(y_true, y_pred) -> scalar` (default:
+        sparse categorical cross-entropy on logits).
+      aggregator: a `tff.aggregators` factory for the uploaded deltas, weighted (weights =
+        examples) or unweighted (default `tff.aggregators.MeanFactory()`).
+      extra_roles: roles trained and aggregated with the factors in every round (default: `head`).
+      client_device: a TensorFlow device for each client's model and loop, e.g. "/GPU:0".
+      server_optimizer: a `tff.learning.optimizers.Optimizer` applied to the mean delta
+        (default SGD η_s = 1: the plain mean).
+      weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
+      initial_non_trainable: values of `model.non_trainable_variables` to start from (e.g. a
+        pretrained backbone); default: the model's own initializers.
+      initial_trainable: likewise for `model.trainable_variables` (e.g. FFA-LoRA's fixed A).
+      jit_compile: mark each client step for XLA (`tf.function(jit_compile=True)`). Only a
+        TensorFlow runtime with XLA compiles it: TFF 0.87's `worker_binary` has none and runs the
+        step as it is (same results, same time; docs/PERFORMANCE.md, "XLA").
+      frozen_dir: where the frozen weights file goes (`tffl.engine.frozen.default_directory()`).
+      seed: FLoRA's seed for the fresh A of every round.
+      switch_round: rolora_ffa: the communication round from which only B rounds run.
+      client_ranks: flexlora and flora: each client's rank (`{client id: rank}` or a function
+        of the client id, each in [1, the model's LoRA rank]); the process is then a
+        `tffl.algorithms.lora_ranks.HeterogeneousRankProcess` (the rank is the clients' personal state).
+      averaging_error: fedavg_lora only: also report, in every round's metrics under
+        `finalizer/averaging_error` (a `metrics.csv` column of `tffl.simulation.driver`),
+        ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F over all adapters
+        (`tffl.engine.factor_aggregation`; the means with the aggregator's weights p_i, A, B the
+        round's starting factors). A simulation-only diagnostic: its second aggregation of the
+        clients' ΔA_i, ΔB_i is not counted in `traffic` (the algorithm's own upload), and TFF
+        can then compile the round to MapReduceForm only.
+
+    Raises:
+      ValueError: the model has no `lora_a`/`lora_b` variables, the learning rate is not > 0,
+        or `averaging_error` for another algorithm.
+    """
+    if averaging_error and algorithm != "fedavg_lora":
+        raise ValueError(f"averaging_error is FedAvg-LoRA's measurement (fedavg_lora), not "
+                         f"{algorithm!r}'s: one factor a round (RoLoRA, FFA-LoRA) makes it 0, "
+                         "and FlexLoRA and FLoRA aggregate the products themselves")
+    if client_ranks is not None:
+        return lora_ranks.build_heterogeneous_rank_process(
+            algorithm, keras_model_fn, input_spec, client_learning_rate, client_ranks,
+            loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
+            client_device=client_device, server_optimizer=server_optimizer,
+            weight_decay=weight_decay, initial_non_trainable=initial_non_trainable,
+            frozen_dir=frozen_dir, seed=seed, initial_trainable=initial_trainable,
+            jit_compile=jit_compile)
+    plan = plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
+                         loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
+                         client_device=client_device, server_optimizer=server_optimizer,
+                         weight_decay=weight_decay,
+                         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir,
+                         seed=seed, switch_round=switch_round,
+                         initial_trainable=initial_trainable, jit_compile=jit_compile)
+    pieces = [switching.build_round(plan.model, s, plan.client, plan.aggregator,
+                                       plan.server_optimizer) for s in plan.round_specs]
+    traffic_rounds = None
+    if averaging_error:
+        plain, pairs = pieces, lora_pairs(plan.model.spec)
+        pieces = [engine.with_averaging_error(plan.model, s, p, pairs, plan.aggregator)
+                  for s, p in zip(plan.round_specs, plain)]
+
+        def traffic_rounds():   # the algorithm's own rounds: what `traffic` sizes
+            return processes.compose_rounds(plan.model, plain, personal=False)[1]
+    initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=False)
+    return processes.ScheduledProcess(algorithm, plan.model, pieces, initialize, rounds,
+                                      plan.schedule, traffic_rounds=traffic_rounds)
+
+
+def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
+    """FedAvg-LoRA (FedIT): clients train A and B; the server sets A ← mean A_i, B ← mean B_i.
+    Keyword arguments as `build_schedule` (`averaging_error=True`: also measure
+    ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F each round)."""
+    return build_schedule("fedavg_lora", keras_model_fn, input_spec, client_learning_rate,
+                          **kwargs)
+
+
+def build_ffa_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
+    """FFA-LoRA: A stays at its (common) initial value and never travels; clients train B;
+    B ← mean B_i. Keyword arguments as `build_schedule`."""
+    return build_schedule("ffa_lora", keras_model_fn, input_spec, client_learning_rate,
+                          **kwargs)
+
+
+def build_rolora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
+    """RoLoRA: communication rounds alternate a B round (A frozen, B ← mean B_i) and an A round
+    (B frozen, A ← mean A_i), starting with B; each round kind has its own aggregator and
+    server-optimizer state. Keyword arguments as `build_schedule`."""
+    return build_schedule("rolora", keras_model_fn, input_spec, client_learning_rate, **kwargs)
+
+
+def build_flexlora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
+    """FlexLoRA: clients train A and B and upload A_i, B_i; the stacking aggregation gives
+    P = Σ_i p_i A_iB_i and the server sets A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ from P's rank-r
+    truncated SVD. `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and aggregates the
+    `extra_roles` deltas. Keyword arguments as `build_schedule`."""
+    return build_schedule("flexlora", keras_model_fn, input_spec, client_learning_rate,
+                          **kwargs)
+
+
+def build_flora(keras_model_fn, input_spec, client_learning_rate, seed: int = 0, **kwargs):
+    """FLoRA: clients train A, B from (A, B = 0) and upload A_i, B_i; the server merges
+    W0 ← W0 + scale·Σ_i p_i·A_i·B_i (stacking) and restarts the adapter (A ← `flora_a_init` with
+    `seed` and the round number, B ← 0). Every `lora_a` must be linked to its frozen kernel
+    (`tffl.engine.roles.link_lora`); `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and
+    aggregates the `extra_roles` deltas. Keyword arguments as `build_schedule`."""
+    return build_schedule("flora", keras_model_fn, input_spec, client_learning_rate,
+                          seed=seed, **kwargs)
+
+
+def build_lora_process(name: str, keras_model_fn, input_spec, client_learning_rate, **kwargs
+                       ) -> processes.ScheduledProcess:
+    """The process of algorithm `name` (one of `ALGORITHMS`); `kwargs` go to `build_schedule`.
+
+    Raises:
+      ValueError: for an unknown name.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(
+            f"unknown LoRA algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    return build_schedule(name, keras_model_fn, input_spec, client_learning_rate, **kwargs)
+
+
+def build_rolora_then_ffa(rolora_fraction: float, total_communication_rounds: int,
+                          keras_model_fn, input_spec, client_learning_rate, **kwargs
+                          ) -> processes.ScheduledProcess:
+    """"x% RoLoRA + (100−x)% FFA-LoRA" (`rolora.md` §1.3 (ii)): RoLoRA's alternation for the
+    first round(x·T) communication rounds, then only B rounds (x = `rolora_fraction`,
+    T = `total_communication_rounds`); `kwargs` as `build_schedule`.
+
+    Raises:
+      ValueError: x outside [0, 1] or T < 1 (and as `build_rolora`).
+    """
+    if not 0.0 <= rolora_fraction <= 1.0:
+        raise ValueError(f"rolora_fraction={rolora_fraction} must be in [0, 1]")
+    if total_communication_rounds < 1:
+        raise ValueError(f"total_communication_rounds={total_communication_rounds} must be >= 1")
+    return build_schedule("rolora_ffa", keras_model_fn, input_spec, client_learning_rate,
+                          switch_round=round(rolora_fraction * total_communication_rounds),
+                          **kwargs)
+
+
+def upload_bytes_per_communication_round(process) -> dict[str, int]:
+    """Bytes one client uploads in each round kind, from the types: the update (trained
+    factors' deltas, or FlexLoRA's and FLoRA's factors, + `extra_roles` deltas), its float32
+    weight and the three metric sums."""
+    return {name: traffic.up for name, traffic in process.traffic.items()}
+
+
+def traffic_per_communication_round(process) -> dict[str, communication.RoundTraffic]:
+    """`{round name: RoundTraffic}`: bytes down (the federated weights) and up per client."""
+    return dict(process.traffic)
+
+
+__all__ = [
+    "ALGORITHMS", "METRIC_UPLOAD_BYTES", "build_fedavg_lora", "build_ffa_lora", "build_flexlora",
+    "build_flora", "build_lora_process", "build_rolora", "build_rolora_then_ffa",
+    "build_schedule", "flora_a_init", "lora_pairs", "traffic_per_communication_round",
+    "upload_bytes_per_communication_round",
+]

@@ -1,0 +1,289 @@
+"""Personal heads on role-tagged Keras models: FedRep, FedPer, LG-FedAvg, FedAvg(-FT), FLUTE,
+AdaptPFL; and FedSA-LoRA's personal B factors.
+
+Roles (`tffl.engine.roles`): the variables tagged `head` (and, for AdaptPFL, `shortcut`) are *personal*
+(they never leave the client); the trainable `shared`, `lora_a` and `lora_b` variables are the
+*representation* φ, averaged by the server; `frozen` variables are never trained. Client i's model
+is f(x; φ, h_i).
+
+| algorithm   | local phases (η: SGD step, E: epochs = passes over the round's data) | aggregated |
+|-------------|------------------------------------------------------------------------|-----------|
+| `fedrep`    | h_i: τ_h epochs with φ fixed, then φ: τ_r epochs with h_i fixed        | φ         |
+| `fedper`    | (h_i, φ) jointly for E epochs                                           | φ         |
+| `lg_fedavg` | (h_i, φ) jointly for E epochs; the model's lower layers carry `head`   | φ (top)   |
+| `fedavg`    | (h, φ) jointly for E epochs from the global model                       | h and φ   |
+| `fedavg_ft` | as `fedavg`; at evaluation each client first fine-tunes h for E_ft     | h and φ   |
+| `flute`     | h_i: τ_h epochs, then (h_i, φ) τ_r epochs, regularized; NC step on H_i | φ         |
+| `adaptpfl`  | h_i: τ_w, shortcut s_i: τ_s, then φ: τ_b epochs (B: `tffl.algorithms.adaptpfl`)    | φ         |
+| `fedsa_lora`| (A, B_i, head) jointly for E epochs; every `lora_b` is personal         | A, head   |
+
+(FedAvg trains every `head` and representation variable, so it also runs on untagged models.
+FLUTE's regularizers are described at `FluteConfig`; AdaptPFL's mix (1−α)·f + α·s_i(x) is part of
+the model, `models.paper_models.ShortcutMix`, so α = 0 is FedRep exactly.)
+
+FedSA-LoRA (Guo et al., ICLR 2025, "Selective Aggregation for Low-Rank Adaptation in Federated
+Learning") is FedPer's schedule on another split: both LoRA factors train, but only the A factors
+are shared and averaged; each client keeps its B factors (role `lora_b`) as personal state. Every
+other trainable variable (the classifier head, `shared` layers) is averaged with A: the paper
+keeps only B local. It needs a model with LoRA factors and no `head` role is required.
+
+(srpfl.md §6.1–6.4.) LG-FedAvg is FedPer's schedule on the opposite split: its *lower* layers are
+local, so they carry the personal role `head`, and its top layers are the shared representation
+(`models.paper_models.build_mlp(split="lg")`). FedAvg keeps no personal state.
+
+Every algorithm is a schedule of `tffl.engine.rounds` rounds (`tffl.engine.processes`). One communication
+round: the server broadcasts the federated weights φ (the aggregated variables only: the frozen
+backbone stays in its file, `tffl.engine.frozen`); client i assembles its model from φ, the frozen weights
+and its stored h_i, runs the phases (`tffl.engine.client_training.build_phased_loop`, the one training
+loop, with a `tff.learning.optimizers` client optimizer), uploads the deltas of the aggregated
+variables it trained, Δ_i = φ_i − φ, with its weight n_i and three float32 metric sums, and returns
+its new h_i as personal state. The server applies φ ← φ + η_s·agg(Δ_i) (a `tff.learning.optimizers`
+server optimizer; default SGD with η_s = `server_learning_rate`) with a `tff.aggregators`
+factory (default `MeanFactory()`: Σ n_i Δ_i / Σ n_i; the
+papers' splits have equal n_i, where it equals the simple 1/n mean of srpfl.md Alg. 1; pass
+`UnweightedMeanFactory()` for 1/n always).
+
+LoRA representation (`lora_schedule`): with "joint", A and B are trained and averaged together
+(FedAvg-LoRA-style); with "alternating", communication rounds alternate RoLoRA-style (one per `next`):
+a B round (φ-phase trains B, A fixed; B averaged) then an A round (φ-phase trains A; A averaged),
+each with its own head phase; both rounds upload half the factors, and the averages are exact
+(see `tffl.algorithms.lora_fl`).
+
+Stateful clients (`tffl.engine.personal_state`): for the algorithms with personal variables the process
+follows the stateful-clients template,
+
+    next: (state@S, data@C, personal@C) -> PersonalizedOutput(state@S, personal@C, metrics@S)
+
+where client i's personal state is the list of its personal variables' values (in
+`model.trainable_variables` order; FLUTE appends its class indicator u_i) and
+`initialize_personal(client_id)` is the model's initial head. FedAvg and FedAvg-FT have no
+personal state: they are ordinary `tff.learning.templates.LearningProcess`es.
+
+Evaluation (`evaluate`, a federated computation): each client starts from the global weights with
+its stored h_i (algorithm-faithful: srpfl.md §8.2; the official code instead fine-tunes from the
+averaged head), optionally fine-tunes h for `finetune_epochs` epochs on its training data (φ fixed),
+and tests on its own test data. Reported: example-weighted `loss` and `accuracy` over all clients'
+test examples, and `mean_client_accuracy`, the unweighted mean of the clients' accuracies.
+
+Bytes per client per communication round (`traffic`): down = the broadcast federated weights, up =
+the uploaded deltas plus the 4-byte weight and 12 metric bytes — read off the types; the personal
+state is not traffic (it stays on the device).
+
+Options and builders (`tffl.algorithms.personalized_builders`): `build_personalized_process` takes its options
+as keywords or as one `PersonalizedConfig` (each field documented there with its default);
+`BUILDERS[algorithm]` turns the model's variables by role into the algorithm's plan: its rounds
+(`engine.RoundSpec`s per `lora_schedule`) and schedule, personal variables and hook. The process
+classes here receive the evaluation computations (`evaluate_computation`, FLUTE's
+`final_evaluate_computation`) as constructor arguments.
+
+Example:
+
+>>> process = build_personalized_process("fedrep", model_fn, input_spec, 0.05,
+...                                      head_epochs=10, representation_epochs=1)
+>>> from tffl.engine import personal_state
+>>> store = personal_state.PersonalStore(process.initialize_personal)
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     out = process.next(state, datasets, store.lookup(client_ids))
+...     store.update(client_ids, out.personal_states)
+>>> [w.shape for w in store.lookup(["a"])[0]]     # client a's head h_a: kernel and bias
+[(8, 3), (3,)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import client_training
+from tffl.engine import rounds as engine
+from tffl.engine import processes
+from tffl.algorithms.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
+from tffl.algorithms.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
+from tffl.algorithms.personalized_builders import (  # noqa: F401  (public here)
+    BUILDERS, LORA_SCHEDULES, PERSONAL_ROLES, REPRESENTATION_ROLES, PersonalizedConfig, Plan,
+    Split)
+
+ALGORITHMS = tuple(BUILDERS)
+assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute",
+                      "adaptpfl", "fedsa_lora")
+# What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
+METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
+
+
+def _check_same_length(train_data, test_data):
+    if len(train_data) != len(test_data):
+        raise ValueError(f"{len(train_data)} training but {len(test_data)} test datasets: "
+                         "evaluation needs both for every client, in the same order")
+
+
+def _floats(metrics) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}
+
+
+class PersonalizationProcess(processes.ScheduledProcess):
+    """FedAvg and FedAvg-FT (no personal state): a `LearningProcess` with `evaluate`.
+
+    Attributes beyond `processes.ScheduledProcess`'s: `evaluate_computation` (`engine.
+    build_evaluation`'s `(weights@S, train@C, test@C) -> metrics@S`), `personal_indices` (empty)
+    and `finetune_epochs` (E_ft of the evaluation); `final_evaluate_computation` is None.
+    """
+
+    final_evaluate_computation = None
+
+    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, *,
+                 evaluate_computation: tff.Computation, personal_indices: tuple[int, ...] = (),
+                 finetune_epochs: int = 0, traffic_rounds=None):
+        super().__init__(algorithm, model, pieces, initialize, rounds, schedule,
+                         traffic_rounds=traffic_rounds)
+        self.evaluate_computation = evaluate_computation
+        self.personal_indices = tuple(personal_indices)
+        self.finetune_epochs = finetune_epochs
+
+    def evaluate(self, state, train_data, test_data) -> dict[str, float]:
+        """Per-client test metrics (FedAvg-FT fine-tunes the head first) over the clients whose
+        train/test datasets are given."""
+        _check_same_length(train_data, test_data)
+        return _floats(self.evaluate_computation(
+            self.get_model_weights(state), train_data, test_data))
+
+
+class PersonalizedProcess(processes.PersonalizedProcess):
+    """FedRep, FedPer, LG-FedAvg, FLUTE, AdaptPFL and FedSA-LoRA: the stateful-clients protocol
+    with `evaluate(state, personal_states, train, test)`.
+
+    Attributes beyond `processes.PersonalizedProcess`'s: `evaluate_computation` (`(weights@S,
+    personal@C, train@C, test@C) -> metrics@S`), `final_evaluate_computation` (FLUTE's final
+    head fine-tuning round, same signature, or None), `personal_indices` (the personal
+    variables' positions in `spec.trainable`) and `finetune_epochs` (E_ft of the evaluation).
+    """
+
+    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, hook=None, *,
+                 evaluate_computation: tff.Computation,
+                 final_evaluate_computation: tff.Computation | None = None,
+                 personal_indices: tuple[int, ...] = (), finetune_epochs: int = 0):
+        super().__init__(algorithm, model, pieces, initialize, rounds, schedule, hook)
+        self.evaluate_computation = evaluate_computation
+        self.final_evaluate_computation = final_evaluate_computation
+        self.personal_indices = tuple(personal_indices)
+        self.finetune_epochs = finetune_epochs
+
+    def evaluate(self, state, personal_states, train_data, test_data) -> dict[str, float]:
+        """Personalized test metrics: client i uses its `personal_states[i]`."""
+        self.check_personal(train_data, personal_states)
+        _check_same_length(train_data, test_data)
+        return _floats(self.evaluate_computation(
+            self.get_model_weights(state), list(personal_states), train_data, test_data))
+
+    def evaluate_final(self, state, personal_states, train_data, test_data) -> dict[str, float]:
+        """FLUTE's final round (`FluteConfig.final_head_epochs` > 0): every given client
+        fine-tunes its head on its training data with the FLUTE objective, then is tested as in
+        `evaluate`; neither the state nor the personal states change."""
+        if self.final_evaluate_computation is None:
+            raise ValueError(f"{self.algorithm} has no final head fine-tuning round (FLUTE's "
+                             "final_head_epochs > 0 builds one)")
+        self.check_personal(train_data, personal_states)
+        _check_same_length(train_data, test_data)
+        return _floats(self.final_evaluate_computation(
+            self.get_model_weights(state), list(personal_states), train_data, test_data))
+
+
+def build_personalized_process(
+    algorithm: str,
+    keras_model_fn: Callable[[], tf.keras.Model],
+    input_spec,
+    client_learning_rate,
+    *,
+    config: PersonalizedConfig | None = None,
+    **options,
+) -> PersonalizationProcess | PersonalizedProcess:
+    """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE, AdaptPFL or FedSA-LoRA (module
+    docstring).
+
+    Args:
+      algorithm: one of `ALGORITHMS`.
+      keras_model_fn: no-arg function returning a fresh Keras model whose personal variables carry
+        the role `head` and whose representation carries `shared` / `lora_a` / `lora_b`.
+      input_spec: element spec `(x, y)` of a client's batched dataset.
+      client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`.
+      config: the options as a `PersonalizedConfig` (its fields and defaults are documented
+        there); or pass them as keywords instead, not both.
+      **options: the fields of `PersonalizedConfig` (local_epochs, head_epochs,
+        representation_epochs, shortcut_epochs, representation_blocks, finetune_epochs, flute,
+        adaptpfl, lora_schedule, loss_fn, aggregator, server_learning_rate, server_optimizer,
+        weight_decay, initial_non_trainable, frozen_dir, client_device, initial_trainable,
+        jit_compile).
+
+    Raises:
+      ValueError: unknown algorithm or schedule; an epoch count ≤ 0; η ≤ 0; a split that leaves
+        the personal (`head`) or the representation role empty; "alternating" without LoRA.
+      TypeError: both `config` and keyword options, or an unknown option.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown personalized algorithm {algorithm!r}; expected one of "
+                         f"{', '.join(ALGORITHMS)}")
+    if config is not None and options:
+        raise TypeError(f"pass the options either as config= or as keywords, not both (got "
+                        f"config and {', '.join(sorted(options))})")
+    if not isinstance(client_learning_rate, tff.learning.optimizers.Optimizer) and not (
+            np.isfinite(client_learning_rate) and client_learning_rate > 0):
+        raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
+                         "> 0")
+    config = (PersonalizedConfig(**options) if config is None else config).resolved(algorithm)
+    spec = client_training.inspect_model(keras_model_fn, input_spec)
+    plan = BUILDERS[algorithm](algorithm, Split.of(spec), config, input_spec)
+    return _build_process(algorithm, keras_model_fn, input_spec, client_learning_rate, config,
+                          spec, plan)
+
+
+def _build_process(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
+                   config: PersonalizedConfig, spec: client_training.ModelSpec,
+                   plan: Plan) -> PersonalizationProcess | PersonalizedProcess:
+    """The engine's rounds, the evaluation computations and the process for `plan`: the
+    federated weights are the variables some round trains, minus the personal ones."""
+    trained = {k for s in plan.round_specs for p in s.phases for k in p.train_indices}
+    federated = sorted(trained - set(plan.personal))
+    model = engine.build_federated_model(
+        keras_model_fn, input_spec, federated, personal=plan.personal,
+        initial_non_trainable=config.initial_non_trainable, frozen_dir=config.frozen_dir,
+        loss_fn=config.loss_fn, client_device=config.client_device, spec=spec,
+        initial_trainable=config.initial_trainable)
+    client = engine.ClientConfig(client_learning_rate, config.weight_decay, plan.hook,
+                                 config.jit_compile)
+    server_optimizer = config.server_optimizer or tff.learning.optimizers.build_sgdm(
+        float(config.server_learning_rate))
+    pieces = [engine.build_round(model, s, client, config.aggregator, server_optimizer)
+              for s in plan.round_specs]
+    stateful = bool(plan.personal) or plan.hook is not None
+    initialize, rounds = processes.compose_rounds(model, pieces, personal=stateful,
+                                                  hook=plan.hook)
+    finetune = ([client_training.Phase(plan.head, config.finetune_epochs)]
+                if config.finetune_epochs else [])
+    evaluation = dict(
+        evaluate_computation=engine.build_evaluation(model, client, finetune, plan.hook),
+        personal_indices=tuple(plan.personal), finetune_epochs=config.finetune_epochs)
+    if not stateful:
+        return PersonalizationProcess(algorithm, model, pieces, initialize, rounds,
+                                      plan.schedule, **evaluation)
+    final = None
+    if config.flute is not None and config.flute.final_head_epochs:
+        final = engine.build_evaluation(
+            model, client, [client_training.Phase(plan.head, config.flute.final_head_epochs)],
+            plan.hook, finetune_objective=True)
+    return PersonalizedProcess(algorithm, model, pieces, initialize, rounds, plan.schedule,
+                               plan.hook, final_evaluate_computation=final, **evaluation)
+
+
+def personal_state_type(process) -> tff.Type:
+    """TFF type of one client's personal state of `process` (its personal variables, and for
+    FLUTE its float32 class indicator)."""
+    return engine.personal_type(process.model, getattr(process, "hook", None))
+
+
+__all__ = ["ALGORITHMS", "AdaptPflConfig", "BUILDERS", "FluteConfig", "LORA_SCHEDULES",
+           "METRIC_UPLOAD_BYTES", "PersonalizationProcess", "PersonalizedConfig",
+           "PersonalizedProcess", "build_personalized_process", "neural_collapse",
+           "personal_state_type"]

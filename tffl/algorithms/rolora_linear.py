@@ -1,0 +1,144 @@
+"""RoLoRA's linear Algorithm 2 (Alt-min-GD) exactly as stated (rolora.md §2.1), as TFF rounds.
+
+Client i holds X_i ∈ R^{m_i×d} and Y_i ∈ R^{m_i×d}; the model is f_i(X) = X a bᵀ with a a unit
+vector, and l_i(a, b) = (1/m_i)‖Y_i − X_i a bᵀ‖²_F. One iteration t (one `next`, two
+communication exchanges, `tffl.engine.linear_engine.build_two_exchange_round`: b, then a's gradient):
+
+1. the server broadcasts a = a^{t−1};
+2. client i solves b exactly: b̃_i = argmin_b l_i(a, b) = Y_iᵀ X_i a / ‖X_i a‖²;
+3. the server averages b̄ = (1/N) Σ_i b̃_i and broadcasts it;
+4. client i returns ∇_a l_i(a, b̄) = (2/m_i)(X_iᵀX_i a b̄ᵀb̄ − X_iᵀY_i b̄);
+5. the server takes one gradient step and normalizes: â⁺ = a − η (1/N) Σ_i ∇_a l_i(a, b̄),
+   a^t = â⁺/‖â⁺‖; b^t = b̄.
+
+Initialization: a⁰ a seeded random unit vector (or `with_a`), b⁰ = 0. Clients send b̃_i and a
+gradient, never run local GD on a (unlike `tffl.algorithms.lora_fl`'s RoLoRA with K local steps, the LLM
+version of the same alternation; both are tested on `tasks.synthetic.rolora_linear`). Averages
+are unweighted (1/N), as in the algorithm. The server state and both exchanges are d floats.
+
+Types: state `OrderedDict(a=float32[d], b=float32[d], round_num=int32)`@SERVER; client data
+`OrderedDict(x=float32[None, d], y=float32[None, d])`@CLIENTS; metrics `loss` = (1/N) Σ_i
+l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in float64 inside the computations.
+
+Example:
+
+>>> process = build_rolora_alt_min_gd(dim=10, learning_rate=0.5, seed=0)
+>>> a_star, b_star = np.eye(10, dtype=np.float32)[0], np.full(10, 10**-0.5, np.float32)
+>>> clients = [dict(x=x, y=np.outer(x @ a_star, b_star)) for x in xs]   # Y_i = X_i a* b*ᵀ
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     for _ in range(30):
+...         state = process.next(state, clients).state
+>>> a = process.get_a(state)
+>>> round(float(np.linalg.norm(a)), 4), round(abs(float(a @ a_star)), 3)   # unit, |⟨a, a*⟩|
+(1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import linear_engine
+
+
+def _data_type(dim: int) -> tff.StructWithPythonType:
+    return tff.StructWithPythonType(
+        [("x", tff.TensorType(np.float32, [None, dim])),
+         ("y", tff.TensorType(np.float32, [None, dim]))], collections.OrderedDict)
+
+
+def _state_type(dim: int) -> tff.StructWithPythonType:
+    return tff.StructWithPythonType(
+        [("a", tff.TensorType(np.float32, [dim])), ("b", tff.TensorType(np.float32, [dim])),
+         ("round_num", tff.TensorType(np.int32))], collections.OrderedDict)
+
+
+class RoLoRAAltMinGD:
+    """The process of `build_rolora_alt_min_gd`: `initialize`, `next`, `get_a`, `with_a`."""
+
+    def __init__(self, dim: int, initialize, next_fn):
+        self.dim = dim
+        self._initialize, self._next = initialize, next_fn
+        self.initialize_computation, self.next_computation = initialize, next_fn
+
+    def initialize(self):
+        return self._initialize()
+
+    def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
+        client_data = list(client_data)
+        if not client_data:
+            raise ValueError("RoLoRA Alt-min-GD needs at least one client")
+        for i, item in enumerate(client_data):
+            x, y = np.shape(item["x"]), np.shape(item["y"])
+            if len(x) != 2 or x[1] != self.dim or y != x or x[0] < 1:
+                raise ValueError(f"client {i}: x {x} and y {y} must both be (m, d={self.dim}) "
+                                 "with m >= 1")
+        return tff.learning.templates.LearningProcessOutput(*self._next(state, client_data))
+
+    @staticmethod
+    def get_a(state) -> np.ndarray:
+        return np.asarray(state["a"])
+
+    def with_a(self, state, a) -> collections.OrderedDict:
+        """`state` with a replaced by the unit vector a/‖a‖."""
+        a = np.asarray(a, np.float64).reshape(-1)
+        if a.shape != (self.dim,) or not np.linalg.norm(a) > 0:
+            raise ValueError(f"a must be a non-zero vector of length d={self.dim}")
+        return collections.OrderedDict(a=(a / np.linalg.norm(a)).astype(np.float32),
+                                       b=np.asarray(state["b"]), round_num=state["round_num"])
+
+
+def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0) -> RoLoRAAltMinGD:
+    """RoLoRA's Algorithm 2 (module docstring) for rank-1 ΔW = a bᵀ ∈ R^{d×d}; η = `learning_rate`
+    (the theory needs η ≤ 1/L_max², L_max ≥ ‖b*‖)."""
+    dim = int(dim)
+    if dim < 1:
+        raise ValueError(f"dim={dim} must be >= 1")
+    eta = linear_engine.check_rate("learning_rate", learning_rate)
+    data_type, state_type = _data_type(dim), _state_type(dim)
+    vector = tff.TensorType(np.float32, [dim])
+
+    @tff.tensorflow.computation
+    def initial_state():
+        a = tf.random.stateless_normal([dim], seed=[int(seed), 0x401A], dtype=tf.float64)
+        return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32),
+                                       b=tf.zeros([dim], tf.float32),
+                                       round_num=tf.constant(0, tf.int32))
+
+    @tff.tensorflow.computation(vector, data_type)
+    def solve_b(a, data):
+        x, y = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        xa = tf.linalg.matvec(x, tf.cast(a, tf.float64))                   # X a  (m,)
+        b = tf.linalg.matvec(y, xa, transpose_a=True) / tf.reduce_sum(xa * xa)   # Yᵀ X a / ‖Xa‖²
+        return tf.cast(b, tf.float32)
+
+    @tff.tensorflow.computation(vector, vector, data_type)
+    def gradient_a(a, b, data):
+        x, y = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+        a64, b64 = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
+        m = tf.cast(tf.shape(x)[0], tf.float64)
+        xa = tf.linalg.matvec(x, a64)
+        residual = y - xa[:, None] * b64[None, :]                          # Y − X a bᵀ
+        grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b64 * b64)
+                            - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b64))
+        loss = tf.reduce_sum(residual * residual) / m
+        return collections.OrderedDict(value=tf.cast(grad, tf.float32),
+                                       loss=tf.cast(loss, tf.float32))
+
+    @tff.tensorflow.computation(state_type)
+    def broadcast_a(state):
+        return state["a"]
+
+    @tff.tensorflow.computation(state_type, vector, vector)
+    def step(state, b_bar, mean_gradient):
+        a = tf.cast(state["a"], tf.float64) - eta * tf.cast(mean_gradient, tf.float64)
+        return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32), b=b_bar,
+                                       round_num=state["round_num"] + 1)
+
+    next_fn = linear_engine.build_two_exchange_round(state_type, data_type, broadcast_a,
+                                                     solve_b, gradient_a, step)
+    return RoLoRAAltMinGD(dim, linear_engine.initialize_at_server(initial_state), next_fn)

@@ -1,0 +1,250 @@
+"""Composition: an algorithm's round kinds (`tffl.engine.rounds.RoundPieces`) as federated
+computations sharing one state.
+
+Every kind is composed from TFF's four pieces — `compose_learning_process` for stateless
+clients, `compose_personalized` (its twin with the personal state in and out at CLIENTS)
+otherwise — with the aggregator and finalizer states keyed by round name and a `round_num`
+counter in the finalizer state:
+
+    LearningAlgorithmState(global_model_weights = w, distributor = (), client_work = (),
+                           aggregator = {round: state},
+                           finalizer = {round_num, steps: {round: server-step state}})
+
+so all kinds share one state type and one `initialize` (`compose_rounds`), and
+`tffl.engine.processes` runs them by a schedule.
+
+>>> initialize, rounds = compose_rounds(process.model, process.pieces, personal=False)
+>>> list(rounds), rounds["b_round"].type_signature.parameter[0] == initialize.type_signature.result
+(['b_round', 'a_round'], True)
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import rounds as engine
+from tffl.engine.personal_state import PersonalizedOutput
+
+LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
+
+
+def _keyed_aggregator(pieces: Sequence[engine.RoundPieces], name: str):
+    """The aggregation of round `name`, with state {round: state} of every round kind."""
+    own = next(p for p in pieces if p.name == name)
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(collections.OrderedDict(
+            (p.name, p.aggregator.initialize()) for p in pieces))
+
+    params = own.aggregator.next.type_signature.parameter
+
+    @tff.federated_computation(initialize.type_signature.result, params[1], params[2])
+    def next_fn(state, value, weight):
+        out = own.aggregator.next(state[name], value, weight)
+        new = collections.OrderedDict(
+            (p.name, out.state if p.name == name else state[p.name]) for p in pieces)
+        return tff.templates.MeasuredProcessOutput(tff.federated_zip(new), out.result,
+                                                   out.measurements)
+
+    return tff.templates.AggregationProcess(initialize, next_fn)
+
+
+def _increment():
+    @tff.tensorflow.computation(np.int32)
+    def add_one(n):
+        return n + 1
+
+    return add_one
+
+
+def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_type):
+    """The server step of round `name`; state {round_num, steps: {round: state}}. With the
+    round's `measure`, the aggregate is (the step's update, a diagnostic) and the measurements
+    are `measure(w, diagnostic)` on the weights w the round started from."""
+    own = next(p for p in pieces if p.name == name)
+
+    @tff.federated_computation
+    def initialize():
+        steps = collections.OrderedDict(
+            (p.name, tff.federated_eval(p.step.initialize, tff.SERVER)) for p in pieces)
+        return tff.federated_zip(collections.OrderedDict(
+            round_num=tff.federated_value(np.int32(0), tff.SERVER),
+            steps=tff.federated_zip(steps)))
+
+    update_type = own.aggregator.next.type_signature.result.result.member
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(weights_type, tff.SERVER),
+                               tff.FederatedType(update_type, tff.SERVER))
+    def next_fn(state, weights, update):
+        round_num = tff.federated_map(_increment(), state.round_num)
+        if own.measure is None:
+            measurements = tff.federated_value(collections.OrderedDict(), tff.SERVER)
+        else:
+            measurements = tff.federated_map(own.measure, (weights, update[1]))
+            update = update[0]
+        if own.round_measure is not None:
+            measurements = tff.federated_map(own.round_measure, round_num)
+        step_state, new_weights = tff.federated_map(
+            own.step.apply, (state.steps[name], weights, update, round_num))
+        steps = collections.OrderedDict(
+            (p.name, step_state if p.name == name else state.steps[p.name]) for p in pieces)
+        new_state = tff.federated_zip(collections.OrderedDict(
+            round_num=round_num, steps=tff.federated_zip(steps)))
+        return tff.templates.MeasuredProcessOutput(new_state, new_weights, measurements)
+
+    return tff.learning.templates.FinalizerProcess(initialize, next_fn)
+
+
+def _client_work(piece: engine.RoundPieces, weights_type, data_type):
+    if piece.round_counter:
+        return _counting_client_work(piece, weights_type, data_type)
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_value((), tff.SERVER)
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(weights_type, tff.CLIENTS),
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(state, weights, data):
+        result, sums, _ = tff.federated_map(piece.client_update, (weights, data))
+        return tff.templates.MeasuredProcessOutput(state, result, engine.train_metrics(sums))
+
+    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
+
+
+def _counting_client_work(piece: engine.RoundPieces, weights_type, data_type):
+    """Client work whose state is the round number t (int32), broadcast to every client with
+    the weights: `client_update(w, data, t)`; t + 1 after the round."""
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_value(np.int32(0), tff.SERVER)
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(weights_type, tff.CLIENTS),
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(state, weights, data):
+        t = tff.federated_broadcast(state)
+        result, sums, _ = tff.federated_map(piece.client_update, (weights, data, t))
+        return tff.templates.MeasuredProcessOutput(
+            tff.federated_map(_increment(), state), result, engine.train_metrics(sums))
+
+    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
+
+
+def _initial_weights_fn(model: engine.FederatedModel):
+    initial = model.initial_global
+
+    @tff.tensorflow.computation
+    def initial_weights():
+        return tff.learning.models.ModelWeights(
+            trainable=[tf.constant(v) for v in initial.trainable],
+            non_trainable=[tf.constant(v) for v in initial.non_trainable])
+
+    return initial_weights
+
+
+@tff.tensorflow.computation(np.float32)
+def _as_round_values(count):
+    return [count]
+
+
+def compose_personalized(initial_weights_fn, distributor, client_update, aggregator, finalizer,
+                         data_type, personal_type, count_clients: bool = False):
+    """`compose_learning_process`'s round with the personal state in and out at CLIENTS:
+    `next(state, data@C, personal@C) -> PersonalizedOutput(state, personal@C, metrics)`; the
+    same state type.
+
+    With `count_clients` (a hook's round input `num_clients`), the round first sums one per
+    client and broadcasts |I| to every client beside the weights."""
+
+    @tff.tensorflow.computation(data_type)
+    def one(dataset):
+        del dataset
+        return tf.constant(1.0, tf.float32)
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(LearningAlgorithmState(
+            tff.federated_eval(initial_weights_fn, tff.SERVER), distributor.initialize(),
+            tff.federated_value((), tff.SERVER), aggregator.initialize(),
+            finalizer.initialize()))
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(data_type, tff.CLIENTS),
+                               tff.FederatedType(personal_type, tff.CLIENTS))
+    def next_fn(state, data, personal):
+        sent = distributor.next(state.distributor, state.global_model_weights)
+        if count_clients:
+            count = tff.federated_broadcast(tff.federated_sum(tff.federated_map(one, data)))
+            result, sums, new_personal = tff.federated_map(
+                client_update, (sent.result, data, personal,
+                                tff.federated_map(_as_round_values, count)))
+        else:
+            result, sums, new_personal = tff.federated_map(client_update,
+                                                           (sent.result, data, personal))
+        aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
+        final = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+        new_state = tff.federated_zip(LearningAlgorithmState(
+            final.result, sent.state, state.client_work, aggregated.state, final.state))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            distributor=sent.measurements, client_work=engine.train_metrics(sums),
+            aggregator=aggregated.measurements, finalizer=final.measurements))
+        return PersonalizedOutput(new_state, new_personal, metrics)
+
+    return initialize, next_fn
+
+
+def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
+                   personal: bool, hook=None):
+    """`(initialize, {round name: next})`: every kind composed with the keyed states."""
+    weights_type, data_type = model.layout.global_type(), model.data_type()
+    if len(pieces) > 1 and any(p.round_counter for p in pieces):
+        raise ValueError("a round kind that counts rounds in its client work (a switch round) "
+                         "must be the algorithm's only kind: the kinds share one state type")
+    if personal and any(p.round_counter for p in pieces):
+        raise ValueError("a switch round has no personal state")
+    initial = _initial_weights_fn(model)
+    rounds, initialize = collections.OrderedDict(), None
+    for piece in pieces:
+        distributor = tff.learning.templates.build_broadcast_process(weights_type)
+        aggregator = _keyed_aggregator(pieces, piece.name)
+        finalizer = _keyed_finalizer(pieces, piece.name, weights_type)
+        if personal:
+            init, next_fn = compose_personalized(
+                initial, distributor, piece.client_update, aggregator, finalizer, data_type,
+                engine.personal_type(model, hook),
+                count_clients="num_clients" in engine.round_inputs(hook))
+        else:
+            composed = tff.learning.templates.compose_learning_process(
+                initial, distributor, _client_work(piece, weights_type, data_type), aggregator,
+                finalizer)
+            init, next_fn = composed.initialize, composed.next
+        initialize = initialize or init
+        rounds[piece.name] = next_fn
+    return initialize, rounds
+
+
+def weights_computations(initialize):
+    """`(get_model_weights, set_model_weights)` TF computations on the state's federated
+    weights (`global_model_weights`), as `compose_learning_process` builds them."""
+    state_type = initialize.type_signature.result.member
+
+    @tff.tensorflow.computation(state_type)
+    def get_model_weights(state):
+        return state.global_model_weights
+
+    @tff.tensorflow.computation(state_type, state_type.global_model_weights)
+    def set_model_weights(state, weights):
+        return LearningAlgorithmState(weights, state.distributor, state.client_work,
+                                      state.aggregator, state.finalizer)
+
+    return get_model_weights, set_model_weights

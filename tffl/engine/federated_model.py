@@ -1,0 +1,113 @@
+"""The federated model: a role-tagged Keras model split into federated and base weights.
+
+`build_federated_model` draws the model's initial weights once, keeps the federated part (the
+variables an algorithm trains and aggregates) as the server's initial state and writes the base
+part (frozen backbone, never-trained variables, initial personal values) to its fingerprinted
+file (`tffl.engine.frozen`), which every client computation restores.
+
+>>> model = build_federated_model(model_fn, input_spec, federated=spec.indices(["lora_b", "head"]))
+>>> [v.shape for v in model.initial_global.trainable]       # B (2×8) and the head (8×3, 3)
+[(2, 8), (8, 3), (3,)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import client_training
+from tffl.engine import frozen as frozen_lib
+from tffl.engine.client_hooks import ClientHook
+
+
+def _default_loss() -> tf.keras.losses.Loss:
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedModel:
+    """A role-tagged Keras model split into federated and base weights (`tffl.engine.frozen`)."""
+
+    keras_model_fn: Callable[[], tf.keras.Model]
+    input_spec: Any
+    layout: frozen_lib.Layout
+    frozen: frozen_lib.FrozenWeights
+    initial_global: tff.learning.models.ModelWeights  # numpy
+    initial_personal: tuple[np.ndarray, ...]
+    loss_fn: Callable[[], client_training.LossFn]
+    client_device: str | None = None
+
+    @property
+    def spec(self) -> client_training.ModelSpec:
+        return self.layout.spec
+
+    def data_type(self) -> tff.Type:
+        return tff.SequenceType(client_training.element_type(self.input_spec))
+
+    def full_weights(self, global_weights, personal=None) -> tff.learning.models.ModelWeights:
+        """The whole model's weights (numpy) from the federated ones (+ a personal state)."""
+        global_weights = tff.learning.models.ModelWeights(
+            trainable=list(global_weights.trainable),
+            non_trainable=list(global_weights.non_trainable))
+        weights = self.layout.assemble(global_weights, self.frozen.load(), personal)
+        return tff.learning.models.ModelWeights(
+            trainable=[np.asarray(v) for v in weights.trainable],
+            non_trainable=[np.asarray(v) for v in weights.non_trainable])
+
+
+def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
+                          federated_non_trainable: Sequence[int] = (),
+                          personal: Sequence[int] = (), initial_non_trainable=None,
+                          frozen_dir=None, loss_fn=None, client_device=None,
+                          spec: client_training.ModelSpec | None = None,
+                          initial_trainable=None) -> FederatedModel:
+    """Draws the model's initial weights once, writes the base part to its fingerprinted file.
+
+    Args:
+      federated / federated_non_trainable / personal: positions (`tffl.engine.frozen.Layout`).
+      initial_non_trainable: values replacing the model's own initial non-trainable weights, in
+        `model.non_trainable_variables` order (e.g. a pretrained backbone).
+      initial_trainable: likewise for `model.trainable_variables` (e.g. a given LoRA A that an
+        algorithm keeps frozen, like FFA-LoRA's).
+      frozen_dir: where the base weights file goes (default `tffl.engine.frozen.default_directory()`).
+
+    Raises:
+      ValueError: `initial_non_trainable` does not fit the model.
+    """
+    spec = spec or client_training.inspect_model(keras_model_fn, input_spec)
+    layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
+    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
+
+    def replaced(values, infos, kind):
+        given = [np.asarray(v) for v in values]
+        expected = [v.shape for v in infos]
+        if [v.shape for v in given] != expected:
+            raise ValueError(f"initial weights do not fit the model: {len(given)} {kind} tensors "
+                             f"{[v.shape for v in given][:3]}..., the model has {len(expected)} "
+                             f"{expected[:3]}...")
+        return [v.astype(info.dtype) for v, info in zip(given, infos)]
+
+    if initial_non_trainable is not None:
+        non_trainable = replaced(initial_non_trainable, spec.non_trainable, "frozen")
+    if initial_trainable is not None:
+        trainable = replaced(initial_trainable, spec.trainable, "trainable")
+    return FederatedModel(
+        keras_model_fn=keras_model_fn, input_spec=input_spec, layout=layout,
+        frozen=frozen_lib.FrozenWeights.write(layout.base_values(trainable, non_trainable),
+                                              frozen_dir),
+        initial_global=layout.global_values(trainable, non_trainable),
+        initial_personal=tuple(trainable[k] for k in layout.personal),
+        loss_fn=loss_fn or _default_loss, client_device=client_device)
+
+
+def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:
+    """One client's personal state: its personal variables (+ the hook's extra tensors)."""
+    spec = model.spec
+    types = [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
+             for k in model.layout.personal]
+    return tff.types.to_type(types + list(hook.extra_types if hook else ()))

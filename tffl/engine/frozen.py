@@ -1,0 +1,238 @@
+"""What stays on the clients' side of the wire: the model's layout into federated and base weights,
+and the base (frozen) weights as a fingerprinted checkpoint file read inside client computations.
+
+A model's variables split in two (`Layout`):
+
+- the *federated* variables: what an algorithm trains and aggregates (LoRA factors, aggregated
+  heads or layers), plus what its server step rewrites (FLoRA's base kernels). They are the
+  `global_model_weights` of the server state, what is broadcast, and what checkpoints hold:
+  `ModelWeights(trainable=[θ_k for k in layout.trainable], non_trainable=[ν_j for j in
+  layout.non_trainable])`.
+- the *base* variables: everything else (the frozen backbone, never-trained layers, the initial
+  values of personal heads). They never travel: `FrozenWeights` writes their values once to a
+  TensorFlow checkpoint (`RestoreV2`/`SaveV2` format) named by its content fingerprint, and every
+  client computation restores them from that file (the graph carries only the path). A client's
+  full model is `Layout.assemble(global weights, restored base, personal state)`.
+
+The file must be readable by every TFF worker: on one machine the default folder
+(`$TFFL_CACHE/frozen`, default `~/.cache/tffl/frozen`) is; remote workers need it on a shared
+filesystem (`frozen_dir=`). The fingerprint (SHA-256 over names, shapes, dtypes and bytes) goes into
+checkpoints, so a run cannot be resumed against other frozen weights.
+
+Example:
+
+>>> layout = Layout.from_spec(spec, trainable=spec.indices([roles.LORA_A, roles.LORA_B]))
+>>> values = initial_values(model_fn, input_spec)        # (trainable, non_trainable) numpy
+>>> frozen = FrozenWeights.write(layout.base_values(*values), run_dir / "frozen")
+>>> len(frozen.fingerprint)
+16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl.engine import client_training
+
+_INDEX_SUFFIX = ".index"
+
+
+def default_directory() -> pathlib.Path:
+    """`$TFFL_FROZEN_DIR`, else `$TFFL_CACHE/frozen`, else `~/.cache/tffl/frozen`."""
+    if os.environ.get("TFFL_FROZEN_DIR"):
+        return pathlib.Path(os.environ["TFFL_FROZEN_DIR"])
+    cache = os.environ.get("TFFL_CACHE") or pathlib.Path.home() / ".cache" / "tffl"
+    return pathlib.Path(cache) / "frozen"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which variables of a `client_training.ModelSpec` are federated; the rest are base.
+
+    Attributes:
+      spec: the model's variables.
+      trainable: positions in `spec.trainable` of the federated trainable variables, ascending.
+      non_trainable: positions in `spec.non_trainable` of federated non-trainable variables
+        (FLoRA's merged base kernels), ascending.
+      personal: positions in `spec.trainable` carried as each client's personal state.
+    """
+
+    spec: client_training.ModelSpec
+    trainable: tuple[int, ...]
+    non_trainable: tuple[int, ...] = ()
+    personal: tuple[int, ...] = ()
+
+    @classmethod
+    def from_spec(cls, spec, trainable, non_trainable=(), personal=()) -> "Layout":
+        trainable, non_trainable = tuple(sorted(set(trainable))), tuple(sorted(set(non_trainable)))
+        personal = tuple(sorted(set(personal)))
+        if set(trainable) & set(personal):
+            raise ValueError("a variable cannot be both federated and personal: "
+                             f"{[spec.trainable[k].name for k in set(trainable) & set(personal)]}")
+        return cls(spec, trainable, non_trainable, personal)
+
+    @property
+    def base_trainable(self) -> tuple[int, ...]:
+        return tuple(k for k in range(len(self.spec.trainable)) if k not in self.trainable)
+
+    @property
+    def base_non_trainable(self) -> tuple[int, ...]:
+        return tuple(k for k in range(len(self.spec.non_trainable))
+                     if k not in self.non_trainable)
+
+    def base_infos(self) -> list[client_training.VariableInfo]:
+        return ([self.spec.trainable[k] for k in self.base_trainable]
+                + [self.spec.non_trainable[k] for k in self.base_non_trainable])
+
+    def global_index(self, k: int) -> int:
+        """Position in `global_model_weights.trainable` of `spec.trainable[k]`."""
+        return self.trainable.index(k)
+
+    def global_type(self) -> tff.Type:
+        """TFF type of the federated `ModelWeights` (the broadcast and the server's model)."""
+
+        def tensors(infos, positions):
+            return [tff.TensorType(infos[k].dtype, infos[k].shape) for k in positions]
+
+        return tff.types.to_type(tff.learning.models.ModelWeights(
+            trainable=tensors(self.spec.trainable, self.trainable),
+            non_trainable=tensors(self.spec.non_trainable, self.non_trainable)))
+
+    def base_values(self, trainable: Sequence, non_trainable: Sequence) -> list[np.ndarray]:
+        """The base variables' values (base trainable, then base non-trainable), from the full
+        value lists."""
+        return ([np.asarray(trainable[k]) for k in self.base_trainable]
+                + [np.asarray(non_trainable[k]) for k in self.base_non_trainable])
+
+    def global_values(self, trainable: Sequence, non_trainable: Sequence
+                      ) -> tff.learning.models.ModelWeights:
+        """The federated part of full value lists, as `ModelWeights`."""
+        return tff.learning.models.ModelWeights(
+            trainable=[np.asarray(trainable[k]) for k in self.trainable],
+            non_trainable=[np.asarray(non_trainable[k]) for k in self.non_trainable])
+
+    def assemble(self, global_weights, base: Sequence, personal: Sequence | None = None
+                 ) -> tff.learning.models.ModelWeights:
+        """The full `ModelWeights` (model order) from the federated part, the base values (as
+        `base_values` orders them) and, if given, the personal values (in `self.personal`
+        order, overriding the base's initial values). Works on tensors and on numpy arrays."""
+        num_t, num_n = len(self.spec.trainable), len(self.spec.non_trainable)
+        trainable, non_trainable = [None] * num_t, [None] * num_n
+        base = list(base)
+        for k, value in zip(self.base_trainable, base[: len(self.base_trainable)], strict=True):
+            trainable[k] = value
+        for k, value in zip(self.base_non_trainable, base[len(self.base_trainable):],
+                            strict=True):
+            non_trainable[k] = value
+        for k, value in zip(self.trainable, global_weights.trainable, strict=True):
+            trainable[k] = value
+        for k, value in zip(self.non_trainable, global_weights.non_trainable, strict=True):
+            non_trainable[k] = value
+        if personal is not None:
+            for k, value in zip(self.personal, list(personal)[: len(self.personal)],
+                                strict=True):
+                trainable[k] = value
+        return tff.learning.models.ModelWeights(trainable=trainable, non_trainable=non_trainable)
+
+
+def fingerprint(values: Sequence[np.ndarray]) -> str:
+    """First 16 hex digits of SHA-256 over every value's shape, dtype and bytes, in order."""
+    digest = hashlib.sha256()
+    for value in values:
+        value = np.ascontiguousarray(value)
+        digest.update(f"{value.shape}|{value.dtype.str}|".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _names(count: int) -> list[str]:
+    return [f"base_{k:05d}" for k in range(count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenWeights:
+    """Base weights in a checkpoint file: `prefix` (the file path without `.index`/`.data-*`),
+    their `shapes` and numpy `dtypes`, and the content `fingerprint`."""
+
+    prefix: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[np.dtype, ...]
+    fingerprint: str
+
+    @classmethod
+    def write(cls, values: Sequence[np.ndarray], directory: os.PathLike | str | None = None
+              ) -> "FrozenWeights":
+        """Writes `values` (once: the folder is named by their fingerprint, and an existing
+        complete one is reused) under `directory` (default `default_directory()`)."""
+        values = [np.asarray(v) for v in values]
+        digest = fingerprint(values)
+        folder = pathlib.Path(directory or default_directory()) / digest
+        prefix = folder / "weights"
+        frozen = cls(str(prefix), tuple(tuple(v.shape) for v in values),
+                     tuple(v.dtype for v in values), digest)
+        if not values or pathlib.Path(str(prefix) + _INDEX_SUFFIX).is_file():
+            return frozen
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{digest}_", dir=folder.parent))
+        try:
+            tf.raw_ops.SaveV2(prefix=str(tmp / "weights"), tensor_names=_names(len(values)),
+                              shape_and_slices=[""] * len(values),
+                              tensors=[tf.constant(v) for v in values])
+            os.chmod(tmp, 0o755)  # readable by workers running as other users
+            try:
+                os.replace(tmp, folder)
+            except OSError:  # another process wrote the same content first
+                if not pathlib.Path(str(prefix) + _INDEX_SUFFIX).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return frozen
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def restore(self) -> list[tf.Tensor]:
+        """The values as tensors, read from the file by a `RestoreV2` op (inside a graph: the
+        file is read each time the graph runs, on the machine that runs it)."""
+        if not self.shapes:
+            return []
+        tensors = tf.raw_ops.RestoreV2(
+            prefix=self.prefix, tensor_names=_names(len(self.shapes)),
+            shape_and_slices=[""] * len(self.shapes),
+            dtypes=[tf.as_dtype(d) for d in self.dtypes])
+        return [tf.ensure_shape(t, s) for t, s in zip(tensors, self.shapes)]
+
+    def load(self) -> list[np.ndarray]:
+        """The values as numpy arrays (eagerly)."""
+        return [t.numpy() for t in self.restore()]
+
+    def check_readable(self) -> None:
+        """Raises `FileNotFoundError` naming the file if it is gone (e.g. a cleaned cache)."""
+        if self.shapes and not pathlib.Path(self.prefix + _INDEX_SUFFIX).is_file():
+            raise FileNotFoundError(
+                f"frozen weights {self.prefix}.index are missing (fingerprint {self.fingerprint});"
+                " rebuild the process to write them again")
+
+
+def initial_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The model's initial `(trainable, non_trainable)` values, drawn once by its initializers
+    in a throw-away graph and session (no eager Keras model is created, see `tffl.algorithms.lora_fl`)."""
+    with tf.Graph().as_default() as graph:
+        model = client_training.build_model(keras_model_fn, input_spec)
+        trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run([v.initializer for v in model.variables])
+            values = session.run([v.read_value() for v in trainable + non_trainable])
+    return ([np.asarray(v) for v in values[: len(trainable)]],
+            [np.asarray(v) for v in values[len(trainable):]])

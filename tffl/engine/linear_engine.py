@@ -1,0 +1,305 @@
+"""The shared machinery of the linear personalized-FL processes (`fedrep_linear`, `flute_linear`,
+`adaptpfl_linear`): state, round counter, argument checks and the averaging round.
+
+A linear model. Client i holds a batch X_i ∈ R^{m_i×d}, y_i ∈ R^{m_i} and predicts ŷ = xᵀ θ_i,
+where θ_i ∈ R^d is built from the shared representation B ∈ R^{d×k} (k ≤ d) and the client's
+personal variables p_i (FedRep, FLUTE: θ_i = B w_i, p_i = w_i ∈ R^k; AdaptPFL:
+θ_i = (1 − α) B w_i + α s_i, p_i = (w_i, s_i)). The losses are least squares,
+(1/(2 m_i)) ‖X_i θ_i − y_i‖², so every step is a few matrix products: no Keras model is needed.
+
+A linear round t over the participating clients I (|I| = n):
+
+1. the server broadcasts B (float32[d, k]);
+2. client i runs its algorithm's client computation on (B, X_i, y_i[, p_i]) and returns what the
+   server aggregates (e.g. B_i, or ∇_B L_i), its loss ℓ_i at the start of the round and, if the
+   algorithm has one, its new personal state p_i';
+3. the server forms the new B from the aggregates; the state becomes (B', t + 1);
+4. metrics: `loss` = (1/n) Σ_{i∈I} ℓ_i, any algorithm-specific server values, `num_clients` = n.
+
+The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) has step 3 =
+B' = P((1/n) Σ_{i∈I} B_i) — the unweighted `tff.federated_mean`, whatever the m_i — with P the
+identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). A round with two client
+exchanges (RoLoRA's Alt-min-GD; FLUTE: its sums, the server step, then the heads' step) is
+`build_two_exchange_round`, in `tffl.engine.linear_rounds` with `round_metrics` (both re-exported here).
+Every federated computation of the linear algorithms is built in these two engine modules: an
+algorithm module writes only `tff.tensorflow.computation`s and calls their builders.
+
+TFF placement and types:
+
+    server state   OrderedDict(representation=float32[d, k], round_num=int32)   @SERVER
+    client data    OrderedDict(x=float32[m_i, d], y=float32[m_i])                @CLIENTS
+    personal state OrderedDict(<name>=float32[shape], …)                         @CLIENTS
+
+Client data are tensors, one value per client (not `tf.data` sequences: exact solves and full-
+batch gradients need the whole batch at once); the type has shape [None, d], so m_i may differ.
+Personal state exists only where the algorithm has one: such processes follow
+`tffl.engine.personal_state`'s protocol (`initialize_personal(client_id)`,
+`next(state, data, personal) -> PersonalizedOutput`; clients that sit out keep theirs). Inside the
+`tff.tensorflow.computation`s the algebra runs in float64 (`batch64`); results are cast back to
+float32 at the boundary. The Python-facing process classes that hold these computations and check
+shapes (`LinearProcess`, `PersonalizedLinearProcess`) are in `tffl.engine.linear_processes`, re-exported
+here.
+
+Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, QR):
+
+>>> server = build_server(10, 2, lambda: orthonormalize(gaussian(10, 2, seed=0)),
+...                       orthonormal=True)
+>>> @tff.tensorflow.computation(server.representation_type, server.data_type)
+... def client_update(b, data):
+...     x64, y64, m = batch64(data)
+...     r = tf.reduce_sum(x64 @ tf.cast(b, tf.float64), axis=1) - y64    # X B 1 − y  (m,)
+...     step = tf.linalg.matvec(x64, r, transpose_a=True)[:, None] / m    # (d, 1), every column
+...     return collections.OrderedDict(
+...         representation=tf.cast(tf.cast(b, tf.float64) - 0.1 * step, tf.float32),
+...         loss=tf.cast(tf.reduce_sum(r**2) / (2.0 * m), tf.float32))
+>>> next_fn = build_averaging_round(server, client_update, server_update=server.orthonormalize)
+>>> with runtime.local_runtime():
+...     output = next_fn(server.initialize(), data)     # LearningProcessOutput(state, metrics)
+>>> b = np.asarray(output.state["representation"])        # `data`: 4 clients, d = 10
+>>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))
+((10, 2), True)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
+from tffl.engine.linear_processes import (  # noqa: F401  (re-exported)
+    LinearProcess,
+    PersonalizedLinearProcess,
+)
+from tffl.engine.linear_rounds import (  # noqa: F401  (re-exported)
+    build_two_exchange_round,
+    count_clients,
+    round_metrics,
+)
+
+# Argument checks (Python, at build time).
+
+def check_dims(dim: int, rank: int) -> tuple[int, int]:
+    """(d, k) as ints; ValueError unless d >= 1 and 1 <= k <= d (the message names the value)."""
+    dim, rank = int(dim), int(rank)
+    if dim < 1:
+        raise ValueError(f"dim={dim} must be >= 1")
+    if not 1 <= rank <= dim:
+        raise ValueError(f"rank={rank} must satisfy 1 <= rank <= dim={dim}")
+    return dim, rank
+
+
+def check_rate(name: str, value: float, allow_zero: bool = False) -> float:
+    """`value` as a float; ValueError unless finite and > 0 (>= 0 with `allow_zero`)."""
+    value = float(value)
+    if not (np.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
+        raise ValueError(f"{name}={value} must be a finite number {'>=' if allow_zero else '>'} 0")
+    return value
+
+
+# Float64 algebra (TensorFlow, inside `tff.tensorflow.computation`s).
+
+def orthonormalize(b: tf.Tensor) -> tf.Tensor:
+    """Q of the thin QR b = QR (d×k), column signs fixed so that diag(R) >= 0."""
+    q, r = tf.linalg.qr(b)
+    diag = tf.linalg.diag_part(r)
+    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
+    return q * signs[tf.newaxis, :]
+
+
+def gaussian(dim: int, rank: int, seed: int, stream: int = 0) -> tf.Tensor:
+    """A float64 d×k matrix of i.i.d. N(0, 1) entries, seeded by (seed, stream)."""
+    return tf.random.stateless_normal([dim, rank], seed=[int(seed), int(stream)],
+                                      dtype=tf.float64)
+
+
+def batch64(data) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(X, y, m) of one client's `OrderedDict(x, y)`: X (m×d), y (m,) and m, all float64."""
+    x64, y64 = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
+    return x64, y64, tf.cast(tf.shape(x64)[0], tf.float64)
+
+
+# TFF types and federated building blocks.
+
+def data_type(dim: int) -> tff.StructWithPythonType:
+    """One client's data: `OrderedDict(x=float32[None, d], y=float32[None])`."""
+    return tff.StructWithPythonType(
+        [("x", tff.TensorType(np.float32, [None, dim])), ("y", tff.TensorType(np.float32, [None]))],
+        collections.OrderedDict,
+    )
+
+
+def personal_type(shapes: Mapping[str, Sequence[int]]) -> tff.StructWithPythonType:
+    """One client's personal state: `OrderedDict(name=float32[shape], …)`, in `shapes`' order."""
+    return tff.StructWithPythonType(
+        [(name, tff.TensorType(np.float32, list(shape))) for name, shape in shapes.items()],
+        collections.OrderedDict,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearServer:
+    """The server state `OrderedDict(representation=float32[d, k], round_num=int32)` and its TFF
+    computations (see `build_server`).
+
+    Attributes:
+      dim, rank: d, k.
+      representation_type: float32[d, k].
+      data_type: one client's `OrderedDict(x=float32[None, d], y=float32[None])`.
+      state_type: the state's federated type (@SERVER).
+      initialize: federated () -> state@SERVER with the initial B and round_num 0.
+      fresh_state: (float32[d, k]) -> state with that B and round_num 0 (unplaced).
+      set_representation: (state, float32[d, k]) -> state with that B (orthonormalized if the
+        server is `orthonormal`), round_num kept (unplaced).
+      increment: (state) -> round_num + 1 (unplaced).
+      orthonormalize: (float32[d, k]) -> its Q (float64 QR, signs as `orthonormalize`).
+    """
+
+    dim: int
+    rank: int
+    representation_type: tff.TensorType
+    data_type: tff.Type
+    state_type: tff.FederatedType
+    initialize: tff.Computation
+    fresh_state: tff.Computation
+    set_representation: tff.Computation
+    increment: tff.Computation
+    orthonormalize: tff.Computation
+
+    def start(self, representation):
+        """The state@SERVER with B = `representation` (@SERVER) and round_num 0."""
+        return tff.federated_map(self.fresh_state, representation)
+
+    def advance(self, state, representation):
+        """The next state@SERVER: B = `representation` (@SERVER), round_num + 1."""
+        return tff.federated_zip(collections.OrderedDict(
+            representation=representation, round_num=tff.federated_map(self.increment, state)))
+
+    def process_fields(self, next_computation: tff.Computation) -> dict[str, Any]:
+        """`LinearProcess`'s fields for this server and round: pass as `Process(**fields, …)`."""
+        return {"initialize_computation": self.initialize, "next_computation": next_computation,
+                "set_representation_computation": self.set_representation, "dim": self.dim,
+                "rank": self.rank}
+
+
+def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Tensor],
+                 orthonormal: bool) -> LinearServer:
+    """The server side of a linear process.
+
+    Args:
+      dim, rank: d, k (checked by the caller, e.g. `check_dims`).
+      initial_representation: () -> float64 d×k tensor, B⁰ (traced into a TF computation; seed
+        it, e.g. `gaussian`, so that `initialize` is deterministic).
+      orthonormal: whether the process keeps B orthonormal: then `set_representation`
+        orthonormalizes what it is given; otherwise it stores it as is.
+    """
+    b_type = tff.TensorType(np.float32, [dim, rank])
+
+    @tff.tensorflow.computation
+    def random_representation():
+        return tf.cast(initial_representation(), tf.float32)
+
+    @tff.tensorflow.computation(b_type)
+    def server_orthonormalize(b):
+        return tf.cast(orthonormalize(tf.cast(b, tf.float64)), tf.float32)
+
+    @tff.tensorflow.computation(b_type)
+    def fresh_state(b):
+        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
+                                                                 tff.SERVER))
+
+    state_type = initialize.type_signature.result
+
+    @tff.tensorflow.computation(state_type.member)
+    def increment(state):
+        return state["round_num"] + 1
+
+    @tff.tensorflow.computation(state_type.member, b_type)
+    def with_representation(state, b):
+        if orthonormal:
+            b = tf.cast(orthonormalize(tf.cast(b, tf.float64)), tf.float32)
+        return collections.OrderedDict(representation=b, round_num=state["round_num"])
+
+    return LinearServer(
+        dim=dim, rank=rank, representation_type=b_type, data_type=data_type(dim),
+        state_type=state_type, initialize=initialize, fresh_state=fresh_state,
+        set_representation=with_representation, increment=increment,
+        orthonormalize=server_orthonormalize)
+
+
+def build_mean_initializer(server: LinearServer, client_statistic: tff.Computation,
+                           representation_from_mean: tff.Computation) -> tff.Computation:
+    """`(data@CLIENTS) -> state@SERVER` with B⁰ = `representation_from_mean`((1/N) Σ_i s_i),
+    s_i = `client_statistic`(data_i), and round_num 0 (e.g. FedRep's method of moments:
+    s_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ, B⁰ = its top-k eigenvectors)."""
+
+    @tff.federated_computation(tff.FederatedType(server.data_type, tff.CLIENTS))
+    def initialize_from_clients(data):
+        mean = tff.federated_mean(tff.federated_map(client_statistic, data))
+        return server.start(tff.federated_map(representation_from_mean, mean))
+
+    return initialize_from_clients
+
+
+def build_averaging_round(server: LinearServer, client_update: tff.Computation,
+                          personal_type: tff.Type | None = None,
+                          server_update: tff.Computation | None = None) -> tff.Computation:
+    """The federated `next` of an averaging round: B' = P((1/n) Σ_i B_i).
+
+    Args:
+      server: the process's `LinearServer`.
+      client_update: (B, data[, personal]) -> `OrderedDict(representation=B_i, loss=ℓ_i)`, with a
+        third entry `personal=p_i'` when `personal_type` is given (any key order).
+      personal_type: the personal-state type (e.g. `personal_type(shapes)`), or None for a
+        process without personal state.
+      server_update: P, float32[d, k] -> float32[d, k] applied to the mean (None: identity).
+
+    Returns:
+      Without personal state: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state,
+      metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) -> (state@SERVER,
+      personal@CLIENTS, metrics@SERVER). Metrics: `round_metrics(ℓ)`.
+    """
+    data_at_clients = tff.FederatedType(server.data_type, tff.CLIENTS)
+
+    def finish(state, out):
+        b_bar = tff.federated_mean(out.representation)
+        if server_update is not None:
+            b_bar = tff.federated_map(server_update, b_bar)
+        return server.advance(state, b_bar), round_metrics(out.loss)
+
+    if personal_type is None:
+        @tff.federated_computation(server.state_type, data_at_clients)
+        def next_fn(state, data):
+            out = tff.federated_map(
+                client_update, (tff.federated_broadcast(state.representation), data))
+            return tff.learning.templates.LearningProcessOutput(*finish(state, out))
+        return next_fn
+
+    @tff.federated_computation(server.state_type, data_at_clients,
+                               tff.FederatedType(personal_type, tff.CLIENTS))
+    def personalized_next_fn(state, data, personal):
+        out = tff.federated_map(
+            client_update, (tff.federated_broadcast(state.representation), data, personal))
+        new_state, metrics = finish(state, out)
+        return new_state, out.personal, metrics
+
+    return personalized_next_fn
+
+
+def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
+    """`() -> state@SERVER` from a no-argument TensorFlow computation of the state."""
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_eval(initial_state, tff.SERVER)
+
+    return initialize

@@ -1,0 +1,149 @@
+"""Stateful clients: the personalized-process template and the per-client state store.
+
+TFF clients are stateless: a client computation sees only what the round passes in. Personalized
+algorithms (FedRep's heads, LG-FedAvg's local layers, AdaptPFL's shortcuts, FLUTE's heads) keep
+*personal variables* that never leave the client. Their processes therefore take and return the
+personal state as a CLIENTS-placed value:
+
+    next: (state@SERVER, data@CLIENTS, personal@CLIENTS)
+          -> PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)
+
+This is a `tff.templates.IterativeProcess`-style process, not a plain
+`tff.learning.templates.LearningProcess`: its `next` has a third argument and a third result.
+In simulation the CLIENTS-placed values are Python lists, one entry per participating client, in
+the order of `data`. The driver (`tffl.simulation.driver.run_rounds`) keeps a `PersonalStore` keyed by
+client id: before a round it looks up the sampled clients' entries (a client seen for the first
+time gets `process.initialize_personal(client_id)`), after the round it writes back what `next`
+returned; clients that did not take part keep theirs unchanged. The store is saved with every
+checkpoint and restored on resume.
+
+A personalized process is any object with
+
+- `initialize() -> state` (server state),
+- `initialize_personal(client_id) -> personal` (a structure of numpy arrays, one client's start),
+- `next(state, client_data, personal_states) -> PersonalizedOutput`,
+
+which `is_personalized` recognizes by `initialize_personal`.
+
+Example:
+
+>>> from tffl.algorithms import personalized                  # FedRep: the head is the personal state
+>>> process = personalized.build_personalized_process("fedrep", model_fn, input_spec, 0.05)
+>>> store = PersonalStore(process.initialize_personal)
+>>> with runtime.local_runtime():
+...     state = process.initialize()
+...     output = process.next(state, datasets, store.lookup(client_ids))
+>>> store.update(client_ids, output.personal_states)
+>>> store.client_ids(), len(store)
+(['a', 'b'], 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+
+class PersonalizedOutput(NamedTuple):
+    """What a personalized process's `next` returns.
+
+    Attributes:
+      state: the new server state (SERVER-placed).
+      personal_states: the participating clients' new personal states (CLIENTS-placed: a list in
+        the order of the round's client data).
+      metrics: the round's metrics (SERVER-placed).
+    """
+
+    state: Any
+    personal_states: Any
+    metrics: Any
+
+
+def is_personalized(process: Any) -> bool:
+    """Whether `process` follows the stateful-clients template (has `initialize_personal`)."""
+    return callable(getattr(process, "initialize_personal", None))
+
+
+def _as_numpy(structure: Any) -> Any:
+    return tf.nest.map_structure(
+        lambda v: np.array(v.numpy() if hasattr(v, "numpy") else v), structure
+    )
+
+
+class PersonalStore:
+    """Personal states keyed by client id; missing clients start at `initial_fn(client_id)`.
+
+    Values are stored as numpy structures (copies), so later mutation of what a process returned
+    cannot change the store.
+    """
+
+    def __init__(self, initial_fn: Callable[[str], Any]):
+        self._initial_fn = initial_fn
+        self._states: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, client_id: str) -> bool:
+        return client_id in self._states
+
+    def client_ids(self) -> list[str]:
+        """The ids with a stored state, sorted."""
+        return sorted(self._states)
+
+    def get(self, client_id: str) -> Any:
+        """Client `client_id`'s state (its initial state if it never took part)."""
+        if client_id not in self._states:
+            return _as_numpy(self._initial_fn(client_id))
+        return self._states[client_id]
+
+    def lookup(self, client_ids: Sequence[str]) -> list[Any]:
+        """The states of `client_ids`, in order (the CLIENTS-placed argument of `next`)."""
+        return [self.get(cid) for cid in client_ids]
+
+    def update(self, client_ids: Sequence[str], personal_states: Sequence[Any]) -> None:
+        """Stores the states `next` returned for `client_ids` (same order and length)."""
+        personal_states = list(personal_states)
+        if len(personal_states) != len(client_ids):
+            raise ValueError(f"{len(client_ids)} clients took part but the process returned "
+                             f"{len(personal_states)} personal states")
+        for cid, value in zip(client_ids, personal_states):
+            self._states[cid] = _as_numpy(value)
+
+    # Checkpointing: flat named arrays for `tffl.simulation.checkpoint.save(..., extra=...)`.
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """`{"<client id>/<k>": leaf k of its state}` for every stored client."""
+        arrays = {}
+        for cid in self.client_ids():
+            for k, leaf in enumerate(tf.nest.flatten(self._states[cid])):
+                arrays[f"{cid}/{k:04d}"] = np.asarray(leaf)
+        return arrays
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replaces the store by the one `to_arrays` wrote, structured like `initial_fn`'s states.
+
+        Raises:
+          ValueError: a client's leaves do not match the initial state's count or shapes.
+        """
+        by_client: dict[str, dict[int, np.ndarray]] = {}
+        for key, value in arrays.items():
+            cid, _, k = key.rpartition("/")
+            by_client.setdefault(cid, {})[int(k)] = np.asarray(value)
+        states = {}
+        for cid, leaves in by_client.items():
+            template = _as_numpy(self._initial_fn(cid))
+            flat = tf.nest.flatten(template)
+            if sorted(leaves) != list(range(len(flat))):
+                raise ValueError(f"personal state of client {cid!r} in the checkpoint has "
+                                 f"{len(leaves)} leaves, the process's has {len(flat)}")
+            for k, t in enumerate(flat):
+                if leaves[k].shape != np.shape(t):
+                    raise ValueError(
+                        f"personal state of client {cid!r}, leaf {k}: checkpoint shape "
+                        f"{leaves[k].shape}, process shape {np.shape(t)}")
+            states[cid] = tf.nest.pack_sequence_as(template, [leaves[k] for k in range(len(flat))])
+        self._states = states
