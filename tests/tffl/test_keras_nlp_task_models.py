@@ -108,5 +108,5 @@ def test_rolora_trains_a_bert_classifier_with_its_tagged_head():
 
 def test_an_untagged_trainable_head_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"logits/kernel.*no round of rolora trains it.*"
-                                         r"tffl\.roles\.tag"):
+                                         r"tffl\.engine\.roles\.tag"):
         lora_fl.build_rolora(lambda: _bert_classifier(tag_head=False), SPEC, 0.5)
