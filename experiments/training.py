@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -63,6 +64,22 @@ def adapter_rank(options: Mapping[str, Any]) -> int:
     return options["rank"]
 
 
+def _as_usage_error(error: ValueError, options: Mapping[str, Any]) -> ValueError:
+    """A library error that names a parameter first (`rank=65: ...`, `data_dir is needed: ...`)
+    as the CLI's one line naming the flag that set it (`flag --rank=65: ...`); the adapters'
+    rank set by --client_ranks names that flag. Other errors as they are."""
+    message = str(error)
+    param = re.match(r"[a-z_]+", message)
+    if param is None or param.group() not in options:
+        return error
+    param, rest = param.group(), message[param.end():]
+    if param == "rank" and options["client_ranks"] and not options["rank_present"]:
+        return UsageError(f"flag --client_ranks={','.join(options['client_ranks'])}: "
+                          f"rank {rest.lstrip('=')}")
+    return UsageError(f"flag --{param}{rest}" if rest.startswith("=") else
+                      f"flag --{param}:{rest}")
+
+
 def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str, Any]) -> dict:
     """Builds the task and `algorithm` from `options` (train.py's flag values by flag name, plus
     `rank_present`: whether --rank was given), runs `tffl.simulation.driver.run_rounds` into
@@ -115,12 +132,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
             eval_test=options["eval_test"],
         )
     except ValueError as e:
-        if options["client_ranks"] and not options["rank_present"]:
-            # The adapters' rank came from --client_ranks: name that flag.
-            raise UsageError(str(e).replace(
-                f"flag --rank={adapter_rank(options)}",
-                f"flag --client_ranks={','.join(options['client_ranks'])}: rank {adapter_rank(options)}"))
-        raise
+        raise _as_usage_error(e, options) from None
     who = {
         "uniform": f"{registry.counted(options['clients_per_round'], 'client')} per round",
         "full": (f"{options['srpfl_pool']} random of {options['num_clients']} clients per round"

@@ -68,9 +68,7 @@ def _run_task(
 
     lora = model in ("lora_net", "lora_net_base", "lora_head_net")
     if lora and not 1 <= rank <= input_dim:
-        # Names the flag still: experiments.training rewrites this text for --client_ranks, and
-        # scripts/train.py shows it (tests/scripts/test_train.py).
-        raise ValueError(f"flag --rank={rank}: must be between 1 and the input width {input_dim}")
+        raise ValueError(f"rank={rank}: must be between 1 and the input width {input_dim}")
 
     def keras_model_fn() -> tf.keras.Model:
         if lora:

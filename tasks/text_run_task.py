@@ -87,9 +87,9 @@ def _check_text_options(name: str, backbone: str, data_dir, eval_test: bool) -> 
         raise ValueError(
             ("eval_test=True: TFDS's SST-2 test split is unlabelled; pass data_dir=<folder with "
              "sst2/test-labeled.tsv>") if eval_test else
-            # Names the flags still: scripts/train.py shows this text (tests/scripts/test_train.py).
-            "--task=reviews reads the five review domains from --data_dir (they have no TFDS "
-            "source): pass --data_dir=<folder with multidomain_sentiment/>, e.g. ../shared/data")
+            "data_dir is needed: task 'reviews' reads the five review domains from a folder "
+            "(they have no TFDS source); pass data_dir=<folder with multidomain_sentiment/>, e.g. "
+            "../shared/data")
 
 
 def _tokenizer(backbone: str, pooling: str | None, sequence_length: int | None):
