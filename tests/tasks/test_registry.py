@@ -182,7 +182,7 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
         assert y.shape == (4,) and set(np.unique(y.numpy())) <= {0, 1}
         assert "padding_mask" in x   # (with the prefix cache, the cached hidden states beside it)
         assert "glue/sst2" in sst2.description or "sst2" in sst2.description
-    with pytest.raises(ValueError, match="--data_dir"):
+    with pytest.raises(ValueError, match="data_dir is needed: task .reviews."):
         registry.build_task("reviews", num_clients=5, batch_size=4, local_steps=1, seed=0)
 
 
