@@ -30,6 +30,20 @@ __all__ = ["algorithms", "engine", "production", "runtime", "simulation"]
 MOVED = {'adaptpfl': 'tffl.algorithms.adaptpfl', 'adaptpfl_linear': 'tffl.algorithms.adaptpfl_linear', 'checkpoint': 'tffl.simulation.checkpoint', 'client_hooks': 'tffl.engine.client_hooks', 'client_training': 'tffl.engine.client_training', 'communication': 'tffl.engine.communication', 'composition': 'tffl.engine.composition', 'evaluation': 'tffl.simulation.evaluation', 'factor_aggregation': 'tffl.engine.factor_aggregation', 'feature_cache': 'tffl.engine.feature_cache', 'federated_evaluation': 'tffl.engine.federated_evaluation', 'federated_model': 'tffl.engine.federated_model', 'fedrep_linear': 'tffl.algorithms.fedrep_linear', 'flute': 'tffl.algorithms.flute', 'flute_linear': 'tffl.algorithms.flute_linear', 'frozen': 'tffl.engine.frozen', 'linear_engine': 'tffl.engine.linear_engine', 'linear_processes': 'tffl.engine.linear_processes', 'linear_rounds': 'tffl.engine.linear_rounds', 'lora_fl': 'tffl.algorithms.lora_fl', 'lora_plans': 'tffl.algorithms.lora_plans', 'lora_ranks': 'tffl.algorithms.lora_ranks', 'metrics_log': 'tffl.simulation.metrics_log', 'model_spec': 'tffl.engine.model_spec', 'participation': 'tffl.simulation.participation', 'personal_state': 'tffl.engine.personal_state', 'personalized': 'tffl.algorithms.personalized', 'personalized_builders': 'tffl.algorithms.personalized_builders', 'plots': 'tffl.simulation.plots', 'processes': 'tffl.engine.processes', 'roles': 'tffl.engine.roles', 'rolora_linear': 'tffl.algorithms.rolora_linear', 'schedules': 'tffl.engine.schedules', 'server_steps': 'tffl.engine.server_steps', 'srpfl': 'tffl.simulation.srpfl', 'srpfl_schedule': 'tffl.simulation.srpfl_schedule', 'switch_round': 'tffl.engine.switch_round'}
 
 
+def lazy_package(package: str, main: str, submodules):
+    """The `__getattr__` (PEP 562) of a subpackage: `<package>.<submodule>` loads on first use;
+    any other name is the `main` module's (e.g. `tffl.simulation.run_rounds`)."""
+
+    def getattr_(name: str):
+        if name in submodules:
+            return importlib.import_module(f"{package}.{name}")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(f"{package}.{main}"), name)
+
+    return getattr_
+
+
 def __getattr__(name: str):
     """`tffl.<subpackage>` imports it on first access (PEP 562); so do the 0.1 names."""
     if name in __all__:
