@@ -40,7 +40,7 @@ def _run(process, data: list, label: str, rounds: int, evaluate, run_dir: pathli
     by_id = dict(zip(ids, data))
 
     def after_round(row, _) -> None:  # every round's metrics row
-        t, loss = row["round"], row["loss"]
+        t, loss = row["round"], row["train_loss"]
         if diverged is not None and not np.isfinite(loss):
             raise FloatingPointError(diverged)
         if t % max(1, rounds // 10) == 0 or t == rounds:
@@ -73,9 +73,9 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
     data = [collections.OrderedDict(x=x.astype(np.float32), y=y.astype(np.float32))
             for x, y in zip(problem.features, problem.targets)]
     fedrep = fedrep_linear.build_fedrep_linear(d, k, eta, seed=seed)
-    state = (fedrep.initialize_by_moments(data) if config["init"] == "moments"
+    state = (fedrep_linear.initialize_by_moments(fedrep, data) if config["init"] == "moments"
              else fedrep.initialize())
-    b0 = fedrep.get_representation(state)
+    b0 = fedrep_linear.get_representation(state)
     tag = f"[m={num_samples} seed={seed}]"
     base = dict(num_samples=num_samples, seed=seed)
     rows = []
@@ -100,7 +100,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
         started = time.perf_counter()
 
         def fedrep_evaluation(state, _):  # the exact heads for the final B
-            b = fedrep.get_representation(state).astype(np.float64)
+            b = fedrep_linear.get_representation(state).astype(np.float64)
             heads = np.stack([np.linalg.lstsq(x @ b, y, rcond=None)[0]
                               for x, y in zip(problem.features, problem.targets)])
             return evaluation(heads @ b.T, b)
@@ -125,11 +125,12 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
         last = _run(
             process, data, f"{tag} {method} α={alpha:g}", config["rounds"],
             lambda state, personal, process=process: evaluation(
-                process.predictors(state, personal), process.get_representation(state)),
+                adaptpfl_linear.predictors(process, state, personal),
+                adaptpfl_linear.get_representation(state)),
             run_dir(method if method == "fedrep_gd" else f"{method}_alpha{alpha:g}"),
             diverged=f"{method} α={alpha:g} diverged (m={num_samples}, seed={seed}); lower "
                      "--learning_rate",
-            initial_state=process.set_representation(process.initialize(), b0))
+            initial_state=adaptpfl_linear.set_representation(process, process.initialize(), b0))
         record(method, alpha, last["eval_error"], last["eval_dist"], started)
 
     if "local" in config["methods"]:

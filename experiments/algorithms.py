@@ -159,10 +159,8 @@ def _personal_metrics(process, state, store, data, prefix: str) -> dict[str, flo
     """`process.evaluate` of every client in `data` = (ids, train, test) with its own state,
     keyed `<prefix><metric>`."""
     ids, train, test = data
-    if store is not None:
-        metrics = process.evaluate(state, store.lookup(ids), train, test)
-    else:
-        metrics = process.evaluate(state, train, test)
+    personal = store.lookup(ids) if store is not None else None
+    metrics = process.evaluate(state, train, test, personal)
     return {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_examples"}
 
 
@@ -229,11 +227,8 @@ def per_client_evaluator(task: RunTask, process, personalized: bool
         if personalized:
             personal = store.lookup(ids) if store is not None else None
             for i in range(len(ids)):
-                if personal is not None:
-                    per_client.append(process.evaluate(state, [personal[i]], [train[i]],
-                                                       [test[i]]))
-                else:
-                    per_client.append(process.evaluate(state, [train[i]], [test[i]]))
+                per_client.append(process.evaluate(
+                    state, [train[i]], [test[i]], None if personal is None else [personal[i]]))
         else:
             weights = process.model_weights(state)
             for cid, data in zip(ids, test):

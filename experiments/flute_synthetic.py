@@ -64,7 +64,7 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
         return {"error": error_fn(state, None if store is None else store.lookup(ids))}
 
     def after_round(row, _) -> None:  # every round's metrics row
-        if diverged is not None and not np.isfinite(row["loss"]):
+        if diverged is not None and not np.isfinite(row["train_loss"]):
             raise FloatingPointError(diverged)
         if "eval_error" in row:
             print(f"  {label}: round {row['round']}/{rounds}, error {row['eval_error']:.4f} "
@@ -96,7 +96,7 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
     flute = flute_linear.build_flute_linear(config["dim"], k, config["learning_rate"],
                                             gamma1=config["gamma1"], gamma2=config["gamma2"],
                                             seed=seed)
-    flute_b0 = flute.get_representation(flute.initialize())
+    flute_b0 = flute_linear.get_representation(flute.initialize())
     tag = f"[M={num_clients} k={k} seed={seed}]"
     print(f"{tag} rank-k optimum (floor) {floor:.4f}", flush=True)
     root = config.get("output_dir")
@@ -109,7 +109,8 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
         errors = _run(
             flute, data, f"{tag} flute η={config['learning_rate']:g}", config["rounds"],
             checkpoints,
-            lambda state, personal: _mean_error(flute.predictors(state, personal), problem.phi),
+            lambda state, personal: _mean_error(flute_linear.predictors(state, personal),
+                                                problem.phi),
             run_dir("flute", config["learning_rate"]),
             diverged=f"FLUTE diverged (M={num_clients}, k={k}, seed={seed}); lower --learning_rate")
         rows.append(base | dict(method="flute", learning_rate=config["learning_rate"],
@@ -123,13 +124,13 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
         for eta in rates:
             fedrep = fedrep_linear.build_fedrep_linear(config["dim"], k, eta, seed=seed)
             if init == "ri":
-                state = fedrep.set_representation(fedrep.initialize(), flute_b0)
+                state = fedrep_linear.set_representation(fedrep, fedrep.initialize(), flute_b0)
             else:
-                state = fedrep.initialize_by_moments(data)
+                state = fedrep_linear.initialize_by_moments(fedrep, data)
             errors = _run(
                 fedrep, data, f"{tag} fedrep_{init} η={eta:g}", config["rounds"], checkpoints,
-                lambda state, _, fedrep=fedrep: _mean_error(_fedrep_predictors(
-                    fedrep.get_representation(state), problem), problem.phi),
+                lambda state, _: _mean_error(_fedrep_predictors(
+                    fedrep_linear.get_representation(state), problem), problem.phi),
                 run_dir(f"fedrep_{init}", eta), initial_state=state)
             rows.append(base | dict(method=f"fedrep_{init}", learning_rate=eta, errors=errors))
     return rows

@@ -43,7 +43,7 @@ LINEAR_SCALES = {
 }
 
 
-def linear_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS,
+def lora_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS,
                      a0=None) -> dict:
     """The TFF processes of `methods` on f(X) = X·a·bᵀ (a: d×1 `lora_a`, b: 1×d `lora_b`) with
     the paper's loss (1/m)‖Y − X a bᵀ‖²_F per batch, starting from a = `a0` if given (needed
@@ -142,7 +142,7 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
         .batch(m).repeat(config.local_steps) for i, cid in enumerate(ids)}
     process, start = processes[method], None
     if len(process.model.layout.trainable) < 2:   # a is frozen (FFA-LoRA): a0 is in the model
-        process = linear_processes(config, (method,), a0=a0)[method]
+        process = lora_processes(config, (method,), a0=a0)[method]
     else:                                          # a and b travel: a0 goes into the state
         state = process.initialize()
         full = process.model_weights(state)
@@ -216,7 +216,7 @@ def run_rolora_linear(ctx: Context) -> Result:
                     todo.append((setting, method, seed, key))
     if todo:
         with runtime.local_runtime(log_dir=ctx.output_dir):
-            processes = linear_processes(config)
+            processes = lora_processes(config)
             for setting, method, seed, key in todo:
                 started = time.perf_counter()
                 unit = linear_unit(config, processes, setting, method, seed,

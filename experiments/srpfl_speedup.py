@@ -34,6 +34,8 @@ METHODS = ("fedrep", "srpfl")
 # of the contraction constant a.
 _TRANSIENT_FACTOR = 5.0
 _FALLBACK_CONTRACTION = 0.25
+# The metrics.csv column of the clients the TFF process counted (its client_work/train metric).
+_NUM_CLIENTS = "client_work/train/num_clients"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +129,7 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     """
     from tasks import subspace
     from tasks import synthetic
+    from tffl.algorithms import fedrep_linear
     from tffl.simulation import driver as simulation
     from tffl.simulation import srpfl
 
@@ -149,11 +152,12 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
                                        y=b.targets[i].astype(np.float32))
 
     def dist(state):
-        return subspace.principal_angle_distance(process.get_representation(state),
+        return subspace.principal_angle_distance(fedrep_linear.get_representation(state),
                                                  problem.b_star)
 
     init_ids = ids[:min(config.init_clients or num_clients, num_clients)]
-    state0 = process.initialize_by_moments([client_data(cid, 0) for cid in init_ids])
+    state0 = fedrep_linear.initialize_by_moments(
+        process, [client_data(cid, 0) for cid in init_ids])
     init_dist = dist(state0)
     model = straggler_model(config.straggler)
 
@@ -183,9 +187,9 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     history, seconds = run(
         "fedrep", srpfl.FullParticipationClock(ids, seed, model), config.fedrep_rounds,
         lambda row: (f"{row['round']}/{config.fedrep_rounds}: dist {row['eval_distance']:.5f}, "
-                     f"{int(row['num_clients'])} clients"))
+                     f"{int(row[_NUM_CLIENTS])} clients"))
     fedrep_dists = [row["eval_distance"] for row in history]
-    fedrep_counts = [int(row["num_clients"]) for row in history]
+    fedrep_counts = [int(row[_NUM_CLIENTS]) for row in history]
     window = fedrep_dists[-config.floor_window:]
     floor = float(np.median(window))
     target = config.target_factor * floor
@@ -228,7 +232,7 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
                      f"(stage {row['stage']})"),
         target=target)
     srpfl_dists = [row["eval_distance"] for row in history]
-    srpfl_counts = [int(row["num_clients"]) for row in history]
+    srpfl_counts = [int(row[_NUM_CLIENTS]) for row in history]
     srpfl_hit = first_round_at_or_below(srpfl_dists, target)
     log(f"{tag} srpfl: stages n×τ {stages}"
         + (f" (Lemma B.1, a = {a:.3f})" if a is not None else "")

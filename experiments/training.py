@@ -242,8 +242,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
     }
     if algorithm == "flute" and options["flute_final_head_epochs"]:
         ids, train, test = task.client_eval_data()
-        final = process.evaluate_final(result.state, result.personal_store.lookup(ids), train,
-                                       test)
+        final = process.evaluate_final(result.state, train, test,
+                                       result.personal_store.lookup(ids))
         summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
         print(f"final round ({options['flute_final_head_epochs']} head epochs on every client): "
               f"personalized test accuracy {final['accuracy']:.4f}", flush=True)

@@ -28,7 +28,7 @@ Which of our algorithms take which form (checked by `tests/tffl/test_production.
 - RoLoRA has two round kinds of one state type; its `next` is their cycle (B round, then A
   round), which no form holds: a computation that chains two broadcast-aggregate rounds is
   refused by TFF ("Detected broadcast dependent on aggregate"; `_reason` says so). Deploy
-  `process.communication_rounds["b_round"]` and `["a_round"]` and call them alternately (what
+  `process.rounds["b_round"]` and `["a_round"]` and call them alternately (what
   `to_map_reduce_form(process)` compiles). RoLoRA→FFA is one switch round kind
   (`tffl.engine.switch_round`), so its `next` compiles as it is.
 - FlexLoRA and FLoRA aggregate with `tff.federated_aggregate` (the stacking accumulator of
@@ -60,9 +60,10 @@ Serialization: `serialize` / `deserialize` turn any `tff.Computation` (a federat
 TF computation, a form's piece) into `bytes` of a `computation.proto` and back. The deserialized
 computation has the same type signature and runs in any TFF execution context, but Python
 containers are lost: structures come back as `OrderedDict`s (named fields) and tuples, e.g.
-`next` returns `OrderedDict(state=..., metrics=...)` instead of a `LearningProcessOutput`.
-`save_process` / `load_process` store a process's `initialize` and communication rounds (and its
-schedule's first rounds, for the record) as files.
+a round returns `OrderedDict(state=..., metrics=...)` instead of a `LearningProcessOutput`.
+`save_process` writes a `tffl.engine.process.Process`'s computations (`initialize`, its
+`rounds`, the weights' getter and setter) and a manifest (its schedule's cycle, its declared
+personal state) as files; `load_process` rebuilds the `Process` from them, containers restored.
 
 Example:
 
@@ -70,25 +71,31 @@ Example:
 >>> sorted(forms)
 ['a_round', 'b_round']
 >>> _ = save_process(process, run_dir / "rolora")
->>> saved = load_process(run_dir / "rolora")
+>>> saved = load_process(run_dir / "rolora")       # a Process again, without the model code
 >>> with runtime.local_runtime():
 ...     state = saved.initialize()
-...     output = saved.communication_rounds["b_round"](state, client_datasets)
->>> sorted(output)                                 # containers come back as OrderedDicts
-['metrics', 'state']
+...     output = saved.rounds["b_round"](state, client_datasets)
+...     state = saved.next_round(output.state, client_datasets).state     # the A round
+>>> isinstance(saved, tff.learning.templates.LearningProcess), saved.round_name(state)
+(True, 'b_round')
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
+
+from tffl.engine import schedules
+from tffl.engine.personal_state import PersonalizedOutput
+from tffl.engine.process import PersonalSpec, Process
 
 _MANIFEST = "manifest.json"
 _BROADCAST_AFTER_AGGREGATE = "broadcast dependent on aggregate"
@@ -99,9 +106,8 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
 
     Args:
       process_or_computation: a federated computation `(state@S, data@C) -> (state@S, out@S)`
-        (e.g. `process.communication_rounds["b_round"]`), or a process: an object with
-        `communication_rounds` (`tffl.engine.processes`) or `next`, whose round kinds (else `next`)
-        are compiled one by one.
+        (e.g. `process.rounds["b_round"]`), or a `tffl.engine.process.Process`, whose round
+        kinds (`rounds`) are compiled one by one.
       name: what error messages call it (default: the process's `algorithm`, else "computation").
 
     Returns:
@@ -112,6 +118,7 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
       ValueError: naming the algorithm and the reason, if the computation does not have the
         signature of one round (e.g. a personalized round, whose clients keep personal state) or
         TFF cannot compile it.
+      TypeError: neither a `tff.Computation` nor a `Process`.
     """
     return _compile(process_or_computation, name, "MapReduceForm",
                     tff.backends.mapreduce.get_map_reduce_form_for_computation)
@@ -148,90 +155,154 @@ def deserialize(data: bytes) -> tff.Computation:
     return tff.framework.deserialize_computation(computation_pb2.Computation.FromString(data))
 
 
-@dataclasses.dataclass(frozen=True)
-class SavedProcess:
-    """A process read back by `load_process`: `initialize() -> state@S`, `communication_rounds`
-    {name: computation} in order, `schedule` (the round names of communication rounds
-    t = 0, 1, ... as saved, for the record) and `next`: the one round's computation when there
-    is a single round kind, the cycle's (`tffl.engine.schedules.compose_cycle`, e.g. RoLoRA's B round
-    then A round) when the process had one, else None (call the rounds in the schedule's
-    order)."""
-
-    algorithm: str
-    initialize: tff.Computation
-    next: tff.Computation | None
-    communication_rounds: Mapping[str, tff.Computation]
-    schedule: tuple[str, ...] = ()
-
-
 _SCHEDULE_RECORD = 8  # communication rounds of the schedule written to the manifest
+_WEIGHTS_FILES = {"get_model_weights": "get_model_weights.pb",
+                  "set_model_weights": "set_model_weights.pb"}
 
 
-def save_process(process, directory) -> pathlib.Path:
+def save_process(process: Process, directory) -> pathlib.Path:
     """Writes `process`'s computations to `directory` (created if needed) and returns it.
 
-    Files: `initialize.pb`, one `round_<k>.pb` per round kind, `next.pb` for a process whose
-    `next` is a cycle of several rounds, and `manifest.json` (algorithm, round names and files,
-    the schedule of the first communication rounds).
+    Files: `initialize.pb`, one `round_<k>.pb` per round kind (`process.rounds`), `next.pb`
+    when there are several kinds (the composed cycle, for a deployment that runs it as one
+    computation), `get_model_weights.pb`, `set_model_weights.pb` and `manifest.json`
+    (algorithm, round names and files, the schedule's `cycle`, its first round names for the
+    record, and the declared personal state of a personalized process).
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    rounds = getattr(process, "communication_rounds", None) or {"next": process.next}
-    round_files = [(name, f"round_{k}.pb") for k, name in enumerate(rounds)]
-    files = {"initialize.pb": process.initialize}
-    files.update((filename, rounds[name]) for name, filename in round_files)
-    cycle = len(rounds) > 1 and isinstance(getattr(process, "next", None), tff.Computation)
-    if cycle:
+    round_files = [(name, f"round_{k}.pb") for k, name in enumerate(process.rounds)]
+    files = {"initialize.pb": process.initialize,
+             _WEIGHTS_FILES["get_model_weights"]: process.get_model_weights,
+             _WEIGHTS_FILES["set_model_weights"]: process.set_model_weights}
+    files.update((filename, process.rounds[name]) for name, filename in round_files)
+    several = len(process.rounds) > 1
+    if several:
         files["next.pb"] = process.next
     for filename, computation in files.items():
         (directory / filename).write_bytes(serialize(computation))
-    schedule = getattr(process, "schedule", None)
+    personal = process.personal
     manifest = {
-        "algorithm": getattr(process, "algorithm", "process"),
+        "algorithm": process.algorithm,
         "initialize": "initialize.pb",
-        "communication_rounds": round_files,
-        "next": "next.pb" if cycle else None,
-        "schedule": [schedule(t) for t in range(_SCHEDULE_RECORD)] if schedule else [],
+        "rounds": round_files,
+        "next": "next.pb" if several else None,
+        **_WEIGHTS_FILES,
+        "cycle": None if process.cycle is None else list(process.cycle),
+        "schedule": [process.schedule(t) for t in range(_SCHEDULE_RECORD)],
+        "personalized": personal is not None,
+        "personal": None if personal is None else {
+            "names": list(personal.names),
+            "shapes": [list(s) for s in personal.shapes],
+            "dtypes": [tf.as_dtype(d).name for d in personal.dtypes],
+            "keyed": personal.keyed},
     }
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return directory
 
 
-def load_process(directory) -> SavedProcess:
-    """The computations `save_process` wrote to `directory`, deserialized.
+def load_process(directory, initial_personal: Callable[[str], Any] | None = None) -> Process:
+    """The `Process` `save_process` wrote to `directory`, rebuilt from its deserialized
+    computations (results re-annotated with their containers, `_annotated`), its schedule from
+    the saved cycle; no model (`model` None: no frozen-weights check, `model_weights` is
+    `get_model_weights`). The frozen weights the rounds read stay in their file (a path in the
+    graph).
+
+    Args:
+      directory: what `save_process` wrote.
+      initial_personal: for a personalized process, `client id -> that client's initial
+        personal state` (the declaration's tensors); the saved files do not hold it.
 
     Raises:
       FileNotFoundError: `directory` has no `manifest.json` or a listed file is missing.
+      ValueError: a personalized process without `initial_personal`.
     """
     directory = pathlib.Path(directory)
     manifest = json.loads((directory / _MANIFEST).read_text())
+    personal = _personal_spec(manifest, initial_personal)
 
     def load(filename: str) -> tff.Computation:
-        return deserialize((directory / filename).read_bytes())
+        return _annotated(deserialize((directory / filename).read_bytes()))
 
     rounds = collections.OrderedDict(
-        (name, load(filename)) for name, filename in manifest["communication_rounds"])
-    return SavedProcess(
-        algorithm=manifest["algorithm"],
-        initialize=load(manifest["initialize"]),
-        next=(load(manifest["next"]) if manifest.get("next")
-              else next(iter(rounds.values())) if len(rounds) == 1 else None),
-        communication_rounds=rounds,
-        schedule=tuple(manifest.get("schedule", ())),
-    )
+        (name, load(filename)) for name, filename in manifest["rounds"])
+    return Process(
+        manifest["algorithm"], load(manifest["initialize"]), rounds,
+        get_model_weights=load(manifest["get_model_weights"]),
+        set_model_weights=load(manifest["set_model_weights"]),
+        schedule=_schedule(manifest["cycle"]), personal=personal)
+
+
+def _personal_spec(manifest: Mapping[str, Any], initial_personal) -> PersonalSpec | None:
+    if not manifest["personalized"]:
+        return None
+    if initial_personal is None:
+        raise ValueError(f"{manifest['algorithm']} is personalized: pass initial_personal= "
+                         "(a function client id -> that client's initial personal state)")
+    declared = manifest["personal"]
+    return PersonalSpec(
+        names=tuple(declared["names"]), shapes=tuple(tuple(s) for s in declared["shapes"]),
+        dtypes=tuple(np.dtype(tf.as_dtype(d).as_numpy_dtype) for d in declared["dtypes"]),
+        initial=initial_personal, keyed=declared["keyed"])
+
+
+def _schedule(cycle: list[str] | None):
+    """The periodic schedule of a saved `cycle` (None: the process's one kind)."""
+    if not cycle:
+        return None
+    if len(cycle) == 1:
+        return schedules.constant(cycle[0])
+    if len(cycle) == 2:
+        return schedules.alternating(*cycle)
+    return schedules.cyclic(cycle)
+
+
+# Containers a deserialized computation's structures get back, by their field names.
+_CONTAINERS = {
+    container._fields: container
+    for container in (tff.learning.templates.LearningProcessOutput, PersonalizedOutput,
+                      tff.learning.templates.LearningAlgorithmState,
+                      tff.learning.models.ModelWeights)}
+
+
+def _with_containers(type_spec: tff.Type) -> tff.Type:
+    """`type_spec` with TFF's process containers (`_CONTAINERS`: a round's output, the
+    algorithm state, model weights) on the structures with their field names."""
+    if isinstance(type_spec, tff.FederatedType):
+        return tff.FederatedType(_with_containers(type_spec.member), type_spec.placement,
+                                 type_spec.all_equal)
+    if not isinstance(type_spec, tff.StructType):
+        return type_spec
+    elements = [(name, _with_containers(t))
+                for name, t in tff.structure.iter_elements(type_spec)]
+    container = _CONTAINERS.get(tuple(name for name, _ in elements))
+    if container is None:
+        return tff.StructType(elements)
+    return tff.StructWithPythonType(elements, container)
+
+
+def _annotated(computation: tff.Computation) -> tff.Computation:
+    """A deserialized computation whose parameter and result carry the containers the original
+    had (`_with_containers`): a round returns a `LearningProcessOutput` (a personalized one a
+    `PersonalizedOutput`), as TFF's `LearningProcess` and `Process.next_round` require."""
+    signature = computation.type_signature
+    parameter = (None if signature.parameter is None
+                 else _with_containers(signature.parameter))
+    return tff.framework.ConcreteComputation.with_type(
+        computation, tff.FunctionType(parameter, _with_containers(signature.result)))
 
 
 def _compile(target, name: str | None, form_name: str, compiler: Callable[[Any], Any]):
     """`compiler` applied to a computation, or to each communication round of a process."""
     if isinstance(target, tff.Computation):
         return _compile_round(target, name or "computation", form_name, compiler)
-    name = name or getattr(target, "algorithm", type(target).__name__)
-    rounds = getattr(target, "communication_rounds", None)
-    if rounds is None:
-        rounds = {"next": target.next}
+    if not isinstance(target, Process):
+        raise TypeError(f"expected a tff.Computation or a tffl.engine.process.Process, got "
+                        f"{type(target).__name__}")
+    name = name or target.algorithm
     return collections.OrderedDict(
         (round_name, _compile_round(comp, f"{name} ({round_name})", form_name, compiler))
-        for round_name, comp in rounds.items())
+        for round_name, comp in target.rounds.items())
 
 
 def _compile_round(computation: tff.Computation, name: str, form_name: str,
@@ -282,7 +353,7 @@ def _reason(computation: tff.Computation, error: Exception, form_name: str) -> s
     if _BROADCAST_AFTER_AGGREGATE in str(error):
         return ("it runs more than one broadcast-aggregate round (e.g. a RoLoRA B round and the "
                 "A round that broadcasts what it aggregated); compile each of the process's "
-                "`communication_rounds` instead (pass the process itself). ")
+                "`rounds` instead (pass the process itself). ")
     if (form_name == "DistributeAggregateForm"
             and tff.framework.FEDERATED_AGGREGATE.uri in _intrinsic_uris(computation)):
         return ("it uses tff.federated_aggregate (e.g. FlexLoRA's or FLoRA's stacking), whose "

@@ -131,7 +131,7 @@ def build_process(algorithm: str, shape: BackboneShape, config: Config) -> Built
         rep = spec.indices(personalized.REPRESENTATION_ROLES)
         sub_rounds = (SubRound("round", ((head, config.head_epochs), (rep, 1)), rep),)
         traffic = dict(process.traffic)
-        personal = tuple(process.personal_indices)
+        personal = tuple(process.evaluation.personal_indices)
     else:
         process = lora_fl.build_lora_process(name, model_fn, spec_in, config.learning_rate,
                                              jit_compile=jit_compile)

@@ -154,7 +154,7 @@ def test_small_linear_row_matches_docs(tff_runtime):
     recorded_loss = float(row[header.index("final global loss")])
 
     config = rolora_linear.LINEAR_SCALES["small"]
-    processes = rolora_linear.linear_processes(config, methods=("rolora",))
+    processes = rolora_linear.lora_processes(config, methods=("rolora",))
     unit = rolora_linear.linear_unit(config, processes, "heterogeneous", "rolora", seed=0)
     assert unit["communication_rounds"] == config.rounds
     angle, loss = unit["sin_theta"][config.rounds], unit["loss"][config.rounds]

@@ -92,7 +92,7 @@ def _personalized(name):
         clients = pers._clients()
         data = lambda: pers._datasets(clients)  # noqa: E731
     personal = ([process.initialize_personal(str(i)) for i in range(len(data()))]
-                if hasattr(process, "initialize_personal") else None)
+                if process.personal is not None else None)
     return process, data, personal
 
 

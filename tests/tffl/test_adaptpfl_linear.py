@@ -98,7 +98,12 @@ _SHORTCUTS = [_f32(_RNG.normal(size=_D)) for _ in range(3)]
 
 
 def _start(process):
-    return process.set_representation(process.initialize(), _B0)
+    return adaptpfl_linear.set_representation(process, process.initialize(), _B0)
+
+
+def _train(metrics):
+    """The round's training metrics (TFF's structure: client_work/train)."""
+    return metrics["client_work"]["train"]
 
 
 def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
@@ -111,17 +116,18 @@ def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
     state, personal = _start(process), _personal(_HEADS, _SHORTCUTS)
     b, heads = _B0, _HEADS
     for t in range(4):
-        output = process.next(state, _CLIENTS, personal)
+        output = process.next_round(state, _CLIENTS, personal)
         assert isinstance(output, personal_state.PersonalizedOutput)
         b, heads, loss = _numpy_fedrep_round(b, heads, _CLIENTS, eta, tau_w, tau_b)
         state, personal = output.state, output.personal_states
         assert state["round_num"] == t + 1
-        np.testing.assert_allclose(process.get_representation(state), b, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+                                   rtol=1e-6, atol=1e-7)
         for p, w, s in zip(personal, heads, _SHORTCUTS):
             np.testing.assert_allclose(p["head"], w, rtol=1e-6, atol=1e-7)
             np.testing.assert_array_equal(p["shortcut"], np.float32(s))
-        np.testing.assert_allclose(output.metrics["loss"], loss, rtol=1e-6)
-    np.testing.assert_allclose(process.predictors(state, personal),
+        np.testing.assert_allclose(_train(output.metrics)["loss"], loss, rtol=1e-6)
+    np.testing.assert_allclose(adaptpfl_linear.predictors(process, state, personal),
                                np.stack(heads) @ b.T, rtol=1e-6, atol=1e-7)
 
 
@@ -138,18 +144,19 @@ def test_rounds_equal_numpy(tff_runtime, alpha, taus, etas, beta):
     state, personal = _start(process), _personal(_HEADS, _SHORTCUTS)
     b, heads, shortcuts = _B0, _HEADS, _SHORTCUTS
     for _ in range(2):
-        output = process.next(state, _CLIENTS, personal)
+        output = process.next_round(state, _CLIENTS, personal)
         b, heads, shortcuts, loss = _numpy_adaptpfl_round(b, heads, shortcuts, _CLIENTS, alpha,
                                                           etas, taus, beta)
         state, personal = output.state, output.personal_states
-        np.testing.assert_allclose(process.get_representation(state), b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+                                   rtol=1e-5, atol=1e-6)
         for p, w, s in zip(personal, heads, shortcuts):
             np.testing.assert_allclose(p["head"], w, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(p["shortcut"], s, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(output.metrics["loss"], loss, rtol=1e-5)
-        assert output.metrics["num_clients"] == 3
+        np.testing.assert_allclose(_train(output.metrics)["loss"], loss, rtol=1e-5)
+        assert _train(output.metrics)["num_clients"] == 3
     np.testing.assert_allclose(
-        process.predictors(state, personal),
+        adaptpfl_linear.predictors(process, state, personal),
         (1 - alpha) * np.stack(heads) @ b.T + alpha * np.stack(shortcuts), rtol=1e-5, atol=1e-6)
 
 
@@ -157,9 +164,9 @@ def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
     process = adaptpfl_linear.build_adaptpfl_linear(_D, _K, alpha=1.0, learning_rate=0.1,
                                                     head_steps=3, shortcut_steps=2,
                                                     representation_steps=2)
-    output = process.next(_start(process), _CLIENTS, _personal(_HEADS, _SHORTCUTS))
+    output = process.next_round(_start(process), _CLIENTS, _personal(_HEADS, _SHORTCUTS))
     # B_i = B for every client; the server's float32 mean of equal values is B up to an ulp.
-    np.testing.assert_allclose(process.get_representation(output.state), _B0, rtol=3e-7)
+    np.testing.assert_allclose(adaptpfl_linear.get_representation(output.state), _B0, rtol=3e-7)
     for p, w, s, item in zip(output.personal_states, _HEADS, _SHORTCUTS, _CLIENTS):
         np.testing.assert_array_equal(p["head"], np.float32(w))
         x, y = item["x"].astype(np.float64), item["y"].astype(np.float64)
@@ -170,21 +177,22 @@ def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
 
 def test_initial_states_and_store(tff_runtime):
     process = adaptpfl_linear.build_adaptpfl_linear(_D, _K, alpha=0.3, learning_rate=0.1, seed=2)
-    b = process.get_representation(process.initialize())
+    b = adaptpfl_linear.get_representation(process.initialize())
     np.testing.assert_allclose(b.T @ b, np.eye(_K), atol=1e-6)
     first = process.initialize_personal("x")
     np.testing.assert_array_equal(first["head"], np.zeros(_K, np.float32))
     np.testing.assert_array_equal(first["shortcut"], np.zeros(_D, np.float32))
-    assert personal_state.is_personalized(process)
+    assert process.personal is not None
+    assert process.personal.names == ("head", "shortcut") and process.config.alpha == 0.3
     store = personal_state.PersonalStore(process.initialize_personal)
     ids = ["a", "b", "c"]
-    output = process.next(_start(process), _CLIENTS, store.lookup(ids))
+    output = process.next_round(_start(process), _CLIENTS, store.lookup(ids))
     store.update(ids, output.personal_states)
     kept = store.get("c")
-    output = process.next(output.state, _CLIENTS[:2], store.lookup(ids[:2]))
+    output = process.next_round(output.state, _CLIENTS[:2], store.lookup(ids[:2]))
     store.update(ids[:2], output.personal_states)
     np.testing.assert_array_equal(store.get("c")["shortcut"], kept["shortcut"])
-    assert output.metrics["num_clients"] == 2
+    assert _train(output.metrics)["num_clients"] == 2
 
 
 def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
@@ -199,13 +207,13 @@ def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
     errors = {}
     for alpha in (0.0, 0.3):
         process = adaptpfl_linear.build_adaptpfl_linear(10, 2, alpha=alpha, learning_rate=0.1)
-        state = process.set_representation(process.initialize(), b0)
+        state = adaptpfl_linear.set_representation(process, process.initialize(), b0)
         personal = [process.initialize_personal(i) for i in range(20)]
         for _ in range(40):
-            output = process.next(state, data, personal)
+            output = process.next_round(state, data, personal)
             state, personal = output.state, output.personal_states
-        errors[alpha] = np.mean(np.linalg.norm(process.predictors(state, personal)
-                                               - problem.thetas, axis=1))
+        thetas = adaptpfl_linear.predictors(process, state, personal)
+        errors[alpha] = np.mean(np.linalg.norm(thetas - problem.thetas, axis=1))
     assert errors[0.3] < 0.6 * errors[0.0], errors
     assert errors[0.0] > 0.2, errors
 
@@ -240,13 +248,14 @@ def test_bad_shapes_raise(tff_runtime):
     state = process.initialize()
     personal = _personal(_HEADS, _SHORTCUTS)
     with pytest.raises(ValueError, match="shape"):
-        process.next(state, _data([np.zeros((4, _D + 1))] * 3, [np.zeros(4)] * 3), personal)
+        process.next_round(state, _data([np.zeros((4, _D + 1))] * 3, [np.zeros(4)] * 3),
+                           personal)
     with pytest.raises(ValueError, match="personal states"):
-        process.next(state, _CLIENTS, personal[:1])
+        process.next_round(state, _CLIENTS, personal[:1])
     with pytest.raises(ValueError, match="shortcut"):
-        process.next(state, _CLIENTS, _personal(_HEADS, [np.zeros(_D - 1)] * 3))
+        process.next_round(state, _CLIENTS, _personal(_HEADS, [np.zeros(_D - 1)] * 3))
     with pytest.raises(ValueError, match="shape"):
-        process.set_representation(state, np.zeros((_D + 1, _K)))
+        adaptpfl_linear.set_representation(process, state, np.zeros((_D + 1, _K)))
 
 
 # --- Variant B: the draft's analysed iteration (2)–(8), adaptpfl.md §1.5 -----------------------
@@ -305,16 +314,17 @@ def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order)
     heads = [rng.normal(size=k) for _ in clients]
     shortcuts = [rng.normal(size=d) for _ in clients]
     state = process.initialize()
-    b = process.get_representation(state).astype(np.float64)
+    b = adaptpfl_linear.get_representation(state).astype(np.float64)
     np.testing.assert_allclose(b.T @ b, np.eye(k), atol=1e-6)   # B̂⁰ orthonormal
     personal = _personal(heads, shortcuts)
     for _ in range(2):
         broadcast = b
-        out = process.next(state, clients, personal)
+        out = process.next_round(state, clients, personal)
         state, personal = out.state, out.personal_states
         b, heads, shortcuts = _numpy_variant_b_round(b, clients, heads, shortcuts, alpha, beta,
                                                      eta, project, lam_s, lam_w, order)
-        np.testing.assert_allclose(process.get_representation(state), b, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+                                   rtol=1e-4, atol=1e-5)
         for got, w, s in zip(personal, heads, shortcuts):
             np.testing.assert_allclose(got["head"], w, rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(got["shortcut"], s, rtol=1e-4, atol=1e-5)

@@ -5,11 +5,13 @@ runs every entry, each on the model `experiments.algorithms.model_for` gives it.
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from models.paper_models import build_rolora_mnist_net
 from tffl.algorithms import registry as algorithms
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
+from tffl.engine.process import Process
 
 _D, _CLASSES = 8, 3
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -66,7 +68,7 @@ def test_every_entry_builds_and_runs_two_rounds(name, tff_runtime):
     state = process.initialize()
     start = _flat(process.get_model_weights(state))
     personal = ([process.initialize_personal(c) for c in ("a", "b")]
-                if hasattr(process, "initialize_personal") else None)
+                if process.personal is not None else None)
     for t in range(2):
         args = (state, _datasets(t)) + ((personal,) if personal is not None else ())
         output = process.next_round(*args)
@@ -105,17 +107,23 @@ def test_every_linear_entry_builds_and_runs_two_rounds(name, tff_runtime):
     assert entry.family == "linear"
     process = entry.build(algorithms.LinearConfig(
         dim=5, rank=rank, learning_rate=0.1, seed=1, options=_LINEAR_OPTIONS.get(name, {})))
+    # The one process class: the stateless ones pass TFF's LearningProcess checks; the
+    # personalized ones declare their personal state.
+    assert isinstance(process, Process) and isinstance(process.next, tff.Computation)
+    assert (process.personal is None) == (name in ("fedrep_linear", "rolora_linear"))
     state = process.initialize()
     start = _leaves(state)
     personal = ([process.initialize_personal(str(i)) for i in range(3)]
-                if hasattr(process, "initialize_personal") else None)
+                if process.personal is not None else None)
     for t in range(2):
         data = _linear_clients(5, seed=t, matrix=name == "rolora_linear")
-        output = (process.next(state, data) if personal is None
-                  else process.next(state, data, personal))
+        output = (process.next_round(state, data) if personal is None
+                  else process.next_round(state, data, personal))
         state = output.state
         if personal is not None:
             personal = output.personal_states
+    assert process.round_num(state) == 2
+    assert np.isfinite(output.metrics["client_work"]["train"]["loss"])
     end = _leaves(state)
     assert all(np.all(np.isfinite(v)) for v in end)
     assert any(v.dtype.kind == "f" and not np.allclose(a, v)

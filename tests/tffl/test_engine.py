@@ -1,4 +1,4 @@
-"""tffl.engine.rounds / tffl.engine.processes: the one engine against TFF's own FedAvg and independent numpy.
+"""tffl.engine.rounds / tffl.engine.process: the one engine against TFF's own FedAvg and independent numpy.
 
 - FedAvg on the engine equals `tff.learning.algorithms.build_weighted_fed_avg` on the same Keras
   model and data (3 rounds, 1e-6).

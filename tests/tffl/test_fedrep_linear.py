@@ -9,6 +9,7 @@ import collections
 
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from tasks.subspace import principal_angle_distance
 from tasks.synthetic import fedrep_linear as synthetic_fedrep_linear
@@ -62,23 +63,41 @@ _CLIENTS = _data([_RNG.normal(size=(m, _D)) for m in (5, 8, 3)],
 _B0 = np.linalg.qr(_RNG.normal(size=(_D, _K)))[0]
 
 
+def _train(metrics):
+    """The round's training metrics (TFF's structure: client_work/train)."""
+    return metrics["client_work"]["train"]
+
+
 def test_one_round_equals_numpy(tff_runtime):
     process = fedrep_linear.build_fedrep_linear(_D, _K, learning_rate=0.3)
-    state = process.set_representation(process.initialize(), _B0)
-    np.testing.assert_allclose(_projection(process.get_representation(state)), _projection(_B0),
-                               atol=1e-6)
+    state = fedrep_linear.set_representation(process, process.initialize(), _B0)
+    np.testing.assert_allclose(_projection(fedrep_linear.get_representation(state)),
+                               _projection(_B0), atol=1e-6)
     b = _B0
     for t in range(3):
-        output = process.next(state, _CLIENTS)
+        output = process.next_round(state, _CLIENTS)
         b, loss = _numpy_round(b, _CLIENTS, 0.3)
         state = output.state
-        got = process.get_representation(state)
+        got = fedrep_linear.get_representation(state)
         assert got.shape == (_D, _K) and got.dtype == np.float32
         np.testing.assert_allclose(got.T @ got, np.eye(_K), atol=1e-5)
         np.testing.assert_allclose(_projection(got), _projection(b), atol=1e-5)
-        np.testing.assert_allclose(output.metrics["loss"], loss, rtol=1e-5)
-        assert output.metrics["num_clients"] == 3
+        np.testing.assert_allclose(_train(output.metrics)["loss"], loss, rtol=1e-5)
+        assert _train(output.metrics)["num_clients"] == 3
         assert state["round_num"] == t + 1
+
+
+def test_is_a_tff_learning_process_with_b_as_its_model_weights(tff_runtime):
+    process = fedrep_linear.build_fedrep_linear(_D, _K, learning_rate=0.3)
+    assert isinstance(process, tff.learning.templates.LearningProcess)
+    assert process.personal is None
+    state = process.set_model_weights(process.initialize(), _B0.astype(np.float32))
+    np.testing.assert_allclose(process.get_model_weights(state),
+                               fedrep_linear.get_representation(state))
+    output = process.next(state, _CLIENTS)          # TFF's own next: the raw computation
+    assert isinstance(output, tff.learning.templates.LearningProcessOutput)
+    assert set(output.metrics) == {"distributor", "client_work", "aggregator", "finalizer"}
+    assert process.config.learning_rate == 0.3
 
 
 def test_heads_are_exact_least_squares(tff_runtime):
@@ -86,14 +105,14 @@ def test_heads_are_exact_least_squares(tff_runtime):
     for item in _CLIENTS:
         x, y = item["x"].astype(np.float64), item["y"].astype(np.float64)
         expected = np.linalg.lstsq(x @ _B0, y, rcond=None)[0]
-        np.testing.assert_allclose(process.head(_B0.astype(np.float32), item), expected,
+        np.testing.assert_allclose(fedrep_linear.head(process, _B0, item), expected,
                                    rtol=1e-5, atol=1e-6)
 
 
 def test_initialize_is_seeded_and_orthonormal(tff_runtime):
-    b1 = fedrep_linear.FedRepLinearProcess.get_representation(
+    b1 = fedrep_linear.get_representation(
         fedrep_linear.build_fedrep_linear(_D, _K, 0.1, seed=3).initialize())
-    b2 = fedrep_linear.FedRepLinearProcess.get_representation(
+    b2 = fedrep_linear.get_representation(
         fedrep_linear.build_fedrep_linear(_D, _K, 0.1, seed=3).initialize())
     np.testing.assert_array_equal(b1, b2)
     np.testing.assert_allclose(b1.T @ b1, np.eye(_K), atol=1e-6)
@@ -103,8 +122,8 @@ def test_method_of_moments_equals_numpy(tff_runtime):
     problem = synthetic_fedrep_linear(num_clients=20, num_samples=20, dim=20, rank=2, seed=0)
     clients = _data(problem.features, problem.targets)
     process = fedrep_linear.build_fedrep_linear(20, 2, learning_rate=0.5)
-    state = process.initialize_by_moments(clients)
-    b0 = process.get_representation(state)
+    state = fedrep_linear.initialize_by_moments(process, clients)
+    b0 = fedrep_linear.get_representation(state)
     np.testing.assert_allclose(b0.T @ b0, np.eye(2), atol=1e-5)
     np.testing.assert_allclose(_projection(b0), _projection(_numpy_moments(clients, 2)),
                                atol=1e-4)
@@ -121,15 +140,16 @@ def test_recovers_b_star_to_the_noise_floor(tff_runtime, noise_std, floor):
     problem = synthetic_fedrep_linear(num_clients=20, num_samples=20, dim=20, rank=2,
                                       noise_std=noise_std, seed=0)
     process = fedrep_linear.build_fedrep_linear(20, 2, learning_rate=0.5)
-    state = process.initialize_by_moments(_data(problem.features, problem.targets))
-    distances = [principal_angle_distance(process.get_representation(state), problem.b_star)]
+    state = fedrep_linear.initialize_by_moments(process, _data(problem.features, problem.targets))
+    distances = [principal_angle_distance(fedrep_linear.get_representation(state),
+                                          problem.b_star)]
     losses = []
     for t in range(30):
         fresh = problem.resample(seed=1000 + t)
-        output = process.next(state, _data(fresh.features, fresh.targets))
+        output = process.next_round(state, _data(fresh.features, fresh.targets))
         state = output.state
-        losses.append(float(output.metrics["loss"]))
-        distances.append(principal_angle_distance(process.get_representation(state),
+        losses.append(float(_train(output.metrics)["loss"]))
+        distances.append(principal_angle_distance(fedrep_linear.get_representation(state),
                                                   problem.b_star))
     assert distances[0] < 0.9
     assert distances[-1] < floor, distances
@@ -156,8 +176,12 @@ def test_bad_shapes_raise(tff_runtime):
     state = process.initialize()
     bad = _data([np.zeros((4, _D + 1))], [np.zeros(4)])
     with pytest.raises(ValueError, match="shape"):
-        process.next(state, bad)
+        process.next_round(state, bad)
     with pytest.raises(ValueError, match="shape"):
-        process.next(state, _data([np.zeros((4, _D))], [np.zeros(3)]))
+        process.next_round(state, _data([np.zeros((4, _D))], [np.zeros(3)]))
+    with pytest.raises(ValueError, match="at least one client"):
+        process.next_round(state, [])
     with pytest.raises(ValueError, match="shape"):
-        process.set_representation(state, np.zeros((_D, _K + 1)))
+        fedrep_linear.initialize_by_moments(process, bad)
+    with pytest.raises(ValueError, match="shape"):
+        fedrep_linear.set_representation(process, state, np.zeros((_D, _K + 1)))

@@ -16,6 +16,7 @@ import pytest
 from tasks.synthetic import flute_linear as synthetic_flute_linear
 from tffl.algorithms import flute_linear
 from tffl.engine import personal_state
+from tffl.engine.communication import RoundTraffic
 from tffl import runtime
 
 
@@ -70,7 +71,12 @@ _W0 = _RNG.normal(size=(_K, 3))
 
 
 def _start(process, b=_B0):
-    return process.set_representation(process.initialize(), b)
+    return flute_linear.set_representation(process, process.initialize(), b)
+
+
+def _train(metrics):
+    """The round's training metrics (TFF's structure: client_work/train)."""
+    return metrics["client_work"]["train"]
 
 
 @pytest.mark.parametrize("g1, g2, eta_r", [(0.25, 0.125, None), (0.1, 0.3, 0.02), (0.0, 0.0, None)])
@@ -83,17 +89,19 @@ def test_two_rounds_equal_numpy(tff_runtime, g1, g2, eta_r):
     state, personal = _start(process), _personal(_W0)
     b, w = _B0, _W0
     for t in range(2):
-        output = process.next(state, _CLIENTS, personal)
+        output = process.next_round(state, _CLIENTS, personal)
         assert isinstance(output, personal_state.PersonalizedOutput)
         b, w, loss, reg = _numpy_round(b, w, _CLIENTS, eta_l, eta_r, g1, g2)
         state, personal = output.state, output.personal_states
         assert len(personal) == 3 and state["round_num"] == t + 1
-        np.testing.assert_allclose(process.get_representation(state), b, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(process.heads(personal), w, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(output.metrics["loss"], loss, rtol=1e-5)
-        np.testing.assert_allclose(output.metrics["regularizer"], reg, rtol=1e-5, atol=1e-6)
-        assert output.metrics["num_clients"] == 3
-    np.testing.assert_allclose(process.predictors(state, personal), (b @ w).T, rtol=1e-5,
+        np.testing.assert_allclose(flute_linear.get_representation(state), b, rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(flute_linear.heads(personal), w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_train(output.metrics)["loss"], loss, rtol=1e-5)
+        np.testing.assert_allclose(output.metrics["finalizer"]["regularizer"], reg, rtol=1e-5,
+                                   atol=1e-6)
+        assert _train(output.metrics)["num_clients"] == 3
+    np.testing.assert_allclose(flute_linear.predictors(state, personal), (b @ w).T, rtol=1e-5,
                                atol=1e-6)
 
 
@@ -114,14 +122,14 @@ def test_regularizer_step_matches_finite_differences(tff_runtime, g1, g2):
                                               regularizer_learning_rate=eta_r, gamma1=g1,
                                               gamma2=g2)
     zero = _data([np.zeros((2, _D))] * 3, [np.zeros(2)] * 3)
-    output = process.next(_start(process), zero, _personal(_W0))
-    step_b = (_B0 - process.get_representation(output.state)) / eta_r
-    step_w = (_W0 - process.heads(output.personal_states)) / eta_r
+    output = process.next_round(_start(process), zero, _personal(_W0))
+    step_b = (_B0 - flute_linear.get_representation(output.state)) / eta_r
+    step_w = (_W0 - flute_linear.heads(output.personal_states)) / eta_r
     fd_b = _finite_difference(lambda b: _regularizer(b, _W0, g1, g2), _B0)
     fd_w = _finite_difference(lambda w: _regularizer(_B0, w, g1, g2), _W0)
     np.testing.assert_allclose(step_b, fd_b, rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(step_w, fd_w, rtol=2e-3, atol=2e-3)
-    assert output.metrics["loss"] == 0
+    assert _train(output.metrics)["loss"] == 0
     # The pure-TF helper the server uses, in float64 (no float32 boundary): tight agreement.
     import tensorflow as tf
     got = flute_linear.regularizer_gradients(tf.constant(_B0), tf.constant(_W0 @ _W0.T), g1, g2)
@@ -139,30 +147,33 @@ def test_balanced_regularizer_identity(tff_runtime):
                                               regularizer_learning_rate=eta_r, gamma1=2 * g2,
                                               gamma2=g2)
     zero = _data([np.zeros((2, _D))] * 3, [np.zeros(2)] * 3)
-    output = process.next(_start(process), zero, _personal(_W0))
-    np.testing.assert_allclose(output.metrics["regularizer"], expected, rtol=1e-5)
+    output = process.next_round(_start(process), zero, _personal(_W0))
+    np.testing.assert_allclose(output.metrics["finalizer"]["regularizer"], expected, rtol=1e-5)
     diff = _B0.T @ _B0 - _W0 @ _W0.T
-    np.testing.assert_allclose(process.get_representation(output.state),
+    np.testing.assert_allclose(flute_linear.get_representation(output.state),
                                _B0 - eta_r * 4 * g2 * _B0 @ diff, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(process.heads(output.personal_states),
+    np.testing.assert_allclose(flute_linear.heads(output.personal_states),
                                _W0 + eta_r * 4 * g2 * diff @ _W0, rtol=1e-5, atol=1e-6)
 
 
 def test_initialization_is_small_seeded_and_per_client(tff_runtime):
     process = flute_linear.build_flute_linear(10, 3, learning_rate=0.03, seed=4)
-    assert process.init_scale == pytest.approx(0.01)  # 1/(10d)
-    b = process.get_representation(process.initialize())
+    assert process.config.init_scale == pytest.approx(0.01)  # 1/(10d)
+    b = flute_linear.get_representation(process.initialize())
     assert b.shape == (10, 3) and b.dtype == np.float32
     assert 0.003 < b.std() < 0.03 and np.all(b != 0)
     np.testing.assert_array_equal(
-        b, flute_linear.build_flute_linear(10, 3, 0.03, seed=4).get_representation(
+        b, flute_linear.get_representation(
             flute_linear.build_flute_linear(10, 3, 0.03, seed=4).initialize()))
     h1, h2 = process.initialize_personal("client_01"), process.initialize_personal("client_02")
     assert h1["head"].shape == (3,) and h1["head"].dtype == np.float32
     np.testing.assert_array_equal(h1["head"], process.initialize_personal("client_01")["head"])
     assert not np.array_equal(h1["head"], h2["head"])
     assert np.all(np.abs(h1["head"]) < 0.1)
-    assert personal_state.is_personalized(process)
+    assert process.personal is not None and process.personal.names == ("head",)
+    # Bytes per client, declared (TFF's forms cannot hold personal state at CLIENTS): down B and
+    # G = WWᵀ, up ∇_B L_i, w_i w_iᵀ, L_i and the client count (float32 / int32).
+    assert process.traffic["round"] == RoundTraffic(down=4 * (30 + 9), up=4 * (30 + 9 + 2))
 
 
 def test_personal_store_round_trip_keeps_non_participants(tff_runtime):
@@ -171,12 +182,12 @@ def test_personal_store_round_trip_keeps_non_participants(tff_runtime):
     store = personal_state.PersonalStore(process.initialize_personal)
     ids = ["a", "b", "c"]
     state = _start(process)
-    output = process.next(state, _CLIENTS, store.lookup(ids))
+    output = process.next_round(state, _CLIENTS, store.lookup(ids))
     store.update(ids, output.personal_states)
     before = {cid: store.get(cid)["head"].copy() for cid in ids}
-    output = process.next(output.state, _CLIENTS[:2], store.lookup(ids[:2]))
+    output = process.next_round(output.state, _CLIENTS[:2], store.lookup(ids[:2]))
     store.update(ids[:2], output.personal_states)
-    assert output.metrics["num_clients"] == 2
+    assert _train(output.metrics)["num_clients"] == 2
     np.testing.assert_array_equal(store.get("c")["head"], before["c"])
     assert not np.array_equal(store.get("a")["head"], before["a"])
 
@@ -193,9 +204,9 @@ def test_fits_the_rank_k_truncation_on_the_papers_synthetic_task(tff_runtime):
     data = _data(problem.features, problem.targets)
     errors = []
     for _ in range(60):
-        output = process.next(state, data, personal)
+        output = process.next_round(state, data, personal)
         state, personal = output.state, output.personal_states
-        errors.append(np.mean(np.linalg.norm(process.predictors(state, personal)
+        errors.append(np.mean(np.linalg.norm(flute_linear.predictors(state, personal)
                                              - problem.phi.T, axis=1)))
     assert errors[0] > 1.5 * floor      # ≈ mean ‖φ_i‖: B⁰w_i⁰ ≈ 0
     assert errors[-1] < 1.05 * floor, (errors[-1], floor)
@@ -229,12 +240,14 @@ def test_bad_shapes_raise(tff_runtime):
     state = process.initialize()
     personal = _personal(_W0)
     with pytest.raises(ValueError, match="shape"):
-        process.next(state, _data([np.zeros((4, _D + 1))] * 3, [np.zeros(4)] * 3), personal)
+        process.next_round(state, _data([np.zeros((4, _D + 1))] * 3, [np.zeros(4)] * 3),
+                           personal)
     with pytest.raises(ValueError, match="shape"):
-        process.next(state, _data([np.zeros((4, _D))] * 3, [np.zeros(3)] * 3), personal)
+        process.next_round(state, _data([np.zeros((4, _D))] * 3, [np.zeros(3)] * 3), personal)
     with pytest.raises(ValueError, match="personal states"):
-        process.next(state, _CLIENTS, personal[:2])
+        process.next_round(state, _CLIENTS, personal[:2])
     with pytest.raises(ValueError, match="head"):
-        process.next(state, _CLIENTS, [collections.OrderedDict(head=np.zeros(_K + 1))] * 3)
+        process.next_round(state, _CLIENTS,
+                           [collections.OrderedDict(head=np.zeros(_K + 1))] * 3)
     with pytest.raises(ValueError, match="shape"):
-        process.set_representation(state, np.zeros((_D, _K + 1)))
+        flute_linear.set_representation(process, state, np.zeros((_D, _K + 1)))

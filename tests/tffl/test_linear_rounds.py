@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
 from tffl.engine import linear_rounds
+from tffl.engine.personal_state import PersonalizedOutput
 
 _VECTOR = tff.TensorType(np.float32, [2])
 _STATE = tff.StructWithPythonType([("v", _VECTOR), ("round_num", tff.TensorType(np.int32))],
@@ -57,18 +58,27 @@ def test_sum_round_with_personal_state_equals_numpy(tff_runtime):
     ps = [collections.OrderedDict(p=np.array([0.5, 0.0], np.float32)),
           collections.OrderedDict(p=np.array([0.0, -1.0], np.float32))]
     v = np.array([1.0, 1.0], np.float32)
-    state, personal, metrics = next_fn(collections.OrderedDict(v=v, round_num=np.int32(3)), xs,
-                                       ps)
+    output = next_fn(collections.OrderedDict(v=v, round_num=np.int32(3)), xs, ps)
+    assert isinstance(output, PersonalizedOutput)
+    state, personal, metrics = output
     total = sum(x + p["p"] for x, p in zip(xs, ps))                       # Σ_i (x_i + p_i)
     np.testing.assert_allclose(state["v"], total, rtol=1e-6)
     assert int(state["round_num"]) == 4
     for got, x, p in zip(personal, xs, ps):
         np.testing.assert_allclose(got["p"], p["p"] + total[0] * x, rtol=1e-6)
-    assert list(metrics) == ["loss", "norm", "num_clients"]
-    np.testing.assert_allclose(metrics["loss"], np.mean([np.sum((x - v) ** 2) for x in xs]),
+    # TFF's learning-process structure: the clients' loss and count under client_work/train,
+    # the server step's values under finalizer.
+    assert list(metrics) == ["distributor", "client_work", "aggregator", "finalizer"]
+    train = metrics["client_work"]["train"]
+    assert list(train) == ["loss", "num_clients"] and list(metrics["finalizer"]) == ["norm"]
+    np.testing.assert_allclose(train["loss"], np.mean([np.sum((x - v) ** 2) for x in xs]),
                                rtol=1e-6)
-    np.testing.assert_allclose(metrics["norm"], np.linalg.norm(total), rtol=1e-6)
-    assert int(metrics["num_clients"]) == 2
+    np.testing.assert_allclose(metrics["finalizer"]["norm"], np.linalg.norm(total), rtol=1e-6)
+    assert int(train["num_clients"]) == 2
+    # Bytes per client (declared: TFF's forms cannot hold the round): down v and the relayed
+    # first entry, up x_i + p_i, ℓ_i and the client count.
+    traffic = linear_rounds.two_exchange_traffic(_broadcast, _first, _second, _first_entry)
+    assert (traffic.down, traffic.up) == (4 * (2 + 1), 4 * (2 + 1 + 1))
 
 
 @tff.tensorflow.computation(_VECTOR, _VECTOR)
@@ -112,3 +122,4 @@ def test_engine_re_exports_the_rounds():
     assert linear_engine.build_two_exchange_round is linear_rounds.build_two_exchange_round
     assert linear_engine.round_metrics is linear_rounds.round_metrics
     assert linear_engine.count_clients is linear_rounds.count_clients
+    assert linear_engine.two_exchange_traffic is linear_rounds.two_exchange_traffic

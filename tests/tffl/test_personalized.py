@@ -215,7 +215,8 @@ def test_lg_fedavg_keeps_its_lower_layer_local_and_averages_the_top(tff_runtime)
 
 def test_fedavg_averages_everything_with_example_weights(tff_runtime):
     process = _build("fedavg")
-    assert not personal_state.is_personalized(process)
+    assert process.personal is None
+    assert isinstance(process, tff.learning.templates.LearningProcess)
     clients = _clients(seed=2)
     w, h = _initial(process)
     out = process.next(process.initialize(), _datasets(clients))
@@ -249,8 +250,8 @@ def test_evaluation_uses_each_clients_head_and_fedavg_ft_finetunes(tff_runtime):
     fedrep = _build("fedrep")
     w, h0 = _initial(fedrep)
     heads = [h0 + 0.1 * i for i in range(3)]
-    metrics = fedrep.evaluate(fedrep.initialize(), [[h.astype(np.float32)] for h in heads],
-                              _datasets(clients), _datasets(tests))
+    metrics = fedrep.evaluate(fedrep.initialize(), _datasets(clients), _datasets(tests),
+                              [[h.astype(np.float32)] for h in heads])
     errors = [np.sum((x @ w @ h - y) ** 2) for (x, y), h in zip(tests, heads)]
     n = sum(len(x) for x, _ in tests)
     assert metrics["loss"] == pytest.approx(sum(errors) / n, rel=1e-5)
@@ -427,7 +428,7 @@ def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_ru
     info = process.spec.trainable
     a_idx = process.spec.indices([roles.LORA_A])
     b_idx = process.spec.indices([roles.LORA_B])
-    head = process.personal_indices
+    head = process.evaluation.personal_indices
     assert {info[k].role for k in head} == {roles.HEAD}
     # The federated weights are the LoRA factors (the head is personal, the rest frozen).
     assert sorted(process.model.layout.trainable) == sorted(a_idx + b_idx)
@@ -619,8 +620,8 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction):
         federated = process.get_model_weights(out.state).trainable
         assert len(federated) == 1   # W alone is federated; H, b and u stay on the clients
         got_w = federated[0]
-        final = process.evaluate_final(out.state, out.personal_states,
-                                       _class_datasets(clients), _class_datasets(tests))
+        final = process.evaluate_final(out.state, _class_datasets(clients),
+                                       _class_datasets(tests), out.personal_states)
 
     w0, h0, b0 = (np.asarray(v, np.float64) for v in weights.trainable)
     # A client's initial personal state: the model's initial head and a zero class indicator.
@@ -702,7 +703,7 @@ def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
         "adaptpfl", lambda: _classifier(shortcut_alpha=0.0), CLASS_SPEC, LR, head_epochs=2,
         shortcut_epochs=3, representation_epochs=2)
     shortcut = adapt.spec.indices([roles.SHORTCUT])
-    assert [adapt.spec.trainable[k].name for k in adapt.personal_indices] == [
+    assert [adapt.spec.trainable[k].name for k in adapt.evaluation.personal_indices] == [
         "head/kernel:0", "head/bias:0", "shortcut/kernel:0"]
     data = _class_datasets(_class_clients(seed=3))
     s_f, s_a = fedrep.initialize(), adapt.initialize()

@@ -7,6 +7,7 @@ started non-zero) and compares it with the process's own computation on the same
 
 import collections
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -16,8 +17,12 @@ import tensorflow_federated as tff
 from test_lora_fl import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
 from test_lora_fl import _datasets, _model_fn, _small_process, _spec, _start
 from test_personalized import _build as _build_personalized
+from test_personalized import _clients as _personal_clients
+from test_personalized import _datasets as _personal_datasets
 from tffl.algorithms import lora_fl
 from tffl import production
+from tffl.engine import personal_state
+from tffl.engine.process import Process
 
 STATELESS = ("fedavg_lora", "ffa_lora", "rolora", "rolora_ffa")   # take DistributeAggregateForm
 STACKING = ("flexlora", "flora")   # stack uploaded factors with `tff.federated_aggregate`
@@ -90,7 +95,7 @@ def test_each_communication_round_compiles(name):
     DistributeAggregateForm (their stacking `federated_aggregate` gives the documented error); a
     one-round `next` compiles too."""
     process = _process(name)
-    rounds = process.communication_rounds
+    rounds = process.rounds
     forms = _map_reduce_forms(name)
     assert list(forms) == list(rounds)
     for round_name, form in forms.items():
@@ -139,7 +144,7 @@ def test_serialized_computations_run_the_same(name, tff_runtime):
     initialize = _round_trip(process.initialize)
     _assert_same(initialize(), process.initialize())
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
-    first = process.communication_rounds[process.round_name(state)]
+    first = process.rounds[process.round_name(state)]
     output = _round_trip(first)(state, datasets)
     assert list(output) == ["state", "metrics"]
     expected = process.next_round(state, datasets)
@@ -148,7 +153,7 @@ def test_serialized_computations_run_the_same(name, tff_runtime):
     if len(process.rounds) > 1:
         metrics = metrics[process.round_name(state)]
     _assert_same(output["metrics"], metrics)
-    for computation in process.communication_rounds.values():
+    for computation in process.rounds.values():
         _assert_same(_round_trip(computation)(state, datasets), computation(state, datasets))
 
 
@@ -161,7 +166,7 @@ def test_map_reduce_pieces_compute_the_round(name, tff_runtime):
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
     for round_name, form in _map_reduce_forms(name).items():
         pieces = {piece: _round_trip(getattr(form, piece)) for piece in MAP_REDUCE_PIECES}
-        expected = process.communication_rounds[round_name](state, datasets)
+        expected = process.rounds[round_name](state, datasets)
         _assert_same(_run_map_reduce(pieces, state, datasets), expected)
 
 
@@ -173,7 +178,7 @@ def test_distribute_aggregate_form_recomposes_the_round(name, tff_runtime):
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
     for round_name, form in _distribute_aggregate_forms(name).items():
         rebuilt = tff.backends.mapreduce.get_computation_for_distribute_aggregate_form(form)
-        expected = process.communication_rounds[round_name](state, datasets)
+        expected = process.rounds[round_name](state, datasets)
         _assert_same(_round_trip(rebuilt)(state, datasets), expected)
 
 
@@ -184,28 +189,79 @@ def test_saved_rolora_loads_and_its_rounds_follow_the_schedule(tmp_path, tff_run
     process = _process("rolora")
     production.save_process(process, tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {
-        "initialize.pb", "round_0.pb", "round_1.pb", "next.pb", "manifest.json"}
+        "initialize.pb", "round_0.pb", "round_1.pb", "next.pb", "get_model_weights.pb",
+        "set_model_weights.pb", "manifest.json"}
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["cycle"] == ["b_round", "a_round"] and not manifest["personalized"]
+    assert manifest["schedule"][:4] == ["b_round", "a_round", "b_round", "a_round"]
     saved = production.load_process(tmp_path)
-    assert saved.algorithm == "rolora"
-    assert list(saved.communication_rounds) == ["b_round", "a_round"]
-    assert saved.schedule[:4] == ("b_round", "a_round", "b_round", "a_round")
+    assert isinstance(saved, Process) and saved.algorithm == "rolora"
+    assert list(saved.rounds) == ["b_round", "a_round"]
+    assert saved.cycle == ("b_round", "a_round") and saved.personal is None
+    assert [saved.schedule(t) for t in range(4)] == ["b_round", "a_round", "b_round", "a_round"]
     assert saved.next.type_signature.is_equivalent_to(process.next.type_signature)  # B, then A
     _assert_same(saved.initialize(), process.initialize())
 
     state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
     first = process.next_round(state, datasets)
     second = process.next_round(first.state, datasets)
-    b_out = saved.communication_rounds["b_round"](state, datasets)
-    a_out = saved.communication_rounds["a_round"](b_out["state"], datasets)
-    _assert_same(b_out["state"], first.state)
-    _assert_same(a_out["state"], second.state)
-    _assert_same((b_out["metrics"], a_out["metrics"]),
+    b_out = saved.rounds["b_round"](state, datasets)
+    a_out = saved.rounds["a_round"](b_out.state, datasets)
+    _assert_same(b_out.state, first.state)
+    _assert_same(a_out.state, second.state)
+    _assert_same((b_out.metrics, a_out.metrics),
                  (first.metrics["b_round"], second.metrics["a_round"]))
     cycle = saved.next(state, [collections.OrderedDict(b_round=d, a_round=d) for d in datasets])
-    _assert_same(cycle["state"], second.state)
+    _assert_same(cycle.state, second.state)
     single = production.load_process(production.save_process(_process("ffa_lora"),
                                                              tmp_path / "ffa"))
-    assert single.next is not None and single.schedule[:2] == ("b_round", "b_round")
+    assert isinstance(single.next, tff.Computation) and single.round_name(state) == "b_round"
+    assert [single.schedule(t) for t in range(2)] == ["b_round", "b_round"]
+
+
+def test_loaded_process_is_a_learning_process_with_the_same_rounds(tmp_path, tff_runtime):
+    """A saved-and-loaded RoLoRA is one `Process` (a TFF `LearningProcess`): `next_round`
+    follows the schedule from the state and gives the original's model weights to 1e-6;
+    `set_model_weights` round-trips."""
+    process = _process("rolora")
+    saved = production.load_process(production.save_process(process, tmp_path))
+    assert isinstance(saved, tff.learning.templates.LearningProcess)
+    original = loaded = _start(process)
+    datasets = _datasets(_CLIENTS, _BATCH)
+    for kind in ("b_round", "a_round", "b_round"):
+        assert saved.round_name(loaded) == process.round_name(original) == kind
+        original = process.next_round(original, datasets).state
+        output = saved.next_round(loaded, datasets)
+        assert isinstance(output, tff.learning.templates.LearningProcessOutput)
+        assert list(output.metrics) == [kind]
+        loaded = output.state
+    expected, actual = process.get_model_weights(original), saved.get_model_weights(loaded)
+    assert isinstance(actual, tff.learning.models.ModelWeights)
+    for a, e in zip(_leaves(actual), _leaves(expected)):
+        np.testing.assert_allclose(a, e, rtol=0, atol=1e-6)
+    _assert_same(saved.get_model_weights(saved.set_model_weights(saved.initialize(), actual)),
+                 actual)
+
+
+def test_loaded_personalized_process_needs_its_initial_personal_state(tmp_path, tff_runtime):
+    """A personalized process saves its declared personal state; loading it asks for the
+    clients' initial personal states, and the loaded process runs a round as the original."""
+    process = _build_personalized("fedrep")
+    production.save_process(process, tmp_path)
+    with pytest.raises(ValueError, match="fedrep is personalized: pass initial_personal="):
+        production.load_process(tmp_path)
+    saved = production.load_process(tmp_path, initial_personal=process.personal.initial)
+    assert isinstance(saved, Process)
+    assert saved.personal.names == process.personal.names
+    assert saved.personal.shapes == tuple(map(tuple, process.personal.shapes))
+    assert saved.personal.dtypes == process.personal.dtypes
+    state, datasets = process.initialize(), _personal_datasets(_personal_clients())
+    personal = [process.initialize_personal(c) for c in "abc"]
+    expected = process.next_round(state, datasets, personal)
+    output = saved.next_round(saved.initialize(), datasets,
+                              [saved.initialize_personal(c) for c in "abc"])
+    assert isinstance(output, personal_state.PersonalizedOutput)
+    _assert_same(output, expected)
 
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])

@@ -2,6 +2,7 @@
 `tff.program` state and release managers) on managed workers, resumable, leaving no worker."""
 
 import asyncio
+import collections
 import copy
 import pathlib
 
@@ -11,7 +12,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models.paper_models import build_rolora_mnist_net
+from tffl.algorithms import fedrep_linear
 from tffl.algorithms import lora_fl
+from tffl.algorithms import rolora_linear
 from tffl import runtime
 from tffl.runtime.tff_internals import context_stack_impl
 
@@ -136,14 +139,15 @@ def test_program_runtime_installs_a_federated_context_and_cleans_up_on_error(tmp
 
 # --- train_model, interrupted and resumed -----------------------------------------------------
 
-def _train(process, state_dir, total_rounds, log_dir):
-    """One program: `train_model` up to `total_rounds` in its own `program_runtime()`; returns
-    (metrics released, model states released)."""
+def _train(process, state_dir, total_rounds, log_dir, source=None):
+    """One program: `train_model` up to `total_rounds` in its own `program_runtime()`, on
+    `source()` (default the Keras clients' datasets); returns (metrics released, model states
+    released)."""
     metrics, models = tff.program.MemoryReleaseManager(), tff.program.MemoryReleaseManager()
     with runtime.program_runtime(log_dir=log_dir):
         asyncio.run(tff.learning.programs.train_model(
             train_process=process,
-            train_data_source=_source(data_names=process.data_names),
+            train_data_source=(source or (lambda: _source(data_names=process.data_names)))(),
             train_per_round_clients=_PER_ROUND,
             train_total_rounds=total_rounds,
             program_state_manager=tff.program.FileProgramStateManager(str(state_dir)),
@@ -219,6 +223,76 @@ def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     versions = asyncio.run(
         tff.program.FileProgramStateManager(str(tmp_path / "resumed")).get_versions())
     assert versions == [0, 1, 2, 3, 4]
+
+
+# --- the stateless linear algorithms: tensor client data, the same program --------------------
+
+_LINEAR = {"fedrep_linear": lambda: fedrep_linear.build_fedrep_linear(_D, 2, 0.3, seed=1),
+           "rolora_linear": lambda: rolora_linear.build_rolora_alt_min_gd(_D, 0.3, seed=1)}
+
+
+def _linear_source(algorithm):
+    """Three clients' `{x: (m_i, d), y}` arrays (m_i = `_SIZES`; RoLoRA's Alt-min-GD regresses
+    y: (m_i, d)), served by `ClientDataSource` as tensors, not datasets."""
+    rng = np.random.default_rng(0)
+    clients = [collections.OrderedDict(
+        x=rng.normal(size=(n, _D)).astype(np.float32),
+        y=rng.normal(size=(n, _D) if algorithm == "rolora_linear" else n).astype(np.float32))
+        for n in _SIZES]
+    return runtime.ClientDataSource(f"train_{algorithm}", clients, seed=7)
+
+
+def _leaves(state):
+    return [np.asarray(v) for v in tf.nest.flatten(dict(state))]
+
+
+def _check_linear_metrics(released, rounds):
+    assert list(released) == list(rounds)
+    for round_num in rounds:
+        metrics = released[round_num]
+        # TFF's structure; train_model moves client_work/train to model_metrics.
+        assert {"distributor", "client_work", "aggregator", "finalizer", "model_metrics"} <= set(
+            metrics)
+        assert int(metrics["model_metrics"]["num_clients"]) == _PER_ROUND
+        assert np.isfinite(metrics["model_metrics"]["loss"])
+
+
+@pytest.mark.parametrize("algorithm", list(_LINEAR))
+def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm, tmp_path):
+    process = _LINEAR[algorithm]()
+    assert isinstance(process, tff.learning.templates.LearningProcess)
+    for computation in (process.next, process.initialize, process.get_model_weights,
+                        process.set_model_weights):
+        assert isinstance(computation, tff.Computation)
+    source = lambda: _linear_source(algorithm)  # noqa: E731  (built anew by each program)
+    assert source().federated_type.member == process.next.type_signature.parameter[1].member
+
+    metrics, models = _train(process, tmp_path / "whole", 4, tmp_path / "logs", source)
+    _check_linear_metrics(metrics, [1, 2, 3, 4])
+    whole = _leaves(models["training_checkpoint_round_4"])
+    assert int(models["training_checkpoint_round_4"]["round_num"]) == 4
+
+    first_metrics, first_models = _train(process, tmp_path / "resumed", 2, tmp_path / "logs",
+                                         source)
+    _check_linear_metrics(first_metrics, [1, 2])
+    halfway = _leaves(first_models["training_checkpoint_round_2"])
+    assert any(not np.allclose(a, b) for a, b in zip(halfway, whole))  # rounds 3, 4 train
+
+    resumed_metrics, resumed_models = _train(process, tmp_path / "resumed", 4, tmp_path / "logs",
+                                             source)
+    _check_linear_metrics(resumed_metrics, [3, 4])  # rounds 1, 2 are not run again
+    resumed = _leaves(resumed_models["training_checkpoint_round_4"])
+    assert len(resumed) == len(whole)
+    for got, want in zip(resumed, whole):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    for round_num in (3, 4):   # the resumed rounds saw the uninterrupted run's clients
+        np.testing.assert_allclose(resumed_metrics[round_num]["model_metrics"]["loss"],
+                                   metrics[round_num]["model_metrics"]["loss"], rtol=1e-6)
+
+    versions = asyncio.run(
+        tff.program.FileProgramStateManager(str(tmp_path / "resumed")).get_versions())
+    assert versions == [0, 1, 2, 3, 4]
+    assert runtime.running_workers() == []
 
 
 def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, capsys):

@@ -1,8 +1,11 @@
 """tffl.algorithms.rolora_linear: RoLoRA's Algorithm 2 (Alt-min-GD) against numpy written from rolora.md
 §2.1, and the linear theory's recovery of a* (Theorem 4.5) on tasks.synthetic.rolora_linear."""
 
+import collections
+
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from tasks.synthetic import rolora_linear
 from tffl.algorithms import rolora_linear as alt_min
@@ -42,13 +45,34 @@ def test_three_iterations_equal_numpy_on_heterogeneous_noisy_clients(tff_runtime
     np.testing.assert_array_equal(state["b"], np.zeros(d))
     a = a0
     for t in range(3):
-        out = process.next(state, clients)
+        out = process.next_round(state, clients)
         state = out.state
         a, b_bar, loss = _numpy_iteration(a, clients, eta)
         np.testing.assert_allclose(state["a"], a, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state["b"], b_bar, rtol=1e-5, atol=1e-6)
-        assert float(out.metrics["loss"]) == pytest.approx(loss, rel=1e-5)
-        assert int(out.metrics["num_clients"]) == 3 and int(state["round_num"]) == t + 1
+        train = out.metrics["client_work"]["train"]
+        assert float(train["loss"]) == pytest.approx(loss, rel=1e-5)
+        assert int(train["num_clients"]) == 3 and int(state["round_num"]) == t + 1
+
+
+def test_is_a_tff_learning_process_whose_model_weights_are_a_and_b(tff_runtime):
+    process = alt_min.build_rolora_alt_min_gd(4, 0.3, seed=1)
+    assert isinstance(process, tff.learning.templates.LearningProcess)
+    assert process.personal is None and process.config.learning_rate == 0.3
+    state = process.initialize()
+    weights = process.get_model_weights(state)
+    assert list(weights) == ["a", "b"]
+    np.testing.assert_array_equal(weights["a"], alt_min.get_a(state))
+    # (a, b) -> (a/‖a‖, ‖a‖·b): the same ΔW = a bᵀ with a unit a; round_num kept.
+    a, b = np.array([3.0, 0.0, 4.0, 0.0], np.float32), np.array([1.0, 2.0, 0.0, -1.0], np.float32)
+    moved = process.set_model_weights(state, collections.OrderedDict(a=a, b=b))
+    np.testing.assert_allclose(moved["a"], a / 5, rtol=1e-6)
+    np.testing.assert_allclose(moved["b"], 5 * b, rtol=1e-6)
+    np.testing.assert_allclose(np.outer(moved["a"], moved["b"]), np.outer(a, b), rtol=1e-6)
+    assert int(moved["round_num"]) == 0
+    problem = rolora_linear(num_clients=2, num_samples=6, dim=4, seed=0)
+    output = process.next(moved, _clients(problem))     # TFF's own next: the raw computation
+    assert set(output.metrics) == {"distributor", "client_work", "aggregator", "finalizer"}
 
 
 def test_linear_theory_recovers_a_star_at_a_linear_rate(tff_runtime):
@@ -58,16 +82,16 @@ def test_linear_theory_recovers_a_star_at_a_linear_rate(tff_runtime):
     problem = rolora_linear(num_clients=4, num_samples=60, dim=d, seed=0)
     process = alt_min.build_rolora_alt_min_gd(d, 0.5, seed=3)
     rng = np.random.default_rng(1)
-    state = process.with_a(process.initialize(), rng.normal(size=d))
+    state = alt_min.with_a(process, process.initialize(), rng.normal(size=d))
     a_star, b_star = problem.a_star, problem.b_stars[0]
 
     def sin_theta(a):
         return np.linalg.norm(a - (a @ a_star) * a_star) / np.linalg.norm(a)
 
-    angles = [sin_theta(process.get_a(state))]
+    angles = [sin_theta(alt_min.get_a(state))]
     assert angles[0] > 0.5
     for _ in range(25):
-        state = process.next(state, _clients(problem)).state
+        state = process.next_round(state, _clients(problem)).state
         angles.append(sin_theta(np.asarray(state["a"], np.float64)))
     assert all(later < earlier for earlier, later in zip(angles, angles[1:12]))
     assert angles[-1] < 1e-4
@@ -78,8 +102,20 @@ def test_linear_theory_recovers_a_star_at_a_linear_rate(tff_runtime):
 def test_bad_input_is_one_line():
     process = alt_min.build_rolora_alt_min_gd(4, 0.1)
     with pytest.raises(ValueError, match=r"client 0: x \(3, 5\) and y \(3, 5\) must both be"):
-        process.next(None, [dict(x=np.zeros((3, 5)), y=np.zeros((3, 5)))])
+        process.next_round(None, [dict(x=np.zeros((3, 5)), y=np.zeros((3, 5)))])
     with pytest.raises(ValueError, match="learning_rate=0.0 must be"):
         alt_min.build_rolora_alt_min_gd(4, 0.0)
     with pytest.raises(ValueError, match="at least one client"):
-        process.next(None, [])
+        process.next_round(None, [])
+    with pytest.raises(ValueError, match="a must be a non-zero vector of length d=4"):
+        alt_min.with_a(process, None, np.zeros(4))
+
+
+def test_set_model_weights_of_the_wrong_shape_is_one_line(tff_runtime):
+    """A linear process has no Keras model: `set_model_weights` checks the value against its
+    own TFF type and names the entry and both shapes (before TFF's type error)."""
+    process = alt_min.build_rolora_alt_min_gd(dim=5, learning_rate=0.1)
+    state = process.initialize()
+    bad = collections.OrderedDict(a=np.ones(4, np.float32), b=np.ones(5, np.float32))
+    with pytest.raises(ValueError, match=r"model weights/a must have shape \(5,\), got \(4,\)"):
+        process.set_model_weights(state, bad)

@@ -1,4 +1,4 @@
-"""tffl.engine.schedules: periodic schedules and the cycle that is a ScheduledProcess's `next`.
+"""tffl.engine.schedules: periodic schedules and the cycle that is a Process's `next`.
 
 RoLoRA's `next` (one `tff.Computation`: its B round, then its A round, each on its own client
 data) must equal two communication rounds run one at a time (`next_round`), and its metrics must

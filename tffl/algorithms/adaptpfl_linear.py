@@ -57,14 +57,17 @@ point — (1 − 0)·Bw + 0·s = Bw — so these are FedRep's iterates, not an a
 α = 1 is local linear regression on s alone: B and w receive zero gradient.
 
 Client data: one value per client, `OrderedDict(x=float32[m_i, d], y=float32[m_i])` (a full
-batch; fresh samples per round, as the draft's theory wants, are the caller's: pass new data to
-each `next`). Personal state: `OrderedDict(head=float32[k], shortcut=float32[d])`. The algebra
-runs in float64 inside the client computation; results are cast to float32. Steps 1 and 3 (and
-the state, round counter and shape checks) are `tffl.engine.linear_engine`'s averaging round (no QR);
-this module writes only the client update, step 2.
+batch; fresh samples per round, as the draft's theory wants, are the caller's). Personal state:
+`OrderedDict(head=float32[k], shortcut=float32[d])`. The algebra runs in float64 inside the
+client computation; results are cast to float32. Steps 1 and 3 (and the state, round counter and
+shape checks) are `tffl.engine.linear_engine`'s averaging round (no QR); this module writes only
+the client update, step 2. Metrics (TFF's structure, `client_work/train`): `loss` = mean over
+clients of f_i (without the ridge) at the start of the round; `num_clients`.
 
-Metrics of a round (at the server): `loss` = mean over clients of f_i (without the ridge) at the
-start of the round (broadcast B, stored w_i, s_i); `num_clients`.
+`build_adaptpfl_linear` returns a personalized `tffl.engine.process.Process` whose model weights
+are B (`set_model_weights` stores B as is in variant A, orthonormalized in variant B); its
+`config` is an `AdaptPFLLinearConfig`. Functions: `predictors(process, state, personal_states)`,
+`get_representation(state)`, `set_representation(process, state, b)` (shape-checked).
 
 Example:
 
@@ -73,9 +76,9 @@ Example:
 >>> personal = [process.initialize_personal(f"client_{i}") for i in range(len(data))]
 >>> with runtime.local_runtime():                     # `data`: 4 clients' (x, y), d = 10
 ...     state = process.initialize()
-...     output = process.next(state, data, personal)
+...     output = process.next_round(state, data, personal)
 ...     state, personal = output.state, output.personal_states
->>> thetas = process.predictors(state, personal)     # (N, d): row i is θ_i
+>>> thetas = predictors(process, state, personal)    # (N, d): row i is θ_i
 >>> thetas.shape
 (4, 10)
 """
@@ -84,6 +87,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -91,6 +95,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
+from tffl.engine import process as process_lib
+from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
 
 def _gradient_descent(steps: int, value: tf.Tensor, step_fn) -> tf.Tensor:
@@ -109,8 +115,7 @@ def _server(dim: int, rank: int, seed: int, orthonormal: bool):
     server = linear_engine.build_server(
         dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
         orthonormal=orthonormal)
-    shapes = AdaptPFLLinearProcess.personal_shapes(dim, rank)
-    return server, linear_engine.personal_type(shapes)
+    return server, linear_engine.personal_type(personal_shapes(dim, rank))
 
 
 def _client_inputs(b, data, personal):
@@ -136,23 +141,13 @@ def _nonnegative_int(name: str, value: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptPFLLinearProcess(linear_engine.PersonalizedLinearProcess):
-    """Linear AdaptPFL: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
-    personal state `OrderedDict(head=float32[k], shortcut=float32[d])` per client.
+class AdaptPFLLinearConfig:
+    """Linear AdaptPFL's configuration (a process's `config`): d, k, α; η_b, η_w, η_s; τ_w, τ_s,
+    τ_b (variant A); β; the variant ("a": Algorithm 1 repaired, "b": the analysed iteration
+    (2)–(8)) and variant B's switches (`build_adaptpfl_linear`'s arguments)."""
 
-    Attributes (TFF computations; the methods add shape checks):
-      initialize_computation: () -> state@SERVER, B⁰ = orthonormalized N(0, 1) d×k (seeded).
-      next_computation: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
-        (state@SERVER, personal@CLIENTS, metrics@SERVER); `next` wraps it in a
-        `PersonalizedOutput`.
-      set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
-      dim, rank, alpha: d, k, α.
-      learning_rate, head_learning_rate, shortcut_learning_rate: η_b, η_w, η_s.
-      head_steps, shortcut_steps, representation_steps: τ_w, τ_s, τ_b (variant A).
-      shortcut_ridge: β.
-      variant: "a" (Algorithm 1 repaired) or "b" (the analysed iteration (2)–(8)).
-    """
-
+    dim: int
+    rank: int
     alpha: float
     learning_rate: float
     head_learning_rate: float
@@ -162,24 +157,39 @@ class AdaptPFLLinearProcess(linear_engine.PersonalizedLinearProcess):
     representation_steps: int
     shortcut_ridge: float
     variant: str = "a"
+    project_shortcut: bool = True
+    shortcut_damping: float = 1.0
+    head_damping: float = 1.0
+    order: str = "sw"
 
-    @staticmethod
-    def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
-        """One client's personal state: its head w_i (k,) and shortcut s_i (d,)."""
-        return collections.OrderedDict(head=(rank,), shortcut=(dim,))
 
-    def initialize_personal(self, client_id: Any) -> collections.OrderedDict:
-        """Every client starts at w⁰ = 0, s⁰ = 0 (`client_id` is not needed)."""
-        del client_id
-        return collections.OrderedDict(head=np.zeros(self.rank, np.float32),
-                                       shortcut=np.zeros(self.dim, np.float32))
+def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
+    """One client's personal state: its head w_i (k,) and shortcut s_i (d,)."""
+    return collections.OrderedDict(head=(rank,), shortcut=(dim,))
 
-    def predictors(self, state, personal_states) -> np.ndarray:
-        """θ_i = (1 − α) B w_i + α s_i for every client (N×d, float64; row i is client i's)."""
-        b = self.get_representation(state).astype(np.float64)
-        heads = self.stack_personal(personal_states, "head")
-        shortcuts = self.stack_personal(personal_states, "shortcut")
-        return (1.0 - self.alpha) * heads @ b.T + self.alpha * shortcuts
+
+def initial_personal(config: AdaptPFLLinearConfig, client_id: Any) -> collections.OrderedDict:
+    """Every client starts at w⁰ = 0, s⁰ = 0 (`client_id` is not needed)."""
+    del client_id
+    return collections.OrderedDict(head=np.zeros(config.rank, np.float32),
+                                   shortcut=np.zeros(config.dim, np.float32))
+
+
+def predictors(process: process_lib.Process, state, personal_states) -> np.ndarray:
+    """θ_i = (1 − α) B w_i + α s_i for every client (N×d, float64; row i is client i's)."""
+    alpha = process.config.alpha
+    b = get_representation(state).astype(np.float64)
+    heads = linear_engine.stack_personal(personal_states, "head")
+    shortcuts = linear_engine.stack_personal(personal_states, "shortcut")
+    return (1.0 - alpha) * heads @ b.T + alpha * shortcuts
+
+
+def _process(server, next_fn, client_update, config: AdaptPFLLinearConfig) -> process_lib.Process:
+    return server.build_process(
+        "adaptpfl_linear", next_fn, config=config,
+        personal=linear_engine.personal_spec(personal_shapes(config.dim, config.rank),
+                                             functools.partial(initial_personal, config)),
+        traffic=linear_engine.averaging_traffic(server, client_update))
 
 
 def build_adaptpfl_linear(
@@ -199,7 +209,7 @@ def build_adaptpfl_linear(
     shortcut_damping: float = 1.0,
     head_damping: float = 1.0,
     order: str = "sw",
-) -> AdaptPFLLinearProcess:
+) -> process_lib.Process:
     """Linear AdaptPFL: θ_i = (1 − α) B w_i + α s_i; variant A (Algorithm 1 repaired, the module
     docstring) or variant B (the draft's analysed iteration, `variant_b_update`).
 
@@ -225,6 +235,9 @@ def build_adaptpfl_linear(
       Variant B's representation step is one gradient step (η = `learning_rate`) then QR; its
       ridge is `shortcut_ridge` (β̃, per client).
 
+    Returns:
+      The personalized `Process` (module docstring); `config` an `AdaptPFLLinearConfig`.
+
     Raises:
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
         is negative or not an integer, β < 0, or a non-finite value; the message names the value.
@@ -242,7 +255,7 @@ def build_adaptpfl_linear(
 def _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_steps,
              head_learning_rate, shortcut_learning_rate, shortcut_ridge, variant) -> dict:
     """`build_adaptpfl_linear`'s hyperparameters checked (its Raises, in argument order), the
-    defaults η_w = η_s = η_b filled in, as `AdaptPFLLinearProcess`'s fields (variant A's)."""
+    defaults η_w = η_s = η_b filled in, as `AdaptPFLLinearConfig`'s fields (variant A's)."""
     check_rate = linear_engine.check_rate
     alpha = float(alpha)
     if not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
@@ -263,7 +276,7 @@ def _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_st
     return fields
 
 
-def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> AdaptPFLLinearProcess:
+def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> process_lib.Process:
     """Variant A (module docstring, step 2): τ_w head, τ_s shortcut and τ_b representation
     gradient steps at the client, then the plain mean of the B_i (no QR)."""
     alpha, beta = fields["alpha"], fields["shortcut_ridge"]
@@ -296,7 +309,8 @@ def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> AdaptPFLLi
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   personal_type=personal_type)
-    return AdaptPFLLinearProcess(**server.process_fields(next_fn), **fields)
+    return _process(server, next_fn, client_update,
+                    AdaptPFLLinearConfig(dim=dim, rank=rank, **fields))
 
 
 VARIANTS = ("a", "b")
@@ -379,7 +393,8 @@ def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damp
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   server_update=server.orthonormalize,
                                                   personal_type=personal_type)
-    return AdaptPFLLinearProcess(
-        **server.process_fields(next_fn), alpha=alpha, learning_rate=eta,
-        head_learning_rate=eta, shortcut_learning_rate=eta, head_steps=0, shortcut_steps=0,
-        representation_steps=1, shortcut_ridge=beta, variant="b")
+    return _process(server, next_fn, client_update, AdaptPFLLinearConfig(
+        dim=dim, rank=rank, alpha=alpha, learning_rate=eta, head_learning_rate=eta,
+        shortcut_learning_rate=eta, head_steps=0, shortcut_steps=0, representation_steps=1,
+        shortcut_ridge=beta, variant="b", project_shortcut=project, shortcut_damping=damping_s,
+        head_damping=damping_w, order=order))

@@ -34,20 +34,31 @@ P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d); the server forms (1/N) Σ_i P_i (
 y_ij² x_ij x_ijᵀ for equal m) and B⁰ = its top-k eigenvectors (`tf.linalg.eigh`, d×k). Use a
 separate batch from the first round's (as the paper does).
 
-Metrics of a round (at the server): `loss` = (1/n) Σ_i f̂_i(w_i, B), the mean client objective at
-the exact heads and the *broadcast* B (before the step); `num_clients` = n. The subspace distance
-to B* is the caller's (tffl has no ground truth): e.g. `tasks.subspace.principal_angle_distance`.
+Metrics of a round (at the server, in TFF's structure under `client_work/train`): `loss` =
+(1/n) Σ_i f̂_i(w_i, B), the mean client objective at the exact heads and the *broadcast* B
+(before the step); `num_clients` = n. The subspace distance to B* is the caller's (tffl has no
+ground truth): e.g. `tasks.subspace.principal_angle_distance`.
+
+The process. `build_fedrep_linear` returns a `tffl.engine.process.Process`, a TFF
+`LearningProcess` (`next: (S@SERVER, {D}@CLIENTS) -> LearningProcessOutput`) whose model weights
+are B: `get_model_weights(state)` is B (float32[d, k]) and `set_model_weights(state, B)`
+orthonormalizes B. Its `config` is a `FedRepLinearConfig` (the hyperparameters, the method of
+moments and the head computations). The module's functions: `initialize_by_moments(process,
+data)`, `head(process, b, data)`, `get_representation(state)`, `set_representation(process,
+state, b)` (shape-checked).
 
 Example:
 
 >>> process = build_fedrep_linear(dim=10, rank=2, learning_rate=0.5)
 >>> data = [collections.OrderedDict(x=x_i, y=y_i) for x_i, y_i in zip(xs, ys)]  # 4 clients
 >>> with runtime.local_runtime():
-...     state = process.initialize_by_moments(data)      # or process.initialize()
-...     output = process.next(state, data)
-...     b = process.get_representation(output.state)      # float32 (d, k)
+...     state = initialize_by_moments(process, data)     # or process.initialize()
+...     output = process.next_round(state, data)
+...     b = get_representation(output.state)              # float32 (d, k)
 >>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))   # QR: orthonormal columns
 ((10, 2), True)
+>>> isinstance(process, tff.learning.templates.LearningProcess)
+True
 """
 
 from __future__ import annotations
@@ -60,6 +71,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
+from tffl.engine import process as process_lib
+from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
 
 def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
@@ -69,38 +82,40 @@ def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class FedRepLinearProcess(linear_engine.LinearProcess):
-    """Linear FedRep: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
-    no personal state; B is kept orthonormal (`set_representation` orthonormalizes).
+class FedRepLinearConfig:
+    """Linear FedRep's configuration (a process's `config`).
 
-    Attributes (all TFF computations; the methods add shape checks):
-      initialize_computation: () -> state@SERVER, B = orthonormalized N(0, 1) d×k (seeded).
-      next_computation: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state, metrics)`.
-      set_representation_computation: (state, float32[d, k]) -> state with B orthonormalized.
+    Attributes:
       dim, rank: d, k.
-      moments_computation: (data@CLIENTS) -> state@SERVER, method of moments.
-      head: (float32[d, k], data) -> float32[k], one client's exact head (for personalization and
-        evaluation with a learned B).
       learning_rate: η.
+      seed: the seed of `initialize`'s random B.
+      moments: (data@CLIENTS) -> state@SERVER, the method of moments (`initialize_by_moments`).
+      head: (float32[d, k], data) -> float32[k], one client's exact head (`head`).
     """
 
-    moments_computation: tff.Computation
-    head: tff.Computation
+    dim: int
+    rank: int
     learning_rate: float
+    seed: int
+    moments: tff.Computation
+    head: tff.Computation
 
-    def initialize_by_moments(self, client_data):
-        """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ."""
-        self.check_data(client_data)
-        return self.moments_computation(client_data)
 
-    def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
-        """One FedRep round on `client_data` (a list of `{x: (m_i, d), y: (m_i,)}`)."""
-        self.check_data(client_data)
-        return self.next_computation(state, client_data)
+def initialize_by_moments(process: process_lib.Process, client_data):
+    """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (the
+    clients' data checked first), round_num 0."""
+    linear_engine.data_checker(process.config.dim, process.algorithm)(client_data)
+    return process.config.moments(client_data)
+
+
+def head(process: process_lib.Process, representation, data) -> np.ndarray:
+    """One client's exact head w = argmin_w ‖X B w − y‖² for B = `representation` (float32[k];
+    for personalization and evaluation with a learned B)."""
+    return process.config.head(np.asarray(representation, np.float32), data)
 
 
 def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
-                        ) -> FedRepLinearProcess:
+                        ) -> process_lib.Process:
     """Linear FedRep (SRPFL Algorithm 2, no doubling): d = `dim`, k = `rank`, η = `learning_rate`.
 
     Args:
@@ -109,6 +124,9 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
       learning_rate: η > 0, the step on B of the (1/m)-normalized gradient (srpfl.md §5.2 suggests
         0.1–0.5; the theory needs η ≤ 1/(8 σ̄²_max,*)).
       seed: seed of `initialize`'s random B.
+
+    Returns:
+      The stateless `Process` (module docstring); `config` a `FedRepLinearConfig`.
 
     Raises:
       ValueError: d < 1, k ≤ 0 or k > d, or η ≤ 0 (or not finite).
@@ -121,7 +139,7 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
     b_type, data_type = server.representation_type, server.data_type
 
     @tff.tensorflow.computation(b_type, data_type)
-    def head(b, data):
+    def exact_head(b, data):
         x64, y64, _ = linear_engine.batch64(data)
         return tf.cast(_head(tf.cast(b, tf.float64), x64, y64), tf.float32)
 
@@ -153,11 +171,11 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
         _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
         return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
 
-    initialize_by_moments = linear_engine.build_mean_initializer(server, client_moments,
-                                                                 top_eigenvectors)
+    moments = linear_engine.build_mean_initializer(server, client_moments, top_eigenvectors)
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   server_update=server.orthonormalize)
-    return FedRepLinearProcess(**server.process_fields(next_fn),
-                               moments_computation=initialize_by_moments, head=head,
-                               learning_rate=eta)
+    config = FedRepLinearConfig(dim=dim, rank=rank, learning_rate=eta, seed=int(seed),
+                                moments=moments, head=exact_head)
+    return server.build_process("fedrep_linear", next_fn, config=config,
+                                traffic=linear_engine.averaging_traffic(server, client_update))

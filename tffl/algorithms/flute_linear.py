@@ -61,10 +61,18 @@ two-exchange round with personal state (`build_two_exchange_round`: sums up, ser
 head step); this module writes only FLUTE's client and server steps (steps 2–4 above) as
 `tff.tensorflow.computation`s.
 
-Metrics of a round (at the server, at the old point): `loss` = (1/|I|) Σ_i L_i(B, w_i);
-`regularizer` = R(B, W_I), formed from B and G alone (‖BW‖² = tr(BᵀB G)); `num_clients` = |I|.
-The paper's error (1/M) Σ_i ‖B w_i − φ_i‖ needs the ground truth and is the caller's
-(`predictors` gives the B w_i).
+Metrics of a round (at the server, at the old point, in TFF's structure): `client_work/train`
+holds `loss` = (1/|I|) Σ_i L_i(B, w_i) and `num_clients` = |I|; `finalizer/regularizer` = R(B,
+W_I), formed by the server step from B and G alone (‖BW‖² = tr(BᵀB G)). The paper's error
+(1/M) Σ_i ‖B w_i − φ_i‖ needs the ground truth and is the caller's (`predictors` gives the B w_i).
+
+The process. `build_flute_linear` returns a personalized `tffl.engine.process.Process`
+(`personal`: `head`, float32[k]; `next: (S@SERVER, D@CLIENTS, P@CLIENTS) -> PersonalizedOutput`)
+whose model weights are B (`get_model_weights`; `set_model_weights` stores B as is). Its `config`
+is a `FluteLinearConfig` (the hyperparameters). The module's functions: `initial_personal(config,
+client_id)` (what `process.initialize_personal` gives), `heads(personal_states)`,
+`predictors(state, personal_states)`, `get_representation(state)`, `set_representation(process,
+state, b)` (shape-checked).
 
 Example:
 
@@ -73,9 +81,9 @@ Example:
 >>> personal = [process.initialize_personal(cid) for cid in ids]
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
-...     output = process.next(state, data, personal)     # PersonalizedOutput
+...     output = process.next_round(state, data, personal)     # PersonalizedOutput
 ...     state, personal = output.state, output.personal_states
->>> thetas = process.predictors(state, personal)         # (M, d): row i is B w_i
+>>> thetas = predictors(state, personal)                 # (M, d): row i is B w_i
 >>> thetas.shape                                         # `data`: 4 clients, d = 10
 (4, 10)
 """
@@ -84,6 +92,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import zlib
 from typing import Any
 
@@ -92,6 +101,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
+from tffl.engine import process as process_lib
+from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
 
 def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamma2: float
@@ -101,16 +112,10 @@ def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamm
 
 
 @dataclasses.dataclass(frozen=True)
-class FluteLinearProcess(linear_engine.PersonalizedLinearProcess):
-    """Linear FLUTE: server state `OrderedDict(representation=float32[d, k], round_num=int32)`,
-    personal state `OrderedDict(head=float32[k])` per client.
+class FluteLinearConfig:
+    """Linear FLUTE's configuration (a process's `config`).
 
-    Attributes (TFF computations; the methods add shape checks):
-      initialize_computation: () -> state@SERVER with B⁰ ~ N(0, α²) entrywise (seeded).
-      next_computation: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
-        (state@SERVER, personal@CLIENTS, metrics@SERVER); `next` wraps it in a
-        `PersonalizedOutput`.
-      set_representation_computation: (state, float32[d, k]) -> state with that B (as is).
+    Attributes:
       dim, rank: d, k.
       learning_rate, regularizer_learning_rate: η_l, η_r.
       gamma1, gamma2: γ1, γ2.
@@ -118,6 +123,8 @@ class FluteLinearProcess(linear_engine.PersonalizedLinearProcess):
       seed: seed of B⁰ and of every w_i⁰.
     """
 
+    dim: int
+    rank: int
     learning_rate: float
     regularizer_learning_rate: float
     gamma1: float
@@ -125,27 +132,29 @@ class FluteLinearProcess(linear_engine.PersonalizedLinearProcess):
     init_scale: float
     seed: int
 
-    @staticmethod
-    def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
-        """One client's personal state: its head w_i (k,)."""
-        return collections.OrderedDict(head=(rank,))
 
-    def initialize_personal(self, client_id: Any) -> collections.OrderedDict:
-        """Client `client_id`'s initial head w⁰ ~ N(0, α² I_k), seeded by (seed, client id)."""
-        key = zlib.crc32(str(client_id).encode("utf-8"))
-        rng = np.random.default_rng([int(self.seed), key])
-        head = self.init_scale * rng.standard_normal(self.rank)
-        return collections.OrderedDict(head=head.astype(np.float32))
+def personal_shapes(dim: int, rank: int) -> collections.OrderedDict:
+    """One client's personal state: its head w_i (k,)."""
+    del dim
+    return collections.OrderedDict(head=(rank,))
 
-    @classmethod
-    def heads(cls, personal_states) -> np.ndarray:
-        """W (k×M) from the clients' personal states (column i = w_i)."""
-        return cls.stack_personal(personal_states, "head").T
 
-    def predictors(self, state, personal_states) -> np.ndarray:
-        """The personalized regressors B w_i (M×d, float64; row i is client i's)."""
-        return (self.get_representation(state).astype(np.float64)
-                @ self.heads(personal_states)).T
+def initial_personal(config: FluteLinearConfig, client_id: Any) -> collections.OrderedDict:
+    """Client `client_id`'s initial head w⁰ ~ N(0, α² I_k), seeded by (seed, client id)."""
+    key = zlib.crc32(str(client_id).encode("utf-8"))
+    rng = np.random.default_rng([int(config.seed), key])
+    head = config.init_scale * rng.standard_normal(config.rank)
+    return collections.OrderedDict(head=head.astype(np.float32))
+
+
+def heads(personal_states) -> np.ndarray:
+    """W (k×M) from the clients' personal states (column i = w_i)."""
+    return linear_engine.stack_personal(personal_states, "head").T
+
+
+def predictors(state, personal_states) -> np.ndarray:
+    """The personalized regressors B w_i (M×d, float64; row i is client i's)."""
+    return (get_representation(state).astype(np.float64) @ heads(personal_states)).T
 
 
 def _checked(dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2, init_scale
@@ -257,7 +266,7 @@ def build_flute_linear(
     gamma2: float = 0.125,
     init_scale: float | None = None,
     seed: int = 0,
-) -> FluteLinearProcess:
+) -> process_lib.Process:
     """Linear FLUTE (Algorithm 1): d = `dim`, k = `rank`, η_l, η_r, γ1, γ2, α = `init_scale`.
 
     A round is `linear_engine.build_two_exchange_round` with personal state (the heads): the
@@ -276,6 +285,9 @@ def build_flute_linear(
       init_scale: α > 0, the standard deviation of the entries of B⁰ and w_i⁰ (default 1/(10d)).
       seed: seed of B⁰ and of the heads' initialization.
 
+    Returns:
+      The personalized `Process` (module docstring); `config` a `FluteLinearConfig`.
+
     Raises:
       ValueError: d < 1, k outside [1, d], η_l <= 0, η_r < 0, γ1 < 0, γ2 < 0, α <= 0, or any of
         them not finite; the message names the value.
@@ -285,20 +297,22 @@ def build_flute_linear(
     server = linear_engine.build_server(
         dim, rank, lambda: alpha * linear_engine.gaussian(dim, rank, seed, stream=1),
         orthonormal=False)
-    personal_type = linear_engine.personal_type(FluteLinearProcess.personal_shapes(dim, rank))
+    personal_type = linear_engine.personal_type(personal_shapes(dim, rank))
     client_statistics, client_head_update = _client_steps(server, personal_type, eta_l, eta_r,
                                                           g1, g2)
     sums_type = client_statistics.type_signature.result["value"]
+    server_steps = _server_steps(server, sums_type, eta_l, eta_r, g1, g2)
     next_fn = linear_engine.build_two_exchange_round(
         server.state_type.member, server.data_type, first_update=client_statistics,
         second_update=client_head_update, personal_type=personal_type, aggregation="sum",
-        **_server_steps(server, sums_type, eta_l, eta_r, g1, g2))
-    return FluteLinearProcess(
-        **server.process_fields(next_fn),
-        learning_rate=eta_l,
-        regularizer_learning_rate=eta_r,
-        gamma1=g1,
-        gamma2=g2,
-        init_scale=alpha,
-        seed=int(seed),
-    )
+        **server_steps)
+    config = FluteLinearConfig(dim=dim, rank=rank, learning_rate=eta_l,
+                               regularizer_learning_rate=eta_r, gamma1=g1, gamma2=g2,
+                               init_scale=alpha, seed=int(seed))
+    return server.build_process(
+        "flute_linear", next_fn, config=config,
+        personal=linear_engine.personal_spec(personal_shapes(dim, rank),
+                                             functools.partial(initial_personal, config)),
+        traffic=linear_engine.two_exchange_traffic(
+            server_steps["broadcast"], client_statistics, client_head_update,
+            server_steps["second_broadcast"]))

@@ -9,7 +9,7 @@ v_i = θ_i − θ; the server applies them with a `tff.learning.optimizers` serv
 SGD with η_s = 1, so θ + mean(v_i) = mean(θ_i)).
 
 Every algorithm is a set of round kinds (`tffl.engine.rounds.RoundSpec`: which roles clients train,
-what they upload, which server step) and a schedule over them (`tffl.engine.processes`); every
+what they upload, which server step) and a schedule over them (`tffl.engine.process.Process`); every
 communication round trains on its own client data.
 
 | algorithm      | round kinds (trained; uploaded)                    | schedule (t = rounds done) |
@@ -75,18 +75,19 @@ from tffl.engine import communication
 from tffl.engine import rounds as engine
 from tffl.algorithms import lora_plans
 from tffl.algorithms import lora_ranks
-from tffl.engine import processes
+from tffl.engine import composition
+from tffl.engine import process as process_lib
 from tffl.engine import roles
 from tffl.engine import switch_round as switching
 from tffl.algorithms.lora_plans import SchedulePlan, lora_pairs, plan_schedule  # noqa: F401  (public here)
-from tffl.engine.processes import check_weights_shapes  # noqa: F401  (public here since 0.1)
+from tffl.engine.federated_model import check_weights_shapes  # noqa: F401  (public here since 0.1)
 from tffl.engine.server_steps import flora_a_init  # noqa: F401  (public here since 0.1)
 
 ALGORITHMS = lora_plans.ALGORITHMS
 # What every client uploads besides its update: float32 loss sum, correct and example counts,
 # and the float32 weight n_i of the aggregation.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
-LoraLearningProcess = processes.ScheduledProcess
+LoraLearningProcess = process_lib.Process
 
 
 def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
@@ -94,7 +95,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                    server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
                    frozen_dir=None, seed: int = 0, switch_round: int | None = None,
                    initial_trainable=None, jit_compile: bool = False, client_ranks=None,
-                   averaging_error: bool = False) -> processes.ScheduledProcess:
+                   averaging_error: bool = False) -> process_lib.Process:
     """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
 
     Args:
@@ -123,7 +124,7 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
       switch_round: rolora_ffa: the communication round from which only B rounds run.
       client_ranks: flexlora and flora: each client's rank (`{client id: rank}` or a function
         of the client id, each in [1, the model's LoRA rank]); the process is then a
-        `tffl.algorithms.lora_ranks.HeterogeneousRankProcess` (the rank is the clients' personal state).
+        personalized `Process` (the rank is the clients' personal state).
       averaging_error: fedavg_lora only: also report, in every round's metrics under
         `finalizer/averaging_error` (a `metrics.csv` column of `tffl.simulation.driver`),
         ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F over all adapters
@@ -164,10 +165,9 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                   for s, p in zip(plan.round_specs, plain)]
 
         def traffic_rounds():   # the algorithm's own rounds: what `traffic` sizes
-            return processes.compose_rounds(plan.model, plain, personal=False)[1]
-    initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=False)
-    return processes.ScheduledProcess(algorithm, plan.model, pieces, initialize, rounds,
-                                      plan.schedule, traffic_rounds=traffic_rounds)
+            return composition.compose_rounds(plan.model, plain, personal=False)[1]
+    return composition.build_process(algorithm, plan.model, pieces, plan.schedule,
+                                     traffic_rounds=traffic_rounds)
 
 
 def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
@@ -212,7 +212,7 @@ def build_flora(keras_model_fn, input_spec, client_learning_rate, seed: int = 0,
 
 
 def build_lora_process(name: str, keras_model_fn, input_spec, client_learning_rate, **kwargs
-                       ) -> processes.ScheduledProcess:
+                       ) -> process_lib.Process:
     """The process of algorithm `name` (one of `ALGORITHMS`); `kwargs` go to `build_schedule`.
 
     Raises:
@@ -226,7 +226,7 @@ def build_lora_process(name: str, keras_model_fn, input_spec, client_learning_ra
 
 def build_rolora_then_ffa(rolora_fraction: float, total_communication_rounds: int,
                           keras_model_fn, input_spec, client_learning_rate, **kwargs
-                          ) -> processes.ScheduledProcess:
+                          ) -> process_lib.Process:
     """"x% RoLoRA + (100−x)% FFA-LoRA" (`rolora.md` §1.3 (ii)): RoLoRA's alternation for the
     first round(x·T) communication rounds, then only B rounds (x = `rolora_fraction`,
     T = `total_communication_rounds`); `kwargs` as `build_schedule`.

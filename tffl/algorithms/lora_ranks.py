@@ -24,7 +24,7 @@ of different ranks it is the same sum with the zeroed slices.
 
 Every client uses the model's LoRA scale α/r (r the server's rank), so adapters of different
 ranks add up on one scale. The rank of a client is its personal state (an int32 scalar, kept by
-`tffl.simulation.driver`'s store and its checkpoints); the process is a `PersonalizedProcess` whose
+`tffl.simulation.driver`'s store and its checkpoints); the process is a personalized `Process` whose
 `next(state, client_data, personal_states)` leaves it unchanged. The TFF types carry r: the
 bytes a rank-r_i client needs are `traffic_at_rank`.
 
@@ -51,7 +51,8 @@ import tensorflow_federated as tff
 from tffl.engine import communication
 from tffl.engine import rounds as engine
 from tffl.algorithms import lora_plans
-from tffl.engine import processes
+from tffl.engine import composition
+from tffl.engine import process as process_lib
 
 ALGORITHMS = ("flexlora", "flora")  # those that aggregate adapters of different ranks
 
@@ -92,37 +93,25 @@ def assign_ranks(client_ids, ranks) -> dict[str, int]:
     return {cid: ranks[k % len(ranks)] for k, cid in enumerate(client_ids)}
 
 
-class HeterogeneousRankProcess(processes.PersonalizedProcess):
-    """FlexLoRA or FLoRA with a rank per client (`client_rank(client_id)`)."""
+class ClientRanks:
+    """Each client's rank r_i (`lookup(client_id)`), checked against the adapters' rank r."""
 
-    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, hook,
-                 client_rank: Callable[[str], int], max_rank: int):
-        super().__init__(algorithm, model, pieces, initialize, rounds, schedule, hook)
-        self._client_rank, self.max_rank = client_rank, max_rank
+    def __init__(self, lookup: Callable[[str], int], max_rank: int):
+        self._lookup, self.max_rank = lookup, int(max_rank)
 
-    def client_rank(self, client_id: str) -> int:
-        rank = int(self._client_rank(client_id))
+    def __call__(self, client_id: str) -> int:
+        rank = int(self._lookup(client_id))
         if not 1 <= rank <= self.max_rank:
             raise ValueError(f"client {client_id!r} has rank {rank}: client ranks must be "
                              f"between 1 and the adapters' rank {self.max_rank} (build the model "
                              "with the largest client rank)")
         return rank
 
-    def initialize_personal(self, client_id: str) -> list[np.ndarray]:
-        """The client's rank, its whole personal state."""
-        return [np.array(self.client_rank(client_id), np.int32)]
-
-    def _personal_template(self) -> list[np.ndarray]:
-        return [np.zeros((), np.int32)]
-
-    def client_traffic(self, round_name: str, client_ids) -> communication.RoundTraffic:
-        """Mean bytes per client of `round_name` over `client_ids` at their ranks
-        (`traffic_at_rank`; the rank-r types' bytes when `client_ids` is empty)."""
-        if not client_ids:
-            return self.traffic[round_name]
-        each = [traffic_at_rank(self, self.client_rank(c))[round_name] for c in client_ids]
-        return communication.RoundTraffic(down=float(np.mean([t.down for t in each])),
-                                          up=float(np.mean([t.up for t in each])))
+    def personal_spec(self) -> process_lib.PersonalSpec:
+        """A client's personal state: its rank, an int32 scalar."""
+        return process_lib.PersonalSpec(
+            names=("rank",), shapes=((),), dtypes=(np.dtype(np.int32),),
+            initial=lambda client_id: [np.array(self(client_id), np.int32)])
 
 
 def _rank_lookup(client_ranks) -> Callable[[str], int]:
@@ -144,10 +133,12 @@ def _rank_lookup(client_ranks) -> Callable[[str], int]:
 
 def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
                                      client_learning_rate, client_ranks, **kwargs
-                                     ) -> HeterogeneousRankProcess:
+                                     ) -> process_lib.Process:
     """FlexLoRA or FLoRA (`algorithm`) with per-client ranks: `client_ranks` maps a client id to
     its rank (a `Mapping` or a function), each between 1 and the model's LoRA rank; `kwargs` as
-    `tffl.algorithms.lora_fl.build_schedule`.
+    `tffl.algorithms.lora_fl.build_schedule`. The process's personal state is each client's
+    rank, `process.config` the `ClientRanks`, and `client_traffic` the bytes at the clients'
+    ranks.
 
     Raises:
       ValueError: another algorithm, a rank outside [1, r] in a mapping, or as `build_schedule`.
@@ -166,12 +157,22 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
                                  jit_compile=plan.client.jit_compile)
     pieces = [engine.build_round(plan.model, s, client, plan.aggregator, plan.server_optimizer)
               for s in plan.round_specs]
-    initialize, rounds = processes.compose_rounds(plan.model, pieces, personal=True, hook=hook)
-    process = HeterogeneousRankProcess(algorithm, plan.model, pieces, initialize, rounds,
-                                       plan.schedule, hook, lookup, max_rank)
+    ranks = ClientRanks(lookup, max_rank)
     if isinstance(client_ranks, Mapping):
         for client_id in client_ranks:
-            process.client_rank(client_id)
+            ranks(client_id)
+    at_rank = {}   # {rank: {round name: RoundTraffic}}, filled as clients of a rank appear
+
+    def client_traffic(round_name, client_id):
+        rank = ranks(client_id)
+        if rank not in at_rank:
+            at_rank[rank] = traffic_at_rank(process, rank)
+        return at_rank[rank][round_name]
+
+    process = composition.build_process(algorithm, plan.model, pieces, plan.schedule,
+                                        personalized=True, hook=hook,
+                                        personal=ranks.personal_spec(),
+                                        client_traffic=client_traffic, config=ranks)
     return process
 
 
@@ -181,9 +182,9 @@ def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]
     truncation) nor sends up (FlexLoRA and FLoRA upload the factors, whose last r − rank
     columns of A_i and rows of B_i are zero)."""
     spec = process.spec
-    if not 1 <= int(rank) <= process.max_rank:
-        raise ValueError(f"rank {rank} must be between 1 and the adapters' rank "
-                         f"{process.max_rank}")
+    max_rank = max(spec.trainable[a].shape[1] for a, _ in process.hook.pairs)
+    if not 1 <= int(rank) <= max_rank:
+        raise ValueError(f"rank {rank} must be between 1 and the adapters' rank {max_rank}")
     saved = 0
     for a, b in process.hook.pairs:
         factor_a, factor_b = spec.trainable[a], spec.trainable[b]
@@ -194,5 +195,5 @@ def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]
             for name, traffic in process.traffic.items()}
 
 
-__all__ = ["ALGORITHMS", "HeterogeneousRankProcess", "RankTruncation", "assign_ranks",
+__all__ = ["ALGORITHMS", "ClientRanks", "RankTruncation", "assign_ranks",
            "build_heterogeneous_rank_process", "traffic_at_rank"]

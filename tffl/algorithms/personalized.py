@@ -31,7 +31,7 @@ keeps only B local. It needs a model with LoRA factors and no `head` role is req
 local, so they carry the personal role `head`, and its top layers are the shared representation
 (`models.paper_models.build_mlp(split="lg")`). FedAvg keeps no personal state.
 
-Every algorithm is a schedule of `tffl.engine.rounds` rounds (`tffl.engine.processes`). One communication
+Every algorithm is a schedule of `tffl.engine.rounds` rounds, one `tffl.engine.process.Process`. One communication
 round: the server broadcasts the federated weights φ (the aggregated variables only: the frozen
 backbone stays in its file, `tffl.engine.frozen`); client i assembles its model from φ, the frozen weights
 and its stored h_i, runs the phases (`tffl.engine.client_training.build_phased_loop`, the one training
@@ -57,7 +57,8 @@ follows the stateful-clients template,
 where client i's personal state is the list of its personal variables' values (in
 `model.trainable_variables` order; FLUTE appends its class indicator u_i) and
 `initialize_personal(client_id)` is the model's initial head. FedAvg and FedAvg-FT have no
-personal state: they are ordinary `tff.learning.templates.LearningProcess`es.
+personal state: they are ordinary `tff.learning.templates.LearningProcess`es (the same
+`Process` with `personal=None`).
 
 Evaluation (`evaluate`, a federated computation): each client starts from the global weights with
 its stored h_i (algorithm-faithful: srpfl.md §8.2; the official code instead fine-tunes from the
@@ -73,8 +74,9 @@ Options and builders (`tffl.algorithms.personalized_builders`): `build_personali
 as keywords or as one `PersonalizedConfig` (each field documented there with its default);
 `BUILDERS[algorithm]` turns the model's variables by role into the algorithm's plan: its rounds
 (`engine.RoundSpec`s per `lora_schedule`) and schedule, personal variables and hook. The process
-classes here receive the evaluation computations (`evaluate_computation`, FLUTE's
-`final_evaluate_computation`) as constructor arguments.
+receives its evaluation when it is built (`tffl.engine.process.Evaluation`: the evaluation
+computation and FLUTE's final fine-tuning round); `process.evaluate(state, train, test,
+personal_states)` runs it.
 
 Example:
 
@@ -100,7 +102,8 @@ import tensorflow_federated as tff
 
 from tffl.engine import client_training
 from tffl.engine import rounds as engine
-from tffl.engine import processes
+from tffl.engine import composition
+from tffl.engine import process as process_lib
 from tffl.algorithms.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
 from tffl.algorithms.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
 from tffl.algorithms.personalized_builders import (  # noqa: F401  (public here)
@@ -114,83 +117,6 @@ assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "f
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
 
 
-def _check_same_length(train_data, test_data):
-    if len(train_data) != len(test_data):
-        raise ValueError(f"{len(train_data)} training but {len(test_data)} test datasets: "
-                         "evaluation needs both for every client, in the same order")
-
-
-def _floats(metrics) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()}
-
-
-class PersonalizationProcess(processes.ScheduledProcess):
-    """FedAvg and FedAvg-FT (no personal state): a `LearningProcess` with `evaluate`.
-
-    Attributes beyond `processes.ScheduledProcess`'s: `evaluate_computation` (`engine.
-    build_evaluation`'s `(weights@S, train@C, test@C) -> metrics@S`), `personal_indices` (empty)
-    and `finetune_epochs` (E_ft of the evaluation); `final_evaluate_computation` is None.
-    """
-
-    final_evaluate_computation = None
-
-    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, *,
-                 evaluate_computation: tff.Computation, personal_indices: tuple[int, ...] = (),
-                 finetune_epochs: int = 0, traffic_rounds=None):
-        super().__init__(algorithm, model, pieces, initialize, rounds, schedule,
-                         traffic_rounds=traffic_rounds)
-        self.evaluate_computation = evaluate_computation
-        self.personal_indices = tuple(personal_indices)
-        self.finetune_epochs = finetune_epochs
-
-    def evaluate(self, state, train_data, test_data) -> dict[str, float]:
-        """Per-client test metrics (FedAvg-FT fine-tunes the head first) over the clients whose
-        train/test datasets are given."""
-        _check_same_length(train_data, test_data)
-        return _floats(self.evaluate_computation(
-            self.get_model_weights(state), train_data, test_data))
-
-
-class PersonalizedProcess(processes.PersonalizedProcess):
-    """FedRep, FedPer, LG-FedAvg, FLUTE, AdaptPFL and FedSA-LoRA: the stateful-clients protocol
-    with `evaluate(state, personal_states, train, test)`.
-
-    Attributes beyond `processes.PersonalizedProcess`'s: `evaluate_computation` (`(weights@S,
-    personal@C, train@C, test@C) -> metrics@S`), `final_evaluate_computation` (FLUTE's final
-    head fine-tuning round, same signature, or None), `personal_indices` (the personal
-    variables' positions in `spec.trainable`) and `finetune_epochs` (E_ft of the evaluation).
-    """
-
-    def __init__(self, algorithm, model, pieces, initialize, rounds, schedule, hook=None, *,
-                 evaluate_computation: tff.Computation,
-                 final_evaluate_computation: tff.Computation | None = None,
-                 personal_indices: tuple[int, ...] = (), finetune_epochs: int = 0):
-        super().__init__(algorithm, model, pieces, initialize, rounds, schedule, hook)
-        self.evaluate_computation = evaluate_computation
-        self.final_evaluate_computation = final_evaluate_computation
-        self.personal_indices = tuple(personal_indices)
-        self.finetune_epochs = finetune_epochs
-
-    def evaluate(self, state, personal_states, train_data, test_data) -> dict[str, float]:
-        """Personalized test metrics: client i uses its `personal_states[i]`."""
-        self.check_personal(train_data, personal_states)
-        _check_same_length(train_data, test_data)
-        return _floats(self.evaluate_computation(
-            self.get_model_weights(state), list(personal_states), train_data, test_data))
-
-    def evaluate_final(self, state, personal_states, train_data, test_data) -> dict[str, float]:
-        """FLUTE's final round (`FluteConfig.final_head_epochs` > 0): every given client
-        fine-tunes its head on its training data with the FLUTE objective, then is tested as in
-        `evaluate`; neither the state nor the personal states change."""
-        if self.final_evaluate_computation is None:
-            raise ValueError(f"{self.algorithm} has no final head fine-tuning round (FLUTE's "
-                             "final_head_epochs > 0 builds one)")
-        self.check_personal(train_data, personal_states)
-        _check_same_length(train_data, test_data)
-        return _floats(self.final_evaluate_computation(
-            self.get_model_weights(state), list(personal_states), train_data, test_data))
-
-
 def build_personalized_process(
     algorithm: str,
     keras_model_fn: Callable[[], tf.keras.Model],
@@ -199,7 +125,7 @@ def build_personalized_process(
     *,
     config: PersonalizedConfig | None = None,
     **options,
-) -> PersonalizationProcess | PersonalizedProcess:
+) -> process_lib.Process:
     """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE, AdaptPFL or FedSA-LoRA (module
     docstring).
 
@@ -241,7 +167,7 @@ def build_personalized_process(
 
 def _build_process(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
                    config: PersonalizedConfig, spec: client_training.ModelSpec,
-                   plan: Plan) -> PersonalizationProcess | PersonalizedProcess:
+                   plan: Plan) -> process_lib.Process:
     """The engine's rounds, the evaluation computations and the process for `plan`: the
     federated weights are the variables some round trains, minus the personal ones."""
     trained = {k for s in plan.round_specs for p in s.phases for k in p.train_indices}
@@ -258,32 +184,27 @@ def _build_process(algorithm: str, keras_model_fn, input_spec, client_learning_r
     pieces = [engine.build_round(model, s, client, config.aggregator, server_optimizer)
               for s in plan.round_specs]
     stateful = bool(plan.personal) or plan.hook is not None
-    initialize, rounds = processes.compose_rounds(model, pieces, personal=stateful,
-                                                  hook=plan.hook)
     finetune = ([client_training.Phase(plan.head, config.finetune_epochs)]
                 if config.finetune_epochs else [])
-    evaluation = dict(
-        evaluate_computation=engine.build_evaluation(model, client, finetune, plan.hook),
-        personal_indices=tuple(plan.personal), finetune_epochs=config.finetune_epochs)
-    if not stateful:
-        return PersonalizationProcess(algorithm, model, pieces, initialize, rounds,
-                                      plan.schedule, **evaluation)
     final = None
     if config.flute is not None and config.flute.final_head_epochs:
         final = engine.build_evaluation(
             model, client, [client_training.Phase(plan.head, config.flute.final_head_epochs)],
             plan.hook, finetune_objective=True)
-    return PersonalizedProcess(algorithm, model, pieces, initialize, rounds, plan.schedule,
-                               plan.hook, final_evaluate_computation=final, **evaluation)
+    evaluation = process_lib.Evaluation(
+        engine.build_evaluation(model, client, finetune, plan.hook), final_computation=final,
+        personal_indices=tuple(plan.personal), finetune_epochs=config.finetune_epochs)
+    return composition.build_process(algorithm, model, pieces, plan.schedule,
+                                     personalized=stateful, hook=plan.hook,
+                                     evaluation=evaluation, config=config)
 
 
 def personal_state_type(process) -> tff.Type:
     """TFF type of one client's personal state of `process` (its personal variables, and for
     FLUTE its float32 class indicator)."""
-    return engine.personal_type(process.model, getattr(process, "hook", None))
+    return engine.personal_type(process.model, process.hook)
 
 
 __all__ = ["ALGORITHMS", "AdaptPflConfig", "BUILDERS", "FluteConfig", "LORA_SCHEDULES",
-           "METRIC_UPLOAD_BYTES", "PersonalizationProcess", "PersonalizedConfig",
-           "PersonalizedProcess", "build_personalized_process", "neural_collapse",
+           "METRIC_UPLOAD_BYTES", "PersonalizedConfig", "build_personalized_process", "neural_collapse",
            "personal_state_type"]

@@ -10,7 +10,10 @@ family's typed configuration:
 | `personalized` | fedrep, fedper, lg_fedavg, fedavg, fedavg_ft, flute, adaptpfl, fedsa_lora | keyword options of `tffl.algorithms.personalized.build_personalized_process` |
 | `linear`       | fedrep_linear, flute_linear, adaptpfl_linear, rolora_linear | `LinearConfig` |
 
-The `linear` family has no Keras model: `build(LinearConfig(dim, rank, learning_rate, ...))`.
+The `linear` family has no Keras model: `build(LinearConfig(dim, rank, learning_rate, ...))`
+returns the algorithm's `tffl.engine.process.Process` (stateless, a TFF `LearningProcess`, for
+`fedrep_linear` and `rolora_linear`; with declared personal state for `flute_linear` and
+`adaptpfl_linear`), its hyperparameters in `process.config`.
 
 The names come from the families' own builder tables (`tffl.algorithms.lora_plans.ROUND_BUILDERS`: each
 algorithm's round kinds and schedule; `tffl.algorithms.personalized.ALGORITHMS`), so this mapping is the
@@ -104,7 +107,8 @@ class LinearConfig:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-# The linear algorithms: name -> builder (`tffl.<name>`; RoLoRA's Alt-min-GD is rank 1).
+# The linear algorithms: name -> builder (`tffl.<name>`; RoLoRA's Alt-min-GD is rank 1), each
+# returning a `tffl.engine.process.Process`.
 LINEAR_BUILDERS: Mapping[str, Callable[..., Any]] = {
     "fedrep_linear": fedrep_linear.build_fedrep_linear,
     "flute_linear": flute_linear.build_flute_linear,

@@ -17,8 +17,17 @@ version of the same alternation; both are tested on `tasks.synthetic.rolora_line
 are unweighted (1/N), as in the algorithm. The server state and both exchanges are d floats.
 
 Types: state `OrderedDict(a=float32[d], b=float32[d], round_num=int32)`@SERVER; client data
-`OrderedDict(x=float32[None, d], y=float32[None, d])`@CLIENTS; metrics `loss` = (1/N) Σ_i
-l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in float64 inside the computations.
+`OrderedDict(x=float32[None, d], y=float32[None, d])`@CLIENTS; metrics in TFF's structure,
+`client_work/train`: `loss` = (1/N) Σ_i l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in
+float64 inside the computations.
+
+The process. `build_rolora_alt_min_gd` returns a `tffl.engine.process.Process`, a TFF
+`LearningProcess` whose model weights are the pair `OrderedDict(a=float32[d], b=float32[d])`
+(ΔW = a bᵀ, the whole model): `get_model_weights(state)` is (a, b); `set_model_weights(state,
+(a, b))` stores a/‖a‖ and ‖a‖·b, the same ΔW with a a unit vector, as the algorithm keeps it
+(a must be non-zero). `next_round` checks the data (x and y both (m, d), at least one client).
+Its `config` is an `AltMinGDConfig`. The module's functions: `get_a(state)` and `with_a(process,
+state, a)` (a replaced by a/‖a‖, b kept).
 
 Example:
 
@@ -28,8 +37,8 @@ Example:
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
 ...     for _ in range(30):
-...         state = process.next(state, clients).state
->>> a = process.get_a(state)
+...         state = process.next_round(state, clients).state
+>>> a = get_a(state)
 >>> round(float(np.linalg.norm(a)), 4), round(abs(float(a @ a_star)), 3)   # unit, |⟨a, a*⟩|
 (1.0, 1.0)
 """
@@ -37,12 +46,14 @@ Example:
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
+from tffl.engine import process as process_lib
 
 
 def _data_type(dim: int) -> tff.StructWithPythonType:
@@ -57,44 +68,56 @@ def _state_type(dim: int) -> tff.StructWithPythonType:
          ("round_num", tff.TensorType(np.int32))], collections.OrderedDict)
 
 
-class RoLoRAAltMinGD:
-    """The process of `build_rolora_alt_min_gd`: `initialize`, `next`, `get_a`, `with_a`."""
+@dataclasses.dataclass(frozen=True)
+class AltMinGDConfig:
+    """RoLoRA's Alt-min-GD configuration (a process's `config`): d, η and the seed of a⁰."""
 
-    def __init__(self, dim: int, initialize, next_fn):
-        self.dim = dim
-        self._initialize, self._next = initialize, next_fn
-        self.initialize_computation, self.next_computation = initialize, next_fn
-
-    def initialize(self):
-        return self._initialize()
-
-    def next(self, state, client_data) -> tff.learning.templates.LearningProcessOutput:
-        client_data = list(client_data)
-        if not client_data:
-            raise ValueError("RoLoRA Alt-min-GD needs at least one client")
-        for i, item in enumerate(client_data):
-            x, y = np.shape(item["x"]), np.shape(item["y"])
-            if len(x) != 2 or x[1] != self.dim or y != x or x[0] < 1:
-                raise ValueError(f"client {i}: x {x} and y {y} must both be (m, d={self.dim}) "
-                                 "with m >= 1")
-        return tff.learning.templates.LearningProcessOutput(*self._next(state, client_data))
-
-    @staticmethod
-    def get_a(state) -> np.ndarray:
-        return np.asarray(state["a"])
-
-    def with_a(self, state, a) -> collections.OrderedDict:
-        """`state` with a replaced by the unit vector a/‖a‖."""
-        a = np.asarray(a, np.float64).reshape(-1)
-        if a.shape != (self.dim,) or not np.linalg.norm(a) > 0:
-            raise ValueError(f"a must be a non-zero vector of length d={self.dim}")
-        return collections.OrderedDict(a=(a / np.linalg.norm(a)).astype(np.float32),
-                                       b=np.asarray(state["b"]), round_num=state["round_num"])
+    dim: int
+    learning_rate: float
+    seed: int
 
 
-def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0) -> RoLoRAAltMinGD:
+def get_a(state) -> np.ndarray:
+    """a (float32[d], a unit vector) of a state."""
+    return np.asarray(state["a"])
+
+
+def with_a(process: process_lib.Process, state, a) -> collections.OrderedDict:
+    """`state` with a replaced by the unit vector a/‖a‖ (b and round_num kept)."""
+    dim = process.config.dim
+    a = np.asarray(a, np.float64).reshape(-1)
+    if a.shape != (dim,) or not np.linalg.norm(a) > 0:
+        raise ValueError(f"a must be a non-zero vector of length d={dim}")
+    return collections.OrderedDict(a=(a / np.linalg.norm(a)).astype(np.float32),
+                                   b=np.asarray(state["b"]), round_num=state["round_num"])
+
+
+def _weights_computations(state_type, vector):
+    """(get_model_weights, set_model_weights): S -> (a, b) and <S, (a, b)> -> S with
+    (a/‖a‖, ‖a‖·b), round_num kept."""
+    weights_type = tff.StructWithPythonType([("a", vector), ("b", vector)],
+                                            collections.OrderedDict)
+
+    @tff.tensorflow.computation(state_type)
+    def get_weights(state):
+        return collections.OrderedDict(a=state["a"], b=state["b"])
+
+    @tff.tensorflow.computation(state_type, weights_type)
+    def set_weights(state, weights):
+        a, b = tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64)
+        norm = tf.norm(a)
+        return collections.OrderedDict(a=tf.cast(a / norm, tf.float32),
+                                       b=tf.cast(norm * b, tf.float32),
+                                       round_num=state["round_num"])
+
+    return get_weights, set_weights
+
+
+def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
+                            ) -> process_lib.Process:
     """RoLoRA's Algorithm 2 (module docstring) for rank-1 ΔW = a bᵀ ∈ R^{d×d}; η = `learning_rate`
-    (the theory needs η ≤ 1/L_max², L_max ≥ ‖b*‖)."""
+    (the theory needs η ≤ 1/L_max², L_max ≥ ‖b*‖). Returns the stateless `Process` (module
+    docstring); `config` an `AltMinGDConfig`."""
     dim = int(dim)
     if dim < 1:
         raise ValueError(f"dim={dim} must be >= 1")
@@ -141,4 +164,10 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0) -> Ro
 
     next_fn = linear_engine.build_two_exchange_round(state_type, data_type, broadcast_a,
                                                      solve_b, gradient_a, step)
-    return RoLoRAAltMinGD(dim, linear_engine.initialize_at_server(initial_state), next_fn)
+    get_weights, set_weights = _weights_computations(state_type, vector)
+    return linear_engine.build_process(
+        "rolora_linear", linear_engine.initialize_at_server(initial_state), next_fn,
+        get_model_weights=get_weights, set_model_weights=set_weights,
+        config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed)),
+        check_data=linear_engine.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
+        traffic=linear_engine.two_exchange_traffic(broadcast_a, solve_b, gradient_a))

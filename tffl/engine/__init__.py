@@ -4,6 +4,6 @@
 
 from tffl import lazy_package
 
-_SUBMODULES = ('client_hooks', 'client_training', 'communication', 'composition', 'factor_aggregation', 'feature_cache', 'federated_evaluation', 'federated_model', 'frozen', 'linear_engine', 'linear_processes', 'linear_rounds', 'model_spec', 'personal_state', 'processes', 'roles', 'rounds', 'schedules', 'server_steps', 'switch_round')
+_SUBMODULES = ('client_hooks', 'client_training', 'communication', 'composition', 'factor_aggregation', 'feature_cache', 'federated_evaluation', 'federated_model', 'frozen', 'linear_engine', 'linear_rounds', 'model_spec', 'personal_state', 'process', 'roles', 'rounds', 'schedules', 'server_steps', 'switch_round')
 
 __getattr__ = lazy_package(__name__, "rounds", _SUBMODULES)

@@ -11,9 +11,9 @@ counter in the finalizer state:
                            finalizer = {round_num, steps: {round: server-step state}})
 
 so all kinds share one state type and one `initialize` (`compose_rounds`), and
-`tffl.engine.processes` runs them by a schedule.
+`build_process` makes them one `tffl.engine.process.Process` run by a schedule.
 
->>> initialize, rounds = compose_rounds(process.model, process.pieces, personal=False)
+>>> rounds, initialize = process.rounds, process.initialize     # RoLoRA's, from `build_process`
 >>> list(rounds), rounds["b_round"].type_signature.parameter[0] == initialize.type_signature.result
 (['b_round', 'a_round'], True)
 """
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.engine import process as process_lib
 from tffl.engine import rounds as engine
 from tffl.engine.personal_state import PersonalizedOutput
 
@@ -248,3 +249,42 @@ def weights_computations(initialize):
                                       state.aggregator, state.finalizer)
 
     return get_model_weights, set_model_weights
+
+
+def personal_spec(model: engine.FederatedModel, hook=None) -> process_lib.PersonalSpec:
+    """One client's personal state on a Keras model: its personal variables (initially the
+    model's, the same for every client) and the hook's zero-initialized extra tensors."""
+    spec = model.spec
+    infos = [spec.trainable[k] for k in model.layout.personal]
+    extra = list(hook.extra_types if hook else ())
+    initial = [np.asarray(v) for v in model.initial_personal] + [
+        np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
+        for t in extra]
+
+    def initialize(client_id):
+        del client_id
+        return [v.copy() for v in initial]
+
+    return process_lib.PersonalSpec(
+        names=tuple(i.name for i in infos) + tuple(f"extra state {k}" for k in range(len(extra))),
+        shapes=tuple(v.shape for v in initial), dtypes=tuple(v.dtype for v in initial),
+        initial=initialize)
+
+
+def build_process(algorithm: str, model: engine.FederatedModel,
+                  pieces: Sequence[engine.RoundPieces], schedule, *, personalized: bool = False,
+                  hook=None, personal: process_lib.PersonalSpec | None = None,
+                  **options) -> process_lib.Process:
+    """A Keras algorithm's `Process`: its round kinds (`pieces`) composed with one shared state
+    (`compose_rounds`), run by `schedule`; `personalized`: the clients keep `personal` (default
+    `personal_spec(model, hook)`). `options`: `Process`'s other keywords (evaluation,
+    traffic_rounds, client_traffic, config)."""
+    initialize, rounds = compose_rounds(model, pieces, personal=personalized, hook=hook)
+    get_weights, set_weights = weights_computations(initialize)
+    if personalized and personal is None:
+        personal = personal_spec(model, hook)
+    return process_lib.Process(
+        algorithm, initialize, rounds, get_model_weights=get_weights,
+        set_model_weights=set_weights, schedule=schedule,
+        personal=personal if personalized else None,
+        declared_traffic={p.name: p.traffic for p in pieces}, model=model, hook=hook, **options)

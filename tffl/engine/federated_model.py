@@ -59,6 +59,62 @@ class FederatedModel:
             trainable=[np.asarray(v) for v in weights.trainable],
             non_trainable=[np.asarray(v) for v in weights.non_trainable])
 
+    def check_global_weights(self, weights) -> None:
+        """ValueError naming the variable if federated `weights` (`ModelWeights`) do not fit
+        this model (e.g. LoRA factors of another rank)."""
+        infos = ([self.spec.trainable[k] for k in self.layout.trainable],
+                 [self.spec.non_trainable[k] for k in self.layout.non_trainable])
+        check_infos(infos, (weights.trainable, weights.non_trainable), "set_model_weights")
+
+    def global_from_full(self, weights) -> tff.learning.models.ModelWeights:
+        """The federated part of the whole-model `weights` (`ModelWeights`).
+
+        Raises:
+          ValueError: a shape differs from the model's, or a value of a variable the algorithm
+            does not federate (frozen, never trained, or personal) differs from the frozen
+            weights: those live in the frozen-weights file and personal states, not in the state
+            (build the process with `initial_non_trainable=` instead).
+        """
+        check_weights_shapes(self.spec, weights)
+        given = self.layout.base_values(weights.trainable, weights.non_trainable)
+        for info, value, kept in zip(self.layout.base_infos(), given, self.frozen.load(),
+                                     strict=True):
+            if not np.array_equal(value, kept):
+                raise ValueError(
+                    f"with_model_weights: {info.name} (role {info.role}) is not federated here, "
+                    "so the state cannot hold another value for it; it comes from the frozen "
+                    f"weights {self.frozen.fingerprint} (or a client's personal state). Build "
+                    "the process with initial_non_trainable= to start from other frozen weights.")
+        return self.layout.global_values(weights.trainable, weights.non_trainable)
+
+
+def check_infos(infos, groups, what: str) -> None:
+    """ValueError naming the variable, its role and both shapes unless `groups` (trainable,
+    non-trainable values) match `infos` (the variables' `VariableInfo`s) in count and shape."""
+    from tffl.engine import roles
+
+    for kind, group_infos, values in zip(("trainable", "non_trainable"), infos, groups):
+        values = list(values)
+        if len(values) != len(group_infos):
+            raise ValueError(f"{what}: the model has {len(group_infos)} {kind} variables here, "
+                             f"got {len(values)} values")
+        for info, value in zip(group_infos, values):
+            shape = tuple(np.shape(value))
+            if shape != info.shape:
+                raise ValueError(
+                    f"{what}: {kind} variable {info.name} (role {info.role}) has shape "
+                    f"{info.shape} in this process's model, got a value of shape {shape}"
+                    + (" (LoRA factors of another rank?)"
+                       if info.role in (roles.LORA_A, roles.LORA_B) else ""))
+
+
+def check_weights_shapes(spec, weights) -> None:
+    """Checks whole-model `weights` (`ModelWeights` or `(trainable, non_trainable)`) against
+    `spec`, naming the variable, its role and both shapes."""
+    groups = ((weights.trainable, weights.non_trainable)
+              if isinstance(weights, tff.learning.models.ModelWeights) else tuple(weights))
+    check_infos((spec.trainable, spec.non_trainable), groups, "set_model_weights")
+
 
 def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
                           federated_non_trainable: Sequence[int] = (),

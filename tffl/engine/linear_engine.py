@@ -1,5 +1,6 @@
-"""The shared machinery of the linear personalized-FL processes (`fedrep_linear`, `flute_linear`,
-`adaptpfl_linear`): state, round counter, argument checks and the averaging round.
+"""The shared machinery of the linear algorithms (`fedrep_linear`, `flute_linear`,
+`adaptpfl_linear`, `rolora_linear`): state, round counter, argument checks, the averaging round
+and the `tffl.engine.process.Process` each builder returns.
 
 A linear model. Client i holds a batch X_i ∈ R^{m_i×d}, y_i ∈ R^{m_i} and predicts ŷ = xᵀ θ_i,
 where θ_i ∈ R^d is built from the shared representation B ∈ R^{d×k} (k ≤ d) and the client's
@@ -14,15 +15,17 @@ A linear round t over the participating clients I (|I| = n):
    server aggregates (e.g. B_i, or ∇_B L_i), its loss ℓ_i at the start of the round and, if the
    algorithm has one, its new personal state p_i';
 3. the server forms the new B from the aggregates; the state becomes (B', t + 1);
-4. metrics: `loss` = (1/n) Σ_{i∈I} ℓ_i, any algorithm-specific server values, `num_clients` = n.
+4. metrics, in TFF's learning-process structure (`round_metrics`): `client_work/train` holds
+   `loss` = (1/n) Σ_{i∈I} ℓ_i and `num_clients` = n; `finalizer` any algorithm-specific server
+   values.
 
 The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) has step 3 =
 B' = P((1/n) Σ_{i∈I} B_i) — the unweighted `tff.federated_mean`, whatever the m_i — with P the
 identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). A round with two client
-exchanges (RoLoRA's Alt-min-GD; FLUTE: its sums, the server step, then the heads' step) is
-`build_two_exchange_round`, in `tffl.engine.linear_rounds` with `round_metrics` (both re-exported here).
-Every federated computation of the linear algorithms is built in these two engine modules: an
-algorithm module writes only `tff.tensorflow.computation`s and calls their builders.
+exchanges (RoLoRA's Alt-min-GD; FLUTE) is `build_two_exchange_round`, in
+`tffl.engine.linear_rounds` with `round_metrics` (re-exported here). Every federated computation
+of the linear algorithms is built in these two engine modules: an algorithm module writes only
+`tff.tensorflow.computation`s and calls their builders.
 
 TFF placement and types:
 
@@ -32,13 +35,16 @@ TFF placement and types:
 
 Client data are tensors, one value per client (not `tf.data` sequences: exact solves and full-
 batch gradients need the whole batch at once); the type has shape [None, d], so m_i may differ.
-Personal state exists only where the algorithm has one: such processes follow
-`tffl.engine.personal_state`'s protocol (`initialize_personal(client_id)`,
-`next(state, data, personal) -> PersonalizedOutput`; clients that sit out keep theirs). Inside the
-`tff.tensorflow.computation`s the algebra runs in float64 (`batch64`); results are cast back to
-float32 at the boundary. The Python-facing process classes that hold these computations and check
-shapes (`LinearProcess`, `PersonalizedLinearProcess`) are in `tffl.engine.linear_processes`, re-exported
-here.
+Inside the `tff.tensorflow.computation`s the algebra runs in float64 (`batch64`); results are
+cast back to float32 at the boundary.
+
+The process (`build_process`, `LinearServer.build_process`) is a `tffl.engine.process.Process`
+with one round kind, `"round"`: stateless ones are TFF `LearningProcess`es whose model weights
+are B (`get_model_weights: S -> float32[d, k]`, `set_model_weights: <S, B> -> S`); personalized
+ones declare the personal state (`personal_spec`; `tffl.engine.personal_state`'s protocol:
+clients that sit out keep theirs). `next_round` checks the client data (`data_checker`) and the
+personal states first. Python-side helpers: `get_representation`, `set_representation` (shape-
+checked), `stack_personal`.
 
 Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, QR):
 
@@ -53,11 +59,14 @@ Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, Q
 ...         representation=tf.cast(tf.cast(b, tf.float64) - 0.1 * step, tf.float32),
 ...         loss=tf.cast(tf.reduce_sum(r**2) / (2.0 * m), tf.float32))
 >>> next_fn = build_averaging_round(server, client_update, server_update=server.orthonormalize)
+>>> process = server.build_process("unit_heads", next_fn, config=None)
 >>> with runtime.local_runtime():
-...     output = next_fn(server.initialize(), data)     # LearningProcessOutput(state, metrics)
->>> b = np.asarray(output.state["representation"])        # `data`: 4 clients, d = 10
+...     output = process.next_round(process.initialize(), data)   # `data`: 4 clients, d = 10
+>>> b = get_representation(output.state)
 >>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))
 ((10, 2), True)
+>>> int(output.metrics["client_work"]["train"]["num_clients"])
+4
 """
 
 from __future__ import annotations
@@ -72,15 +81,18 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
-from tffl.engine.linear_processes import (  # noqa: F401  (re-exported)
-    LinearProcess,
-    PersonalizedLinearProcess,
-)
+from tffl.engine import communication
+from tffl.engine import process as process_lib
 from tffl.engine.linear_rounds import (  # noqa: F401  (re-exported)
     build_two_exchange_round,
+    client_traffic,
     count_clients,
     round_metrics,
+    two_exchange_traffic,
 )
+from tffl.engine.personal_state import PersonalizedOutput
+
+ROUND = "round"   # a linear process's one round kind
 
 # Argument checks (Python, at build time).
 
@@ -100,6 +112,24 @@ def check_rate(name: str, value: float, allow_zero: bool = False) -> float:
     if not (np.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
         raise ValueError(f"{name}={value} must be a finite number {'>=' if allow_zero else '>'} 0")
     return value
+
+
+def data_checker(dim: int, algorithm: str, target_dims: int = 1) -> Callable[[Any], None]:
+    """`client_data -> None` (a process's `check_data`): ValueError unless there is at least one
+    client and every client's x is (m, d) and y is (m,) (`target_dims` 1) or (m, d) (2), m >= 1."""
+
+    def check(client_data) -> None:
+        if len(client_data) == 0:
+            raise ValueError(f"{algorithm} needs at least one client")
+        for i, item in enumerate(client_data):
+            x, y = np.shape(item["x"]), np.shape(item["y"])
+            if len(x) == 2 and x[1] == dim and x[0] >= 1 and y == x[:target_dims]:
+                continue
+            raise ValueError(f"client {i}: x {x} and y {y} must both be (m, d={dim}) with m >= 1"
+                             if target_dims == 2 else f"client {i}: expected x of shape (m, "
+                             f"{dim}) and y of shape (m,) with m >= 1, got {x} and {y}")
+
+    return check
 
 
 # Float64 algebra (TensorFlow, inside `tff.tensorflow.computation`s).
@@ -154,8 +184,9 @@ class LinearServer:
       state_type: the state's federated type (@SERVER).
       initialize: federated () -> state@SERVER with the initial B and round_num 0.
       fresh_state: (float32[d, k]) -> state with that B and round_num 0 (unplaced).
+      get_representation: (state) -> B (unplaced; a process's `get_model_weights`).
       set_representation: (state, float32[d, k]) -> state with that B (orthonormalized if the
-        server is `orthonormal`), round_num kept (unplaced).
+        server is `orthonormal`), round_num kept (unplaced; a process's `set_model_weights`).
       increment: (state) -> round_num + 1 (unplaced).
       orthonormalize: (float32[d, k]) -> its Q (float64 QR, signs as `orthonormalize`).
     """
@@ -167,6 +198,7 @@ class LinearServer:
     state_type: tff.FederatedType
     initialize: tff.Computation
     fresh_state: tff.Computation
+    get_representation: tff.Computation
     set_representation: tff.Computation
     increment: tff.Computation
     orthonormalize: tff.Computation
@@ -180,11 +212,14 @@ class LinearServer:
         return tff.federated_zip(collections.OrderedDict(
             representation=representation, round_num=tff.federated_map(self.increment, state)))
 
-    def process_fields(self, next_computation: tff.Computation) -> dict[str, Any]:
-        """`LinearProcess`'s fields for this server and round: pass as `Process(**fields, …)`."""
-        return {"initialize_computation": self.initialize, "next_computation": next_computation,
-                "set_representation_computation": self.set_representation, "dim": self.dim,
-                "rank": self.rank}
+    def build_process(self, algorithm: str, next_computation: tff.Computation, *, config,
+                      personal=None, traffic=None) -> process_lib.Process:
+        """`build_process` for this server's round: model weights B, data checked against d."""
+        return build_process(algorithm, self.initialize, next_computation,
+                             get_model_weights=self.get_representation,
+                             set_model_weights=self.set_representation, config=config,
+                             check_data=data_checker(self.dim, algorithm), personal=personal,
+                             traffic=traffic)
 
 
 def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Tensor],
@@ -223,6 +258,10 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
     def increment(state):
         return state["round_num"] + 1
 
+    @tff.tensorflow.computation(state_type.member)
+    def get_representation(state):
+        return state["representation"]
+
     @tff.tensorflow.computation(state_type.member, b_type)
     def with_representation(state, b):
         if orthonormal:
@@ -232,8 +271,8 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
     return LinearServer(
         dim=dim, rank=rank, representation_type=b_type, data_type=data_type(dim),
         state_type=state_type, initialize=initialize, fresh_state=fresh_state,
-        set_representation=with_representation, increment=increment,
-        orthonormalize=server_orthonormalize)
+        get_representation=get_representation, set_representation=with_representation,
+        increment=increment, orthonormalize=server_orthonormalize)
 
 
 def build_mean_initializer(server: LinearServer, client_statistic: tff.Computation,
@@ -265,8 +304,9 @@ def build_averaging_round(server: LinearServer, client_update: tff.Computation,
 
     Returns:
       Without personal state: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state,
-      metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) -> (state@SERVER,
-      personal@CLIENTS, metrics@SERVER). Metrics: `round_metrics(ℓ)`.
+      metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
+      `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`. Metrics:
+      `round_metrics(ℓ)`. Bytes per client: `averaging_traffic`.
     """
     data_at_clients = tff.FederatedType(server.data_type, tff.CLIENTS)
 
@@ -290,7 +330,7 @@ def build_averaging_round(server: LinearServer, client_update: tff.Computation,
         out = tff.federated_map(
             client_update, (tff.federated_broadcast(state.representation), data, personal))
         new_state, metrics = finish(state, out)
-        return new_state, out.personal, metrics
+        return PersonalizedOutput(new_state, out.personal, metrics)
 
     return personalized_next_fn
 
@@ -303,3 +343,57 @@ def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
         return tff.federated_eval(initial_state, tff.SERVER)
 
     return initialize
+
+
+def averaging_traffic(server: LinearServer, client_update: tff.Computation
+                      ) -> communication.RoundTraffic:
+    """Bytes per client of `build_averaging_round`: down B; up B_i, ℓ_i and the client count."""
+    result = client_update.type_signature.result
+    return client_traffic([server.representation_type],
+                          [result["representation"], result["loss"]])
+
+
+# The process and its Python-side helpers.
+
+def personal_spec(shapes: Mapping[str, Sequence[int]],
+                  initial: Callable[[str], Any]) -> process_lib.PersonalSpec:
+    """One client's personal state `OrderedDict(name=float32[shape], …)` (`personal_type`'s),
+    starting at `initial(client_id)`."""
+    return process_lib.PersonalSpec(
+        names=tuple(shapes), shapes=tuple(tuple(s) for s in shapes.values()),
+        dtypes=(np.float32,) * len(shapes), initial=initial, keyed=True)
+
+
+def build_process(algorithm: str, initialize: tff.Computation, next_computation: tff.Computation,
+                  *, get_model_weights: tff.Computation, set_model_weights: tff.Computation,
+                  config, check_data: Callable[[Any], None],
+                  personal: process_lib.PersonalSpec | None = None,
+                  traffic: communication.RoundTraffic | None = None) -> process_lib.Process:
+    """A linear algorithm's `Process`: its one round (`ROUND`), `check_data` run by
+    `next_round`, `personal` (None: stateless, a TFF `LearningProcess`), the declared bytes per
+    client `traffic` (used where TFF's forms cannot hold the round) and its typed `config`."""
+    return process_lib.Process(
+        algorithm, initialize, {ROUND: next_computation}, get_model_weights=get_model_weights,
+        set_model_weights=set_model_weights, personal=personal,
+        declared_traffic=None if traffic is None else {ROUND: traffic},
+        check_data=check_data, config=config)
+
+
+def get_representation(state) -> np.ndarray:
+    """B (d×k, float32) of a linear process's state."""
+    return np.asarray(state["representation"])
+
+
+def set_representation(process: process_lib.Process, state, representation):
+    """A copy of `state` with B = `representation` (d×k, checked against `process.config`'s
+    `dim` and `rank`), through `set_model_weights`: orthonormalized by processes that keep B
+    orthonormal (FedRep, AdaptPFL's variant B), stored as is by the others."""
+    shape, expected = np.shape(representation), (process.config.dim, process.config.rank)
+    if shape != expected:
+        raise ValueError(f"representation must have shape {expected}, got {shape}")
+    return process.set_model_weights(state, np.asarray(representation, np.float32))
+
+
+def stack_personal(personal_states, name: str) -> np.ndarray:
+    """The clients' `name` entries stacked as rows (M×size, float64)."""
+    return np.stack([np.asarray(p[name], np.float64) for p in personal_states])

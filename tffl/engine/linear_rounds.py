@@ -12,8 +12,10 @@ federated code):
    `second_update`(v, r, data_i[, p_i]), uploads g_i if it has one (then ḡ = A_{i∈I} g_i) and keeps
    its new personal state p_i' if the round has personal state;
 4. the new state is `server_update`(state, ū[, ḡ]);
-5. metrics: `loss` = (1/n) Σ_{i∈I} ℓ_i, the entries of `server_metrics`(state, ū[, ḡ]) if given,
-   `num_clients` = n (`round_metrics`).
+5. metrics (`round_metrics`), TFF's learning-process structure: `client_work/train` holds
+   `loss` = (1/n) Σ_{i∈I} ℓ_i and `num_clients` = n, `finalizer` the entries of
+   `server_metrics`(state, ū[, ḡ]) if given (the server step's values); `distributor` and
+   `aggregator` are empty.
 
 A is the unweighted mean (1/n) Σ_{i∈I} (`aggregation="mean"`, `tff.federated_mean`) or the sum
 Σ_{i∈I} (`"sum"`, `tff.federated_sum`), the same for both exchanges. A client computation's result
@@ -29,9 +31,11 @@ Types: `state_type`, `data_type` and `personal_type` are unplaced; the round is
 
     without personal state: (state@SERVER, data@CLIENTS) -> LearningProcessOutput(state, metrics)
     with personal state:    (state@SERVER, data@CLIENTS, personal@CLIENTS)
-                              -> (state@SERVER, personal@CLIENTS, metrics@SERVER)
+                              -> PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)
 
-(the second follows `tffl.engine.personal_state`'s protocol: clients that sit out keep theirs).
+(the second follows `tffl.engine.personal_state`'s protocol: clients that sit out keep theirs),
+the `next` of a `tffl.engine.process.Process`. `two_exchange_traffic` gives its bytes per client
+(what TFF's forms cannot hold: the second broadcast depends on the first aggregate).
 
 Example (client i holds a number x_i; the variance needs the mean first, hence two exchanges:
 the first means the x_i, the second the squared deviations (x_i − x̄)²; state (x̄, variance)):
@@ -57,7 +61,8 @@ the first means the x_i, the second the squared deviations (x_i − x̄)²; stat
 ...     output = next_fn(collections.OrderedDict(mean=0.0, variance=0.0), [1.0, 2.0, 6.0])
 >>> {k: round(float(v), 4) for k, v in output.state.items()}
 {'mean': 3.0, 'variance': 4.6667}
->>> round(float(output.metrics["loss"]), 4), int(output.metrics["num_clients"])   # (1+4+36)/3
+>>> train = output.metrics["client_work"]["train"]
+>>> round(float(train["loss"]), 4), int(train["num_clients"])   # (1+4+36)/3
 (13.6667, 3)
 """
 
@@ -69,6 +74,8 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
+from tffl.engine import communication
+from tffl.engine.personal_state import PersonalizedOutput
 
 _AGGREGATIONS = {"mean": tff.federated_mean, "sum": tff.federated_sum}
 _CLIENT_ENTRIES = ("value", "loss", "personal")
@@ -80,10 +87,28 @@ def count_clients():
 
 
 def round_metrics(client_loss, **server_values):
-    """`OrderedDict(loss=(1/n) Σ_i ℓ_i, **server_values, num_clients=n)` @SERVER (inside a
-    federated computation; `client_loss` is @CLIENTS, the `server_values` @SERVER)."""
+    """A linear round's metrics @SERVER in TFF's learning-process structure (as
+    `tff.learning.templates.compose_learning_process` builds them), inside a federated
+    computation: `OrderedDict(distributor=(), client_work=OrderedDict(train=OrderedDict(
+    loss=(1/n) Σ_i ℓ_i, num_clients=n)), aggregator=(), finalizer=OrderedDict(**server_values))`
+    (`client_loss` @CLIENTS; the `server_values`, the server step's, @SERVER)."""
+    train = tff.federated_zip(collections.OrderedDict(
+        loss=tff.federated_mean(client_loss), num_clients=count_clients()))
+    finalizer = (tff.federated_zip(collections.OrderedDict(**server_values)) if server_values
+                 else tff.federated_value(collections.OrderedDict(), tff.SERVER))
     return tff.federated_zip(collections.OrderedDict(
-        loss=tff.federated_mean(client_loss), **server_values, num_clients=count_clients()))
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_zip(collections.OrderedDict(train=train)),
+        aggregator=tff.federated_value((), tff.SERVER), finalizer=finalizer))
+
+
+def client_traffic(down_types, up_types) -> communication.RoundTraffic:
+    """Bytes per client of a linear round whose broadcasts have `down_types` and whose client
+    results (uploads and ℓ_i) have `up_types`, plus the 4-byte client count of `round_metrics`
+    (the figures TFF's forms would give, for rounds they cannot hold)."""
+    return communication.RoundTraffic(
+        down=sum(communication.type_bytes(t) for t in down_types),
+        up=sum(communication.type_bytes(t) for t in up_types) + 4)
 
 
 def _entries(computation: tff.Computation, role: str) -> tuple[str, ...]:
@@ -175,8 +200,8 @@ def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
 
     Returns:
       Without personal state: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state,
-      metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) -> (state@SERVER,
-      personal@CLIENTS, metrics@SERVER).
+      metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
+      `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`.
 
     Raises:
       ValueError: an unknown `aggregation`, or client results that do not fit the round (no
@@ -202,6 +227,28 @@ def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
     @tff.federated_computation(state_at_server, data_at_clients,
                                tff.FederatedType(personal_type, tff.CLIENTS))
     def personalized_next_fn(state, data, personal):
-        return _exchanges(pieces, state, data, personal)
+        return PersonalizedOutput(*_exchanges(pieces, state, data, personal))
 
     return personalized_next_fn
+
+
+def two_exchange_traffic(broadcast: tff.Computation, first_update: tff.Computation,
+                         second_update: tff.Computation,
+                         second_broadcast: tff.Computation | None = None
+                         ) -> communication.RoundTraffic:
+    """Bytes per client of `build_two_exchange_round` with these pieces: down v and r; up u_i,
+    g_i (if uploaded), ℓ_i and the client count (`client_traffic`)."""
+
+    def sent(computation, role):   # the result entries that leave the client
+        result = computation.type_signature.result
+        entries = _entries(computation, role)
+        if entries == ("value",):
+            return [result]
+        return [result[n] for n in entries if n != "personal"]
+
+    first = first_update.type_signature.result
+    upload = first if _entries(first_update, "first_update") == ("value",) else first["value"]
+    relayed = upload if second_broadcast is None else second_broadcast.type_signature.result
+    return client_traffic([broadcast.type_signature.result, relayed],
+                          sent(first_update, "first_update")
+                          + sent(second_update, "second_update"))

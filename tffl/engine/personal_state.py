@@ -17,13 +17,12 @@ time gets `process.initialize_personal(client_id)`), after the round it writes b
 returned; clients that did not take part keep theirs unchanged. The store is saved with every
 checkpoint and restored on resume.
 
-A personalized process is any object with
+A personalized process is a `tffl.engine.process.Process` whose `personal` (a `PersonalSpec`)
+declares one client's personal state, with
 
 - `initialize() -> state` (server state),
 - `initialize_personal(client_id) -> personal` (a structure of numpy arrays, one client's start),
-- `next(state, client_data, personal_states) -> PersonalizedOutput`,
-
-which `is_personalized` recognizes by `initialize_personal`.
+- `next(state, client_data, personal_states) -> PersonalizedOutput` (a `tff.Computation`).
 
 Example:
 
@@ -60,11 +59,6 @@ class PersonalizedOutput(NamedTuple):
     state: Any
     personal_states: Any
     metrics: Any
-
-
-def is_personalized(process: Any) -> bool:
-    """Whether `process` follows the stateful-clients template (has `initialize_personal`)."""
-    return callable(getattr(process, "initialize_personal", None))
 
 
 def _as_numpy(structure: Any) -> Any:

@@ -37,11 +37,11 @@ Example:
 >>> pieces = build_round(model, b_round, ClientConfig(optimizer=client_training.as_optimizer(0.1)))
 >>> pieces.traffic.down, pieces.traffic.up      # 4·(16 + 16 + 27) down; 4·(16 + 27) + 16 up
 (236, 188)
->>> from tffl.engine import processes
+>>> from tffl.engine import composition
 >>> from tffl.engine import schedules       # FFA-LoRA: the B round every time
->>> initialize, rounds = processes.compose_rounds(model, [pieces], personal=False)
->>> ffa = processes.ScheduledProcess("ffa_lora", model, [pieces], initialize, rounds,
-...                                  schedules.constant("b_round"))
+>>> ffa = composition.build_process("ffa_lora", model, [pieces], schedules.constant("b_round"))
+>>> list(ffa.rounds), ffa.personal is None      # a `LearningProcess` of one round kind
+(['b_round'], True)
 """
 
 from __future__ import annotations

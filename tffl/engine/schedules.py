@@ -2,7 +2,7 @@
 
 A schedule is `t ↦ round kind` (t = communication rounds done). A periodic one has a `cycle`,
 the kinds of one period; `compose_cycle` makes one federated computation of a cycle, which is
-what a `tffl.engine.processes.ScheduledProcess`'s `next` is for RoLoRA:
+what a `tffl.engine.process.Process`'s `next` is for RoLoRA:
 
     next(state, {<b_round=D*, a_round=D*>}@CLIENTS)
       = a_round(b_round(state, data.b_round).state, data.a_round)      (states)
@@ -49,6 +49,24 @@ def constant(name: str) -> Callable[[int], str]:
         return name
 
     schedule.cycle = (name,)
+    return schedule
+
+
+def cyclic(kinds: Sequence[str]) -> Callable[[int], str]:
+    """t ↦ `kinds[t mod E]`, E = len(kinds): the periodic schedule whose `cycle` is `kinds`.
+
+    >>> schedule = cyclic(["b_round", "b_round", "a_round"])
+    >>> [schedule(t) for t in range(4)], cycle_of(schedule)
+    (['b_round', 'b_round', 'a_round', 'b_round'], ('b_round', 'b_round', 'a_round'))
+    """
+    kinds = tuple(kinds)
+    if not kinds:
+        raise ValueError("a cyclic schedule needs at least one round kind")
+
+    def schedule(t: int) -> str:
+        return kinds[t % len(kinds)]
+
+    schedule.cycle = kinds
     return schedule
 
 

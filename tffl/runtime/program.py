@@ -9,7 +9,7 @@ asynchronous execution context. This module gives
   contexts (one worker, several, or remote ones), so that the workers' fault handling (a
   `WorkerError` naming a lost worker, the restart of a crashed one) carries over;
 - `ClientDataSource`: a `tff.program.FederatedDataSource` serving seeded per-round client
-  datasets, whose iterator can be deep-copied and saved in the program state (TFF 0.87's
+  datasets (or tensor values, e.g. the linear algorithms' `{x, y}` batches), whose iterator can be deep-copied and saved in the program state (TFF 0.87's
   `DatasetDataSource` iterator cannot be deep-copied, which `train_model` does every round, and it
   samples with the unseeded `random` module, so a resumed run would differ).
 
@@ -20,6 +20,7 @@ asynchronous execution context. This module gives
 from __future__ import annotations
 
 import collections
+import collections.abc
 import json
 import weakref
 from collections.abc import Callable, Sequence
@@ -98,7 +99,10 @@ class ClientDataSource(tff.program.FederatedDataSource):
 
     `client_datasets` is the population: a sequence of `tf.data.Dataset`s (the same clients every
     round), or a function of the round number (1, 2, ...) returning that round's sequence (fresh
-    data per round, e.g. seeded by the round). Round r selects `k` of them without replacement
+    data per round, e.g. seeded by the round). A client may also be a mapping of arrays (one
+    tensor value per client, e.g. the linear algorithms' `OrderedDict(x=(m_i, d), y=(m_i,))`):
+    `federated_type` is then that structure with the leading dimension None, and a round's
+    choice is served column-first (`ClientDataIterator.select`; without `data_names`). Round r selects `k` of them without replacement
     with `numpy.random.default_rng([seed, r])`, in population order; `k=None` or `k` equal to the
     population size selects all. The selection depends only on (seed, r), so a run resumed from
     a program state gets the clients the uninterrupted run got.
@@ -144,11 +148,17 @@ class ClientDataSource(tff.program.FederatedDataSource):
 
     @property
     def federated_type(self) -> tff.FederatedType:
-        """`{sequence of the datasets' elements}@CLIENTS` (read off round 1's first dataset)."""
+        """`{sequence of the datasets' elements}@CLIENTS`, or `{tensors}@CLIENTS` for clients
+        given as arrays (read off round 1's first client)."""
         if self._federated_type is None:
-            element_type = computation_types.tensorflow_to_type(
-                self.population(1)[0].element_spec)
-            member = tff.SequenceType(element_type)
+            first = self.population(1)[0]
+            if isinstance(first, tf.data.Dataset):
+                member = tff.SequenceType(
+                    computation_types.tensorflow_to_type(first.element_spec))
+            else:
+                member = computation_types.tensorflow_to_type(tf.nest.map_structure(
+                    lambda v: tf.TensorSpec([None, *np.shape(v)[1:]], np.asarray(v).dtype),
+                    first))
             if self.data_names is not None:
                 member = tff.StructType([(n, member) for n in self.data_names])
             self._federated_type = tff.FederatedType(member, tff.CLIENTS)
@@ -178,11 +188,14 @@ class ClientDataIterator(tff.program.FederatedDataSourceIterator):
         with `data_names` (E names), `OrderedDict(name_e=[k datasets])` for communication rounds
         E·(c−1)+e of call c, each its own seeded choice. (A `{<...>}@CLIENTS` value in this
         column-first form: `program_context` hands it to the computation one struct per
-        client, since TFF 0.87's program layer mispairs a list of per-client structs.)"""
+        client, since TFF 0.87's program layer mispairs a list of per-client structs.) Clients
+        given as mappings of arrays come in that form too: `OrderedDict(x=[k arrays], ...)`."""
         calls = self.rounds_served + 1
         names = self.source.data_names
         if names is None:
             chosen = self._choose(calls, k)
+            if chosen and isinstance(chosen[0], collections.abc.Mapping):
+                chosen = collections.OrderedDict((n, [c[n] for c in chosen]) for n in chosen[0])
         else:
             first = len(names) * (calls - 1) + 1
             chosen = collections.OrderedDict(

@@ -7,8 +7,8 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
    (the default) on a background thread while round t − 1 runs, so that building it (e.g. a
    text task's frozen-prefix outputs and round files, `tasks.prefix_cache`) overlaps the TFF
    computation instead of following it; the datasets and their order are the same either way;
-3. calls `process.next(state, datasets)` (a `tffl.engine.processes` process: `next_round`, one
-   communication round) and flattens the returned metrics;
+3. calls `process.next_round(state, datasets)` (a `tffl.engine.process.Process`: one
+   communication round; any other process: its `next`) and flattens the returned metrics;
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
 5. appends a row to `<output_dir>/metrics.csv`, releases its numbers as TensorBoard scalars to
    `<output_dir>/tensorboard` (`tff.program.TensorBoardReleaseManager`, step = round), prints a
@@ -17,7 +17,7 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
 Building the row's columns and writing those records is `tffl.simulation.metrics_log`'s job (`read_metrics`,
 `flatten_metrics` and `TIMING_COLUMNS` are re-exported here).
 
-Personalized processes (`tffl.engine.personal_state`: stateful clients, e.g. FedRep's heads) also get
+Personalized processes (`Process.personal` declared: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
 is written back, clients that were not sampled keep theirs, and the store is saved in every
 checkpoint (and restored on resume). Their `evaluate_fn` receives `(state, store)`.
@@ -55,8 +55,10 @@ import tensorflow as tf
 
 from tffl.simulation import checkpoint
 from tffl.simulation import metrics_log
+import tensorflow_federated as tff
+
 from tffl.engine import personal_state
-from tffl.engine import processes
+from tffl.engine import process as process_lib
 from tffl.simulation.metrics_log import (  # noqa: F401  (re-exported: simulation.read_metrics, …)
     TIMING_COLUMNS,
     flatten_metrics,
@@ -189,10 +191,11 @@ def run_rounds(
     """Runs `rounds` rounds of `process` (see the module docstring).
 
     Args:
-      process: has `initialize()` and `next(state, client_datasets)`; `next` returns either a
-        `tff.learning.templates.LearningProcessOutput` or a `(state, metrics)` pair. A
-        personalized process (`tffl.engine.personal_state.is_personalized`) has
-        `next(state, client_datasets, personal_states)` returning a `PersonalizedOutput`.
+      process: a `tffl.engine.process.Process` (its `next_round` runs each communication
+        round; a personalized one, `process.personal` declared, also takes and returns the
+        clients' personal states), or any other process with `initialize()` and
+        `next(state, client_datasets)` returning a `tff.learning.templates.
+        LearningProcessOutput` or a `(state, metrics)` pair (e.g. `tff.learning.algorithms`').
       sampler: picks each round's clients (`UniformSampler`, `FullParticipation`, SRPFL, ...).
       client_dataset_fn: `(client_id, round_num) -> tf.data.Dataset` for that client's round.
       rounds: total rounds of the run (a resumed run stops at the same total).
@@ -231,9 +234,9 @@ def run_rounds(
     config = dict(config or {})
     say = log or (lambda _: None)
     state = process.initialize() if initial_state is None else initial_state
-    fingerprint = (process.frozen_fingerprint if isinstance(process, processes.RoundProtocol)
-                   else None)
-    personalized = personal_state.is_personalized(process)
+    ours = isinstance(process, process_lib.Process)
+    fingerprint = process.frozen_fingerprint if ours else None
+    personalized = ours and process.personal is not None
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
     run = _Run(process, rounds, output_dir, config, say, fingerprint, store, evaluate_fn,
                eval_every, checkpoint_every, until, after_round)
@@ -341,16 +344,17 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
         round_data.start(round_num + 1)  # built while this round runs
     traffic_columns = traffic.columns(state, participation.client_ids)
     start = time.perf_counter()
-    # A `tffl.engine.processes` process runs one communication round (`next_round`); any
+    # A `tffl.engine.process.Process` runs one communication round (`next_round`); any
     # other process, one `next`.
-    step = run.process.next_round if traffic.scheduled else run.process.next
+    step = run.process.next_round if traffic.ours else run.process.next
     if run.store is not None:
         output = step(state, datasets, run.store.lookup(participation.client_ids))
         run.store.update(participation.client_ids, output.personal_states)
     else:
         output = step(state, datasets)
     seconds = time.perf_counter() - start
-    if hasattr(output, "state"):
+    if isinstance(output, (tff.learning.templates.LearningProcessOutput,
+                           personal_state.PersonalizedOutput)):
         state, metrics = output.state, output.metrics
     else:
         state, metrics = output

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tffl.engine import communication
-from tffl.engine import processes
+from tffl.engine import process as process_lib
 
 # Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
 _LEADING_COLUMNS = (
@@ -86,29 +86,31 @@ def summary_metrics(flat: dict[str, float]) -> dict[str, float]:
 
 
 class Traffic:
-    """Bytes per client for each row. A `tffl.engine.processes` process declares them per round kind
-    (read off its TFF types) and says which kind `next` runs; for any other `LearningProcess` they
-    are read off `process.next`'s DistributeAggregateForm (`tffl.engine.communication.round_traffic`)."""
+    """Bytes per client for each row. A `tffl.engine.process.Process` reports them per round kind
+    (`client_traffic`) and says which kind the next round runs; for any other process whose
+    `next` is a `tff.Computation` they are read off its DistributeAggregateForm
+    (`tffl.engine.communication.round_traffic`)."""
 
     def __init__(self, process: Any, say: Callable[[str], None]):
         self.process = process
-        self.scheduled = isinstance(process, processes.RoundProtocol)
+        self.ours = isinstance(process, process_lib.Process)
         self.whole: communication.RoundTraffic | None = None
-        if self.scheduled:
+        if self.ours:
+            return
+        if not isinstance(process.next, tff.Computation):
+            say("note: bytes per client not reported: the process's next is not a "
+                "tff.Computation")
             return
         try:
             self.whole = communication.round_traffic(process.next)
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError) as e:
             say(f"note: bytes per client not reported: {e}")
 
     def columns(self, state: Any, client_ids: Sequence[str] = ()) -> dict[str, float]:
-        """The traffic of the communication round that `next(state, ...)` runs (the mean over
-        `client_ids` for a process whose clients differ, e.g. `tffl.algorithms.lora_ranks`')."""
-        if self.scheduled and hasattr(self.process, "client_traffic"):
-            traffic = self.process.client_traffic(self.process.round_name(state), client_ids)
-        else:
-            traffic = (self.process.traffic[self.process.round_name(state)] if self.scheduled
-                       else self.whole)
+        """The traffic of the communication round that `next_round(state, ...)` runs (the mean
+        over `client_ids` for a process whose clients differ, e.g. `tffl.algorithms.lora_ranks`')."""
+        traffic = (self.process.client_traffic(self.process.round_name(state), client_ids)
+                   if self.ours else self.whole)
         if traffic is None:
             return {}
         return {"bytes_down_per_client": traffic.down, "bytes_up_per_client": traffic.up}
