@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 # A program the distribute tests run as a child (it sets up logical devices when imported), not a
 # module for `--doctest-modules` to import.
-collect_ignore = ["tffl/distribute_parity.py"]
+collect_ignore = ["tffl/runtime/distribute_parity.py"]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"

@@ -30,7 +30,7 @@ def pytest_suite(deps, sizes = {}, data = []):
     """One `pytest_test` per `test_*.py` file of the calling package.
 
     Each target's srcs are all the package's .py files (tests import helpers and each other's
-    fixtures, e.g. `tests.tffl.eager_reference`). `sizes` maps a test name to its Bazel size
+    fixtures, e.g. `tests.tffl.algorithms.eager_reference`). `sizes` maps a test name to its Bazel size
     (default "large": a 15-minute timeout, the pytest-timeout of pyproject.toml).
     """
     helpers = native.glob(["*.py"])

@@ -10,7 +10,7 @@ import sys
 import portpicker
 import pytest
 
-from tests.tffl.test_runtime import _gone, _mean  # the same federated mean and exit wait
+from tests.tffl.runtime.test_runtime import _gone, _mean  # the same federated mean and exit wait
 from tffl import runtime
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "start_worker.py"

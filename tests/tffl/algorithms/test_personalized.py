@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.tffl import eager_reference
+from tests.tffl.algorithms import eager_reference
 from tffl.simulation import checkpoint
 from tffl.simulation import participation
 from tffl.engine import personal_state

@@ -298,7 +298,7 @@ def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm,
 def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, capsys):
     """docs/engine.md's "Inside TFF's own programs" block, executed on two clients of 6
     examples: 2 RoLoRA iterations, each a B round and an A round on both clients (24 examples)."""
-    text = (pathlib.Path(__file__).parents[2] / "docs" / "engine.md").read_text()
+    text = (pathlib.Path(__file__).parents[3] / "docs" / "engine.md").read_text()
     block = text.split("## Inside TFF's own programs")[1].split("```python\n")[1].split("```")[0]
     rng = np.random.default_rng(3)
     datasets = [tf.data.Dataset.from_tensor_slices(

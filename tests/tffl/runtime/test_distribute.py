@@ -1,7 +1,7 @@
 """tffl.runtime.distribute: TFF computations run in-process under a tf.distribute strategy.
 
 The parity test runs every algorithm for two rounds on the TFF worker (the reference) and on the
-in-process runtime with `MirroredStrategy` over 1, 2 and 4 logical CPU devices, in a child process (tests/tffl/distribute_parity.py: TensorFlow's logical devices
+in-process runtime with `MirroredStrategy` over 1, 2 and 4 logical CPU devices, in a child process (tests/tffl/runtime/distribute_parity.py: TensorFlow's logical devices
 are fixed at its first op). Every output leaf — the metrics and personal states of both rounds,
 and the final server state — must agree within 1e-5. No machine here has TensorFlow on a GPU or
 TPU; logical CPU devices are what the multi-replica paths were verified on.
@@ -60,7 +60,7 @@ def _run(results, algorithm, label):
 
 
 def test_the_parity_child_covers_every_algorithm_train_py_offers():
-    sys.path.insert(0, str(HERE.parents[1]))
+    sys.path.insert(0, str(HERE.parents[2]))
     from experiments import algorithms
 
     assert set(algorithms.ALGORITHMS) <= set(ALGORITHMS)

@@ -1,5 +1,5 @@
 """tffl.algorithms.registry: the one registry. Every name in it builds from its family's config and runs
-two communication rounds that change the federated weights. (tests/tffl/test_distribute.py also
+two communication rounds that change the federated weights. (tests/tffl/runtime/test_distribute.py also
 runs every entry, each on the model `experiments.algorithms.model_for` gives it.)"""
 
 import numpy as np

@@ -1,11 +1,11 @@
-"""Child of tests/tffl/test_distribute.py: every algorithm for two rounds on the TFF worker and on
+"""Child of tests/tffl/runtime/test_distribute.py: every algorithm for two rounds on the TFF worker and on
 the in-process runtime over 1, 2 and 4 logical CPU devices; writes every output leaf to an .npz.
 
 TensorFlow's logical devices are fixed when it first runs an op, so this runs in its own process:
 the host CPU is split into 4 logical devices first, and the strategies use the first 1, 2 or 4
 (`MirroredStrategy` over each set).
 
-    python tests/tffl/distribute_parity.py OUT.npz [algorithm ...]
+    python tests/tffl/runtime/distribute_parity.py OUT.npz [algorithm ...]
 """
 
 import collections
@@ -14,7 +14,7 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parent / "algorithms"), str(HERE.parents[1]), str(HERE.parents[2])]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import conftest  # noqa: E402,F401  (frozen-weights files to a temporary folder)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from models import lora_targets
-from tests.tffl import eager_reference
+from tests.tffl.algorithms import eager_reference
 from tffl.algorithms import lora_fl
 from tffl.engine import roles
 from tffl import runtime

@@ -96,7 +96,7 @@ _VIRTUAL_DEVICES_PROGRAM = r"""
 import numpy as np, tensorflow as tf, tensorflow_federated as tff
 (cpu,) = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tests.tffl import test_client_training as t
+from tests.tffl.engine import test_client_training as t
 from tffl.engine import client_training
 
 x, y, dataset = t._batches()
@@ -129,7 +129,7 @@ def test_loop_runs_on_the_given_virtual_cpu_device():
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", _VIRTUAL_DEVICES_PROGRAM], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ cross-entropy."""
 import numpy as np
 import pytest
 
-from tests.tffl.test_personalized import (CLASS_SPEC, LR, _class_clients, _class_datasets,
+from tests.tffl.algorithms.test_personalized import (CLASS_SPEC, LR, _class_clients, _class_datasets,
                                           _classifier, _numeric_grad)
 from tffl.algorithms import adaptpfl
 from tffl.engine import client_training

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.tffl.test_lora_fl import _local_sgd, _model_fn, _spec, _weighted_mean
-from tests.tffl.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
+from tests.tffl.algorithms.test_lora_fl import _local_sgd, _model_fn, _spec, _weighted_mean
+from tests.tffl.algorithms.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_ranks
 from tffl import runtime
