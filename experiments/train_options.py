@@ -1,4 +1,4 @@
-"""scripts/train.py's flag values checked together, before TensorFlow builds anything.
+"""scripts/train.py's flag values checked together, before TensorFlow is even imported.
 
 `check(options, present)` takes every flag value by flag name (`options`, the dict that
 `experiments.training.run_algorithm` reads, with "rank_present") and the names of the flags given
@@ -12,6 +12,11 @@ Traceback (most recent call last):
 ...
 experiments.cli.UsageError: flag --clients_per_round=8: must be <= --num_clients=5
 >>> check(dict(DEFAULTS, algorithm=["rolora"]), present={"algorithm"})   # passes: no output
+
+DEFAULTS is the one place of the flags' defaults (`experiments.train_flags` defines the flags
+from it). Nothing here imports TensorFlow (nor absl): the choices below repeat those of the
+modules that do (`experiments.algorithms`, `tasks.registry`, `experiments.training`), and
+tests/scripts/test_train_cli.py proves that they match.
 """
 
 from __future__ import annotations
@@ -22,11 +27,31 @@ import pathlib
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from experiments import algorithms
 from experiments import cli
-from experiments import training
 from experiments.cli import UsageError
-from tasks import registry
+
+# `experiments.algorithms`: ALGORITHMS (the Keras-model ones of `tffl.algorithms.registry`),
+# LORA_ALGORITHMS (its `lora` family), REPRESENTATIONS, PARTICIPATIONS, STRAGGLER_MODELS,
+# OPTIMIZERS; `tasks.registry`: TASKS, TEXT_TASKS, BACKBONES, PARTITIONS.
+ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
+              "fedsa_lora", "rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora",
+              "rolora_ffa")
+LORA_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora", "rolora_ffa")
+REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
+PARTICIPATIONS = ("uniform", "full", "srpfl")
+STRAGGLER_MODELS = ("fixed", "dynamic")
+OPTIMIZERS = ("sgd", "sgdm", "adam")
+TEXT_TASKS = ("sst2", "reviews")
+TASKS = ("digits", "mnist", *TEXT_TASKS)
+BACKBONES = ("tiny", "minilm")
+PARTITIONS = ("iid", "shards", "dirichlet")
+# The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.
+INPUT_WIDTHS = {"digits": 64, "mnist": 784}
+REVIEW_DOMAINS = 5  # --task=reviews: its clients split each domain equally
+# `experiments.training.ADAPTPFL_FLAGS`: AdaptPFL's switches (their defaults are DEFAULTS').
+ADAPTPFL_FLAGS = ("adaptpfl_variant", "adaptpfl_order", "shortcut_ridge", "project_shortcut",
+                  "shortcut_damping", "head_damping")
+SEED_LIMIT = 2**32  # NumPy's seeds are in [0, 2**32)
 
 # scripts/train.py's flags and their defaults (its --help documents each), and "rank_present"
 # (whether --rank was given); a starting point for options built without absl, as above.
@@ -45,7 +70,8 @@ DEFAULTS: dict[str, Any] = {
     "bucket_by_length": True, "lora_alpha": None, "partition": "shards", "classes_per_client": 2,
     "dirichlet_alpha": 0.5, "data_dir": None, "num_clients": 5, "clients_per_round": 5,
     "rounds": 100, "local_steps": 10, "rank": 16, "eval_test": False, "eval_per_client": False,
-    "client_ranks": None, "averaging_error": True, "rolora_fraction": 0.5, "batch_size": 16, "learning_rate": 0.5,
+    "client_ranks": None, "averaging_error": True, "rolora_fraction": 0.5, "batch_size": 16,
+    "learning_rate": 0.5,
     "client_optimizer": "sgd", "client_momentum": 0.0, "weight_decay": 0.0,
     "server_optimizer": "sgd", "server_learning_rate": 1.0, "server_momentum": 0.0,
     "frozen_dir": None, "seed": 0, "eval_every": 5, "checkpoint_every": 1, "output_dir": None,
@@ -53,6 +79,19 @@ DEFAULTS: dict[str, Any] = {
     "runtime": "tff", "devices": "", "logical_cpus": 0, "worker_timeout": 60.0,
     "rank_present": False,
 }
+
+
+def client_ranks(options: Mapping[str, Any]) -> list[int]:
+    """--client_ranks as integers (empty without it); as `experiments.training.client_ranks`."""
+    return [int(r) for r in options["client_ranks"] or []]
+
+
+def adapter_rank(options: Mapping[str, Any]) -> int:
+    """--rank, or the largest client rank when --client_ranks is given without --rank (as
+    `experiments.training.adapter_rank`)."""
+    if options["client_ranks"] and not options["rank_present"]:
+        return max(client_ranks(options))
+    return options["rank"]
 
 
 def _at_least(options: Mapping[str, Any], name: str, minimum: int = 1) -> None:
@@ -78,7 +117,7 @@ def _check_workers(options: Mapping[str, Any]) -> None:
 
 
 def _check_adaptpfl(options: Mapping[str, Any], present: Collection[str]) -> None:
-    changed = [n for n in training.ADAPTPFL_FLAGS if n in present]
+    changed = [n for n in ADAPTPFL_FLAGS if n in present]
     if changed and "adaptpfl" not in options["algorithm"]:
         raise UsageError(f"flag --{changed[0]}={options[changed[0]]}: is AdaptPFL's; "
                          "use it with --algorithm=adaptpfl")
@@ -99,7 +138,7 @@ def _check_client_ranks(options: Mapping[str, Any]) -> None:
         return
     given = ",".join(options["client_ranks"])
     try:
-        ranks = training.client_ranks(options)
+        ranks = client_ranks(options)
     except ValueError:
         raise UsageError(f"flag --client_ranks={given}: must be integer ranks, e.g. "
                          "4,8,16") from None
@@ -109,16 +148,57 @@ def _check_client_ranks(options: Mapping[str, Any]) -> None:
     if others:
         raise UsageError(f"flag --client_ranks={given}: only flexlora and flora aggregate "
                          f"adapters of different ranks, not {', '.join(others)}")
-    if max(ranks) > training.adapter_rank(options):
+    if max(ranks) > adapter_rank(options):
         raise UsageError(f"flag --client_ranks={given}: rank {max(ranks)} is above "
                          f"--rank={options['rank']}; raise --rank or leave it unset (the "
                          "adapters then take the largest client rank)")
+
+
+def _check_rank(options: Mapping[str, Any]) -> None:
+    """The LoRA nets of the image tasks (`experiments.algorithms.model_for`: the LoRA algorithms,
+    fedsa_lora, and the personalized ones over a LoRA representation) factor a square kernel of
+    the input width, so their rank is at most that (`tasks.registry`'s check, made earlier)."""
+    width = INPUT_WIDTHS.get(options["task"])
+    lora = [a for a in options["algorithm"] if a in LORA_ALGORITHMS or a == "fedsa_lora"
+            or (a != "adaptpfl" and options["representation"] != "mlp")]
+    rank = adapter_rank(options)
+    if width is None or not lora or rank <= width:
+        return
+    if options["client_ranks"] and not options["rank_present"]:
+        raise UsageError(f"flag --client_ranks={','.join(options['client_ranks'])}: rank "
+                         f"{rank}: must be between 1 and the input width {width}")
+    raise UsageError(f"flag --rank={rank}: must be between 1 and the input width {width}")
+
+
+def _check_data(options: Mapping[str, Any]) -> None:
+    """The seed, and the data only --data_dir has (`tasks.text_run_task`'s checks, made
+    earlier)."""
+    if not 0 <= options["seed"] < SEED_LIMIT:
+        raise UsageError(f"flag --seed={options['seed']}: must be between 0 and "
+                         f"{SEED_LIMIT - 1} (a NumPy seed)")
+    if options["eval_test"] and options["task"] != "sst2":
+        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
+                         f"its dev set, not --task={options['task']}")
+    if options["data_dir"] is None and options["eval_test"]:
+        raise UsageError("flag --eval_test=True: TFDS's SST-2 test split is unlabelled; pass "
+                         "--data_dir=<folder with sst2/test-labeled.tsv>")
+    if options["task"] != "reviews":
+        return
+    if options["data_dir"] is None:
+        raise UsageError("flag --data_dir: is needed: task 'reviews' reads the five review "
+                         "domains from a folder (they have no TFDS source); pass "
+                         "--data_dir=<folder with multidomain_sentiment/>, e.g. ../shared/data")
+    if options["num_clients"] % REVIEW_DOMAINS:
+        raise UsageError(f"flag --num_clients={options['num_clients']}: the review task splits "
+                         f"each of its {REVIEW_DOMAINS} domains into equal clients, so it must "
+                         f"be a multiple of {REVIEW_DOMAINS}")
 
 
 def _check_model(options: Mapping[str, Any]) -> None:
     """The model's flags: LoRA, the representation and the task it is defined for."""
     _at_least(options, "rank")
     _check_client_ranks(options)
+    _check_rank(options)
     if options["sequence_length"] is not None:
         _at_least(options, "sequence_length", minimum=4)
     if options["lora_alpha"] is not None and not options["lora_alpha"] > 0:
@@ -128,7 +208,7 @@ def _check_model(options: Mapping[str, Any]) -> None:
     except ValueError:
         raise UsageError(f"flag --lora_layers={','.join(options['lora_layers'])}: must be "
                          "integer layer indices") from None
-    if options["task"] in registry.TEXT_TASKS and "adaptpfl" in options["algorithm"]:
+    if options["task"] in TEXT_TASKS and "adaptpfl" in options["algorithm"]:
         raise UsageError(f"flag --task={options['task']}: adaptpfl's shortcut model is defined "
                          "for the image tasks (an MLP representation)")
     if "adaptpfl" in options["algorithm"] and options["representation"] != "mlp":
@@ -232,6 +312,14 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
     `present`: the flags given on the command line (a few checks refuse a flag that was given
     but does nothing for the chosen algorithm).
     """
+    algorithm = options["algorithm"]
+    unknown = [a for a in algorithm if a not in ALGORITHMS]
+    if unknown or not algorithm:
+        raise UsageError(f"flag --algorithm={','.join(algorithm)}: unknown "
+                         f"{', '.join(unknown) or 'empty'}; choose from "
+                         f"{', '.join(ALGORITHMS)}")
+    if len(set(algorithm)) != len(algorithm):
+        raise UsageError(f"flag --algorithm={','.join(algorithm)}: names repeat")
     _check_workers(options)
     for name in ("num_clients", "clients_per_round", "rounds", "local_steps", "batch_size",
                  "checkpoint_every", "classes_per_client"):
@@ -239,18 +327,8 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
     _at_least(options, "eval_every", minimum=0)
     _check_model(options)
     _check_local_work(options, present)
-    if options["eval_test"] and options["task"] != "sst2":
-        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
-                         f"its dev set, not --task={options['task']}")
+    _check_data(options)
     _check_participation(options)
-    algorithm = options["algorithm"]
-    unknown = [a for a in algorithm if a not in algorithms.ALGORITHMS]
-    if unknown or not algorithm:
-        raise UsageError(f"flag --algorithm={','.join(algorithm)}: unknown "
-                         f"{', '.join(unknown) or 'empty'}; choose from "
-                         f"{', '.join(algorithms.ALGORITHMS)}")
-    if len(set(algorithm)) != len(algorithm):
-        raise UsageError(f"flag --algorithm={','.join(algorithm)}: names repeat")
     _check_optimizers(options)
 
 

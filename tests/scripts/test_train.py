@@ -1,4 +1,5 @@
-"""scripts/train.py end to end, in subprocesses: flags, outputs, interrupt and resume, no orphans."""
+"""scripts/train.py end to end, in subprocesses: outputs, interrupt and resume, no orphans; its flag
+errors in this process (`experiments.train_flags`, which train.py parses and checks with)."""
 
 import contextlib
 import json
@@ -13,8 +14,12 @@ import time
 
 import psutil
 import pytest
+from absl import flags
 
 from experiments import machine
+from experiments import train_flags
+from experiments import train_options
+from experiments.cli import UsageError
 from tffl.simulation import driver as simulation
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
@@ -35,6 +40,13 @@ def _rows(path):
             for r in simulation.read_metrics(path / "metrics.csv")]
 
 
+def _flag_values() -> flags.FlagValues:
+    """train.py's flags, in a FlagValues of their own (absl's global ones stay untouched)."""
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values)
+    return flag_values
+
+
 @pytest.mark.parametrize(
     "args, flag",
     [
@@ -44,21 +56,24 @@ def _rows(path):
         (["--rank=65"], "--rank"),
     ],
 )
-def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
-    """The whole program: exit status, exactly one stderr line, no traceback."""
+def test_bad_flags_are_one_clear_line(args, flag, tmp_path, capsys):
+    """train.py's parsing and checks (`train_flags.parse`, run before TensorFlow is imported), in
+    this process: exit status, exactly one stderr line, no traceback."""
     if not any(a.startswith(("--output_dir", "--resume")) for a in args):
         args = [*args, f"--output_dir={tmp_path}"]  # never write runs/ into the checkout
-    proc = _run(*args, timeout=120)
-    assert proc.returncode != 0
-    err = proc.stderr.strip().splitlines()
-    assert len(err) == 1, proc.stderr
-    assert flag in err[0] and "Traceback" not in proc.stderr
+    with pytest.raises(SystemExit) as exited:
+        train_flags.parse(["train.py", *args], _flag_values())
+    assert exited.value.code != 0
+    stderr = capsys.readouterr().err
+    err = stderr.strip().splitlines()
+    assert len(err) == 1, stderr
+    assert flag in err[0] and "Traceback" not in stderr
     if args[0] == "--algorithm=nope":
         assert "fedavg" in err[0] and "rolora" in err[0]  # the allowed values are named
 
 
-# Checked by `train._validate_flags` (the code path above) in one subprocess, to spare a
-# TensorFlow import per case; each must fail with one line naming the flag.
+# Checked by `train_options.check` (the code path above), each must fail with one line naming
+# the flag.
 _VALIDATED = [
     (["--num_clients=0"], "--num_clients"),
     (["--num_clients=4", "--clients_per_round=5"], "--clients_per_round"),
@@ -113,43 +128,32 @@ _VALIDATED = [
     (["--algorithm=flexlora", "--client_ranks=0,2"], "--client_ranks"),
     (["--algorithm=flexlora", "--client_ranks=a"], "--client_ranks"),
 ]
-# Found while building the task (after the flags passed `_validate_flags`): checked by
-# `experiments.training.run_algorithm`; the whole program's one-line path is --rank=65 above.
+# Found while building the task (after the flags passed the checks), by
+# `experiments.training.run_algorithm`, unless the checks already refuse them (the first two:
+# `train_options` makes the library's checks of --rank and --data_dir before TensorFlow).
 _BUILD_ERRORS = [
     (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
     (["--task=reviews", "--algorithm=fedrep"], "--data_dir"),
     (["--algorithm=fedrep", "--evaluate_only"], "--evaluate_only"),   # no checkpoint to evaluate
 ]
-# Both lists in one subprocess, to spare a TensorFlow import per case.
-_CHECK = """
-import json, sys
-from absl import flags
-from scripts import train
-messages = []
-for args, build in json.loads(sys.argv[1]):
-    flags.FLAGS.unparse_flags()
-    try:
-        flags.FLAGS(["train.py", *args])
-        output_dir = train._validate_flags()
-        if build:
-            train.training.run_algorithm(flags.FLAGS.algorithm[0], output_dir, train._options())
-        messages.append("")
-    except (train.UsageError, flags.Error, ValueError) as e:
-        messages.append(str(e))
-print(json.dumps(messages))
-"""
 
 
 def test_flag_checks_name_the_flag(tmp_path):
+    """Both lists, in this process."""
+    from experiments import training
 
-    cases = [([*args, f"--output_dir={tmp_path / str(i)}"], i >= len(_VALIDATED))
-             for i, (args, _) in enumerate(_VALIDATED + _BUILD_ERRORS)]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHECK, json.dumps(cases)], capture_output=True, text=True,
-        timeout=300, cwd=SCRIPT.parents[1], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr
-    messages = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (args, flag), message in zip(_VALIDATED + _BUILD_ERRORS, messages):
+    for i, (args, flag) in enumerate(_VALIDATED + _BUILD_ERRORS):
+        flag_values = _flag_values()
+        try:
+            flag_values(["train.py", *args, f"--output_dir={tmp_path / str(i)}"])
+            options = train_flags.options(flag_values)
+            train_options.check(options, train_flags.present(flag_values))
+            output_dir = train_options.output_dir(options)
+            if i >= len(_VALIDATED):
+                training.run_algorithm(options["algorithm"][0], output_dir, options)
+            message = ""
+        except (UsageError, flags.Error, ValueError) as e:
+            message = str(e)
         assert flag in message and "\n" not in message, (args, message)
 
 

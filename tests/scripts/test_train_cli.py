@@ -1,0 +1,168 @@
+"""scripts/train.py's command line before any heavy import: `experiments.train_flags` parses and
+checks the flags (one line on stderr and exit status 2 for a bad one) without TensorFlow, from the
+defaults and choices of `experiments.train_options`, whose copies of the heavy modules' choices
+must match them.
+
+Everything runs in this process but the import-isolation test, which needs a fresh interpreter.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from experiments import train_flags
+from experiments import train_options
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _flag_values() -> flags.FlagValues:
+    """train.py's flags in a FlagValues of their own (absl's global ones stay untouched)."""
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values)
+    return flag_values
+
+
+def _refused(args: list[str], capsys) -> str:
+    """The one stderr line of `train.py <args>`'s flag parsing, which must exit with status 2."""
+    with pytest.raises(SystemExit) as exited:
+        train_flags.parse(["train.py", *args], _flag_values())
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_an_unknown_flag_is_one_line_and_status_2(capsys):
+    assert _refused(["--nope"], capsys) == "train.py: error: Unknown command line flag 'nope'"
+
+
+def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    line = _refused(["--seed=-5", f"--output_dir={run_dir}"], capsys)
+    assert line == ("train.py: error: flag --seed=-5: must be between 0 and 4294967295 (a NumPy "
+                    "seed)")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds=-3"], "flag --rounds=-3: must be >= 1"),
+    (["--seed=4294967296"], "flag --seed=4294967296: must be between 0 and 4294967295"),
+    (["--algorithm=rolora", "--rank=65"],
+     "flag --rank=65: must be between 1 and the input width 64"),
+    (["--algorithm=fedrep", "--representation=lora", "--rank=70"],
+     "flag --rank=70: must be between 1 and the input width 64"),
+    (["--algorithm=flora", "--client_ranks=2,65"],
+     "flag --client_ranks=2,65: rank 65: must be between 1 and the input width 64"),
+    (["--task=mnist", "--algorithm=rolora", "--rank=800"],
+     "flag --rank=800: must be between 1 and the input width 784"),
+    (["--task=reviews", "--algorithm=fedrep"], "flag --data_dir: is needed: task 'reviews'"),
+    (["--task=reviews", "--algorithm=fedrep", "--data_dir=x", "--num_clients=7",
+      "--clients_per_round=7"], "flag --num_clients=7: the review task splits each of its 5"),
+    (["--task=sst2", "--algorithm=fedavg", "--eval_test"],
+     "flag --eval_test=True: TFDS's SST-2 test split is unlabelled"),
+    (["--algorithm=nope"], "flag --algorithm=nope: unknown nope; choose from fedrep"),
+    (["--rounds=x"], "flag --rounds=x: "),   # absl's own error for a malformed value
+    (["--task=cifar"], "flag --task=cifar: "),
+    (["positional"], "unexpected arguments: positional (flags are --name=value)"),
+])
+def test_a_value_that_cannot_work_is_one_line_naming_the_flag(args, message, tmp_path, capsys):
+    line = _refused([*args, f"--output_dir={tmp_path}"], capsys)
+    assert line.startswith("train.py: error: ") and message in line, line
+
+
+@pytest.mark.parametrize("args", [
+    ["--algorithm=rolora", "--rank=64"],
+    ["--task=mnist", "--algorithm=rolora", "--rank=65"],                # MNIST is 784 wide
+    ["--algorithm=fedrep", "--rank=65"],                                # an MLP: no LoRA rank
+    ["--algorithm=flora", "--client_ranks=2,64"],
+    ["--task=reviews", "--algorithm=fedrep", "--data_dir=x", "--num_clients=10"],
+])
+def test_values_that_work_pass_and_make_the_run_directory(args, tmp_path):
+    run_dir = tmp_path / "run"
+    assert train_flags.parse(["train.py", *args, f"--output_dir={run_dir}"],
+                             _flag_values()) == run_dir
+    assert run_dir.is_dir()
+
+
+def test_importing_train_py_and_its_flags_imports_no_tensorflow():
+    """In a fresh interpreter: scripts/train.py's module level (and so --help or a bad flag) needs
+    absl and this project's light modules only."""
+    code = ("import sys; from scripts import train; from experiments import train_flags; "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'tensorflow_federated', 'keras', 'tffl')); "
+            "assert not heavy, heavy; print('light')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "light", proc.stderr
+
+
+def test_the_flags_are_defaults_one_to_one():
+    """One flag per DEFAULTS entry (but "rank_present"), with that default: the one place of the
+    defaults."""
+    flag_values = _flag_values()
+    flag_values(["train.py"])
+    assert set(train_flags.NAMES) == set(train_options.DEFAULTS) - {"rank_present"}
+    assert train_flags.options(flag_values) == train_options.DEFAULTS
+    assert train_flags.present(flag_values) == set()
+
+
+def test_the_script_owns_its_flags_for_helpshort():
+    """Defined for "__main__", the flags are the key flags of the script run (sys.argv[0]),
+    which absl's --helpshort lists."""
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values, module_name="__main__")
+    key_flags = {f.name for f in flag_values.get_key_flags_for_module(sys.argv[0])}
+    assert key_flags == set(train_flags.NAMES)
+
+
+def test_the_copied_choices_match_the_modules_that_import_tensorflow():
+    """train_options repeats choices of modules that import TensorFlow; they must agree."""
+    from experiments import algorithms
+    from experiments import training
+    from models import classifier_options
+    from tasks import registry
+
+    for name in ("ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
+                 "STRAGGLER_MODELS", "OPTIMIZERS"):
+        assert getattr(train_options, name) == getattr(algorithms, name), name
+    for name in ("TASKS", "TEXT_TASKS", "BACKBONES", "PARTITIONS"):
+        assert getattr(train_options, name) == getattr(registry, name), name
+    assert train_options.INPUT_WIDTHS.keys() == set(registry.TASKS) - set(registry.TEXT_TASKS)
+    specs = {f.name: f for f in train_flags.SPECS}
+    assert specs["pooling"].choices == classifier_options.POOLINGS
+    assert specs["head"].choices == classifier_options.HEADS
+    assert training.ADAPTPFL_FLAGS == {n: train_options.DEFAULTS[n]
+                                       for n in train_options.ADAPTPFL_FLAGS}
+    for changes in ({}, {"client_ranks": ["2", "8"]},
+                    {"client_ranks": ["2", "8"], "rank": 4, "rank_present": True}):
+        options = dict(train_options.DEFAULTS, **changes)
+        assert train_options.client_ranks(options) == training.client_ranks(options)
+        assert train_options.adapter_rank(options) == training.adapter_rank(options)
+
+
+def test_the_lora_models_of_the_rank_check_are_the_algorithms_ones():
+    """`train_options` bounds the rank of the algorithms whose model is a LoRA net
+    (`experiments.algorithms.model_for`); the same algorithms, for each representation."""
+    from experiments import algorithms
+
+    for representation in train_options.REPRESENTATIONS:
+        for algorithm in train_options.ALGORITHMS:
+            if algorithm == "adaptpfl" and representation != "mlp":
+                continue  # refused by the checks
+            options = dict(train_options.DEFAULTS, algorithm=[algorithm], rank=65,
+                           representation=representation, rank_present=True)
+            lora = algorithms.model_for(algorithm, representation).startswith(("lora_net",
+                                                                                 "lora_head"))
+            try:
+                train_options.check(options)
+                message = ""
+            except train_options.UsageError as e:
+                message = str(e)
+            refused = message == "flag --rank=65: must be between 1 and the input width 64"
+            assert refused == lora, (algorithm, representation, message)
