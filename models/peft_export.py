@@ -1,0 +1,262 @@
+"""LoRA adapters of a KerasNLP BERT / RoBERTa model in Hugging Face PEFT's LoRA format, both ways.
+
+A PEFT LoRA folder holds `adapter_config.json` and `adapter_model.safetensors`. For a target
+module at HF path P (e.g. `roberta.encoder.layer.3.attention.self.query`) the file holds
+
+    base_model.model.P.lora_A.weight   (r, in_features)
+    base_model.model.P.lora_B.weight   (out_features, r)
+
+and PEFT computes y = x·Wᵀ + b + (lora_alpha / r)·x·Aᵀ·Bᵀ (torch's (out, in) weights). Our
+`models.lora_layers.LoraLayer` computes y = x·W0 + b + (α/r)·x·A·B with A (d_in, r), B (r, d_out)
+and the EinsumDense axes flattened row-major, which is HF's feature order (heads × head_dim), so
+
+    lora_A.weight = Aᵀ,  lora_B.weight = Bᵀ,  r = rank,  lora_alpha = α.
+
+Targets (`models.lora_targets.TARGETS`) map to HF modules as `HF_MODULES` says; a wrapper's
+layer index and target are read off its name `transformer_layer_<i>_<target>_lora` (what
+`apply_lora` names it), so a prefix-cached suffix model exports the same way as the whole one.
+
+The trained classifier head is exported as PEFT's `modules_to_save` (saved without PEFT's
+`modules_to_save.default` infix, as PEFT itself saves them): a linear head as `classifier`
+(`base_model.model.classifier.{weight,bias}`, BertForSequenceClassification's name), a
+dense_tanh head as `classifier.dense` + `classifier.out_proj` (RobertaForSequenceClassification's
+head), a trained BERT pooler as `<family>.pooler.dense`. HF's sequence classifiers read the CLS
+token (BERT through its pooler): only pooling="pooler" + head="linear" on BERT and
+pooling="cls" + head="dense_tanh" on RoBERTa are the same function in HF. `tffl_head.json`
+records the pooling, head and whether HF computes the same thing (`hf_equivalent`).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import numpy as np
+import safetensors.numpy
+import tensorflow as tf
+
+from models.hf_weights import backbone_family, find_backbone
+from models.lora_targets import TARGETS, lora_layers
+from tffl.engine import roles
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+HEAD_FILE = "tffl_head.json"
+PREFIX = "base_model.model."
+HF_MODULES = {
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "attention_output": "attention.output.dense",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+}
+assert set(HF_MODULES) == set(TARGETS)
+_WRAPPER = re.compile(r"^transformer_layer_(\d+)_(" + "|".join(TARGETS) + r")_lora$")
+HF_EQUIVALENT = {("bert", "pooler", "linear"): "BertForSequenceClassification",
+                 ("roberta", "cls", "dense_tanh"): "RobertaForSequenceClassification"}
+
+
+def adapter_sites(model: tf.keras.Model) -> list[tuple[int, str, tf.keras.layers.Layer]]:
+    """(transformer layer index, target, LoRA wrapper) for every adapter of `model`."""
+    sites = []
+    for wrapper in lora_layers(model):
+        match = _WRAPPER.match(wrapper.name)
+        if match is None:
+            raise ValueError(f"LoRA wrapper {wrapper.name!r} is not named "
+                             "transformer_layer_<i>_<target>_lora (models.lora_targets.apply_lora)")
+        sites.append((int(match.group(1)), match.group(2), wrapper))
+    if not sites:
+        raise ValueError(f"Model {model.name!r} has no LoRA adapters.")
+    return sorted(sites, key=lambda s: (s[0], list(TARGETS).index(s[1])))
+
+
+def module_path(family: str, layer: int, target: str) -> str:
+    """HF module path of `target` in encoder layer `layer`, e.g.
+    `module_path("bert", 0, "value") == "bert.encoder.layer.0.attention.self.value"`."""
+    return f"{family}.encoder.layer.{layer}.{HF_MODULES[target]}"
+
+
+def _find_layer(model: tf.keras.Model, name: str):
+    found = [m for m in [model, *model.submodules]
+             if isinstance(m, tf.keras.layers.Layer) and m.name == name]
+    if len(found) > 1 and any(f is not found[0] for f in found):
+        raise ValueError(f"{model.name!r} has several layers named {name!r}.")
+    return found[0] if found else None
+
+
+def head_modules(model: tf.keras.Model, family: str) -> dict[str, tf.keras.layers.Dense]:
+    """HF module name -> the trained head's Dense layers (`models.backbones.classifier_head`),
+    and BERT's pooler when it trains (role `head`); empty for a model without a head."""
+    modules = {}
+    head, dense = _find_layer(model, "head"), _find_layer(model, "head_dense")
+    if dense is not None:
+        modules = {"classifier.dense": dense, "classifier.out_proj": head}
+    elif head is not None:
+        modules = {"classifier": head}
+    pooler = _find_layer(model, "pooled_dense")
+    if pooler is not None and pooler.trainable and roles.role_of(pooler.kernel) == roles.HEAD:
+        modules[f"{family}.pooler.dense"] = pooler
+    return modules
+
+
+def head_description(model: tf.keras.Model, family: str) -> dict:
+    """{"pooling", "head", "num_labels", "hf_equivalent"} of the classifier (None fields when
+    `model` has no head)."""
+    modules = head_modules(model, family)
+    if not modules:
+        return {"pooling": None, "head": None, "num_labels": None, "hf_equivalent": None}
+    pooling = ("pooler" if f"{family}.pooler.dense" in modules
+               else "mean" if _find_layer(model, "mean_pooling") is not None else "cls")
+    head = "dense_tanh" if "classifier.dense" in modules else "linear"
+    out = modules.get("classifier.out_proj", modules.get("classifier"))
+    return {"pooling": pooling, "head": head, "num_labels": int(out.kernel.shape[-1]),
+            "hf_equivalent": HF_EQUIVALENT.get((family, pooling, head))}
+
+
+def _family(model: tf.keras.Model, family: str | None) -> str:
+    if family is not None:
+        if family not in ("bert", "roberta"):
+            raise ValueError(f"family={family!r}: choose bert or roberta.")
+        return family
+    return backbone_family(model)
+
+
+def peft_tensors(model: tf.keras.Model, family: str | None = None) -> dict[str, np.ndarray]:
+    """The PEFT state dict of `model`'s adapters and trained head (float32, contiguous)."""
+    family = _family(model, family)
+    tensors = {}
+    for layer, target, wrapper in adapter_sites(model):
+        path = PREFIX + module_path(family, layer, target)
+        tensors[f"{path}.lora_A.weight"] = wrapper.lora_a.numpy().T
+        tensors[f"{path}.lora_B.weight"] = wrapper.lora_b.numpy().T
+    for name, dense in head_modules(model, family).items():
+        tensors[f"{PREFIX}{name}.weight"] = dense.kernel.numpy().T
+        tensors[f"{PREFIX}{name}.bias"] = dense.bias.numpy()
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+
+
+def _target_modules(family: str, sites, num_layers: int | None) -> list[str] | str:
+    """PEFT's target_modules: the target names when every one of the backbone's `num_layers`
+    layers carries the same query/key/value targets (PEFT matches names as suffixes), else a
+    regex that fullmatches exactly the adapted modules' paths."""
+    targets = sorted({t for _, t, _ in sites}, key=list(TARGETS).index)
+    layers = sorted({i for i, _, _ in sites})
+    if (len(sites) == len(targets) * len(layers) and set(targets) <= {"query", "key", "value"}
+            and num_layers is not None and layers == list(range(num_layers))):
+        return targets
+    paths = [module_path(family, i, t) for i, t, _ in sites]
+    return "(?:.*\\.)?(?:" + "|".join(re.escape(p) for p in paths) + ")"
+
+
+def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = None,
+                family: str | None = None, task_type: str = "SEQ_CLS") -> dict:
+    """`adapter_config.json` for `model`'s adapters (one rank and α for all: PEFT's r and
+    lora_alpha; a `ValueError` otherwise)."""
+    family = _family(model, family)
+    sites = adapter_sites(model)
+    ranks = {w.rank for _, _, w in sites}
+    alphas = {w.alpha for _, _, w in sites}
+    if len(ranks) != 1 or len(alphas) != 1:
+        raise ValueError(f"Adapters have ranks {sorted(ranks)} and alphas {sorted(alphas)}; "
+                         "the export supports one rank and one alpha.")
+    if any(w.merged for _, _, w in sites):
+        raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
+    num_layers = (len(find_backbone(model).transformer_layers) if _has_backbone(model)
+                  else None)
+    target_modules = _target_modules(family, sites, num_layers)
+    heads = head_modules(model, family)
+    modules_to_save = (["classifier"] if any(n.startswith("classifier") for n in heads) else [])
+    modules_to_save += ["pooler"] if f"{family}.pooler.dense" in heads else []
+    return {
+        "peft_type": "LORA", "task_type": task_type, "r": ranks.pop(), "lora_alpha": alphas.pop(),
+        "target_modules": target_modules, "lora_dropout": 0.0, "bias": "none",
+        "fan_in_fan_out": False, "modules_to_save": modules_to_save or None,
+        "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
+        "init_lora_weights": True, "layers_to_transform": None, "layers_pattern": None,
+        "rank_pattern": {}, "alpha_pattern": {}, "use_rslora": False, "use_dora": False,
+        "revision": None,
+    }
+
+
+def _has_backbone(model) -> bool:
+    try:
+        find_backbone(model)
+    except ValueError:
+        return False
+    return True
+
+
+def export_peft(model: tf.keras.Model, output_dir: str | pathlib.Path,
+                base_model_name_or_path: str | None = None, family: str | None = None,
+                task_type: str = "SEQ_CLS") -> pathlib.Path:
+    """Writes `adapter_model.safetensors`, `adapter_config.json` and `tffl_head.json` of
+    `model` (a KerasNLP BERT / RoBERTa model with `apply_lora` adapters) into `output_dir`."""
+    family = _family(model, family)
+    config = peft_config(model, base_model_name_or_path, family, task_type)
+    tensors = peft_tensors(model, family)
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    safetensors.numpy.save_file(tensors, str(output_dir / ADAPTER_WEIGHTS),
+                                metadata={"format": "pt"})
+    (output_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    head = head_description(model, family) | {"family": family}
+    (output_dir / HEAD_FILE).write_text(json.dumps(head, indent=2, sort_keys=True))
+    return output_dir
+
+
+def read_peft(folder: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """`(adapter_config, tensors)` of a PEFT LoRA folder."""
+    folder = pathlib.Path(folder)
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{folder}: peft_type {config.get('peft_type')!r} is not LORA.")
+    for key, wanted in (("fan_in_fan_out", False), ("use_dora", False), ("use_rslora", False)):
+        if config.get(key, wanted) != wanted:
+            raise ValueError(f"{folder}: {key}={config[key]!r} is not supported.")
+    return config, safetensors.numpy.load_file(str(folder / ADAPTER_WEIGHTS))
+
+
+def _planned_assignments(model, family, config, tensors) -> list[tuple[tf.Variable, np.ndarray]]:
+    scale = config["lora_alpha"] / config["r"]
+    plan, used = [], set()
+
+    def take(key, variable, value_fn):
+        if key not in tensors:
+            raise ValueError(f"Adapter file has no tensor {key!r}.")
+        value = value_fn(tensors[key])
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"{key}: file {tensors[key].shape} does not fit the model's "
+                             f"{tuple(variable.shape)} (transposed).")
+        plan.append((variable, value))
+        used.add(key)
+
+    for layer, target, wrapper in adapter_sites(model):
+        path = PREFIX + module_path(family, layer, target)
+        # Same ΔW = scale·A·B whatever α the file was trained with (factor 1.0 when equal).
+        factor = np.float32(scale / wrapper.scale)
+        take(f"{path}.lora_A.weight", wrapper.lora_a, lambda t: t.T)
+        take(f"{path}.lora_B.weight", wrapper.lora_b, lambda t, f=factor: t.T * f)
+    for name, dense in head_modules(model, family).items():
+        if f"{PREFIX}{name}.weight" in tensors:
+            take(f"{PREFIX}{name}.weight", dense.kernel, lambda t: t.T)
+            take(f"{PREFIX}{name}.bias", dense.bias, lambda t: t)
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise ValueError(f"Adapter tensors the model has no place for: {unused[:5]}")
+    return plan
+
+
+def import_peft(model: tf.keras.Model, folder: str | pathlib.Path,
+                family: str | None = None) -> None:
+    """Assigns a PEFT LoRA folder's adapters (and head, when the file has it) to `model`, whose
+    adapters must sit where the file's are (same layers, targets and rank). Nothing is assigned
+    when anything does not fit (`ValueError`)."""
+    family = _family(model, family)
+    config, tensors = read_peft(folder)
+    sites = adapter_sites(model)
+    if any(w.merged for _, _, w in sites):
+        raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
+    for variable, value in _planned_assignments(model, family, config, tensors):
+        variable.assign(value.astype(variable.dtype.as_numpy_dtype))

@@ -1,0 +1,279 @@
+r"""Exports a training run's LoRA adapters (and trained head) in Hugging Face PEFT's format.
+
+    uv run python scripts/export_adapters.py --run_dir=runs/sst2-rolora --output_dir=adapters/
+    uv run python scripts/export_adapters.py --run_dir=... --output_dir=... --data_dir=../shared/data
+
+Reads the newest checkpoint of --run_dir (`checkpoints/round_xxxxxx/`, `tffl.simulation.checkpoint`)
+and the flags the run recorded in its `meta.json` (`experiments.training.RUN_FLAGS` and the
+non-default extras), rebuilds the task and the algorithm's process from them exactly as
+`scripts/train.py` does, loads the state into it, sets the client model to
+`process.model_weights(state)` and writes `models.peft_export.export_peft`'s folder:
+`adapter_model.safetensors`, `adapter_config.json`, `tffl_head.json`, and `export.json` (run,
+round, flags). For the random tiny backbone, `base/` holds the frozen backbone as a HF
+`BertModel` checkpoint (`config.json`, `model.safetensors`, `vocab.txt`; with the prefix cache, assembled from
+the prefix model's embeddings and lower encoders and the client model's upper ones), the base it
+has nowhere else; adapter_config.json then names "base" (relative to the folder).
+
+What the run folder does not record comes from this script's flags: --data_dir (where the data
+was read, if not TFDS) and --frozen_dir. Only the text tasks (sst2, reviews: KerasNLP BERT
+backbones with `apply_lora`) have adapters this format describes.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+from absl import app
+from absl import flags
+
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This script's flags (defined when it runs, not on import: train.py's share names)."""
+    where = {"flag_values": flag_values}
+    flags.DEFINE_string("run_dir", None, "The training run's folder (--output_dir of "
+                        "scripts/train.py; for several algorithms, its <algorithm>/ one).", **where)
+    flags.DEFINE_string("output_dir", None, "Where the PEFT adapter folder goes.", **where)
+    flags.DEFINE_string("data_dir", None, "--data_dir the run was trained with.", **where)
+    flags.DEFINE_string("frozen_dir", None, "--frozen_dir the run was trained with.", **where)
+    flags.DEFINE_string(
+        "base_model_name_or_path", None, "adapter_config.json's base model (default: "
+        "sentence-transformers/all-MiniLM-L6-v2 for --backbone=minilm runs, else the exported "
+        "base/)", **where)
+
+
+MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+TEXT_TASKS = ("sst2", "reviews")
+
+
+def run_options(config: dict, data_dir: str | None, frozen_dir: str | None) -> dict:
+    """train.py's option dict for a run whose checkpoint recorded `config`: its recorded flags
+    over train.py's defaults, plus `data_dir` and `frozen_dir`."""
+    from experiments import train_flags
+
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values)
+    flag_values(["export_adapters"])
+    for name, value in config.items():
+        if name in train_flags.NAMES and value is not None:
+            flag_values[name].value = value
+    flag_values["rank"].present = True  # the recorded rank is the adapters' rank
+    options = train_flags.options(flag_values)
+    options["data_dir"], options["frozen_dir"] = data_dir, frozen_dir
+    options["client_ranks"] = None   # the global model carries the recorded (largest) rank
+    return options
+
+
+def build_task_and_process(algorithm: str, options: dict):
+    """The task and process of `experiments.training.run_algorithm`, from the same options."""
+    from experiments import algorithms
+    from experiments.training import adaptpfl_config, adapter_rank
+    from tasks import registry
+    from tffl.algorithms import personalized
+
+    task = registry.build_task(
+        options["task"], num_clients=options["num_clients"], batch_size=options["batch_size"],
+        local_steps=options["local_steps"], seed=options["seed"], partition=options["partition"],
+        classes_per_client=options["classes_per_client"],
+        dirichlet_alpha=options["dirichlet_alpha"], data_dir=options["data_dir"],
+        model=algorithms.model_for(algorithm, options["representation"]),
+        rank=adapter_rank(options), shortcut_alpha=options["shortcut_alpha"],
+        backbone=options["backbone"], lora_alpha=options["lora_alpha"],
+        lora_targets=tuple(options["lora_targets"]),
+        lora_layers=(tuple(int(i) for i in options["lora_layers"])
+                     if options["lora_layers"] else None),
+        sequence_length=options["sequence_length"], pooling=options["pooling"],
+        head=options["head"], prefix_cache=options["prefix_cache"],
+        bucket_by_length=options["bucket_by_length"], rounds_on_disk=False,
+        eval_test=options["eval_test"])
+    process = algorithms.build_algorithm(
+        algorithm, task,
+        client_learning_rate=algorithms.build_optimizer(
+            options["client_optimizer"], options["learning_rate"], options["client_momentum"]),
+        server_optimizer=algorithms.build_optimizer(
+            options["server_optimizer"], options["server_learning_rate"],
+            options["server_momentum"]),
+        weight_decay=options["weight_decay"], frozen_dir=options["frozen_dir"],
+        communication_rounds=options["rounds"], rolora_fraction=options["rolora_fraction"],
+        representation=options["representation"], client_ranks=None,
+        averaging_error=options["averaging_error"], local_epochs=options["local_epochs"],
+        head_epochs=(None if algorithm == "flute" and options["flute_variant"] == "plain"
+                     else options["head_epochs"]),
+        representation_epochs=options["representation_epochs"],
+        representation_blocks=options["representation_blocks"],
+        finetune_epochs=options["finetune_epochs"], shortcut_epochs=options["shortcut_epochs"],
+        adaptpfl=adaptpfl_config(options) if algorithm == "adaptpfl" else None,
+        flute=personalized.FluteConfig(
+            feature_penalty=options["flute_feature_penalty"],
+            head_penalty=options["flute_head_penalty"], nc_penalty=options["flute_nc_penalty"],
+            nc_step=options["flute_nc_step"],
+            feature_reduction=options["flute_feature_reduction"],
+            variant=options["flute_variant"],
+            final_head_epochs=options["flute_final_head_epochs"]))
+    return task, process
+
+
+def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
+    """`(keras client model holding the newest checkpoint's weights, meta, options)`."""
+    from tffl import runtime
+    from tffl.simulation import checkpoint
+    from tffl.simulation import driver as simulation
+
+    found = checkpoint.latest(run_dir / simulation.CHECKPOINT_DIR)
+    if found is None:
+        raise ValueError(f"run_dir={run_dir}: no checkpoint under {simulation.CHECKPOINT_DIR}/")
+    meta = json.loads((found[1] / "meta.json").read_text())
+    config = meta["config"]
+    if config.get("task") not in TEXT_TASKS:
+        raise ValueError(f"run_dir={run_dir}: task {config.get('task')!r} has no KerasNLP "
+                         f"backbone; PEFT export covers {', '.join(TEXT_TASKS)}")
+    summary = run_dir / "summary.json"
+    if summary.is_file() and "rounds" in json.loads(summary.read_text()).get("flags", {}):
+        config = config | {"rounds": json.loads(summary.read_text())["flags"]["rounds"]}
+    options = run_options(config, data_dir, frozen_dir)
+    import tensorflow as tf
+
+    # As experiments.training.run_algorithm: the same seed before the same builds draws the same
+    # random (tiny) backbone; the fingerprint check below proves it.
+    tf.keras.utils.set_random_seed(options["seed"])
+    with runtime.distribute_runtime():
+        task, process = build_task_and_process(config["algorithm"], options)
+        if process.frozen_fingerprint != meta.get("frozen_fingerprint"):
+            raise ValueError(
+                f"run_dir={run_dir}: the rebuilt model's frozen weights (fingerprint "
+                f"{process.frozen_fingerprint}) are not the run's ({meta.get('frozen_fingerprint')})"
+                "; pass the run's --data_dir / --frozen_dir")
+        state, _, _ = checkpoint.load(found[1], template=process.initialize())
+        weights = process.model_weights(state)
+    model = task.keras_model_fn()
+    weights.assign_weights_to(model)
+    return model, meta, options, task
+
+
+def _named_layers(model) -> dict:
+    return {layer.name: layer for layer in model._flatten_layers(include_self=False,
+                                                                  recursive=True)}
+
+
+def base_checkpoint_of_parts(task, model) -> tuple[dict, dict]:
+    """`(tensors, config)` of the whole frozen BERT backbone of a prefix-cached run, as a HF
+    `BertModel`: embeddings and encoders < k from the prefix model (`task.prefix_cache`), encoders
+    >= k (their frozen kernels) and a trained pooler from the client model. A pooler the classifier
+    never reads is written as zeros."""
+    import re
+
+    import numpy as np
+
+    from models import hf_weights
+
+    cache = task.prefix_cache
+    prefix = cache._prefix if hasattr(cache._prefix, "layers") else cache._prefix()
+    layers = _named_layers(prefix)
+    encoders = {n: v for n, v in (layers | _named_layers(model)).items()
+                if re.fullmatch(r"transformer_layer_\d+", n)}
+    encoders = [encoders[f"transformer_layer_{i}"] for i in range(len(encoders))]
+    token = layers["token_embedding"].embeddings.numpy()
+    hidden, heads = token.shape[1], encoders[0].num_heads
+    ln = layers["embeddings_layer_norm"]
+    tensors = {"embeddings.word_embeddings.weight": token,
+               "embeddings.position_embeddings.weight":
+                   layers["position_embedding"].position_embeddings.numpy(),
+               "embeddings.token_type_embeddings.weight":
+                   layers["segment_embedding"].embeddings.numpy(),
+               "embeddings.LayerNorm.weight": ln.gamma.numpy(),
+               "embeddings.LayerNorm.bias": ln.beta.numpy()}
+    for i, encoder in enumerate(encoders):
+        for name, variable, _, to_hf in hf_weights.encoder_pairs(encoder, i, heads, hidden):
+            tensors[name] = to_hf(variable.numpy())
+    pooler = _named_layers(model).get("pooled_dense")
+    tensors["pooler.dense.weight"] = (np.zeros((hidden, hidden)) if pooler is None
+                                      else pooler.kernel.numpy().T)
+    tensors["pooler.dense.bias"] = (np.zeros(hidden) if pooler is None
+                                    else pooler.bias.numpy())
+    holder = type("Encoders", (), {"transformer_layers": encoders})
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": int(hidden),
+              "num_hidden_layers": len(encoders), "num_attention_heads": int(heads),
+              "intermediate_size": int(encoders[0].intermediate_dim),
+              "hidden_act": hf_weights.hidden_act(holder), "vocab_size": int(token.shape[0]),
+              "max_position_embeddings": int(tensors["embeddings.position_embeddings.weight"]
+                                             .shape[0]),
+              "type_vocab_size": int(tensors["embeddings.token_type_embeddings.weight"].shape[0]),
+              "layer_norm_eps": 1e-12, "position_embedding_type": "absolute", "pad_token_id": 0}
+    return ({f"bert.{k}": np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+            config)
+
+
+def save_base(task, model, folder: pathlib.Path) -> None:
+    """Writes the run's frozen backbone as a HF checkpoint (`config.json`, `model.safetensors`)."""
+    import safetensors.numpy
+
+    from models import hf_weights
+
+    if _has_backbone(model):
+        hf_weights.save_hf_checkpoint(hf_weights.find_backbone(model), folder)
+        return
+    tensors, config = base_checkpoint_of_parts(task, model)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+    safetensors.numpy.save_file(tensors, str(folder / "model.safetensors"),
+                                metadata={"format": "pt"})
+
+
+def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=None) -> dict:
+    """Writes the PEFT folder of `run_dir`'s newest checkpoint to `output_dir` (and, for a
+    random backbone, its frozen base to `output_dir/base`); returns `export.json`'s record."""
+    from models import peft_export
+
+    run_dir, output_dir = pathlib.Path(run_dir), pathlib.Path(output_dir)
+    model, meta, options, task = trained_model(run_dir, data_dir, frozen_dir)
+    export_base = options["backbone"] != "minilm"
+    if base_model is None:
+        base_model = MINILM_HUB_NAME if not export_base else "base"
+    peft_export.export_peft(model, output_dir, base_model_name_or_path=base_model,
+                            family="bert")
+    if export_base:
+        from models import checkpoints
+
+        save_base(task, model, output_dir / "base")
+        # The tiny backbone tokenizes with all-MiniLM-L6-v2's WordPiece vocabulary.
+        shutil.copy(checkpoints.fetch_minilm() / "vocab.txt", output_dir / "base" / "vocab.txt")
+    record = {"run_dir": str(run_dir), "round": meta["round"], "flags": meta["config"],
+              "base_model_name_or_path": base_model, "base_exported": export_base}
+    (output_dir / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    return record
+
+
+def _has_backbone(model) -> bool:
+    from models import hf_weights
+
+    try:
+        hf_weights.find_backbone(model)
+    except ValueError:
+        return False
+    return True
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    f = flags.FLAGS
+    if not f.run_dir or not f.output_dir:
+        print("export_adapters: --run_dir and --output_dir are required", file=sys.stderr)
+        return 2
+    try:
+        record = export_run(f.run_dir, f.output_dir, f.data_dir, f.frozen_dir,
+                            f.base_model_name_or_path)
+    except ValueError as e:
+        print(f"export_adapters: {e}", file=sys.stderr)
+        return 2
+    print(f"exported round {record['round']} of {record['run_dir']} to {f.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    import tensorflow  # noqa: F401  (before Keras builds anything: see scripts/train.py)
+
+    define_flags()
+    app.run(main)
