@@ -14,6 +14,7 @@ import tensorflow_federated as tff
 from models.paper_models import build_rolora_mnist_net
 from tffl.algorithms import fedrep_linear
 from tffl.algorithms import lora_fl
+from tffl.algorithms import personalized
 from tffl.algorithms import rolora_linear
 from tffl import runtime
 from tffl.runtime.tff_internals import context_stack_impl
@@ -189,13 +190,22 @@ def _check_metrics(released, rounds, data_names=None):
                 data_names)
 
 
+# The personalized family's stateless algorithms (no personal state): FedAvg, FedAvg-FT.
+_STATELESS_PERSONALIZED = ("fedavg", "fedavg_ft")
+
+
 def _process(algorithm):
     if algorithm == "rolora_ffa":   # RoLoRA for rounds 0, 1 (B, A), then B rounds
         return lora_fl.build_rolora_then_ffa(0.5, 4, _model_fn, _SPEC, 0.1)
+    if algorithm in _STATELESS_PERSONALIZED:
+        process = personalized.build_personalized_process(algorithm, _model_fn, _SPEC, 0.1)
+        assert process.personal is None
+        return process
     return lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
 
 
-@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa"])
+@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa",
+                                       *_STATELESS_PERSONALIZED])
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)

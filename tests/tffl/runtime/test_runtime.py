@@ -370,21 +370,20 @@ def test_two_workers_give_the_same_run_as_one(reference_runs, algorithm):
     _assert_same_run(reference_runs(algorithm, 1), reference_runs(algorithm, 2))
 
 
-class _KillsAWorker:
-    """A process whose `next` SIGKILLs process `pid` as round `at` starts."""
+def _kills_a_worker(process, pid, at):
+    """`process` (a `Process`, which `run_rounds` recognises) whose `next_round` SIGKILLs
+    process `pid` as round `at` starts (an instance attribute shadowing the method)."""
+    calls, next_round = [0], process.next_round
 
-    def __init__(self, process, pid, at):
-        self.process, self.pid, self.at, self.calls = process, pid, at, 0
+    def killing_next_round(state, data):  # what run_rounds calls: one communication round
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(pid, signal.SIGKILL)
+            assert _gone(pid)  # dead (a zombie until the runtime reaps it)
+        return next_round(state, data)
 
-    def __getattr__(self, name):
-        return getattr(self.process, name)
-
-    def next_round(self, state, data):  # what run_rounds calls: one communication round
-        self.calls += 1
-        if self.calls == self.at:
-            os.kill(self.pid, signal.SIGKILL)
-            assert _gone(self.pid)  # dead (a zombie until the runtime reaps it)
-        return self.process.next_round(state, data)
+    process.next_round = killing_next_round
+    return process
 
 
 def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path):
@@ -392,13 +391,14 @@ def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path
     with runtime.local_runtime(log_dir=tmp_path / "logs", num_workers=2) as context:
         victim = context.workers[1]
         with pytest.raises(runtime.WorkerError) as error:
-            _run(_KillsAWorker(process, victim.pid, at=3), tmp_path / "run")
+            _run(_kills_a_worker(process, victim.pid, at=3), tmp_path / "run")
     message = str(error.value)
     assert f"TFF worker #1 (pid {victim.pid}, {victim.address}" in message
     assert "killed by SIGKILL" in message and str(tmp_path / "logs" / "tff_worker_1.log") in message
     assert runtime.running_workers() == []
     assert checkpoint.latest(tmp_path / "run" / simulation.CHECKPOINT_DIR)[0] == 2
 
+    del process.next_round   # the method again
     with runtime.local_runtime(num_workers=2):
         resumed = _run(process, tmp_path / "run", resume=True)
     assert resumed.first_round == 3
