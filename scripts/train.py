@@ -50,7 +50,7 @@ _RUN: dict[str, pathlib.Path] = {}
 
 def _options() -> dict:
     """Every flag's value by name, and whether --rank was given (`experiments.training`)."""
-    return train_flags.options()
+    return train_flags.options(_RUN.get("flag_values", flags.FLAGS))
 
 
 def _import_heavy() -> None:
@@ -105,7 +105,7 @@ def run(output_dir: pathlib.Path) -> list[dict]:
     on the TFF workers of `_runtime`; returns their summaries."""
     from experiments import training
 
-    algorithms = flags.FLAGS.algorithm
+    algorithms = _options()["algorithm"]
     summaries = []
     with _runtime(output_dir):
         for algorithm in algorithms:
@@ -118,8 +118,8 @@ def resume_command(output_dir: pathlib.Path) -> str:
     """This invocation's command with --output_dir set and --resume added."""
     import shlex
 
-    args = [a for a in sys.argv[1:] if not a.startswith(("--output_dir", "--resume",
-                                                           "--noresume"))]
+    argv = _RUN.get("argv", sys.argv)
+    args = [a for a in argv[1:] if not a.startswith(("--output_dir", "--resume", "--noresume"))]
     return shlex.join(["python", "scripts/train.py", *args, f"--output_dir={output_dir}",
                        "--resume"])
 
@@ -204,7 +204,7 @@ def _report(output_dir: pathlib.Path, summaries: list[dict]) -> None:
     from experiments import comparison
     from tasks import registry
 
-    task, eval_test = flags.FLAGS.task, flags.FLAGS.eval_test
+    task, eval_test = _options()["task"], _options()["eval_test"]
     if len(summaries) > 1:
         table = comparison.write_comparison(output_dir, summaries, task, eval_test)
         print("\n" + table + "\n", flush=True)
@@ -221,6 +221,25 @@ def _report(output_dir: pathlib.Path, summaries: list[dict]) -> None:
             flush=True,
         )
     print(f"Results in {output_dir}", flush=True)
+
+
+def run_command_line(argv: list[str]) -> int:
+    """`train.py <argv[1:]>` in this process, with flags of its own (absl's global ones stay
+    untouched); returns the exit status (2 after the one line of a bad flag on stderr).
+
+    For tests and notebooks: what the command line does, without a new interpreter.
+    """
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values)
+    try:
+        output_dir = train_flags.parse(argv, flag_values)
+    except SystemExit as e:
+        return e.code
+    _RUN.update(output_dir=output_dir, flag_values=flag_values, argv=list(argv))
+    try:
+        return main(argv[:1])
+    finally:
+        _RUN.clear()
 
 
 if __name__ == "__main__":
