@@ -71,12 +71,15 @@ def comparison_rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict]:
 def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, Any]],
                      task: str, eval_test: bool) -> str:
     """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
-    and vs uploaded bytes) of the runs in `output_dir/<algorithm>/`; returns the Markdown
-    table."""
+    and vs uploaded bytes) of the runs in `output_dir/<algorithm>/`, under the command that
+    reruns them; returns the Markdown table."""
+    from experiments import run
     from tffl.simulation import plots
     from tffl.simulation import driver as simulation
 
-    flag_line = " ".join(f"--{k}={v}" for k, v in summaries[0]["flags"].items() if k != "algorithm")
+    # The command that reruns the comparison, from the config.json `experiments.run` wrote.
+    flag_line = (f"Rerun: `{run.rerun_command(run.read_config(output_dir))}`"
+                 if (output_dir / run.CONFIG_FILE).exists() else "")
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
     held_out = held_out_name(task)

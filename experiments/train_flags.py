@@ -2,10 +2,11 @@
 `experiments.train_options`' (DEFAULTS), their help is here.
 
 `define(flag_values)` registers them with absl; `options(flag_values)` reads them back as the dict
-that `train_options.check` and `experiments.training.run_algorithm` take; `parse(argv)` parses a
-command line and makes every check that needs nothing but the flag values, so that a bad value is
-one line on stderr (`train.py: error: flag --X=value: what to do`) and exit status 2 within a
-second, before TensorFlow, TFF or a worker starts.
+that `train_options.check` takes; `parse(argv)` parses a command line into the run's
+`experiments.run_config.RunConfig`, making every check that needs nothing but the flag values, so
+that a bad value is one line on stderr (`train.py: error: flag --X=value: what to do`) and exit
+status 2 within a second, before TensorFlow, TFF or a worker starts. `--config=FILE` starts from a
+run's config.json; the flags given beside it change it.
 
 >>> flag_values = flags.FlagValues()
 >>> define(flag_values)
@@ -28,6 +29,7 @@ from absl import flags
 from experiments import cli
 from experiments import train_options
 from experiments.cli import UsageError
+from experiments.run_config import RunConfig
 from models import classifier_options
 
 
@@ -288,6 +290,10 @@ def define(flag_values: flags.FlagValues = flags.FLAGS, module_name: str | None 
     """
     if module_name == "__main__":
         module_name = sys.argv[0]
+    flags.DEFINE_string(
+        "config", None, "A run's config.json (written in every run folder): run that "
+        "configuration; the flags given beside it change it (e.g. --output_dir, --rounds).",
+        flag_values=flag_values, module_name=module_name)
     for flag in SPECS:
         default = train_options.DEFAULTS[flag.name]
         where = {"flag_values": flag_values, "module_name": module_name}
@@ -308,13 +314,15 @@ def present(flag_values: flags.FlagValues = flags.FLAGS) -> set[str]:
     return {name for name in NAMES if flag_values[name].present}
 
 
-def parse(argv: list[str], flag_values: flags.FlagValues | None = None) -> pathlib.Path:
+def parse(argv: list[str], flag_values: flags.FlagValues | None = None) -> RunConfig:
     """Parses `argv` into `flag_values` (default: absl's global FLAGS, whose --help/--helpshort
     absl answers) and checks the values together (`train_options.check`), then resolves, creates
-    and proves writable the run directory (`train_options.output_dir`), which it returns.
+    and proves writable the run directory (`train_options.output_dir`); returns the run's
+    `RunConfig` (its output_dir resolved).
 
-    An unknown flag, a malformed or unworkable value or a leftover argument is one line on
-    stderr, `<script>: error: ...`, and `SystemExit(2)`; nothing heavier than absl is imported.
+    An unknown flag, a malformed or unworkable value, an unreadable --config or a leftover
+    argument is one line on stderr, `<script>: error: ...`, and `SystemExit(2)`; nothing heavier
+    than absl is imported.
     """
     script = pathlib.Path(argv[0]).name
     if flag_values is None:
@@ -326,8 +334,27 @@ def parse(argv: list[str], flag_values: flags.FlagValues | None = None) -> pathl
         if len(rest) > 1:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are "
                              "--name=value)")
-        values = options(flag_values)
-        train_options.check(values, present(flag_values))
-        return train_options.output_dir(values)
+        values, given = options(flag_values), present(flag_values)
+        if flag_values["config"].value:
+            values, given = _with_config_file(flag_values["config"].value, values, given)
+        train_options.check(values, given)
+        output_dir = train_options.output_dir(values)
+        return RunConfig.from_flag_values(values).with_changes(output_dir=str(output_dir))
     except UsageError as e:
         sys.exit(cli.error_exit(script, e, 2))
+
+
+def _with_config_file(path: str, values: dict[str, Any], given: set[str]
+                      ) -> tuple[dict[str, Any], set[str]]:
+    """The flag values of the config file at `path`, changed by the flags given beside it."""
+    try:
+        config = RunConfig.from_json(pathlib.Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"flag --config={path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise UsageError(f"flag --config={path}: {e}") from None
+    from_file = config.flag_values()
+    merged = {name: values[name] if name in given else from_file[name] for name in from_file}
+    if "rank" in given:
+        merged["rank_present"] = True
+    return merged, given | config.changed()

@@ -1,7 +1,7 @@
 """scripts/train.py's flag values checked together, before TensorFlow is even imported.
 
-`check(options, present)` takes every flag value by flag name (`options`, the dict that
-`experiments.training.run_algorithm` reads, with "rank_present") and the names of the flags given
+`check(options, present)` takes every flag value by flag name (`options`, the flag values of an
+`experiments.run_config.RunConfig`, with "rank_present") and the names of the flags given
 on the command line (`present`); it raises `UsageError` naming the first flag whose value cannot
 work, with what to do instead. `output_dir(options)` resolves --output_dir (or a fresh
 runs/<task>-<algorithms>-<time>) and proves it writable.
@@ -13,8 +13,8 @@ Traceback (most recent call last):
 experiments.cli.UsageError: flag --clients_per_round=8: must be <= --num_clients=5
 >>> check(dict(DEFAULTS, algorithm=["rolora"]), present={"algorithm"})   # passes: no output
 
-DEFAULTS is the one place of the flags' defaults (`experiments.train_flags` defines the flags
-from it). Nothing here imports TensorFlow (nor absl): the choices below repeat those of the
+DEFAULTS are the flags' defaults, from `experiments.run_config.RunConfig` (their one place;
+`experiments.train_flags` defines the flags with them). Nothing here imports TensorFlow (nor absl): the choices below repeat those of the
 modules that do (`experiments.algorithms`, `tasks.registry`, `experiments.training`), and
 tests/scripts/test_train_cli.py proves that they match.
 """
@@ -29,6 +29,7 @@ from typing import Any
 
 from experiments import cli
 from experiments.cli import UsageError
+from experiments.run_config import RunConfig
 
 # `experiments.algorithms`: ALGORITHMS (the Keras-model ones of `tffl.algorithms.registry`),
 # LORA_ALGORITHMS (its `lora` family), REPRESENTATIONS, PARTICIPATIONS, STRAGGLER_MODELS,
@@ -48,47 +49,25 @@ PARTITIONS = ("iid", "shards", "dirichlet")
 # The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.
 INPUT_WIDTHS = {"digits": 64, "mnist": 784}
 REVIEW_DOMAINS = 5  # --task=reviews: its clients split each domain equally
-# `experiments.training.ADAPTPFL_FLAGS`: AdaptPFL's switches (their defaults are DEFAULTS').
+# AdaptPFL's switches (`experiments.training.adaptpfl_config`).
 ADAPTPFL_FLAGS = ("adaptpfl_variant", "adaptpfl_order", "shortcut_ridge", "project_shortcut",
                   "shortcut_damping", "head_damping")
 SEED_LIMIT = 2**32  # NumPy's seeds are in [0, 2**32)
 
 # scripts/train.py's flags and their defaults (its --help documents each), and "rank_present"
-# (whether --rank was given); a starting point for options built without absl, as above.
-DEFAULTS: dict[str, Any] = {
-    "algorithm": ["rolora", "fedavg_lora", "ffa_lora"], "representation": "mlp",
-    "local_epochs": 1, "head_epochs": 10, "representation_blocks": 1, "representation_epochs": 1,
-    "shortcut_epochs": 1, "shortcut_alpha": 0.5, "adaptpfl_variant": "a", "adaptpfl_order": None,
-    "shortcut_ridge": 0.0, "project_shortcut": True, "shortcut_damping": 1.0, "head_damping": 1.0,
-    "flute_feature_penalty": 0.005, "flute_head_penalty": 0.0025, "flute_nc_penalty": 0.25,
-    "flute_nc_step": 0.5, "flute_variant": "star", "flute_final_head_epochs": 0,
-    "flute_feature_reduction": "mean", "finetune_epochs": None, "participation": "uniform",
-    "initial_participants": 2, "srpfl_pool": 0, "stage_rounds": "10", "straggler": "fixed",
-    "communication_cost": 0.0, "task": "digits", "backbone": "tiny", "sequence_length": None,
-    "pooling": None, "head": "linear",
-    "lora_targets": ["query", "value"], "lora_layers": None, "prefix_cache": True,
-    "bucket_by_length": True, "lora_alpha": None, "partition": "shards", "classes_per_client": 2,
-    "dirichlet_alpha": 0.5, "data_dir": None, "num_clients": 5, "clients_per_round": 5,
-    "rounds": 100, "local_steps": 10, "rank": 16, "eval_test": False, "eval_per_client": False,
-    "client_ranks": None, "averaging_error": True, "rolora_fraction": 0.5, "batch_size": 16,
-    "learning_rate": 0.5,
-    "client_optimizer": "sgd", "client_momentum": 0.0, "weight_decay": 0.0,
-    "server_optimizer": "sgd", "server_learning_rate": 1.0, "server_momentum": 0.0,
-    "frozen_dir": None, "seed": 0, "eval_every": 5, "checkpoint_every": 1, "output_dir": None,
-    "resume": False, "evaluate_only": False, "workers": 1, "worker_addresses": None,
-    "runtime": "tff", "devices": "", "logical_cpus": 0, "worker_timeout": 60.0,
-    "rank_present": False,
-}
+# (whether --rank was given): `experiments.run_config.RunConfig`'s defaults as flag values, a
+# starting point for options built without absl, as above.
+DEFAULTS: dict[str, Any] = RunConfig().flag_values()
 
 
 def client_ranks(options: Mapping[str, Any]) -> list[int]:
-    """--client_ranks as integers (empty without it); as `experiments.training.client_ranks`."""
+    """--client_ranks as integers (empty without it)."""
     return [int(r) for r in options["client_ranks"] or []]
 
 
 def adapter_rank(options: Mapping[str, Any]) -> int:
     """--rank, or the largest client rank when --client_ranks is given without --rank (as
-    `experiments.training.adapter_rank`)."""
+    `experiments.run_config.ModelConfig.adapter_rank`)."""
     if options["client_ranks"] and not options["rank_present"]:
         return max(client_ranks(options))
     return options["rank"]

@@ -1,8 +1,8 @@
-"""One training run of `scripts/train.py`: flag values -> task, algorithm, sampler -> the round
-driver (`tffl.simulation.driver.run_rounds`) -> metrics, checkpoints and `summary.json`.
+"""One training run: a `RunConfig` -> task, algorithm, sampler -> the round driver
+(`tffl.simulation.driver.run_rounds`) -> metrics, checkpoints and `summary.json`.
 
-`run_algorithm(algorithm, output_dir, options)` takes train.py's flag values by flag name (its
-`--help` documents each); the script checks them first.
+`run_algorithm(algorithm, output_dir, config)` runs one of `config.algorithm.algorithm`;
+`experiments.run.run(config)` runs them all inside a `tffl.runtime` context.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import tensorflow as tf
 from experiments import algorithms
 from experiments import machine
 from experiments.cli import UsageError
+from experiments.run_config import RunConfig
 from tasks import registry
 
-# Flags that name a run's math; --resume refuses a checkpoint written with other values.
+# Fields that name a run's math; --resume refuses a checkpoint written with other values.
 RUN_FLAGS = (
     "task", "partition", "classes_per_client", "dirichlet_alpha", "num_clients", "rank",
     "rolora_fraction", "clients_per_round", "local_steps", "batch_size",
@@ -34,170 +35,170 @@ RUN_FLAGS = (
     "lora_layers", "lora_alpha", "prefix_cache", "bucket_by_length",
     "initial_participants", "stage_rounds", "straggler", "communication_cost",
 )
+# Fields added later: they enter the run's identity only when not at their default, so that
+# runs from before them still resume.
+LATER_RUN_FLAGS = ("srpfl_pool", "flute_variant", "flute_feature_reduction",
+                   "representation_blocks", "client_ranks", "flute_final_head_epochs",
+                   "eval_test", "eval_per_client", "adaptpfl_variant", "adaptpfl_order",
+                   "shortcut_ridge", "project_shortcut", "shortcut_damping", "head_damping")
 
 
-# AdaptPFL's variant and ablation switches (`tffl.algorithms.adaptpfl.AdaptPflConfig`), with their defaults.
-ADAPTPFL_FLAGS = {"adaptpfl_variant": "a", "adaptpfl_order": None, "shortcut_ridge": 0.0,
-                  "project_shortcut": True, "shortcut_damping": 1.0, "head_damping": 1.0}
+def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:
+    """The values that name `algorithm`'s run of `config` (as flag values: the form older
+    checkpoints recorded); `--resume` refuses a checkpoint recorded with other ones.
+
+    >>> from experiments.run_config import RunConfig
+    >>> run_identity(RunConfig(), "rolora")["rank"], "srpfl_pool" in run_identity(RunConfig(), "rolora")
+    (16, False)
+    """
+    values, default = config.flag_values(), RunConfig().flag_values()
+    identity = {name: values[name] for name in RUN_FLAGS} | {"algorithm": algorithm}
+    identity.update({n: values[n] for n in LATER_RUN_FLAGS if values[n] != default[n]})
+    identity["rank"] = config.model.adapter_rank
+    return identity
 
 
-def adaptpfl_config(options: Mapping[str, Any]):
-    """The AdaptPflConfig of the --adaptpfl_variant, --adaptpfl_order, --shortcut_ridge,
-    --project_shortcut, --shortcut_damping and --head_damping options."""
+def adaptpfl_config(config: RunConfig):
+    """The `tffl.algorithms.adaptpfl.AdaptPflConfig` of the run's AdaptPFL fields."""
     from tffl.algorithms import adaptpfl
 
+    a = config.algorithm
     return adaptpfl.AdaptPflConfig(
-        variant=options["adaptpfl_variant"], order=options["adaptpfl_order"],
-        shortcut_ridge=options["shortcut_ridge"], project_shortcut=options["project_shortcut"],
-        shortcut_damping=options["shortcut_damping"], head_damping=options["head_damping"])
+        variant=a.adaptpfl_variant, order=a.adaptpfl_order, shortcut_ridge=a.shortcut_ridge,
+        project_shortcut=a.project_shortcut, shortcut_damping=a.shortcut_damping,
+        head_damping=a.head_damping)
 
 
-def client_ranks(options: Mapping[str, Any]) -> list[int]:
-    """--client_ranks as integers (empty without it)."""
-    return [int(r) for r in options["client_ranks"] or []]
+def flute_config(config: RunConfig):
+    """The `tffl.algorithms.personalized.FluteConfig` of the run's FLUTE fields."""
+    from tffl.algorithms import personalized
+
+    a = config.algorithm
+    return personalized.FluteConfig(
+        feature_penalty=a.flute_feature_penalty, head_penalty=a.flute_head_penalty,
+        nc_penalty=a.flute_nc_penalty, nc_step=a.flute_nc_step,
+        feature_reduction=a.flute_feature_reduction, variant=a.flute_variant,
+        final_head_epochs=a.flute_final_head_epochs)
 
 
-def adapter_rank(options: Mapping[str, Any]) -> int:
-    """--rank, or the largest client rank when --client_ranks is given without --rank."""
-    if options["client_ranks"] and not options["rank_present"]:
-        return max(client_ranks(options))
-    return options["rank"]
-
-
-def _as_usage_error(error: ValueError, options: Mapping[str, Any]) -> ValueError:
+def _as_usage_error(error: ValueError, config: RunConfig) -> ValueError:
     """A library error that names a parameter first (`rank=65: ...`, `data_dir is needed: ...`)
     as the CLI's one line naming the flag that set it (`flag --rank=65: ...`); the adapters'
     rank set by --client_ranks names that flag. Other errors as they are."""
     message = str(error)
     param = re.match(r"[a-z_]+", message)
-    if param is None or param.group() not in options:
+    if param is None or param.group() not in config.flag_values():
         return error
     param, rest = param.group(), message[param.end():]
-    if param == "rank" and options["client_ranks"] and not options["rank_present"]:
-        return UsageError(f"flag --client_ranks={','.join(options['client_ranks'])}: "
-                          f"rank {rest.lstrip('=')}")
+    if param == "rank" and config.model.client_ranks and config.model.rank is None:
+        ranks = ",".join(map(str, config.model.client_ranks))
+        return UsageError(f"flag --client_ranks={ranks}: rank {rest.lstrip('=')}")
     return UsageError(f"flag --{param}{rest}" if rest.startswith("=") else
                       f"flag --{param}:{rest}")
 
 
-def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str, Any]) -> dict:
-    """Builds the task and `algorithm` from `options` (train.py's flag values by flag name, plus
-    `rank_present`: whether --rank was given), runs `tffl.simulation.driver.run_rounds` into
-    `output_dir` and writes its `summary.json`; returns the summary.
+def build_task(algorithm: str, config: RunConfig):
+    """The `tasks.registry.RunTask` of `algorithm`'s run of `config` (`UsageError` naming the
+    flag of a value the task refuses)."""
+    t, m = config.task, config.model
+    try:
+        return registry.build_task(
+            t.task, num_clients=t.num_clients, batch_size=t.batch_size,
+            local_steps=config.algorithm.local_steps, seed=config.algorithm.seed,
+            partition=t.partition, classes_per_client=t.classes_per_client,
+            dirichlet_alpha=t.dirichlet_alpha, data_dir=t.data_dir,
+            model=algorithms.model_for(algorithm, m.representation), rank=m.adapter_rank,
+            shortcut_alpha=config.algorithm.shortcut_alpha, backbone=m.backbone,
+            lora_alpha=m.lora_alpha, lora_targets=m.lora_targets, lora_layers=m.lora_layers,
+            sequence_length=t.sequence_length, pooling=m.pooling, head=m.head,
+            prefix_cache=m.prefix_cache, bucket_by_length=t.bucket_by_length,
+            # Workers at other addresses may not see this machine's files: send rounds in the
+            # call.
+            rounds_on_disk=not config.runtime.worker_addresses,
+            eval_test=config.output.eval_test)
+    except ValueError as e:
+        raise _as_usage_error(e, config) from None
 
-    Must run inside a `tffl.runtime` context. A flag value that cannot work raises `UsageError`.
-    """
+
+def participants(config: RunConfig) -> str:
+    """Who trains each round, in words (the run's first line)."""
+    p, num_clients = config.participation, config.task.num_clients
+    pool = f"{p.srpfl_pool} random of {num_clients}" if p.srpfl_pool else f"{num_clients}"
+    return {
+        "uniform": f"{registry.counted(p.clients_per_round, 'client')} per round",
+        "full": (f"{pool} clients per round" if p.srpfl_pool
+                 else f"all {num_clients} clients per round") + f" ({p.straggler} speeds)",
+        "srpfl": f"SRPFL: fastest {p.initial_participants} of {pool}, doubling every "
+                 f"{p.stage_rounds} rounds ({p.straggler} speeds)",
+    }[p.participation]
+
+
+def build_process(algorithm: str, task, config: RunConfig):
+    """`algorithm`'s process over `task`, with the run's optimizers and local work."""
     from tffl.algorithms import lora_ranks
-    from tffl.algorithms import personalized
+
+    a, m = config.algorithm, config.model
+    return algorithms.build_algorithm(
+        algorithm, task,
+        client_learning_rate=algorithms.build_optimizer(
+            a.client_optimizer, a.learning_rate, a.client_momentum),
+        server_optimizer=algorithms.build_optimizer(
+            a.server_optimizer, a.server_learning_rate, a.server_momentum),
+        weight_decay=a.weight_decay, frozen_dir=m.frozen_dir, communication_rounds=a.rounds,
+        rolora_fraction=a.rolora_fraction, representation=m.representation,
+        client_ranks=(lora_ranks.assign_ranks(task.client_ids, list(m.client_ranks))
+                      if m.client_ranks else None),
+        averaging_error=a.averaging_error, local_epochs=a.local_epochs,
+        head_epochs=(None if algorithm == "flute" and a.flute_variant == "plain"
+                     else a.head_epochs),
+        representation_epochs=a.representation_epochs,
+        representation_blocks=a.representation_blocks, finetune_epochs=a.finetune_epochs,
+        shortcut_epochs=a.shortcut_epochs,
+        adaptpfl=adaptpfl_config(config) if algorithm == "adaptpfl" else None,
+        flute=flute_config(config))
+
+
+def build_evaluator(algorithm: str, task, process, config: RunConfig):
+    """evaluate(state[, store]) -> metrics: the global model, or the personalized models."""
+    personalized = algorithm in algorithms.PERSONALIZED_ALGORITHMS
+    if config.output.eval_per_client:
+        # The pooled metrics too, from the same pass over each client's test set.
+        return algorithms.per_client_evaluator(task, process, personalized)
+    if personalized:
+        return algorithms.personalized_evaluator(task, process)
+
+    def evaluate(state, store=None):
+        del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
+        return task.evaluate(process.model_weights(state))
+    return evaluate
+
+
+def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -> dict:
+    """Builds the task and `algorithm` from `config`, runs `tffl.simulation.driver.run_rounds`
+    into `output_dir` and writes its `summary.json`; returns the summary.
+
+    Must run inside a `tffl.runtime` context. A value that cannot work raises `UsageError`.
+    """
     from tffl.simulation import driver as simulation
 
-    tf.keras.utils.set_random_seed(options["seed"])
-    config = {name: options[name] for name in RUN_FLAGS} | {"algorithm": algorithm}
-    # Flags added later enter the configuration only when not at their default, so that runs
-    # from before them still resume.
-    for name, default in (("srpfl_pool", 0), ("flute_variant", "star"),
-                          ("flute_feature_reduction", "mean"), ("representation_blocks", 1),
-                          ("client_ranks", None), ("flute_final_head_epochs", 0),
-                          ("eval_test", False), ("eval_per_client", False),
-                          *ADAPTPFL_FLAGS.items()):
-        if options[name] != default:
-            config[name] = options[name]
-    config["rank"] = adapter_rank(options)
-    try:
-        task = registry.build_task(
-            options["task"],
-            num_clients=options["num_clients"],
-            batch_size=options["batch_size"],
-            local_steps=options["local_steps"],
-            seed=options["seed"],
-            partition=options["partition"],
-            classes_per_client=options["classes_per_client"],
-            dirichlet_alpha=options["dirichlet_alpha"],
-            data_dir=options["data_dir"],
-            model=algorithms.model_for(algorithm, options["representation"]),
-            rank=adapter_rank(options),
-            shortcut_alpha=options["shortcut_alpha"],
-            backbone=options["backbone"],
-            lora_alpha=options["lora_alpha"],
-            lora_targets=tuple(options["lora_targets"]),
-            lora_layers=(tuple(int(i) for i in options["lora_layers"])
-                         if options["lora_layers"] else None),
-            sequence_length=options["sequence_length"],
-            pooling=options["pooling"],
-            head=options["head"],
-            prefix_cache=options["prefix_cache"],
-            bucket_by_length=options["bucket_by_length"],
-            # Workers at other addresses may not see this machine's files: send rounds in the call.
-            rounds_on_disk=not options["worker_addresses"],
-            eval_test=options["eval_test"],
-        )
-    except ValueError as e:
-        raise _as_usage_error(e, options) from None
-    who = {
-        "uniform": f"{registry.counted(options['clients_per_round'], 'client')} per round",
-        "full": (f"{options['srpfl_pool']} random of {options['num_clients']} clients per round"
-                 if options['srpfl_pool'] else f"all {options['num_clients']} clients per round")
-                + f" ({options['straggler']} speeds)",
-        "srpfl": f"SRPFL: fastest {options['initial_participants']} of "
-                 + (f"{options['srpfl_pool']} random of {options['num_clients']}" if options['srpfl_pool']
-                    else f"{options['num_clients']}") + ", doubling "
-                 f"every {options['stage_rounds']} rounds ({options['straggler']} speeds)",
-    }[options["participation"]]
-    print(
-        f"tffl: {algorithm} on {task.description}; {who}, "
-        f"{registry.counted(options['rounds'], 'communication round')} -> {output_dir}",
-        flush=True,
-    )
+    tf.keras.utils.set_random_seed(config.algorithm.seed)
+    identity = run_identity(config, algorithm)
+    task = build_task(algorithm, config)
+    rounds = config.algorithm.rounds
+    print(f"tffl: {algorithm} on {task.description}; {participants(config)}, "
+          f"{registry.counted(rounds, 'communication round')} -> {output_dir}", flush=True)
     started = time.perf_counter()
-    process = algorithms.build_algorithm(
-        algorithm,
-        task,
-        client_learning_rate=algorithms.build_optimizer(
-            options["client_optimizer"], options["learning_rate"], options["client_momentum"]),
-        server_optimizer=algorithms.build_optimizer(
-            options["server_optimizer"], options["server_learning_rate"], options["server_momentum"]),
-        weight_decay=options["weight_decay"],
-        frozen_dir=options["frozen_dir"],
-        communication_rounds=options["rounds"],
-        rolora_fraction=options["rolora_fraction"],
-        representation=options["representation"],
-        client_ranks=(lora_ranks.assign_ranks(task.client_ids, client_ranks(options))
-                      if options["client_ranks"] else None),
-        averaging_error=options["averaging_error"],
-        local_epochs=options["local_epochs"],
-        head_epochs=(None if algorithm == "flute" and options["flute_variant"] == "plain"
-                     else options["head_epochs"]),
-        representation_epochs=options["representation_epochs"],
-        representation_blocks=options["representation_blocks"],
-        finetune_epochs=options["finetune_epochs"],
-        shortcut_epochs=options["shortcut_epochs"],
-        adaptpfl=adaptpfl_config(options) if algorithm == "adaptpfl" else None,
-        flute=personalized.FluteConfig(
-            feature_penalty=options["flute_feature_penalty"], head_penalty=options["flute_head_penalty"],
-            nc_penalty=options["flute_nc_penalty"], nc_step=options["flute_nc_step"],
-            feature_reduction=options["flute_feature_reduction"], variant=options["flute_variant"],
-            final_head_epochs=options["flute_final_head_epochs"]),
-    )
-    if algorithm in algorithms.PERSONALIZED_ALGORITHMS:
-        evaluate_fn = algorithms.personalized_evaluator(task, process)
-    else:
-        def evaluate_fn(state, store=None):
-            del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
-            return task.evaluate(process.model_weights(state))
-    if options["eval_per_client"]:
-        # The pooled metrics too, from the same pass over each client's test set.
-        evaluate_fn = algorithms.per_client_evaluator(
-            task, process, algorithm in algorithms.PERSONALIZED_ALGORITHMS)
-    if options["evaluate_only"]:
-        return evaluate_checkpoint(process, output_dir, evaluate_fn, config, algorithm, started)
-    stage_rounds = options["stage_rounds"]
+    process = build_process(algorithm, task, config)
+    evaluate_fn = build_evaluator(algorithm, task, process, config)
+    if config.output.evaluate_only:
+        return evaluate_checkpoint(process, output_dir, evaluate_fn, identity, algorithm,
+                                   started)
+    p = config.participation
     sampler = algorithms.build_sampler(
-        task, options["clients_per_round"], options["seed"], kind=options["participation"],
-        initial_participants=options["initial_participants"],
-        stage_rounds=stage_rounds if stage_rounds == "lemma_b1" else int(stage_rounds),
-        straggler=options["straggler"], communication_cost=options["communication_cost"],
-        pool=options["srpfl_pool"] or None,
-    )
+        task, p.clients_per_round, config.algorithm.seed, kind=p.participation,
+        initial_participants=p.initial_participants, stage_rounds=p.stage_rounds,
+        straggler=p.straggler, communication_cost=p.communication_cost,
+        pool=p.srpfl_pool or None)
     machine.read_sittings(output_dir)  # a damaged record stops the run here, before any round
     sitting_recorded = []
 
@@ -210,26 +211,35 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
             sitting_recorded.append(row["round"])
 
     result = simulation.run_rounds(
-        process,
-        sampler=sampler,
-        client_dataset_fn=task.client_dataset_fn,
-        rounds=options["rounds"],
-        output_dir=output_dir,
-        evaluate_fn=evaluate_fn,
-        eval_every=options["eval_every"],
-        checkpoint_every=options["checkpoint_every"],
-        config=config,
-        resume=options["resume"],
-        log=lambda line: print(line, flush=True),
-        after_round=record_sitting,
-    )
-    history = result.history
+        process, sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
+        output_dir=output_dir, evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
+        checkpoint_every=config.output.checkpoint_every, config=identity,
+        resume=config.output.resume, log=lambda line: print(line, flush=True),
+        after_round=record_sitting)
+    summary = _summary(algorithm, result.history, identity | {"rounds": rounds}, output_dir,
+                       started)
+    if algorithm == "flute" and config.algorithm.flute_final_head_epochs:
+        ids, train, test = task.client_eval_data()
+        final = process.evaluate_final(result.state, train, test,
+                                       result.personal_store.lookup(ids))
+        summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
+        print(f"final round ({config.algorithm.flute_final_head_epochs} head epochs on every "
+              f"client): personalized test accuracy {final['accuracy']:.4f}", flush=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
+             output_dir: pathlib.Path, started: float) -> dict:
+    """summary.json's content: final and best metrics, bytes, time and the sittings."""
+    from tffl.simulation import driver as simulation
+
     last = history[-1] if history else {}
     evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
     personal = [r["eval_personal_accuracy"] for r in history if "eval_personal_accuracy" in r]
-    summary = {
+    return {
         "algorithm": algorithm,
-        "flags": config | {"rounds": options["rounds"]},
+        "flags": dict(flags),
         "rounds_completed": last.get("round", 0),
         "communication_rounds": last.get("communication_rounds", 0),
         "best_eval_accuracy": max(evals) if evals else None,
@@ -240,15 +250,6 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, options: Mapping[str
         "machine": machine.describe(),  # of the sitting that finished the run
         "sittings": machine.read_sittings(output_dir),  # each sitting's first round and machine
     }
-    if algorithm == "flute" and options["flute_final_head_epochs"]:
-        ids, train, test = task.client_eval_data()
-        final = process.evaluate_final(result.state, train, test,
-                                       result.personal_store.lookup(ids))
-        summary["final_head_round"] = {f"personal_{k}": v for k, v in final.items()}
-        print(f"final round ({options['flute_final_head_epochs']} head epochs on every client): "
-              f"personalized test accuracy {final['accuracy']:.4f}", flush=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    return summary
 
 
 EVALUATION_FILE = "evaluation.json"

@@ -4,9 +4,9 @@ r"""Exports a training run's LoRA adapters (and trained head) in Hugging Face PE
     uv run python scripts/export_adapters.py --run_dir=... --output_dir=... --data_dir=../shared/data
 
 Reads the newest checkpoint of --run_dir (`checkpoints/round_xxxxxx/`, `tffl.simulation.checkpoint`)
-and the flags the run recorded in its `meta.json` (`experiments.training.RUN_FLAGS` and the
-non-default extras), rebuilds the task and the algorithm's process from them exactly as
-`scripts/train.py` does, loads the state into it, sets the client model to
+and the run's configuration (its `config.json`; for runs from before it, the identity its
+`meta.json` recorded, `experiments.training.run_identity`), rebuilds the task and the
+algorithm's process from it exactly as `scripts/train.py` does (`experiments.training`), loads the state into it, sets the client model to
 `process.model_weights(state)` and writes `models.peft_export.export_peft`'s folder:
 `adapter_model.safetensors`, `adapter_config.json`, `tffl_head.json`, and `export.json` (run,
 round, flags). For the random tiny backbone, `base/` holds the frozen backbone as a HF
@@ -14,8 +14,8 @@ round, flags). For the random tiny backbone, `base/` holds the frozen backbone a
 the prefix model's embeddings and lower encoders and the client model's upper ones), the base it
 has nowhere else; adapter_config.json then names "base" (relative to the folder).
 
-What the run folder does not record comes from this script's flags: --data_dir (where the data
-was read, if not TFDS) and --frozen_dir. Only the text tasks (sst2, reviews: KerasNLP BERT
+--data_dir and --frozen_dir replace the recorded ones (runs from before config.json did not
+record them). Only the text tasks (sst2, reviews: KerasNLP BERT
 backbones with `apply_lora`) have adapters this format describes.
 """
 
@@ -49,75 +49,33 @@ MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_TASKS = ("sst2", "reviews")
 
 
-def run_options(config: dict, data_dir: str | None, frozen_dir: str | None) -> dict:
-    """train.py's option dict for a run whose checkpoint recorded `config`: its recorded flags
-    over train.py's defaults, plus `data_dir` and `frozen_dir`."""
-    from experiments import train_flags
+def run_config(run_dir: pathlib.Path, recorded: dict, data_dir: str | None,
+               frozen_dir: str | None):
+    """The `RunConfig` of the run in `run_dir`: its config.json (runs since it exists), else the
+    identity its checkpoint recorded (`recorded`: `experiments.training.run_identity`) over the
+    defaults; `data_dir` and `frozen_dir`, when given, replace the recorded ones. The global
+    model carries the recorded (largest) rank: no client ranks."""
+    from experiments import run
+    from experiments.run_config import SECTION_OF
+    from experiments.run_config import RunConfig
 
-    flag_values = flags.FlagValues()
-    train_flags.define(flag_values)
-    flag_values(["export_adapters"])
-    for name, value in config.items():
-        if name in train_flags.NAMES and value is not None:
-            flag_values[name].value = value
-    flag_values["rank"].present = True  # the recorded rank is the adapters' rank
-    options = train_flags.options(flag_values)
-    options["data_dir"], options["frozen_dir"] = data_dir, frozen_dir
-    options["client_ranks"] = None   # the global model carries the recorded (largest) rank
-    return options
-
-
-def build_task_and_process(algorithm: str, options: dict):
-    """The task and process of `experiments.training.run_algorithm`, from the same options."""
-    from experiments import algorithms
-    from experiments.training import adaptpfl_config, adapter_rank
-    from tasks import registry
-    from tffl.algorithms import personalized
-
-    task = registry.build_task(
-        options["task"], num_clients=options["num_clients"], batch_size=options["batch_size"],
-        local_steps=options["local_steps"], seed=options["seed"], partition=options["partition"],
-        classes_per_client=options["classes_per_client"],
-        dirichlet_alpha=options["dirichlet_alpha"], data_dir=options["data_dir"],
-        model=algorithms.model_for(algorithm, options["representation"]),
-        rank=adapter_rank(options), shortcut_alpha=options["shortcut_alpha"],
-        backbone=options["backbone"], lora_alpha=options["lora_alpha"],
-        lora_targets=tuple(options["lora_targets"]),
-        lora_layers=(tuple(int(i) for i in options["lora_layers"])
-                     if options["lora_layers"] else None),
-        sequence_length=options["sequence_length"], pooling=options["pooling"],
-        head=options["head"], prefix_cache=options["prefix_cache"],
-        bucket_by_length=options["bucket_by_length"], rounds_on_disk=False,
-        eval_test=options["eval_test"])
-    process = algorithms.build_algorithm(
-        algorithm, task,
-        client_learning_rate=algorithms.build_optimizer(
-            options["client_optimizer"], options["learning_rate"], options["client_momentum"]),
-        server_optimizer=algorithms.build_optimizer(
-            options["server_optimizer"], options["server_learning_rate"],
-            options["server_momentum"]),
-        weight_decay=options["weight_decay"], frozen_dir=options["frozen_dir"],
-        communication_rounds=options["rounds"], rolora_fraction=options["rolora_fraction"],
-        representation=options["representation"], client_ranks=None,
-        averaging_error=options["averaging_error"], local_epochs=options["local_epochs"],
-        head_epochs=(None if algorithm == "flute" and options["flute_variant"] == "plain"
-                     else options["head_epochs"]),
-        representation_epochs=options["representation_epochs"],
-        representation_blocks=options["representation_blocks"],
-        finetune_epochs=options["finetune_epochs"], shortcut_epochs=options["shortcut_epochs"],
-        adaptpfl=adaptpfl_config(options) if algorithm == "adaptpfl" else None,
-        flute=personalized.FluteConfig(
-            feature_penalty=options["flute_feature_penalty"],
-            head_penalty=options["flute_head_penalty"], nc_penalty=options["flute_nc_penalty"],
-            nc_step=options["flute_nc_step"],
-            feature_reduction=options["flute_feature_reduction"],
-            variant=options["flute_variant"],
-            final_head_epochs=options["flute_final_head_epochs"]))
-    return task, process
+    if (pathlib.Path(run_dir) / run.CONFIG_FILE).is_file():
+        config = run.read_config(run_dir)
+    else:
+        config = RunConfig().with_changes(**{
+            k: v for k, v in recorded.items()
+            if k in SECTION_OF and k != "algorithm" and v is not None})
+        config = config.with_changes(algorithm=[recorded["algorithm"]])
+    changes = {"rank": config.model.adapter_rank, "client_ranks": None}
+    if data_dir is not None:
+        changes["data_dir"] = str(data_dir)
+    if frozen_dir is not None:
+        changes["frozen_dir"] = str(frozen_dir)
+    return config.with_changes(**changes)
 
 
 def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
-    """`(keras client model holding the newest checkpoint's weights, meta, options)`."""
+    """`(keras client model holding the newest checkpoint's weights, meta, RunConfig, task)`."""
     from tffl import runtime
     from tffl.simulation import checkpoint
     from tffl.simulation import driver as simulation
@@ -133,14 +91,17 @@ def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
     summary = run_dir / "summary.json"
     if summary.is_file() and "rounds" in json.loads(summary.read_text()).get("flags", {}):
         config = config | {"rounds": json.loads(summary.read_text())["flags"]["rounds"]}
-    options = run_options(config, data_dir, frozen_dir)
+    run = run_config(run_dir, config, data_dir, frozen_dir)
     import tensorflow as tf
+
+    from experiments import training
 
     # As experiments.training.run_algorithm: the same seed before the same builds draws the same
     # random (tiny) backbone; the fingerprint check below proves it.
-    tf.keras.utils.set_random_seed(options["seed"])
+    tf.keras.utils.set_random_seed(run.algorithm.seed)
     with runtime.distribute_runtime():
-        task, process = build_task_and_process(config["algorithm"], options)
+        task = training.build_task(config["algorithm"], run)
+        process = training.build_process(config["algorithm"], task, run)
         if process.frozen_fingerprint != meta.get("frozen_fingerprint"):
             raise ValueError(
                 f"run_dir={run_dir}: the rebuilt model's frozen weights (fingerprint "
@@ -150,7 +111,7 @@ def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
         weights = process.model_weights(state)
     model = task.keras_model_fn()
     weights.assign_weights_to(model)
-    return model, meta, options, task
+    return model, meta, run, task
 
 
 def _named_layers(model) -> dict:
@@ -228,8 +189,8 @@ def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=N
     from models import peft_export
 
     run_dir, output_dir = pathlib.Path(run_dir), pathlib.Path(output_dir)
-    model, meta, options, task = trained_model(run_dir, data_dir, frozen_dir)
-    export_base = options["backbone"] != "minilm"
+    model, meta, config, task = trained_model(run_dir, data_dir, frozen_dir)
+    export_base = config.model.backbone != "minilm"
     if base_model is None:
         base_model = MINILM_HUB_NAME if not export_base else "base"
     peft_export.export_peft(model, output_dir, base_model_name_or_path=base_model,

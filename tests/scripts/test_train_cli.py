@@ -16,6 +16,7 @@ from absl import flags
 
 from experiments import train_flags
 from experiments import train_options
+from experiments.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -85,8 +86,8 @@ def test_a_value_that_cannot_work_is_one_line_naming_the_flag(args, message, tmp
 ])
 def test_values_that_work_pass_and_make_the_run_directory(args, tmp_path):
     run_dir = tmp_path / "run"
-    assert train_flags.parse(["train.py", *args, f"--output_dir={run_dir}"],
-                             _flag_values()) == run_dir
+    config = train_flags.parse(["train.py", *args, f"--output_dir={run_dir}"], _flag_values())
+    assert config.output.output_dir == str(run_dir)
     assert run_dir.is_dir()
 
 
@@ -118,13 +119,12 @@ def test_the_script_owns_its_flags_for_helpshort():
     flag_values = flags.FlagValues()
     train_flags.define(flag_values, module_name="__main__")
     key_flags = {f.name for f in flag_values.get_key_flags_for_module(sys.argv[0])}
-    assert key_flags == set(train_flags.NAMES)
+    assert key_flags == set(train_flags.NAMES) | {"config"}
 
 
 def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     """train_options repeats choices of modules that import TensorFlow; they must agree."""
     from experiments import algorithms
-    from experiments import training
     from models import classifier_options
     from tasks import registry
 
@@ -137,13 +137,12 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     specs = {f.name: f for f in train_flags.SPECS}
     assert specs["pooling"].choices == classifier_options.POOLINGS
     assert specs["head"].choices == classifier_options.HEADS
-    assert training.ADAPTPFL_FLAGS == {n: train_options.DEFAULTS[n]
-                                       for n in train_options.ADAPTPFL_FLAGS}
-    for changes in ({}, {"client_ranks": ["2", "8"]},
-                    {"client_ranks": ["2", "8"], "rank": 4, "rank_present": True}):
+    for changes, rank in (({}, 16), ({"client_ranks": ["2", "8"]}, 8),
+                          ({"client_ranks": ["2", "8"], "rank": 4, "rank_present": True}, 4)):
         options = dict(train_options.DEFAULTS, **changes)
-        assert train_options.client_ranks(options) == training.client_ranks(options)
-        assert train_options.adapter_rank(options) == training.adapter_rank(options)
+        model = RunConfig.from_flag_values(options).model
+        assert train_options.client_ranks(options) == list(model.client_ranks or [])
+        assert train_options.adapter_rank(options) == model.adapter_rank == rank
 
 
 def test_the_lora_models_of_the_rank_check_are_the_algorithms_ones():
