@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import sys
 
 from experiments import cli
 from experiments import train_options
 from experiments.cli import UsageError
+from experiments.run_config import SECTION_OF
 from experiments.run_config import RunConfig
 
 CONFIG_FILE = "config.json"
@@ -162,6 +164,29 @@ def exit_after_interrupt(status: int) -> None:
     os._exit(status)
 
 
+def flag_message(error: BaseException) -> str:
+    """A library error's message with the run's parameters it names written as the flags that
+    set them: `name=value` -> `--name=value` (`--name`/`--noname` for True/False) and
+    `` `name` `` -> `--name`, for the fields of `RunConfig`; flag names appear in this command-line
+    layer only.
+
+    >>> flag_message(ValueError("use project_shortcut=False; or choose another `output_dir`"))
+    'use --noproject_shortcut; or choose another --output_dir'
+    >>> flag_message(ValueError("rank=65: must be <= 64 (nope=1 is kept)"))
+    '--rank=65: must be <= 64 (nope=1 is kept)'
+    """
+    def as_flag(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2)
+        if name not in SECTION_OF:
+            return match.group(0)
+        return {"True": f"--{name}", "False": f"--no{name}"}.get(value, f"--{name}={value}")
+
+    message = re.sub(r"(?<![-\w./])([a-z][a-z0-9_]*)=([^\s,;)]+)", as_flag, str(error))
+    return re.sub(r"`([a-z][a-z0-9_]*)`",
+                  lambda m: f"--{m.group(1)}" if m.group(1) in SECTION_OF else m.group(0),
+                  message)
+
+
 def execute(config: RunConfig, script: str = "train.py") -> int:
     """`run(config)` for a command line: returns the exit status (0; 2 for a value that cannot
     work or a run that does not match its checkpoint; 1 for a failed run; 3 for a lost TFF
@@ -177,9 +202,9 @@ def execute(config: RunConfig, script: str = "train.py") -> int:
         config = resolve(config)
         summaries = run(config)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
-        return cli.error_exit(script, e, 2)
+        return cli.error_exit(script, e, 2, flag_message(e))
     except (ValueError, FloatingPointError, OSError) as e:
-        return cli.error_exit(script, e, 1)
+        return cli.error_exit(script, e, 1, flag_message(e))
     except runtime.WorkerError as e:
         output_dir = config.output.output_dir
         resumable = output_dir is not None and any(

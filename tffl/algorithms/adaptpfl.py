@@ -99,11 +99,11 @@ def projection_kernels(spec, shortcut: tuple[int, ...], representation: tuple[in
                 raise ValueError(
                     f"adaptpfl variant b projects the shortcut onto span({spec.trainable[k].name})"
                     f"'s complement, but that kernel is {shape[0]}×{shape[1]}: its span is all of "
-                    f"R^{d}; use project_shortcut=False (--noproject_shortcut)")
+                    f"R^{d}; use project_shortcut=False")
             return kernels[0], k
     raise ValueError(f"adaptpfl variant b projects the shortcut onto the span of the "
                      f"representation kernel that reads its {d}-dimensional input, and the model "
-                     "has none; use project_shortcut=False (--noproject_shortcut)")
+                     "has none; use project_shortcut=False")
 
 
 def _project(shortcut_kernel: int, basis_kernel: int):

@@ -306,7 +306,7 @@ def build_fedsa_lora(algorithm: str, split: Split, config: PersonalizedConfig, i
         raise ValueError(
             "fedsa_lora shares the LoRA A factors and keeps the B factors personal, but the "
             f"model has no trainable lora_a/lora_b variables (use a LoRA model, e.g. "
-            f"--representation=lora). Trainable variables: {split.layout}")
+            f"representation=lora). Trainable variables: {split.layout}")
     if config.lora_schedule != "joint":
         raise ValueError("fedsa_lora trains A and B together (lora_schedule='joint'); "
                          "alternating rounds would leave the personal B untrained half the time")
