@@ -67,7 +67,7 @@ personal state) as files; `load_process` rebuilds the `Process` from them, conta
 
 Example:
 
->>> forms = to_map_reduce_form(process)            # {round name: MapReduceForm}
+>>> forms = to_map_reduce_form(process)            # {round kind: MapReduceForm}
 >>> sorted(forms)
 ['a_round', 'b_round']
 >>> _ = save_process(process, run_dir / "rolora")
@@ -112,7 +112,7 @@ def to_map_reduce_form(process_or_computation, name: str | None = None):
 
     Returns:
       A `tff.backends.mapreduce.MapReduceForm` for a computation; for a process, an
-      `OrderedDict` {round name: `MapReduceForm`} in the order the process runs its rounds.
+      `OrderedDict` {round kind: `MapReduceForm`} in the order the process runs its rounds.
 
     Raises:
       ValueError: naming the algorithm and the reason, if the computation does not have the
@@ -166,7 +166,7 @@ def save_process(process: Process, directory) -> pathlib.Path:
     Files: `initialize.pb`, one `round_<k>.pb` per round kind (`process.rounds`), `next.pb`
     when there are several kinds (the composed cycle, for a deployment that runs it as one
     computation), `get_model_weights.pb`, `set_model_weights.pb` and `manifest.json`
-    (algorithm, round names and files, the schedule's `cycle`, its first round names for the
+    (algorithm, round kinds and files, the schedule's `cycle`, its first round kinds for the
     record, and the declared personal state of a personalized process).
     """
     directory = pathlib.Path(directory)

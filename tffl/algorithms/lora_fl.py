@@ -251,7 +251,7 @@ def upload_bytes_per_communication_round(process) -> dict[str, int]:
 
 
 def traffic_per_communication_round(process) -> dict[str, communication.RoundTraffic]:
-    """`{round name: RoundTraffic}`: bytes down (the federated weights) and up per client."""
+    """`{round kind: RoundTraffic}`: bytes down (the federated weights) and up per client."""
     return dict(process.traffic)
 
 

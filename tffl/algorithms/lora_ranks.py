@@ -161,7 +161,7 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
     if isinstance(client_ranks, Mapping):
         for client_id in client_ranks:
             ranks(client_id)
-    at_rank = {}   # {rank: {round name: RoundTraffic}}, filled as clients of a rank appear
+    at_rank = {}   # {rank: {round kind: RoundTraffic}}, filled as clients of a rank appear
 
     def client_traffic(round_name, client_id):
         rank = ranks(client_id)
@@ -177,7 +177,7 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
 
 
 def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]:
-    """`{round name: RoundTraffic}` for a client of `rank`: the TFF types' bytes (rank r) less
+    """`{round kind: RoundTraffic}` for a client of `rank`: the TFF types' bytes (rank r) less
     the (r − rank)·(d_in + d_out) factor values per adapter it neither needs down (its
     truncation) nor sends up (FlexLoRA and FLoRA upload the factors, whose last r − rank
     columns of A_i and rows of B_i are zero)."""

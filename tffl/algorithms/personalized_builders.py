@@ -218,7 +218,7 @@ def _alternating_rounds(split: Split, representation: Indices):
     return rep_sets, schedules.alternating("b_round", "a_round")
 
 
-# {lora_schedule: (split, representation) -> ({round name: representation it trains}, schedule)}
+# {lora_schedule: (split, representation) -> ({round kind: representation it trains}, schedule)}
 LORA_SCHEDULE_ROUNDS = {"joint": _joint_rounds, "alternating": _alternating_rounds}
 LORA_SCHEDULES = tuple(LORA_SCHEDULE_ROUNDS)
 

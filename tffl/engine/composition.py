@@ -3,7 +3,7 @@ computations sharing one state.
 
 Every kind is composed from TFF's four pieces — `compose_learning_process` for stateless
 clients, `compose_personalized` (its twin with the personal state in and out at CLIENTS)
-otherwise — with the aggregator and finalizer states keyed by round name and a `round_num`
+otherwise — with the aggregator and finalizer states keyed by round kind and a `round_num`
 counter in the finalizer state:
 
     LearningAlgorithmState(global_model_weights = w, distributor = (), client_work = (),
@@ -206,7 +206,7 @@ def compose_personalized(initial_weights_fn, distributor, client_update, aggrega
 
 def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
                    personal: bool, hook=None):
-    """`(initialize, {round name: next})`: every kind composed with the keyed states."""
+    """`(initialize, {round kind: next})`: every kind composed with the keyed states."""
     weights_type, data_type = model.layout.global_type(), model.data_type()
     if len(pieces) > 1 and any(p.round_counter for p in pieces):
         raise ValueError("a round kind that counts rounds in its client work (a switch round) "

@@ -1,7 +1,7 @@
 """`Process`: the one process class of every algorithm, Keras or linear, stateless or personalized.
 
 A process is an algorithm's round kinds (`rounds`: {name: federated computation of one
-communication round}, all of one state type) and a schedule `t ↦ round name` (t = communication
+communication round}, all of one state type) and a schedule `t ↦ round kind` (t = communication
 rounds done). Its contract is TFF's:
 
 - **stateless** (`personal is None`): a `tff.learning.templates.LearningProcess`, checked by
@@ -21,7 +21,7 @@ on its own data, `data_names`). `next_round(state, data[, personal])` runs the s
 communication round `round_name(state)` names, after checking the data and personal states in
 Python (one-line errors), and is what `tffl.simulation.driver.run_rounds` calls.
 
-Bytes per client: `traffic` ({round name: `RoundTraffic`}, read off TFF's forms where they hold
+Bytes per client: `traffic` ({round kind: `RoundTraffic`}, read off TFF's forms where they hold
 the round, else the declared figures) and `client_traffic(round_name, client_ids)`, the mean over
 the round's clients (heterogeneous ranks differ by client).
 
@@ -176,15 +176,15 @@ class Process(tff.learning.templates.LearningProcess):
     Args:
       algorithm: the algorithm's name (as in `tffl.algorithms.ALGORITHMS`).
       initialize: `() -> S@SERVER`.
-      rounds: {round name: one communication round}, each of `next`'s form (one cycle of a
+      rounds: {round kind: one communication round}, each of `next`'s form (one cycle of a
         schedule with several kinds is composed from them).
       get_model_weights, set_model_weights: `S -> W` and `<S, W> -> S`.
-      schedule: `t ↦ round name` (`tffl.engine.schedules`); default: the one kind.
+      schedule: `t ↦ round kind` (`tffl.engine.schedules`); default: the one kind.
       personal: the declared personal state (None: stateless).
-      declared_traffic: {round name: `RoundTraffic`} for rounds TFF's forms cannot hold.
-      traffic_rounds: `() -> {round name: computation}` that `traffic` sizes (default
+      declared_traffic: {round kind: `RoundTraffic`} for rounds TFF's forms cannot hold.
+      traffic_rounds: `() -> {round kind: computation}` that `traffic` sizes (default
         `rounds`), e.g. the rounds without a simulation-only diagnostic.
-      client_traffic: `(round name, client id) -> RoundTraffic` when clients differ.
+      client_traffic: `(round kind, client id) -> RoundTraffic` when clients differ.
       model: the `tffl.engine.federated_model.FederatedModel` (Keras algorithms), else None.
       evaluation: how the process is evaluated (`Evaluation`), else None.
       check_data: `client_data -> None`, raising ValueError on malformed client data.
@@ -290,7 +290,7 @@ class Process(tff.learning.templates.LearningProcess):
 
     @property
     def traffic(self) -> Mapping[str, communication.RoundTraffic]:
-        """{round name: bytes down/up per client}, read off TFF's DistributeAggregateForm (or
+        """{round kind: bytes down/up per client}, read off TFF's DistributeAggregateForm (or
         MapReduceForm) of each round, which counts what the aggregator really moves; for rounds
         neither form can hold (personal state returned at CLIENTS), the declared figures (None
         when the builder declared none)."""

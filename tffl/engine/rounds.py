@@ -23,8 +23,8 @@ federated weights, frozen weights and personal state, optionally fine-tuned, on 
 Stateless rounds are composed by `tff.learning.templates.compose_learning_process`; rounds with
 personal state use `compose_personalized`, the same composition with the personal state passed
 in and returned at CLIENTS. All round kinds of one algorithm share one state type (the
-aggregator and finalizer states are keyed by round name; the finalizer counts `round_num`), so a
-schedule is a function t ↦ round name and `next` runs one communication round on its own data:
+aggregator and finalizer states are keyed by round kind; the finalizer counts `round_num`), so a
+schedule is a function t ↦ round kind and `next` runs one communication round on its own data:
 
     LearningAlgorithmState(global_model_weights = w, distributor, client_work,
                            aggregator = {round: state}, finalizer = {round_num, round: state})
