@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import logging
 import os
 import pathlib
 import shutil
@@ -159,19 +160,46 @@ def verbosity_requested(argv: Sequence[str] | None = None) -> bool:
     return any(str(a).startswith(("--verbosity", "-v")) for a in args)
 
 
+class _StdoutHandler(logging.Handler):
+    """Writes each record to the `sys.stdout` of the moment (a test's captured one too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stdout.write(self.format(record) + "\n")
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001  (logging's own convention)
+            self.handleError(record)
+
+
+def show_progress() -> None:
+    """Shows the `tffl` logger's lines (INFO and up: the setup steps as they start, the
+    runtime's notes) on stdout as `tffl: <message>`, once; they do not go on to the root logger
+    (absl's handler)."""
+    logger = logging.getLogger("tffl")
+    if not any(isinstance(h, _StdoutHandler) for h in logger.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("tffl: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def quiet_python_logs() -> None:
-    """Silences Python warnings and TensorFlow's and absl's Python loggers below ERROR, unless
-    the command line asks for verbosity (`verbosity_requested`)."""
+    """Shows tffl's progress lines (`show_progress`), and silences Python warnings and
+    TensorFlow's, absl's and matplotlib's Python loggers below ERROR (matplotlib's font cache
+    logs at INFO when it is first built), unless the command line asks for verbosity
+    (`verbosity_requested`)."""
+    show_progress()
     if verbosity_requested():
         return
-    import logging
     import warnings
 
     import tensorflow as tf
 
     warnings.filterwarnings("ignore")
     tf.get_logger().setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    for name in ("absl", "matplotlib"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:

@@ -3,6 +3,8 @@
 
 The held-out split is named for what it is: SST-2's dev set (GLUE's test labels are not public;
 --eval_test adds the labeled test split of --data_dir beside it), every other task's test split.
+A column no run has a value for (personalized accuracy of global-model runs, simulated time
+without SRPFL) is left out; a run without a value in a kept column has a blank cell.
 
 >>> held_out_name("sst2"), held_out_name("mnist")
 ('dev', 'test')
@@ -12,11 +14,15 @@ The held-out split is named for what it is: SST-2's dev set (GLUE's test labels 
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import cli
+
+# The classes of each task (the plots' chance line, 1/classes).
+NUM_CLASSES = {"digits": 10, "mnist": 10, "sst2": 2, "reviews": 2}
 
 
 def held_out_name(task: str) -> str:
@@ -44,35 +50,51 @@ def table_columns(held_out: str, eval_test: bool) -> tuple[tuple[str, str, str],
     )
 
 
+def _value(value: Any) -> Any:
+    """`value`, or None when it is missing (None, NaN)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
 def comparison_rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict]:
     """One row per run summary (`summary.json`): final and best accuracies, and the upload per
-    client per communication round in KiB (total upload bytes / rounds / 1024)."""
-    nan = float("nan")
+    client per communication round in KiB (total upload bytes / rounds / 1024); a value a run
+    does not have is None."""
     rows = []
     for s in summaries:
         final = s["final"]
         comm = max(1, s["communication_rounds"])
-        rows.append({
+        rows.append({key: _value(value) for key, value in {
             "algorithm": s["algorithm"],
             "communication_rounds": s["communication_rounds"],
-            "eval_accuracy": final.get("eval_accuracy", nan),
-            "eval_test_accuracy": final.get("eval_test_accuracy", nan),
-            "best_eval_accuracy": s["best_eval_accuracy"] or nan,
-            "eval_personal_accuracy": final.get("eval_personal_accuracy", nan),
-            "best_personal_accuracy": s["best_personal_accuracy"] or nan,
-            "simulated_time": final.get("simulated_time", nan),
-            "train_loss": final.get("train_loss", nan),
+            "eval_accuracy": final.get("eval_accuracy"),
+            "eval_test_accuracy": final.get("eval_test_accuracy"),
+            "best_eval_accuracy": s["best_eval_accuracy"],
+            "eval_personal_accuracy": final.get("eval_personal_accuracy"),
+            "best_personal_accuracy": s["best_personal_accuracy"],
+            "simulated_time": final.get("simulated_time"),
+            "train_loss": final.get("train_loss"),
             "upload_per_round_kib": s["upload_bytes_per_client_total"] / comm / 1024,
             "wall_seconds_this_run": s["wall_seconds_this_run"],
-        })
+        }.items()})
     return rows
+
+
+def present_columns(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]
+                    ) -> list[tuple[str, str, str]]:
+    """The `columns` (title, key, format) at least one row has a value for.
+
+    >>> present_columns([{"a": 1, "b": None}], [("A", "a", "{}"), ("B", "b", "{}")])
+    [('A', 'a', '{}')]
+    """
+    return [c for c in columns if any(_value(row.get(c[1])) is not None for row in rows)]
 
 
 def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, Any]],
                      task: str, eval_test: bool) -> str:
     """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
-    and vs uploaded bytes) of the runs in `output_dir/<algorithm>/`, under the command that
-    reruns them; returns the Markdown table."""
+    and vs uploaded bytes, with the chance line) of the runs in `output_dir/<algorithm>/`, under
+    the command that reruns them; returns the Markdown table (columns no run has a value for
+    left out)."""
     from experiments import run
     from tffl.simulation import plots
     from tffl.simulation import driver as simulation
@@ -83,9 +105,12 @@ def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, 
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
     held_out = held_out_name(task)
-    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=task, held_out=held_out)
-    return cli.write_table(output_dir, "comparison", comparison_rows(summaries),
-                           table_columns(held_out, eval_test), preamble=flag_line)
+    plots.save_comparison_plot(output_dir / "comparison.png", runs, title=task, held_out=held_out,
+                               num_classes=NUM_CLASSES.get(task))
+    rows = comparison_rows(summaries)
+    return cli.write_table(output_dir, "comparison", rows,
+                           present_columns(rows, table_columns(held_out, eval_test)),
+                           preamble=flag_line)
 
 
 def final_eval(final: Mapping[str, float], held_out: str = "test") -> str:

@@ -188,6 +188,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
     print(f"tffl: {algorithm} on {task.description}; {participants(config)}, "
           f"{registry.counted(rounds, 'communication round')} -> {output_dir}", flush=True)
     started = time.perf_counter()
+    registry.announce(f"building {algorithm}'s TFF computations")
     process = build_process(algorithm, task, config)
     evaluate_fn = build_evaluator(algorithm, task, process, config)
     if config.output.evaluate_only:

@@ -11,9 +11,15 @@ names stay importable from here.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pathlib
 
+import numpy as np
 import tensorflow as tf
+
+with contextlib.redirect_stdout(io.StringIO()):  # keras_core prints "Using TensorFlow backend"
+    import keras_nlp  # noqa: F401  (imported by the tasks' modules below)
 
 from tasks.run_task import (  # noqa: F401  (re-exported: they used to live here)
     _SHUFFLE_BUFFER,
@@ -32,8 +38,8 @@ from tasks.text_run_task import (  # noqa: F401  (re-exported: they used to live
     RANDOM_BACKBONE_POOLING,
     TEXT_TASKS,
     _round_storage,
-    _split_like_clients,
     _text_run_task,
+    announce,
     default_max_length,
     default_pooling,
 )
@@ -123,6 +129,19 @@ def _scheme_kwargs(partition: str, classes_per_client: int, dirichlet_alpha: flo
     if partition == "dirichlet":
         return {"alpha": dirichlet_alpha}
     return {}
+
+
+def _split_like_clients(train_data, test_labels, seed: int) -> dict[str, np.ndarray]:
+    """`partition.split_test_like_train` for a `ClientData` with `client_labels`: indices into
+    `test_labels` per client of `train_data`, each client's class shares following its own
+    training labels."""
+    from tasks import partition as partition_lib
+
+    ids = list(train_data.client_ids)
+    labels = [np.asarray(train_data.client_labels(cid)) for cid in ids]
+    stops = np.cumsum([len(y) for y in labels])
+    parts = {cid: np.arange(stop - len(y), stop) for cid, y, stop in zip(ids, labels, stops)}
+    return partition_lib.split_test_like_train(np.concatenate(labels), parts, test_labels, seed)
 
 
 def _digits_task(num_clients, seed, partition, data_dir, **kw):

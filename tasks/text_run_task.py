@@ -5,7 +5,8 @@ one function each: check the options (`_check_text_options`), make the tokenizer
 load the tokenized task (`_load_text_task`), build the LoRA classifier on its backbone
 (`_lora_classifier`), cut it at the prefix cache (`_cached_model`), cut the clients' batches per
 round (`_round_maker`, `_text_client_eval_data`), add SST-2's labeled test split
-(`_with_heldout_test`) and describe the run (`_text_description`).
+(`_with_heldout_test`) and describe the run (`_text_description`). Each slow step says so as it
+starts (`announce`: one line on the `tffl` logger, which train.py shows).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tasks.run_task import RunTask, _ordered, _train_size, counted
 from tffl.simulation import evaluation
+from tffl.simulation.metrics_log import announce, announcing
 
 TEXT_TASKS = ("sst2", "reviews")
 # A random backbone declares no pooling: it pools by the mean, as sentence encoders do.
@@ -52,19 +53,6 @@ def default_max_length(backbone: str, folder: pathlib.Path) -> int:
         return RANDOM_BACKBONE_MAX_LENGTH
     return (checkpoints.declared_max_length(folder)
             or hf_bert.read_hf_config(folder)["max_position_embeddings"])
-
-
-def _split_like_clients(train_data, test_labels, seed: int) -> dict[str, np.ndarray]:
-    """`partition.split_test_like_train` for a `ClientData` with `client_labels`: indices into
-    `test_labels` per client of `train_data`, each client's class shares following its own
-    training labels."""
-    from tasks import partition as partition_lib
-
-    ids = list(train_data.client_ids)
-    labels = [np.asarray(train_data.client_labels(cid)) for cid in ids]
-    stops = np.cumsum([len(y) for y in labels])
-    parts = {cid: np.arange(stop - len(y), stop) for cid, y, stop in zip(ids, labels, stops)}
-    return partition_lib.split_test_like_train(np.concatenate(labels), parts, test_labels, seed)
 
 
 def _round_storage() -> str:
@@ -100,6 +88,7 @@ def _tokenizer(backbone: str, pooling: str | None, sequence_length: int | None):
     from models import checkpoints
     from tasks import text as text_lib
 
+    announce("fetching all-MiniLM-L6-v2's vocabulary and weights (downloaded once)")
     folder = checkpoints.fetch_minilm()  # the vocabulary (and for minilm the weights)
     pooling = pooling or default_pooling(backbone, folder)
     cap = sequence_length or default_max_length(backbone, folder)
@@ -114,6 +103,7 @@ def _load_text_task(name: str, num_clients: int, seed: int, partition: str,
     five review domains, each cut into `num_clients / 5` clients."""
     from tasks import task as task_lib
 
+    announce(f"reading and tokenizing the {name} texts of {data_dir or 'TFDS glue/sst2'}")
     if name == "sst2" and data_dir is None:   # TFDS's glue/sst2: train, validation
         return task_lib.glue_tfds_task("sst2", packer, num_clients, scheme=partition, seed=seed,
                                        **scheme_kwargs)
@@ -180,6 +170,7 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
             from tffl.engine import frozen as frozen_lib
             trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, full_spec)
             if backbone == "minilm":
+                announce(f"loading the pretrained weights of {folder.name}")
                 bb, _ = hf_bert.load_hf_bert(folder)
                 non_trainable = [v.numpy() for v in adapted(bb).non_trainable_variables]
             drawn["values"] = (trainable, non_trainable)
@@ -211,6 +202,7 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, lora_config, num_
 
     cached = None
     if prefix_cache:
+        announce("building the KerasNLP backbone and splitting it at its lowest LoRA layer")
         cached = prefix_lib.split_for_cache(classifier.keras_model_fn, classifier.values,
                                             lora_config, num_classes, seed,
                                             classifier.input_spec[1], pooling=pooling, head=head)
@@ -219,8 +211,12 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, lora_config, num_
                             classifier.pretrained_non_trainable, None, "no prefix cache")
     how = ("embeddings cached" if cached.start_layer == 0
            else f"embeddings and layers < {cached.start_layer} cached")
+    cached.cache.hidden = announcing(  # h_k is computed as round 1 and evaluation first read it
+        f"caching the frozen prefix's outputs ({how})", cached.cache.hidden)
     return _ClientModel(cached.keras_model_fn, cached.input_spec, cached.non_trainable,
                         cached.cache, how)
+
+
 
 
 def _round_maker(local_steps: int, batch_size: int, seed: int, bucket_by_length: bool, cache,
@@ -268,6 +264,7 @@ def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer,
     `client_eval_data`, on the split cut per client like the dev split)."""
     from tasks import client_data as client_data_lib
     from tasks import prefix_cache as prefix_lib
+    from tasks import registry  # imports this module
     from tasks import text as text_lib
     from tasks import text_files
 
@@ -277,8 +274,7 @@ def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer,
     test_data = client_data_lib.tensor_dataset(test_data_x, test.labels)
     held_out = prefix_lib.TextRounds(
         {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(_ordered))}, 1, 128,
-        seed,
-        bucket_by_length=bucket_by_length, cache=model.cache, name="heldout_test")
+        seed, bucket_by_length=bucket_by_length, cache=model.cache, name="heldout_test")
     on_test = evaluation.make_keras_evaluator(model.keras_model_fn,
                                               lambda: held_out.one_pass("all", 128))
     drawn = {}
@@ -292,7 +288,7 @@ def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer,
         partition the split), for personalized models' held-out accuracy."""
         if "heldout" not in drawn:
             ids, train, _ = client_eval_data()
-            parts = _split_like_clients(task.train_data, test.labels, seed)
+            parts = registry._split_like_clients(task.train_data, test.labels, seed)
             shards = client_data_lib.ArrayClientData(
                 test_data_x, test.labels, {cid: parts[cid] for cid in ids if len(parts[cid])})
             passes = rounds(shards, "heldout")

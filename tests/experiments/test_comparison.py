@@ -44,7 +44,31 @@ def test_write_comparison_writes_the_table_and_plot(tmp_path):
     table = comparison.write_comparison(tmp_path, summaries, "sst2", eval_test=True)
     assert "| rolora | 2 | 0.8400 | 0.8400 | 0.8400 |" in table
     assert "| 2.00 |" in table  # 4096 bytes / 2 rounds / 1024
-    assert (tmp_path / "comparison.md").read_text().startswith("--rank=4")
+    # Without the config.json of a train.py run there is no rerun line above the table.
+    assert (tmp_path / "comparison.md").read_text().startswith("| algorithm |")
     assert (tmp_path / "comparison.png").stat().st_size > 0
     assert (tmp_path / "comparison.csv").read_text().splitlines()[0].split(",")[4] == (
         "eval_test_accuracy")
+
+
+def test_columns_no_run_has_are_left_out_and_missing_cells_are_blank(tmp_path):
+    """Global-model runs have no personalized accuracy, runs without SRPFL no simulated time: no
+    `nan` columns; FedRep's personalized accuracy beside FedAvg's blank cell."""
+    def summary(name, final, best_personal=None):
+        return {"algorithm": name, "communication_rounds": 2, "best_eval_accuracy": None,
+                "best_personal_accuracy": best_personal, "upload_bytes_per_client_total": 2048,
+                "wall_seconds_this_run": 1.0, "final": final}
+
+    summaries = [summary("fedavg", {"eval_accuracy": 0.5, "train_loss": float("nan")}),
+                 summary("fedrep", {"eval_personal_accuracy": 0.75}, best_personal=0.8)]
+    for s in summaries:
+        (tmp_path / s["algorithm"]).mkdir()
+        (tmp_path / s["algorithm"] / "metrics.csv").write_text("round,eval_accuracy\n1,0.5\n")
+    table = comparison.write_comparison(tmp_path, summaries, "digits", eval_test=False)
+    assert "nan" not in table
+    assert table.splitlines()[0] == (
+        "| algorithm | comm. rounds | test acc (final) | personalized acc (final) | "
+        "personalized acc (best) | upload KiB/client/comm. round | seconds |")
+    assert table.splitlines()[2] == "| fedavg | 2 | 0.5000 |  |  | 1.00 | 1.0 |"
+    assert table.splitlines()[3] == "| fedrep | 2 |  | 0.7500 | 0.8000 | 1.00 | 1.0 |"
+    assert (tmp_path / "comparison.csv").read_text().splitlines()[1] == "fedavg,2,0.5,,,1.0,1.0"

@@ -50,7 +50,9 @@ with `resume=True` (`scripts/train.py --resume`). See docs/runtime.md.
 
 Devices: the C++ worker pins every TensorFlow session it creates round-robin to the GPUs (or
 TPUs) it sees (TFF's `SessionProvider`), with soft placement; there is no worker flag for it. The
-`worker_binary` of the tensorflow-federated 0.87.0 wheel is built without CUDA, so it runs on CPU.
+`worker_binary` of the tensorflow-federated 0.87.0 wheel is built without CUDA, so it runs on CPU:
+when TensorFlow sees a GPU, `local_runtime` and `remote_runtime` say so in one line on the `tffl`
+logger (`gpu_note`), naming `--runtime=distribute` (`distribute_runtime`), which runs on it.
 
 Example:
 
@@ -65,6 +67,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 from collections.abc import Iterator, Sequence
@@ -79,6 +82,7 @@ from tffl.runtime.distribute import (  # noqa: F401  (public API)
     build_strategy,
     configure_logical_cpus,
     distribute_runtime,
+    report_round_devices,
 )
 from tffl.runtime.guarded import create_worker_context
 from tffl.runtime.multi_worker import (  # noqa: F401  (public API)
@@ -105,6 +109,26 @@ from tffl.runtime.workers import (  # noqa: F401  (public API)
     worker_command,
     default_max_concurrent_calls,
 )
+
+
+def gpu_note(gpus: Sequence | None = None) -> str | None:
+    """The line for a run on the TFF worker when TensorFlow sees GPUs (`gpus`, default
+    `tf.config.list_physical_devices("GPU")`): the worker runs on CPU; None without GPUs."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU") if gpus is None else list(gpus)
+    if not gpus:
+        return None
+    return (f"TensorFlow sees {len(gpus)} GPU{'s' if len(gpus) > 1 else ''}, but the TFF worker "
+            "runs on CPU (TFF 0.87's worker_binary is built without CUDA); "
+            "--runtime=distribute runs the clients' steps on the GPUs, in this process")
+
+
+def _say_gpu_note() -> None:
+    """Logs `gpu_note()` (if any) on the `tffl.runtime` logger, as a TFF worker runtime starts."""
+    note = gpu_note()
+    if note:
+        logging.getLogger("tffl.runtime").warning(note)
 
 
 def _create_context(workers, default_num_clients, ready_timeout_s) -> context_base.SyncContext:
@@ -166,6 +190,7 @@ def local_runtime(
         name = "tff_worker.log" if num_workers == 1 else f"tff_worker_{i}.log"
         return pathlib.Path(log_dir) / name
 
+    _say_gpu_note()
     workers = [LocalWorker(log_path=log_path(i), index=i,
                            max_concurrent_computation_calls=max_concurrent_calls)
                for i in range(num_workers)]
@@ -208,6 +233,7 @@ def remote_runtime(
     """
     if not addresses:
         raise ValueError("remote_runtime needs at least one worker address")
+    _say_gpu_note()
     workers = [RemoteWorker(address, index=i) for i, address in enumerate(addresses)]
     with _sigterm_raises():
         try:

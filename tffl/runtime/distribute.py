@@ -24,6 +24,9 @@ Personalized processes need nothing special: their rounds return the personal st
 CLIENTS, which the interpreter keeps as one member per client like any CLIENTS value; they never
 go through a MapReduceForm.
 
+Once per round kind (`report_round_devices`, called by `tffl.simulation.driver` after each
+round), the runtime says on the `tffl` logger which devices the round's client steps ran on.
+
 Devices: `devices` names TensorFlow logical devices (`"GPU:0,GPU:1"`, `"CPU:0"`), or `"tpu"`
 (`"tpu:<name or grpc address>"`) for a TPU reached through `TPUClusterResolver`. Default: every
 GPU TensorFlow sees, else the CPU. Verified on logical CPU devices only (no machine here has
@@ -223,6 +226,8 @@ class DistributeContext(context_base.SyncContext):
         self._resident: dict[int, tuple[np.ndarray, tf.Tensor]] = {}
         self.resident_reused = 0  # arguments taken from the device instead of uploaded
         self._lock = threading.Lock()
+        self._counted = dict.fromkeys(self.devices, 0)  # clients_per_device when last reported
+        self._reported: set[str] = set()
 
     def invoke(self, comp, arg):
         with self._lock:
@@ -249,6 +254,17 @@ class DistributeContext(context_base.SyncContext):
             for device, n in zip(self.devices, interpreter.clients_per_replica):
                 counts[device] += n
         return counts
+
+    def round_devices(self, kind: str) -> str | None:
+        """The line naming the devices client computations ran on since the last call, the first
+        time round kind `kind` ran some; None otherwise."""
+        counts = self.clients_per_device
+        used = [d for d in self.devices if counts[d] > self._counted[d]]
+        self._counted = counts
+        if not used or kind in self._reported:
+            return None
+        self._reported.add(kind)
+        return f"client steps of round kind {kind!r} ran on {', '.join(used)}"
 
     def _interpreter(self, key: int, num_clients: int) -> Interpreter:
         interpreter = self._interpreters.get(key)
@@ -324,6 +340,16 @@ def _cardinality(value, type_spec) -> int:
         return max([_cardinality(v, t) for v, (_, t)
                     in zip(value, structure.iter_elements(type_spec))] or [0])
     return 0
+
+
+def report_round_devices(kind: str) -> None:
+    """Under a `DistributeContext`, logs its `round_devices(kind)` line (once per round kind) on
+    the `tffl.runtime` logger; under any other context, nothing."""
+    context = context_stack_impl.context_stack.current
+    if isinstance(context, DistributeContext):
+        line = context.round_devices(kind)
+        if line:
+            logging.getLogger("tffl.runtime").info(line)
 
 
 @contextlib.contextmanager

@@ -12,10 +12,15 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
 4. optionally evaluates the new state (`evaluate_fn`), every `eval_every` rounds and at the end;
 5. appends a row to `<output_dir>/metrics.csv`, releases its numbers as TensorBoard scalars to
    `<output_dir>/tensorboard` (`tff.program.TensorBoardReleaseManager`, step = round), prints a
-   progress line, and checkpoints the state.
+   progress line (with the elapsed time and the remaining rounds' ETA), checkpoints the state.
 
-Building the row's columns and writing those records is `tffl.simulation.metrics_log`'s job (`read_metrics`,
-`flatten_metrics` and `TIMING_COLUMNS` are re-exported here).
+A NaN or infinite training loss (`NonFiniteLossError`) or a diverged one (`LossDivergedError`:
+above `divergence_factor` times max(1, the first round's), `metrics_log.diverged`) stops the run
+before the round is recorded: the last good checkpoint stays; the message names the `config`'s
+learning rates.
+
+Building the row's columns and writing those records is `tffl.simulation.metrics_log`'s job (its
+`read_metrics`, `flatten_metrics`, `TIMING_COLUMNS` and loss errors are re-exported here).
 
 Personalized processes (`Process.personal` declared: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
@@ -43,7 +48,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 import threading
@@ -61,12 +65,14 @@ from tffl.engine import personal_state
 from tffl.engine import process as process_lib
 from tffl.simulation.metrics_log import (  # noqa: F401  (re-exported: simulation.read_metrics, …)
     TIMING_COLUMNS,
+    LossDivergedError,
+    NonFiniteLossError,
     flatten_metrics,
     read_metrics,
 )
 from tffl.simulation.metrics_log import write_metrics as _write_metrics  # noqa: F401  (re-exported)
 from tffl.simulation.participation import Participation
-from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
+from tffl import runtime as _runtime  # its exit hook stops every TFF worker
 
 METRICS_FILE = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
@@ -75,10 +81,6 @@ CHECKPOINT_DIR = "checkpoints"
 
 class Sampler(Protocol):
     def sample(self, round_num: int) -> Participation: ...
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN or infinite loss; the last good checkpoint is kept."""
 
 
 class ResumeError(ValueError):
@@ -111,14 +113,11 @@ class _Run:
     checkpoint_every: int
     until: Callable[[Mapping[str, Any]], bool] | None
     after_round: Callable[[Mapping[str, Any], Any], None] | None
+    divergence_factor: float | None
+    started: float  # `time.perf_counter()` when this process started the run
 
-    @property
-    def checkpoint_dir(self) -> pathlib.Path:
-        return self.output_dir / CHECKPOINT_DIR
-
-    @property
-    def metrics_path(self) -> pathlib.Path:
-        return self.output_dir / METRICS_FILE
+    checkpoint_dir = property(lambda self: self.output_dir / CHECKPOINT_DIR)
+    metrics_path = property(lambda self: self.output_dir / METRICS_FILE)
 
 
 class _RoundData:
@@ -163,8 +162,7 @@ class _RoundData:
         return participation, box["datasets"]
 
     def wait(self) -> None:
-        """Lets a background build finish (its result is dropped): nothing writes after the
-        loop returns."""
+        """Lets a background build finish (its result dropped): nothing writes after the loop."""
         if self._pending is not None:
             self._pending[2].join()
             self._pending = None
@@ -187,6 +185,7 @@ def run_rounds(
     after_round: Callable[[Mapping[str, Any], Any], None] | None = None,
     initial_state: Any = None,
     prefetch: bool = True,
+    divergence_factor: float | None = metrics_log.DIVERGENCE_FACTOR,
 ) -> SimulationResult:
     """Runs `rounds` rounds of `process` (see the module docstring).
 
@@ -222,11 +221,14 @@ def run_rounds(
       prefetch: build round t + 1's datasets on a background thread while round t runs (step
         2 above). `client_dataset_fn` must then be safe to call from another thread while
         `process.next` and `evaluate_fn` run (the text tasks' `tasks.prefix_cache` is).
+      divergence_factor: stop (`LossDivergedError`) at a finite training loss above this many
+        times max(1, the run's first-round training loss); None: never.
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
       include the rows from before the interruption).
     """
+    started = time.perf_counter()
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be at least 1")
     output_dir = pathlib.Path(output_dir)
@@ -239,7 +241,7 @@ def run_rounds(
     personalized = ours and process.personal is not None
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
     run = _Run(process, rounds, output_dir, config, say, fingerprint, store, evaluate_fn,
-               eval_every, checkpoint_every, until, after_round)
+               eval_every, checkpoint_every, until, after_round, divergence_factor, started)
     state, history, first_round, complete = _resume(run, state, resume)
     if not complete:
         state = _run_loop(run, state, history, first_round, sampler, client_dataset_fn, prefetch,
@@ -302,12 +304,13 @@ def _run_loop(run: _Run, state: Any, history: list[dict[str, Any]], first_round:
                else None)
     communication_rounds = int(history[-1].get("communication_rounds", 0)) if history else 0
     round_data = _RoundData(sampler, client_dataset_fn, prefetch)
+    clock = metrics_log.RoundClock(run.started)
     try:
         for round_num in range(first_round, run.rounds + 1):
             communication_rounds += 1
             state, row = _train_round(run, state, traffic, round_data, round_num,
                                       communication_rounds)
-            _check_loss(run, round_num, row)
+            metrics_log.check_loss(row, history, run.divergence_factor, lambda: _stopped(run))
             is_last = round_num == run.rounds
             evaluate_now = is_last or (run.eval_every and round_num % run.eval_every == 0)
             if run.evaluate_fn is not None and evaluate_now:
@@ -322,7 +325,8 @@ def _run_loop(run: _Run, state: Any, history: list[dict[str, Any]], first_round:
                 checkpoint.save(run.checkpoint_dir, round_num, state, config=run.config,
                                 extra=run.store.to_arrays() if run.store is not None else None,
                                 frozen_fingerprint=run.fingerprint)
-            run.say(metrics_log.progress_line(row, run.rounds))
+            run.say(metrics_log.progress_line(row, run.rounds, clock.tick(
+                0 if stop else run.rounds - round_num)))
             if run.after_round is not None:
                 run.after_round(row, state)
             if stop:
@@ -343,6 +347,7 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
     if round_num < run.rounds:
         round_data.start(round_num + 1)  # built while this round runs
     traffic_columns = traffic.columns(state, participation.client_ids)
+    kind = run.process.round_name(state) if traffic.ours else "next"
     start = time.perf_counter()
     # A `tffl.engine.process.Process` runs one communication round (`next_round`); any
     # other process, one `next`.
@@ -353,6 +358,7 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
     else:
         output = step(state, datasets)
     seconds = time.perf_counter() - start
+    _runtime.report_round_devices(kind)  # under --runtime=distribute, once per round kind
     if isinstance(output, (tff.learning.templates.LearningProcessOutput,
                            personal_state.PersonalizedOutput)):
         state, metrics = output.state, output.metrics
@@ -370,15 +376,15 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
     return state, row
 
 
-def _check_loss(run: _Run, round_num: int, row: Mapping[str, Any]) -> None:
-    """`NonFiniteLossError` if the row's `train_loss` is NaN or infinite."""
-    loss = row.get("train_loss")
-    if loss is not None and not math.isfinite(loss):
-        raise NonFiniteLossError(
-            f"round {round_num}: training loss is {loss}; the run stopped and its last "
-            f"good checkpoint is kept in {run.checkpoint_dir}. Lower the learning rate and "
-            "rerun with a fresh --output_dir."
-        )
+def _stopped(run: _Run) -> str:
+    """The end of a stopped run's message: its learning rates, its last checkpoint, what to do."""
+    rates = ", ".join(f"{k}={v}" for k, v in sorted(run.config.items())
+                      if k.endswith("learning_rate"))
+    found = checkpoint.latest(run.checkpoint_dir)
+    kept = (f"its last good checkpoint (round {found[0]}) is kept in {run.checkpoint_dir}"
+            if found else "no round was checkpointed")
+    return (f"{f' with {rates}' if rates else ''}; the run stopped and {kept}. Lower the "
+            "learning rate and rerun with a fresh --output_dir.")
 
 
 def _evaluate(run: _Run, state: Any, row: dict[str, Any]) -> None:

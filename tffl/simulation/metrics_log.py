@@ -4,7 +4,9 @@ The columns: the process's metrics flattened to `{"a/b/c": float}` (`flatten_met
 aliases `train_loss` / `train_accuracy` (`summary_metrics`) and the bytes per client of the round
 (`Traffic`). The records: `metrics.csv` (`write_metrics` rewrites it atomically, `read_metrics`
 reads it back with the numbers as written), TensorBoard scalars (`TensorBoardRelease`) and the
-progress line (`progress_line`).
+progress line (`progress_line`, with the elapsed time and ETA of `RoundClock`); `announce`
+says a slow setup step is starting. `diverged` is the
+driver's criterion for a training loss that blew up.
 
 Example:
 
@@ -12,6 +14,8 @@ Example:
 {'client_work/train/loss': 0.5, 'num_clients': 2.0}
 >>> summary_metrics({'client_work/train/loss': 0.5})
 {'train_loss': 0.5}
+>>> duration(12.34), duration(65.2), duration(7530)
+('12.3 s', '1 min 05 s', '2 h 05 min')
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import csv
+import logging
+import math
 import os
 import pathlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -172,7 +179,110 @@ class TensorBoardRelease:
         asyncio.run(self._manager.release(numbers, key=int(row["round"])))
 
 
-def progress_line(row: dict[str, Any], rounds: int) -> str:
+def announce(step: str) -> None:
+    """`<step> ...` on the `tffl` logger (INFO) as a slow setup step starts (tokenizing, building
+    a model or computations); train.py shows it as `tffl: <step> ...`
+    (`experiments.cli.show_progress`)."""
+    logging.getLogger("tffl").info("%s ...", step)
+
+
+def announcing(step: str, fn: Callable) -> Callable:
+    """`fn`, announcing `step` on its first call (when a lazy step, e.g. a cache, starts)."""
+    said = []
+
+    def announced(*args, **kwargs):
+        if not said:
+            said.append(announce(step))
+        return fn(*args, **kwargs)
+    return announced
+
+
+# A finite train loss above this many times the run's first-round loss (at least 1) is a
+# divergence (`diverged`).
+DIVERGENCE_FACTOR = 100.0
+
+
+def diverged(loss: float, reference: float | None, factor: float | None = DIVERGENCE_FACTOR
+             ) -> bool:
+    """Whether a finite training `loss` is a clear divergence: above `factor` times
+    max(|reference|, 1), `reference` being the run's first-round training loss.
+
+    The bar is far above any healthy run: a loss only falls or wanders from its first round (a
+    noisy run by a few times at most), and a cross-entropy stuck at chance (ln 2 ≈ 0.69 on two
+    classes) stays below it for good; a cross-entropy of 100 nats means probabilities of e^-100
+    on the true labels, reached only by logits that blew up. The floor of 1 keeps a run whose
+    first loss is tiny (a regression that starts near its optimum) from stopping on noise.
+    `factor` None: never.
+
+    >>> diverged(1.6e14, 1e3), diverged(0.72, 0.69), diverged(float("nan"), 0.69)
+    (True, False, False)
+    """
+    if factor is None or reference is None or not math.isfinite(loss):
+        return False
+    return loss > factor * max(abs(reference), 1.0)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN or infinite loss; the last good checkpoint is kept."""
+
+
+class LossDivergedError(FloatingPointError):
+    """Training's loss blew up (`diverged`); the last good checkpoint is kept."""
+
+
+def check_loss(row: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
+               factor: float | None, stopped: Callable[[], str]) -> None:
+    """`NonFiniteLossError` if the row's `train_loss` is NaN or infinite, `LossDivergedError` if
+    it `diverged` from the run's first training loss (`history`'s, else this row's); `stopped()`
+    ends their message (the run's learning rates, its last checkpoint)."""
+    loss, round_num = row.get("train_loss"), row["round"]
+    if loss is None:
+        return
+    if not math.isfinite(loss):
+        raise NonFiniteLossError(f"round {round_num}: training loss is {loss}{stopped()}")
+    first = next(((r["round"], r["train_loss"]) for r in history if "train_loss" in r),
+                 (round_num, loss))
+    if diverged(loss, first[1], factor):
+        raise LossDivergedError(
+            f"round {round_num}: training loss {loss:.3g} is over {factor:g} times round "
+            f"{first[0]}'s {first[1]:.3g}: the run diverged{stopped()}")
+
+
+def duration(seconds: float) -> str:
+    """A compact wall time: `12.3 s`, `1 min 05 s`, `2 h 05 min`."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    seconds = round(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class RoundClock:
+    """Elapsed wall time since this process started the run (`started`: a `time.perf_counter()`
+    value) and the ETA of its remaining rounds: the mean wall time of the rounds this process
+    ran (training, evaluation, recording and checkpointing; a resumed run counts only its own
+    rounds) times the rounds left."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.loop_started = time.perf_counter()
+        self.rounds_done = 0
+
+    def tick(self, rounds_left: int) -> str:
+        """Counts one round done; `<elapsed> elapsed, ETA <time>` (no ETA after the last)."""
+        self.rounds_done += 1
+        now = time.perf_counter()
+        text = f"{duration(now - self.started)} elapsed"
+        if rounds_left > 0:
+            mean = (now - self.loop_started) / self.rounds_done
+            text += f", ETA {duration(mean * rounds_left)}"
+        return text
+
+
+def progress_line(row: dict[str, Any], rounds: int, timing: str = "") -> str:
+    """The round's line: `round 3/100  loss ...  acc ...  eval_* ...  up ... KiB/client  <round
+    seconds>` and `timing` (`RoundClock.tick`'s elapsed time and ETA)."""
     width = len(str(rounds))
     parts = [f"round {row['round']:>{width}}/{rounds}"]
     for key, label in (("train_loss", "loss"), ("train_accuracy", "acc")):
@@ -184,4 +294,6 @@ def progress_line(row: dict[str, Any], rounds: int) -> str:
     if "bytes_up_per_client" in row:
         parts.append(f"up {row['bytes_up_per_client'] / 1024:.1f} KiB/client")
     parts.append(f"{row['round_seconds']:.2f} s")
+    if timing:
+        parts.append(timing)
     return "  ".join(parts)
