@@ -19,6 +19,14 @@ from experiments import cli
 
 
 METHODS = ("fedrep", "fedrep_gd", "adaptpfl", "local")
+# The settings of `scripts/adaptpfl_synthetic.py`'s flags by default (their one place): lists are
+# the grid (m, AdaptPFL's α, seeds), the rest one value each.
+DEFAULTS = dict(num_clients=50, num_samples=[20, 40], dim=20, rank=2, data_alpha=0.3,
+                shortcut_norm=1.0, orthogonal_to_heads=False, noise_std=0.1, alphas=[0.3, 0.5],
+                learning_rate=0.1, head_steps=10, shortcut_steps=10, representation_steps=1,
+                shortcut_ridge=0.0, adaptpfl_variant="a", project_shortcut=True,
+                shortcut_damping=1.0, head_damping=1.0, adaptpfl_order="sw", init="moments",
+                methods=list(METHODS), rounds=100, seeds=[0, 1])
 
 
 def _mean_error(thetas: np.ndarray, problem) -> float:

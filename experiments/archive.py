@@ -1,4 +1,4 @@
-"""Finished train.py runs that outlive a checkout: `reproduce.py --archive_dir`.
+"""Finished training runs that outlive a checkout: `reproduce.py --archive_dir`.
 
 The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run in sittings, and
 `runs/` is not committed. The archive keeps, in `--output_dir`'s layout, what a run needs to be
@@ -10,11 +10,12 @@ tabulated or continued elsewhere:
   (`checkpoints/round_<n>/`, tffl.simulation.checkpoint's layout: the federated variables only, about
   100 KiB for LoRA on MiniLM), dropped once the run finishes.
 
-`train_once` is the one way these experiments run a train.py run:
+`train_once` is the one way these experiments run a training run
+(`experiments.running.run_training`):
 
 >>> import json, pathlib
 >>> out, kept = run_dir / "archive_example" / "out", run_dir / "archive_example" / "kept"
->>> def train(resume):   # stands in for the train.py subprocess
+>>> def train(resume):   # stands in for the training run
 ...     (out / "r").mkdir(parents=True)
 ...     (out / "r" / "summary.json").write_text(json.dumps({"rounds_completed": 5}))
 ...     (out / "r" / "metrics.csv").write_text("round\\n5\\n")
@@ -154,7 +155,8 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     SST-2 reruns, three days after their runs: training losses apart by ~1e-7 from round 2,
     final dev accuracies by up to a few sentences; `experiments.machine`), so the difference is
     recorded rather than required to be 0, with the rerun's `machine` beside it.
-    `experiments.sst2` takes a figure from `rerun` only when the run's own final lacks it.
+    `experiments.sst2_protocol.claim_accuracy` takes a figure from `rerun` only when the run's own
+    final lacks it.
 
     Returns the updated summary.
 

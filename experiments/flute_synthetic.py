@@ -3,7 +3,8 @@
 The library side of `scripts/flute_synthetic.py`, whose docstring gives the task, the methods and
 the error: `run_setting(M, k, seed, config)` runs every method on one problem (in a TFF runtime
 the caller opens) and returns one row per method and step size; `write_results` writes
-`results.csv` and `results.md` (mean ± std over seeds).
+`results.csv` and `results.md` (mean ± std over seeds). A config is `DEFAULTS` with changes and
+its "output_dir".
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from experiments import cli
 
 
 METHODS = ("flute", "fedrep_ri", "fedrep_mom")
+# The settings of `scripts/flute_synthetic.py`'s flags by default (their one place): lists are
+# the grid (M, k, seeds), the rest one value each.
+DEFAULTS = dict(ks=[2, 4], num_clients=[30], num_samples=20, dim=10, noise_variance=0.3,
+                learning_rate=0.03, gamma1=0.25, gamma2=0.125,
+                fedrep_learning_rates=[0.03, 0.3], methods=list(METHODS), rounds=200,
+                report_rounds=[25, 50, 100], seeds=[0, 1])
 PAPER_TREND = (
     "Paper (flute.md §5.3; Figures 1 and 3 are curves, no numbers): FLUTE beats FedRep(RI) in far "
     "fewer iterations; with d, M, N fixed, increasing k shrinks the gap in convergence speed "

@@ -39,12 +39,12 @@ class Table:
     notes: Sequence[str] = ()
 
 
-def _missing(value) -> bool:
+def missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
 
 
 def format_cell(value, fmt: str | Callable[[Any], str] = "{}") -> str:
-    if _missing(value):
+    if missing(value):
         return "–"
     text = fmt(value) if callable(fmt) else fmt.format(value)
     return text.replace("|", "\\|").replace("\n", " ")
@@ -80,12 +80,31 @@ def write_table(output_dir: os.PathLike | str, table: Table, stem: str = "result
 
 @dataclasses.dataclass
 class Series:
-    """One line (or one bar group member) of a panel; `style` is a matplotlib format string."""
+    """One line (or one bar group member) of a panel; `style` is a matplotlib format string;
+    `band`, `(low, high)` aligned with `x`, is shaded around a line (e.g. the seeds' spread,
+    `seed_series`)."""
 
     label: str
     x: Sequence
     y: Sequence[float]
     style: str = "-o"
+    band: tuple[Sequence[float], Sequence[float]] | None = None
+
+
+def seed_series(label: str, runs: Sequence[tuple[Sequence, Sequence[float]]]) -> Series:
+    """One line for a setting run with several seeds (`runs`: each seed's `(x, y)`): the mean
+    over the seeds at every x all of them have, shaded from the lowest to the highest seed.
+
+    >>> s = seed_series("fedrep", [([1, 2], [0.5, 0.7]), ([1, 2, 3], [0.7, 0.9, 1.0])])
+    >>> s.label, list(s.x), [round(v, 6) for v in s.y], s.band
+    ('fedrep (2 seeds: mean, min–max)', [1, 2], [0.6, 0.8], ([0.5, 0.7], [0.7, 0.9]))
+    """
+    at = [dict(zip(x, y)) for x, y in runs]
+    xs = [x for x in runs[0][0] if all(x in a for a in at)]
+    values = [[a[x] for a in at] for x in xs]
+    return Series(f"{label} ({len(runs)} seeds: mean, min–max)" if len(runs) > 1 else label, xs,
+                  [sum(v) / len(v) for v in values],
+                  band=([min(v) for v in values], [max(v) for v in values]))
 
 
 @dataclasses.dataclass
@@ -121,16 +140,18 @@ def save_plot(path: os.PathLike | str, panels: Sequence[Panel], title: str = "")
             width = 0.8 / n
             positions = np.arange(len(panel.categories))
             for j, s in enumerate(panel.series):
-                values = [np.nan if _missing(v) else float(v) for v in s.y]
+                values = [np.nan if missing(v) else float(v) for v in s.y]
                 ax.bar(positions + (j - (n - 1) / 2) * width, values, width, label=s.label)
             ax.set_xticks(positions, list(panel.categories))
         else:
             for s in panel.series:
                 x = list(s.x)
-                y = [np.nan if _missing(v) else float(v) for v in s.y]
-                ax.plot(x, y, s.style, label=s.label, markersize=3)
+                y = [np.nan if missing(v) else float(v) for v in s.y]
+                line, = ax.plot(x, y, s.style, label=s.label, markersize=3)
+                if s.band is not None:
+                    ax.fill_between(x, *s.band, color=line.get_color(), alpha=0.2, linewidth=0)
         for label, value in panel.hlines:
-            if not _missing(value):
+            if not missing(value):
                 ax.axhline(float(value), linestyle="--", linewidth=1, color="gray")
                 ax.annotate(label, (0.01, float(value)), xycoords=("axes fraction", "data"),
                             fontsize=7, color="gray", va="bottom")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from experiments.report import Column, Panel, Series, Table
-from experiments.rolora_mnist import _eval_curve
 from experiments import archive
-from experiments.running import (Context, METHOD_NAMES, Result, SCRIPTS, _need_data,
-                                 run_subprocess)
-from experiments.sst2 import SST2_CLAIM_NAMES, _run_seconds, _train_args
+from experiments.report import Column, Panel, Series, Table
+from experiments.run_config import RunConfig
+from experiments.running import (Context, METHOD_NAMES, Result, eval_curve, need_data,
+                                 run_seconds, run_training, train_config)
+from experiments.sst2_protocol import SST2_CLAIM_NAMES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -26,18 +26,18 @@ REVIEWS_SCALES = {
 
 
 def run_reviews_fedrep_rolora(ctx: Context) -> Result:
-    _need_data(ctx, "multidomain_sentiment")
+    need_data(ctx, "multidomain_sentiment")
     cfg = REVIEWS_SCALES[ctx.scale]
     run_dir = ctx.output_dir / "reviews"
-    run_subprocess(_train_args(ctx, run_dir, [
-        "--task=reviews", f"--backbone={cfg['backbone']}",
-        f"--sequence_length={cfg['sequence_length']}", "--rank=4", "--lora_targets=query,value",
-        f"--algorithm={','.join(REVIEWS_ALGORITHMS)}", "--representation=lora_alternating",
-        f"--head_epochs={cfg['head_epochs']}", f"--num_clients={cfg['num_clients']}",
-        f"--clients_per_round={cfg['num_clients']}", f"--rounds={cfg['rounds']}",
-        f"--local_steps={cfg['local_steps']}", f"--batch_size={cfg['batch_size']}",
-        f"--learning_rate={cfg['learning_rate']}", f"--eval_every={max(1, cfg['rounds'] // 5)}",
-    ]), "scripts/train.py (reviews)")
+    run_training(train_config(
+        ctx, run_dir, task="reviews", backbone=cfg["backbone"],
+        sequence_length=cfg["sequence_length"], rank=4, lora_targets=("query", "value"),
+        algorithm=REVIEWS_ALGORITHMS, representation="lora_alternating",
+        head_epochs=cfg["head_epochs"], num_clients=cfg["num_clients"],
+        clients_per_round=cfg["num_clients"], rounds=cfg["rounds"],
+        local_steps=cfg["local_steps"], batch_size=cfg["batch_size"],
+        learning_rate=cfg["learning_rate"], eval_every=max(1, cfg["rounds"] // 5),
+    ), "training (reviews)", ctx.isolate)
     rows, series = [], []
     for algorithm in REVIEWS_ALGORITHMS:
         summary = json.loads((run_dir / algorithm / "summary.json").read_text())
@@ -54,9 +54,9 @@ def run_reviews_fedrep_rolora(ctx: Context) -> Result:
                                      else "best_eval_accuracy"],
             "train_loss": summary["final"].get("train_loss"),
             "upload_kib": summary["upload_bytes_per_client_total"] / comm / 1024,
-            "seconds": _run_seconds(run_dir / algorithm),
+            "seconds": run_seconds(run_dir / algorithm),
         })
-        x, y = _eval_curve(run_dir / algorithm / "metrics.csv", key)
+        x, y = eval_curve(run_dir / algorithm / "metrics.csv", key)
         series.append(Series(METHOD_NAMES[algorithm], x, y))
     backbone = ("all-MiniLM-L6-v2 (pretrained)" if cfg["backbone"] == "minilm"
                 else "a random 2-layer, 64-wide BERT (`--backbone=tiny`)")
@@ -95,12 +95,12 @@ REVIEW_DOMAIN_NAMES = ("airline", "books", "dvd", "electronics", "kitchen")
 # Global methods (one model, tested on every domain) and personalized ones (each domain its own
 # head or B factors, tested on its own domain).
 REVIEWS_DOMAIN_METHODS = {
-    "rolora": (["--algorithm=rolora"], False),
-    "fedavg_lora": (["--algorithm=fedavg_lora"], False),
-    "ffa_lora": (["--algorithm=ffa_lora"], False),
-    "fedrep": (["--algorithm=fedrep", "--representation=lora_alternating"], True),
-    "fedsa_lora": (["--algorithm=fedsa_lora"], True),
-    "flute": (["--algorithm=flute", "--representation=lora_alternating"], True),
+    "rolora": (dict(algorithm="rolora"), False),
+    "fedavg_lora": (dict(algorithm="fedavg_lora"), False),
+    "ffa_lora": (dict(algorithm="ffa_lora"), False),
+    "fedrep": (dict(algorithm="fedrep", representation="lora_alternating"), True),
+    "fedsa_lora": (dict(algorithm="fedsa_lora"), True),
+    "flute": (dict(algorithm="flute", representation="lora_alternating"), True),
 }
 REVIEWS_DOMAIN_LABELS = {**SST2_CLAIM_NAMES, "fedrep": "FedRep heads over RoLoRA adapters",
                          "flute": "FLUTE* heads (NC server step) over RoLoRA adapters"}
@@ -119,31 +119,33 @@ REVIEWS_DOMAIN_SCALES = {
 # evaluates at the middle and the end, not five times.
 
 
+def _domains_config(ctx: Context, cfg: dict, run_dir, method: str, fields: dict) -> RunConfig:
+    """The training run of one method of `reviews_domains` at scale `cfg`."""
+    head = dict(head_epochs=cfg["head_epochs"]) if method in ("fedrep", "flute") else {}
+    layers = dict(lora_layers=cfg["lora_layers"]) if cfg.get("lora_layers") else {}
+    return RunConfig().with_changes(
+        task="reviews", backbone=cfg["backbone"], sequence_length=cfg["sequence_length"],
+        rank=4, lora_targets=("query", "value"), **layers, **fields, **head, num_clients=5,
+        clients_per_round=5, rounds=cfg["rounds"], local_steps=cfg["local_steps"],
+        batch_size=cfg["batch_size"], learning_rate=cfg["learning_rate"], eval_per_client=True,
+        eval_every=max(1, cfg["rounds"] // cfg.get("evaluations", 5)), seed=ctx.seed,
+        data_dir=str(ctx.data_dir), output_dir=str(run_dir))
+
+
 def run_reviews_domains(ctx: Context) -> Result:
-    _need_data(ctx, "multidomain_sentiment")
+    need_data(ctx, "multidomain_sentiment")
     cfg = REVIEWS_DOMAIN_SCALES[ctx.scale]
     rows, series = [], []
-    for method, (flags_, personalized) in REVIEWS_DOMAIN_METHODS.items():
+    for method, (fields, personalized) in REVIEWS_DOMAIN_METHODS.items():
         if ctx.methods is not None and method not in ctx.methods:
             continue
         run_dir = ctx.output_dir / method
-        head = [f"--head_epochs={cfg['head_epochs']}"] if method in ("fedrep", "flute") else []
-        args = [
-            SCRIPTS / "train.py", "--task=reviews", f"--backbone={cfg['backbone']}",
-            f"--sequence_length={cfg['sequence_length']}", "--rank=4",
-            "--lora_targets=query,value",
-            *([f"--lora_layers={cfg['lora_layers']}"] if cfg.get("lora_layers") else []),
-            *flags_, *head, "--num_clients=5",
-            "--clients_per_round=5", f"--rounds={cfg['rounds']}",
-            f"--local_steps={cfg['local_steps']}", f"--batch_size={cfg['batch_size']}",
-            f"--learning_rate={cfg['learning_rate']}", "--eval_per_client",
-            f"--eval_every={max(1, cfg['rounds'] // cfg.get('evaluations', 5))}",
-            f"--seed={ctx.seed}",
-            f"--data_dir={ctx.data_dir}", f"--output_dir={run_dir}"]
+        config = _domains_config(ctx, cfg, run_dir, method, fields)
         summary = archive.train_once(
             run_dir, cfg["rounds"],
-            None if ctx.collect else lambda resume, args=args, method=method: run_subprocess(
-                args + (["--resume"] if resume else []), f"train.py ({method}, reviews)"),
+            None if ctx.collect else lambda resume, config=config, method=method: run_training(
+                config.with_changes(resume=resume), f"training ({method}, reviews)",
+                ctx.isolate),
             ctx.output_dir, ctx.archive_dir)
         if summary is None:  # --collect, not finished yet
             continue

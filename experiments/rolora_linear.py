@@ -8,8 +8,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from experiments.report import Column, Panel, Series, Table, _missing
-from experiments.running import Context, METHOD_NAMES, Result, _mean, load_unit, save_unit
+from experiments.report import Column, Panel, Series, Table, missing
+from experiments.running import Context, METHOD_NAMES, Result, mean_of, load_unit, save_unit
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,25 +241,25 @@ def run_rolora_linear(ctx: Context) -> Result:
             rows.append({
                 "setting": setting, "method": METHOD_NAMES[method],
                 "communication_rounds": runs[0]["communication_rounds"],
-                "initial_sin_theta": _mean([u["sin_theta"][0] for u in runs]),
-                f"sin_theta_round_{t_quarter}": _mean([u["sin_theta"][t_quarter] for u in runs]),
-                f"sin_theta_round_{t_half}": _mean([u["sin_theta"][t_half] for u in runs]),
-                "final_sin_theta": _mean([u["sin_theta"][config.rounds] for u in runs]),
+                "initial_sin_theta": mean_of([u["sin_theta"][0] for u in runs]),
+                f"sin_theta_round_{t_quarter}": mean_of([u["sin_theta"][t_quarter] for u in runs]),
+                f"sin_theta_round_{t_half}": mean_of([u["sin_theta"][t_half] for u in runs]),
+                "final_sin_theta": mean_of([u["sin_theta"][config.rounds] for u in runs]),
                 "rounds_to_threshold": (
-                    f"{_mean(reached):.1f}" + ("" if len(reached) == len(runs)
+                    f"{mean_of(reached):.1f}" + ("" if len(reached) == len(runs)
                                                else f" ({len(reached)}/{len(runs)} seeds)")
                     if reached else "not reached"),
-                "final_loss": _mean([u["loss"][config.rounds] for u in runs]),
-                "excess_loss": _mean([u["loss"][config.rounds]
+                "final_loss": mean_of([u["loss"][config.rounds] for u in runs]),
+                "excess_loss": mean_of([u["loss"][config.rounds]
                                       - references[setting, seed]["loss"]
                                       for u, seed in zip(runs, seeds)]),
-                "theory_loss": None if method == "fedavg_lora" else _mean(theory),
+                "theory_loss": None if method == "fedavg_lora" else mean_of(theory),
                 "upload_floats": runs[0]["upload_floats"],
             })
         rows.append({
             "setting": setting, "method": "centralized optimum (numpy ALS, reference)",
-            "final_sin_theta": _mean([references[setting, s]["sin_theta"] for s in seeds]),
-            "final_loss": _mean([references[setting, s]["loss"] for s in seeds]),
+            "final_sin_theta": mean_of([references[setting, s]["sin_theta"] for s in seeds]),
+            "final_loss": mean_of([references[setting, s]["loss"] for s in seeds]),
             "excess_loss": 0.0,
         })
     columns = [
@@ -312,7 +312,7 @@ def run_rolora_linear(ctx: Context) -> Result:
 
 
 def _median(values) -> float:
-    values = sorted(v for v in values if not _missing(v))
+    values = sorted(v for v in values if not missing(v))
     if not values:
         return math.nan
     mid = len(values) // 2

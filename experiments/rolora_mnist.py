@@ -1,7 +1,8 @@
 """Experiment 2, `rolora_mnist`: RoLoRA's MNIST toy (rolora.md §2.5).
 
 `run_toy` runs RoLoRA, FedAvg-LoRA and FFA-LoRA for each setting (N clients × K labels) and
-learning rate, one `scripts/train.py` run per (setting, learning rate) in
+learning rate, one training run (`experiments.running.run_training`) per (setting, learning
+rate) in
 `<root>/toy_<N>x<K>_lr<lr>/`, and writes `results.csv` and `results.md` (the best final test
 accuracy per method). `scripts/rolora_mnist_toy.py` is its command line; `run_rolora_mnist` is
 `scripts/reproduce.py --experiment=rolora_mnist`.
@@ -16,9 +17,10 @@ import pathlib
 import shutil
 from collections.abc import Callable, Sequence
 
-from experiments.report import Column, Panel, Series, Table, _missing
-from experiments.running import (Context, METHOD_NAMES, Result, SCRIPTS, _float, _need_data,
-                                 _read_csv, run_subprocess)
+from experiments.report import Column, Panel, Series, Table
+from experiments.run_config import RunConfig
+from experiments.running import (Context, METHOD_NAMES, Result, as_float, eval_curve, need_data,
+                                 read_csv, run_training)
 
 TOY_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora")
 TOY_PAPER_CLAIMS = (
@@ -43,41 +45,48 @@ def parse_setting(text: str) -> tuple[int, int]:
     return n, k
 
 
+def toy_config(n: int, k: int, lr: str, run_dir: pathlib.Path, rounds: int, local_steps: int,
+               data_dir: str | None) -> RunConfig:
+    """The training run of one setting (N clients × K labels) and learning rate: the three
+    algorithms on MNIST, all clients every round, rank 16, batch 64."""
+    config = RunConfig().with_changes(
+        task="mnist", algorithm=TOY_ALGORITHMS, num_clients=n, clients_per_round=n,
+        classes_per_client=k, rank=16, batch_size=64, local_steps=local_steps, rounds=rounds,
+        eval_every=10, learning_rate=float(lr), output_dir=str(run_dir))
+    return config.with_changes(data_dir=data_dir) if data_dir else config
+
+
 def _toy_run(n: int, k: int, lr: str, root: pathlib.Path, rounds: int, local_steps: int,
-             data_dir: str | None, resume: bool, log: Callable[[str], None]) -> list[dict]:
-    """One setting and learning rate: a train.py run of the three algorithms (reused when
+             data_dir: str | None, resume: bool, log: Callable[[str], None],
+             isolate: bool = False) -> list[dict]:
+    """One setting and learning rate: a training run of the three algorithms (reused when
     complete; with `resume`, a run stopped mid-way is rerun from scratch)."""
     run_dir = root / f"toy_{n}x{k}_lr{lr}"
     complete = all((run_dir / a / "summary.json").exists() for a in TOY_ALGORITHMS)
     if run_dir.exists() and not complete and resume:
         log(f"resume: {run_dir.name} was stopped mid-way; rerunning it")
         shutil.rmtree(run_dir)
-    args = [
-        SCRIPTS / "train.py", "--task=mnist", f"--algorithm={','.join(TOY_ALGORITHMS)}",
-        f"--num_clients={n}", f"--clients_per_round={n}", f"--classes_per_client={k}",
-        "--rank=16", "--batch_size=64", f"--local_steps={local_steps}", f"--rounds={rounds}",
-        "--eval_every=10", f"--learning_rate={lr}", f"--output_dir={run_dir}",
-    ]
-    if data_dir:
-        args.append(f"--data_dir={data_dir}")
-    if complete:
-        args.append("--resume")  # train.py reloads the last checkpoint and stops
+    # A complete run is resumed: it reloads the last checkpoint and stops.
+    config = toy_config(n, k, lr, run_dir, rounds, local_steps, data_dir).with_changes(
+        resume=complete)
     log(f"== {n} clients x {k} labels, learning rate {lr} -> {run_dir}")
-    run_subprocess(args, f"scripts/train.py ({n}x{k}, lr {lr})")
+    run_training(config, f"training ({n}x{k}, lr {lr})", isolate)
     return [json.loads((run_dir / a / "summary.json").read_text()) for a in TOY_ALGORITHMS]
 
 
 def run_toy(root: pathlib.Path, settings: Sequence[str], learning_rates: Sequence[str],
             rounds: int, local_steps: int, data_dir: str | None = None, resume: bool = True,
-            log: Callable[[str], None] = print) -> str:
-    """Runs every setting × learning rate; writes `results.csv` and `results.md` to `root` and
-    returns the table (the best final test accuracy of each method over the learning rates)."""
+            log: Callable[[str], None] = print, isolate: bool = False) -> str:
+    """Runs every setting × learning rate (`isolate`: each run in a child process); writes
+    `results.csv` and `results.md` to `root` and returns the table (the best final test
+    accuracy of each method over the learning rates)."""
     parsed = [parse_setting(s) for s in settings]
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, k in parsed:
         for lr in learning_rates:
-            for summary in _toy_run(n, k, lr, root, rounds, local_steps, data_dir, resume, log):
+            for summary in _toy_run(n, k, lr, root, rounds, local_steps, data_dir, resume, log,
+                                    isolate):
                 final = summary["final"]
                 rows.append({
                     "setting": f"{n} clients x {k} labels",
@@ -138,20 +147,13 @@ MNIST_PAPER = {"rolora": "most robust", "fedavg_lora": "degrades as clients grow
                "ffa_lora": "plateaus ≈ 55%"}
 
 
-def _eval_curve(metrics_csv: pathlib.Path, key: str = "eval_accuracy"):
-    rows = _read_csv(metrics_csv) if metrics_csv.exists() else []
-    points = [(int(float(r["communication_rounds"])), _float(r.get(key)))
-              for r in rows if not _missing(r.get(key))]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
 def run_rolora_mnist(ctx: Context) -> Result:
-    _need_data(ctx, "mnist/mnist_5k.csv.gz")
+    need_data(ctx, "mnist/mnist_5k.csv.gz")
     cfg = MNIST_SCALES[ctx.scale]
     toy_dir = ctx.output_dir / "toy"
     run_toy(toy_dir, MNIST_SETTINGS, cfg["learning_rates"], cfg["rounds"], cfg["local_steps"],
-            str(ctx.data_dir), resume=ctx.resume, log=ctx.log)
-    results = _read_csv(toy_dir / "results.csv")
+            str(ctx.data_dir), resume=ctx.resume, log=ctx.log, isolate=ctx.isolate)
+    results = read_csv(toy_dir / "results.csv")
     rows, panels = [], []
     for setting_flag in MNIST_SETTINGS:
         n, k = setting_flag.split("x")
@@ -159,8 +161,8 @@ def run_rolora_mnist(ctx: Context) -> Result:
         series = []
         for algorithm in TOY_ALGORITHMS:
             mine = [r for r in results if r["setting"] == setting and r["algorithm"] == algorithm]
-            best = max(mine, key=lambda r: _float(r["final_test_accuracy"]))
-            lr = f"{_float(best['learning_rate']):g}"
+            best = max(mine, key=lambda r: as_float(r["final_test_accuracy"]))
+            lr = f"{as_float(best['learning_rate']):g}"
             run_dir = toy_dir / f"toy_{n}x{k}_lr{_lr_text(best['learning_rate'], cfg)}" / algorithm
             summary = json.loads((run_dir / "summary.json").read_text())
             comm = max(1, summary["communication_rounds"])
@@ -168,13 +170,13 @@ def run_rolora_mnist(ctx: Context) -> Result:
                 "setting": setting, "algorithm": METHOD_NAMES[algorithm],
                 "best_learning_rate": lr,
                 "communication_rounds": summary["communication_rounds"],
-                "final_test_accuracy": _float(best["final_test_accuracy"]),
-                "best_test_accuracy": _float(best["best_test_accuracy"]),
+                "final_test_accuracy": as_float(best["final_test_accuracy"]),
+                "best_test_accuracy": as_float(best["best_test_accuracy"]),
                 "upload_kib": summary["upload_bytes_per_client_total"] / comm / 1024,
                 "recorded_full": MNIST_RECORDED.get((setting, algorithm)),
                 "paper": MNIST_PAPER[algorithm],
             })
-            x, y = _eval_curve(run_dir / "metrics.csv")
+            x, y = eval_curve(run_dir / "metrics.csv")
             series.append(Series(f"{METHOD_NAMES[algorithm]} (lr {lr})", x, y))
         panels.append(Panel(f"MNIST-5k, {setting}", "communication round", "test accuracy",
                             series, hlines=[("paper: FFA-LoRA plateau ≈ 55%", 0.55)]))

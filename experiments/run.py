@@ -258,5 +258,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    import warnings
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
     sys.exit(main(sys.argv))

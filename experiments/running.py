@@ -1,5 +1,7 @@
-"""Running an experiment: its context and result, train.py subprocesses, --estimate's probes,
-reloadable units and small numeric helpers."""
+"""Running an experiment: its context and result, its training runs (`run_training`: a
+`RunConfig` run by `experiments.run`, in this process or in a child fed by a config file),
+--estimate's probes, reloadable units and the small helpers the experiment modules share
+(reading runs' files, means and standard deviations)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments.cli import UsageError
-
-from experiments.report import Panel, Table, _missing
+from experiments.report import Panel, Table, missing
+from experiments.run_config import RunConfig
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
 
 # Display names of the methods in the tables.
@@ -37,7 +39,7 @@ METHOD_NAMES = {
 
 
 class StepError(RuntimeError):
-    """A step (e.g. a subprocess) failed; reported as one line, exit status 1."""
+    """A step (e.g. a training run) failed; reported as one line, exit status 1."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -61,6 +63,9 @@ class Context:
     # newest checkpoint, are kept (output_dir's layout; experiments.archive), so that a later
     # sitting on a fresh checkout skips or resumes them.
     archive_dir: pathlib.Path | None = None
+    # Each training run in a child process of its own (`python -m experiments.run CONFIG.json`),
+    # so that a crash ends that run only; False: in this process (`experiments.run.run`).
+    isolate: bool = False
 
 
 @dataclasses.dataclass
@@ -83,7 +88,7 @@ ESTIMATE_PROBE_ROUNDS = 4
 
 @dataclasses.dataclass
 class Probe:
-    """One train.py run's probe: the rounds and evaluations the real run would do, and the
+    """One training run's probe: the rounds and evaluations the real run would do, and the
     probe's wall time, per-round and per-evaluation seconds."""
 
     what: str
@@ -107,7 +112,7 @@ class Probe:
                 + self.evaluations * t_eval)
 
 
-# Set by `estimate_experiment`: train.py runs then become probes recorded here.
+# Set by `estimate_experiment`: training runs then become probes recorded here.
 _PROBES: list[Probe] | None = None
 
 
@@ -116,46 +121,80 @@ def active_probes() -> list[Probe] | None:
     return _PROBES
 
 
-def _flag_value(args: Sequence[str], name: str) -> str | None:
-    for a in args:
-        if str(a).startswith(f"--{name}="):
-            return str(a).split("=", 1)[1]
-    return None
+def train_config(ctx: Context, run_dir: pathlib.Path, **fields: Any) -> RunConfig:
+    """The `RunConfig` of `fields` (by flag name) with the context's seed and data folder,
+    output to `run_dir`, resuming when the context resumes (a run without checkpoints then
+    starts afresh)."""
+    return RunConfig().with_changes(**fields, seed=ctx.seed, data_dir=str(ctx.data_dir),
+                                    output_dir=str(run_dir), resume=ctx.resume)
 
 
-def _probe_args(args: Sequence[str]) -> tuple[list[str], int, int]:
-    """train.py `args` as a probe (ESTIMATE_PROBE_ROUNDS rounds, two evaluations, no resume);
-    also the real run's rounds and evaluations per algorithm."""
-    rounds = int(_flag_value(args, "rounds") or 100)
-    every = int(_flag_value(args, "eval_every") or 5)
+def probe_config(config: RunConfig) -> tuple[RunConfig, int, int]:
+    """`config` as a probe (ESTIMATE_PROBE_ROUNDS rounds, two evaluations, no resume); also the
+    real run's rounds and evaluations per algorithm.
+
+    >>> probe, rounds, evaluations = probe_config(RunConfig().with_changes(rounds=150))
+    >>> (probe.algorithm.rounds, probe.output.eval_every, rounds, evaluations)
+    (4, 2, 150, 30)
+    """
+    rounds, every = config.algorithm.rounds, config.output.eval_every
     evaluations = (rounds // every + (rounds % every > 0)) if every else 1
     probe = ESTIMATE_PROBE_ROUNDS
-    out = [a for a in map(str, args) if not a.startswith(("--rounds=", "--eval_every=",
-                                                            "--resume"))]
-    return out + [f"--rounds={probe}", f"--eval_every={probe // 2}"], rounds, evaluations
+    return (config.with_changes(rounds=probe, eval_every=probe // 2, resume=False), rounds,
+            evaluations)
 
 
-def run_subprocess(args: Sequence[str], what: str) -> None:
-    """Runs `[python, *args]` in the repository root (its output goes to ours); stops it with
-    SIGTERM (then SIGKILL) if we are stopped; raises `StepError` if it fails. Under
-    `estimate_experiment`, a train.py run is replaced by its probe."""
-    if _PROBES is not None and str(args[0]).endswith("train.py"):
-        args, rounds, evaluations = _probe_args(args)
-        started = time.perf_counter()
-        _run_command(args, what)
-        wall = time.perf_counter() - started
-        run_dir = pathlib.Path(_flag_value(args, "output_dir"))
-        for metrics in sorted(run_dir.rglob("metrics.csv")):
-            rows = _read_csv(metrics)
-            name = what if metrics.parent == run_dir else f"{what}: {metrics.parent.name}"
-            share = wall / max(1, len(list(run_dir.rglob("metrics.csv"))))
-            _PROBES.append(Probe(
-                name, rounds, evaluations, share,
-                [_float(r["round_seconds"]) for r in rows],
-                [_float(r["evaluation_seconds"]) for r in rows
-                 if not _missing(r.get("evaluation_seconds"))]))
+def run_training(config: RunConfig, what: str, isolate: bool = False) -> None:
+    """Runs the training run `config` (`experiments.run.run`): in this process, or with
+    `isolate` in a child (`python -m experiments.run CONFIG.json`, stopped with SIGTERM, then
+    SIGKILL, if we are stopped). A failure raises `StepError` naming `what` in one line;
+    Ctrl-C propagates. Under `estimate_experiment` the run is replaced by its probe."""
+    if _PROBES is None:
+        _train(config, what, isolate)
         return
-    _run_command(args, what)
+    probe, rounds, evaluations = probe_config(config)
+    started = time.perf_counter()
+    _train(probe, what, isolate)
+    wall = time.perf_counter() - started
+    run_dir = pathlib.Path(probe.output.output_dir)
+    found = sorted(run_dir.rglob("metrics.csv"))
+    for metrics in found:
+        rows = read_csv(metrics)
+        name = what if metrics.parent == run_dir else f"{what}: {metrics.parent.name}"
+        _PROBES.append(Probe(
+            name, rounds, evaluations, wall / max(1, len(found)),
+            [as_float(r["round_seconds"]) for r in rows],
+            [as_float(r["evaluation_seconds"]) for r in rows
+             if not missing(r.get("evaluation_seconds"))]))
+
+
+def _train(config: RunConfig, what: str, isolate: bool) -> None:
+    """`run_training` without the probes: `config` run here, or in a child fed a config file
+    (a temporary one: the run folder keeps its own config.json)."""
+    if isolate:
+        with tempfile.TemporaryDirectory(prefix="tffl_run_") as folder:
+            path = pathlib.Path(folder) / "config.json"
+            path.write_text(config.to_json() + "\n")
+            _run_command(["-m", "experiments.run", path], what)
+        return
+    from experiments import run
+
+    print(f"== {what} -> {config.output.output_dir}", flush=True)
+    try:
+        config = run.resolve(config)
+        run.report(config, run.run(config))
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the run is the step's one line
+        raise StepError(f"{what} failed: {_one_line(e)}") from e
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (its type when it has none); flags as flags."""
+    from experiments import run
+
+    text = " ".join(run.flag_message(error).split())
+    return text or type(error).__name__
 
 
 _PR_SET_PDEATHSIG = 1
@@ -163,9 +202,9 @@ _PR_SET_PDEATHSIG = 1
 
 def _stop_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Asks the Linux kernel to SIGTERM this child when its parent thread exits, even by
-    SIGKILL (e.g. a `subprocess.run(timeout=...)` around reproduce.py), so a train.py run never
-    outlives the experiment: its SIGTERM handler stops its TFF workers, and `--resume` restarts
-    it from its last checkpoint (`tffl.runtime.workers` does the same for the workers, with
+    SIGKILL (e.g. a `subprocess.run(timeout=...)` around reproduce.py), so an isolated training
+    run never outlives the experiment: its SIGTERM handler stops its TFF workers, and `--resume`
+    restarts it from its last checkpoint (`tffl.runtime.workers` does the same for the workers, with
     SIGKILL)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -174,6 +213,8 @@ def _stop_with_parent() -> None:  # pragma: no cover - runs in the child between
 
 
 def _run_command(args: Sequence[str], what: str) -> None:
+    """Runs `[python, *args]` in the repository root (its output goes to ours); stops it with
+    SIGTERM (then SIGKILL) if we are stopped; raises `StepError` if it fails."""
     command = [sys.executable, *map(str, args)]
     shown = [str(a).replace(f"{ROOT}{os.sep}", "") for a in args]
     print("$ python " + " ".join(shown), flush=True)
@@ -219,7 +260,8 @@ def load_unit(ctx: Context, key: str):
     return None
 
 
-def _need_data(ctx: Context, relative: str) -> pathlib.Path:
+def need_data(ctx: Context, relative: str) -> pathlib.Path:
+    """`ctx.data_dir / relative`; `UsageError` naming --data_dir if it is absent."""
     path = ctx.data_dir / relative
     if not path.exists():
         raise UsageError(f"flag --data_dir={ctx.data_dir}: {relative} not found there (the "
@@ -227,58 +269,77 @@ def _need_data(ctx: Context, relative: str) -> pathlib.Path:
     return path
 
 
-def _read_csv(path: pathlib.Path) -> list[dict]:
+def read_csv(path: pathlib.Path) -> list[dict]:
+    """The rows of a CSV file (a run's metrics.csv, an experiment's results.csv) as dicts."""
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def _float(value) -> float:
+def as_float(value) -> float:
+    """`float(value)`, NaN for a blank or missing one."""
     try:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
 
 
-def _mean(values) -> float:
-    values = [v for v in values if not _missing(v)]
+def mean_of(values) -> float:
+    """The mean of the values that are not missing; NaN for none."""
+    values = [v for v in values if not missing(v)]
     return sum(values) / len(values) if values else math.nan
 
 
-def _std(values) -> float:
+def sample_std(values) -> float:
     """The sample standard deviation (ddof = 1) of the values that are not missing:
     s = √(Σ (v − v̄)² / (n − 1)); NaN for fewer than two.
 
-    >>> _std([1.0, 2.0, 3.0]), _std([3.0, 1.0]), _std([5.0])
+    >>> sample_std([1.0, 2.0, 3.0]), sample_std([3.0, 1.0]), sample_std([5.0])
     (1.0, 1.4142135623730951, nan)
     """
-    values = [v for v in values if not _missing(v)]
+    values = [v for v in values if not missing(v)]
     if len(values) < 2:
         return math.nan
-    m = _mean(values)
+    m = mean_of(values)
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def _mean_std(values, spec="{:.3f}") -> str:
-    """"mean ± s" with s the sample std (ddof = 1, `_std`); one value alone; "–" for none.
+def mean_std(values, spec="{:.3f}") -> str:
+    """"mean ± s" with s the sample std (ddof = 1, `sample_std`); one value alone; "–" for none.
 
-    >>> _mean_std([0.8, 0.9], "{:.4f}"), _mean_std([0.8]), _mean_std([None])
+    >>> mean_std([0.8, 0.9], "{:.4f}"), mean_std([0.8]), mean_std([None])
     ('0.8500 ± 0.0707', '0.800', '–')
     """
-    values = [v for v in values if not _missing(v)]
+    values = [v for v in values if not missing(v)]
     if not values:
         return "–"
     if len(values) == 1:
         return spec.format(values[0])
-    return f"{spec.format(_mean(values))} ± {spec.format(_std(values))}"
+    return f"{spec.format(mean_of(values))} ± {spec.format(sample_std(values))}"
 
+
+def eval_curve(metrics_csv: pathlib.Path, key: str = "eval_accuracy"
+               ) -> tuple[list[int], list[float]]:
+    """(communication rounds, `key`) of a run's evaluated rounds (none without metrics.csv)."""
+    rows = read_csv(metrics_csv) if metrics_csv.exists() else []
+    points = [(int(float(r["communication_rounds"])), as_float(r.get(key)))
+              for r in rows if not missing(r.get(key))]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def run_seconds(run_dir: pathlib.Path) -> float:
+    """Training seconds of a run, summed over its metrics rows (resume-proof)."""
+    rows = read_csv(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else []
+    return sum(as_float(r.get("round_seconds")) for r in rows
+               if not missing(r.get("round_seconds")))
 
 
 def estimate_experiment(ctx: Context, runner: Callable[[Context], Any]) -> float:
-    """Runs the experiment with every train.py run replaced by a short timed probe (in
-    <output_dir>/estimate) and prints each run's predicted time; returns the total (seconds).
+    """Runs the experiment with every training run (`run_training`) replaced by a short timed
+    probe (in <output_dir>/estimate) and prints each run's predicted time; returns the total
+    (seconds).
 
     Raises:
-      UsageError: the experiment runs in this process (no train.py runs to probe)."""
+      UsageError: the experiment has no training runs to probe."""
     import shutil
 
     global _PROBES
@@ -293,8 +354,8 @@ def estimate_experiment(ctx: Context, runner: Callable[[Context], Any]) -> float
     finally:
         _PROBES = None
     if not probes:
-        raise UsageError(f"flag --estimate: {ctx.experiment} runs in this process, without "
-                         "train.py runs to probe; docs/REPRODUCE.md has its measured time")
+        raise UsageError(f"flag --estimate: {ctx.experiment} has no training runs to probe; "
+                         "docs/REPRODUCE.md has its measured time")
     total = 0.0
     ctx.log(f"\n{ctx.experiment} ({ctx.scale} scale), predicted from {ESTIMATE_PROBE_ROUNDS}-round "
             "probes on this machine:")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from experiments.report import Column, Panel, Series, Table, _missing
-from experiments.running import (Context, Result, SCRIPTS, _float, _mean, _mean_std, _need_data,
-                                 _read_csv, load_unit, run_subprocess, save_unit)
+from experiments.report import Column, Panel, Series, Table, missing
+from experiments.running import (Context, Result, as_float, load_unit, mean_of, mean_std,
+                                 need_data, read_csv, run_training, save_unit, train_config)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,8 +110,8 @@ SRPFL_MNIST_SCALES = {"small": dict(seeds=1, rounds=40), "full": dict(seeds=3, r
 # just above the N-client floor (srpfl.md §4.4).
 SRPFL_MNIST_TARGETS = (0.90, 0.95, 0.96)
 SRPFL_MNIST_METHODS = {
-    "FedRep": ["--participation=full"],
-    "SRPFL": ["--participation=srpfl", "--initial_participants=10", "--stage_rounds=10"],
+    "FedRep": dict(participation="full"),
+    "SRPFL": dict(participation="srpfl", initial_participants=10, stage_rounds=10),
 }
 
 
@@ -124,15 +124,15 @@ SRPFL_MNIST_SPEEDS = {
 }
 
 
-def srpfl_mnist_args(rounds: int, seed: int, straggler: str = "fixed") -> list[str]:
-    """train.py flags shared by both methods (the code's FedRep: 10 head epochs + 1
+def srpfl_mnist_fields(rounds: int, straggler: str = "fixed") -> dict:
+    """The `RunConfig` fields shared by both methods (the code's FedRep: 10 head epochs + 1
     representation epoch, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10; evaluation
     after 10 head epochs of fine-tuning)."""
-    return ["--task=mnist", "--partition=shards", "--classes_per_client=2", "--num_clients=100",
-            "--algorithm=fedrep", "--srpfl_pool=20", f"--straggler={straggler}", "--head_epochs=10",
-            "--representation_epochs=1", "--batch_size=10", "--learning_rate=0.01",
-            "--client_optimizer=sgdm", "--client_momentum=0.5", "--weight_decay=1e-4",
-            "--finetune_epochs=10", f"--rounds={rounds}", "--eval_every=5", f"--seed={seed}"]
+    return dict(task="mnist", partition="shards", classes_per_client=2, num_clients=100,
+                algorithm="fedrep", srpfl_pool=20, straggler=straggler, head_epochs=10,
+                representation_epochs=1, batch_size=10, learning_rate=0.01,
+                client_optimizer="sgdm", client_momentum=0.5, weight_decay=1e-4,
+                finetune_epochs=10, rounds=rounds, eval_every=5)
 
 
 def time_to_target(rows: Sequence[dict], target: float) -> tuple[float, int] | None:
@@ -140,8 +140,8 @@ def time_to_target(rows: Sequence[dict], target: float) -> tuple[float, int] | N
     `target`, or None."""
     for r in rows:
         accuracy = r.get("eval_personal_accuracy")
-        if not _missing(accuracy) and _float(accuracy) >= target:
-            return _float(r["simulated_time"]), int(r["round"])
+        if not missing(accuracy) and as_float(accuracy) >= target:
+            return as_float(r["simulated_time"]), int(r["round"])
     return None
 
 
@@ -151,19 +151,17 @@ def run_srpfl_mnist_dynamic(ctx: Context) -> Result:
 
 
 def run_srpfl_mnist(ctx: Context, straggler: str = "fixed") -> Result:
-    _need_data(ctx, "mnist")
+    need_data(ctx, "mnist")
     cfg = SRPFL_MNIST_SCALES[ctx.scale]
     seeds = [ctx.seed + s for s in range(cfg["seeds"])]
     curves: dict[tuple[str, int], list[dict]] = {}
-    for method, flags_ in SRPFL_MNIST_METHODS.items():
+    for method, fields in SRPFL_MNIST_METHODS.items():
         for seed in seeds:
             run_dir = ctx.output_dir / f"{method.lower()}_seed{seed}"
-            args = [SCRIPTS / "train.py", *srpfl_mnist_args(cfg["rounds"], seed, straggler),
-                    *flags_,
-                    f"--data_dir={ctx.data_dir}", f"--output_dir={run_dir}"]
-            run_subprocess(args + (["--resume"] if ctx.resume else []),
-                           f"scripts/train.py ({method}, seed {seed})")
-            curves[method, seed] = _read_csv(run_dir / "metrics.csv")
+            config = train_config(ctx, run_dir, **srpfl_mnist_fields(cfg["rounds"], straggler),
+                                  **fields).with_changes(seed=seed)
+            run_training(config, f"training ({method}, seed {seed})", ctx.isolate)
+            curves[method, seed] = read_csv(run_dir / "metrics.csv")
     rows = []
     for target in SRPFL_MNIST_TARGETS:
         times = {}
@@ -174,20 +172,20 @@ def run_srpfl_mnist(ctx: Context, straggler: str = "fixed") -> Result:
             rows.append({
                 "target": target, "method": method,
                 "reached": f"{len(reached)}/{len(seeds)}",
-                "rounds": _mean_std([h[1] for h in reached], "{:.1f}") if reached else None,
-                "time": _mean_std([h[0] for h in reached], "{:.1f}") if reached else None,
+                "rounds": mean_std([h[1] for h in reached], "{:.1f}") if reached else None,
+                "time": mean_std([h[0] for h in reached], "{:.1f}") if reached else None,
                 "speedup": None, "per_seed": None})
         pairs = list(zip(times["FedRep"], times["SRPFL"]))
         if all(f is not None and s is not None for f, s in pairs):
-            rows[-1]["speedup"] = f"{_mean([f for f, _ in pairs]) / _mean([s for _, s in pairs]):.2f}"
+            rows[-1]["speedup"] = f"{mean_of([f for f, _ in pairs]) / mean_of([s for _, s in pairs]):.2f}"
             rows[-1]["per_seed"] = " / ".join(f"{f / s:.2f}" for f, s in pairs)
-    finals = {m: [_float(next(r for r in reversed(curves[m, s])
-                               if not _missing(r.get("eval_personal_accuracy")))
+    finals = {m: [as_float(next(r for r in reversed(curves[m, s])
+                               if not missing(r.get("eval_personal_accuracy")))
                           ["eval_personal_accuracy"]) for s in seeds]
               for m in SRPFL_MNIST_METHODS}
     for method, values in finals.items():
         rows.append({"target": "final", "method": method, "reached": f"{len(values)} seeds",
-                     "rounds": cfg["rounds"], "time": _mean_std(values, "{:.4f}") + " (acc.)",
+                     "rounds": cfg["rounds"], "time": mean_std(values, "{:.4f}") + " (acc.)",
                      "speedup": None, "per_seed": None})
     title = (
         f"SRPFL vs FedRep on MNIST-5k (srpfl.md §2.4, the code's neural setting, Figs 5-6): "
@@ -211,9 +209,9 @@ def run_srpfl_mnist(ctx: Context, straggler: str = "fixed") -> Result:
     for xkey, xlabel in (("simulated_time", "simulated wall-clock"), ("round", "round")):
         series = []
         for (method, seed), rows_ in curves.items():
-            evaluated = [r for r in rows_ if not _missing(r.get("eval_personal_accuracy"))]
-            series.append(Series(f"{method} seed {seed}", [_float(r[xkey]) for r in evaluated],
-                                 [_float(r["eval_personal_accuracy"]) for r in evaluated],
+            evaluated = [r for r in rows_ if not missing(r.get("eval_personal_accuracy"))]
+            series.append(Series(f"{method} seed {seed}", [as_float(r[xkey]) for r in evaluated],
+                                 [as_float(r["eval_personal_accuracy"]) for r in evaluated],
                                  "-o" if method == "SRPFL" else "--s"))
         panels.append(Panel(f"personalized accuracy vs {xlabel}", xlabel,
                             "personalized test accuracy", series,

@@ -1,10 +1,14 @@
-"""Experiments 6 and 7: `flute_synthetic` and `adaptpfl_synthetic`, through their scripts."""
+"""Experiments 6 and 7: `flute_synthetic` and `adaptpfl_synthetic`, in this process through
+their library modules (`experiments.flute_synthetic`, `experiments.adaptpfl_synthetic`, the
+settings of their scripts' defaults but the grid), on one managed TFF runtime each."""
 
 from __future__ import annotations
 
+import pathlib
+from collections.abc import Callable, Iterable
+
 from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, Result, SCRIPTS, _float, _mean, _mean_std, _read_csv,
-                                 run_subprocess)
+from experiments.running import Context, Result, as_float, mean_of, mean_std, read_csv
 
 
 # ------------------------------------------------------------------------------------------------
@@ -18,6 +22,10 @@ FLUTE_SCALES = {
 FLUTE_NAMES = {"flute": "FLUTE", "fedrep_ri": "FedRep(RI)", "fedrep_mom": "FedRep (MoM init)"}
 
 
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
 def _seed_list(ctx: Context, count: int) -> str:
     return ",".join(str(ctx.seed + s) for s in range(count))
 
@@ -27,15 +35,33 @@ def _over_seeds(ctx: Context, count: int) -> str:
             else f"seed {ctx.seed}")
 
 
+def _run_grid(out: pathlib.Path, config: dict, settings: Iterable[tuple],
+              run_setting: Callable[..., list[dict]],
+              write_results: Callable[[list[dict], dict], str]) -> None:
+    """Runs `run_setting(*setting, config)` for each setting on one managed TFF runtime
+    (its worker log in `out`) and writes results.csv and results.md to `out`."""
+    from tffl import runtime
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with runtime.local_runtime(log_dir=out):
+        for setting in settings:
+            rows += run_setting(*setting, config)
+    write_results(rows, config)
+
+
 def run_flute_synthetic(ctx: Context) -> Result:
+    from experiments import flute_synthetic as fs
+
     cfg = FLUTE_SCALES[ctx.scale]
     out = ctx.output_dir / "flute_synthetic"
     if not (ctx.resume and (out / "results.csv").exists()):
-        run_subprocess([SCRIPTS / "flute_synthetic.py", f"--ks={cfg['ks']}",
-                        f"--num_clients={cfg['num_clients']}",
-                        f"--seeds={_seed_list(ctx, cfg['seeds'])}", f"--output_dir={out}"],
-                       "scripts/flute_synthetic.py")
-    results = _read_csv(out / "results.csv")
+        config = dict(fs.DEFAULTS, ks=_ints(cfg["ks"]), num_clients=_ints(cfg["num_clients"]),
+                      seeds=_ints(_seed_list(ctx, cfg["seeds"])), output_dir=out)
+        _run_grid(out, config, [(m, k, seed) for m in config["num_clients"]
+                                for k in config["ks"] for seed in config["seeds"]],
+                  fs.run_setting, fs.write_results)
+    results = read_csv(out / "results.csv")
     error_keys = [k for k in results[0] if k.startswith("error_round_")]
     rounds = [int(k.rsplit("_", 1)[1]) for k in error_keys]
     rows, panels = [], []
@@ -46,17 +72,17 @@ def run_flute_synthetic(ctx: Context) -> Result:
         for method, eta in dict.fromkeys((r["method"], r["learning_rate"]) for r in group):
             runs = [r for r in group if (r["method"], r["learning_rate"]) == (method, eta)]
             row = {"M": m, "k": k, "method": FLUTE_NAMES.get(method, method),
-                   "eta": f"{_float(eta):g}"}
+                   "eta": f"{as_float(eta):g}"}
             for key in error_keys:
-                row[key] = _mean_std([_float(r[key]) for r in runs])
+                row[key] = mean_std([as_float(r[key]) for r in runs])
             rows.append(row)
             series.append(Series(f"{row['method']} η={row['eta']}", rounds,
-                                 [_mean([_float(r[key]) for r in runs]) for key in error_keys]))
-        floors = [_float(r["floor"]) for r in group if r["method"] == group[0]["method"]]
+                                 [mean_of([as_float(r[key]) for r in runs]) for key in error_keys]))
+        floors = [as_float(r["floor"]) for r in group if r["method"] == group[0]["method"]]
         rows.append({"M": m, "k": k, "method": "rank-k optimum (noise-free floor)",
-                     error_keys[-1]: _mean_std(floors)})
+                     error_keys[-1]: mean_std(floors)})
         panels.append(Panel(f"M = {m}, k = {k}", "round", "(1/M) Σ ‖B w_i − φ_i‖", series,
-                            hlines=[("rank-k floor", _mean(floors))]))
+                            hlines=[("rank-k floor", mean_of(floors))]))
     panels = panels[:4]  # the plot shows at most four settings; the table has them all
     columns = ([Column("M", "M"), Column("k", "k"), Column("method", "method"),
                 Column("η", "eta")]
@@ -83,13 +109,18 @@ ADAPTPFL_NAMES = {"fedrep": "FedRep (exact heads, QR)", "fedrep_gd": "FedRep (gr
 
 
 def run_adaptpfl_synthetic(ctx: Context) -> Result:
+    from experiments import adaptpfl_synthetic as ap
+
     cfg = ADAPTPFL_SCALES[ctx.scale]
     out = ctx.output_dir / "adaptpfl_synthetic"
     if not (ctx.resume and (out / "results.csv").exists()):
-        run_subprocess([SCRIPTS / "adaptpfl_synthetic.py", f"--num_samples={cfg['num_samples']}",
-                        f"--alphas={cfg['alphas']}", f"--seeds={_seed_list(ctx, cfg['seeds'])}",
-                        f"--output_dir={out}"], "scripts/adaptpfl_synthetic.py")
-    results = _read_csv(out / "results.csv")
+        config = dict(ap.DEFAULTS, num_samples=_ints(cfg["num_samples"]),
+                      alphas=[float(a) for a in cfg["alphas"].split(",")],
+                      seeds=_ints(_seed_list(ctx, cfg["seeds"])), output_dir=out)
+        _run_grid(out, config, [(m, seed) for m in config["num_samples"]
+                                for seed in config["seeds"]],
+                  ap.run_setting, ap.write_results)
+    results = read_csv(out / "results.csv")
     rows = []
     sizes = list(dict.fromkeys(int(r["num_samples"]) for r in results))
     keys = list(dict.fromkeys((r["method"], r["alpha"]) for r in results))
@@ -101,11 +132,11 @@ def run_adaptpfl_synthetic(ctx: Context) -> Result:
                 continue
             rows.append({
                 "m": m, "method": ADAPTPFL_NAMES.get(method, method),
-                "alpha": f"{_float(alpha):g}" if alpha else ("0" if method == "fedrep_gd"
+                "alpha": f"{as_float(alpha):g}" if alpha else ("0" if method == "fedrep_gd"
                                                               else None),
-                "personalized_error": _mean_std([_float(r["personalized_error"]) for r in runs]),
-                "subspace_distance": _mean_std([_float(r["subspace_distance"]) for r in runs]),
-                "_error": _mean([_float(r["personalized_error"]) for r in runs]),
+                "personalized_error": mean_std([as_float(r["personalized_error"]) for r in runs]),
+                "subspace_distance": mean_std([as_float(r["subspace_distance"]) for r in runs]),
+                "_error": mean_of([as_float(r["personalized_error"]) for r in runs]),
             })
     labels = list(dict.fromkeys((r["method"], r["alpha"]) for r in rows))
     panels = [Panel("personalized error after 100 rounds", "samples per client m",

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from experiments.report import Column, Table
-from experiments.running import _mean, _std
+from experiments.running import mean_of, sample_std
 
 LEVEL = 0.95
 CONFIRMED = "confirmed"
@@ -54,8 +54,8 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     from scipy import stats
 
     n = len(values)
-    mean = _mean(values) if n else math.nan
-    std = _std(values)
+    mean = mean_of(values) if n else math.nan
+    std = sample_std(values)
     if n < 2:
         return Interval(n, mean, std, math.nan, math.nan)
     half = float(stats.t.ppf((1 + level) / 2, n - 1)) * std / math.sqrt(n)

@@ -50,42 +50,61 @@ from experiments.cli import UsageError  # noqa: E402
 # that a bad flag is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker)
 # is imported before any worker is started.
 
-from experiments.adaptpfl_synthetic import METHODS, run_setting, write_results  # noqa: E402
+from experiments.adaptpfl_synthetic import DEFAULTS, METHODS, run_setting, write_results  # noqa: E402
 
-_NUM_CLIENTS = flags.DEFINE_integer("num_clients", 50, "N, the number of clients.")
-_NUM_SAMPLES = flags.DEFINE_list("num_samples", "20,40", "m, samples per client (one table "
+
+def _text(values) -> str:
+    return ",".join(map(str, values))
+
+
+_NUM_CLIENTS = flags.DEFINE_integer(
+    "num_clients", DEFAULTS["num_clients"], "N, the number of clients.")
+_NUM_SAMPLES = flags.DEFINE_list(
+    "num_samples", _text(DEFAULTS["num_samples"]), "m, samples per client (one table "
                                  "block each; fixed local datasets).")
-_DIM = flags.DEFINE_integer("dim", 20, "d, the feature dimension.")
-_RANK = flags.DEFINE_integer("rank", 2, "k, the representation width (1 <= k < d).")
-_DATA_ALPHA = flags.DEFINE_float("data_alpha", 0.3, "α* of the data model, in [0, 1].")
-_SHORTCUT_NORM = flags.DEFINE_float("shortcut_norm", 1.0, "C_s = ‖s_i*‖ (>= 0).")
-_ORTHOGONAL = flags.DEFINE_boolean("orthogonal_to_heads", False,
+_DIM = flags.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
+_RANK = flags.DEFINE_integer("rank", DEFAULTS["rank"], "k, the representation width (1 <= k < d).")
+_DATA_ALPHA = flags.DEFINE_float(
+    "data_alpha", DEFAULTS["data_alpha"], "α* of the data model, in [0, 1].")
+_SHORTCUT_NORM = flags.DEFINE_float(
+    "shortcut_norm", DEFAULTS["shortcut_norm"], "C_s = ‖s_i*‖ (>= 0).")
+_ORTHOGONAL = flags.DEFINE_boolean("orthogonal_to_heads", DEFAULTS["orthogonal_to_heads"],
                                    "Draw shortcuts with Σ_i s_i* w_i*ᵀ = 0 (adaptpfl.md §2.6).")
-_NOISE_STD = flags.DEFINE_float("noise_std", 0.1, "σ of the label noise (>= 0).")
-_ALPHAS = flags.DEFINE_list("alphas", "0.3,0.5", "AdaptPFL's α values, each in (0, 1].")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.1,
+_NOISE_STD = flags.DEFINE_float("noise_std", DEFAULTS["noise_std"], "σ of the label noise (>= 0).")
+_ALPHAS = flags.DEFINE_list(
+    "alphas", _text(DEFAULTS["alphas"]), "AdaptPFL's α values, each in (0, 1].")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", DEFAULTS["learning_rate"],
                                     "η for every method (head, shortcut and B steps; FedRep's B).")
-_HEAD_STEPS = flags.DEFINE_integer("head_steps", 10, "τ_w, head steps per round.")
-_SHORTCUT_STEPS = flags.DEFINE_integer("shortcut_steps", 10, "τ_s, shortcut steps per round.")
-_REPRESENTATION_STEPS = flags.DEFINE_integer("representation_steps", 1,
+_HEAD_STEPS = flags.DEFINE_integer(
+    "head_steps", DEFAULTS["head_steps"], "τ_w, head steps per round.")
+_SHORTCUT_STEPS = flags.DEFINE_integer(
+    "shortcut_steps", DEFAULTS["shortcut_steps"], "τ_s, shortcut steps per round.")
+_REPRESENTATION_STEPS = flags.DEFINE_integer(
+    "representation_steps", DEFAULTS["representation_steps"],
                                              "τ_b, local steps on B per round.")
-_SHORTCUT_RIDGE = flags.DEFINE_float("shortcut_ridge", 0.0, "β >= 0, ridge on the shortcut.")
+_SHORTCUT_RIDGE = flags.DEFINE_float(
+    "shortcut_ridge", DEFAULTS["shortcut_ridge"], "β >= 0, ridge on the shortcut.")
 _VARIANT = flags.DEFINE_enum(
-    "adaptpfl_variant", "a", ["a", "b"], "AdaptPFL's variant: a (Algorithm 1 repaired: tau "
+    "adaptpfl_variant", DEFAULTS["adaptpfl_variant"], ["a",
+    "b"], "AdaptPFL's variant: a (Algorithm 1 repaired: tau "
     "gradient steps on head, shortcut and B) or b (the draft's analysed iteration (2)-(8): ridge "
     "shortcut and least-squares head solved exactly, one B step then QR; adaptpfl.md 1.5).")
 _PROJECT_SHORTCUT = flags.DEFINE_boolean(
-    "project_shortcut", True, "Variant b: project s onto span(B)'s orthogonal complement, (3).")
-_SHORTCUT_DAMPING = flags.DEFINE_float("shortcut_damping", 1.0,
+    "project_shortcut", DEFAULTS["project_shortcut"],
+    "Variant b: project s onto span(B)'s orthogonal complement, (3).")
+_SHORTCUT_DAMPING = flags.DEFINE_float("shortcut_damping", DEFAULTS["shortcut_damping"],
                                        "Variant b: lambda_S in (0, 1], (4).")
-_HEAD_DAMPING = flags.DEFINE_float("head_damping", 1.0, "Variant b: lambda_W in (0, 1], (6).")
-_ORDER = flags.DEFINE_enum("adaptpfl_order", "sw", ["sw", "ws"],
+_HEAD_DAMPING = flags.DEFINE_float(
+    "head_damping", DEFAULTS["head_damping"], "Variant b: lambda_W in (0, 1], (6).")
+_ORDER = flags.DEFINE_enum("adaptpfl_order", DEFAULTS["adaptpfl_order"], ["sw", "ws"],
                            "Variant b: shortcut then head (sw, the analysis) or head first (ws).")
-_INIT = flags.DEFINE_enum("init", "moments", ["moments", "random"],
+_INIT = flags.DEFINE_enum("init", DEFAULTS["init"], ["moments", "random"],
                           "B⁰: FedRep's method of moments, or a random orthonormal matrix.")
-_METHODS = flags.DEFINE_list("methods", ",".join(METHODS), "Methods: " + ", ".join(METHODS) + ".")
-_ROUNDS = flags.DEFINE_integer("rounds", 100, "Communication rounds per run.")
-_SEEDS = flags.DEFINE_list("seeds", "0,1", "Seeds (each: new ground truth, data and B⁰).")
+_METHODS = flags.DEFINE_list(
+    "methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
+_ROUNDS = flags.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
+_SEEDS = flags.DEFINE_list(
+    "seeds", _text(DEFAULTS["seeds"]), "Seeds (each: new ground truth, data and B⁰).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/adaptpfl_synthetic",
                                   "Where results.csv, results.md and the worker log go.")
 

@@ -48,25 +48,36 @@ from experiments.cli import UsageError  # noqa: E402
 # that a bad flag is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker)
 # is imported before any worker is started.
 
-from experiments.flute_synthetic import METHODS, run_setting, write_results  # noqa: E402
+from experiments.flute_synthetic import DEFAULTS, METHODS, run_setting, write_results  # noqa: E402
 
-_KS = flags.DEFINE_list("ks", "2,4", "Representation widths k (each in [1, dim]).")
-_NUM_CLIENTS = flags.DEFINE_list("num_clients", "30", "Numbers of clients M.")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 20, "N, samples per client (fixed dataset).")
-_DIM = flags.DEFINE_integer("dim", 10, "d, the feature dimension.")
-_NOISE_VARIANCE = flags.DEFINE_float("noise_variance", 0.3, "Variance of the label noise ξ.")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.03, "FLUTE's η_l = η_r (paper: 0.03).")
-_GAMMA1 = flags.DEFINE_float("gamma1", 0.25, "FLUTE's γ1 (theory: 1/4).")
-_GAMMA2 = flags.DEFINE_float("gamma2", 0.125, "FLUTE's γ2 (theory: 1/8).")
+
+def _text(values) -> str:
+    return ",".join(map(str, values))
+
+
+_KS = flags.DEFINE_list("ks", _text(DEFAULTS["ks"]), "Representation widths k (each in [1, dim]).")
+_NUM_CLIENTS = flags.DEFINE_list(
+    "num_clients", _text(DEFAULTS["num_clients"]), "Numbers of clients M.")
+_NUM_SAMPLES = flags.DEFINE_integer(
+    "num_samples", DEFAULTS["num_samples"], "N, samples per client (fixed dataset).")
+_DIM = flags.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
+_NOISE_VARIANCE = flags.DEFINE_float(
+    "noise_variance", DEFAULTS["noise_variance"], "Variance of the label noise ξ.")
+_LEARNING_RATE = flags.DEFINE_float(
+    "learning_rate", DEFAULTS["learning_rate"], "FLUTE's η_l = η_r (paper: 0.03).")
+_GAMMA1 = flags.DEFINE_float("gamma1", DEFAULTS["gamma1"], "FLUTE's γ1 (theory: 1/4).")
+_GAMMA2 = flags.DEFINE_float("gamma2", DEFAULTS["gamma2"], "FLUTE's γ2 (theory: 1/8).")
 _FEDREP_LEARNING_RATES = flags.DEFINE_list(
-    "fedrep_learning_rates", "0.03,0.3",
+    "fedrep_learning_rates", _text(DEFAULTS["fedrep_learning_rates"]),
     "FedRep(RI) step sizes η (one run each; 0.03 is the paper's η; FedRep averages the clients' "
     "B-steps where FLUTE sums them, so its step is effectively M times smaller at equal η).")
-_METHODS = flags.DEFINE_list("methods", ",".join(METHODS), "Methods: " + ", ".join(METHODS) + ".")
-_ROUNDS = flags.DEFINE_integer("rounds", 200, "Communication rounds per run.")
-_REPORT_ROUNDS = flags.DEFINE_list("report_rounds", "25,50,100",
+_METHODS = flags.DEFINE_list(
+    "methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
+_ROUNDS = flags.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
+_REPORT_ROUNDS = flags.DEFINE_list("report_rounds", _text(DEFAULTS["report_rounds"]),
                                    "Rounds (< --rounds) whose error is also reported.")
-_SEEDS = flags.DEFINE_list("seeds", "0,1", "Seeds (each: new Φ, data and initialization).")
+_SEEDS = flags.DEFINE_list(
+    "seeds", _text(DEFAULTS["seeds"]), "Seeds (each: new Φ, data and initialization).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/flute_synthetic",
                                   "Where results.csv, results.md and the worker log go.")
 

@@ -28,7 +28,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    5 clients × 2 labels and 10 clients × 1 label, best learning rate per method).
    small: 20 rounds × 20 local steps, learning rates 0.5, 0.1.
    full:  60 rounds × 60 local steps, learning rates 0.5, 0.1, 0.05 (docs/RESULTS.md's setting).
-3. `sst2_minilm` (rolora.md §3.2, Table 1): `scripts/train.py --task=sst2` with LoRA rank 4 on
+3. `sst2_minilm` (rolora.md §3.2, Table 1): training runs on `--task=sst2` with LoRA rank 4 on
    query and value, N = 3, 20, 50 clients (IID disjoint shards, all clients every round), a fixed
    total-sample budget: R_N = max(1, ⌊R_3·3/N + ½⌋) communication rounds for every method (one
    `next` each; RoLoRA alternates B and A rounds); RoLoRA, FedAvg-LoRA, FFA-LoRA
@@ -53,12 +53,12 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
           (roughly 3–4 hours on 2 cores, estimated; not yet run).
 5. `srpfl_speedup` (srpfl.md §4.6): `experiments.srpfl_speedup.run_comparison` for N = 100 and 1000,
    C = 0, 1, 10; small: 2 repeats; full: 10 repeats (docs/RESULTS.md's ten-repeat table).
-6. `flute_synthetic` (flute.md §5): `scripts/flute_synthetic.py`; small: M = 30, k = 2, 4,
+6. `flute_synthetic` (flute.md §5): `experiments.flute_synthetic`; small: M = 30, k = 2, 4,
    1 seed; full: the paper's Figure 3 grid M = 15, 30, k = 2, 4, 6, 8, 3 seeds.
-7. `adaptpfl_synthetic` (adaptpfl.md §2.7): `scripts/adaptpfl_synthetic.py`; small: m = 20, 40,
+7. `adaptpfl_synthetic` (adaptpfl.md §2.7): `experiments.adaptpfl_synthetic`; small: m = 20, 40,
    α = 0.3, 0.5, 1 seed; full: α = 0.1, 0.3, 0.5, 3 seeds.
 8. `srpfl_mnist` (srpfl.md §2.4, Figs 5-6; issue 19): SRPFL vs FedRep on a neural model,
-   `scripts/train.py --task=mnist`, 100 clients × 2 classes, a pool of 20 drawn every round,
+   training runs on `--task=mnist`, 100 clients × 2 classes, a pool of 20 drawn every round,
    fixed exponential speeds, the code's FedRep (10 head + 1 representation epochs, SGD momentum
    0.5, weight decay 1e-4, lr 0.01, batch 10; 10 fine-tuning epochs at evaluation); simulated
    wall-clock to personalized-accuracy targets 0.90, 0.95, 0.96 and the speedup.
@@ -73,7 +73,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    seed), beside the paper's drops, and `claims.csv`/`claims.md`: each of Table 1's claims as
    a paired per-seed difference with its 95% Student-t interval and the verdict the interval
    gives (confirmed, not reproduced at this scale, refuted; `experiments.verdicts`), beside the
-   regime (local work, LoRA layers, backbone, pooling and head). One train.py run per (method,
+   regime (local work, LoRA layers, backbone, pooling and head). One training run per (method,
    N, seed, learning rate), each resumable; `--collect` writes the tables from the runs
    finished so far.
    The frozen-pooler protocol: the archived runs (docs/runs/sst2_clients-full) classified
@@ -112,10 +112,14 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    corrected classifier, as `sst2_clients_mean` (N = 20, Dirichlet(0.5)); its pooler-era
    figures come from docs/runs/sst2_dirichlet-full.
 
---resume continues a stopped run in --output_dir: the train.py runs continue from their
-checkpoints (train.py --resume); finished units of the in-process experiments (rolora_linear:
-one setting × method × seed; srpfl_speedup: one N) are reloaded from `units/*.json`; the linear
-synthetic scripts, which have no checkpoints, rerun (they are deterministic). Every unit is
+--resume continues a stopped run in --output_dir: the training runs (`experiments.run`)
+continue from their checkpoints (a `RunConfig` with resume=True); finished units of
+rolora_linear (one setting × method × seed) and srpfl_speedup (one N) are reloaded from
+`units/*.json`; the linear synthetic experiments, which have no checkpoints, rerun (they are
+deterministic).
+
+Training runs go in this process (`experiments.run.run`); --isolate_runs runs each in a child
+fed its config file (`python -m experiments.run CONFIG.json`): a crash ends that run only. Every unit is
 seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
 --resume, an --output_dir that already holds a run is refused (exit status 2).
 
@@ -130,7 +134,7 @@ next sitting continues on a fresh checkout (`runs/` is not committed). docs/runs
 (docs/RESULTS.md, issue 19).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
-one line and exit status 1. Subprocesses get SIGTERM (and stop their TFF workers) when this
+one line and exit status 1. Isolated runs get SIGTERM (and stop their TFF workers) when this
 program is stopped.
 """
 
@@ -152,6 +156,7 @@ from experiments import rolora_linear
 from experiments import rolora_mnist
 from experiments import running
 from experiments import sst2
+from experiments import sst2_protocol
 from experiments import srpfl
 from experiments import synthetic
 from experiments.report import save_plot, write_table
@@ -170,15 +175,14 @@ EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_r
                "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
                "sst2_clients_mean", "sst2_dirichlet_mean")
 SCALES = ("small", "full")
-# The experiments made of train.py runs, which --estimate replaces by probes; the others run in
-# this process or run other scripts, and their measured times are in docs/REPRODUCE.md.
+# The experiments made of training runs (`experiments.running.run_training`), which --estimate
+# replaces by probes; the others' measured times are in docs/REPRODUCE.md.
 ESTIMABLE = ("rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora", "srpfl_mnist",
              "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
              "sst2_clients_mean", "sst2_dirichlet_mean")
 
-# The flags live in their own FlagValues: scripts/srpfl_speedup.py (imported by the srpfl
-# experiment) and other scripts define --output_dir and --seed in absl's global FLAGS, and tests
-# import several scripts into one process.
+# The flags live in their own FlagValues: other scripts define --output_dir and --seed in absl's
+# global FLAGS, and tests import several scripts into one process.
 FLAGS = flags.FlagValues()
 _EXPERIMENT = flags.DEFINE_enum(
     "experiment", None, [*EXPERIMENTS, "all"],
@@ -200,14 +204,14 @@ _DATA_DIR = flags.DEFINE_string(
     "multidomain_sentiment/).", flag_values=FLAGS)
 _ESTIMATE = flags.DEFINE_bool(
     "estimate", False, "Print the predicted time of the experiment from a short timed probe of "
-    "each of its train.py runs (ESTIMATE_PROBE_ROUNDS rounds, evaluated twice) and stop; the "
+    "each of its training runs (ESTIMATE_PROBE_ROUNDS rounds, evaluated twice) and stop; the "
     "probes go to <output_dir>/estimate.", flag_values=FLAGS)
 # The experiments that run in sittings (days on 2 cores), and their --methods names.
-SITTING_METHODS = {"sst2_clients": sst2.SST2_CLAIM_ALL,
-                   "sst2_dirichlet": tuple(sst2.SST2_CLAIM_METHODS),
+SITTING_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
+                   "sst2_dirichlet": tuple(sst2_protocol.SST2_CLAIM_METHODS),
                    "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS),
-                   "sst2_clients_mean": (*sst2.SST2_MEAN_METHODS, "centralized"),
-                   "sst2_dirichlet_mean": sst2.SST2_DIRICHLET_MEAN_METHODS}
+                   "sst2_clients_mean": (*sst2_protocol.SST2_MEAN_METHODS, "centralized"),
+                   "sst2_dirichlet_mean": sst2_protocol.SST2_DIRICHLET_MEAN_METHODS}
 _SITTINGS = ", ".join(SITTING_METHODS)
 _COLLECT = flags.DEFINE_bool(
     "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "
@@ -222,6 +226,10 @@ _ARCHIVE_DIR = flags.DEFINE_string(
     "checkpoint; a finished run found there is copied back instead of run again, a stopped one "
     "resumes from its checkpoint, so that a long experiment continues on another machine or a "
     "fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
+_ISOLATE_RUNS = flags.DEFINE_bool(
+    "isolate_runs", False, "Run each training run in a child process of its own (python -m "
+    "experiments.run CONFIG.json, fed its configuration file), so that a crash ends that run "
+    "only; default: in this process.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 
 
@@ -266,8 +274,8 @@ def contexts_from_flags() -> list[Context]:
         raise UsageError(f"flag --collect: only {_SITTINGS} tabulate finished runs without "
                          f"running; --experiment={_EXPERIMENT.value} would run")
     if _ESTIMATE.value and _EXPERIMENT.value != "all" and names[0] not in ESTIMABLE:
-        # Refused before anything runs: the experiment has no train.py runs to probe.
-        raise UsageError(f"flag --estimate: {names[0]} has no train.py runs to probe (only "
+        # Refused before anything runs: the experiment has no training runs to probe.
+        raise UsageError(f"flag --estimate: {names[0]} has no training runs to probe (only "
                          f"{', '.join(ESTIMABLE)}); docs/REPRODUCE.md has its measured time")
     for flag, value in (("methods", _METHODS.value), ("archive_dir", _ARCHIVE_DIR.value)):
         if value is not None and any(n not in SITTING_METHODS for n in names):
@@ -291,13 +299,13 @@ def contexts_from_flags() -> list[Context]:
             path = pathlib.Path(_OUTPUT_DIR.value) / f"{name}-{_SCALE.value}"
         else:
             path = pathlib.Path(_OUTPUT_DIR.value)
-        # Absolute: the subprocesses run in the repository root, not in our working directory.
+        # Absolute: isolated runs go in the repository root, not in our working directory.
         contexts.append(Context(experiment=name, scale=_SCALE.value,
                                 output_dir=path.absolute(), resume=_RESUME.value,
                                 seed=_SEED.value,
                                 data_dir=pathlib.Path(_DATA_DIR.value).absolute(),
                                 collect=_COLLECT.value, methods=methods,
-                                archive_dir=archive))
+                                archive_dir=archive, isolate=_ISOLATE_RUNS.value))
     if archive is not None:
         # The archive's copies replace the run folder's own checkpoints: the two must not meet.
         for ctx in contexts:
@@ -360,9 +368,9 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         return cli.error_exit("reproduce.py", e, 2)
     _quiet()
-    # SIGTERM unwinds like an exception, so that subprocesses and TFF workers are stopped. Once:
-    # a second SIGTERM (`uv run` forwards the one it got) must not cut short the wait for a
-    # train.py's own cleanup.
+    # SIGTERM unwinds like an exception, so that isolated runs and TFF workers are stopped. Once:
+    # a second SIGTERM (`uv run` forwards the one it got) must not cut short the wait for an
+    # isolated run's own cleanup.
     def on_sigterm(signum, frame):
         # A Python no-op, not SIG_IGN: an ignored signal would stay ignored in any child started.
         signal.signal(signal.SIGTERM, lambda *_: None)
@@ -375,7 +383,7 @@ def main(argv: list[str]) -> int:
                 if ctx.experiment in ESTIMABLE:
                     running.estimate_experiment(ctx, RUNNERS[ctx.experiment])
                 else:  # --experiment=all: skip it, estimate the rest
-                    ctx.log(f"{ctx.experiment}: not estimated (no train.py runs to probe); "
+                    ctx.log(f"{ctx.experiment}: not estimated (no training runs to probe); "
                             "docs/REPRODUCE.md has its measured time")
                 continue
             run_experiment(ctx, command.strip())

@@ -1,5 +1,6 @@
 """experiments/reviews' `reviews_domains` in sittings: --methods, --collect and --archive_dir,
-with train.py replaced by a recorder that writes the summary a finished run would."""
+with the training runs replaced by a recorder of their RunConfigs that writes the summary a
+finished run would."""
 
 import json
 import pathlib
@@ -8,20 +9,16 @@ from experiments import reviews
 from experiments import running
 
 
-def _value(args, flag):
-    return next(str(a).split("=", 1)[1] for a in args if str(a).startswith(f"--{flag}="))
-
-
 def _fake_train(runs):
-    def fake_train(args, what):
-        run_dir = pathlib.Path(_value(args, "output_dir"))
-        runs.append((run_dir.name, "--resume" in args))
+    def fake_train(config, what, isolate=False):
+        run_dir = pathlib.Path(config.output.output_dir)
+        runs.append((run_dir.name, config.output.resume))
         run_dir.mkdir(parents=True, exist_ok=True)
         accuracy = {"rolora": 0.8, "fedrep": 0.9}[run_dir.name]
         key = "eval_personal_accuracy" if run_dir.name == "fedrep" else "eval_accuracy"
         (run_dir / "metrics.csv").write_text("round\n")
         (run_dir / "summary.json").write_text(json.dumps({
-            "rounds_completed": int(_value(args, "rounds")), "communication_rounds": 6,
+            "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
             "upload_bytes_per_client_total": 6 * 1024,
             "final": {key: accuracy, **{f"eval_{d}_accuracy": accuracy
                                         for d in reviews.REVIEW_DOMAIN_NAMES}}}))
@@ -33,13 +30,13 @@ def test_reviews_domains_methods_archive_and_collect(tmp_path, monkeypatch):
     the archive runs nothing and tabulates the same rows; --collect without the archive runs
     nothing and has no rows."""
     runs = []
-    monkeypatch.setattr(reviews, "run_subprocess", _fake_train(runs))
+    monkeypatch.setattr(reviews, "run_training", _fake_train(runs))
     archive = tmp_path / "archive"
 
     def table(output_dir, **kw):
         ctx = running.Context("reviews_domains", "small", output_dir, resume=True, seed=0,
                               data_dir=tmp_path, methods=("rolora", "fedrep"), **kw)
-        monkeypatch.setattr(reviews, "_need_data", lambda ctx, name: None)
+        monkeypatch.setattr(reviews, "need_data", lambda ctx, name: None)
         return reviews.run_reviews_domains(ctx).table.rows
 
     rows = table(tmp_path / "first", archive_dir=archive)

@@ -1,7 +1,7 @@
-"""experiments/rolora_mnist.run_toy: one train.py run per setting and learning rate (replaced by a
-recorder that writes the summaries a finished run would; train.py's own summaries are tested in
-tests/scripts/test_train.py), reuse of complete runs, and the best-learning-rate table checked
-against its own CSV."""
+"""experiments/rolora_mnist.run_toy: one training run per setting and learning rate (replaced by
+a recorder of its RunConfig that writes the summaries a finished run would; the runs' own
+summaries are tested in tests/scripts/), reuse of complete runs, and the best-learning-rate table
+checked against its own CSV."""
 
 import csv
 import json
@@ -22,12 +22,10 @@ _ACCURACY = {("rolora", "0.5"): 0.61, ("rolora", "0.05"): 0.72, ("fedavg_lora", 
 def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
     calls = []
 
-    def fake_train(args, what):
-        args = [str(a) for a in args]
-        calls.append(args)
-        run_dir = pathlib.Path(next(a.split("=", 1)[1] for a in args
-                                    if a.startswith("--output_dir=")))
-        lr = next(a.split("=", 1)[1] for a in args if a.startswith("--learning_rate="))
+    def fake_train(config, what, isolate=False):
+        calls.append(config)
+        run_dir = pathlib.Path(config.output.output_dir)
+        lr = {0.5: "0.5", 0.05: "0.05"}[config.algorithm.learning_rate]
         for algorithm in rolora_mnist.TOY_ALGORITHMS:
             (run_dir / algorithm).mkdir(parents=True, exist_ok=True)
             accuracy = _ACCURACY[algorithm, lr]
@@ -35,14 +33,16 @@ def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
                 "algorithm": algorithm, "best_eval_accuracy": accuracy + 0.01,
                 "final": {"eval_accuracy": accuracy, "train_loss": 0.5}}))
 
-    monkeypatch.setattr(rolora_mnist, "run_subprocess", fake_train)
+    monkeypatch.setattr(rolora_mnist, "run_training", fake_train)
     table = rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5", "0.05"], rounds=2, local_steps=3,
                                  data_dir="/data", log=lambda line: None)
     assert len(calls) == 2
-    assert {"--task=mnist", "--num_clients=2", "--classes_per_client=2", "--rounds=2",
-            "--local_steps=3", "--data_dir=/data",
-            "--algorithm=rolora,fedavg_lora,ffa_lora"} <= set(calls[0])
-    assert not any(a == "--resume" for a in calls[0])
+    first = calls[0]
+    assert (first.task.task, first.task.num_clients, first.task.classes_per_client,
+            first.algorithm.rounds, first.algorithm.local_steps, first.task.data_dir,
+            first.algorithm.algorithm) == ("mnist", 2, 2, 2, 3, "/data",
+                                           ("rolora", "fedavg_lora", "ffa_lora"))
+    assert not first.output.resume
     with open(tmp_path / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6
@@ -54,11 +54,11 @@ def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
     assert "| 2 clients x 2 labels | rolora | 0.05 | 0.7200 | 0.7300 |" in table
     assert (tmp_path / "results.md").read_text().startswith(
         "uv run python scripts/rolora_mnist_toy.py --rounds=2 --local_steps=3")
-    # Complete runs are reused: train.py is asked to --resume them (it reloads and stops).
+    # Complete runs are reused: resumed (the run reloads its last checkpoint and stops).
     calls.clear()
     rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5"], rounds=2, local_steps=3,
                          data_dir="/data", log=lambda line: None)
-    assert calls and "--resume" in calls[0]
+    assert calls and calls[0].output.resume
 
 
 @pytest.mark.parametrize("args, message", [

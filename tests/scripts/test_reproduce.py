@@ -14,7 +14,8 @@ from experiments import report
 from experiments import rolora_linear
 from experiments import running
 from experiments import srpfl
-from experiments import sst2
+from experiments import sst2_protocol as sst2
+from experiments.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce.py"
@@ -173,11 +174,11 @@ def test_time_to_target_is_the_first_evaluated_round_at_or_above_it():
     assert srpfl.time_to_target(rows, 0.95) == (9.5, 10)
     assert srpfl.time_to_target(rows, 0.8) == (3.0, 5)
     assert srpfl.time_to_target(rows, 0.99) is None
-    # Both methods share every training flag but the participation ones.
-    shared = srpfl.srpfl_mnist_args(150, 1)
-    assert "--srpfl_pool=20" in shared and "--seed=1" in shared and "--straggler=fixed" in shared
-    assert "--straggler=dynamic" in srpfl.srpfl_mnist_args(150, 1, "dynamic")
-    assert not any(a.startswith("--participation") for a in shared)
+    # Both methods share every training field but the participation ones.
+    shared = srpfl.srpfl_mnist_fields(150)
+    assert shared["srpfl_pool"] == 20 and shared["straggler"] == "fixed"
+    assert srpfl.srpfl_mnist_fields(150, "dynamic")["straggler"] == "dynamic"
+    assert not any(name.startswith("participation") for name in shared)
 
 
 def test_estimate_probe_arithmetic():
@@ -186,11 +187,11 @@ def test_estimate_probe_arithmetic():
     startup 20 − 8 − 5 = 7, compile 5 − 1 = 4, first evaluation extra 1, 150·1 + 30·2 = 210."""
     probe = running.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
     assert probe.predicted_seconds() == pytest.approx(7 + 4 + 1 + 150 + 60)
-    args, rounds, evaluations = running._probe_args(
-        ["train.py", "--rounds=150", "--eval_every=5", "--output_dir=d", "--resume"])
+    config = RunConfig().with_changes(rounds=150, eval_every=5, output_dir="d", resume=True)
+    probe, rounds, evaluations = running.probe_config(config)
     assert (rounds, evaluations) == (150, 30)
-    assert args == ["train.py", "--output_dir=d", "--rounds=4", "--eval_every=2"]
-    assert running._probe_args(["train.py", "--rounds=7", "--eval_every=5"])[1:] == (7, 2)
+    assert probe == config.with_changes(rounds=4, eval_every=2, resume=False)
+    assert running.probe_config(config.with_changes(rounds=7))[1:] == (7, 2)
 
 
 def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy(tmp_path):
@@ -199,22 +200,23 @@ def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy
     cfg = sst2.SST2_CLAIM_SCALES["full"]
     run = sst2.Sst2Run("rolora_ffa", 50, 2, 0.3, sst2.sst2_rounds(cfg["rounds_3"], 50),
                             tmp_path / "r")
-    args = [str(a) for a in sst2.sst2_claim_args(cfg, run, ["--partition=iid"], "/d")]
-    assert "--eval_test" in args and "--rounds=30" in args and "--rolora_fraction=0.2" in args
-    assert "--num_clients=50" in args and "--clients_per_round=50" in args
+    config = sst2.sst2_claim_config(cfg, run, {"partition": "iid"}, "/d")
+    assert config.output.eval_test and config.algorithm.rounds == 30
+    assert config.algorithm.rolora_fraction == 0.2
+    assert config.task.num_clients == 50 and config.participation.clients_per_round == 50
     central = sst2.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
-    args = [str(a) for a in sst2.sst2_claim_args(cfg, central, ["--partition=iid"], "/d")]
-    assert "--algorithm=fedavg_lora" in args and "--num_clients=1" in args
-    assert f"--rounds={cfg['rounds_3']}" in args
-    # The frozen-pooler protocol, stated on the command line: the pooler, 32 tokens, no --head.
-    assert "--pooling=pooler" in args and "--sequence_length=32" in args
-    assert not any(a.startswith("--head") for a in args)
+    config = sst2.sst2_claim_config(cfg, central, {"partition": "iid"}, "/d")
+    assert config.algorithm.algorithm == ("fedavg_lora",) and config.task.num_clients == 1
+    assert config.algorithm.rounds == cfg["rounds_3"]
+    # The frozen-pooler protocol, stated in the configuration: the pooler, 32 tokens, no head.
+    assert config.model.pooling == "pooler" and config.task.sequence_length == 32
+    assert "head" not in config.changed()
     personal = {"final": {"eval_personal_accuracy": 0.8}}
-    assert sst2._claim_accuracy(personal, "eval_accuracy") == 0.8
-    assert sst2._claim_accuracy(personal, "eval_test_accuracy") is None
+    assert sst2.claim_accuracy(personal, "eval_accuracy") == 0.8
+    assert sst2.claim_accuracy(personal, "eval_test_accuracy") is None
     both = {"final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.75}}
-    assert sst2._claim_accuracy(both, "eval_test_accuracy") == 0.75
-    assert sst2._finished(run) is None
+    assert sst2.claim_accuracy(both, "eval_test_accuracy") == 0.75
+    assert sst2.run_finished(run) is None
 
 
 @pytest.mark.parametrize("experiment", ["sst2_clients_mean", "sst2_dirichlet_mean"])
