@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from experiments.report import Column, Panel, Series, Table, missing
+from experiments.report import Column, Panel, Series, Table, missing, seed_series
 from experiments.running import (Context, Result, as_float, load_unit, mean_of, mean_std,
                                  need_data, read_csv, run_training, save_unit, train_config)
 
@@ -207,12 +207,20 @@ def run_srpfl_mnist(ctx: Context, straggler: str = "fixed") -> Result:
                Column("per-seed speedups", "per_seed")]
     panels = []
     for xkey, xlabel in (("simulated_time", "simulated wall-clock"), ("round", "round")):
-        series = []
+        by_method: dict[str, list] = {}
         for (method, seed), rows_ in curves.items():
             evaluated = [r for r in rows_ if not missing(r.get("eval_personal_accuracy"))]
-            series.append(Series(f"{method} seed {seed}", [as_float(r[xkey]) for r in evaluated],
-                                 [as_float(r["eval_personal_accuracy"]) for r in evaluated],
-                                 "-o" if method == "SRPFL" else "--s"))
+            by_method.setdefault(method, []).append((seed, (
+                [as_float(r[xkey]) for r in evaluated],
+                [as_float(r["eval_personal_accuracy"]) for r in evaluated])))
+        series = []
+        for method, runs in by_method.items():
+            style = "-o" if method == "SRPFL" else "--s"
+            if xkey == "round":  # the seeds share their rounds: their mean, shaded min to max
+                band = seed_series(method, [xy for _, xy in runs])
+                series.append(dataclasses.replace(band, style=style))
+            else:  # each seed's own clock
+                series += [Series(f"{method} seed {seed}", *xy, style) for seed, xy in runs]
         panels.append(Panel(f"personalized accuracy vs {xlabel}", xlabel,
                             "personalized test accuracy", series,
                             hlines=[(f"target {t}", t) for t in SRPFL_MNIST_TARGETS]))

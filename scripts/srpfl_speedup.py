@@ -164,64 +164,21 @@ _at_least = cli.at_least
 
 def config_from_flags() -> Config:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
-    num_clients = _int_list("num_clients")
-    for n in num_clients:
-        _at_least("num_clients", n, 1)
-    if len(set(num_clients)) != len(num_clients):
-        raise UsageError(f"flag --num_clients={','.join(map(str, num_clients))}: values repeat")
+    num_clients = _num_clients()
     n0 = _INITIAL_PARTICIPANTS.value
     _at_least("initial_participants", n0, 1)
     if n0 > min(num_clients):
         raise UsageError(f"flag --initial_participants={n0}: must be <= every --num_clients "
                          f"(smallest N = {min(num_clients)})")
-    _at_least("dim", _DIM.value, 1)
-    _at_least("rank", _RANK.value, 1)
-    if _RANK.value > _DIM.value:
-        raise UsageError(f"flag --rank={_RANK.value}: must be <= --dim={_DIM.value}")
-    if _SAMPLES.value < _RANK.value:
-        raise UsageError(f"flag --samples_per_client={_SAMPLES.value}: must be >= --rank="
-                         f"{_RANK.value} (each client solves its k-dimensional head)")
-    if not (math.isfinite(_NOISE_STD.value) and _NOISE_STD.value >= 0):
-        raise UsageError(f"flag --noise_std={_NOISE_STD.value}: must be a finite number >= 0")
-    if not (math.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
-        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be a finite "
-                         "number > 0")
-    stage_rounds: int | str = _STAGE_ROUNDS.value
-    if stage_rounds != "lemma_b1":
-        try:
-            stage_rounds = int(stage_rounds)
-        except ValueError:
-            raise UsageError(f"flag --stage_rounds={stage_rounds}: must be an int > 0 or "
-                             "lemma_b1") from None
-        _at_least("stage_rounds", stage_rounds, 1)
-    contraction: float | str = _CONTRACTION.value
-    if contraction != "fit":
-        try:
-            contraction = float(contraction)
-        except ValueError:
-            contraction = float("nan")
-        if not 0 < contraction < 1:
-            raise UsageError(f"flag --contraction={_CONTRACTION.value}: must be a number in "
-                             "(0, 1) or fit")
-    costs = _float_list("communication_cost")
-    for c in costs:
-        if not (math.isfinite(c) and c >= 0):
-            raise UsageError(f"flag --communication_cost={','.join(_COMMUNICATION_COST.value)}: "
-                             f"{c} must be a finite number >= 0")
+    _check_problem_flags()
+    stage_rounds = _stage_rounds()
+    contraction = _contraction()
+    costs = _communication_costs()
     target_factor = _TARGET_FACTOR.value
     if not (math.isfinite(target_factor) and target_factor > 1):
         raise UsageError(f"flag --target_factor={target_factor}: must be > 1 (the target is "
                          "ĉ × the floor, and the floor itself is only reached on average)")
-    _at_least("fedrep_rounds", _FEDREP_ROUNDS.value, 2)
-    _at_least("floor_window", _FLOOR_WINDOW.value, 1)
-    if _FLOOR_WINDOW.value >= _FEDREP_ROUNDS.value:
-        raise UsageError(f"flag --floor_window={_FLOOR_WINDOW.value}: must be < --fedrep_rounds="
-                         f"{_FEDREP_ROUNDS.value} (the floor is the end of a longer run)")
-    _at_least("max_rounds", _MAX_ROUNDS.value, 1)
-    _at_least("init_clients", _INIT_CLIENTS.value, 0)
-    _at_least("repeats", _REPEATS.value, 1)
-    _at_least("seed", _SEED.value, 0)
-    _at_least("log_every", _LOG_EVERY.value, 0)
+    _check_run_flags()
     return Config(
         num_clients=num_clients,
         initial_participants=n0,
@@ -243,6 +200,84 @@ def config_from_flags() -> Config:
         seed=_SEED.value,
         log_every=_LOG_EVERY.value,
     )
+
+
+def _num_clients() -> tuple[int, ...]:
+    """--num_clients: distinct values >= 1."""
+    num_clients = _int_list("num_clients")
+    for n in num_clients:
+        _at_least("num_clients", n, 1)
+    if len(set(num_clients)) != len(num_clients):
+        raise UsageError(f"flag --num_clients={','.join(map(str, num_clients))}: values repeat")
+    return num_clients
+
+
+def _check_problem_flags() -> None:
+    """--dim, --rank, --samples_per_client, --noise_std and --learning_rate."""
+    _at_least("dim", _DIM.value, 1)
+    _at_least("rank", _RANK.value, 1)
+    if _RANK.value > _DIM.value:
+        raise UsageError(f"flag --rank={_RANK.value}: must be <= --dim={_DIM.value}")
+    if _SAMPLES.value < _RANK.value:
+        raise UsageError(f"flag --samples_per_client={_SAMPLES.value}: must be >= --rank="
+                         f"{_RANK.value} (each client solves its k-dimensional head)")
+    if not (math.isfinite(_NOISE_STD.value) and _NOISE_STD.value >= 0):
+        raise UsageError(f"flag --noise_std={_NOISE_STD.value}: must be a finite number >= 0")
+    if not (math.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
+        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be a finite "
+                         "number > 0")
+
+
+def _stage_rounds() -> int | str:
+    """--stage_rounds: an int > 0, or lemma_b1."""
+    stage_rounds: int | str = _STAGE_ROUNDS.value
+    if stage_rounds != "lemma_b1":
+        try:
+            stage_rounds = int(stage_rounds)
+        except ValueError:
+            raise UsageError(f"flag --stage_rounds={stage_rounds}: must be an int > 0 or "
+                             "lemma_b1") from None
+        _at_least("stage_rounds", stage_rounds, 1)
+    return stage_rounds
+
+
+def _contraction() -> float | str:
+    """--contraction: a number in (0, 1), or fit."""
+    contraction: float | str = _CONTRACTION.value
+    if contraction != "fit":
+        try:
+            contraction = float(contraction)
+        except ValueError:
+            contraction = float("nan")
+        if not 0 < contraction < 1:
+            raise UsageError(f"flag --contraction={_CONTRACTION.value}: must be a number in "
+                             "(0, 1) or fit")
+    return contraction
+
+
+def _communication_costs() -> tuple[float, ...]:
+    """--communication_cost: finite numbers >= 0."""
+    costs = _float_list("communication_cost")
+    for c in costs:
+        if not (math.isfinite(c) and c >= 0):
+            raise UsageError(f"flag --communication_cost={','.join(_COMMUNICATION_COST.value)}: "
+                             f"{c} must be a finite number >= 0")
+    return costs
+
+
+def _check_run_flags() -> None:
+    """--fedrep_rounds, --floor_window, --max_rounds, --init_clients, --repeats, --seed and
+    --log_every."""
+    _at_least("fedrep_rounds", _FEDREP_ROUNDS.value, 2)
+    _at_least("floor_window", _FLOOR_WINDOW.value, 1)
+    if _FLOOR_WINDOW.value >= _FEDREP_ROUNDS.value:
+        raise UsageError(f"flag --floor_window={_FLOOR_WINDOW.value}: must be < --fedrep_rounds="
+                         f"{_FEDREP_ROUNDS.value} (the floor is the end of a longer run)")
+    _at_least("max_rounds", _MAX_ROUNDS.value, 1)
+    _at_least("init_clients", _INIT_CLIENTS.value, 0)
+    _at_least("repeats", _REPEATS.value, 1)
+    _at_least("seed", _SEED.value, 0)
+    _at_least("log_every", _LOG_EVERY.value, 0)
 
 
 def _output_dir() -> pathlib.Path:

@@ -130,15 +130,8 @@ def build_task(
     train_y = np.asarray(train_y)
     test_y = np.asarray(test_y)
     if train_groups is not None:
-        if test_groups is None:
-            raise ValueError("natural partitions need test_groups as well as train_groups")
-        train_parts = partition_lib.by_group(train_groups, clients_per_group, seed)
-        test_parts = partition_lib.by_group(test_groups, clients_per_group, seed)
-        if list(train_parts) != list(test_parts):
-            raise ValueError(
-                f"train groups give clients {list(train_parts)} but test groups give "
-                f"{list(test_parts)}"
-            )
+        train_parts, test_parts = _partition_by_group(train_groups, test_groups,
+                                                      clients_per_group, seed)
         scheme = "by_group"
     else:
         if num_clients is None:
@@ -167,6 +160,21 @@ def build_task(
         num_classes=num_classes,
         info=info,
     )
+
+
+def _partition_by_group(train_groups, test_groups, clients_per_group: int, seed: int):
+    """Natural partitions: (train_parts, test_parts) by `partition.by_group`, which must give the
+    same clients on both sets."""
+    if test_groups is None:
+        raise ValueError("natural partitions need test_groups as well as train_groups")
+    train_parts = partition_lib.by_group(train_groups, clients_per_group, seed)
+    test_parts = partition_lib.by_group(test_groups, clients_per_group, seed)
+    if list(train_parts) != list(test_parts):
+        raise ValueError(
+            f"train groups give clients {list(train_parts)} but test groups give "
+            f"{list(test_parts)}"
+        )
+    return train_parts, test_parts
 
 
 def digits_task(

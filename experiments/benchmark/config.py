@@ -1,5 +1,6 @@
-"""The benchmark's settings: backbone shapes, algorithms and `Config` (no TensorFlow import, so
-`scripts/benchmark.py` checks its flags before paying for TensorFlow)."""
+"""The benchmark's settings: backbone shapes, algorithms and `Config`, and `TargetsConfig` of
+`--suite=targets` (no TensorFlow import, so `scripts/benchmark.py` checks its flags before paying
+for TensorFlow)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,32 @@ class Config:
     # Clients a TFF worker trains at once (None: tffl.runtime's default, one per core; <= 0:
     # unlimited, TFF's own default).
     max_concurrent_calls: int | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# `--suite=targets` (experiments/benchmark/targets.py): issue #16's targets and the fixed setting.
+
+TARGETS = {"round_time_vs_previous_path": 1 / 3, "round_time_vs_plain_uncached": 0.5,
+           "cpu_vs_plain_cached": 1.05, "state_io_seconds": 0.05, "memory_200_vs_10": 1.5}
+LARGE_MEMORY_LIMIT_MB = 24 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetsConfig:
+    """The settings of `--suite=targets` (see experiments/benchmark/targets.py)."""
+
+    data_dir: str = "../shared/data"
+    num_clients: int = 10
+    local_steps: int = 20
+    batch_size: int = 16
+    sequence_length: int = 32
+    rank: int = 4
+    lora_layers: tuple[int, ...] = (3, 4, 5)
+    learning_rate: float = 0.05
+    rounds: int = 3  # communication rounds per path and algorithm; round 1 is not averaged
+    algorithms: tuple[str, ...] = ("rolora", "fedavg_lora")
+    scaling_clients: tuple[int, int] = (10, 200)
+    large_layers: tuple[int, ...] = tuple(range(18, 24))
+    seed: int = 0
+    devices: str = ""  # the in-process runtime's devices (default: the GPUs, else the CPU)
+    parts: tuple[str, ...] = ("scaling", "main", "large")

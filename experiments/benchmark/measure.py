@@ -1,5 +1,5 @@
-"""Measurement helpers: peak memory sampling, CPU seconds, TFF compilation counts and cProfile
-summaries of a TFF call by stage."""
+"""Measurement helpers: peak memory sampling, CPU seconds (and `Meter`, both over a span), TFF
+compilation counts and cProfile summaries of a TFF call by stage."""
 
 from __future__ import annotations
 
@@ -82,6 +82,28 @@ def cpu_seconds(proc: psutil.Process | None) -> float:
         return t.user + t.system
     except psutil.Error:
         return 0.0
+
+
+class Meter:
+    """Wall and CPU seconds (this process + the TFF worker) and peak RSS over a span
+    (`--suite=targets`)."""
+
+    def __init__(self, sampler: PeakSampler, worker: psutil.Process | None):
+        self.sampler, self.worker, self.me = sampler, worker, psutil.Process()
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.me) + cpu_seconds(self.worker)
+
+    def measure(self, fn: Callable[[], object]) -> tuple[object, dict]:
+        self.sampler.take()
+        cpu, started = self.cpu(), time.perf_counter()
+        out = fn()
+        seconds, cpu_used = time.perf_counter() - started, self.cpu() - cpu
+        peaks = self.sampler.take()
+        return out, {"seconds": seconds, "cpu_seconds": cpu_used,
+                     "peak_mb": peaks.get("total", 0) / 2**20,
+                     "peak_mb_by_process": {k: v / 2**20 for k, v in peaks.items()
+                                            if k != "total"}}
 
 
 class CompileCounter:
