@@ -18,6 +18,13 @@ import pytest  # noqa: E402
 collect_ignore = ["tffl/runtime/distribute_parity.py"]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    """Under Bazel (tests/pytest_main.py) a target runs every test of its file, both tiers: the
+    default `-m "not large"` of pyproject.toml would leave a file of large tests with none."""
+    if "TEST_SRCDIR" in os.environ and config.option.markexpr == "not large":
+        config.option.markexpr = ""
 SHARED_DIR = REPO_ROOT.parent / "shared"
 SHARED_DATA = SHARED_DIR / "data"
 
@@ -33,7 +40,9 @@ def shared_data() -> pathlib.Path:
 @pytest.fixture(scope="module")
 def tff_runtime():
     """One managed TFF worker for a test module (`tffl.runtime.local_runtime`); checks at the end
-    that no `worker_binary` is left running."""
+    that no `worker_binary` is left running. Module-scoped, not session-scoped: the runtime's
+    context sits on TFF's context stack while it is open, and other modules (tffl/runtime's tests,
+    the in-process runs of scripts) install contexts of their own and check that no worker runs."""
     from tffl import runtime
 
     with runtime.local_runtime() as context:

@@ -1,6 +1,6 @@
 """experiments.train_options: scripts/train.py's flags checked together, without absl.
 
-The whole program's one-line errors are tested in tests/scripts/test_train.py; here, the checks
+The whole program's one-line errors are tested in tests/scripts/test_train_flags.py and test_train_runs.py; here, the checks
 that depend on which flags were given, and that DEFAULTS are train.py's own flag defaults.
 """
 

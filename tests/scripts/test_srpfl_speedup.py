@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from experiments import srpfl_speedup
-from tffl import runtime
 from tffl.simulation import srpfl
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -44,13 +43,6 @@ CONFIG = srpfl_speedup.Config(
     seed=0,
     log_every=0,
 )
-
-
-@pytest.fixture(scope="module")
-def tff_runtime():
-    with runtime.local_runtime() as context:
-        yield context
-    assert runtime.running_workers() == []
 
 
 @pytest.fixture(scope="module")

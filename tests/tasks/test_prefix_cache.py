@@ -84,6 +84,7 @@ def _build(algorithm, model_fn, spec, values, trainable_positions, non_trainable
                                       initial_trainable=trainable, **kwargs)
 
 
+@pytest.mark.large  # 1.5 minutes each; the cache's parts are checked below in the fast tier
 @pytest.mark.parametrize("algorithm", ["rolora", "fedrep"])
 def test_cached_prefix_rounds_equal_the_whole_model(tff_runtime, setup, algorithm, tmp_path):
     values, cached, (trainable_positions, non_trainable_positions) = setup

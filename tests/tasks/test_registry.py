@@ -62,6 +62,7 @@ def _minilm_or_skip():
         pytest.skip(f"all-MiniLM-L6-v2 (its vocabulary) is not available: {e}")
 
 
+@pytest.mark.large
 def test_review_domains_are_clients_with_ordered_text_features(shared_data):
     import collections
 
@@ -123,6 +124,7 @@ def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(shar
                                prefix_cache=False).client_heldout_data is None
 
 
+@pytest.mark.large
 def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
     """The frozen weights loaded eagerly from the checkpoint line up, tensor by tensor, with the
     architecture the processes build in their graphs (same order and shapes)."""
@@ -186,6 +188,7 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
         registry.build_task("reviews", num_clients=5, batch_size=4, local_steps=1, seed=0)
 
 
+@pytest.mark.large
 def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(shared_data):
     """all-MiniLM-L6-v2 declares mean pooling (its 1_Pooling/config.json), so the SST-2
     classifier's default features are the padding-masked mean of the backbone's last hidden

@@ -5,8 +5,6 @@ w_i = lstsq(X_i B, y_i), B_i = B − η (1/m_i) X_iᵀ(X_i B w_i − y_i) w_iᵀ
 B ← Q of np.linalg.qr(B̄). Subspaces are compared through projections BBᵀ (QR signs may differ).
 """
 
-import collections
-
 import numpy as np
 import pytest
 import tensorflow_federated as tff
@@ -14,19 +12,7 @@ import tensorflow_federated as tff
 from tasks.subspace import principal_angle_distance
 from tasks.synthetic import fedrep_linear as synthetic_fedrep_linear
 from tffl.algorithms import fedrep_linear
-from tffl import runtime
-
-
-@pytest.fixture(scope="module")
-def tff_runtime():
-    with runtime.local_runtime() as context:
-        yield context
-    assert runtime.running_workers() == []
-
-
-def _data(xs, ys):
-    return [collections.OrderedDict(x=np.asarray(x, np.float32), y=np.asarray(y, np.float32))
-            for x, y in zip(xs, ys)]
+from tests.tffl.algorithms.linear_data import clients as _data
 
 
 def _projection(b):

@@ -17,19 +17,7 @@ from tasks.synthetic import flute_linear as synthetic_flute_linear
 from tffl.algorithms import flute_linear
 from tffl.engine import personal_state
 from tffl.engine.communication import RoundTraffic
-from tffl import runtime
-
-
-@pytest.fixture(scope="module")
-def tff_runtime():
-    with runtime.local_runtime() as context:
-        yield context
-    assert runtime.running_workers() == []
-
-
-def _data(xs, ys):
-    return [collections.OrderedDict(x=np.asarray(x, np.float32), y=np.asarray(y, np.float32))
-            for x, y in zip(xs, ys)]
+from tests.tffl.algorithms.linear_data import clients as _data
 
 
 def _personal(w):

@@ -20,7 +20,6 @@ from tffl.engine import communication
 from tffl.algorithms import lora_fl
 from tffl.simulation import participation
 from tffl.engine import roles
-from tffl import runtime
 from tffl.simulation import driver as simulation
 
 
@@ -89,13 +88,6 @@ def _local_sgd(a, b, w0, x, y, lr, batch_size, train, scale=1.0):
 def _weighted_mean(values, counts):
     counts = np.asarray(counts, np.float64)
     return sum(c * v for c, v in zip(counts, values)) / counts.sum()
-
-
-@pytest.fixture(scope="module")
-def tff_runtime():
-    with runtime.local_runtime() as context:
-        yield context
-    assert runtime.running_workers() == []
 
 
 # A small problem shared by the exactness tests: d_in=4, d_out=3, r=2, three clients of unequal size

@@ -14,7 +14,6 @@ from tests.tffl.algorithms.test_lora_fl import _local_sgd, _model_fn, _spec, _we
 from tests.tffl.algorithms.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_ranks
-from tffl import runtime
 
 _RNG = np.random.default_rng(11)
 _D_IN, _D_OUT, _R = 5, 4, 3
@@ -26,13 +25,6 @@ _CLIENTS = [(_RNG.normal(size=(n, _D_IN)).astype(np.float32),
 _COUNTS = [len(x) for x, _ in _CLIENTS]
 _IDS = ["c0", "c1", "c2"]
 _LR, _BATCH = 0.1, 2
-
-
-@pytest.fixture(scope="module")
-def tff_runtime():
-    with runtime.local_runtime() as context:
-        yield context
-    assert runtime.running_workers() == []
 
 
 def _datasets():

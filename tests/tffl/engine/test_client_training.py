@@ -2,6 +2,7 @@
 `build_model(zero_init=True)`."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -121,6 +122,7 @@ print("ok", len(tf.config.list_logical_devices("CPU")))
 """
 
 
+@pytest.mark.large  # a fresh interpreter (virtual devices are set before TensorFlow starts)
 def test_loop_runs_on_the_given_virtual_cpu_device():
     """Two virtual CPU devices (configured before TensorFlow starts, hence a subprocess): the
     model's variables and the loop's ops sit on the device asked for, with equal results."""

@@ -66,6 +66,7 @@ def test_the_parity_child_covers_every_algorithm_train_py_offers():
     assert set(algorithms.ALGORITHMS) <= set(ALGORITHMS)
 
 
+@pytest.mark.large  # two children for about 4 minutes; the in-process tests below stay fast
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_two_rounds_match_the_tff_worker(parity, algorithm, strategy):
