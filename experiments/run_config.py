@@ -62,6 +62,7 @@ class ModelConfig:
     lora_alpha: float | None = None
     prefix_cache: bool = True
     frozen_dir: str | None = None
+    init_adapters: str | None = None  # a PEFT adapter folder the run starts from
 
     @property
     def adapter_rank(self) -> int:

@@ -149,6 +149,20 @@ def _check_rank(options: Mapping[str, Any]) -> None:
     raise UsageError(f"flag --rank={rank}: must be between 1 and the input width {width}")
 
 
+def _check_init_adapters(options: Mapping[str, Any]) -> None:
+    """--init_adapters: a PEFT folder, for the text tasks (whose backbones have LoRA layers)."""
+    folder = options["init_adapters"]
+    if folder is None:
+        return
+    if options["task"] not in TEXT_TASKS:
+        raise UsageError(f"flag --init_adapters={folder}: PEFT adapters are for the text tasks "
+                         f"({', '.join(TEXT_TASKS)}), not --task={options['task']}")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        if not (pathlib.Path(folder) / name).is_file():
+            raise UsageError(f"flag --init_adapters={folder}: no {name} there; pass a folder "
+                             "written by scripts/export_adapters.py")
+
+
 def _check_data(options: Mapping[str, Any]) -> None:
     """The seed, and the data only --data_dir has (`tasks.text_run_task`'s checks, made
     earlier)."""
@@ -307,6 +321,7 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
     _check_model(options)
     _check_local_work(options, present)
     _check_data(options)
+    _check_init_adapters(options)
     _check_participation(options)
     _check_optimizers(options)
 

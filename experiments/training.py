@@ -40,7 +40,8 @@ RUN_FLAGS = (
 LATER_RUN_FLAGS = ("srpfl_pool", "flute_variant", "flute_feature_reduction",
                    "representation_blocks", "client_ranks", "flute_final_head_epochs",
                    "eval_test", "eval_per_client", "adaptpfl_variant", "adaptpfl_order",
-                   "shortcut_ridge", "project_shortcut", "shortcut_damping", "head_damping")
+                   "shortcut_ridge", "project_shortcut", "shortcut_damping", "head_damping",
+                   "init_adapters")
 
 
 def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:
@@ -173,6 +174,28 @@ def build_evaluator(algorithm: str, task, process, config: RunConfig):
     return evaluate
 
 
+def initial_state(process, task, config: RunConfig):
+    """The state round 1 starts from: `process.initialize()`, with the LoRA adapters (and head)
+    of the PEFT folder `config.model.init_adapters` when given (`UsageError` naming the flag if
+    the folder does not fit the model); None (the driver's default) without it."""
+    folder = config.model.init_adapters
+    if folder is None:
+        return None
+    from models import peft_export
+
+    state = process.initialize()
+    model = task.keras_model_fn()
+    process.model_weights(state).assign_weights_to(model)
+    try:
+        names = peft_export.init_adapters(model, folder)
+    except ValueError as e:
+        raise _as_usage_error(e, config) from None
+    registry.announce(f"starting from {len(names)} adapter variables of {folder}")
+    import tensorflow_federated as tff
+
+    return process.with_model_weights(state, tff.learning.models.ModelWeights.from_model(model))
+
+
 def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -> dict:
     """Builds the task and `algorithm` from `config`, runs `tffl.simulation.driver.run_rounds`
     into `output_dir` and writes its `summary.json`; returns the summary.
@@ -212,7 +235,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
             sitting_recorded.append(row["round"])
 
     result = simulation.run_rounds(
-        process, sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
+        process, initial_state=initial_state(process, task, config),
+        sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
         output_dir=output_dir, evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
         checkpoint_every=config.output.checkpoint_every, config=identity,
         resume=config.output.resume, log=lambda line: print(line, flush=True),

@@ -260,3 +260,123 @@ def import_peft(model: tf.keras.Model, folder: str | pathlib.Path,
         raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
     for variable, value in _planned_assignments(model, family, config, tensors):
         variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+
+
+# -- starting a run from an exported folder ---------------------------------------------------
+
+_LORA_KEY = re.compile(r"^" + re.escape(PREFIX) + r"(bert|roberta)\.encoder\.layer\.(\d+)\.("
+                       + "|".join(re.escape(m) for m in HF_MODULES.values())
+                       + r")\.lora_A\.weight$")
+_TARGET_OF = {module: target for target, module in HF_MODULES.items()}
+
+
+def _folder_sites(tensors: dict) -> tuple[set[str], set[tuple[int, str]]]:
+    """(families, {(layer, target)}) of the adapters in a PEFT state dict."""
+    families, sites = set(), set()
+    for key in tensors:
+        match = _LORA_KEY.match(key)
+        if match:
+            families.add(match.group(1))
+            sites.add((int(match.group(2)), _TARGET_OF[match.group(3)]))
+    return families, sites
+
+
+def _sites_text(sites) -> str:
+    targets = sorted({t for _, t in sites}, key=list(TARGETS).index)
+    layers = sorted({i for i, _ in sites})
+    return f"{','.join(targets)} of layers {','.join(map(str, layers))}"
+
+
+def _check_folder(model, where: str, config: dict, tensors: dict, family: str | None) -> str:
+    """The family of the folder's adapters, after checking rank and adapted modules against
+    `model`'s (ValueError naming the flag that differs)."""
+    families, folder_sites = _folder_sites(tensors)
+    if len(families) != 1:
+        raise ValueError(f"{where}: no LoRA adapters of a bert or roberta model in "
+                         f"{ADAPTER_WEIGHTS} (found {sorted(tensors)[:3]})")
+    found = families.pop()
+    family = family or (backbone_family(model) if _has_backbone(model) else found)
+    if found != family:
+        raise ValueError(f"{where}: its adapters are a {found} model's, this run's model is "
+                         f"{family}: set `backbone` as in the run that exported it")
+    sites = adapter_sites(model)
+    ranks = sorted({w.rank for _, _, w in sites})
+    if ranks != [config["r"]]:
+        raise ValueError(f"{where}: its adapters have rank {config['r']}, this run's "
+                         f"{'/'.join(map(str, ranks))}: set rank={config['r']}")
+    model_sites = {(i, t) for i, t, _ in sites}
+    if folder_sites != model_sites:
+        mismatch = sorted(folder_sites ^ model_sites)[0]
+        path = module_path(family, *mismatch)
+        whose = "the folder's" if mismatch in folder_sites else "this run's"
+        raise ValueError(
+            f"{where}: it adapts {_sites_text(folder_sites)}, this run "
+            f"{_sites_text(model_sites)} (e.g. {path} is only {whose}): set `lora_targets` and "
+            "`lora_layers` as in the run that exported it")
+    heads = {f"{PREFIX}{n}.weight" for n in head_modules(model, family)}
+    for key in sorted(k for k in tensors if not _LORA_KEY.match(k)
+                      and not k.endswith(".lora_B.weight")):
+        if key.endswith(".weight") and key not in heads:
+            raise ValueError(f"{where}: it holds a trained {key[len(PREFIX):-len('.weight')]} "
+                             "that this run's model lacks: set `head` and `pooling` as its "
+                             f"{HEAD_FILE} says")
+    return family
+
+
+def init_adapters(model: tf.keras.Model, folder: str | pathlib.Path,
+                  family: str | None = None) -> list[str]:
+    """Sets `model`'s LoRA adapters, and its head when the folder holds one (PEFT's
+    `modules_to_save`), from a folder `export_peft` wrote (`adapter_model.safetensors` +
+    `adapter_config.json`), so a run starts from them; returns the names of the variables set.
+
+    The folder must fit the model: the same rank (`rank`), adapted modules (`lora_targets`,
+    `lora_layers`), backbone (`backbone`), and head (`head`, `pooling`, the task's
+    labels); otherwise a one-line ValueError starting `init_adapters=<folder>:` names what
+    differs and the flag to change, and nothing is set. A different α is rescaled so that
+    ΔW = (α/r)·A·B is the folder's (`import_peft`). `family` ("bert" / "roberta") defaults to
+    the model's backbone, or to the folder's for a model without one (a prefix-cached suffix).
+
+    >>> export_peft(trained, run_dir / "adapters")  # doctest: +SKIP
+    >>> names = init_adapters(fresh, run_dir / "adapters")  # doctest: +SKIP
+    >>> names[:2]  # doctest: +SKIP
+    ['transformer_layer_0_query_lora/lora_a:0', 'transformer_layer_0_query_lora/lora_b:0']
+    """
+    folder = pathlib.Path(folder)
+    where = f"init_adapters={folder}"
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (folder / name).is_file():
+            raise ValueError(f"{where}: no {name} there (a folder written by "
+                             "scripts/export_adapters.py or models.peft_export.export_peft)")
+    try:
+        config, tensors = read_peft(folder)
+        family = _check_folder(model, where, config, tensors, family)
+        plan = _planned_assignments(model, family, config, tensors)
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith(where) else
+                         f"{where}: {message.rstrip('.')}: set `backbone`, `head` and `pooling` "
+                         "as in the run that exported it, and its `task`") from None
+    import_peft(model, folder, family)
+    return [variable.name for variable, _ in plan]
+
+
+def initial_weights_with_adapters(keras_model_fn, input_spec, folder: str | pathlib.Path,
+                                  initial_non_trainable=None, family: str | None = None
+                                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """`(trainable, non_trainable, names)`: a process's starting weights with the adapters (and
+    head) of a PEFT `folder` (`init_adapters`), for a process builder's `initial_trainable=` and
+    `initial_non_trainable=`. The model's own initial values are drawn once
+    (`tffl.engine.frozen.initial_values`, what the builder would draw); `initial_non_trainable`
+    (e.g. a pretrained backbone) replaces the drawn non-trainable ones."""
+    from tffl.engine import client_training
+    from tffl.engine import frozen as frozen_lib
+
+    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
+    if initial_non_trainable is not None:
+        non_trainable = [np.asarray(v) for v in initial_non_trainable]
+    model = client_training.build_model(keras_model_fn, input_spec, zero_init=True)
+    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
+                               trainable + non_trainable, strict=True):
+        variable.assign(value)
+    names = init_adapters(model, folder, family)
+    return [v.numpy() for v in model.trainable_variables], non_trainable, names

@@ -80,3 +80,42 @@ def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(tmp_path, shared_data
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
     summary = json.loads((run / "summary.json").read_text())
     assert float(loss) == pytest.approx(summary["final"]["eval_loss"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.large
+def test_a_run_started_from_exported_adapters_starts_where_the_exported_run_ended(
+        tmp_path, shared_data, capsys):
+    """train.py --init_adapters=<export>: a round at a negligible learning rate evaluates as the
+    exported run's last round did (its dev loss to 1e-5): the adapters and the head arrived."""
+    from models import checkpoints
+    from scripts import train
+
+    try:
+        checkpoints.fetch_minilm()
+    except Exception as e:
+        pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
+    flags_ = ["--task=sst2", "--backbone=tiny", "--algorithm=fedavg", "--rounds=1",
+              "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--batch_size=4",
+              "--sequence_length=16", f"--data_dir={shared_data}"]
+    run, out, again = tmp_path / "run", tmp_path / "adapters", tmp_path / "again"
+    assert train.run_command_line(["train.py", *flags_, f"--output_dir={run}"]) == 0
+    export_adapters.export_run(run, out, data_dir=shared_data)
+    assert train.run_command_line(["train.py", *flags_, "--learning_rate=1e-12",
+                                   f"--init_adapters={out}", f"--output_dir={again}"]) == 0
+    assert "starting from" in capsys.readouterr().out
+    exported = json.loads((run / "summary.json").read_text())["final"]["eval_loss"]
+    started = json.loads((again / "summary.json").read_text())
+    assert started["flags"]["init_adapters"] == str(out)
+    assert started["final"]["eval_loss"] == pytest.approx(exported, rel=1e-5)
+
+
+def test_init_adapters_is_refused_for_image_tasks_and_folders_without_adapters(tmp_path, capsys):
+    from scripts import train
+
+    assert train.run_command_line(["train.py", f"--init_adapters={tmp_path}",
+                                   f"--output_dir={tmp_path / 'r'}"]) == 2
+    assert "PEFT adapters are for the text tasks" in capsys.readouterr().err
+    assert train.run_command_line(["train.py", "--task=sst2", f"--init_adapters={tmp_path}",
+                                   f"--output_dir={tmp_path / 'r'}"]) == 2
+    assert f"flag --init_adapters={tmp_path}: no adapter_config.json there" in (
+        capsys.readouterr().err)

@@ -264,7 +264,8 @@ def _resume(run: _Run, state: Any,
             f"{run.output_dir} already holds a run (checkpoint of round {done}); pass --resume to "
             "continue it, or choose another --output_dir"
         )
-    state, extra, meta = checkpoint.load(path, template=state)
+    state, extra, meta = checkpoint.load(path, template=state,
+                                         variable_names=checkpoint.variable_names(run.process))
     saved = meta.get("frozen_fingerprint")
     if saved != run.fingerprint:
         raise ResumeError(
@@ -324,7 +325,8 @@ def _run_loop(run: _Run, state: Any, history: list[dict[str, Any]], first_round:
             if is_last or round_num % run.checkpoint_every == 0:
                 checkpoint.save(run.checkpoint_dir, round_num, state, config=run.config,
                                 extra=run.store.to_arrays() if run.store is not None else None,
-                                frozen_fingerprint=run.fingerprint)
+                                frozen_fingerprint=run.fingerprint,
+                                variable_names=checkpoint.variable_names(run.process))
             run.say(metrics_log.progress_line(row, run.rounds, clock.tick(
                 0 if stop else run.rounds - round_num)))
             if run.after_round is not None:

@@ -1,10 +1,13 @@
 """tffl.simulation.checkpoint: exact round-trips, atomic writes, clear mismatch errors."""
 
 import collections
+import json
+import types
 
 import attrs
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tffl.simulation import checkpoint
 
@@ -63,3 +66,99 @@ def test_mismatched_structure_or_shape_is_a_clear_error(tmp_path):
 
 def test_no_checkpoint():
     assert checkpoint.latest("/nonexistent/dir") is None
+
+
+# -- arrays named by what they hold ------------------------------------------------------------
+
+_NAMES = {"weights": ["dense/kernel", "dense/bias"]}
+
+
+def _arrays(path):
+    with np.load(path / "state.npz") as arrays:
+        return {k: arrays[k] for k in arrays.files}
+
+
+def test_arrays_are_named_by_structure_path_and_variable(tmp_path):
+    state = _state()
+    path = checkpoint.save(tmp_path, 1, state, variable_names=_NAMES)
+    names = ["weights/dense/kernel", "weights/dense/bias", "step", "opt/lr"]
+    assert sorted(_arrays(path)) == sorted(names)
+    np.testing.assert_array_equal(_arrays(path)["weights/dense/kernel"], state.weights[0])
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["names"] == names and meta["paths"] == ["weights/0", "weights/1", "step", "opt/lr"]
+    # Without variable names: the structure paths.
+    path = checkpoint.save(tmp_path, 2, state)
+    assert sorted(_arrays(path)) == sorted(["weights/0", "weights/1", "step", "opt/lr"])
+    for names in (_NAMES, None):   # restored by position, with or without the variable names
+        loaded, _, _ = checkpoint.load(path, template=_state(2.0), variable_names=names)
+        np.testing.assert_array_equal(loaded.weights[0], state.weights[0])
+
+
+def test_a_name_shared_by_two_variables_keeps_their_positions(tmp_path):
+    path = checkpoint.save(tmp_path, 1, _state(), variable_names={"weights": ["w", "w"]})
+    assert {"weights/0/w", "weights/1/w"} <= set(_arrays(path))
+
+
+def _save_the_old_way(root, round_num, state, config=None):
+    """A checkpoint as `checkpoint.save` wrote it before the names (`leaf_00000`, ...)."""
+    leaves = [np.asarray(leaf) for leaf in tf.nest.flatten(state)]
+    path = root / f"round_{round_num:06d}"
+    path.mkdir(parents=True)
+    np.savez(path / "state.npz", **{f"leaf_{i:05d}": leaf for i, leaf in enumerate(leaves)})
+    np.savez(path / "extra.npz", store=np.eye(2))
+    meta = {"round": round_num, "num_leaves": len(leaves),
+            "shapes": [list(leaf.shape) for leaf in leaves],
+            "dtypes": [str(leaf.dtype) for leaf in leaves], "config": config or {},
+            "frozen_fingerprint": "abc"}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_a_checkpoint_from_before_the_names_still_loads(tmp_path):
+    state = _state(scale=np.float32(1 / 3))
+    _save_the_old_way(tmp_path, 5, state, config={"seed": 1})
+    round_num, path = checkpoint.latest(tmp_path)
+    assert round_num == 5
+    loaded, extra, meta = checkpoint.load(path, template=_state(), variable_names=_NAMES)
+    np.testing.assert_array_equal(loaded.weights[0], state.weights[0])  # bit-exact
+    assert loaded.step == 7 and meta["frozen_fingerprint"] == "abc"
+    np.testing.assert_array_equal(extra["store"], np.eye(2))
+    other = _state()
+    other.weights[1] = np.ones(4, np.float32)
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match=r"state tensor 1 has shape \(3,\), this process expects \(4,\)"):
+        checkpoint.load(path, template=other)
+
+
+def test_another_variable_or_structure_is_a_one_line_error_naming_it(tmp_path):
+    path = checkpoint.save(tmp_path, 1, _state(), variable_names=_NAMES)
+    renamed = {"weights": ["dense/kernel", "dense_1/bias"]}
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match=r"state tensor 1 is weights/dense/bias there but "
+                             r"weights/dense_1/bias in this process") as error:
+        checkpoint.load(path, template=_state(), variable_names=renamed)
+    assert "\n" not in str(error.value)
+    other = _state()
+    other.opt = collections.OrderedDict(momentum=np.float32(0.1))  # same count and shapes
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match="state tensor 3 is opt/lr there but opt/momentum"):
+        checkpoint.load(path, template=other)
+    other = _state()
+    other.weights[0] = np.zeros((3, 3), np.float32)
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match=r"weights/dense/kernel \(state tensor 0\) has shape \(2, 3\)"):
+        checkpoint.load(path, template=other)
+
+
+def test_variable_names_of_a_process_are_its_federated_variables():
+    spec = types.SimpleNamespace(
+        trainable=[types.SimpleNamespace(name=n) for n in ("l/kernel:0", "l/lora_a:0",
+                                                            "l/lora_b:0")],
+        non_trainable=[types.SimpleNamespace(name="norm/moving_mean:0")])
+    layout = types.SimpleNamespace(spec=spec, trainable=(1, 2), non_trainable=(0,))
+    process = types.SimpleNamespace(model=types.SimpleNamespace(layout=layout))
+    assert checkpoint.variable_names(process) == {
+        "global_model_weights/trainable": ["l/lora_a", "l/lora_b"],
+        "global_model_weights/non_trainable": ["norm/moving_mean"]}
+    assert checkpoint.variable_names(types.SimpleNamespace(model=None)) is None
+    assert checkpoint.variable_names(object()) is None
