@@ -593,7 +593,7 @@ def _two_layer(d_in, d_hidden, d_out, r, seed=0):
             (rng.normal(size=(d_hidden, d_out)), rng.normal(size=(d_hidden, r)))]
 
 
-@pytest.mark.parametrize("dims", [(8, 8, 8), (6, 5, 3)])
+@pytest.mark.parametrize("dims", [(8, 8, 8), pytest.param((6, 5, 3), marks=pytest.mark.large)])
 def test_upload_per_communication_round(dims):
     """Per adapted matrix: B round r·d_out·4 bytes, A round r·d_in·4, FedAvg-LoRA r·(d_in+d_out)·4;
     plus METRIC_UPLOAD_BYTES = 16 (float32 loss sum, correct and example counts, and the float32

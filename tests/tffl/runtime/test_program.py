@@ -204,8 +204,10 @@ def _process(algorithm):
     return lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
 
 
-@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa",
-                                       *_STATELESS_PERSONALIZED])
+# The fast tier: one LoRA and one personalized-family algorithm; the large tier all of them.
+@pytest.mark.parametrize("algorithm", [
+    a if a in ("rolora", "fedavg") else pytest.param(a, marks=pytest.mark.large)
+    for a in (*lora_fl.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED)])
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)

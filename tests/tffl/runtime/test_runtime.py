@@ -90,8 +90,10 @@ _CHILD = textwrap.dedent(
 )
 
 
+# The fast tier kills the owner one way; the large tier every way (tests in tiers: README).
 @pytest.mark.parametrize("sig, workers", [
-    (signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2),
+    (signal.SIGINT, 1), pytest.param(signal.SIGTERM, 1, marks=pytest.mark.large),
+    pytest.param(signal.SIGKILL, 1, marks=pytest.mark.large), pytest.param(signal.SIGKILL, 2, marks=pytest.mark.large),
 ])
 def test_no_worker_outlives_a_killed_owner(sig, workers):
     """SIGINT/SIGTERM run the teardown; SIGKILL is covered by PR_SET_PDEATHSIG."""
@@ -157,6 +159,7 @@ def _sigtermed(child: str, *second_after: str) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+@pytest.mark.large
 def test_a_sigtermed_run_exits_although_a_thread_never_ends():
     status, _, err = _sigtermed(_BLOCKED_CHILD)
     assert status == 128 + signal.SIGTERM
@@ -180,6 +183,7 @@ _TWICE_TERMINATED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.large
 def test_a_second_sigterm_does_not_interrupt_the_cleanup():
     # A process manager and the parent-death signal can both send SIGTERM; the second one used
     # to raise inside the cleanup (inside gRPC's Channel.close, leaving a channel half-closed).
@@ -363,7 +367,7 @@ def reference_runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg_lora", "rolora"])
+@pytest.mark.parametrize("algorithm", [pytest.param("fedavg_lora", marks=pytest.mark.large), "rolora"])
 def test_two_workers_give_the_same_run_as_one(reference_runs, algorithm):
     """FedAvg-LoRA's `next` has one layer of aggregations (one mergeable stage); RoLoRA's has two
     (its A round is broadcast from the B round's aggregate), so it runs as two stages."""
@@ -421,7 +425,7 @@ def _slow_sum(steps):
     return tff.federated_sum(tff.federated_map(_spin, steps))
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.large)])
 def test_worker_killed_mid_computation_is_named_at_once(tmp_path, workers):
     with runtime.local_runtime(log_dir=tmp_path, num_workers=workers) as context:
         assert _slow_sum([10, 10, 10, 10]) == pytest.approx(4 * np.sin(np.arange(10)).sum(),
@@ -465,7 +469,7 @@ def _crash_when_busy(context, times: int) -> list[int]:
     return signalled
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.large)])
 def test_crashed_worker_is_restarted_and_the_computation_run_again(tmp_path, workers, caplog):
     """A worker that crashes (SIGSEGV) mid-computation is replaced and the computation run again:
     its result is the undisturbed one. External kills still end the run (tests above)."""
