@@ -93,6 +93,7 @@ def build_algorithm(
     frozen_dir=None,
     client_ranks=None,
     averaging_error: bool = True,
+    initial_weights=None,
 ):
     """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
     or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
@@ -101,13 +102,17 @@ def build_algorithm(
     `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.algorithms.lora_ranks`).
     `averaging_error` (fedavg_lora): log ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F /
     ‖mean(A_iB_i) − A·B‖_F per round (`finalizer/averaging_error`, a simulation-only diagnostic
-    whose extra aggregation is not counted in the bytes; `tffl.algorithms.lora_fl`)."""
+    whose extra aggregation is not counted in the bytes; `tffl.algorithms.lora_fl`).
+    `initial_weights`: `(trainable, non_trainable)` the model starts from instead of its own
+    draw and the task's pretrained weights (e.g. `models.peft_export.initial_weights_with_adapters`)."""
     import tensorflow_federated as tff
 
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
         float(server_learning_rate))
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
     model = dict(initial_non_trainable=pretrained, frozen_dir=frozen_dir)
+    if initial_weights is not None:
+        model.update(initial_trainable=initial_weights[0], initial_non_trainable=initial_weights[1])
     entry = registry.get(name)
     if entry.family == "personalized":
         config = dict(

@@ -156,7 +156,7 @@ def build_process(algorithm: str, task, config: RunConfig):
         representation_blocks=a.representation_blocks, finetune_epochs=a.finetune_epochs,
         shortcut_epochs=a.shortcut_epochs,
         adaptpfl=adaptpfl_config(config) if algorithm == "adaptpfl" else None,
-        flute=flute_config(config))
+        flute=flute_config(config), initial_weights=initial_weights(task, config))
 
 
 def build_evaluator(algorithm: str, task, process, config: RunConfig):
@@ -174,26 +174,24 @@ def build_evaluator(algorithm: str, task, process, config: RunConfig):
     return evaluate
 
 
-def initial_state(process, task, config: RunConfig):
-    """The state round 1 starts from: `process.initialize()`, with the LoRA adapters (and head)
-    of the PEFT folder `config.model.init_adapters` when given (`UsageError` naming the flag if
-    the folder does not fit the model); None (the driver's default) without it."""
+def initial_weights(task, config: RunConfig):
+    """`(trainable, non_trainable)` the model starts from: its own draw and the task's
+    pretrained weights with the LoRA adapters (and head) of the PEFT folder
+    `config.model.init_adapters` (`UsageError` naming the flag if it does not fit the model);
+    None without that folder (the builder's own draw)."""
     folder = config.model.init_adapters
     if folder is None:
         return None
     from models import peft_export
 
-    state = process.initialize()
-    model = task.keras_model_fn()
-    process.model_weights(state).assign_weights_to(model)
+    pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
     try:
-        names = peft_export.init_adapters(model, folder)
+        trainable, non_trainable, names = peft_export.initial_weights_with_adapters(
+            task.keras_model_fn, task.input_spec, folder, initial_non_trainable=pretrained)
     except ValueError as e:
         raise _as_usage_error(e, config) from None
     registry.announce(f"starting from {len(names)} adapter variables of {folder}")
-    import tensorflow_federated as tff
-
-    return process.with_model_weights(state, tff.learning.models.ModelWeights.from_model(model))
+    return trainable, non_trainable
 
 
 def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -> dict:
@@ -235,8 +233,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
             sitting_recorded.append(row["round"])
 
     result = simulation.run_rounds(
-        process, initial_state=initial_state(process, task, config),
-        sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
+        process, sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
         output_dir=output_dir, evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
         checkpoint_every=config.output.checkpoint_every, config=identity,
         resume=config.output.resume, log=lambda line: print(line, flush=True),
