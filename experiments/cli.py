@@ -73,6 +73,21 @@ def parse_flags(argv: list[str], flag_values=None, help_text: str | None = None)
     return rest
 
 
+def definer(flag_values):
+    """absl's `flags.DEFINE_*` functions bound to `flag_values`, for a script's
+    `define_flags(flag_values)`: `d = definer(flag_values); d.DEFINE_integer("rounds", 5, "...")`.
+    The flags are registered for the module that calls them (run as a script: the script, whose
+    flags absl's --helpshort lists)."""
+    import functools
+    import types
+
+    from absl import flags
+
+    return types.SimpleNamespace(**{
+        name: functools.partial(getattr(flags, name), flag_values=flag_values)
+        for name in dir(flags) if name.startswith("DEFINE")})
+
+
 def error_exit(script: str, error: BaseException, status: int, message: str | None = None
                ) -> int:
     """Reports `error` as one line, `<script>: error: <message>` (default: the error's text), on

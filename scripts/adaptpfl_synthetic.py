@@ -57,60 +57,55 @@ def _text(values) -> str:
     return ",".join(map(str, values))
 
 
-_NUM_CLIENTS = flags.DEFINE_integer(
-    "num_clients", DEFAULTS["num_clients"], "N, the number of clients.")
-_NUM_SAMPLES = flags.DEFINE_list(
-    "num_samples", _text(DEFAULTS["num_samples"]), "m, samples per client (one table "
-                                 "block each; fixed local datasets).")
-_DIM = flags.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
-_RANK = flags.DEFINE_integer("rank", DEFAULTS["rank"], "k, the representation width (1 <= k < d).")
-_DATA_ALPHA = flags.DEFINE_float(
-    "data_alpha", DEFAULTS["data_alpha"], "α* of the data model, in [0, 1].")
-_SHORTCUT_NORM = flags.DEFINE_float(
-    "shortcut_norm", DEFAULTS["shortcut_norm"], "C_s = ‖s_i*‖ (>= 0).")
-_ORTHOGONAL = flags.DEFINE_boolean("orthogonal_to_heads", DEFAULTS["orthogonal_to_heads"],
-                                   "Draw shortcuts with Σ_i s_i* w_i*ᵀ = 0 (adaptpfl.md §2.6).")
-_NOISE_STD = flags.DEFINE_float("noise_std", DEFAULTS["noise_std"], "σ of the label noise (>= 0).")
-_ALPHAS = flags.DEFINE_list(
-    "alphas", _text(DEFAULTS["alphas"]), "AdaptPFL's α values, each in (0, 1].")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", DEFAULTS["learning_rate"],
-                                    "η for every method (head, shortcut and B steps; FedRep's B).")
-_HEAD_STEPS = flags.DEFINE_integer(
-    "head_steps", DEFAULTS["head_steps"], "τ_w, head steps per round.")
-_SHORTCUT_STEPS = flags.DEFINE_integer(
-    "shortcut_steps", DEFAULTS["shortcut_steps"], "τ_s, shortcut steps per round.")
-_REPRESENTATION_STEPS = flags.DEFINE_integer(
-    "representation_steps", DEFAULTS["representation_steps"],
-                                             "τ_b, local steps on B per round.")
-_SHORTCUT_RIDGE = flags.DEFINE_float(
-    "shortcut_ridge", DEFAULTS["shortcut_ridge"], "β >= 0, ridge on the shortcut.")
-_VARIANT = flags.DEFINE_enum(
-    "adaptpfl_variant", DEFAULTS["adaptpfl_variant"], ["a",
-    "b"], "AdaptPFL's variant: a (Algorithm 1 repaired: tau "
-    "gradient steps on head, shortcut and B) or b (the draft's analysed iteration (2)-(8): ridge "
-    "shortcut and least-squares head solved exactly, one B step then QR; adaptpfl.md 1.5).")
-_PROJECT_SHORTCUT = flags.DEFINE_boolean(
-    "project_shortcut", DEFAULTS["project_shortcut"],
-    "Variant b: project s onto span(B)'s orthogonal complement, (3).")
-_SHORTCUT_DAMPING = flags.DEFINE_float("shortcut_damping", DEFAULTS["shortcut_damping"],
-                                       "Variant b: lambda_S in (0, 1], (4).")
-_HEAD_DAMPING = flags.DEFINE_float(
-    "head_damping", DEFAULTS["head_damping"], "Variant b: lambda_W in (0, 1], (6).")
-_ORDER = flags.DEFINE_enum("adaptpfl_order", DEFAULTS["adaptpfl_order"], ["sw", "ws"],
-                           "Variant b: shortcut then head (sw, the analysis) or head first (ws).")
-_INIT = flags.DEFINE_enum("init", DEFAULTS["init"], ["moments", "random"],
-                          "B⁰: FedRep's method of moments, or a random orthonormal matrix.")
-_METHODS = flags.DEFINE_list(
-    "methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
-_ROUNDS = flags.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
-_SEEDS = flags.DEFINE_list(
-    "seeds", _text(DEFAULTS["seeds"]), "Seeds (each: new ground truth, data and B⁰).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/adaptpfl_synthetic",
-                                  "Where results.csv, results.md and the worker log go.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a
+    FlagValues of its own in a test), registered for this module: run as a script, absl's
+    --helpshort lists them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_integer("num_clients", DEFAULTS["num_clients"], "N, the number of clients.")
+    d.DEFINE_list("num_samples", _text(DEFAULTS["num_samples"]), "m, samples per client (one "
+                  "table block each; fixed local datasets).")
+    d.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
+    d.DEFINE_integer("rank", DEFAULTS["rank"], "k, the representation width (1 <= k < d).")
+    d.DEFINE_float("data_alpha", DEFAULTS["data_alpha"], "α* of the data model, in [0, 1].")
+    d.DEFINE_float("shortcut_norm", DEFAULTS["shortcut_norm"], "C_s = ‖s_i*‖ (>= 0).")
+    d.DEFINE_boolean("orthogonal_to_heads", DEFAULTS["orthogonal_to_heads"],
+                     "Draw shortcuts with Σ_i s_i* w_i*ᵀ = 0 (adaptpfl.md §2.6).")
+    d.DEFINE_float("noise_std", DEFAULTS["noise_std"], "σ of the label noise (>= 0).")
+    d.DEFINE_list("alphas", _text(DEFAULTS["alphas"]), "AdaptPFL's α values, each in (0, 1].")
+    d.DEFINE_float("learning_rate", DEFAULTS["learning_rate"],
+                   "η for every method (head, shortcut and B steps; FedRep's B).")
+    d.DEFINE_integer("head_steps", DEFAULTS["head_steps"], "τ_w, head steps per round.")
+    d.DEFINE_integer("shortcut_steps", DEFAULTS["shortcut_steps"],
+                     "τ_s, shortcut steps per round.")
+    d.DEFINE_integer("representation_steps", DEFAULTS["representation_steps"],
+                     "τ_b, local steps on B per round.")
+    d.DEFINE_float("shortcut_ridge", DEFAULTS["shortcut_ridge"],
+                   "β >= 0, ridge on the shortcut.")
+    d.DEFINE_enum(
+        "adaptpfl_variant", DEFAULTS["adaptpfl_variant"], ["a", "b"], "AdaptPFL's variant: a "
+        "(Algorithm 1 repaired: tau gradient steps on head, shortcut and B) or b (the draft's "
+        "analysed iteration (2)-(8): ridge shortcut and least-squares head solved exactly, one B "
+        "step then QR; adaptpfl.md 1.5).")
+    d.DEFINE_boolean("project_shortcut", DEFAULTS["project_shortcut"],
+                     "Variant b: project s onto span(B)'s orthogonal complement, (3).")
+    d.DEFINE_float("shortcut_damping", DEFAULTS["shortcut_damping"],
+                   "Variant b: lambda_S in (0, 1], (4).")
+    d.DEFINE_float("head_damping", DEFAULTS["head_damping"], "Variant b: lambda_W in (0, 1], (6).")
+    d.DEFINE_enum("adaptpfl_order", DEFAULTS["adaptpfl_order"], ["sw", "ws"],
+                  "Variant b: shortcut then head (sw, the analysis) or head first (ws).")
+    d.DEFINE_enum("init", DEFAULTS["init"], ["moments", "random"],
+                  "B⁰: FedRep's method of moments, or a random orthonormal matrix.")
+    d.DEFINE_list("methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
+    d.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
+    d.DEFINE_list("seeds", _text(DEFAULTS["seeds"]),
+                  "Seeds (each: new ground truth, data and B⁰).")
+    d.DEFINE_string("output_dir", "runs/adaptpfl_synthetic",
+                    "Where results.csv, results.md and the worker log go.")
 
 
-def _list(name: str, kind, ok, requirement: str) -> list:
-    text = flags.FLAGS[name].value
+def _list(fv: flags.FlagValues, name: str, kind, ok, requirement: str) -> list:
+    text = fv[name].value
     try:
         values = [kind(v) for v in text]
     except ValueError:
@@ -122,48 +117,48 @@ def _list(name: str, kind, ok, requirement: str) -> list:
     return values
 
 
-def _validate_flags() -> dict:
+def _validate_flags(fv: flags.FlagValues) -> dict:
     """Checks the flags together; returns the parsed lists and the (writable) output dir."""
     for name in ("num_clients", "dim", "rounds"):
-        if flags.FLAGS[name].value < 1:
-            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be >= 1")
-    if not 1 <= _RANK.value < _DIM.value:
-        raise UsageError(f"flag --rank={_RANK.value}: must be in [1, --dim={_DIM.value})")
+        if fv[name].value < 1:
+            raise UsageError(f"flag --{name}={fv[name].value}: must be >= 1")
+    if not 1 <= fv.rank < fv.dim:
+        raise UsageError(f"flag --rank={fv.rank}: must be in [1, --dim={fv.dim})")
     for name in ("head_steps", "shortcut_steps", "representation_steps"):
-        if flags.FLAGS[name].value < 0:
-            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be >= 0")
-    if not (np.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
-        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be > 0")
+        if fv[name].value < 0:
+            raise UsageError(f"flag --{name}={fv[name].value}: must be >= 0")
+    if not (np.isfinite(fv.learning_rate) and fv.learning_rate > 0):
+        raise UsageError(f"flag --learning_rate={fv.learning_rate}: must be > 0")
     for name in ("shortcut_norm", "noise_std", "shortcut_ridge"):
-        value = flags.FLAGS[name].value
+        value = fv[name].value
         if not (np.isfinite(value) and value >= 0):
             raise UsageError(f"flag --{name}={value}: must be >= 0")
     for name in ("shortcut_damping", "head_damping"):
-        value = flags.FLAGS[name].value
+        value = fv[name].value
         if not (np.isfinite(value) and 0.0 < value <= 1.0):
             raise UsageError(f"flag --{name}={value}: must be in (0, 1]")
-    if not 0.0 <= _DATA_ALPHA.value <= 1.0:
-        raise UsageError(f"flag --data_alpha={_DATA_ALPHA.value}: must be in [0, 1]")
-    if _ORTHOGONAL.value and _NUM_CLIENTS.value <= _RANK.value:
+    if not 0.0 <= fv.data_alpha <= 1.0:
+        raise UsageError(f"flag --data_alpha={fv.data_alpha}: must be in [0, 1]")
+    if fv.orthogonal_to_heads and fv.num_clients <= fv.rank:
         raise UsageError(f"flag --orthogonal_to_heads needs --num_clients > --rank "
-                         f"({_NUM_CLIENTS.value} <= {_RANK.value})")
+                         f"({fv.num_clients} <= {fv.rank})")
     config = dict(
-        num_samples=_list("num_samples", int, lambda v: v >= 1, "must be integers >= 1"),
-        alphas=_list("alphas", float, lambda v: 0.0 < v <= 1.0,
+        num_samples=_list(fv, "num_samples", int, lambda v: v >= 1, "must be integers >= 1"),
+        alphas=_list(fv, "alphas", float, lambda v: 0.0 < v <= 1.0,
                      "must be numbers in (0, 1] (α = 0 is the fedrep_gd method)"),
-        seeds=_list("seeds", int, lambda v: v >= 0, "must be integers >= 0"),
+        seeds=_list(fv, "seeds", int, lambda v: v >= 0, "must be integers >= 0"),
     )
-    if _VARIANT.value == "b" and any(a >= 1.0 for a in config["alphas"]):
-        raise UsageError(f"flag --alphas={','.join(_ALPHAS.value)}: --adaptpfl_variant=b solves "
+    if fv.adaptpfl_variant == "b" and any(a >= 1.0 for a in config["alphas"]):
+        raise UsageError(f"flag --alphas={','.join(fv.alphas)}: --adaptpfl_variant=b solves "
                          "the head with a 1/(1-alpha) factor; every alpha must be < 1")
-    unknown = [m for m in _METHODS.value if m not in METHODS]
-    if unknown or not _METHODS.value:
-        raise UsageError(f"flag --methods={','.join(_METHODS.value)}: unknown "
+    unknown = [m for m in fv.methods if m not in METHODS]
+    if unknown or not fv.methods:
+        raise UsageError(f"flag --methods={','.join(fv.methods)}: unknown "
                          f"{', '.join(unknown) or 'empty'}; choose from {', '.join(METHODS)}")
-    config["methods"] = [m for m in METHODS if m in _METHODS.value]
-    output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
+    config["methods"] = [m for m in METHODS if m in fv.methods]
+    output_dir = cli.writable_output_dir(fv.output_dir)
     config["output_dir"] = output_dir
-    config.update({name: flags.FLAGS[name].value for name in (
+    config.update({name: fv[name].value for name in (
         "adaptpfl_order", "adaptpfl_variant", "data_alpha", "dim", "head_damping",
         "head_steps", "init", "learning_rate", "noise_std", "num_clients",
         "orthogonal_to_heads", "project_shortcut", "rank", "representation_steps", "rounds",
@@ -177,9 +172,21 @@ def main(argv: list[str]) -> int:
             for seed in config["seeds"]:
                 yield run_setting(m, seed, config)
 
-    return cli.run_settings("adaptpfl_synthetic.py", argv, _validate_flags, settings,
-                            write_results)
+    return cli.run_settings("adaptpfl_synthetic.py", argv, lambda: _validate_flags(flags.FLAGS),
+                            settings, write_results)
+
+
+def parse(argv: list[str], flag_values: flags.FlagValues) -> dict:
+    """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks the values
+    together, creating the output folder; returns the config. A bad flag is one line on stderr and
+    `SystemExit(2)`, as on the command line; nothing heavy is imported."""
+    cli.parse_flags(argv, flag_values, __doc__)
+    try:
+        return _validate_flags(flag_values)
+    except UsageError as e:
+        sys.exit(cli.error_exit("adaptpfl_synthetic.py", e, 2))
 
 
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main, flags_parser=cli.parse_flags)

@@ -28,20 +28,25 @@ from experiments import archive
 from experiments import cli
 from experiments import machine
 
-_RUN = flags.DEFINE_string("run", None, "The finished run's folder (its summary.json).")
-_RERUN = flags.DEFINE_string("rerun", None, "The rerun's folder: same flags and seed, finished.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of
+    its own in a test), registered for this module: run as a script, absl's --helpshort lists
+    them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_string("run", None, "The finished run's folder (its summary.json).")
+    d.DEFINE_string("rerun", None, "The rerun's folder: same flags and seed, finished.")
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+def attach(flag_values: flags.FlagValues) -> int:
+    """Attaches the rerun of parsed `flag_values` (`define_flags`' flags) and prints the report;
+    returns the exit status: 2 for a missing flag, 1 for a rerun it refuses, one line on stderr
+    each."""
     try:
-        for flag in (_RUN, _RERUN):
-            if not flag.value:
-                raise cli.UsageError(f"flag --{flag.name} is required: the "
-                                     + ("finished run's folder" if flag is _RUN
-                                        else "rerun's folder"))
-        summary = archive.attach_rerun(pathlib.Path(_RUN.value), pathlib.Path(_RERUN.value))
+        for name, what in (("run", "finished run's folder"), ("rerun", "rerun's folder")):
+            if not flag_values[name].value:
+                raise cli.UsageError(f"flag --{name} is required: the {what}")
+        summary = archive.attach_rerun(pathlib.Path(flag_values.run),
+                                       pathlib.Path(flag_values.rerun))
     except cli.UsageError as e:
         return cli.error_exit("attach_rerun.py", e, 2)
     except (ValueError, OSError) as e:
@@ -49,7 +54,7 @@ def main(argv: list[str]) -> int:
     rerun = summary[archive.RERUN]
     added = sorted(k for k in rerun["final"] if k not in summary["final"])
     differ = machine.differences(summary.get("machine"), rerun.get("machine"))
-    print(json.dumps({"run": _RUN.value, "rerun metrics the run lacks": added,
+    print(json.dumps({"run": flag_values.run, "rerun metrics the run lacks": added,
                       "max_abs_difference_of_shared_metrics":
                           rerun["max_abs_difference_of_shared_metrics"],
                       # Another CPU rounds differently (experiments.machine).
@@ -59,5 +64,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    return attach(flags.FLAGS)
+
+
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main)

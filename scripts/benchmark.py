@@ -221,12 +221,12 @@ def _import_tensorflow() -> None:
     from tffl import runtime  # noqa: F401
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing (`experiments.cli.parse_flags`) and the checks of `config_from_flags`; a bad value
-    is one line on stderr and exit status 2 (no traceback), before TensorFlow is imported.
-    TensorFlow is imported here, not in `main`: imported inside `main`, Keras 2 builds layers on
-    graph tensors instead of KerasTensors (see scripts/train.py)."""
+def check(argv: list[str]) -> list[str]:
+    """absl parsing into `FLAGS` (from their defaults; `experiments.cli.parse_flags`) and the
+    checks of `config_from_flags`; a bad value is one line on stderr and exit status 2 (no
+    traceback). Imports nothing heavy."""
     name = pathlib.Path(argv[0]).name
+    FLAGS.unparse_flags()
     rest = cli.parse_flags(argv, FLAGS, __doc__)
     try:
         if len(rest) > 1:
@@ -238,6 +238,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
                              "targets run on real SST-2 sentences; see ../shared/data)")
     except UsageError as e:
         sys.exit(cli.error_exit(name, e, 2))
+    return rest
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """`check`, then TensorFlow's import: here, not in `main`: imported inside `main`, Keras 2
+    builds layers on graph tensors instead of KerasTensors (see scripts/train.py)."""
+    rest = check(argv)
     _import_tensorflow()
     return rest
 

@@ -55,35 +55,41 @@ def _text(values) -> str:
     return ",".join(map(str, values))
 
 
-_KS = flags.DEFINE_list("ks", _text(DEFAULTS["ks"]), "Representation widths k (each in [1, dim]).")
-_NUM_CLIENTS = flags.DEFINE_list(
-    "num_clients", _text(DEFAULTS["num_clients"]), "Numbers of clients M.")
-_NUM_SAMPLES = flags.DEFINE_integer(
-    "num_samples", DEFAULTS["num_samples"], "N, samples per client (fixed dataset).")
-_DIM = flags.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
-_NOISE_VARIANCE = flags.DEFINE_float(
-    "noise_variance", DEFAULTS["noise_variance"], "Variance of the label noise ξ.")
-_LEARNING_RATE = flags.DEFINE_float(
-    "learning_rate", DEFAULTS["learning_rate"], "FLUTE's η_l = η_r (paper: 0.03).")
-_GAMMA1 = flags.DEFINE_float("gamma1", DEFAULTS["gamma1"], "FLUTE's γ1 (theory: 1/4).")
-_GAMMA2 = flags.DEFINE_float("gamma2", DEFAULTS["gamma2"], "FLUTE's γ2 (theory: 1/8).")
-_FEDREP_LEARNING_RATES = flags.DEFINE_list(
-    "fedrep_learning_rates", _text(DEFAULTS["fedrep_learning_rates"]),
-    "FedRep(RI) step sizes η (one run each; 0.03 is the paper's η; FedRep averages the clients' "
-    "B-steps where FLUTE sums them, so its step is effectively M times smaller at equal η).")
-_METHODS = flags.DEFINE_list(
-    "methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
-_ROUNDS = flags.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
-_REPORT_ROUNDS = flags.DEFINE_list("report_rounds", _text(DEFAULTS["report_rounds"]),
-                                   "Rounds (< --rounds) whose error is also reported.")
-_SEEDS = flags.DEFINE_list(
-    "seeds", _text(DEFAULTS["seeds"]), "Seeds (each: new Φ, data and initialization).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/flute_synthetic",
-                                  "Where results.csv, results.md and the worker log go.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a
+    FlagValues of its own in a test), registered for this module: run as a script, absl's
+    --helpshort lists them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_list("ks", _text(DEFAULTS["ks"]), "Representation widths k (each in [1, dim]).")
+    d.DEFINE_list("num_clients", _text(DEFAULTS["num_clients"]), "Numbers of clients M.")
+    d.DEFINE_integer(
+        "num_samples", DEFAULTS["num_samples"], "N, samples per client (fixed dataset).")
+    d.DEFINE_integer("dim", DEFAULTS["dim"], "d, the feature dimension.")
+    d.DEFINE_float(
+        "noise_variance", DEFAULTS["noise_variance"], "Variance of the label noise ξ.")
+    d.DEFINE_float(
+        "learning_rate", DEFAULTS["learning_rate"], "FLUTE's η_l = η_r (paper: 0.03).")
+    d.DEFINE_float("gamma1", DEFAULTS["gamma1"], "FLUTE's γ1 (theory: 1/4).")
+    d.DEFINE_float("gamma2", DEFAULTS["gamma2"], "FLUTE's γ2 (theory: 1/8).")
+    d.DEFINE_list(
+        "fedrep_learning_rates", _text(DEFAULTS["fedrep_learning_rates"]),
+        "FedRep(RI) step sizes η (one run each; 0.03 is the paper's η; FedRep averages the "
+        "clients' B-steps where FLUTE sums them, so its step is effectively M times smaller at "
+        "equal η).")
+    d.DEFINE_list(
+        "methods", _text(DEFAULTS["methods"]), "Methods: " + ", ".join(METHODS) + ".")
+    d.DEFINE_integer("rounds", DEFAULTS["rounds"], "Communication rounds per run.")
+    d.DEFINE_list("report_rounds", _text(DEFAULTS["report_rounds"]),
+                  "Rounds (< --rounds) whose error is also reported.")
+    d.DEFINE_list(
+        "seeds", _text(DEFAULTS["seeds"]), "Seeds (each: new Φ, data and initialization).")
+    d.DEFINE_string("output_dir", "runs/flute_synthetic",
+                    "Where results.csv, results.md and the worker log go.")
 
 
-def _int_list(name: str, minimum: int, maximum: int | None = None) -> list[int]:
-    text = flags.FLAGS[name].value
+def _int_list(fv: flags.FlagValues, name: str, minimum: int, maximum: int | None = None
+              ) -> list[int]:
+    text = fv[name].value
     try:
         values = [int(v) for v in text]
     except ValueError:
@@ -99,42 +105,42 @@ def _int_list(name: str, minimum: int, maximum: int | None = None) -> list[int]:
     return values
 
 
-def _validate_flags() -> dict:
+def _validate_flags(fv: flags.FlagValues) -> dict:
     """Checks the flags together; returns the parsed lists and the (writable) output dir."""
     for name in ("num_samples", "dim", "rounds"):
-        if flags.FLAGS[name].value < 1:
-            raise UsageError(f"flag --{name}={flags.FLAGS[name].value}: must be >= 1")
+        if fv[name].value < 1:
+            raise UsageError(f"flag --{name}={fv[name].value}: must be >= 1")
     config = dict(
-        ks=_int_list("ks", 1, _DIM.value),
-        num_clients=_int_list("num_clients", 1),
-        report_rounds=sorted(_int_list("report_rounds", 1, _ROUNDS.value - 1))
-        if _REPORT_ROUNDS.value else [],
-        seeds=_int_list("seeds", 0),
+        ks=_int_list(fv, "ks", 1, fv.dim),
+        num_clients=_int_list(fv, "num_clients", 1),
+        report_rounds=sorted(_int_list(fv, "report_rounds", 1, fv.rounds - 1))
+        if fv.report_rounds else [],
+        seeds=_int_list(fv, "seeds", 0),
     )
-    if not (np.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
-        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be > 0")
+    if not (np.isfinite(fv.learning_rate) and fv.learning_rate > 0):
+        raise UsageError(f"flag --learning_rate={fv.learning_rate}: must be > 0")
     for name in ("gamma1", "gamma2", "noise_variance"):
-        value = flags.FLAGS[name].value
+        value = fv[name].value
         if not (np.isfinite(value) and value >= 0):
             raise UsageError(f"flag --{name}={value}: must be >= 0")
     try:
-        rates = [float(v) for v in _FEDREP_LEARNING_RATES.value]
+        rates = [float(v) for v in fv.fedrep_learning_rates]
     except ValueError:
         rates = [-1.0]
     if not rates or any(not (np.isfinite(r) and r > 0) for r in rates):
-        raise UsageError(f"flag --fedrep_learning_rates={','.join(_FEDREP_LEARNING_RATES.value)}: "
+        raise UsageError(f"flag --fedrep_learning_rates={','.join(fv.fedrep_learning_rates)}: "
                          "must be numbers > 0")
     config["fedrep_learning_rates"] = rates
-    unknown = [m for m in _METHODS.value if m not in METHODS]
-    if unknown or not _METHODS.value:
-        raise UsageError(f"flag --methods={','.join(_METHODS.value)}: unknown "
+    unknown = [m for m in fv.methods if m not in METHODS]
+    if unknown or not fv.methods:
+        raise UsageError(f"flag --methods={','.join(fv.methods)}: unknown "
                          f"{', '.join(unknown) or 'empty'}; choose from {', '.join(METHODS)}")
-    config["methods"] = [m for m in METHODS if m in _METHODS.value]
-    output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
+    config["methods"] = [m for m in METHODS if m in fv.methods]
+    output_dir = cli.writable_output_dir(fv.output_dir)
     config["output_dir"] = output_dir
-    config.update(dim=_DIM.value, num_samples=_NUM_SAMPLES.value,
-                  noise_variance=_NOISE_VARIANCE.value, learning_rate=_LEARNING_RATE.value,
-                  gamma1=_GAMMA1.value, gamma2=_GAMMA2.value, rounds=_ROUNDS.value)
+    config.update(dim=fv.dim, num_samples=fv.num_samples,
+                  noise_variance=fv.noise_variance, learning_rate=fv.learning_rate,
+                  gamma1=fv.gamma1, gamma2=fv.gamma2, rounds=fv.rounds)
     return config
 
 
@@ -145,9 +151,21 @@ def main(argv: list[str]) -> int:
                 for seed in config["seeds"]:
                     yield run_setting(m, k, seed, config)
 
-    return cli.run_settings("flute_synthetic.py", argv, _validate_flags, settings,
-                            write_results)
+    return cli.run_settings("flute_synthetic.py", argv, lambda: _validate_flags(flags.FLAGS),
+                            settings, write_results)
+
+
+def parse(argv: list[str], flag_values: flags.FlagValues) -> dict:
+    """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks the values
+    together, creating the output folder; returns the config. A bad flag is one line on stderr and
+    `SystemExit(2)`, as on the command line; nothing heavy is imported."""
+    cli.parse_flags(argv, flag_values, __doc__)
+    try:
+        return _validate_flags(flag_values)
+    except UsageError as e:
+        sys.exit(cli.error_exit("flute_synthetic.py", e, 2))
 
 
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main, flags_parser=cli.parse_flags)

@@ -166,9 +166,7 @@ from experiments.cli import UsageError
 
 # TensorFlow, TFF and matplotlib are imported by the experiments that need them, so that a bad
 # flag is reported in a second. The experiments live in the `experiments` package.
-
 DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
-
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
                "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
@@ -231,7 +229,7 @@ _ISOLATE_RUNS = flags.DEFINE_bool(
     "experiments.run CONFIG.json, fed its configuration file), so that a crash ends that run "
     "only; default: in this process.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
-
+_CONTEXTS: list[Context] = []  # the checked flags' contexts, for main
 
 RUNNERS: dict[str, Callable[[Context], running.Result]] = {
     "rolora_linear": rolora_linear.run_rolora_linear,
@@ -321,7 +319,6 @@ def contexts_from_flags() -> list[Context]:
     return contexts
 
 
-
 def run_experiment(ctx: Context, command: str) -> str:
     """Runs one experiment and writes its table, plot and `reproduce.json`; returns the
     Markdown table."""
@@ -344,9 +341,17 @@ def run_experiment(ctx: Context, command: str) -> str:
     return text
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """Parses our own flags; a bad value is one line on stderr and exit status 2."""
-    return cli.parse_flags(argv, FLAGS, __doc__)
+def parse(argv: list[str]) -> list[Context]:
+    """Parses `FLAGS` (from their defaults) and checks them (`contexts_from_flags`) without
+    TensorFlow; a bad value is one line on stderr and `SystemExit(2)`. For app.run, the contexts
+    are kept for `main`."""
+    FLAGS.unparse_flags()
+    cli.parse_flags(argv, FLAGS, __doc__)
+    try:
+        _CONTEXTS[:] = contexts_from_flags()
+    except UsageError as e:
+        sys.exit(cli.error_exit("reproduce.py", e, 2))
+    return argv[:1]
 
 
 def _quiet() -> None:
@@ -363,10 +368,7 @@ def _quiet() -> None:
 def main(argv: list[str]) -> int:
     del argv
     command = "python scripts/reproduce.py " + " ".join(sys.argv[1:])
-    try:
-        contexts = contexts_from_flags()
-    except UsageError as e:
-        return cli.error_exit("reproduce.py", e, 2)
+    contexts = _CONTEXTS
     _quiet()
     # SIGTERM unwinds like an exception, so that isolated runs and TFF workers are stopped. Once:
     # a second SIGTERM (`uv run` forwards the one it got) must not cut short the wait for an
@@ -395,4 +397,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse)

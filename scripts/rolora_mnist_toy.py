@@ -26,32 +26,54 @@ from experiments import cli
 from experiments import rolora_mnist
 from experiments.running import StepError
 
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/rolora_mnist_toy", "Where runs and tables go.")
-_LEARNING_RATES = flags.DEFINE_list("learning_rates", "0.5,0.1,0.05", "Client learning rates tried.")
-_SETTINGS = flags.DEFINE_list("settings", "5x2,10x1", "Settings NxK: N clients with K labels each.")
-_ROUNDS = flags.DEFINE_integer("rounds", 60, "Communication rounds.")
-_LOCAL_STEPS = flags.DEFINE_integer("local_steps", 60, "Local steps (batch 64) per round.")
-_DATA_DIR = flags.DEFINE_string(
-    "data_dir", None, "Folder with mnist/mnist_5k.csv.gz (the paper toy's MNIST-5k, e.g. "
-    "../shared/data); default: train.py's, MNIST through TFDS.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of
+    its own in a test), registered for this module: run as a script, absl's --helpshort lists
+    them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_string("output_dir", "runs/rolora_mnist_toy", "Where runs and tables go.")
+    d.DEFINE_list("learning_rates", "0.5,0.1,0.05", "Client learning rates tried.")
+    d.DEFINE_list("settings", "5x2,10x1", "Settings NxK: N clients with K labels each.")
+    d.DEFINE_integer("rounds", 60, "Communication rounds.")
+    d.DEFINE_integer("local_steps", 60, "Local steps (batch 64) per round.")
+    d.DEFINE_string(
+        "data_dir", None, "Folder with mnist/mnist_5k.csv.gz (the paper toy's MNIST-5k, e.g. "
+        "../shared/data); default: train.py's, MNIST through TFDS.")
+
+
+def _check(fv: flags.FlagValues) -> None:
+    """Checks the flags; raises ValueError (`cli.UsageError` among them) naming the flag."""
+    for setting in fv.settings:
+        rolora_mnist.parse_setting(setting)
+    cli.at_least("rounds", fv.rounds, 1)
+    cli.at_least("local_steps", fv.local_steps, 1)
+
+
+def parse(argv: list[str], flag_values: flags.FlagValues) -> None:
+    """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks them; a bad
+    flag is one line on stderr and `SystemExit(2)`, as on the command line."""
+    cli.parse_flags(argv, flag_values, __doc__)
+    try:
+        _check(flag_values)
+    except ValueError as e:
+        sys.stderr.write(f"rolora_mnist_toy.py: error: {e}\n")
+        sys.exit(2)
 
 
 def main(argv: list[str]) -> int:
+    fv = flags.FLAGS
     try:
         if len(argv) > 1:
             raise cli.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags are "
                                  "--name=value)")
-        for setting in _SETTINGS.value:
-            rolora_mnist.parse_setting(setting)
-        cli.at_least("rounds", _ROUNDS.value, 1)
-        cli.at_least("local_steps", _LOCAL_STEPS.value, 1)
+        _check(fv)
     except ValueError as e:
         sys.stderr.write(f"rolora_mnist_toy.py: error: {e}\n")
         return 2
     try:
         table = rolora_mnist.run_toy(
-            pathlib.Path(_OUTPUT_DIR.value), _SETTINGS.value, _LEARNING_RATES.value,
-            _ROUNDS.value, _LOCAL_STEPS.value, _DATA_DIR.value,
+            pathlib.Path(fv.output_dir), fv.settings, fv.learning_rates,
+            fv.rounds, fv.local_steps, fv.data_dir,
             log=lambda line: print(line, flush=True))
     except StepError as e:
         sys.stderr.write(f"rolora_mnist_toy.py: error: {e}\n")
@@ -61,4 +83,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main, flags_parser=cli.parse_flags)

@@ -102,109 +102,113 @@ from experiments.cli import UsageError  # noqa: E402
 from experiments.srpfl_speedup import (  # noqa: E402
     STRAGGLERS, Config, format_tables, run_comparison, write_outputs)
 
-_NUM_CLIENTS = flags.DEFINE_list(
-    "num_clients", "100,1000",
-    "N, or a comma-separated list of N: clients (all sampled every round).")
-_INITIAL_PARTICIPANTS = flags.DEFINE_integer(
-    "initial_participants", 10, "n0, SRPFL's participants in its first stage (1 <= n0 <= N).")
-_DIM = flags.DEFINE_integer("dim", 20, "d, the feature dimension.")
-_RANK = flags.DEFINE_integer("rank", 2, "k, the representation dimension (1 <= k <= d).")
-_SAMPLES = flags.DEFINE_integer(
-    "samples_per_client", 20, "m, fresh samples per client per round (>= k).")
-_NOISE_STD = flags.DEFINE_float("noise_std", 0.1, "σ, the label noise std (>= 0).")
-_LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.5, "η, the step on B (> 0).")
-_STAGE_ROUNDS = flags.DEFINE_string(
-    "stage_rounds", "lemma_b1",
-    "SRPFL rounds per stage: an int τ > 0 for every stage, or lemma_b1 (Lemma B.1 with a = "
-    "--contraction).")
-_CONTRACTION = flags.DEFINE_string(
-    "contraction", "fit",
-    "a of Theorem 4.5 for --stage_rounds=lemma_b1: a number in (0, 1), or fit (from the FedRep "
-    "run: a = 1 − ρ², ρ the median per-round distance ratio away from the floor).")
-_STRAGGLER = flags.DEFINE_enum(
-    "straggler", "iid", STRAGGLERS,
-    "Compute times: iid (Exp(1) redrawn every round, Theorem 4.6), fixed (one Exp(1) draw per "
-    "client), dynamic (λ_i ~ U[1/N, 1], Exp(λ_i) every round).")
-_COMMUNICATION_COST = flags.DEFINE_list(
-    "communication_cost", "0,1,10", "C >= 0 added to every round's wall clock; a list gives rows "
-    "for each (the runs do not depend on C).")
-_TARGET_FACTOR = flags.DEFINE_float(
-    "target_factor", 1.1, "ĉ > 1: the target distance is ĉ × the N-client floor.")
-_FEDREP_ROUNDS = flags.DEFINE_integer(
-    "fedrep_rounds", 30, "Rounds FedRep runs; its last --floor_window rounds give the floor.")
-_FLOOR_WINDOW = flags.DEFINE_integer(
-    "floor_window", 10, "The floor is the median distance of FedRep's last this many rounds.")
-_MAX_ROUNDS = flags.DEFINE_integer(
-    "max_rounds", 100, "SRPFL stops at the target or after this many rounds.")
-_INIT_CLIENTS = flags.DEFINE_integer(
-    "init_clients", 100,
-    "The first min(this, N) clients' moments give the shared initial B (0: all N, as Algorithm "
-    "2). A fixed number keeps the initial distance independent of N, as Theorem 4.6 assumes.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Independent repeats per N (seeds seed, seed+1, …).")
-_SEED = flags.DEFINE_integer("seed", 0, "Base seed (>= 0) of problem, data and compute times.")
-_LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Print a progress line every this many rounds "
-                                  "(0: only one line per run).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/srpfl_speedup", "Where the tables go.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a
+    FlagValues of its own in a test), registered for this module: run as a script, absl's
+    --helpshort lists them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_list("num_clients", "100,1000",
+                  "N, or a comma-separated list of N: clients (all sampled every round).")
+    d.DEFINE_integer("initial_participants", 10,
+                     "n0, SRPFL's participants in its first stage (1 <= n0 <= N).")
+    d.DEFINE_integer("dim", 20, "d, the feature dimension.")
+    d.DEFINE_integer("rank", 2, "k, the representation dimension (1 <= k <= d).")
+    d.DEFINE_integer("samples_per_client", 20, "m, fresh samples per client per round (>= k).")
+    d.DEFINE_float("noise_std", 0.1, "σ, the label noise std (>= 0).")
+    d.DEFINE_float("learning_rate", 0.5, "η, the step on B (> 0).")
+    d.DEFINE_string(
+        "stage_rounds", "lemma_b1",
+        "SRPFL rounds per stage: an int τ > 0 for every stage, or lemma_b1 (Lemma B.1 with a = "
+        "--contraction).")
+    d.DEFINE_string(
+        "contraction", "fit",
+        "a of Theorem 4.5 for --stage_rounds=lemma_b1: a number in (0, 1), or fit (from the "
+        "FedRep run: a = 1 − ρ², ρ the median per-round distance ratio away from the floor).")
+    d.DEFINE_enum(
+        "straggler", "iid", STRAGGLERS,
+        "Compute times: iid (Exp(1) redrawn every round, Theorem 4.6), fixed (one Exp(1) draw per "
+        "client), dynamic (λ_i ~ U[1/N, 1], Exp(λ_i) every round).")
+    d.DEFINE_list(
+        "communication_cost", "0,1,10", "C >= 0 added to every round's wall clock; a list gives "
+        "rows for each (the runs do not depend on C).")
+    d.DEFINE_float(
+        "target_factor", 1.1, "ĉ > 1: the target distance is ĉ × the N-client floor.")
+    d.DEFINE_integer(
+        "fedrep_rounds", 30, "Rounds FedRep runs; its last --floor_window rounds give the floor.")
+    d.DEFINE_integer(
+        "floor_window", 10, "The floor is the median distance of FedRep's last this many rounds.")
+    d.DEFINE_integer(
+        "max_rounds", 100, "SRPFL stops at the target or after this many rounds.")
+    d.DEFINE_integer(
+        "init_clients", 100,
+        "The first min(this, N) clients' moments give the shared initial B (0: all N, as "
+        "Algorithm 2). A fixed number keeps the initial distance independent of N, as Theorem 4.6 "
+        "assumes.")
+    d.DEFINE_integer("repeats", 3, "Independent repeats per N (seeds seed, seed+1, …).")
+    d.DEFINE_integer("seed", 0, "Base seed (>= 0) of problem, data and compute times.")
+    d.DEFINE_integer("log_every", 10, "Print a progress line every this many rounds "
+                     "(0: only one line per run).")
+    d.DEFINE_string("output_dir", "runs/srpfl_speedup", "Where the tables go.")
 
 
 # ------------------------------------------------------------------------------------------------
 # Flags -> Config
 
 
-def _int_list(name: str) -> tuple[int, ...]:
-    return cli.int_list(name, flags.FLAGS[name].value)
+def _int_list(fv: flags.FlagValues, name: str) -> tuple[int, ...]:
+    return cli.int_list(name, fv[name].value)
 
 
-def _float_list(name: str) -> tuple[float, ...]:
-    return cli.float_list(name, flags.FLAGS[name].value)
+def _float_list(fv: flags.FlagValues, name: str) -> tuple[float, ...]:
+    return cli.float_list(name, fv[name].value)
 
 
 _at_least = cli.at_least
 
 
-def config_from_flags() -> Config:
+def config_from_flags(fv: flags.FlagValues) -> Config:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
-    num_clients = _num_clients()
-    n0 = _INITIAL_PARTICIPANTS.value
+    num_clients = _num_clients(fv)
+    n0 = fv.initial_participants
     _at_least("initial_participants", n0, 1)
     if n0 > min(num_clients):
         raise UsageError(f"flag --initial_participants={n0}: must be <= every --num_clients "
                          f"(smallest N = {min(num_clients)})")
-    _check_problem_flags()
-    stage_rounds = _stage_rounds()
-    contraction = _contraction()
-    costs = _communication_costs()
-    target_factor = _TARGET_FACTOR.value
+    _check_problem_flags(fv)
+    stage_rounds = _stage_rounds(fv)
+    contraction = _contraction(fv)
+    costs = _communication_costs(fv)
+    target_factor = fv.target_factor
     if not (math.isfinite(target_factor) and target_factor > 1):
         raise UsageError(f"flag --target_factor={target_factor}: must be > 1 (the target is "
                          "ĉ × the floor, and the floor itself is only reached on average)")
-    _check_run_flags()
+    _check_run_flags(fv)
     return Config(
         num_clients=num_clients,
         initial_participants=n0,
-        dim=_DIM.value,
-        rank=_RANK.value,
-        samples_per_client=_SAMPLES.value,
-        noise_std=_NOISE_STD.value,
-        learning_rate=_LEARNING_RATE.value,
+        dim=fv.dim,
+        rank=fv.rank,
+        samples_per_client=fv.samples_per_client,
+        noise_std=fv.noise_std,
+        learning_rate=fv.learning_rate,
         stage_rounds=stage_rounds,
         contraction=contraction,
-        straggler=_STRAGGLER.value,
+        straggler=fv.straggler,
         communication_costs=costs,
         target_factor=target_factor,
-        fedrep_rounds=_FEDREP_ROUNDS.value,
-        floor_window=_FLOOR_WINDOW.value,
-        max_rounds=_MAX_ROUNDS.value,
-        init_clients=_INIT_CLIENTS.value,
-        repeats=_REPEATS.value,
-        seed=_SEED.value,
-        log_every=_LOG_EVERY.value,
+        fedrep_rounds=fv.fedrep_rounds,
+        floor_window=fv.floor_window,
+        max_rounds=fv.max_rounds,
+        init_clients=fv.init_clients,
+        repeats=fv.repeats,
+        seed=fv.seed,
+        log_every=fv.log_every,
     )
 
 
-def _num_clients() -> tuple[int, ...]:
+def _num_clients(fv: flags.FlagValues) -> tuple[int, ...]:
     """--num_clients: distinct values >= 1."""
-    num_clients = _int_list("num_clients")
+    num_clients = _int_list(fv, "num_clients")
     for n in num_clients:
         _at_least("num_clients", n, 1)
     if len(set(num_clients)) != len(num_clients):
@@ -212,25 +216,25 @@ def _num_clients() -> tuple[int, ...]:
     return num_clients
 
 
-def _check_problem_flags() -> None:
+def _check_problem_flags(fv: flags.FlagValues) -> None:
     """--dim, --rank, --samples_per_client, --noise_std and --learning_rate."""
-    _at_least("dim", _DIM.value, 1)
-    _at_least("rank", _RANK.value, 1)
-    if _RANK.value > _DIM.value:
-        raise UsageError(f"flag --rank={_RANK.value}: must be <= --dim={_DIM.value}")
-    if _SAMPLES.value < _RANK.value:
-        raise UsageError(f"flag --samples_per_client={_SAMPLES.value}: must be >= --rank="
-                         f"{_RANK.value} (each client solves its k-dimensional head)")
-    if not (math.isfinite(_NOISE_STD.value) and _NOISE_STD.value >= 0):
-        raise UsageError(f"flag --noise_std={_NOISE_STD.value}: must be a finite number >= 0")
-    if not (math.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
-        raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be a finite "
+    _at_least("dim", fv.dim, 1)
+    _at_least("rank", fv.rank, 1)
+    if fv.rank > fv.dim:
+        raise UsageError(f"flag --rank={fv.rank}: must be <= --dim={fv.dim}")
+    if fv.samples_per_client < fv.rank:
+        raise UsageError(f"flag --samples_per_client={fv.samples_per_client}: must be >= --rank="
+                         f"{fv.rank} (each client solves its k-dimensional head)")
+    if not (math.isfinite(fv.noise_std) and fv.noise_std >= 0):
+        raise UsageError(f"flag --noise_std={fv.noise_std}: must be a finite number >= 0")
+    if not (math.isfinite(fv.learning_rate) and fv.learning_rate > 0):
+        raise UsageError(f"flag --learning_rate={fv.learning_rate}: must be a finite "
                          "number > 0")
 
 
-def _stage_rounds() -> int | str:
+def _stage_rounds(fv: flags.FlagValues) -> int | str:
     """--stage_rounds: an int > 0, or lemma_b1."""
-    stage_rounds: int | str = _STAGE_ROUNDS.value
+    stage_rounds: int | str = fv.stage_rounds
     if stage_rounds != "lemma_b1":
         try:
             stage_rounds = int(stage_rounds)
@@ -241,47 +245,47 @@ def _stage_rounds() -> int | str:
     return stage_rounds
 
 
-def _contraction() -> float | str:
+def _contraction(fv: flags.FlagValues) -> float | str:
     """--contraction: a number in (0, 1), or fit."""
-    contraction: float | str = _CONTRACTION.value
+    contraction: float | str = fv.contraction
     if contraction != "fit":
         try:
             contraction = float(contraction)
         except ValueError:
             contraction = float("nan")
         if not 0 < contraction < 1:
-            raise UsageError(f"flag --contraction={_CONTRACTION.value}: must be a number in "
+            raise UsageError(f"flag --contraction={fv.contraction}: must be a number in "
                              "(0, 1) or fit")
     return contraction
 
 
-def _communication_costs() -> tuple[float, ...]:
+def _communication_costs(fv: flags.FlagValues) -> tuple[float, ...]:
     """--communication_cost: finite numbers >= 0."""
-    costs = _float_list("communication_cost")
+    costs = _float_list(fv, "communication_cost")
     for c in costs:
         if not (math.isfinite(c) and c >= 0):
-            raise UsageError(f"flag --communication_cost={','.join(_COMMUNICATION_COST.value)}: "
+            raise UsageError(f"flag --communication_cost={','.join(fv.communication_cost)}: "
                              f"{c} must be a finite number >= 0")
     return costs
 
 
-def _check_run_flags() -> None:
+def _check_run_flags(fv: flags.FlagValues) -> None:
     """--fedrep_rounds, --floor_window, --max_rounds, --init_clients, --repeats, --seed and
     --log_every."""
-    _at_least("fedrep_rounds", _FEDREP_ROUNDS.value, 2)
-    _at_least("floor_window", _FLOOR_WINDOW.value, 1)
-    if _FLOOR_WINDOW.value >= _FEDREP_ROUNDS.value:
-        raise UsageError(f"flag --floor_window={_FLOOR_WINDOW.value}: must be < --fedrep_rounds="
-                         f"{_FEDREP_ROUNDS.value} (the floor is the end of a longer run)")
-    _at_least("max_rounds", _MAX_ROUNDS.value, 1)
-    _at_least("init_clients", _INIT_CLIENTS.value, 0)
-    _at_least("repeats", _REPEATS.value, 1)
-    _at_least("seed", _SEED.value, 0)
-    _at_least("log_every", _LOG_EVERY.value, 0)
+    _at_least("fedrep_rounds", fv.fedrep_rounds, 2)
+    _at_least("floor_window", fv.floor_window, 1)
+    if fv.floor_window >= fv.fedrep_rounds:
+        raise UsageError(f"flag --floor_window={fv.floor_window}: must be < --fedrep_rounds="
+                         f"{fv.fedrep_rounds} (the floor is the end of a longer run)")
+    _at_least("max_rounds", fv.max_rounds, 1)
+    _at_least("init_clients", fv.init_clients, 0)
+    _at_least("repeats", fv.repeats, 1)
+    _at_least("seed", fv.seed, 0)
+    _at_least("log_every", fv.log_every, 0)
 
 
-def _output_dir() -> pathlib.Path:
-    output_dir = cli.writable_output_dir(_OUTPUT_DIR.value)
+def _output_dir(fv: flags.FlagValues) -> pathlib.Path:
+    output_dir = cli.writable_output_dir(fv.output_dir)
     return output_dir
 
 
@@ -305,8 +309,8 @@ def main(argv: list[str]) -> int:
     try:
         if len(argv) > 1:
             raise UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
-        config = config_from_flags()
-        output_dir = _output_dir()
+        config = config_from_flags(flags.FLAGS)
+        output_dir = _output_dir(flags.FLAGS)
     except UsageError as e:
         return cli.error_exit("srpfl_speedup.py", e, 2)
     cli.quiet_python_logs()
@@ -342,5 +346,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def parse(argv: list[str], flag_values: flags.FlagValues) -> tuple[Config, pathlib.Path]:
+    """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks the values
+    together, creating the output folder; returns the config and the folder. A bad flag is one
+    line on stderr and `SystemExit(2)`, as on the command line; nothing heavy is imported."""
+    cli.parse_flags(argv, flag_values, __doc__)
+    try:
+        return config_from_flags(flag_values), _output_dir(flag_values)
+    except UsageError as e:
+        sys.exit(cli.error_exit("srpfl_speedup.py", e, 2))
+
+
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main, flags_parser=cli.parse_flags)

@@ -34,15 +34,20 @@ from absl import flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
 
-_PORT = flags.DEFINE_integer("port", 8000, "Port to serve on (all interfaces).")
-_LOG_FILE = flags.DEFINE_string(
-    "log_file", None, "The worker's log (default: <tmp>/tff_worker_<port>.log).")
-_READY_TIMEOUT = flags.DEFINE_float(
-    "ready_timeout", 60.0, "Seconds to wait for the worker to answer before giving up.")
-_MAX_CONCURRENT_CALLS = flags.DEFINE_integer(
-    "max_concurrent_computation_calls", -1,
-    "Passed to the worker: at most this many parallel calls of one computation (e.g. clients of "
-    "a federated_map); non-positive means unlimited.")
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of
+    its own in a test), registered for this module: run as a script, absl's --helpshort lists
+    them."""
+    d = cli.definer(flag_values)
+    d.DEFINE_integer("port", 8000, "Port to serve on (all interfaces).")
+    d.DEFINE_string(
+        "log_file", None, "The worker's log (default: <tmp>/tff_worker_<port>.log).")
+    d.DEFINE_float(
+        "ready_timeout", 60.0, "Seconds to wait for the worker to answer before giving up.")
+    d.DEFINE_integer(
+        "max_concurrent_computation_calls", -1,
+        "Passed to the worker: at most this many parallel calls of one computation (e.g. clients "
+        "of a federated_map); non-positive means unlimited.")
 
 
 def _port_in_use(port: int) -> bool:
@@ -58,18 +63,36 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
+def _refusal(flag_values: flags.FlagValues) -> str | None:
+    """Why the flags cannot work (one line naming the flag), or None."""
+    port = flag_values.port
+    if not 0 < port < 65536:
+        return f"flag --port={port}: must be in 1..65535"
+    if _port_in_use(port):
+        return f"flag --port={port}: the port is in use"
+    return None
+
+
+def parse(argv: list[str], flag_values: flags.FlagValues) -> None:
+    """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks them; a bad
+    flag is one line on stderr and `SystemExit(2)`, as on the command line."""
+    cli.parse_flags(argv, flag_values, __doc__)
+    refusal = _refusal(flag_values)
+    if refusal:
+        sys.stderr.write(f"start_worker.py: error: {refusal}\n")
+        sys.exit(2)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not 0 < _PORT.value < 65536:
-        sys.stderr.write(f"start_worker.py: error: flag --port={_PORT.value}: must be in "
-                         "1..65535\n")
+    refusal = _refusal(flags.FLAGS)
+    if refusal:
+        sys.stderr.write(f"start_worker.py: error: {refusal}\n")
         return 2
-    if _port_in_use(_PORT.value):
-        sys.stderr.write(f"start_worker.py: error: flag --port={_PORT.value}: the port is in use\n")
-        return 2
+    fv = flags.FLAGS
     log_file = pathlib.Path(
-        _LOG_FILE.value or pathlib.Path(tempfile.gettempdir()) / f"tff_worker_{_PORT.value}.log")
+        fv.log_file or pathlib.Path(tempfile.gettempdir()) / f"tff_worker_{fv.port}.log")
     from tffl import runtime
 
     def stop(signum, frame):
@@ -77,11 +100,11 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     worker = runtime.LocalWorker(
-        log_path=log_file, port=_PORT.value,
-        max_concurrent_computation_calls=_MAX_CONCURRENT_CALLS.value)
+        log_path=log_file, port=fv.port,
+        max_concurrent_computation_calls=fv.max_concurrent_computation_calls)
     try:
-        worker.start(ready_timeout_s=_READY_TIMEOUT.value)
-        print(f"TFF worker ready: {socket.gethostname()}:{_PORT.value} (pid {worker.pid}, log "
+        worker.start(ready_timeout_s=fv.ready_timeout)
+        print(f"TFF worker ready: {socket.gethostname()}:{fv.port} (pid {worker.pid}, log "
               f"{log_file})", flush=True)
         code = worker.process.wait()
         sys.stderr.write(f"start_worker.py: error: the worker {runtime.exit_reason(code)}; "
@@ -97,4 +120,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    define_flags(flags.FLAGS)
     app.run(main, flags_parser=cli.parse_flags)

@@ -95,3 +95,23 @@ def test_run_settings_refuses_a_positional_argument():
     from absl import app
     with pytest.raises(app.UsageError, match="unexpected arguments: extra"):
         cli.run_settings("grid.py", ["grid.py", "extra"], dict, iter, print)
+
+
+def _define_two(flag_values) -> None:
+    d = cli.definer(flag_values)
+    d.DEFINE_integer("cli_test_rounds", 5, "Rounds.")
+    d.DEFINE_list("cli_test_seeds", "0,1", "Seeds.")
+
+
+def test_definer_defines_in_the_given_flag_values_for_the_calling_module():
+    """The flags land in the FlagValues given (never absl's global FLAGS), as key flags of the
+    module that defines them (the one absl's --helpshort lists when it is the script run)."""
+    from absl import flags
+
+    flag_values = flags.FlagValues()
+    _define_two(flag_values)
+    flag_values(["x.py", "--cli_test_rounds=7"])
+    assert (flag_values.cli_test_rounds, flag_values.cli_test_seeds) == (7, ["0", "1"])
+    assert "cli_test_seeds" not in flags.FLAGS
+    key_flags = {f.name for f in flag_values.get_key_flags_for_module(__name__)}
+    assert key_flags == {"cli_test_rounds", "cli_test_seeds"}

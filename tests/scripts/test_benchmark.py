@@ -4,7 +4,8 @@ The core (`run_benchmark`) runs once in-process on a 1-layer BERT (hidden 8, voc
 and FedRep, 2 and 3 clients per round, 3 rounds. Its rows are checked for structure and for real
 properties: the bytes equal closed forms computed here from the backbone's shapes (not from the
 process), the plain loop ends at the TFF process's weights (so it did the same work), ratios are
-positive, and nothing is traced again after round 2. Bad flags run the script in a subprocess.
+positive, and nothing is traced again after round 2. Bad flags are checked in this process
+(`benchmark.check`); one of them also runs the script in a subprocess.
 """
 
 import json
@@ -19,6 +20,7 @@ import pytest
 from experiments.benchmark import config as benchmark_config
 from experiments.benchmark import report
 from experiments.benchmark import run
+from scripts import benchmark
 from tffl.algorithms import lora_fl
 from tffl.algorithms import personalized
 from tffl import runtime
@@ -181,16 +183,23 @@ BAD_FLAGS = [
 ]
 
 
-def test_bad_flags_are_one_line_and_exit_2(tmp_path):
+@pytest.mark.parametrize("flag, message", BAD_FLAGS)
+def test_bad_flags_are_one_line_and_exit_2(flag, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        benchmark.check(["benchmark.py", flag, f"--output_dir={tmp_path}"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2, (flag, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], (flag, stderr)
+
+
+def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
+    """The real command line: the script's flag check runs before TensorFlow's import."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TFFL_DEBUG", None)
-    # All at once: each run imports TensorFlow before it can parse the flags.
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), flag, f"--output_dir={tmp_path}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=REPO, env=env)
-             for flag, _ in BAD_FLAGS]
-    for proc, (flag, message) in zip(procs, BAD_FLAGS):
-        _, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 2, (flag, stderr)
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and message in lines[0], (flag, stderr)
+    flag, message = BAD_FLAGS[0]
+    proc = subprocess.run([sys.executable, str(SCRIPT), flag, f"--output_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=180)
+    assert proc.returncode == 2, (flag, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], (flag, proc.stderr)

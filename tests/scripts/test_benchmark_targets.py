@@ -1,17 +1,12 @@
 """experiments/benchmark/targets.py: its plain baseline is the federated round it claims to be, and a
 missing data folder is one line. (The suite itself is a 40-minute measurement, not a test.)"""
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from experiments.benchmark import targets as benchmark_targets
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from scripts import benchmark
 
 
 def _softmax(z):
@@ -63,20 +58,17 @@ def test_plain_loop_is_sgd_per_client_then_the_weighted_mean():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_targets_without_sst2_is_one_line(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("TFFL_DEBUG", None)
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--suite=targets",
-                           f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"--data_dir={tmp_path}: no sst2/ folder" in lines[0], proc.stderr
+def test_targets_without_sst2_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        benchmark.check(["benchmark.py", "--suite=targets", f"--data_dir={tmp_path}",
+                         f"--output_dir={tmp_path / 'out'}"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--data_dir={tmp_path}: no sst2/ folder" in lines[0], stderr
 
 
 def test_targets_parts_are_checked_and_a_subset_formats(tmp_path):
-    import pytest
-
     with pytest.raises(ValueError, match="choose from scaling, main, large"):
         benchmark_targets.run_targets(benchmark_targets.TargetsConfig(parts=("nope",)), tmp_path)
     # The table of a main-only run: its keys, the in-process ratio among them, no other part's.

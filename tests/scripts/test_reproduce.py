@@ -1,5 +1,7 @@
-"""scripts/reproduce.py: bad flags are one line (exit 2), the shared table/plot writer, and one
-small-scale row re-run and compared with the number recorded in docs/REPRODUCE.md."""
+"""scripts/reproduce.py: bad flags are one line (exit 2, checked in this process by
+`reproduce.parse`), the shared table/plot writer, and one small-scale row re-run and compared
+with the number recorded in docs/REPRODUCE.md. Only the --collect smoke test runs the script in a
+subprocess."""
 
 import csv
 import math
@@ -16,6 +18,7 @@ from experiments import running
 from experiments import srpfl
 from experiments import sst2_protocol as sst2
 from experiments.run_config import RunConfig
+from scripts import reproduce
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce.py"
@@ -57,22 +60,42 @@ def _run(*args, timeout=120):
           "--archive_dir=/tmp/tffl_same_dir"], "--archive_dir"),
     ],
 )
-def test_bad_flags_are_one_clear_line(args, flag, tmp_path):
+def test_bad_flags_are_one_clear_line(args, flag, tmp_path, capsys, monkeypatch):
     if args and not any(a.startswith("--output_dir") for a in args):
         args = [*args, f"--output_dir={tmp_path / 'out'}"]
-    proc = _run(*args)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    err = proc.stderr.strip().splitlines()
-    assert len(err) == 1, proc.stderr
-    assert flag in err[0] and "Traceback" not in proc.stderr
+    line, stderr = _refused(args, capsys, monkeypatch)
+    assert flag in line and "Traceback" not in stderr
 
 
-def test_a_used_output_dir_needs_resume(tmp_path):
+def _refused(args: list[str], capsys, monkeypatch) -> tuple[str, str]:
+    """The one stderr line (and all of stderr) of `reproduce.py <args>`, which must exit with
+    status 2: from the flag check (`reproduce.parse`) or, for flags that pass it (a missing
+    --data_dir), from `reproduce.main`, whose experiment checks its data before anything runs
+    (here without its SIGTERM handler and log settings, which are for the command line)."""
+    with pytest.raises(SystemExit) as exited:
+        reproduce.parse(["reproduce.py", *args])
+        monkeypatch.setattr(reproduce, "_quiet", lambda: None)
+        monkeypatch.setattr(reproduce.signal, "signal", lambda *_: None)
+        sys.exit(reproduce.main(["reproduce.py"]))
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2, stderr
+    err = stderr.strip().splitlines()
+    assert len(err) == 1, stderr
+    return err[0], stderr
+
+
+def test_a_used_output_dir_needs_resume(tmp_path, capsys, monkeypatch):
     (tmp_path / "results.md").write_text("an earlier run")
-    proc = _run("--experiment=rolora_linear", f"--output_dir={tmp_path}")
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert "--output_dir" in proc.stderr and "--resume" in proc.stderr
+    line, stderr = _refused(["--experiment=rolora_linear", f"--output_dir={tmp_path}"], capsys,
+                            monkeypatch)
+    assert "--output_dir" in stderr and "--resume" in stderr
+
+
+def test_good_flags_give_one_context_per_experiment(tmp_path):
+    reproduce.parse(["reproduce.py", "--experiment=rolora_linear", "--seed=3",
+                     f"--output_dir={tmp_path / 'out'}"])
+    assert [(c.experiment, c.seed, c.output_dir) for c in reproduce._CONTEXTS] == [
+        ("rolora_linear", 3, tmp_path / "out")]
 
 
 def test_writer_produces_csv_markdown_and_png(tmp_path):

@@ -3,7 +3,9 @@
 The core (`run_comparison`) runs once in-process (N = 16 and 64, d = 6) and its rows are checked
 against independent recomputations: the doubling schedule written out, simulated times as a numpy
 cumsum of the slowest selected compute time + C, E[time] from harmonic sums, the floor as a numpy
-median, rounds to target as the first distance ≤ target. Bad flags run the script in a subprocess.
+median, rounds to target as the first distance ≤ target. Bad flags are checked in this process
+(`parse` of the script, on a FlagValues of the test's own); one also runs the script in a
+subprocess.
 """
 
 import csv
@@ -15,8 +17,10 @@ import sys
 
 import numpy as np
 import pytest
+from absl import flags
 
 from experiments import srpfl_speedup
+from scripts import srpfl_speedup as script
 from tffl.simulation import srpfl
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -164,17 +168,36 @@ def test_outputs_hold_the_rows(rows, tmp_path):
     assert "| 64 | 0 | SRPFL |" in tables and f"{speedup_64:.2f}" in tables
 
 
-@pytest.mark.parametrize(
-    "args, flag",
-    [
-        (["--num_clients=8", "--initial_participants=9"], "--initial_participants"),
-        (["--target_factor=1.0"], "--target_factor"),
-        (["--communication_cost=0,-1"], "--communication_cost"),
-        (["--num_clients=100,abc"], "--num_clients"),
-        (["--contraction=1.5"], "--contraction"),
-    ],
-)
-def test_bad_flags_are_one_line_and_exit_2(args, flag, tmp_path):
+BAD_FLAGS = [
+    (["--num_clients=8", "--initial_participants=9"], "--initial_participants"),
+    (["--target_factor=1.0"], "--target_factor"),
+    (["--communication_cost=0,-1"], "--communication_cost"),
+    (["--num_clients=100,abc"], "--num_clients"),
+    (["--contraction=1.5"], "--contraction"),
+]
+
+
+def _flag_values() -> flags.FlagValues:
+    flag_values = flags.FlagValues()
+    script.define_flags(flag_values)
+    return flag_values
+
+
+@pytest.mark.parametrize("args, flag", BAD_FLAGS)
+def test_bad_flags_are_one_line_and_exit_2(args, flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        script.parse(["srpfl_speedup.py", *args, f"--output_dir={tmp_path}"], _flag_values())
+    out, stderr = capsys.readouterr()
+    assert exited.value.code == 2, stderr
+    err = stderr.strip().splitlines()
+    assert len(err) == 1, stderr
+    assert flag in err[0] and "Traceback" not in stderr
+    assert out == ""
+
+
+def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
+    """The real command line (absl's global flags, app.run)."""
+    args, flag = BAD_FLAGS[0]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, f"--output_dir={tmp_path}"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
@@ -185,3 +208,22 @@ def test_bad_flags_are_one_line_and_exit_2(args, flag, tmp_path):
     assert len(err) == 1, proc.stderr
     assert flag in err[0] and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_good_flags_give_the_config(tmp_path):
+    config, output_dir = script.parse(
+        ["srpfl_speedup.py", "--num_clients=8,16", "--initial_participants=2",
+         f"--output_dir={tmp_path / 'out'}"], _flag_values())
+    assert config.num_clients == (8, 16) and config.initial_participants == 2
+    assert output_dir == tmp_path / "out" and output_dir.is_dir()
+
+
+def test_the_script_owns_its_flags_for_helpshort():
+    """Defined by the script's module, the flags are its key flags, which absl's --helpshort
+    lists for the script run."""
+    key_flags = {f.name for f in _flag_values().get_key_flags_for_module(script.__name__)}
+    assert key_flags == {
+        "num_clients", "initial_participants", "dim", "rank", "samples_per_client", "noise_std",
+        "learning_rate", "stage_rounds", "contraction", "straggler", "communication_cost",
+        "target_factor", "fedrep_rounds", "floor_window", "max_rounds", "init_clients",
+        "repeats", "seed", "log_every", "output_dir"}
