@@ -138,7 +138,7 @@ def interrupted_message(config: RunConfig) -> str:
         return (f"interrupted before the first checkpoint in {output_dir}; rerun to start "
                 "again")
     return (f"interrupted; checkpointed: {', '.join(done)}; continue with: "
-            f"{config.with_changes(resume=True).command()}")
+            f"{config.with_changes(resume=False).command()} --resume")
 
 
 def exit_after_interrupt(status: int) -> None:
