@@ -73,6 +73,18 @@ def parse_flags(argv: list[str], flag_values=None, help_text: str | None = None)
     return rest
 
 
+def parse_checked(script: str, argv: list[str], flag_values, help_text: str | None,
+                  check: Callable):
+    """absl parsing of `argv` into a script's own `flag_values`, then `check(flag_values)` (the
+    script's checks, returning its config); a bad flag or value is one line on stderr,
+    `<script>: error: ...`, and `SystemExit(2)`, as on the command line."""
+    parse_flags(argv, flag_values, help_text)
+    try:
+        return check(flag_values)
+    except UsageError as e:
+        sys.exit(error_exit(script, e, 2))
+
+
 def definer(flag_values):
     """absl's `flags.DEFINE_*` functions bound to `flag_values`, for a script's
     `define_flags(flag_values)`: `d = definer(flag_values); d.DEFINE_integer("rounds", 5, "...")`.

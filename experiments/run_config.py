@@ -217,7 +217,10 @@ class RunConfig:
             for name in fields:
                 if SECTION_OF.get(name) != section:
                     raise ValueError(f"run configuration: unknown field {section}.{name}")
-        return cls().with_changes(**{k: v for fields in data.values() for k, v in fields.items()})
+        config = cls().with_changes(**{k: v for fields in data.values() for k, v in fields.items()})
+        for name, value in config.items():
+            _check_type(name, value)
+        return config
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
@@ -247,6 +250,31 @@ class RunConfig:
         return shlex.join(["python", script, *args])
 
 
+# The types a field may hold, by its section's annotation (None is allowed where it says so).
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_type(name: str, value: Any) -> None:
+    """ValueError naming the field if `value` is not of its annotated type (e.g. a config file
+    holding "rounds": "x")."""
+    annotation = next(f.type for f in dataclasses.fields(SECTIONS[SECTION_OF[name]])
+                      if f.name == name)
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if value is None:
+        if "None" in kinds:
+            return
+    elif isinstance(value, tuple):
+        inner = int if name in _INT_TUPLES else str
+        if any(k.startswith("tuple") for k in kinds) and all(
+                isinstance(v, inner) and not isinstance(v, bool) for v in value):
+            return
+    else:
+        allowed = tuple(t for k in kinds for t in _TYPES.get(k, ()))
+        if isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool)):
+            return
+    raise ValueError(f"run configuration: {name}={value!r} is not of type {annotation}")
+
+
 def _section(name: str) -> str:
     try:
         return SECTION_OF[name]
@@ -259,7 +287,11 @@ def _typed(name: str, value: Any) -> Any:
     if name in _TUPLES and value is not None:
         if isinstance(value, str):
             value = value.split(",")
-        return tuple(int(v) for v in value) if name in _INT_TUPLES else tuple(value)
+        try:
+            return tuple(int(v) for v in value) if name in _INT_TUPLES else tuple(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"run configuration: {name}={value!r} is not a list of "
+                             f"{'integers' if name in _INT_TUPLES else 'names'}") from None
     if name == "stage_rounds" and isinstance(value, str) and value.isdigit():
         return int(value)
     return value

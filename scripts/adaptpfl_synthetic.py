@@ -180,11 +180,7 @@ def parse(argv: list[str], flag_values: flags.FlagValues) -> dict:
     """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks the values
     together, creating the output folder; returns the config. A bad flag is one line on stderr and
     `SystemExit(2)`, as on the command line; nothing heavy is imported."""
-    cli.parse_flags(argv, flag_values, __doc__)
-    try:
-        return _validate_flags(flag_values)
-    except UsageError as e:
-        sys.exit(cli.error_exit("adaptpfl_synthetic.py", e, 2))
+    return cli.parse_checked("adaptpfl_synthetic.py", argv, flag_values, __doc__, _validate_flags)
 
 
 if __name__ == "__main__":

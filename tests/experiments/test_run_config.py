@@ -144,3 +144,12 @@ def test_a_config_file_runs_in_this_process_as_in_a_child(tmp_path, capsys):
     assert run.main(["experiments.run", str(path)]) == 0
     assert "done: fedavg 1 communication round" in capsys.readouterr().out
     assert RunConfig.from_json((tmp_path / "run" / "config.json").read_text()) == config
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("algorithm", "rounds", "x"), ("algorithm", "learning_rate", "fast"),
+    ("model", "client_ranks", ["a"]), ("output", "resume", "yes"), ("task", "task", 3),
+])
+def test_a_config_file_with_a_wrong_type_is_refused_naming_the_field(section, field, value):
+    with pytest.raises(ValueError, match=f"run configuration: {field}="):
+        RunConfig.from_dict({section: {field: value}})
