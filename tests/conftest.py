@@ -37,6 +37,36 @@ def shared_data() -> pathlib.Path:
     return SHARED_DATA
 
 
+# Every k-th row of each split: the text tests that check mechanics (bytes, checkpoints, resumes,
+# exports) run on real sentences without tokenizing, caching and evaluating 70,000 of them.
+SST2_EVERY = {"train": 100, "dev": 4, "test-labeled": 8}
+REVIEWS_EVERY = {"train": 10, "dev": 4, "test-labeled": 16}
+
+
+@pytest.fixture(scope="session")
+def sample_data(shared_data, tmp_path_factory) -> pathlib.Path:
+    """A data folder like `shared_data` holding every k-th row of its SST-2 and review splits
+    (SST-2: train 674, dev 218, test 228 sentences; per review domain: train 170, dev 75, test
+    125, balanced), in the same layouts (GLUE TSV; CSV-quoted TSV for the reviews)."""
+    import csv
+
+    root = tmp_path_factory.mktemp("sample_data")
+    (root / "sst2").mkdir()
+    for split, every in SST2_EVERY.items():
+        lines = (shared_data / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        kept = [lines[0]] + lines[1::every]
+        (root / "sst2" / f"{split}.tsv").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    for domain in sorted((shared_data / "multidomain_sentiment").iterdir()):
+        (root / "multidomain_sentiment" / domain.name).mkdir(parents=True)
+        for split, every in REVIEWS_EVERY.items():
+            with open(domain / f"{split}.tsv", newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f, delimiter="\t", quotechar='"'))
+            out = root / "multidomain_sentiment" / domain.name / f"{split}.tsv"
+            with open(out, "w", newline="", encoding="utf-8") as f:
+                csv.writer(f, delimiter="\t", quotechar='"').writerows([rows[0]] + rows[1::every])
+    return root
+
+
 @pytest.fixture(scope="module")
 def tff_runtime():
     """One managed TFF worker for a test module (`tffl.runtime.local_runtime`); checks at the end
@@ -48,3 +78,15 @@ def tff_runtime():
     with runtime.local_runtime() as context:
         yield context
     assert runtime.running_workers() == []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Files holding large tests run first, those with the most large tests first (the parity
+    sweep of tests/tffl/runtime/test_distribute.py leads), then the others in collection order:
+    pytest-xdist hands out whole files in this order (`--dist=loadfile --no-loadscope-reorder`),
+    so the longest files start early and the two workers finish together."""
+    import collections
+
+    large = collections.Counter(item.path for item in items if item.get_closest_marker("large"))
+    items.sort(key=lambda item: -large[item.path])

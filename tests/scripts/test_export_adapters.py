@@ -44,25 +44,41 @@ def _script(name, *args):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
-@pytest.mark.large
-def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(tmp_path, shared_data):
-    from models import backbones, checkpoints, hf_bert, peft_export
-    from models.lora_targets import LoraConfig, apply_lora
-    from tasks import text as text_lib
+# A tiny SST-2 run (the tiny BERT, one round of two clients) on `sample_data`: the tests check
+# that its export rebuilds it exactly, not what it learned, so a sample of real sentences does.
+_TINY_SST2 = ["--task=sst2", "--backbone=tiny", "--algorithm=fedavg", "--rounds=1",
+              "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--batch_size=4",
+              "--sequence_length=16"]
+
+
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory, sample_data):
+    """(run folder, adapter folder, vocabulary) of one tiny SST-2 train.py run (in this process)
+    exported by scripts/export_adapters.py (a child), shared by this module's large tests."""
+    from models import checkpoints
+    from scripts import train
 
     try:
         vocab = checkpoints.fetch_minilm() / "vocab.txt"
     except Exception as e:
         pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
-    run, out = tmp_path / "run", tmp_path / "adapters"
-    proc = _script("train.py", "--task=sst2", "--backbone=tiny", "--algorithm=fedavg",
-                   "--rounds=1", "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
-                   "--batch_size=4", "--sequence_length=16", f"--data_dir={shared_data}",
-                   f"--output_dir={run}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = tmp_path_factory.mktemp("exported_run")
+    run, out = root / "run", root / "adapters"
+    assert train.run_command_line(["train.py", *_TINY_SST2, f"--data_dir={sample_data}",
+                                   f"--output_dir={run}"]) == 0
     proc = _script("export_adapters.py", f"--run_dir={run}", f"--output_dir={out}",
-                   f"--data_dir={shared_data}")
+                   f"--data_dir={sample_data}")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return run, out, vocab
+
+
+@pytest.mark.large
+def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(exported_run, sample_data):
+    from models import backbones, hf_bert, peft_export
+    from models.lora_targets import LoraConfig, apply_lora
+    from tasks import text as text_lib
+
+    run, out, vocab = exported_run
     config = json.loads((out / "adapter_config.json").read_text())
     head = json.loads((out / "tffl_head.json").read_text())
     assert config["base_model_name_or_path"] == "base" and (out / "base" / "vocab.txt").is_file()
@@ -73,7 +89,7 @@ def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(tmp_path, shared_data
     model = backbones.build_classifier(backbone, head["num_labels"], pooling=head["pooling"],
                                        head=head["head"])
     peft_export.import_peft(model, out)
-    lines = (shared_data / "sst2" / "dev.tsv").read_text().splitlines()[1:]
+    lines = (sample_data / "sst2" / "dev.tsv").read_text().splitlines()[1:]
     texts = [line.rsplit("\t", 1)[0] for line in lines]
     labels = np.array([int(line.rsplit("\t", 1)[1]) for line in lines])
     logits = model(text_lib.bert_packer(vocab, 16)(tf.constant(texts))).numpy()
@@ -84,24 +100,17 @@ def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(tmp_path, shared_data
 
 @pytest.mark.large
 def test_a_run_started_from_exported_adapters_starts_where_the_exported_run_ended(
-        tmp_path, shared_data, capsys):
+        exported_run, sample_data, tmp_path, capsys):
     """train.py --init_adapters=<export>: a round at a negligible learning rate evaluates as the
     exported run's last round did (its dev loss to 1e-5): the adapters and the head arrived."""
-    from models import checkpoints
     from scripts import train
 
-    try:
-        checkpoints.fetch_minilm()
-    except Exception as e:
-        pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
-    flags_ = ["--task=sst2", "--backbone=tiny", "--algorithm=fedavg", "--rounds=1",
-              "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--batch_size=4",
-              "--sequence_length=16", f"--data_dir={shared_data}"]
-    run, out, again = tmp_path / "run", tmp_path / "adapters", tmp_path / "again"
-    assert train.run_command_line(["train.py", *flags_, f"--output_dir={run}"]) == 0
-    export_adapters.export_run(run, out, data_dir=shared_data)
-    assert train.run_command_line(["train.py", *flags_, "--learning_rate=1e-12",
-                                   f"--init_adapters={out}", f"--output_dir={again}"]) == 0
+    run, out, _ = exported_run
+    again = tmp_path / "again"
+    capsys.readouterr()
+    assert train.run_command_line(["train.py", *_TINY_SST2, f"--data_dir={sample_data}",
+                                   "--learning_rate=1e-12", f"--init_adapters={out}",
+                                   f"--output_dir={again}"]) == 0
     assert "starting from" in capsys.readouterr().out
     exported = json.loads((run / "summary.json").read_text())["final"]["eval_loss"]
     started = json.loads((again / "summary.json").read_text())

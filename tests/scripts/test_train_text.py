@@ -1,5 +1,7 @@
 """scripts/train.py end to end on text (SST-2 with MiniLM, the review domains with a tiny BERT),
-in this process (`scripts.train.run_command_line`): the large tier (`pytest -m large`)."""
+in this process (`scripts.train.run_command_line`): the large tier (`pytest -m large`). The runs
+check mechanics (bytes, metrics, checkpoints), so they read every k-th row of the real data
+(`sample_data`)."""
 
 import json
 
@@ -11,11 +13,13 @@ pytestmark = pytest.mark.large
 _run = train_runs.run_in_process
 
 
-def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data, capsys):
+def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, sample_data, capsys):
     """The issue's acceptance command: RoLoRA on SST-2 with the pretrained all-MiniLM-L6-v2
     (22.7M frozen parameters, about 91 MB) broadcasts only the LoRA factors and the head:
     12 adapters (query, value of 6 layers) of r = 16 on 384 x 384, and the 384 x 2 head,
-    (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4 = 592,904 bytes, far below 1 MB."""
+    (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4 = 592,904 bytes, far below 1 MB. The bytes do not
+    depend on the data or the sequence length: a sample of SST-2 (`sample_data`) cut at 32 tokens
+    spares tokenizing 70k sentences and running whole ones through MiniLM."""
     from models import checkpoints
 
     try:
@@ -23,8 +27,8 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data, ca
     except Exception as e:
         pytest.skip(f"all-MiniLM-L6-v2 unavailable: {e}")
     proc = _run(capsys, "--task=sst2", "--backbone=minilm", "--algorithm=rolora", "--rounds=1",
-                "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
-                f"--data_dir={shared_data}", f"--output_dir={tmp_path}")
+                "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--sequence_length=32",
+                f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     assert "2 clients per round, 1 communication round ->" in proc.stdout   # singular, not "1 …s"
     assert "done: rolora 1 communication round;" in proc.stdout
@@ -37,16 +41,17 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, shared_data, ca
 
 
 def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restores_it(
-        tmp_path, shared_data, capsys):
+        tmp_path, sample_data, capsys):
     """FedSA-LoRA on SST-2 with --eval_test reports its personalized accuracy on the labeled test
     split cut per client (eval_personal_test_*) beside the dev shards'. --evaluate_only on the
     finished run trains nothing: it recomputes every metric from the last checkpoint (equal to
     the run's own, so the checkpoint restores shared and personal state) and adds the ones
-    summary.json lacks, as for a run from before the test split was cut."""
+    summary.json lacks, as for a run from before the test split was cut. On a sample of SST-2
+    (`sample_data`): the split sizes are counted from its files."""
 
     args = ["--task=sst2", "--algorithm=fedsa_lora", "--eval_test", "--rounds=2",
             "--num_clients=3", "--clients_per_round=3", "--local_steps=1", "--rank=2",
-            "--sequence_length=16", "--eval_every=0", f"--data_dir={shared_data}",
+            "--sequence_length=16", "--eval_every=0", f"--data_dir={sample_data}",
             f"--output_dir={tmp_path}"]
     proc = _run(capsys, *args)
     assert proc.returncode == 0, proc.stderr
@@ -55,9 +60,12 @@ def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restore
     personal = {k: v for k, v in final.items() if k.startswith("eval_personal")}
     assert {"eval_personal_accuracy", "eval_personal_test_accuracy",
             "eval_personal_test_loss", "eval_personal_test_mean_client_accuracy"} <= set(personal)
-    # Pooled accuracies: correct sentences over all 1,821 test / 872 dev sentences, each scored
-    # by the model of the client whose shard holds it.
-    for key, size in (("eval_personal_test_accuracy", 1821), ("eval_personal_accuracy", 872)):
+    # Pooled accuracies: correct sentences over all the test / dev sentences, each scored by the
+    # model of the client whose shard holds it.
+    sizes = {split: len((sample_data / "sst2" / f"{split}.tsv").read_text().splitlines()) - 1
+             for split in ("test-labeled", "dev")}
+    for key, size in (("eval_personal_test_accuracy", sizes["test-labeled"]),
+                      ("eval_personal_accuracy", sizes["dev"])):
         assert final[key] * size == pytest.approx(round(final[key] * size), abs=1e-3), key
     assert "eval_accuracy" not in final   # B is personal: no global model
     older = [k for k in personal if k.startswith("eval_personal_test_")]
@@ -79,10 +87,10 @@ def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restore
     assert train_runs.rows(tmp_path) == rows   # nothing trained or rewritten
 
 
-
-def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, shared_data, capsys):
-    """Experiment 4's shape at toy scale: the five review domains as clients, a tiny BERT with
-    LoRA on query/value (2 layers, width 64), FedRep heads, adapters averaged RoLoRA-style."""
+def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, sample_data, capsys):
+    """Experiment 4's shape at toy scale: the five review domains as clients (a sample of their
+    reviews, `sample_data`), a tiny BERT with LoRA on query/value (2 layers, width 64), FedRep
+    heads, adapters averaged RoLoRA-style."""
     from models import checkpoints
 
     try:
@@ -93,7 +101,7 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, share
                 "--representation=lora_alternating", "--num_clients=5", "--clients_per_round=5",
                 "--rounds=2", "--local_steps=2", "--batch_size=4", "--sequence_length=16",
                 "--rank=4", "--head_epochs=1", "--learning_rate=0.1", "--eval_every=1",
-                f"--data_dir={shared_data}", f"--output_dir={tmp_path}")
+                f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     rows = train_runs.rows(tmp_path)
     assert [r["communication_rounds"] for r in rows] == [1, 2]
