@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from test_lora_fl import _LinearLora, _local_sgd, _weighted_mean
+from tests.tffl.algorithms.lora_linear import _LinearLora, _local_sgd, _weighted_mean
 from tffl.engine import frozen
 from tffl.algorithms import lora_fl
 from tffl.simulation import participation
