@@ -93,7 +93,7 @@ def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
     """rolora.md §2.1: Y_i = X_i a* b*ᵀ (homogeneous, noiseless; N=4, m=40, d=10), f = X a bᵀ with a
     frozen zero base. RoLoRA (10 local GD steps per round, η = 0.1) drives sin θ(a, a*) below 1e-3
     within 22 communication rounds (22 `next` calls, B and A alternating; it is ~5e-4 after 20);
-    FFA-LoRA's a never moves (2 `next` calls), so its sin θ stays at sin θ(a⁰, a*)."""
+    FFA-LoRA's a never moves (15 `next` calls, as before), so its sin θ stays at sin θ(a⁰, a*)."""
     n, m, d = 4, 40, 10
     problem = rolora_linear(num_clients=n, num_samples=m, dim=d, seed=0)
     rng = np.random.default_rng(1)
@@ -109,7 +109,7 @@ def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
                                                   loss_fn=_row_mse)
                  for name in ("rolora", "ffa_lora")}
     angles = {}
-    calls = {"rolora": 22, "ffa_lora": 2}   # communication rounds, one per `next`
+    calls = {"rolora": 22, "ffa_lora": 15}   # communication rounds, one per `next`
     for name, process in processes.items():
         state = process.initialize()
         history = []
