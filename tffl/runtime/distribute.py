@@ -18,7 +18,8 @@ GPUs or TPUs:
 Select it with `distribute_runtime(devices)`, or `scripts/train.py --runtime=distribute
 --devices=...`; `tffl.runtime.local_runtime()` (the TFF worker) stays the default and the
 reference. Results equal the worker's up to float rounding (tests/tffl/runtime/test_distribute.py checks
-every algorithm to 1e-5 over two rounds on 1, 2 and 4 logical CPU devices).
+every algorithm to 1e-5 over two rounds on 2 and 4 logical CPU devices; one device is
+`OneDeviceStrategy`, tested in-process).
 
 Personalized processes need nothing special: their rounds return the personal state at
 CLIENTS, which the interpreter keeps as one member per client like any CLIENTS value; they never

@@ -1,17 +1,22 @@
 """Child of tests/tffl/runtime/test_distribute.py: every algorithm for two rounds on the TFF worker and on
-the in-process runtime over 1, 2 and 4 logical CPU devices; writes every output leaf to an .npz.
+the in-process runtime over 2 and 4 logical CPU devices; writes every output leaf to an .npz.
 
 TensorFlow's logical devices are fixed when it first runs an op, so this runs in its own process:
-the host CPU is split into 4 logical devices first, and the strategies use the first 1, 2 or 4
-(`MirroredStrategy` over each set).
+the host CPU is split into 4 logical devices first, and the strategies use the first 2 or 4
+(`MirroredStrategy` over each set; see `STRATEGIES`).
 
-    python tests/tffl/runtime/distribute_parity.py OUT.npz [algorithm ...]
+Several children share the list: each runs an algorithm only if it is the first to claim it in
+CLAIMS_DIR (an empty folder they share), heaviest first (`HEAVIEST_FIRST`), so that they finish
+together whatever the machine's load.
+
+    python tests/tffl/runtime/distribute_parity.py OUT.npz CLAIMS_DIR [algorithm ...]
 """
 
 import collections
 import os
 import pathlib
 import sys
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "algorithms"), str(HERE.parents[1]), str(HERE.parents[2])]
@@ -149,31 +154,54 @@ def _two_rounds(process, data, personal) -> list[np.ndarray]:
     return leaves + _leaves(state)
 
 
-def _strategies():
-    for count in (1, 2, 4):
-        yield f"mirrored_{count}", tf.distribute.MirroredStrategy(
+# (label, devices, clients each replica trains at once). Two replicas with two slots each: with
+# three clients the first replica trains two at once, each slot its own instance of every
+# function (the `clients_in_parallel` path, which the default gives only when the cores outnumber
+# the replicas); four replicas with one slot: one replica has no client.
+STRATEGIES = (("mirrored_2", 2, 2), ("mirrored_4", 4, 1))
+# The slowest algorithms (measured: the KerasNLP BERT one takes a quarter of the sweep), claimed
+# first; the others follow in the order given.
+HEAVIEST_FIRST = ("fedrep_rolora", "rolora", "flute", "fedrep", "rolora_ffa", "adaptpfl",
+                  "rolora_linear", "adaptpfl_linear", "flute_linear")
+
+
+def _claimed(claims: pathlib.Path, names: list[str]):
+    """The names this child is the first to claim (an exclusive create in `claims`)."""
+    order = sorted(names, key=lambda n: HEAVIEST_FIRST.index(n) if n in HEAVIEST_FIRST
+                   else len(HEAVIEST_FIRST))
+    for name in order:
+        try:
+            os.close(os.open(claims / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        yield name
+
+
+def _parity(name: str) -> dict[str, np.ndarray]:
+    """`name`'s two rounds on the installed TFF worker context, then under each strategy."""
+    built = CASES[name]()
+    results = {f"{name}/tff/{i}": leaf for i, leaf in enumerate(_two_rounds(*built))}
+    for label, count, parallel in STRATEGIES:
+        strategy = tf.distribute.MirroredStrategy(
             DEVICES[:count], cross_device_ops=tf.distribute.ReductionToOneDevice())
+        with runtime.distribute_runtime(strategy=strategy,
+                                        clients_in_parallel=parallel) as context:
+            got = _two_rounds(*built)
+        results[f"{name}/{label}:clients_per_device"] = np.array(
+            list(context.clients_per_device.values()))
+        results.update({f"{name}/{label}/{i}": leaf for i, leaf in enumerate(got)})
+    return results
 
 
-def main(out_path: str, names: list[str]) -> None:
+def main(out_path: str, claims: str, names: list[str]) -> None:
     results = {}
-    names = names or list(CASES)
-    built = {name: CASES[name]() for name in names}
     with runtime.local_runtime():  # one TFF worker for every reference run
-        references = {name: _two_rounds(*built[name]) for name in names}
-    for name in names:
-        for i, leaf in enumerate(references[name]):
-            results[f"{name}/tff/{i}"] = leaf
-        for label, strategy in _strategies():
-            with runtime.distribute_runtime(strategy=strategy) as context:
-                got = _two_rounds(*built[name])
-            results[f"{name}/{label}:clients_per_device"] = np.array(
-                list(context.clients_per_device.values()))
-            for i, leaf in enumerate(got):
-                results[f"{name}/{label}/{i}"] = leaf
-        print(name, "done", flush=True)
+        for name in _claimed(pathlib.Path(claims), names or list(CASES)):
+            started = time.monotonic()
+            results.update(_parity(name))
+            print(name, f"done in {time.monotonic() - started:.0f} s", flush=True)
     np.savez(out_path, **results)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
