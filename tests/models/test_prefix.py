@@ -29,10 +29,19 @@ def _batch(backbone, lengths=(3, 10, 6)):
     return batch
 
 
-@pytest.mark.parametrize("kind,pooling,head", [
-    ("bert", "mean", "linear"), ("roberta", "cls", "linear"), ("bert", "pooler", "dense_tanh"),
-    ("roberta", "mean", "dense_tanh")])
-@pytest.mark.parametrize("layers,start", [((2, 3), 2), ((0, 3), 0), ((3,), 3)])
+HEADS = (("bert", "mean", "linear"), ("roberta", "cls", "linear"),
+         ("bert", "pooler", "dense_tanh"), ("roberta", "mean", "dense_tanh"))
+SPLITS = (((2, 3), 2), ((0, 3), 0), ((3,), 3))
+# The fast tier covers every head and every split, each split on both families; the large tier
+# adds the rest of the product (each case builds two KerasNLP models, the test's whole cost).
+FAST_CASES = {(HEADS[0], SPLITS[0]), (HEADS[1], SPLITS[1]), (HEADS[2], SPLITS[2]),
+              (HEADS[3], SPLITS[0]), (HEADS[2], SPLITS[1])}
+
+
+@pytest.mark.parametrize("kind,pooling,head,layers,start", [
+    pytest.param(*heads, *split, id="-".join(heads) + f"-from_layer_{split[1]}",
+                 marks=() if (heads, split) in FAST_CASES else pytest.mark.large)
+    for split in SPLITS for heads in HEADS])
 def test_suffix_of_prefix_is_the_whole_classifier(kind, pooling, head, layers, start):
     model, config = _classifier(kind, layers, pooling=pooling, head=head)
     # Weights of std 0.3, so that every layer changes its input (0.02 is nearly the identity).
@@ -60,11 +69,12 @@ def test_suffix_of_prefix_is_the_whole_classifier(kind, pooling, head, layers, s
     batch = _batch(backbone)
     hidden = prefix.build_prefix_model(backbone, start)(batch)
     assert hidden["hidden"].shape == (3, 10, 16)
-    np.testing.assert_allclose(suffix(hidden), model(batch), atol=1e-5)
+    whole = model(batch)
+    np.testing.assert_allclose(suffix(hidden), whole, atol=1e-5)
     # The suffix ignores padding: each example cut to its own length gives the same logits.
     for row, n in enumerate((3, 10, 6)):
         one = {k: v[row:row + 1, :n] for k, v in hidden.items()}
-        np.testing.assert_allclose(suffix(one)[0], model(batch)[row], atol=1e-5)
+        np.testing.assert_allclose(suffix(one)[0], whole[row], atol=1e-5)
 
 
 def test_only_the_head_trained_starts_after_the_last_encoder():

