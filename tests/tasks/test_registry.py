@@ -63,12 +63,12 @@ def _minilm_or_skip():
 
 
 @pytest.mark.large
-def test_review_domains_are_clients_with_ordered_text_features(shared_data):
+def test_review_domains_are_clients_with_ordered_text_features(sample_data):
     import collections
 
     _minilm_or_skip()
     task = registry.build_task("reviews", num_clients=10, batch_size=4, local_steps=2, seed=0,
-                               data_dir=shared_data, sequence_length=16, prefix_cache=False,
+                               data_dir=sample_data, sequence_length=16, prefix_cache=False,
                                bucket_by_length=False)
     assert sorted(task.client_ids) == sorted(
         f"{d}_{j}" for d in ("airline", "books", "dvd", "electronics", "kitchen") for j in (0, 1))
@@ -80,7 +80,7 @@ def test_review_domains_are_clients_with_ordered_text_features(shared_data):
     # The default: the tiny BERT adapts every layer, so only the embeddings are cached, and the
     # clients get h_0 (width 64) in batches cut to their longest example.
     cached = registry.build_task("reviews", num_clients=10, batch_size=4, local_steps=2, seed=0,
-                                 data_dir=shared_data, sequence_length=16)
+                                 data_dir=sample_data, sequence_length=16)
     batches = list(cached.client_dataset_fn(task.client_ids[0], 1))
     assert len(batches) == 2
     for (h, y2) in batches:
@@ -92,7 +92,7 @@ def test_review_domains_are_clients_with_ordered_text_features(shared_data):
     assert ids == task.client_ids and len(train) == len(test) == 10
     with pytest.raises(ValueError, match="multiple of 5"):
         registry.build_task("reviews", num_clients=7, batch_size=4, local_steps=1, seed=0,
-                            data_dir=shared_data)
+                            data_dir=sample_data)
 
 
 def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(sample_data):
@@ -126,7 +126,7 @@ def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(samp
 
 
 @pytest.mark.large
-def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
+def test_minilm_pretrained_weights_fit_the_adapted_architecture(sample_data):
     """The frozen weights loaded eagerly from the checkpoint line up, tensor by tensor, with the
     architecture the processes build in their graphs (same order and shapes)."""
     import tensorflow as tf
@@ -135,7 +135,7 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
 
     folder = _minilm_or_skip()
     task = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
-                               data_dir=shared_data, backbone="minilm", sequence_length=16,
+                               data_dir=sample_data, backbone="minilm", sequence_length=16,
                                rank=2, prefix_cache=False)
     pretrained = task.pretrained_non_trainable()
     with tf.Graph().as_default():
@@ -151,7 +151,7 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(shared_data):
     # With the prefix cache (LoRA on layers 3-5), the clients' model starts at layer 3: its
     # frozen weights are the checkpoint's layers 3-5 and pooler, and no embeddings.
     cached = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
-                                 data_dir=shared_data, backbone="minilm", sequence_length=16,
+                                 data_dir=sample_data, backbone="minilm", sequence_length=16,
                                  rank=2, lora_layers=(3, 4, 5))
     assert "embeddings and layers < 3 cached" in cached.description
     suffix_frozen = cached.pretrained_non_trainable()
@@ -190,7 +190,7 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
 
 
 @pytest.mark.large
-def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(shared_data):
+def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(sample_data):
     """all-MiniLM-L6-v2 declares mean pooling (its 1_Pooling/config.json), so the SST-2
     classifier's default features are the padding-masked mean of the backbone's last hidden
     state: checked against numpy on a separately loaded backbone, with padded sentences."""
@@ -205,7 +205,7 @@ def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(shared_data
     assert registry.default_pooling("minilm", folder) == "mean"
     assert registry.default_pooling("tiny", folder) == "mean"
     task = registry.build_task("sst2", num_clients=3, batch_size=4, local_steps=1, seed=0,
-                               data_dir=shared_data, backbone="minilm", rank=2,
+                               data_dir=sample_data, backbone="minilm", rank=2,
                                prefix_cache=False)
     assert "mean pooling" in task.description and "whole texts up to 256 tokens" in task.description
     model = task.keras_model_fn()
