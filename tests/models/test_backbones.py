@@ -10,6 +10,7 @@ from models.backbones import (build_bert_backbone, build_classifier, build_rober
                               dummy_batch)
 from models.lora_targets import LoraConfig, apply_lora
 from tffl.engine import roles
+from tests.tiers import tiered
 
 
 def _lora_classifier(kind="bert", num_classes=3):
@@ -40,9 +41,13 @@ def _padded_batch(backbone):
     return batch
 
 
-@pytest.mark.parametrize("kind,pooling", [("bert", "mean"), ("bert", "cls"), ("bert", "pooler"),
-                                          ("roberta", "mean"), ("roberta", "cls")])
-@pytest.mark.parametrize("head", ["linear", "dense_tanh"])
+# Fast tier: every family and pooling once, the two heads alternating; large: the other head.
+@pytest.mark.parametrize("kind,pooling,head", tiered(
+    [(k, p, h) for h in ("linear", "dense_tanh") for k, p in (
+        ("bert", "mean"), ("bert", "cls"), ("bert", "pooler"), ("roberta", "mean"),
+        ("roberta", "cls"))],
+    fast=[("bert", "mean", "linear"), ("bert", "cls", "dense_tanh"), ("bert", "pooler", "linear"),
+          ("roberta", "mean", "dense_tanh"), ("roberta", "cls", "linear")]))
 def test_logits_are_the_head_on_numpy_pooled_features(kind, pooling, head):
     build = build_bert_backbone if kind == "bert" else build_roberta_backbone
     backbone = build(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16,
@@ -67,8 +72,12 @@ def test_pooler_needs_a_backbone_with_one():
         build_classifier(backbone, 2, pooling="max")
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", "pooler"])
-@pytest.mark.parametrize("head", ["linear", "dense_tanh"])
+# Fast tier: the pooler (the layer the old classifier left frozen) with both heads, mean and cls
+# with one each; large: the other two.
+@pytest.mark.parametrize("pooling,head", tiered(
+    [(p, h) for h in ("linear", "dense_tanh") for p in ("mean", "cls", "pooler")],
+    fast=[("mean", "linear"), ("cls", "dense_tanh"), ("pooler", "linear"),
+          ("pooler", "dense_tanh")]))
 def test_no_frozen_variable_between_backbone_output_and_logits(pooling, head):
     """Every variable that the logits depend on, other than the encoders' and embeddings', is
     trainable and tagged `head`: the gradient of the logits reaches no frozen layer after the

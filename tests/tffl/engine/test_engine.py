@@ -16,6 +16,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.tffl.algorithms.lora_linear import _LinearLora, _local_sgd, _weighted_mean
+from tests.tiers import tiered
 from tffl.engine import frozen
 from tffl.algorithms import lora_fl
 from tffl.simulation import participation
@@ -113,7 +114,9 @@ def _broadcast_shapes(computation):
     return sorted(tuple(t.shape) for t in leaves)
 
 
-@pytest.mark.parametrize("algorithm", [*lora_fl.ALGORITHMS, "rolora_ffa"])
+# Fast tier: RoLoRA's two round kinds and FLoRA's extra kernel; large: the others.
+@pytest.mark.parametrize("algorithm", tiered([*lora_fl.ALGORITHMS, "rolora_ffa"],
+                                             fast=["rolora", "flora"]))
 def test_no_frozen_variable_is_broadcast(algorithm):
     """The broadcast (MapReduceForm `prepare`'s result) of every round holds exactly the
     federated variables: A (6, 2) and/or B (2, 3); FLoRA also the kernel W0 (6, 3) it merges
@@ -291,7 +294,7 @@ def test_a_missing_frozen_weights_file_is_a_clear_error(tmp_path):
         process.round_name(state)
 
 
-@pytest.mark.parametrize("algorithm", ["rolora", "flexlora"])
+@pytest.mark.parametrize("algorithm", tiered(["rolora", "flexlora"], fast=["rolora"]))
 def test_xla_compiled_client_steps_give_the_same_rounds(tff_runtime, algorithm):
     """`jit_compile=True` marks each client step for XLA inside the client computation; the TFF
     worker runs it (uncompiled: its TensorFlow has no XLA, docs/PERFORMANCE.md) and two rounds
