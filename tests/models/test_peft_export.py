@@ -6,6 +6,7 @@ BertForSequenceClassification / RobertaForSequenceClassification forward pass ov
 base weights with the adapters merged as PEFT merges them (W + (α/r)·B·A).
 """
 
+import functools
 import json
 import math
 
@@ -49,6 +50,13 @@ def _model(family, seed=0, alpha=ALPHA):
     return model, backbone
 
 
+@functools.cache
+def _source(family):
+    """`_model(family)` (seed 0, α 3), built once per module: the tests only read it (export it,
+    call it, compare against it)."""
+    return _model(family)
+
+
 def _inputs(family, seed=1, batch=2, seq=7):
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, TINY["vocabulary_size"], (batch, seq)).astype(np.int32)
@@ -68,7 +76,7 @@ def family(request):
 
 @pytest.mark.parametrize("layer_index,target", [(0, "query"), (1, "value")])
 def test_projection_matches_peft_formula(family, tmp_path, layer_index, target):
-    model, backbone = _model(family)
+    model, backbone = _source(family)
     peft_export.export_peft(model, tmp_path)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     tensors = safetensors.numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
@@ -95,7 +103,7 @@ def test_projection_matches_peft_formula(family, tmp_path, layer_index, target):
 
 
 def test_config_and_head_files(family, tmp_path):
-    model, _ = _model(family)
+    model, _ = _source(family)
     peft_export.export_peft(model, tmp_path, base_model_name_or_path="some/base")
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["task_type"] == "SEQ_CLS"
@@ -129,7 +137,7 @@ def test_partial_layers_give_an_exact_regex(tmp_path):
 
 
 def test_import_of_the_export_gives_identical_adapters(family, tmp_path):
-    source, _ = _model(family, seed=0)
+    source, _ = _source(family)
     peft_export.export_peft(source, tmp_path)
     target, _ = _model(family, seed=5)
     peft_export.import_peft(target, tmp_path)
@@ -140,7 +148,7 @@ def test_import_of_the_export_gives_identical_adapters(family, tmp_path):
 
 
 def test_import_rescales_b_for_another_alpha(tmp_path):
-    source, _ = _model("bert", seed=0, alpha=ALPHA)
+    source, _ = _source("bert")
     peft_export.export_peft(source, tmp_path)
     target, _ = _model("bert", seed=5, alpha=1.0)
     peft_export.import_peft(target, tmp_path)
@@ -150,7 +158,7 @@ def test_import_rescales_b_for_another_alpha(tmp_path):
 
 
 def test_import_refuses_another_placement(tmp_path):
-    source, _ = _model("bert")
+    source, _ = _source("bert")
     peft_export.export_peft(source, tmp_path)
     other = _backbone("bert")
     apply_lora(other, LoraConfig(rank=RANK, targets=("key",)))
@@ -226,7 +234,7 @@ def _hf_forward(t, hf_config, family, ids):
 
 
 def test_whole_model_logits_match_hf_with_peft_merged(family, tmp_path):
-    model, backbone = _model(family)
+    model, backbone = _source(family)
     peft_export.export_peft(model, tmp_path / "adapter")
     hf_weights.save_hf_checkpoint(backbone, tmp_path / "base")
     hf_config = json.loads((tmp_path / "base" / "config.json").read_text())
