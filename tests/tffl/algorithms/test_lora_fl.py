@@ -18,6 +18,7 @@ from tffl.algorithms import lora_fl
 from tffl.simulation import participation
 from tffl.engine import roles
 from tffl.simulation import driver as simulation
+from tests.tiers import tiered
 
 
 from tests.tffl.algorithms.lora_linear import (  # noqa: F401
@@ -310,7 +311,7 @@ def test_unknown_algorithm_and_bad_learning_rate():
         lora_fl.build_rolora_then_ffa(1.5, 10, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
 
 
-@pytest.mark.parametrize("name", ["rolora", "flexlora"])
+@pytest.mark.parametrize("name", tiered(["rolora", "flexlora"], fast=["rolora"]))
 def test_client_work_is_pinned_to_the_given_device(tff_runtime, name):
     """`client_device` places every op of the client computations on that device (read off the
     serialized graphs); TFF's worker (CPU only) soft-places them, and the round is unchanged."""
