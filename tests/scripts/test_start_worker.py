@@ -15,7 +15,7 @@ from absl import flags
 
 from scripts import start_worker
 
-from tests.tffl.runtime.test_runtime import _gone, _mean  # the same federated mean and exit wait
+from tests.tffl.runtime.runtime_helpers import _gone, _mean  # the same federated mean and exit wait
 from tffl import runtime
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "start_worker.py"

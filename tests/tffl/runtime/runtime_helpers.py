@@ -1,5 +1,5 @@
-"""What the tffl.runtime tests share (and tests/scripts/test_start_worker.py, through
-test_runtime): a federated mean to run on workers, and a wait for a process to be gone."""
+"""What the tffl.runtime tests and tests/scripts/test_start_worker.py share: a federated mean to
+run on workers, and a wait for a process to be gone."""
 
 import time
 

@@ -29,8 +29,7 @@ from tffl.engine import roles
 from tffl import runtime
 from tffl.simulation import driver as simulation
 from tests.tffl.runtime import forked_python
-# _mean: not used here; tests/scripts/test_start_worker.py imports both from this module.
-from tests.tffl.runtime.runtime_helpers import _gone, _mean  # noqa: F401
+from tests.tffl.runtime.runtime_helpers import _gone
 
 
 @pytest.fixture(scope="module", autouse=True)
