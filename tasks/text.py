@@ -92,7 +92,9 @@ class BertInputPacker:
         if not isinstance(segments, (tuple, list)):
             segments = (segments,)
         token_ids, segment_ids = self.packer(tuple(self.tokenizer(s) for s in segments))
-        padding_mask = tf.cast(token_ids != self.pad_id, tf.int32)
+        # tf.not_equal, not `!=`: run as `python scripts/benchmark_text.py`, `!=` inside this
+        # tf.data map gave one Python bool (tensors compared as objects), a scalar mask.
+        padding_mask = tf.cast(tf.not_equal(token_ids, self.pad_id), tf.int32)
         if self.trim:
             longest = tf.reduce_max(tf.reduce_sum(padding_mask, axis=1))
             token_ids, segment_ids, padding_mask = (
