@@ -1,7 +1,7 @@
 """scripts/reproduce.py: bad flags are one line (exit 2, checked in this process by
 `reproduce.parse`), the shared table/plot writer, and one small-scale row re-run and compared
 with the number recorded in docs/REPRODUCE.md. Only the --collect smoke test runs the script in a
-subprocess."""
+subprocess (for one of its two experiments)."""
 
 import csv
 import math
@@ -243,16 +243,26 @@ def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy
 
 
 @pytest.mark.parametrize("experiment", ["sst2_clients_mean", "sst2_dirichlet_mean"])
-def test_the_mean_experiments_collect_their_tables_and_claims(experiment, tmp_path):
+def test_the_mean_experiments_collect_their_tables_and_claims(experiment, tmp_path, capsys,
+                                                              monkeypatch):
     """--collect on the issue-51 experiments with nothing run yet: every cell 0 seeds, every
-    claim undecided; the tables say which classifier they are about."""
+    claim undecided; the tables say which classifier they are about. The first runs the script
+    in a subprocess (the command line's smoke test), the second `reproduce.main` in this process
+    (as `_refused` runs it), sparing a second interpreter's TensorFlow import."""
     (tmp_path / "sst2").mkdir()
     for split in ("train", "dev", "test-labeled"):
         (tmp_path / "sst2" / f"{split}.tsv").write_text(
             "sentence\tlabel\n" + "".join(f"w {i}\t{i % 2}\n" for i in range(40)))
-    proc = _run(f"--experiment={experiment}", "--collect", f"--data_dir={tmp_path}",
-                f"--output_dir={tmp_path / 'out'}")
-    assert proc.returncode == 0, proc.stderr
+    args = [f"--experiment={experiment}", "--collect", f"--data_dir={tmp_path}",
+            f"--output_dir={tmp_path / 'out'}"]
+    if experiment == "sst2_clients_mean":
+        proc = _run(*args)
+        assert proc.returncode == 0, proc.stderr
+    else:
+        reproduce.parse(["reproduce.py", *args])
+        monkeypatch.setattr(reproduce, "_quiet", lambda: None)
+        monkeypatch.setattr(reproduce.signal, "signal", lambda *_: None)
+        assert reproduce.main(["reproduce.py"]) == 0, capsys.readouterr().err
     results = (tmp_path / "out" / "results.md").read_text()
     assert "corrected classifier: mean pooling, linear head, whole sentences" in results
     claims = (tmp_path / "out" / "claims.md").read_text()
