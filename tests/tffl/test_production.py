@@ -14,11 +14,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from test_lora_fl import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
-from test_lora_fl import _datasets, _model_fn, _small_process, _spec, _start
-from test_personalized import _build as _build_personalized
-from test_personalized import _clients as _personal_clients
-from test_personalized import _datasets as _personal_datasets
+from tests.tffl.algorithms.lora_linear import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
+from tests.tffl.algorithms.lora_linear import _datasets, _model_fn, _small_process, _spec, _start
+from tests.tffl.algorithms.test_personalized import _build as _build_personalized
+from tests.tffl.algorithms.test_personalized import _clients as _personal_clients
+from tests.tffl.algorithms.test_personalized import _datasets as _personal_datasets
 from tffl.algorithms import lora_fl
 from tffl import production
 from tffl.engine import personal_state

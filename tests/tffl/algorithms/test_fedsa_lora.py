@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_lora_fl import _A0, _BATCH, _CLIENTS, _COUNTS, _D_IN, _D_OUT, _LR, _R, _W0
-from test_lora_fl import _datasets, _local_sgd, _model_fn, _spec, _weighted_mean
+from tests.tffl.algorithms.lora_linear import _A0, _BATCH, _CLIENTS, _COUNTS, _D_IN, _D_OUT, _LR, _R, _W0
+from tests.tffl.algorithms.lora_linear import _datasets, _local_sgd, _model_fn, _spec, _weighted_mean
 from tffl.algorithms import personalized
 
 
