@@ -36,7 +36,7 @@ from tests.tffl.runtime.runtime_helpers import _gone
 def _start_the_zygote_early(request):
     """Starts the owners' zygote at the module's first test if a test of it will need it."""
     if any("zygote" in item.fixturenames for item in request.session.items
-           if item.module is request.module):
+           if getattr(item, "module", None) is request.module):  # DoctestItems have none
         forked_python.start()
 
 
