@@ -2,24 +2,20 @@
 line (checked in this process by `adaptpfl_synthetic.parse`, on a FlagValues of the test's own)."""
 
 import csv
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from absl import flags
 
 from scripts import adaptpfl_synthetic
+from tests import forked_python
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "adaptpfl_synthetic.py"
 
 
 def _run(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    """`python scripts/adaptpfl_synthetic.py ARGS`, a child forked from a Python that has imported TFF."""
+    return forked_python.run_script(SCRIPT, *args, timeout=timeout)
 
 
 def test_tiny_run_prints_and_writes_the_table(tmp_path):

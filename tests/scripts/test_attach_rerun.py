@@ -4,19 +4,17 @@ subprocess."""
 
 import json
 import pathlib
-import subprocess
-import sys
 
 from absl import flags
 
 from scripts import attach_rerun
+from tests import forked_python
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "attach_rerun.py"
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=120, cwd=SCRIPT.parents[1], check=False)
+    return forked_python.run_script(SCRIPT, *args, timeout=120, cwd=SCRIPT.parents[1])
 
 
 class _Done:

@@ -12,8 +12,6 @@ import json
 import math
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -24,6 +22,7 @@ from scripts import benchmark
 from tffl.algorithms import lora_fl
 from tffl.algorithms import personalized
 from tffl import runtime
+from tests import forked_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark.py"
@@ -198,8 +197,8 @@ def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TFFL_DEBUG", None)
     flag, message = BAD_FLAGS[0]
-    proc = subprocess.run([sys.executable, str(SCRIPT), flag, f"--output_dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=180)
+    proc = forked_python.run_script(SCRIPT, flag, f"--output_dir={tmp_path}", cwd=REPO, env=env,
+                                    timeout=180)
     assert proc.returncode == 2, (flag, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], (flag, proc.stderr)

@@ -2,24 +2,20 @@
 tiny run in a subprocess); bad flags are checked in this process (`benchmark_text.parse`, on a
 FlagValues of the test's own)."""
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from absl import flags
 
 from scripts import benchmark_text
+from tests import forked_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark_text.py"
 
 
 def _run(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=300)
+    return forked_python.run_script(SCRIPT, *args, cwd=REPO, timeout=300)
 
 
 def test_prints_every_stage_of_a_tiny_sst2_folder(tmp_path):

@@ -2,16 +2,14 @@
 that rebuilds the trained classifier exactly (its dev loss is the run's recorded eval_loss)."""
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from scripts import export_adapters
+from tests import forked_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -39,9 +37,7 @@ def test_the_run_config_of_a_run_with_config_json_is_that_file(tmp_path):
 
 
 def _script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args],
-                          capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return forked_python.run_script(ROOT / "scripts" / name, *args, timeout=900)
 
 
 # A tiny SST-2 run (the tiny BERT, one round of two clients) on `sample_data`: the tests check

@@ -5,9 +5,7 @@ subprocess (for one of its two experiments)."""
 
 import csv
 import math
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +17,7 @@ from experiments import srpfl
 from experiments import sst2_protocol as sst2
 from experiments.run_config import RunConfig
 from scripts import reproduce
+from tests import forked_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce.py"
@@ -26,10 +25,7 @@ DOC = ROOT / "docs" / "REPRODUCE.md"
 
 
 def _run(*args, timeout=120):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=ROOT,
-    )
+    return forked_python.run_script(SCRIPT, *args, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.parametrize(

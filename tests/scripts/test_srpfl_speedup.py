@@ -10,10 +10,7 @@ subprocess.
 
 import csv
 import math
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,6 +19,7 @@ from absl import flags
 from experiments import srpfl_speedup
 from scripts import srpfl_speedup as script
 from tffl.simulation import srpfl
+from tests import forked_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "srpfl_speedup.py"
@@ -198,11 +196,8 @@ def test_bad_flags_are_one_line_and_exit_2(args, flag, tmp_path, capsys):
 def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
     """The real command line (absl's global flags, app.run)."""
     args, flag = BAD_FLAGS[0]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, f"--output_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    proc = forked_python.run_script(SCRIPT, *args, f"--output_dir={tmp_path}", timeout=120,
+                                    cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1, proc.stderr

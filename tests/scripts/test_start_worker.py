@@ -1,13 +1,12 @@
 """scripts/start_worker.py: a worker for `--worker_addresses` that serves until SIGTERM, refuses a
-busy port, and never outlives the script. The worker runs the script in a subprocess; its flag
+busy port, and never outlives the script. The worker runs the script in a child process (forked from a Python that has
+imported TFF: tests/forked_python.py); its flag
 checks run in this process (`start_worker.parse`, on a FlagValues of the test's own)."""
 
 import os
 import pathlib
 import signal
 import socket
-import subprocess
-import sys
 
 import portpicker
 import pytest
@@ -15,6 +14,7 @@ from absl import flags
 
 from scripts import start_worker
 
+from tests import forked_python
 from tests.tffl.runtime.runtime_helpers import _gone, _mean  # the same federated mean and exit wait
 from tffl import runtime
 
@@ -38,10 +38,7 @@ def _busy(port: int, capsys) -> tuple[int, str]:
 def test_worker_serves_remote_runs_and_stops_on_sigterm(tmp_path, capsys):
     port = portpicker.pick_unused_port()
     log = tmp_path / "worker.log"
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), f"--port={port}", f"--log_file={log}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV,
-    )
+    proc = forked_python.popen_script(SCRIPT, f"--port={port}", f"--log_file={log}")
     try:
         line = proc.stdout.readline()
         assert line.startswith("TFF worker ready: ") and f":{port} (pid " in line, line

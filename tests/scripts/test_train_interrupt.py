@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from experiments import machine
+from tests import forked_python
 from tests.scripts import train_runs
 from tffl.simulation import driver as simulation
 
@@ -87,9 +88,7 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, capsys):
     command = shlex.split(lines[0].split("continue with: ", 1)[1])
     assert command[:2] == ["python", "scripts/train.py"] and command[-1] == "--resume"
 
-    resumed = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
-                             timeout=300, cwd=train_runs.SCRIPT.parents[1],
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    resumed = forked_python.run_script(*command[1:], timeout=300, cwd=train_runs.SCRIPT.parents[1])
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert train_runs.rows(cut) == train_runs.rows(full)

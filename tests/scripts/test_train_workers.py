@@ -1,18 +1,18 @@
 """scripts/train.py on several TFF workers (tffl.runtime, docs/runtime.md), as child processes
 watched from here: two workers match one, a killed worker stops the run and --resume completes it,
-the in-process runtime on two logical CPUs (a fresh interpreter: logical devices are set before
-TensorFlow starts). All large (`pytest -m large`)."""
+the in-process runtime on two logical CPUs (a child whose TensorFlow has run no op yet: logical
+devices are set before TensorFlow starts). The children are forked from a Python that has imported
+TFF (tests/forked_python.py). All large (`pytest -m large`)."""
 
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
+from tests import forked_python
 from tests.scripts import train_runs
 from tffl.simulation import driver as simulation
 
@@ -23,10 +23,7 @@ def _watched_run(*args, kill_after_round=None):
     """Runs train.py; with `kill_after_round`, SIGKILLs its last TFF worker once that round's
     progress line is printed. Returns (process, stderr, the workers' pids); checks that no worker
     outlives the run."""
-    proc = subprocess.Popen(
-        [sys.executable, str(train_runs.SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    proc = forked_python.popen_script(train_runs.SCRIPT, *args)
     workers = set()
     try:
         for line in proc.stdout:

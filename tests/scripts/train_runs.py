@@ -5,12 +5,11 @@ train.py in this process (`scripts.train.run_command_line`) or, for the tests ab
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import subprocess
-import sys
 
 from tffl.simulation import driver as simulation
+from tests import forked_python
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 FAST = ["--algorithm=fedavg", "--partition=iid", "--num_clients=6", "--clients_per_round=3",
@@ -38,11 +37,9 @@ def run_in_process(capsys, *args) -> Run:
 
 
 def run_child(*args, timeout=300) -> subprocess.CompletedProcess:
-    """`python scripts/train.py <args>` as a child process."""
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    """`python scripts/train.py <args>` as a child process, forked from a Python that has
+    imported TFF (tests/forked_python.py)."""
+    return forked_python.run_script(SCRIPT, *args, timeout=timeout)
 
 
 def rows(path):

@@ -28,7 +28,7 @@ from tffl.simulation import participation
 from tffl.engine import roles
 from tffl import runtime
 from tffl.simulation import driver as simulation
-from tests.tffl.runtime import forked_python
+from tests import forked_python
 from tests.tffl.runtime.runtime_helpers import _gone
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.tffl.runtime import forked_python
+from tests import forked_python
 
 
 @pytest.fixture

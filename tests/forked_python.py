@@ -1,11 +1,15 @@
 """Python children forked from one that has already imported TensorFlow, TFF and `tffl.runtime`.
 
-The owner-process tests of tests/tffl/runtime/test_runtime.py run their owner as a child: as
-`python -c CODE` it would spend 20-40 s of a loaded two-core machine importing TensorFlow and TFF
-before doing what the test is about (start workers, take a signal, exit). `spawn(CODE)` forks it
-instead from the zygote: one Python per test process, started by `start()` (the import then
-overlaps other tests) or on first use, that imports `PRELOAD` and then only forks. It has run no
-TensorFlow op and opened no gRPC channel, so a child starts both afresh, as a new process does.
+The owner-process tests of tests/tffl/runtime/ and the scripts' smoke tests of tests/scripts/ run
+their program as a child: as `python -c CODE` or `python scripts/x.py` it would spend 20-40 s of a
+loaded two-core machine importing TensorFlow, TFF and KerasNLP before doing what the test is about
+(start workers, take a signal, train, print, exit). `spawn(CODE)` forks it instead from the zygote:
+one Python per test process, started by `start()` (the import then overlaps other tests) or on
+first use, that imports `PRELOAD` and then only forks. It has run no TensorFlow op and opened no
+gRPC channel, so a child starts both afresh, as a new process does. `run_script` and
+`popen_script` are `subprocess.run` and `subprocess.Popen` of `python SCRIPT ARGS` on it. What a
+child cannot change is what its modules read when the zygote imported them (TF_CPP_MIN_LOG_LEVEL,
+CUDA_VISIBLE_DEVICES, ...): a test about those starts a new Python.
 
 A child runs CODE as `__main__` with the test's pipes as its stdin, stdout and stderr and SIGINT
 raising KeyboardInterrupt (as a Python started from a shell does), and exits as `python -c CODE`
@@ -32,7 +36,8 @@ import tempfile
 import threading
 import time
 
-PRELOAD = ("numpy", "psutil", "tensorflow_federated", "tffl.runtime")
+PRELOAD = ("numpy", "psutil", "tensorflow_federated", "tffl.runtime", "keras_nlp",
+           "tensorflow_datasets", "matplotlib.pyplot")
 READY_TIMEOUT_S = 900.0  # the zygote's imports, on a loaded machine
 _POLL_S = 0.05
 
@@ -236,6 +241,44 @@ def start() -> Zygote:
 def spawn(code: str, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> Child:
     """`start().spawn(...)`: a child forked from the zygote running `code` (see the module)."""
     return start().spawn(code, *args, stdout=stdout, stderr=stderr)
+
+
+# `python SCRIPT ARGS` in a forked child: the script's folder first on sys.path, the given working
+# folder and environment, the script run as `__main__` (absl's `app.run` exits with its status).
+_RUN_SCRIPT = """
+import json, os, runpy, sys
+script, cwd, env = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+os.chdir(cwd)
+os.environ.clear()
+os.environ.update(env)
+sys.argv = [script, *sys.argv[4:]]
+sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def popen_script(script, *args: str, cwd=None, env=None, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE) -> Child:
+    """`subprocess.Popen([sys.executable, script, *args], cwd=cwd, env=env, text=True)` as a
+    forked child; `env` defaults to this process's environment with TF_CPP_MIN_LOG_LEVEL=3."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3") if env is None else dict(env)
+    return spawn(_RUN_SCRIPT, str(script), str(cwd or os.getcwd()), json.dumps(env),
+                 *map(str, args), stdout=stdout, stderr=stderr)
+
+
+def run_script(script, *args: str, timeout: float = 300, cwd=None,
+               env=None) -> subprocess.CompletedProcess:
+    """`subprocess.run([sys.executable, script, *args], capture_output=True, text=True, ...)` as a
+    forked child (see `popen_script`); kills it and raises `subprocess.TimeoutExpired` after
+    `timeout` seconds."""
+    child = popen_script(script, *args, cwd=cwd, env=env)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise
+    return subprocess.CompletedProcess([sys.executable, str(script), *args], child.returncode,
+                                       stdout, stderr)
 
 
 if __name__ == "__main__":
