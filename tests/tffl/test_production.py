@@ -16,9 +16,7 @@ import tensorflow_federated as tff
 
 from tests.tffl.algorithms.lora_linear import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
 from tests.tffl.algorithms.lora_linear import _datasets, _model_fn, _small_process, _spec, _start
-from tests.tffl.algorithms.test_personalized import _build as _build_personalized
-from tests.tffl.algorithms.test_personalized import _clients as _personal_clients
-from tests.tffl.algorithms.test_personalized import _datasets as _personal_datasets
+from tests.tffl.algorithms import personalized_models
 from tffl.algorithms import lora_fl
 from tffl import production
 from tffl.engine import personal_state
@@ -246,7 +244,7 @@ def test_loaded_process_is_a_learning_process_with_the_same_rounds(tmp_path, tff
 def test_loaded_personalized_process_needs_its_initial_personal_state(tmp_path, tff_runtime):
     """A personalized process saves its declared personal state; loading it asks for the
     clients' initial personal states, and the loaded process runs a round as the original."""
-    process = _build_personalized("fedrep")
+    process = personalized_models.built("fedrep")
     production.save_process(process, tmp_path)
     with pytest.raises(ValueError, match="fedrep is personalized: pass initial_personal="):
         production.load_process(tmp_path)
@@ -255,7 +253,8 @@ def test_loaded_personalized_process_needs_its_initial_personal_state(tmp_path, 
     assert saved.personal.names == process.personal.names
     assert saved.personal.shapes == tuple(map(tuple, process.personal.shapes))
     assert saved.personal.dtypes == process.personal.dtypes
-    state, datasets = process.initialize(), _personal_datasets(_personal_clients())
+    state = process.initialize()
+    datasets = personalized_models.linear_datasets(personalized_models.linear_clients())
     personal = [process.initialize_personal(c) for c in "abc"]
     expected = process.next_round(state, datasets, personal)
     output = saved.next_round(saved.initialize(), datasets,
@@ -268,7 +267,7 @@ def test_loaded_personalized_process_needs_its_initial_personal_state(tmp_path, 
 def test_personalized_rounds_take_neither_form(algorithm):
     """Rounds that return the clients' personal state (CLIENTS-placed) are refused with the
     reason; the computations still serialize."""
-    process = _build_personalized(algorithm)
+    process = personalized_models.built(algorithm)
     for convert in (production.to_map_reduce_form, production.to_distribute_aggregate_form):
         with pytest.raises(ValueError, match=rf"{algorithm} \(round\): .*placed at CLIENTS"):
             convert(process)
@@ -278,7 +277,7 @@ def test_personalized_rounds_take_neither_form(algorithm):
 
 
 def test_personalized_fedavg_has_no_personal_state_and_compiles():
-    process = _build_personalized("fedavg")
+    process = personalized_models.built("fedavg")
     assert isinstance(production.to_map_reduce_form(process)["round"],
                       tff.backends.mapreduce.MapReduceForm)
     assert isinstance(production.to_distribute_aggregate_form(process)["round"],

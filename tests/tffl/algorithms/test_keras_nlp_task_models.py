@@ -1,17 +1,21 @@
 """A KerasNLP task model (`keras_nlp.models.BertClassifier`, which compiles itself with
 `jit_compile`) as a user would bring it: LoRA on its backbone, its `logits` layer tagged `head`,
 trained by RoLoRA on TFF. The B round and the A round are checked against an eager-TensorFlow
-RoLoRA written from the paper (its own SGD loop)."""
+RoLoRA written from the paper (its own SGD loop). FedRep's personal heads over RoLoRA-averaged
+adapters on a KerasNLP BERT backbone, against an eager-TensorFlow FedRep the same way."""
 
 import collections
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from models import lora_targets
 from tests.tffl.algorithms import eager_reference
+from tests.tffl.algorithms.personalized_models import lora_classifier
 from tffl.algorithms import lora_fl
+from tffl.algorithms import personalized
 from tffl.engine import roles
 from tffl import runtime
 
@@ -110,3 +114,122 @@ def test_an_untagged_trainable_head_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"logits/kernel.*no round of rolora trains it.*"
                                          r"tffl\.engine\.roles\.tag"):
         lora_fl.build_rolora(lambda: _bert_classifier(tag_head=False), SPEC, 0.5)
+
+
+# ---- FedRep heads over RoLoRA adapters on a KerasNLP backbone ---------------------------------
+
+def _reference_fedrep_round(model_fn, weights, heads, head_idx, rep_idx, datasets, lr):
+    """FedRep's round written from the paper in eager TensorFlow (`eager_reference`): each
+    client loads the weights and its head, takes one SGD epoch on the head, then one on the
+    `rep_idx` variables; returns every client's trained trainable values (numpy)."""
+    model = model_fn()
+    out = []
+    for dataset, head in zip(datasets, heads):
+        values = list(weights.trainable)
+        for k, v in zip(head_idx, head):
+            values[k] = v
+        out.append(eager_reference.sgd_phases(model, values, weights.non_trainable,
+                                              (head_idx, rep_idx), dataset, lr))
+    return out
+
+
+def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_runtime):
+    """The combination the papers never ran: FedRep heads, LoRA adapters on a KerasNLP BERT
+    representation, averaged RoLoRA-style. In the B round A is fixed and B is averaged; in the
+    A round the reverse; every client's head is trained and kept personal. Both rounds' factors
+    and heads equal an eager-TensorFlow FedRep written from the paper (its own SGD loop)."""
+    x_spec = collections.OrderedDict(
+        padding_mask=tf.TensorSpec([None, 8], tf.int32),
+        segment_ids=tf.TensorSpec([None, 8], tf.int32),
+        token_ids=tf.TensorSpec([None, 8], tf.int32))
+    spec = (x_spec, tf.TensorSpec([None], tf.int32))
+    process = personalized.build_personalized_process(
+        "fedrep", lora_classifier, spec, 0.5, lora_schedule="alternating")
+    assert list(process.rounds) == ["b_round", "a_round"]
+    info = process.spec.trainable
+    a_idx = process.spec.indices([roles.LORA_A])
+    b_idx = process.spec.indices([roles.LORA_B])
+    head = process.evaluation.personal_indices
+    assert {info[k].role for k in head} == {roles.HEAD}
+    # The federated weights are the LoRA factors (the head is personal, the rest frozen).
+    assert sorted(process.model.layout.trainable) == sorted(a_idx + b_idx)
+    # Each round uploads one factor of every adapter: half of the factors' bytes; both rounds
+    # receive both factors.
+    factor_bytes = {name: sum(4 * np.prod(info[k].shape) for k in idx)
+                    for name, idx in (("b_round", b_idx), ("a_round", a_idx))}
+    for name in ("b_round", "a_round"):
+        assert process.traffic[name].up == factor_bytes[name] + 16
+        assert process.traffic[name].down == factor_bytes["b_round"] + factor_bytes["a_round"]
+
+    def dataset(seed):
+        r = np.random.default_rng(seed)
+        x = collections.OrderedDict(
+            padding_mask=np.ones((6, 8), np.int32), segment_ids=np.zeros((6, 8), np.int32),
+            token_ids=r.integers(1, 50, (6, 8)).astype(np.int32))
+        return tf.data.Dataset.from_tensor_slices((x, r.integers(0, 3, 6).astype(np.int32))
+                                                  ).batch(3)
+
+    datasets = [dataset(s) for s in (1, 2)]
+    # Start from B ≠ 0 (as after some training): with B = 0 an A step is exactly zero, and in
+    # this tiny random network one B round moves B by only ~1e-6.
+    state = process.initialize()
+    weights = process.model_weights(state)
+    rng = np.random.default_rng(0)
+    trainable = [rng.normal(0, 0.3, w.shape).astype(np.float32) if k in b_idx else w
+                 for k, w in enumerate(weights.trainable)]
+    state = process.with_model_weights(state, tff.learning.models.ModelWeights(
+        trainable, list(weights.non_trainable)))
+    before = process.model_weights(state).trainable
+    for k in b_idx:
+        np.testing.assert_array_equal(before[k], trainable[k])
+    # One call of `next_round` is one communication round: first a B round, then an A round.
+    assert process.round_name(state) == "b_round"
+    b_only = process.next_round(state, datasets, [process.initialize_personal("x")] * 2)
+    assert list(b_only.metrics) == ["b_round"]
+    assert process.round_num(b_only.state) == 1
+    after_b = process.model_weights(b_only.state).trainable
+    for k in a_idx:
+        np.testing.assert_array_equal(after_b[k], before[k])
+    assert any(not np.array_equal(after_b[k], before[k]) for k in b_idx)
+    heads = b_only.personal_states
+    assert not np.array_equal(heads[0][0], heads[1][0])   # personal, not averaged
+    assert np.isfinite(b_only.metrics["b_round"]["client_work"]["train"]["loss"])
+    assert process.round_name(b_only.state) == "a_round"
+    out = process.next_round(b_only.state, datasets, heads)
+    assert list(out.metrics) == ["a_round"]
+    assert process.round_num(out.state) == 2
+    after = process.model_weights(out.state).trainable
+    assert any(not np.array_equal(after[k], after_b[k]) for k in a_idx)
+    for k in b_idx:   # the reverse: B is fixed in the A round
+        np.testing.assert_array_equal(after[k], after_b[k])
+    # The heads never reach the server: its weights assemble with the model's initial head.
+    np.testing.assert_array_equal(after[head[0]], before[head[0]])
+    assert not np.array_equal(out.personal_states[0][0], out.personal_states[1][0])
+    assert np.isfinite(out.metrics["a_round"]["client_work"]["train"]["loss"])
+    assert process.round_name(out.state) == "b_round"
+
+    # The numbers: the B round, then the A round, against the eager reference (equal client
+    # sizes, so the example-weighted mean is the plain mean). The moves are compared, relative
+    # to their size, since a round moves the factors little.
+    def assert_moved_alike(got, start, expected):
+        move, expected_move = np.asarray(got) - start, np.asarray(expected) - start
+        assert np.abs(expected_move).max() > 0
+        np.testing.assert_allclose(move, expected_move, rtol=0,
+                                   atol=1e-3 * np.abs(expected_move).max())
+
+    full = process.model_weights(state)
+    initial_heads = [[full.trainable[k] for k in head]] * 2
+    ref_b = _reference_fedrep_round(lora_classifier, full, initial_heads, head, b_idx,
+                                    datasets, 0.5)
+    for k in b_idx:
+        assert_moved_alike(after_b[k], before[k], np.mean([c[k] for c in ref_b], axis=0))
+    for client, personal in zip(ref_b, heads):
+        for k, value in zip(head, personal):
+            assert_moved_alike(value, full.trainable[k], client[k])
+    ref_a = _reference_fedrep_round(lora_classifier, process.model_weights(b_only.state),
+                                    heads, head, a_idx, datasets, 0.5)
+    for k in a_idx:
+        assert_moved_alike(after[k], after_b[k], np.mean([c[k] for c in ref_a], axis=0))
+    for client, personal, start in zip(ref_a, out.personal_states, heads):
+        for k, value, initial in zip(head, personal, start):
+            assert_moved_alike(value, initial, client[k])

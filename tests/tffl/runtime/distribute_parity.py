@@ -35,7 +35,7 @@ import test_adaptpfl_linear  # noqa: E402
 import test_flute_linear  # noqa: E402
 import test_fedrep_linear  # noqa: E402
 import test_lora_fl as lora  # noqa: E402
-import test_personalized as pers  # noqa: E402
+import personalized_models as pers  # noqa: E402
 from tasks.synthetic import rolora_linear  # noqa: E402
 from tffl.algorithms import adaptpfl_linear  # noqa: E402
 from tffl.algorithms import fedrep_linear  # noqa: E402
@@ -63,11 +63,11 @@ def _lora(name):
 
 def _personalized(name):
     if name in ("flute", "adaptpfl"):
-        model_fn = ((lambda: pers._classifier(shortcut_alpha=0.5)) if name == "adaptpfl"
-                    else pers._classifier)
+        model_fn = ((lambda: pers.classifier(shortcut_alpha=0.5)) if name == "adaptpfl"
+                    else pers.classifier)
         process = personalized.build_personalized_process(name, model_fn, pers.CLASS_SPEC, pers.LR)
-        clients = pers._class_clients(seed=0)
-        data = lambda: pers._class_datasets(clients)  # noqa: E731
+        clients = pers.class_clients(seed=0)
+        data = lambda: pers.class_datasets(clients)  # noqa: E731
     elif name == "fedsa_lora":
         process = personalized.build_personalized_process(
             name, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
@@ -79,7 +79,7 @@ def _personalized(name):
             segment_ids=tf.TensorSpec([None, 8], tf.int32),
             token_ids=tf.TensorSpec([None, 8], tf.int32))
         process = personalized.build_personalized_process(
-            "fedrep", pers._lora_classifier, (x_spec, tf.TensorSpec([None], tf.int32)), 0.5,
+            "fedrep", pers.lora_classifier, (x_spec, tf.TensorSpec([None], tf.int32)), 0.5,
             lora_schedule="alternating")
 
         def data():
@@ -92,10 +92,10 @@ def _personalized(name):
                     (x, r.integers(0, 3, 6).astype(np.int32))).batch(3)
             return [dataset(s) for s in (1, 2)]
     else:
-        process = pers._build(name, local_epochs=2) if name != "fedrep" else pers._build(
+        process = pers.build(name, local_epochs=2) if name != "fedrep" else pers.build(
             name, head_epochs=2, representation_epochs=2)
-        clients = pers._clients()
-        data = lambda: pers._datasets(clients)  # noqa: E731
+        clients = pers.linear_clients()
+        data = lambda: pers.linear_datasets(clients)  # noqa: E731
     personal = ([process.initialize_personal(str(i)) for i in range(len(data()))]
                 if process.personal is not None else None)
     return process, data, personal
