@@ -1,11 +1,12 @@
 """scripts/benchmark.py: TFF vs a plain loop, at a tiny scale (no timing assertions).
 
 The core (`run_benchmark`) runs once in-process on a 1-layer BERT (hidden 8, vocabulary 50), RoLoRA
-and FedRep, 2 and 3 clients per round, 3 rounds. Its rows are checked for structure and for real
+and FedRep, 1 and 2 clients per round, 3 rounds. Its rows are checked for structure and for real
 properties: the bytes equal closed forms computed here from the backbone's shapes (not from the
 process), the plain loop ends at the TFF process's weights (so it did the same work), ratios are
 positive, and nothing is traced again after round 2. Bad flags are checked in this process
-(`benchmark.check`); one of them also runs the script in a subprocess.
+(`benchmark.check`); one of them also runs the script as a child process. The run's checks are
+large (about a minute of two cores); the flag checks are in the fast tier.
 """
 
 import json
@@ -67,6 +68,7 @@ def _parameters(shape: benchmark_config.BackboneShape, rank: int) -> dict[str, i
     }
 
 
+@pytest.mark.large
 def test_one_row_per_algorithm_and_clients(result):
     assert sorted((r["algorithm"], r["clients_per_round"]) for r in result["rows"]) == [
         ("fedrep", 1), ("fedrep", 2), ("rolora", 1), ("rolora", 2)]
@@ -76,6 +78,7 @@ def test_one_row_per_algorithm_and_clients(result):
         assert "plain_xla_round_seconds" not in row  # --jit_compile is off
 
 
+@pytest.mark.large
 def test_rolora_bytes_are_the_closed_form(result):
     """RoLoRA uploads B (r×d per adapter) + the head in its B round, A (d×r) + the head in its A
     round, each with three float32 metric sums and the float32 weight n_i of the weighted mean;
@@ -97,6 +100,7 @@ def test_rolora_bytes_are_the_closed_form(result):
                                   "up": row["bytes_up_per_client"] - 2 * 4}
 
 
+@pytest.mark.large
 def test_fedrep_keeps_the_head_and_uploads_the_adapters(result):
     p = _parameters(MICRO, CONFIG.rank)
     row = _row(result, "fedrep", 2)
@@ -110,6 +114,7 @@ def test_fedrep_keeps_the_head_and_uploads_the_adapters(result):
     assert row["sgd_steps_per_client"] == (CONFIG.head_epochs + 1) * CONFIG.local_steps
 
 
+@pytest.mark.large
 def test_plain_loop_does_the_same_work_as_the_process(result):
     for row in result["rows"]:
         assert row["max_weight_diff"]["plain"] < 1e-5, row["algorithm"]
@@ -123,6 +128,7 @@ def test_plain_loop_does_the_same_work_as_the_process(result):
             assert "plain_nocache" not in row["max_weight_diff"]
 
 
+@pytest.mark.large
 def test_times_and_ratios_are_positive(result):
     for row in result["rows"]:
         for key in ("tff_seconds_per_round", "plain_seconds_per_round", "overhead_ratio",
@@ -140,6 +146,7 @@ def test_times_and_ratios_are_positive(result):
         assert all(t >= 0 for t in row["tff_worker_cpu_seconds"])
 
 
+@pytest.mark.large
 def test_no_retracing_after_round_2(result):
     for row in result["rows"]:
         # The counters see the tracing: the plain loop traces in round 1 (its tf.functions are
@@ -157,6 +164,7 @@ def test_no_retracing_after_round_2(result):
     assert result["targets"]["no_retracing_after_round2"]["status"] == "met"
 
 
+@pytest.mark.large
 def test_targets_table_and_json(result, tmp_path):
     targets = result["targets"]
     assert targets["overhead"]["status"].startswith("not measured")  # no small backbone here

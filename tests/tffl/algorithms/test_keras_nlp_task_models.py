@@ -133,6 +133,7 @@ def _reference_fedrep_round(model_fn, weights, heads, head_idx, rep_idx, dataset
     return out
 
 
+@pytest.mark.large  # the fast tier trains the KerasNLP classifier with RoLoRA above
 def test_fedrep_heads_over_rolora_alternating_lora_on_a_kerasnlp_backbone(tff_runtime):
     """The combination the papers never ran: FedRep heads, LoRA adapters on a KerasNLP BERT
     representation, averaged RoLoRA-style. In the B round A is fixed and B is averaged; in the

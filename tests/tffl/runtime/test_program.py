@@ -18,6 +18,7 @@ from tffl.algorithms import personalized
 from tffl.algorithms import rolora_linear
 from tffl import runtime
 from tffl.runtime.tff_internals import context_stack_impl
+from tests.tiers import tiered
 
 _D, _CLASSES, _BATCH = 8, 3, 3
 _SIZES = (4, 6, 5)  # three clients of distinct sizes: the examples counted show who was chosen
@@ -204,10 +205,9 @@ def _process(algorithm):
     return lora_fl.build_lora_process(algorithm, _model_fn, _SPEC, 0.1)
 
 
-# The fast tier: one LoRA and one personalized-family algorithm; the large tier all of them.
-@pytest.mark.parametrize("algorithm", [
-    a if a in ("rolora", "fedavg") else pytest.param(a, marks=pytest.mark.large)
-    for a in (*lora_fl.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED)])
+# The fast tier: RoLoRA (two round kinds); the large tier every algorithm.
+@pytest.mark.parametrize("algorithm", tiered(
+    (*lora_fl.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED), fast=["rolora"]))
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)
