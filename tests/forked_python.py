@@ -2,14 +2,14 @@
 
 The owner-process tests of tests/tffl/runtime/ and the scripts' smoke tests of tests/scripts/ run
 their program as a child: as `python -c CODE` or `python scripts/x.py` it would spend 20-40 s of a
-loaded two-core machine importing TensorFlow, TFF and KerasNLP before doing what the test is about
-(start workers, take a signal, train, print, exit). `spawn(CODE)` forks it instead from the zygote:
-one Python per test process, started by `start()` (the import then overlaps other tests) or on
-first use, that imports `PRELOAD` and then only forks. It has run no TensorFlow op and opened no
-gRPC channel, so a child starts both afresh, as a new process does. `run_script` and
-`popen_script` are `subprocess.run` and `subprocess.Popen` of `python SCRIPT ARGS` on it. What a
-child cannot change is what its modules read when the zygote imported them (TF_CPP_MIN_LOG_LEVEL,
-CUDA_VISIBLE_DEVICES, ...): a test about those starts a new Python.
+loaded two-core machine (10 s of a quiet core) importing TensorFlow, TFF and KerasNLP before doing
+what the test is about (start workers, take a signal, train, print, exit). `spawn(CODE)` forks it
+instead from the zygote: one Python per test process, started by `start()` (the import then
+overlaps other tests) or on first use, that imports `PRELOAD` and then only forks. It has run no
+TensorFlow op and opened no gRPC channel, so a child starts both afresh, as a new process does.
+`run_script` and `popen_script` are `subprocess.run` and `subprocess.Popen` of `python SCRIPT ARGS`
+on it. What a child cannot change is what its modules read when the zygote imported them
+(TF_CPP_MIN_LOG_LEVEL, CUDA_VISIBLE_DEVICES, ...): a test about those starts a new Python.
 
 A child runs CODE as `__main__` with the test's pipes as its stdin, stdout and stderr and SIGINT
 raising KeyboardInterrupt (as a Python started from a shell does), and exits as `python -c CODE`
