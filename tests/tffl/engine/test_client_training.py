@@ -122,18 +122,19 @@ print("ok", len(tf.config.list_logical_devices("CPU")))
 """
 
 
-@pytest.mark.large  # a fresh interpreter (virtual devices are set before TensorFlow starts)
+@pytest.mark.large  # a child process (virtual devices are set before TensorFlow runs an op)
 def test_loop_runs_on_the_given_virtual_cpu_device():
-    """Two virtual CPU devices (configured before TensorFlow starts, hence a subprocess): the
-    model's variables and the loop's ops sit on the device asked for, with equal results."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    """Two virtual CPU devices (configured before TensorFlow runs its first op, hence a child
+    forked from a Python that has imported TensorFlow but run nothing: tests/forked_python.py):
+    the model's variables and the loop's ops sit on the device asked for, with equal results."""
+    from tests import forked_python
 
-    root = pathlib.Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-c", _VIRTUAL_DEVICES_PROGRAM], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-2:] == ["ok", "2"]
+    child = forked_python.spawn(_VIRTUAL_DEVICES_PROGRAM)
+    try:
+        stdout, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, stderr[-3000:]
+    stdout = stdout or ""
+    assert stdout.split()[-2:] == ["ok", "2"]

@@ -3,8 +3,9 @@
 The parity test runs every algorithm for two rounds on the TFF worker (the reference) and on the
 in-process runtime with `MirroredStrategy` over 2 and 4 logical CPU devices, in child processes
 (tests/tffl/runtime/distribute_parity.py: TensorFlow's logical devices are fixed at its first
-op). Every output leaf — the metrics and personal states of both rounds, and the final server
-state — must agree within 1e-5. No machine here has TensorFlow on a GPU or TPU; logical CPU
+op), forked from a Python that has imported TensorFlow but run no op (tests/forked_python.py).
+Every output leaf — the metrics and personal states of both rounds, and the final server state —
+must agree within 1e-5. No machine here has TensorFlow on a GPU or TPU; logical CPU
 devices are what the multi-replica paths were verified on.
 
 Two replicas run with two clients at once per replica (three clients: the first replica's two in
@@ -15,7 +16,6 @@ the one-device path itself is `OneDeviceStrategy`'s, tested in-process below; it
 the sweep.
 """
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import forked_python
 from tffl import runtime
 from tffl.runtime import interpreter
 
@@ -43,12 +44,9 @@ def parity(tmp_path_factory):
     one the other has not claimed, the slowest first."""
     folder = tmp_path_factory.mktemp("parity")
     (folder / "claims").mkdir()
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    children = [subprocess.Popen(
-        [sys.executable, str(HERE / "distribute_parity.py"), str(folder / f"part{k}.npz"),
-         str(folder / "claims"), *ALGORITHMS],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for k in range(2)]
+    children = [forked_python.popen_script(
+        HERE / "distribute_parity.py", str(folder / f"part{k}.npz"), str(folder / "claims"),
+        *ALGORITHMS, stdout=subprocess.DEVNULL) for k in range(2)]
     results = {}
     for k, child in enumerate(children):
         _, stderr = child.communicate(timeout=1500)
