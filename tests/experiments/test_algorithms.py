@@ -49,6 +49,7 @@ def test_samplers_by_name():
         algorithms.build_sampler(task, 3, 0, kind="full", straggler="slow")
 
 
+@pytest.mark.large
 def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     """--eval_per_client evaluates each client once and pools: FedRep's personal loss, accuracy
     and mean client accuracy equal one TFF evaluation over all clients; FedAvg's per-client

@@ -101,6 +101,7 @@ def _metrics(folder):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.large
 def test_the_rerun_command_of_config_json_reproduces_the_first_round(tmp_path, capsys):
     """A comparison of two algorithms, in this process; each run folder holds config.json; the
     re-run command printed in comparison.md, run again, gives the same first round (every

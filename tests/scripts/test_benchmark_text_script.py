@@ -18,6 +18,7 @@ def _run(*args):
     return forked_python.run_script(SCRIPT, *args, cwd=REPO, timeout=300)
 
 
+@pytest.mark.large
 def test_prints_every_stage_of_a_tiny_sst2_folder(tmp_path):
     rows = "\n".join(f"sentence number {i} is {'good' if i % 2 else 'bad'}\t{i % 2}"
                      for i in range(40))

@@ -165,6 +165,7 @@ def _doc_rows(section: str, header_cell: str) -> tuple[list[str], list[list[str]
     raise AssertionError(f"no table with {header_cell!r} under {section!r} in {DOC}")
 
 
+@pytest.mark.large
 def test_small_linear_row_matches_docs(tff_runtime):
     """Re-runs the rolora_linear small-scale row (heterogeneous, RoLoRA, seed 0) and compares
     its final sin θ and loss with docs/REPRODUCE.md."""

@@ -95,6 +95,7 @@ def test_review_domains_are_clients_with_ordered_text_features(sample_data):
                             data_dir=sample_data)
 
 
+@pytest.mark.large
 def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(sample_data):
     """--eval_test's held-out shards partition SST-2's labeled test split (every sentence in one
     client's shard), and client i gets t_ic of class c's T_c test sentences with

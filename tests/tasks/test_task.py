@@ -99,6 +99,7 @@ def test_review_task_real_domains(shared_data, tf_text):
     assert y.dtype == tf.int32
 
 
+@pytest.mark.large
 def test_sst2_whole_train_set_50_clients(shared_data, tf_text):
     from tasks import benchmark_text, text, text_files
 

@@ -183,6 +183,7 @@ def test_initial_states_and_store(tff_runtime):
     assert _train(output.metrics)["num_clients"] == 2
 
 
+@pytest.mark.large
 def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
     """Clients θ_i* = 0.7 B*w_i* + 0.3 s_i* (s_i* ⊥ B*, ‖s_i*‖ = 1), d=10, k=2, 20 clients with
     m=20 samples, the same B⁰ and schedule (τ_w=10, τ_s=10, τ_b=1, η=0.1, 40 rounds): AdaptPFL

@@ -180,6 +180,7 @@ def test_personal_store_round_trip_keeps_non_participants(tff_runtime):
     assert not np.array_equal(store.get("a")["head"], before["a"])
 
 
+@pytest.mark.large
 def test_fits_the_rank_k_truncation_on_the_papers_synthetic_task(tff_runtime):
     """d=10, k=2, M=30, N=200 (more samples than the paper's 20, so the ERM is close to the
     population optimum), η=0.03, small random init: after 60 rounds the error (1/M)Σ‖Bw_i − φ_i‖

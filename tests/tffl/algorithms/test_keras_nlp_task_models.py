@@ -65,6 +65,7 @@ def _reference_round(weights, train_idx, datasets, lr):
     return [np.mean([f[k] for f in finals], axis=0) for k in range(len(finals[0]))]
 
 
+@pytest.mark.large
 def test_rolora_trains_a_bert_classifier_with_its_tagged_head():
     process = lora_fl.build_rolora(_bert_classifier, SPEC, LR)
     spec = process.spec

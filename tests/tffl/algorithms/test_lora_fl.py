@@ -168,6 +168,7 @@ def test_weights_of_another_rank_are_rejected(tff_runtime, tmp_path):
     np.testing.assert_array_equal(rank2.get_model_weights(loaded).trainable[0], _A0)
 
 
+@pytest.mark.large
 def test_differentially_private_aggregator_composes_with_rolora(tff_runtime):
     """With noise 0, `gaussian_fixed` is the mean over `clients_per_round` of the clipped deltas,
     clip(Δ) = Δ·min(1, c/‖Δ‖): checked per round against numpy. With noise > 0 a round runs and

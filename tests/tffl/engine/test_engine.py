@@ -241,6 +241,7 @@ def test_frozen_weights_round_trip_and_fingerprint(tmp_path):
     assert other.fingerprint != written.fingerprint
 
 
+@pytest.mark.large
 def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
     """A run's checkpoint holds only A and B; resuming it with a model whose frozen W0 differs
     (same shapes) raises `ResumeError` naming both fingerprints."""

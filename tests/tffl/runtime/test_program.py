@@ -269,7 +269,7 @@ def _check_linear_metrics(released, rounds):
         assert np.isfinite(metrics["model_metrics"]["loss"])
 
 
-@pytest.mark.parametrize("algorithm", list(_LINEAR))
+@pytest.mark.parametrize("algorithm", tiered(list(_LINEAR), fast=["rolora_linear"]))
 def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm, tmp_path):
     process = _LINEAR[algorithm]()
     assert isinstance(process, tff.learning.templates.LearningProcess)

@@ -107,7 +107,8 @@ def _crash_when_busy(context, times: int) -> list[int]:
     return signalled
 
 
-@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.large)])
+@pytest.mark.large  # the fast tier kills a worker (above) and crashes one twice (below)
+@pytest.mark.parametrize("workers", [1, 2])
 def test_crashed_worker_is_restarted_and_the_computation_run_again(tmp_path, workers, caplog):
     """A worker that crashes (SIGSEGV) mid-computation is replaced and the computation run again:
     its result is the undisturbed one. External kills still end the run (tests above)."""
@@ -229,7 +230,8 @@ def reference_runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param("fedavg_lora", marks=pytest.mark.large), "rolora"])
+@pytest.mark.large  # the fast tier's killed-worker run below resumes on two workers
+@pytest.mark.parametrize("algorithm", ["fedavg_lora", "rolora"])
 def test_two_workers_give_the_same_run_as_one(reference_runs, algorithm):
     """FedAvg-LoRA's `next` has one layer of aggregations (one mergeable stage); RoLoRA's has two
     (its A round is broadcast from the B round's aggregate), so it runs as two stages."""
