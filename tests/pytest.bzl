@@ -5,7 +5,7 @@ without running a test. `pytest_test(name = "test_x", ...)` runs `pytest tests/<
 (tests/pytest_main.py) with the repository's pytest configuration and conftest.py files.
 """
 
-load("@rules_python//python:defs.bzl", "py_test")
+load("@rules_python//python:defs.bzl", "py_library", "py_test")
 
 def pytest_test(name, srcs = None, deps = [], data = [], **kwargs):
     """A py_test running `name + ".py"` under pytest; `srcs` adds the modules it imports."""
@@ -43,3 +43,14 @@ def pytest_suite(deps, sizes = {}, data = []):
             data = data + native.glob(["conftest.py"]),
             size = sizes.get(name, "large"),
         )
+
+def pytest_helpers(deps):
+    """`:helpers`, the calling package's .py files (helper modules, and test files other packages
+    import) as a library for the suites of other packages."""
+    py_library(
+        name = "helpers",
+        testonly = True,
+        srcs = native.glob(["*.py"]),
+        visibility = ["//tests:__subpackages__"],
+        deps = deps,
+    )
