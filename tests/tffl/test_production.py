@@ -254,7 +254,7 @@ def test_loaded_personalized_process_needs_its_initial_personal_state(tmp_path, 
     assert saved.personal.shapes == tuple(map(tuple, process.personal.shapes))
     assert saved.personal.dtypes == process.personal.dtypes
     state = process.initialize()
-    datasets = personalized_models.linear_datasets(personalized_models.linear_clients())
+    datasets = personalized_models.full_batch_datasets(personalized_models.linear_clients())
     personal = [process.initialize_personal(c) for c in "abc"]
     expected = process.next_round(state, datasets, personal)
     output = saved.next_round(saved.initialize(), datasets,

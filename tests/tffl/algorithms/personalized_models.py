@@ -63,8 +63,9 @@ def linear_clients(sizes=(5, 8, 3), seed=0):
             for n in sizes]
 
 
-def linear_datasets(clients):
-    """Each client's data as one full batch: an epoch is one gradient step."""
+def full_batch_datasets(clients):
+    """Each client's (x, y) as one full batch (linear or classification clients): an epoch is one
+    gradient step."""
     return [tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)) for x, y in clients]
 
 
@@ -150,10 +151,6 @@ def class_clients(seed, sizes=(6, 5)):
     return [(rng.normal(size=(n, D)).astype(np.float32),
              (rng.integers(0, 2, n) + i).astype(np.int32)) for i, n in enumerate(sizes)]
 
-
-def class_datasets(clients):
-    """Each client's data as one full batch."""
-    return [tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)) for x, y in clients]
 
 
 def numeric_grad(f, params, name, eps=1e-6):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tests.tffl.algorithms.personalized_models import (CLASS_SPEC, LR, D, K, M, class_clients,
-                                                       class_datasets, classifier, numeric_grad)
+                                                       classifier, full_batch_datasets,
+                                                       numeric_grad)
 from tffl.algorithms import adaptpfl
 from tffl.engine import client_training
 from tffl.algorithms import personalized
@@ -32,7 +33,7 @@ def _round(config):
     h0, b0, s0 = (np.asarray(v, np.float32) for v in weights.trainable[1:])
     rng = np.random.default_rng(2)
     starts = [[h0, b0, (0.3 * rng.normal(size=s0.shape)).astype(np.float32)] for _ in clients]
-    out = process.next(process.initialize(), class_datasets(clients), starts)
+    out = process.next(process.initialize(), full_batch_datasets(clients), starts)
     return process, clients, starts, weights, out
 
 
@@ -151,7 +152,7 @@ def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
     shortcut = adapt.spec.indices([roles.SHORTCUT])
     assert [adapt.spec.trainable[k].name for k in adapt.evaluation.personal_indices] == [
         "head/kernel:0", "head/bias:0", "shortcut/kernel:0"]
-    data = class_datasets(class_clients(seed=3))
+    data = full_batch_datasets(class_clients(seed=3))
     s_f, s_a = fedrep.initialize(), adapt.initialize()
     p_f = [fedrep.initialize_personal(c) for c in "ab"]
     p_a = [adapt.initialize_personal(c) for c in "ab"]
@@ -183,7 +184,7 @@ def test_adaptpfl_with_alpha_zero_reproduces_fedrep_exactly(tff_runtime):
 def test_adaptpfl_trains_the_shortcut_when_alpha_is_positive(tff_runtime):
     adapt = personalized.build_personalized_process(
         "adaptpfl", lambda: classifier(shortcut_alpha=0.5), CLASS_SPEC, LR)
-    out = adapt.next(adapt.initialize(), class_datasets(class_clients(seed=4)),
+    out = adapt.next(adapt.initialize(), full_batch_datasets(class_clients(seed=4)),
                      [adapt.initialize_personal(c) for c in "ab"])
     assert np.abs(out.personal_states[0][2]).max() > 0
     # Only the representation goes up: W (D×K) + 3 metric floats + the weight; only W comes down.
@@ -206,7 +207,7 @@ def test_deep_adaptpfl_round_with_positive_alpha_equals_finite_difference_numpy(
     # Non-zero personal shortcuts, so that the head phase sees the shortcut too.
     starts = [[h0.astype(np.float32), b0.astype(np.float32),
                (0.3 * rng.normal(size=s0.shape)).astype(np.float32)] for _ in clients]
-    out = process.next(process.initialize(), class_datasets(clients), starts)
+    out = process.next(process.initialize(), full_batch_datasets(clients), starts)
 
     def ce(p, x, y):
         logits = (1 - alpha) * (x @ p["w"] @ p["h"] + p["b"]) + alpha * x @ p["s"]

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests.tffl.algorithms.personalized_models import (CLASS_SPEC, LR, D, M, SPEC, class_clients,
-                                                       class_datasets, classifier, linear_model,
-                                                       numeric_grad, numpy_nc)
+                                                       classifier, full_batch_datasets,
+                                                       linear_model, numeric_grad, numpy_nc)
 from tffl.algorithms import personalized
 from tffl.engine import roles
 
@@ -50,13 +50,13 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction, tff_runt
     clients = class_clients(seed=11)
     state = process.initialize()
     weights = process.model_weights(state)
-    out = process.next(state, class_datasets(clients),
+    out = process.next(state, full_batch_datasets(clients),
                        [process.initialize_personal(c) for c in "ab"])
     federated = process.get_model_weights(out.state).trainable
     assert len(federated) == 1   # W alone is federated; H, b and u stay on the clients
     got_w = federated[0]
-    final = process.evaluate_final(out.state, class_datasets(clients),
-                                   class_datasets(tests), out.personal_states)
+    final = process.evaluate_final(out.state, full_batch_datasets(clients),
+                                   full_batch_datasets(tests), out.personal_states)
 
     w0, h0, b0 = (np.asarray(v, np.float64) for v in weights.trainable)
     # A client's initial personal state: the model's initial head and a zero class indicator.
@@ -173,7 +173,7 @@ def test_flute_with_a_lora_representation(tff_runtime):
                                                 for k in lora) + 4
     clients = class_clients(seed=5)
     state = process.initialize()
-    out = process.next(state, class_datasets(clients),
+    out = process.next(state, full_batch_datasets(clients),
                        [process.initialize_personal(c) for c in "ab"])
     np.testing.assert_array_equal(out.personal_states[1][2], [0.0, 1.0, 1.0])
     # The numbers, against numpy with finite-difference gradients: logits = ReLU(x·A·B)·H + b,

@@ -14,8 +14,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.tffl.algorithms.personalized_models import (D, K, LR, SPEC, build, built, grads,
-                                                       initial_weights, linear_clients, linear_datasets,
-                                                       linear_model, numpy_round)
+                                                       full_batch_datasets, initial_weights,
+                                                       linear_clients, linear_model, numpy_round)
 from tffl.algorithms import personalized
 from tffl.engine import personal_state
 from tffl.engine import roles
@@ -35,7 +35,7 @@ def test_fedrep_two_rounds_equal_numpy_and_heads_carry_over(tff_runtime):
         np.testing.assert_array_equal(p[0], h0)   # every client starts at the model's head
     heads = [h0] * 3
     for t in range(2):
-        out = process.next(state, linear_datasets(clients), personal)
+        out = process.next(state, full_batch_datasets(clients), personal)
         state, personal = out.state, out.personal_states
         assert process.round_num(state) == t + 1
         w, heads = numpy_round("fedrep", clients, w, heads, tau_h=3, tau_r=2)
@@ -60,7 +60,7 @@ def test_joint_local_training_equals_numpy(tff_runtime, algorithm):
     process = build(algorithm, local_epochs=2)
     clients = linear_clients(seed=1)
     w, h0 = initial_weights(process)
-    out = process.next(process.initialize(), linear_datasets(clients),
+    out = process.next(process.initialize(), full_batch_datasets(clients),
                        [process.initialize_personal(str(i)) for i in range(3)])
     w1, heads = numpy_round(algorithm, clients, w, [h0] * 3, epochs=2)
     np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], w1,
@@ -75,7 +75,7 @@ def test_fedrep_interleaved_blocks_equal_numpy(tff_runtime):
     process = build("fedrep", head_epochs=2, representation_epochs=1, representation_blocks=2)
     clients = linear_clients(seed=6)
     w, h0 = initial_weights(process)
-    out = process.next(process.initialize(), linear_datasets(clients),
+    out = process.next(process.initialize(), full_batch_datasets(clients),
                        [process.initialize_personal(str(i)) for i in range(3)])
     new_w, counts = [], []
     for (x, y), got in zip(clients, out.personal_states):
@@ -119,7 +119,7 @@ def test_lg_fedavg_keeps_its_lower_layer_local_and_averages_the_top(tff_runtime)
         np.testing.assert_array_equal(p[0], w0)   # the local layer starts at the model's
     state, ws = process.initialize(), [w0] * 3
     for _ in range(2):
-        out = process.next(state, linear_datasets(clients), personal)
+        out = process.next(state, full_batch_datasets(clients), personal)
         state, personal = out.state, out.personal_states
         new_ws, new_hs, counts = [], [], []
         for (x, y), wi in zip(clients, ws):
@@ -146,7 +146,7 @@ def test_fedavg_averages_everything_with_example_weights(tff_runtime):
     assert isinstance(process, tff.learning.templates.LearningProcess)
     clients = linear_clients(seed=2)
     w, h = initial_weights(process)
-    out = process.next(process.initialize(), linear_datasets(clients))
+    out = process.next(process.initialize(), full_batch_datasets(clients))
     local = []
     for x, y in clients:
         gw, gh = grads(x.astype(float), y.astype(float), w, h)
@@ -163,7 +163,7 @@ def test_server_learning_rate_scales_the_mean_delta(tff_runtime):
     process = build("fedper", server_learning_rate=0.5)
     clients = linear_clients(seed=3)
     w, h0 = initial_weights(process)
-    out = process.next(process.initialize(), linear_datasets(clients),
+    out = process.next(process.initialize(), full_batch_datasets(clients),
                        [process.initialize_personal("a")] * 3)
     w1, _ = numpy_round("fedper", clients, w, [h0] * 3)
     np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0],
@@ -177,7 +177,8 @@ def test_evaluation_uses_each_clients_head_and_fedavg_ft_finetunes(tff_runtime):
     fedrep = built("fedrep")
     w, h0 = initial_weights(fedrep)
     heads = [h0 + 0.1 * i for i in range(3)]
-    metrics = fedrep.evaluate(fedrep.initialize(), linear_datasets(clients), linear_datasets(tests),
+    metrics = fedrep.evaluate(fedrep.initialize(), full_batch_datasets(clients),
+                              full_batch_datasets(tests),
                               [[h.astype(np.float32)] for h in heads])
     errors = [np.sum((x @ w @ h - y) ** 2) for (x, y), h in zip(tests, heads)]
     n = sum(len(x) for x, _ in tests)
@@ -186,7 +187,7 @@ def test_evaluation_uses_each_clients_head_and_fedavg_ft_finetunes(tff_runtime):
 
     ft = build("fedavg_ft", finetune_epochs=3)
     w, h = initial_weights(ft)
-    metrics = ft.evaluate(ft.initialize(), linear_datasets(clients), linear_datasets(tests))
+    metrics = ft.evaluate(ft.initialize(), full_batch_datasets(clients), full_batch_datasets(tests))
     errors = []
     for (x, y), (xt, yt) in zip(clients, tests):
         hi = h.copy()
@@ -229,7 +230,8 @@ _SCHEDULE = [("a", "b"), ("b", "c"), ("a", "c"), ("b",)]
 def _run(process, tmp_path, rounds, resume=False, name="run"):
     data = dict(zip("abc", linear_clients(sizes=(4, 6, 5), seed=7)))
     return simulation.run_rounds(
-        process, _Scripted(_SCHEDULE), lambda cid, t: linear_datasets([data[cid]])[0], rounds=rounds,
+        process, _Scripted(_SCHEDULE), lambda cid, t: full_batch_datasets([data[cid]])[0],
+        rounds=rounds,
         output_dir=tmp_path / name, config={"test": 1}, resume=resume, log=None)
 
 
@@ -306,7 +308,7 @@ def test_mismatched_personal_states_raise(tff_runtime):
     `next` is the bare `tff.Computation`, which TFF's own type check guards."""
     process = built("fedrep")
     assert isinstance(process.next, tff.Computation)
-    datasets = linear_datasets(linear_clients())
+    datasets = full_batch_datasets(linear_clients())
     with pytest.raises(ValueError, match="3 client datasets but 2 personal states"):
         process.next_round(process.initialize(), datasets, [process.initialize_personal("a")] * 2)
     with pytest.raises(ValueError, match=r"must have shape \(2, 1\)"):

@@ -67,7 +67,7 @@ def _personalized(name):
                     else pers.classifier)
         process = personalized.build_personalized_process(name, model_fn, pers.CLASS_SPEC, pers.LR)
         clients = pers.class_clients(seed=0)
-        data = lambda: pers.class_datasets(clients)  # noqa: E731
+        data = lambda: pers.full_batch_datasets(clients)  # noqa: E731
     elif name == "fedsa_lora":
         process = personalized.build_personalized_process(
             name, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
@@ -95,7 +95,7 @@ def _personalized(name):
         process = pers.build(name, local_epochs=2) if name != "fedrep" else pers.build(
             name, head_epochs=2, representation_epochs=2)
         clients = pers.linear_clients()
-        data = lambda: pers.linear_datasets(clients)  # noqa: E731
+        data = lambda: pers.full_batch_datasets(clients)  # noqa: E731
     personal = ([process.initialize_personal(str(i)) for i in range(len(data()))]
                 if process.personal is not None else None)
     return process, data, personal

@@ -4,7 +4,7 @@ the computation run again, and a run stopped by a killed worker resumes to the u
 result. Starting, splitting and stopping workers: test_runtime_workers.py; SIGTERM in the owner:
 test_runtime_signals.py.
 
-The owners are children forked from a Python that has imported TFF (forked_python.py), not
+The owners are children forked from a Python that has imported TFF (tests/forked_python.py), not
 `python -c` runs that would spend most of each test importing it; the in-process tests come
 first, while that Python imports."""
 

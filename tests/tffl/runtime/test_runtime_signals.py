@@ -2,7 +2,7 @@
 SIGTERM does not interrupt it, and the process exits although a thread never ends or the first
 SIGTERM was swallowed. The owner that stops its workers on SIGTERM: test_runtime.py.
 
-The owners are children forked from a Python that has imported TFF (forked_python.py), not
+The owners are children forked from a Python that has imported TFF (tests/forked_python.py), not
 `python -c` runs that would spend most of each test importing it."""
 
 import signal
