@@ -108,8 +108,10 @@ def build_runtime(config: RunConfig):
 
 def run(config: RunConfig) -> list[dict]:
     """Runs every algorithm of `config` (see the module docstring); returns their summaries."""
+    from experiments import tensorflow_import
     from experiments import training
 
+    tensorflow_import.check_eager_context()
     config = resolve(config)
     write_config(config)
     summaries = []

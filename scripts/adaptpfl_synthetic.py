@@ -44,6 +44,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
+from experiments import tensorflow_import  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
 
 # TensorFlow, TFF and tffl are imported (by `cli.run_settings`) after the flags are checked, so
@@ -185,4 +186,4 @@ def parse(argv: list[str], flag_values: flags.FlagValues) -> dict:
 
 if __name__ == "__main__":
     define_flags(flags.FLAGS)
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=tensorflow_import.importing_tensorflow(cli.parse_flags))

@@ -94,6 +94,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
+from experiments import tensorflow_import  # noqa: E402
 from experiments.benchmark.config import ALGORITHMS, BACKBONES, XLA_SUFFIX, Config  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
 
@@ -212,15 +213,6 @@ def _output_dir() -> pathlib.Path:
     return cli.writable_output_dir(_OUTPUT_DIR.value)
 
 
-def _import_tensorflow() -> None:
-    """TensorFlow, before `main`: imported inside `main`, Keras 2 builds layers on graph tensors
-    instead of KerasTensors (see scripts/train.py). `tffl.runtime`'s exit hook then stops any TFF
-    worker on every exit path."""
-    import tensorflow  # noqa: F401
-
-    from tffl import runtime  # noqa: F401
-
-
 def check(argv: list[str]) -> list[str]:
     """absl parsing into `FLAGS` (from their defaults; `experiments.cli.parse_flags`) and the
     checks of `config_from_flags`; a bad value is one line on stderr and exit status 2 (no
@@ -242,11 +234,9 @@ def check(argv: list[str]) -> list[str]:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """`check`, then TensorFlow's import: here, not in `main`: imported inside `main`, Keras 2
-    builds layers on graph tensors instead of KerasTensors (see scripts/train.py)."""
-    rest = check(argv)
-    _import_tensorflow()
-    return rest
+    """`check`, then TensorFlow's import: here, not in `main`, where Keras could not build
+    models (`experiments.tensorflow_import`)."""
+    return tensorflow_import.importing_tensorflow(check)(argv)
 
 
 def main(argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
+from experiments import tensorflow_import  # noqa: E402
 from experiments.cli import UsageError  # noqa: E402
 
 
@@ -83,4 +84,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     define_flags(flags.FLAGS)
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=tensorflow_import.importing_tensorflow(cli.parse_flags))

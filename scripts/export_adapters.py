@@ -234,7 +234,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import tensorflow  # noqa: F401  (before Keras builds anything: see scripts/train.py)
+    from experiments import tensorflow_import
 
+    tensorflow_import.import_tensorflow()  # before app.run's main, where Keras could not build
     define_flags()
     app.run(main)

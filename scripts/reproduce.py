@@ -123,15 +123,14 @@ fed its config file (`python -m experiments.run CONFIG.json`): a crash ends that
 seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
 --resume, an --output_dir that already holds a run is refused (exit status 2).
 
-sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean and reviews_domains run
-for hours or days on 2 cores, in sittings.
-`--collect` writes the table from the runs finished so far; `--methods=flexlora,flora` runs (or
-collects) only those methods. `--archive_dir=DIR` keeps every finished run's
-summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run), and the newest
-checkpoint of a run that was stopped (about 100 KiB); a finished run found there is copied back
-instead of running it again, a stopped one is resumed from its checkpoint. Commit DIR, and the
-next sitting continues on a fresh checkout (`runs/` is not committed). docs/runs/ holds ours
-(docs/RESULTS.md, issue 19).
+sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean and reviews_domains run for
+hours or days on 2 cores, in sittings. `--collect` writes the table from the runs finished so far;
+`--methods=flexlora,flora` runs (or collects) only those methods. `--archive_dir=DIR` keeps every
+finished run's summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run),
+and the newest checkpoint of a run that was stopped (about 100 KiB); a finished run found there is
+copied back instead of running it again, a stopped one is resumed from its checkpoint. Commit DIR,
+and the next sitting continues on a fresh checkout (`runs/` is not committed). docs/runs/ holds
+ours (docs/RESULTS.md, issue 19).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Isolated runs get SIGTERM (and stop their TFF workers) when this
@@ -159,13 +158,13 @@ from experiments import sst2
 from experiments import sst2_protocol
 from experiments import srpfl
 from experiments import synthetic
+from experiments import tensorflow_import
 from experiments.report import save_plot, write_table
 from experiments.running import Context, StepError
 from experiments import cli
 from experiments.cli import UsageError
 
-# TensorFlow, TFF and matplotlib are imported by the experiments that need them, so that a bad
-# flag is reported in a second. The experiments live in the `experiments` package.
+# TensorFlow is imported once the flags are checked (`parse`); TFF and matplotlib where needed.
 DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
 
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
@@ -342,15 +341,16 @@ def run_experiment(ctx: Context, command: str) -> str:
 
 
 def parse(argv: list[str]) -> list[Context]:
-    """Parses `FLAGS` (from their defaults) and checks them (`contexts_from_flags`) without
-    TensorFlow; a bad value is one line on stderr and `SystemExit(2)`. For app.run, the contexts
-    are kept for `main`."""
+    """Parses `FLAGS` (from their defaults) and checks them (`contexts_from_flags`; a bad value
+    is one line on stderr and `SystemExit(2)`), then imports TensorFlow: here, since inside `main`
+    Keras could not build models (`experiments.tensorflow_import`). The contexts are for `main`."""
     FLAGS.unparse_flags()
     cli.parse_flags(argv, FLAGS, __doc__)
     try:
         _CONTEXTS[:] = contexts_from_flags()
     except UsageError as e:
         sys.exit(cli.error_exit("reproduce.py", e, 2))
+    tensorflow_import.import_tensorflow()
     return argv[:1]
 
 

@@ -24,6 +24,7 @@ from absl import flags
 
 from experiments import cli
 from experiments import rolora_mnist
+from experiments import tensorflow_import
 from experiments.running import StepError
 
 def define_flags(flag_values: flags.FlagValues) -> None:
@@ -84,4 +85,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     define_flags(flags.FLAGS)
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=tensorflow_import.importing_tensorflow(cli.parse_flags))

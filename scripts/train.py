@@ -46,17 +46,14 @@ _RUN: dict = {}
 
 def _import_heavy() -> None:
     """TensorFlow, TFF and the modules that run them, after the flags are checked and before
-    absl's app.run starts `main`: imported inside `main`, Keras 2 builds layers on graph tensors
-    instead of KerasTensors and `tf.keras.Sequential` fails. `tffl.runtime` comes right after
-    TensorFlow, so that its exit hook (which stops any TFF worker) is installed on every exit
-    path."""
+    absl's app.run starts `main` (`experiments.tensorflow_import`: imported inside `main`, Keras
+    cannot build models)."""
     if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
-    import tensorflow  # noqa: F401
+    from experiments import tensorflow_import
 
-    from tffl import runtime  # noqa: F401
-
+    tensorflow_import.import_tensorflow()
     from experiments import run  # noqa: F401
     from experiments import training  # noqa: F401
 
