@@ -80,13 +80,33 @@ def tff_runtime():
     assert runtime.running_workers() == []
 
 
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="record each test file's seconds per tier in tests/durations.json "
+                          "(tests/durations.py), which orders the files of later runs")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Files holding large tests run first, those with the most large tests first (the parity
-    sweep of tests/tffl/runtime/test_distribute.py leads), then the others in collection order:
-    pytest-xdist hands out whole files in this order (`--dist=loadfile --no-loadscope-reorder`),
-    so the longest files start early and the two workers finish together."""
-    import collections
+    """Files run longest first by tests/durations.json (tests/durations.py): pytest-xdist hands
+    out whole files in this order (`--dist=loadfile --no-loadscope-reorder`), so the longest
+    start early and the two workers finish together."""
+    from tests import durations
 
-    large = collections.Counter(item.path for item in items if item.get_closest_marker("large"))
-    items.sort(key=lambda item: -large[item.path])
+    durations.order(items, durations.read())
+
+
+_REPORTS = []
+
+
+def pytest_runtest_logreport(report):
+    """Under xdist the controller gets every worker's reports, so it records them."""
+    _REPORTS.append(report)
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("--store-durations") and not hasattr(session.config,
+                                                                       "workerinput"):
+        from tests import durations
+
+        durations.record(_REPORTS)
