@@ -20,6 +20,11 @@ does not describe the adapters: to rebuild, build the backbone from its config a
 `apply_lora` again with the same `LoraConfig` (which round-trips through `to_dict`/`from_dict`).
 With `freeze_base=True` (default) every other backbone weight is made non-trainable and tagged
 `frozen`, so the trainable variables are exactly the LoRA factors (r·(d_in + d_out) per matrix).
+
+The decoders of KerasNLP 0.8 name their projections by family (`layer_targets`): GPT-2's
+`TransformerDecoder` as the table above; Llama's and Mistral's decoders add the gated MLP's
+`ffn_gate` (`_feedforward_gate_dense`; `ffn_in` is their up projection). (KerasNLP 0.8's
+`GemmaBackbone` requires Keras 3 and cannot be built on this Keras 2 stack.)
 """
 
 import dataclasses
@@ -37,6 +42,9 @@ TARGETS = {
     "ffn_in": ("_feedforward_intermediate_dense",),
     "ffn_out": ("_feedforward_output_dense",),
 }
+# Llama's and Mistral's decoders: TARGETS plus the gate of their gated MLP.
+GATED_TARGETS = {**TARGETS, "ffn_gate": ("_feedforward_gate_dense",)}
+ALL_TARGETS = tuple(GATED_TARGETS)
 
 _TASKS = ("sst2", "qnli", "mnli", "qqp", "rte")
 _QV = ("query", "value")
@@ -61,7 +69,7 @@ class LoraConfig:
     Attributes:
       rank: r > 0 (must also be ≤ min(d_in, d_out) of every targeted matrix).
       alpha: α; the update is scaled by α/r (default α = r).
-      targets: names from `TARGETS`.
+      targets: names from `ALL_TARGETS` (those of the backbone's family: `layer_targets`).
       layers: transformer layer indices (0-based); None means all layers.
       dropout: dropout rate on the LoRA path.
       seed: base seed; the k-th adapted matrix uses seed + k for A.
@@ -90,9 +98,9 @@ class LoraConfig:
         if not self.targets:
             raise ValueError("LoraConfig.targets is empty; name at least one target.")
         for target in self.targets:
-            if target not in TARGETS:
+            if target not in ALL_TARGETS:
                 raise ValueError(
-                    f"Unknown LoRA target {target!r}; expected one of {', '.join(TARGETS)}."
+                    f"Unknown LoRA target {target!r}; expected one of {', '.join(ALL_TARGETS)}."
                 )
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"Duplicate LoRA targets in {self.targets!r}.")
@@ -125,8 +133,20 @@ def rolora_config(task: str, budget: str = "P2", rank: int = 4, **kwargs) -> Lor
     return LoraConfig(rank=rank, targets=targets, layers=layers, **kwargs)
 
 
+def layer_targets(layer) -> dict[str, tuple[str, ...]]:
+    """The target table of a transformer layer's family: `GATED_TARGETS` (Llama, Mistral) or
+    `TARGETS` (BERT, RoBERTa, GPT-2)."""
+    if hasattr(layer, "_feedforward_gate_dense"):
+        return GATED_TARGETS
+    return TARGETS
+
+
 def _resolve(encoder, target: str):
-    *path, attr = TARGETS[target]
+    table = layer_targets(encoder)
+    if target not in table:
+        raise ValueError(f"{type(encoder).__name__} has no {target!r} projection; its targets "
+                         f"are {', '.join(table)}.")
+    *path, attr = table[target]
     parent = encoder
     for name in path:
         parent = getattr(parent, name)

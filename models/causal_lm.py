@@ -1,0 +1,109 @@
+"""Causal language modelling on a KerasNLP decoder backbone: next-token loss on response tokens only.
+
+A batch is `{"token_ids": (B, T) int32, "padding_mask": (B, T), "response_mask": (B, T)}`, where
+`response_mask[b, t] = 1` when token t of sequence b belongs to the response (a target): prompt and
+padding are 0. The hidden state at position t predicts token t + 1, so the targets are
+`token_ids[:, 1:]` where `response_mask[:, 1:] = 1`, predicted from `hidden[:, :-1]`:
+
+    loss = (1/n) Σ_{(b,t): m[b,t+1] = 1} −log softmax(h[b,t] · Eᵀ)[x[b,t+1]],  n = Σ m[:, 1:]
+
+with E the output embedding (GPT-2 ties it to the input embedding; Llama and Mistral do not:
+KerasNLP's `ReversibleEmbedding(reverse=True)` covers both). Only the n response positions are
+projected onto the vocabulary (`response_logits`): with a vocabulary of 32k-256k and short
+responses after long prompts, the (B, T, V) logits of every position would dominate the step.
+
+Evaluation (issue 54, item 4), one prompt at a time, without a key/value cache (answers of a few
+tokens): `greedy_generate` appends the most likely token until a stop token or a length limit;
+`continuation_log_likelihood` scores a candidate answer, Σ_j log p(c_j | prompt, c_<j), and
+`choose_by_likelihood` picks the most likely of several.
+
+Example (a tiny random GPT-2; the response is the last two tokens of the first sequence):
+
+>>> import keras_nlp, numpy as np
+>>> backbone = keras_nlp.models.GPT2Backbone(vocabulary_size=20, num_layers=1, num_heads=1,
+...     hidden_dim=4, intermediate_dim=8, max_sequence_length=8)
+>>> batch = {"token_ids": np.array([[1, 2, 3, 4], [5, 6, 0, 0]], np.int32),
+...          "padding_mask": np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int32),
+...          "response_mask": np.array([[0, 0, 1, 1], [0, 0, 0, 0]], np.int32)}
+>>> logits, targets = response_logits(backbone, batch)
+>>> logits.shape, targets.numpy().tolist()
+(TensorShape([2, 20]), [3, 4])
+>>> float(response_loss(backbone, batch)) > 0
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+def response_indices(response_mask: tf.Tensor) -> tf.Tensor:
+    """(n, 2) int64 `[b, t]`: the positions whose hidden state predicts a response token
+    (token t + 1 of sequence b)."""
+    return tf.where(tf.cast(response_mask, tf.bool)[:, 1:])
+
+
+def response_logits(backbone: tf.keras.Model, batch: dict, training: bool = False
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(logits (n, V), targets (n,))` at the response positions of `batch` only."""
+    hidden = backbone({"token_ids": batch["token_ids"], "padding_mask": batch["padding_mask"]},
+                      training=training)
+    indices = response_indices(batch["response_mask"])
+    predicting = tf.gather_nd(hidden[:, :-1], indices)
+    targets = tf.gather_nd(tf.convert_to_tensor(batch["token_ids"])[:, 1:], indices)
+    return backbone.token_embedding(predicting, reverse=True), targets
+
+
+def response_loss(backbone: tf.keras.Model, batch: dict, training: bool = False) -> tf.Tensor:
+    """The mean next-token cross-entropy over the response tokens of `batch` (0 if it has none:
+    a batch of prompts only adds nothing, rather than NaN)."""
+    logits, targets = response_logits(backbone, batch, training)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+    count = tf.cast(tf.shape(targets)[0], losses.dtype)
+    return tf.math.divide_no_nan(tf.reduce_sum(losses), count)
+
+
+def _last_logits(backbone: tf.keras.Model, token_ids: Sequence[int]) -> np.ndarray:
+    ids = np.asarray([token_ids], np.int32)
+    hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    return backbone.token_embedding(hidden[:, -1], reverse=True).numpy()[0]
+
+
+def greedy_generate(backbone: tf.keras.Model, prompt_ids: Sequence[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> list[int]:
+    """The greedy continuation of `prompt_ids`: at most `max_new_tokens` tokens, ending before
+    the first token of `stop_ids` (which is not returned)."""
+    if not len(prompt_ids):
+        raise ValueError("greedy_generate needs a prompt of at least one token")
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(_last_logits(backbone, list(prompt_ids) + generated)))
+        if token in stop_ids:
+            break
+        generated.append(token)
+    return generated
+
+
+def continuation_log_likelihood(backbone: tf.keras.Model, prompt_ids: Sequence[int],
+                                continuation_ids: Sequence[int]) -> float:
+    """log p(continuation | prompt) = Σ_j log softmax(h_{j−1} · Eᵀ)[c_j], natural log."""
+    if not len(prompt_ids) or not len(continuation_ids):
+        raise ValueError("continuation_log_likelihood needs a prompt and a continuation")
+    ids = np.asarray([list(prompt_ids) + list(continuation_ids)], np.int32)
+    response = np.zeros_like(ids)
+    response[0, len(prompt_ids):] = 1
+    logits, targets = response_logits(
+        backbone, {"token_ids": ids, "padding_mask": np.ones_like(ids), "response_mask": response})
+    log_probs = tf.nn.log_softmax(logits)
+    picked = tf.gather(log_probs, targets, axis=1, batch_dims=1)
+    return float(tf.reduce_sum(picked))
+
+
+def choose_by_likelihood(backbone: tf.keras.Model, prompt_ids: Sequence[int],
+                         candidates: Sequence[Sequence[int]]) -> int:
+    """The index of the candidate continuation with the highest log-likelihood."""
+    scores = [continuation_log_likelihood(backbone, prompt_ids, c) for c in candidates]
+    return int(np.argmax(scores))

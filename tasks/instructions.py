@@ -1,0 +1,159 @@
+"""Instruction-tuning data (issue 54, item 3): prompt/response pairs from our labelled text and from
+Alpaca-style JSON files, packed into the batches of `models.causal_lm`.
+
+- `from_sentiment(examples)`: SST-2 or a review domain (`tasks.text_files.TextExamples`, labels
+  0/1) as `"Review: <text>\\nSentiment:"` → `" negative"` / `" positive"`. The labels are kept, so
+  `tasks.partition`'s IID and Dirichlet splits apply as to the classifier's data, and the review
+  domains stay natural clients.
+- `load_alpaca_json(path)`: a JSON list of `{"instruction", "input", "output"}` objects (Stanford
+  Alpaca's format; `input` may be empty or absent), prompted with Alpaca's two templates.
+- `pack(examples, tokenize, sequence_length)`: `token_ids`, `padding_mask` and `response_mask`
+  (int32, (n, T)): prompt then response then right padding; a prompt too long loses its start,
+  so that the response (cut at T − 1 tokens) is kept.
+- `parse_sentiment(generation)` and `exact_match_accuracy`: the RoLoRA paper's protocol for
+  generated answers: the first word names the class, and an unparseable answer counts as wrong.
+
+Example:
+
+>>> examples = from_texts(["a fine film", "dull"], [1, 0])
+>>> examples.prompts[0], examples.responses[0]
+('Review: a fine film\\nSentiment:', ' positive')
+>>> batch = pack(examples, lambda s: [ord(c) % 50 + 1 for c in s], sequence_length=32)
+>>> batch["response_mask"][1].sum(), batch["padding_mask"][1].sum()   # " negative": 9 of 32
+(9, 32)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
+SENTIMENT_ANSWERS = (" negative", " positive")
+# Stanford Alpaca's templates (github.com/tatsu-lab/stanford_alpaca, train.py PROMPT_DICT).
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:")
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstructionExamples:
+    """n prompt/response pairs; `labels` (int32 (n,), or None) for label-based client splits."""
+
+    prompts: tuple[str, ...]
+    responses: tuple[str, ...]
+    labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def subset(self, idx) -> "InstructionExamples":
+        """The examples at indices `idx`."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return InstructionExamples(tuple(self.prompts[i] for i in idx),
+                                   tuple(self.responses[i] for i in idx),
+                                   None if self.labels is None else self.labels[idx])
+
+
+def from_texts(texts: Sequence[str], labels: Sequence[int]) -> InstructionExamples:
+    """Sentiment texts (labels 0 negative, 1 positive) as instructions."""
+    labels = np.asarray(labels, dtype=np.int32)
+    if len(texts) != len(labels):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    bad = np.flatnonzero((labels < 0) | (labels >= len(SENTIMENT_ANSWERS)))
+    if bad.size:
+        raise ValueError(f"label {labels[bad[0]]} of example {bad[0]} is not 0 or 1 (sentiment)")
+    return InstructionExamples(tuple(SENTIMENT_PROMPT.format(text=t) for t in texts),
+                               tuple(SENTIMENT_ANSWERS[y] for y in labels), labels)
+
+
+def from_sentiment(examples) -> InstructionExamples:
+    """`tasks.text_files.TextExamples` of one segment (SST-2, a review domain) as instructions."""
+    if len(examples.segments) != 1:
+        raise ValueError(f"sentiment instructions take one text segment, got "
+                         f"{len(examples.segments)}")
+    return from_texts([str(t) for t in examples.segments[0]], examples.labels)
+
+
+def load_alpaca_json(path: str | pathlib.Path) -> InstructionExamples:
+    """An Alpaca-style JSON file: a list of objects with `instruction` and `output` strings and
+    an optional `input`. Raises ValueError naming the file, the row and the key at fault."""
+    path = pathlib.Path(path)
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
+    prompts, responses = [], []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {i} is a {type(row).__name__}, not an object")
+        for key in ("instruction", "output") + (("input",) if "input" in row else ()):
+            if not isinstance(row.get(key), str):
+                raise ValueError(f"{path}: row {i} has no string {key!r} (keys: "
+                                 f"{', '.join(sorted(row)) or 'none'})")
+        template = ALPACA_PROMPT if row.get("input") else ALPACA_PROMPT_NO_INPUT
+        prompts.append(template.format(instruction=row["instruction"], input=row.get("input")))
+        responses.append(row["output"])
+    return InstructionExamples(tuple(prompts), tuple(responses))
+
+
+def pack(examples: InstructionExamples, tokenize: Callable[[str], Sequence[int]],
+         sequence_length: int, pad_id: int = 0, end_id: int | None = None) -> dict[str, np.ndarray]:
+    """`{"token_ids", "padding_mask", "response_mask"}`, int32 (n, sequence_length): each row is
+    its prompt's tokens, then its response's (`end_id` appended if given), then `pad_id`. The
+    response keeps at most `sequence_length − 1` tokens (one prompt token must predict its first);
+    the prompt loses tokens from its start to make room."""
+    if sequence_length < 2:
+        raise ValueError(f"sequence_length={sequence_length}: must be >= 2 (a prompt token and "
+                         "a response token)")
+    n = len(examples)
+    token_ids = np.full((n, sequence_length), pad_id, np.int32)
+    padding_mask = np.zeros((n, sequence_length), np.int32)
+    response_mask = np.zeros((n, sequence_length), np.int32)
+    for i, (prompt, response) in enumerate(zip(examples.prompts, examples.responses)):
+        answer = list(tokenize(response)) + ([end_id] if end_id is not None else [])
+        answer = answer[:sequence_length - 1]
+        question = list(tokenize(prompt))[-(sequence_length - len(answer)):]
+        if not question:
+            raise ValueError(f"example {i}: its prompt has no tokens")
+        row = question + answer
+        token_ids[i, :len(row)] = row
+        padding_mask[i, :len(row)] = 1
+        response_mask[i, len(question):len(row)] = 1
+    return {"token_ids": token_ids, "padding_mask": padding_mask, "response_mask": response_mask}
+
+
+def parse_sentiment(generation: str) -> int | None:
+    """1 for a generation whose first word is "positive", 0 for "negative" (any case, trailing
+    punctuation ignored), None otherwise.
+
+    >>> [parse_sentiment(g) for g in (" Positive.", "negative\\nReview: ...", "meh")]
+    [1, 0, None]
+    """
+    words = generation.split()
+    if not words:
+        return None
+    word = words[0].strip(".,;:!?\"'").lower()
+    return {answer.strip(): label for label, answer in enumerate(SENTIMENT_ANSWERS)}.get(word)
+
+
+def exact_match_accuracy(generations: Sequence[str], labels: Sequence[int],
+                         parse: Callable[[str], int | None] = parse_sentiment) -> dict[str, float]:
+    """`{"accuracy", "unparseable"}`: the fraction of generations whose parsed answer equals the
+    label (an unparseable one is wrong), and the fraction that could not be parsed."""
+    if len(generations) != len(labels) or not len(labels):
+        raise ValueError(f"{len(generations)} generations for {len(labels)} labels")
+    parsed = [parse(g) for g in generations]
+    correct = sum(p is not None and p == int(y) for p, y in zip(parsed, labels))
+    return {"accuracy": correct / len(labels),
+            "unparseable": sum(p is None for p in parsed) / len(labels)}

@@ -1,0 +1,117 @@
+"""models/causal_lm.py: the next-token loss on response tokens only (issue 54, item 2), against a
+numpy cross-entropy over every position's logits, on tiny random GPT-2 (tied output embedding)
+and Llama (untied) decoders."""
+
+import keras_nlp
+import numpy as np
+import pytest
+import tensorflow as tf
+# KerasNLP 0.8 ships Llama's backbone without exporting it from keras_nlp.models.
+from keras_nlp.src.models.llama.llama_backbone import LlamaBackbone
+
+from models import causal_lm
+
+VOCAB = 30
+
+
+def _gpt2():
+    return keras_nlp.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2,
+                                         hidden_dim=8, intermediate_dim=16, dropout=0.0,
+                                         max_sequence_length=16)
+
+
+def _llama():
+    return LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                         num_key_value_heads=1, hidden_dim=8,
+                         intermediate_dim=16)
+
+
+# Three sequences of 8: prompt, response, right padding (the last has no response at all).
+TOKENS = np.array([[3, 4, 5, 6, 7, 8, 0, 0],
+                   [9, 10, 11, 12, 13, 14, 15, 16],
+                   [2, 3, 4, 0, 0, 0, 0, 0]], np.int32)
+PADDING = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]], np.int32)
+RESPONSE = np.array([[0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1, 1, 1], [0] * 8], np.int32)
+
+
+def _batch(tokens=TOKENS, response=RESPONSE):
+    return {"token_ids": tokens, "padding_mask": PADDING, "response_mask": response}
+
+
+def _numpy_loss(backbone, batch):
+    """Every position's logits from the backbone, then log-softmax and the response targets in
+    numpy, position by position."""
+    hidden = backbone({"token_ids": batch["token_ids"], "padding_mask": batch["padding_mask"]})
+    logits = backbone.token_embedding(hidden, reverse=True).numpy().astype(np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    losses = [-log_probs[b, t - 1, batch["token_ids"][b, t]]
+              for b in range(len(batch["token_ids"])) for t in range(1, TOKENS.shape[1])
+              if batch["response_mask"][b, t]]
+    return np.mean(losses), len(losses)
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def backbone(request):
+    tf.keras.utils.set_random_seed(0)
+    return {"gpt2": _gpt2, "llama": _llama}[request.param]()
+
+
+def test_loss_is_the_numpy_cross_entropy_of_the_response_tokens(backbone):
+    expected, count = _numpy_loss(backbone, _batch())
+    assert count == 6
+    logits, targets = causal_lm.response_logits(backbone, _batch())
+    assert logits.shape == (6, VOCAB)   # response positions only, not 3 x 8 x VOCAB
+    np.testing.assert_array_equal(targets.numpy(), [6, 7, 8, 14, 15, 16])
+    np.testing.assert_allclose(float(causal_lm.response_loss(backbone, _batch())), expected,
+                               rtol=1e-5)
+
+
+def test_padding_tokens_do_not_change_the_loss(backbone):
+    loss = float(causal_lm.response_loss(backbone, _batch()))
+    other = TOKENS.copy()
+    other[PADDING == 0] = 17
+    assert float(causal_lm.response_loss(backbone, _batch(tokens=other))) == loss
+
+
+def test_prompt_tokens_are_not_targets(backbone):
+    # Marking the first prompt token a "response" adds nothing: no position predicts token 0.
+    response = RESPONSE.copy()
+    response[:, 0] = 1
+    assert causal_lm.response_indices(response).shape[0] == 6
+    # A batch of prompts only: loss 0, not NaN.
+    assert float(causal_lm.response_loss(backbone, _batch(response=np.zeros_like(RESPONSE)))) == 0
+
+
+def _all_logits(backbone, ids):
+    ids = np.asarray([ids], np.int32)
+    hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    return backbone.token_embedding(hidden, reverse=True).numpy()[0].astype(np.float64)
+
+
+def test_greedy_generation_takes_the_argmax_and_stops_before_a_stop_token(backbone):
+    prompt = [3, 4, 5]
+    expected = list(prompt)
+    for _ in range(4):   # an independent greedy loop over every position's logits
+        expected.append(int(np.argmax(_all_logits(backbone, expected)[-1])))
+    generated = causal_lm.greedy_generate(backbone, prompt, max_new_tokens=4)
+    assert generated == expected[3:]
+    stop = expected[4]
+    if stop != expected[3]:
+        assert causal_lm.greedy_generate(backbone, prompt, 4, stop_ids=[stop]) == expected[3:4]
+    assert causal_lm.greedy_generate(backbone, prompt, 4, stop_ids=[expected[3]]) == []
+
+
+def test_likelihood_of_a_continuation_and_the_choice_between_candidates(backbone):
+    prompt, candidates = [3, 4, 5], [[6], [7, 8], [9, 10, 11]]
+    scores = []
+    for continuation in candidates:
+        logits = _all_logits(backbone, prompt + continuation)
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        scores.append(sum(log_probs[len(prompt) + j - 1, token]
+                          for j, token in enumerate(continuation)))
+        np.testing.assert_allclose(
+            causal_lm.continuation_log_likelihood(backbone, prompt, continuation), scores[-1],
+            rtol=1e-5)
+    assert causal_lm.choose_by_likelihood(backbone, prompt, candidates) == int(np.argmax(scores))

@@ -1,0 +1,89 @@
+"""tasks/instructions.py: sentiment data as instructions, Alpaca JSON files written here, and the
+packed prompt/response/padding layout."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks import instructions
+from tasks.text_files import TextExamples
+
+
+def _chars(text):
+    return [ord(c) for c in text]
+
+
+def test_sentiment_examples_become_review_prompts_with_their_labels():
+    examples = TextExamples((np.array(["great acting", "a bore"], dtype=object),),
+                            np.array([1, 0], np.int32), ("sentence",))
+    got = instructions.from_sentiment(examples)
+    assert got.prompts == ("Review: great acting\nSentiment:", "Review: a bore\nSentiment:")
+    assert got.responses == (" positive", " negative")
+    np.testing.assert_array_equal(got.labels, [1, 0])
+    assert got.subset([1]).responses == (" negative",)
+    with pytest.raises(ValueError, match="label 2 of example 1 is not 0 or 1"):
+        instructions.from_texts(["a", "b"], [0, 2])
+
+
+def test_alpaca_json_written_here_uses_both_templates(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([
+        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
+        {"instruction": "Name a colour.", "input": "", "output": "Blue"},
+        {"instruction": "Say hi.", "output": "Hi"}]))
+    got = instructions.load_alpaca_json(path)
+    assert got.prompts[0] == (
+        "Below is an instruction that describes a task, paired with an input that provides "
+        "further context. Write a response that appropriately completes the request.\n\n"
+        "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:")
+    assert got.prompts[1] == (
+        "Below is an instruction that describes a task. Write a response that appropriately "
+        "completes the request.\n\n### Instruction:\nName a colour.\n\n### Response:")
+    assert got.prompts[2].endswith("### Instruction:\nSay hi.\n\n### Response:")
+    assert got.responses == ("5", "Blue", "Hi") and got.labels is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ('[{"instruction": "x", "input": ""}]', r"row 0 has no string 'output' \(keys: input, "),
+    ('[{"instruction": "x", "output": "y"}, 3]', "row 1 is a int, not an object"),
+    ('{"instruction": "x"}', "expected a JSON list of objects, got dict"),
+    ("[{", "not JSON"),
+])
+def test_a_malformed_alpaca_file_is_one_error_naming_the_row(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        instructions.load_alpaca_json(path)
+
+
+def test_pack_lays_out_prompt_response_padding_and_cuts_the_prompt_start():
+    examples = instructions.InstructionExamples(("abc", "abcdefgh"), ("xy", "z"))
+    batch = instructions.pack(examples, _chars, sequence_length=6, end_id=1)
+    # Row 0: "abc" + "xy" + end fits exactly; row 1: "abcdefgh" loses "abcd" for "z" + end.
+    assert batch["token_ids"].tolist() == [[97, 98, 99, 120, 121, 1], [101, 102, 103, 104, 122, 1]]
+    assert batch["response_mask"].tolist() == [[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
+    assert batch["padding_mask"].tolist() == [[1] * 6, [1] * 6]
+    short = instructions.pack(instructions.InstructionExamples(("ab",), ("c",)), _chars, 5)
+    assert short["token_ids"].tolist() == [[97, 98, 99, 0, 0]]
+    assert short["padding_mask"].tolist() == [[1, 1, 1, 0, 0]]
+    assert short["response_mask"].tolist() == [[0, 0, 1, 0, 0]]
+
+
+def test_pack_keeps_one_prompt_token_when_the_response_is_too_long():
+    batch = instructions.pack(instructions.InstructionExamples(("ab",), ("wxyz",)), _chars, 3)
+    assert batch["token_ids"].tolist() == [[98, 119, 120]]
+    assert batch["response_mask"].tolist() == [[0, 1, 1]]
+    with pytest.raises(ValueError, match="sequence_length=1: must be >= 2"):
+        instructions.pack(instructions.InstructionExamples(("a",), ("b",)), _chars, 1)
+
+
+def test_hand_written_generations_are_parsed_and_unparseable_ones_count_as_wrong():
+    generations = [" positive", "Negative.", " positive\nReview: next", "I think it is positive",
+                   "", "NEGATIVE!", " neutral"]
+    labels = [1, 0, 0, 1, 0, 0, 1]
+    assert [instructions.parse_sentiment(g) for g in generations] == [1, 0, 1, None, None, 0, None]
+    assert instructions.exact_match_accuracy(generations, labels) == {
+        "accuracy": 3 / 7, "unparseable": 3 / 7}
+    with pytest.raises(ValueError, match="2 generations for 1 labels"):
+        instructions.exact_match_accuracy(["a", "b"], [1])
