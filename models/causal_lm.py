@@ -12,6 +12,12 @@ KerasNLP's `ReversibleEmbedding(reverse=True)` covers both). Only the n response
 projected onto the vocabulary (`response_logits`): with a vocabulary of 32k-256k and short
 responses after long prompts, the (B, T, V) logits of every position would dominate the step.
 
+For `tffl`'s engine, whose client loop takes a Keras model `x -> pred` and a loss `(y, pred)`,
+`build_causal_lm(backbone)` is the model `{token_ids, padding_mask, response_mask} -> logits
+(n, V)` at the response positions, and `response_targets(batch)` the matching `y`: the n target
+tokens in the same (row-major) order. A batch's "size" n is then its number of response tokens, so
+the engine's loss sums weigh tokens, and its correct-prediction count is next-token accuracy.
+
 Evaluation (issue 54, item 4), one prompt at a time, without a key/value cache (answers of a few
 tokens): `greedy_generate` appends the most likely token until a stop token or a length limit;
 `continuation_log_likelihood` scores a candidate answer, Σ_j log p(c_j | prompt, c_<j), and
@@ -64,6 +70,36 @@ def response_loss(backbone: tf.keras.Model, batch: dict, training: bool = False)
     losses = tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
     count = tf.cast(tf.shape(targets)[0], losses.dtype)
     return tf.math.divide_no_nan(tf.reduce_sum(losses), count)
+
+
+@tf.keras.utils.register_keras_serializable(package="tffl")
+class ResponseLogits(tf.keras.layers.Layer):
+    """`(hidden (B, T, H), response_mask (B, T)) -> logits (n, V)`: the backbone's output
+    embedding applied to the hidden states that predict response tokens (`response_indices`)."""
+
+    def __init__(self, embedding: tf.keras.layers.Layer, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, hidden, response_mask):
+        predicting = tf.gather_nd(hidden[:, :-1], response_indices(response_mask))
+        return self.embedding(predicting, reverse=True)
+
+
+def build_causal_lm(backbone: tf.keras.Model) -> tf.keras.Model:
+    """The Keras model `{"token_ids", "padding_mask", "response_mask"} -> logits (n, V)`."""
+    inputs = {name: tf.keras.Input(shape=(None,), dtype="int32", name=name)
+              for name in ("token_ids", "padding_mask", "response_mask")}
+    hidden = backbone({"token_ids": inputs["token_ids"], "padding_mask": inputs["padding_mask"]})
+    logits = ResponseLogits(backbone.token_embedding, name="response_logits")(
+        hidden, inputs["response_mask"])
+    return tf.keras.Model(inputs, logits, name="causal_lm")
+
+
+def response_targets(batch: dict) -> np.ndarray:
+    """int32 (n,): the response tokens of `batch` in `response_indices`' row-major order."""
+    tokens = np.asarray(batch["token_ids"])[:, 1:]
+    return tokens[np.asarray(batch["response_mask"])[:, 1:].astype(bool)].astype(np.int32)
 
 
 def _last_logits(backbone: tf.keras.Model, token_ids: Sequence[int]) -> np.ndarray:

@@ -115,3 +115,63 @@ def test_likelihood_of_a_continuation_and_the_choice_between_candidates(backbone
             causal_lm.continuation_log_likelihood(backbone, prompt, continuation), scores[-1],
             rtol=1e-5)
     assert causal_lm.choose_by_likelihood(backbone, prompt, candidates) == int(np.argmax(scores))
+
+
+def test_rolora_b_then_a_phases_of_the_engine_loop_equal_eager_sgd_on_the_response_loss():
+    """`build_causal_lm` + `response_targets` in tffl's client loop (a B phase, then an A phase,
+    as RoLoRA's two round kinds train them) against SGD written here with a GradientTape on
+    `response_loss` over the backbone itself."""
+    import tensorflow_federated as tff
+
+    from models.lora_targets import LoraConfig, apply_lora
+    from tffl.engine import roles
+    from tffl.engine.client_training import Phase, build_phased_loop
+
+    tf.keras.utils.set_random_seed(0)
+    backbone = _gpt2()
+    adapters = apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+    rng = np.random.default_rng(1)
+    for adapter in adapters.values():
+        adapter.lora_b.assign(rng.normal(0, 0.3, adapter.lora_b.shape).astype(np.float32))
+    model = causal_lm.build_causal_lm(backbone)
+    batches = [_batch(), {"token_ids": TOKENS[::-1].copy(), "padding_mask": PADDING[::-1].copy(),
+                          "response_mask": RESPONSE[::-1].copy()}]
+    spec = ({k: tf.TensorSpec([None, None], tf.int32) for k in batches[0]},
+            tf.TensorSpec([None], tf.int32))
+    dataset = tf.data.Dataset.from_generator(
+        lambda: ((b, causal_lm.response_targets(b)) for b in batches), output_signature=spec)
+    trainable = model.trainable_variables
+    b_idx = tuple(i for i, v in enumerate(trainable) if roles.role_of(v) == roles.LORA_B)
+    a_idx = tuple(i for i, v in enumerate(trainable) if roles.role_of(v) == roles.LORA_A)
+    assert len(trainable) == len(b_idx) + len(a_idx) == 8
+    start = [v.numpy() for v in trainable]
+    frozen = [v.numpy() for v in model.non_trainable_variables]
+
+    def loss_fn(y, logits):
+        return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+            y, logits, from_logits=True))
+
+    loop = build_phased_loop(model, loss_fn, 0.5, [Phase(b_idx), Phase(a_idx)])
+    out = loop(tff.learning.models.ModelWeights(trainable=start, non_trainable=frozen), dataset)
+
+    for variable, value in zip(trainable, start):
+        variable.assign(value)
+    loss_sum = correct = count = 0.0
+    for indices in (b_idx, a_idx):
+        trained = [trainable[i] for i in indices]
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                loss = causal_lm.response_loss(backbone, batch, training=True)
+            if indices is a_idx:   # the last phase's tallies, before each step
+                logits, targets = causal_lm.response_logits(backbone, batch)
+                loss_sum += float(loss) * len(targets)
+                correct += float(np.sum(np.argmax(logits, -1) == targets.numpy()))
+                count += len(targets)
+            for variable, grad in zip(trained, tape.gradient(loss, trained)):
+                variable.assign_sub(0.5 * grad)
+    for got, variable in zip(out["trainable"], trainable):
+        np.testing.assert_allclose(got.numpy(), variable.numpy(), rtol=1e-5, atol=1e-6)
+    assert any(np.abs(v.numpy() - s).max() > 1e-3 for v, s in zip(trainable, start))
+    assert float(out["num_examples"]) == count == 12
+    np.testing.assert_allclose(float(out["loss_sum"]), loss_sum, rtol=1e-5)
+    assert float(out["num_correct"]) == correct
