@@ -14,8 +14,8 @@ responses after long prompts, the (B, T, V) logits of every position would domin
 
 For `tffl`'s engine, whose client loop takes a Keras model `x -> pred` and a loss `(y, pred)`,
 `build_causal_lm(backbone)` is the model `{token_ids, padding_mask, response_mask} -> logits
-(n, V)` at the response positions, and `response_targets(batch)` the matching `y`: the n target
-tokens in the same (row-major) order. A batch's "size" n is then its number of response tokens, so
+(n, V)` at the response positions, and `with_response_targets(batch)` the matching `(x, y)`: y
+the n target tokens in the same (row-major) order. A batch's "size" n is then its number of response tokens, so
 the engine's loss sums weigh tokens, and its correct-prediction count is next-token accuracy.
 
 Evaluation (issue 54, item 4), one prompt at a time, without a key/value cache (answers of a few
@@ -96,10 +96,11 @@ def build_causal_lm(backbone: tf.keras.Model) -> tf.keras.Model:
     return tf.keras.Model(inputs, logits, name="causal_lm")
 
 
-def response_targets(batch: dict) -> np.ndarray:
-    """int32 (n,): the response tokens of `batch` in `response_indices`' row-major order."""
-    tokens = np.asarray(batch["token_ids"])[:, 1:]
-    return tokens[np.asarray(batch["response_mask"])[:, 1:].astype(bool)].astype(np.int32)
+def with_response_targets(x: dict) -> tuple[dict, tf.Tensor]:
+    """A batch `x` -> `(x, y)`, y its response tokens (int32 (n,), in `response_indices`'
+    row-major order): `dataset.batch(k).map(with_response_targets)`."""
+    indices = response_indices(x["response_mask"])
+    return x, tf.gather_nd(tf.convert_to_tensor(x["token_ids"])[:, 1:], indices)
 
 
 def _last_logits(backbone: tf.keras.Model, token_ids: Sequence[int]) -> np.ndarray:

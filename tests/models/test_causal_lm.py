@@ -118,7 +118,7 @@ def test_likelihood_of_a_continuation_and_the_choice_between_candidates(backbone
 
 
 def test_rolora_b_then_a_phases_of_the_engine_loop_equal_eager_sgd_on_the_response_loss():
-    """`build_causal_lm` + `response_targets` in tffl's client loop (a B phase, then an A phase,
+    """`build_causal_lm` + `with_response_targets` in tffl's client loop (a B phase, then an A phase,
     as RoLoRA's two round kinds train them) against SGD written here with a GradientTape on
     `response_loss` over the backbone itself."""
     import tensorflow_federated as tff
@@ -134,12 +134,11 @@ def test_rolora_b_then_a_phases_of_the_engine_loop_equal_eager_sgd_on_the_respon
     for adapter in adapters.values():
         adapter.lora_b.assign(rng.normal(0, 0.3, adapter.lora_b.shape).astype(np.float32))
     model = causal_lm.build_causal_lm(backbone)
-    batches = [_batch(), {"token_ids": TOKENS[::-1].copy(), "padding_mask": PADDING[::-1].copy(),
-                          "response_mask": RESPONSE[::-1].copy()}]
-    spec = ({k: tf.TensorSpec([None, None], tf.int32) for k in batches[0]},
-            tf.TensorSpec([None], tf.int32))
-    dataset = tf.data.Dataset.from_generator(
-        lambda: ((b, causal_lm.response_targets(b)) for b in batches), output_signature=spec)
+    both = {k: np.concatenate([v, v[::-1]]) for k, v in _batch().items()}
+    dataset = tf.data.Dataset.from_tensor_slices(both).batch(3).map(
+        causal_lm.with_response_targets)
+    batches = [{k: v.numpy() for k, v in x.items()} for x, _ in dataset]
+    assert np.array_equal(batches[1]["token_ids"], TOKENS[::-1])
     trainable = model.trainable_variables
     b_idx = tuple(i for i, v in enumerate(trainable) if roles.role_of(v) == roles.LORA_B)
     a_idx = tuple(i for i, v in enumerate(trainable) if roles.role_of(v) == roles.LORA_A)

@@ -1,0 +1,127 @@
+"""The LoRA algorithms of `tffl.algorithms.lora_fl` on a decoder language model, unchanged (issue 54,
+item 1): a tiny random KerasNLP GPT-2 with LoRA, the response-only causal-LM loss
+(`models.causal_lm.build_causal_lm`, `with_response_targets`), run by TFF's worker. RoLoRA's B
+round and A round are checked against SGD written here with a GradientTape on
+`models.causal_lm.response_loss` over the backbone itself."""
+
+import collections
+
+import keras_nlp
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import causal_lm
+from models.lora_targets import LoraConfig, apply_lora
+from tffl import runtime
+from tffl.algorithms import lora_fl
+from tffl.engine import roles
+
+# GPT-2 initializes its weights with std 0.02, so gradients are small: a large step makes every
+# factor move well above float32 round-off in one pass.
+LENGTH, VOCAB, LR = 8, 30, 100.0
+SPEC = (collections.OrderedDict(
+    padding_mask=tf.TensorSpec([None, LENGTH], tf.int32),
+    response_mask=tf.TensorSpec([None, LENGTH], tf.int32),
+    token_ids=tf.TensorSpec([None, LENGTH], tf.int32)), tf.TensorSpec([None], tf.int32))
+
+
+def _gpt2_lora():
+    """(backbone, causal LM): seeded, so every build (TFF's and the reference's) is the same."""
+    tf.keras.utils.set_random_seed(0)
+    backbone = keras_nlp.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2,
+                                             hidden_dim=8, intermediate_dim=16, dropout=0.0,
+                                             max_sequence_length=LENGTH)
+    apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+    return backbone, causal_lm.build_causal_lm(backbone)
+
+
+def _client_data(seed, n=6):
+    """n sequences: a prompt of 3 to 5 tokens, a response of 1 to 3, right padding."""
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros((n, LENGTH), np.int32)
+    padding, response = np.zeros_like(tokens), np.zeros_like(tokens)
+    for i in range(n):
+        prompt, answer = rng.integers(3, 6), rng.integers(1, 4)
+        tokens[i, :prompt + answer] = rng.integers(1, VOCAB, prompt + answer)
+        padding[i, :prompt + answer] = 1
+        response[i, prompt:prompt + answer] = 1
+    x = collections.OrderedDict(padding_mask=padding, response_mask=response, token_ids=tokens)
+    return tf.data.Dataset.from_tensor_slices(x).batch(3).map(causal_lm.with_response_targets)
+
+
+def _reference_round(weights, role, datasets):
+    """Every client loads `weights` and takes one SGD pass over its batches on the factors of
+    `role`, on `response_loss`; the clients' values averaged with weights n_i, their numbers of
+    response tokens (a batch's examples, for the engine, are its targets)."""
+    backbone, model = _gpt2_lora()
+    finals, counts = [], []
+    for dataset in datasets:
+        for variable, value in zip(model.trainable_variables, weights.trainable):
+            variable.assign(value)
+        for variable, value in zip(model.non_trainable_variables, weights.non_trainable):
+            variable.assign(value)
+        trained = [v for v in model.trainable_variables if roles.role_of(v) == role]
+        counts.append(sum(int(tf.size(y)) for _, y in dataset))
+        for x, _ in dataset:
+            with tf.GradientTape() as tape:
+                loss = causal_lm.response_loss(backbone, x, training=True)
+            for variable, grad in zip(trained, tape.gradient(loss, trained)):
+                variable.assign_sub(LR * grad)
+        finals.append([v.numpy() for v in model.trainable_variables])
+    p = np.asarray(counts, np.float64) / sum(counts)
+    return [sum(p_i * f[k] for p_i, f in zip(p, finals)) for k in range(len(finals[0]))]
+
+
+def test_rolora_b_and_a_rounds_on_a_gpt2_decoder_equal_sgd_on_the_response_loss():
+    process = lora_fl.build_rolora(lambda: _gpt2_lora()[1], SPEC, LR)
+    a_idx, b_idx = process.spec.indices([roles.LORA_A]), process.spec.indices([roles.LORA_B])
+    assert len(a_idx) == len(b_idx) == 2
+    datasets = [_client_data(1), _client_data(2)]
+    with runtime.local_runtime():
+        state = process.initialize()
+        weights = process.model_weights(state)
+        # B ≠ 0 from the start, so that the A round's steps are not float32 round-off.
+        rng = np.random.default_rng(0)
+        trainable = [rng.normal(0, 0.5, w.shape).astype(np.float32) if k in b_idx else w
+                     for k, w in enumerate(weights.trainable)]
+        state = process.with_model_weights(state, type(weights)(trainable,
+                                                                list(weights.non_trainable)))
+        start = process.model_weights(state)
+        after_b = process.next_round(state, datasets).state
+        mid = process.model_weights(after_b)
+        end = process.model_weights(process.next_round(after_b, datasets).state)
+    for got, before, role, moved in ((mid, start, roles.LORA_B, b_idx),
+                                     (end, mid, roles.LORA_A, a_idx)):
+        expected = _reference_round(before, role, datasets)
+        for k in range(len(got.trainable)):
+            step = np.asarray(expected[k]) - before.trainable[k]
+            if k in moved:
+                assert np.abs(step).max() > 1e-4
+                np.testing.assert_allclose(got.trainable[k] - before.trainable[k], step,
+                                           atol=1e-3 * np.abs(step).max())
+            else:
+                np.testing.assert_array_equal(got.trainable[k], before.trainable[k])
+        for x, y in zip(got.non_trainable, before.non_trainable):
+            np.testing.assert_array_equal(x, y)   # the backbone never moves
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("name", ["fedavg_lora", "ffa_lora", "flexlora", "flora"])
+def test_every_lora_algorithm_trains_the_decoder(name):
+    process = lora_fl.build_lora_process(name, lambda: _gpt2_lora()[1], SPEC, LR)
+    datasets = [_client_data(1), _client_data(2)]
+    with runtime.local_runtime():
+        state = process.initialize()
+        start = process.model_weights(state)
+        output = process.next_round(state, datasets)
+        end = process.model_weights(output.state)
+    loss = output.metrics["client_work"]["train"]["loss"]
+    assert np.isfinite(loss) and loss > 0
+    moved = [np.abs(np.asarray(a) - b).max() for a, b in zip(end.trainable, start.trainable)]
+    assert max(moved) > 1e-4
+    merged = [np.abs(np.asarray(a) - b).max() for a, b in zip(end.non_trainable,
+                                                               start.non_trainable)]
+    # FLoRA merges scale·Σ p_i·A_i·B_i into the frozen query and value kernels; the others
+    # never move the backbone.
+    assert (max(merged) > 0) == (name == "flora")
