@@ -18,6 +18,13 @@ For `tffl`'s engine, whose client loop takes a Keras model `x -> pred` and a los
 the n target tokens in the same (row-major) order. A batch's "size" n is then its number of response tokens, so
 the engine's loss sums weigh tokens, and its correct-prediction count is next-token accuracy.
 
+The frozen-prefix cache (as `models.prefix` for the encoders): when every trained variable lies in
+decoder layers k..L-1, h_k (the input of layer k) is a fixed function of the tokens.
+`build_prefix(backbone, k)` maps the backbone's inputs to `{"hidden": h_k, "padding_mask"}`, and
+`build_suffix_lm(backbone, k)` maps those and `response_mask` to the same response logits through
+layers k..L-1, the final norm and the output embedding (the same layer objects, so the same
+weights). The prefix must have no active dropout (checked).
+
 Evaluation (issue 54, item 4), one prompt at a time, without a key/value cache (answers of a few
 tokens): `greedy_generate` appends the most likely token until a stop token or a length limit;
 `continuation_log_likelihood` scores a candidate answer, Σ_j log p(c_j | prompt, c_<j), and
@@ -94,6 +101,51 @@ def build_causal_lm(backbone: tf.keras.Model) -> tf.keras.Model:
     logits = ResponseLogits(backbone.token_embedding, name="response_logits")(
         hidden, inputs["response_mask"])
     return tf.keras.Model(inputs, logits, name="causal_lm")
+
+
+def _check_start_layer(backbone: tf.keras.Model, start_layer: int) -> None:
+    layers = backbone.transformer_layers
+    if not 0 <= start_layer < len(layers):
+        raise ValueError(f"start_layer={start_layer}: the backbone has decoder layers 0.."
+                         f"{len(layers) - 1}")
+    below = [backbone.get_layer(n) for n in ("embeddings_dropout",) if _has_layer(backbone, n)]
+    below += list(layers[:start_layer])
+    rates = [getattr(layer, "rate", getattr(layer, "dropout", 0)) or 0 for layer in below]
+    if any(float(r) > 0 for r in rates):
+        raise ValueError(f"the layers below decoder layer {start_layer} have dropout "
+                         f"{max(rates)}: their output is not fixed, so it cannot be cached")
+
+
+def _has_layer(model: tf.keras.Model, name: str) -> bool:
+    return any(layer.name == name for layer in model.layers)
+
+
+def build_prefix(backbone: tf.keras.Model, start_layer: int) -> tf.keras.Model:
+    """`{"token_ids", "padding_mask"} -> {"hidden": h_k (B, T, H), "padding_mask"}`: the
+    backbone's embeddings and decoder layers below `start_layer` = k."""
+    _check_start_layer(backbone, start_layer)
+    hidden = backbone.transformer_layers[start_layer].get_input_at(0)
+    padding = backbone.input["padding_mask"]
+    return tf.keras.Model(backbone.input, {"hidden": hidden, "padding_mask": padding},
+                          name=f"prefix_below_{start_layer}")
+
+
+def build_suffix_lm(backbone: tf.keras.Model, start_layer: int) -> tf.keras.Model:
+    """`{"hidden": h_k, "padding_mask", "response_mask"} -> logits (n, V)`: decoder layers
+    k..L-1 of `backbone`, its final norm and output embedding (`build_causal_lm` from h_k)."""
+    _check_start_layer(backbone, start_layer)
+    width = backbone.transformer_layers[start_layer].get_input_at(0).shape[-1]
+    inputs = {"hidden": tf.keras.Input(shape=(None, width), name="hidden"),
+              "padding_mask": tf.keras.Input(shape=(None,), dtype="int32", name="padding_mask"),
+              "response_mask": tf.keras.Input(shape=(None,), dtype="int32",
+                                              name="response_mask")}
+    x = inputs["hidden"]
+    for layer in backbone.transformer_layers[start_layer:]:
+        x = layer(x, decoder_padding_mask=inputs["padding_mask"])
+    x = backbone.get_layer("layer_norm")(x)
+    logits = ResponseLogits(backbone.token_embedding, name="response_logits")(
+        x, inputs["response_mask"])
+    return tf.keras.Model(inputs, logits, name=f"suffix_lm_from_{start_layer}")
 
 
 def with_response_targets(x: dict) -> tuple[dict, tf.Tensor]:

@@ -174,3 +174,34 @@ def test_rolora_b_then_a_phases_of_the_engine_loop_equal_eager_sgd_on_the_respon
     assert float(out["num_examples"]) == count == 12
     np.testing.assert_allclose(float(out["loss_sum"]), loss_sum, rtol=1e-5)
     assert float(out["num_correct"]) == correct
+
+
+def test_the_cached_prefix_and_the_suffix_give_the_whole_models_loss(backbone):
+    from models.lora_targets import LoraConfig, apply_lora
+
+    adapters = apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value"), layers=(1,)))
+    rng = np.random.default_rng(2)
+    for adapter in adapters.values():
+        adapter.lora_b.assign(rng.normal(0, 0.5, adapter.lora_b.shape).astype(np.float32))
+    prefix = causal_lm.build_prefix(backbone, 1)
+    suffix = causal_lm.build_suffix_lm(backbone, 1)
+    cached = prefix({"token_ids": TOKENS, "padding_mask": PADDING})
+    logits = suffix({**cached, "response_mask": RESPONSE})
+    whole, targets = causal_lm.response_logits(backbone, _batch())
+    np.testing.assert_allclose(logits.numpy(), whole.numpy(), rtol=1e-5, atol=1e-5)
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        targets, logits, from_logits=True))
+    np.testing.assert_allclose(float(loss), float(causal_lm.response_loss(backbone, _batch())),
+                               rtol=1e-5)
+    # The suffix trains exactly the whole model's factors (those of layer 1).
+    assert {id(v) for v in suffix.trainable_variables} == {
+        id(v) for a in adapters.values() for v in (a.lora_a, a.lora_b)}
+    with pytest.raises(ValueError, match="start_layer=2: the backbone has decoder layers 0..1"):
+        causal_lm.build_prefix(backbone, 2)
+
+
+def test_a_prefix_with_dropout_is_refused():
+    with pytest.raises(ValueError, match="dropout 0.1: their output is not fixed"):
+        causal_lm.build_prefix(keras_nlp.models.GPT2Backbone(
+            vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
+            dropout=0.1, max_sequence_length=16), 1)
