@@ -10,6 +10,9 @@ Alpaca-style JSON files, packed into the batches of `models.causal_lm`.
 - `pack(examples, tokenize, sequence_length)`: `token_ids`, `padding_mask` and `response_mask`
   (int32, (n, T)): prompt then response then right padding; a prompt too long loses its start,
   so that the response (cut at T − 1 tokens) is kept.
+- `client_datasets(examples, parts, tokenize, sequence_length, batch_size)`: each client's
+  batches `(x, y)` for the LoRA algorithms (`models.causal_lm.with_response_targets`), the
+  clients cut by any `tasks.partition` scheme (IID, Dirichlet on the kept labels, by domain).
 - `parse_sentiment(generation)` and `exact_match_accuracy`: the RoLoRA paper's protocol for
   generated answers: the first word names the class, and an unparseable answer counts as wrong.
 
@@ -131,6 +134,26 @@ def pack(examples: InstructionExamples, tokenize: Callable[[str], Sequence[int]]
         padding_mask[i, :len(row)] = 1
         response_mask[i, len(question):len(row)] = 1
     return {"token_ids": token_ids, "padding_mask": padding_mask, "response_mask": response_mask}
+
+
+def client_datasets(examples: InstructionExamples, parts, tokenize: Callable[[str], Sequence[int]],
+                    sequence_length: int, batch_size: int, **pack_kwargs) -> dict:
+    """`{client id: tf.data.Dataset}` of `(x, y)` batches: client `cid` holds the examples at
+    `parts[cid]` (a `tasks.partition` partition), packed (`pack`) in that order, batched, and
+    mapped by `models.causal_lm.with_response_targets` (y: the batch's response tokens)."""
+    import collections
+
+    import tensorflow as tf
+
+    from models import causal_lm
+
+    packed = pack(examples, tokenize, sequence_length, **pack_kwargs)
+    datasets = {}
+    for cid, idx in parts.items():
+        x = collections.OrderedDict((k, packed[k][np.asarray(idx)]) for k in sorted(packed))
+        datasets[cid] = (tf.data.Dataset.from_tensor_slices(x).batch(batch_size)
+                         .map(causal_lm.with_response_targets))
+    return datasets
 
 
 def parse_sentiment(generation: str) -> int | None:

@@ -87,3 +87,27 @@ def test_hand_written_generations_are_parsed_and_unparseable_ones_count_as_wrong
         "accuracy": 3 / 7, "unparseable": 3 / 7}
     with pytest.raises(ValueError, match="2 generations for 1 labels"):
         instructions.exact_match_accuracy(["a", "b"], [1])
+
+
+def test_dirichlet_clients_get_their_own_packed_examples_with_response_targets():
+    from tasks import partition_schemes
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(["good", "bad", "plot", "film"], 3)) for _ in range(40)]
+    labels = rng.integers(0, 2, 40)
+    examples = instructions.from_texts(texts, labels)
+    parts = partition_schemes.dirichlet(examples.labels, num_clients=3, alpha=0.5, seed=0)
+    datasets = instructions.client_datasets(examples, parts, _chars, sequence_length=48,
+                                            batch_size=4)
+    assert sorted(datasets) == sorted(parts)
+    for cid, idx in parts.items():
+        xs, ys = zip(*[(x, y.numpy()) for x, y in datasets[cid]])
+        tokens = np.concatenate([x["token_ids"].numpy() for x in xs])
+        assert len(tokens) == len(idx)
+        # Each example's targets are its answer's characters, in order (row-major per batch).
+        expected = np.concatenate([_chars(instructions.SENTIMENT_ANSWERS[labels[i]])
+                                   for i in idx])
+        np.testing.assert_array_equal(np.concatenate(ys), expected)
+        for row, i in zip(tokens, idx):
+            prompt = _chars(examples.prompts[i])
+            assert row[:len(prompt)].tolist() == prompt
