@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from models import causal_lm
 from models.lora_targets import LoraConfig, apply_lora
+from tests.tffl.algorithms import eager_reference
 from tffl import runtime
 from tffl.algorithms import lora_fl
 from tffl.engine import roles
@@ -78,19 +79,8 @@ def test_rolora_b_and_a_rounds_on_a_gpt2_decoder_equal_sgd_on_the_response_loss(
     a_idx, b_idx = process.spec.indices([roles.LORA_A]), process.spec.indices([roles.LORA_B])
     assert len(a_idx) == len(b_idx) == 2
     datasets = [_client_data(1), _client_data(2)]
-    with runtime.local_runtime():
-        state = process.initialize()
-        weights = process.model_weights(state)
-        # B ≠ 0 from the start, so that the A round's steps are not float32 round-off.
-        rng = np.random.default_rng(0)
-        trainable = [rng.normal(0, 0.5, w.shape).astype(np.float32) if k in b_idx else w
-                     for k, w in enumerate(weights.trainable)]
-        state = process.with_model_weights(state, type(weights)(trainable,
-                                                                list(weights.non_trainable)))
-        start = process.model_weights(state)
-        after_b = process.next_round(state, datasets).state
-        mid = process.model_weights(after_b)
-        end = process.model_weights(process.next_round(after_b, datasets).state)
+    # B ≠ 0 from the start, so that the A round's steps are not float32 round-off.
+    start, mid, end = eager_reference.rolora_two_rounds(process, datasets, b_idx, 0.5)
     for got, before, role, moved in ((mid, start, roles.LORA_B, b_idx),
                                      (end, mid, roles.LORA_A, a_idx)):
         expected = _reference_round(before, role, datasets)

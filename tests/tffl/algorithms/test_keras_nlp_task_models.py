@@ -17,7 +17,6 @@ from tests.tffl.algorithms.personalized_models import lora_classifier
 from tffl.algorithms import lora_fl
 from tffl.algorithms import personalized
 from tffl.engine import roles
-from tffl import runtime
 
 LENGTH = 8
 # Large enough that every value-adapter and head step is ≥ 16× the strict threshold below
@@ -73,20 +72,10 @@ def test_rolora_trains_a_bert_classifier_with_its_tagged_head():
     head = spec.indices([roles.HEAD])
     assert len(a_idx) == len(b_idx) == 2 and len(head) == 2   # query/value; logits kernel, bias
     datasets = [_dataset(1), _dataset(2)]
-    with runtime.local_runtime():
-        state = process.initialize()
-        weights = process.model_weights(state)
-        # B ≠ 0 (so that the A round moves A) and a head of unit scale (BERT's 0.02 would
-        # leave the adapters' steps at float32 round-off in this tiny network).
-        rng = np.random.default_rng(0)
-        trainable = [rng.normal(0, 1.0, w.shape).astype(np.float32) if k in b_idx + head[:1]
-                     else w for k, w in enumerate(weights.trainable)]
-        state = process.with_model_weights(state, type(weights)(trainable,
-                                                                 list(weights.non_trainable)))
-        start = process.model_weights(state)
-        after_b = process.next_round(state, datasets).state
-        mid = process.model_weights(after_b)
-        after_a = process.model_weights(process.next_round(after_b, datasets).state)
+    # B ≠ 0 (so that the A round moves A) and a head of unit scale (BERT's 0.02 would leave the
+    # adapters' steps at float32 round-off in this tiny network).
+    start, mid, after_a = eager_reference.rolora_two_rounds(process, datasets, b_idx + head[:1],
+                                                            1.0)
     expected_b = _reference_round(start, sorted(b_idx + head), datasets, LR)
     expected_a = _reference_round(mid, sorted(a_idx + head), datasets, LR)
     for got, expected, before, moved in ((mid, expected_b, start, b_idx + head),
