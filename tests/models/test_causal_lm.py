@@ -11,6 +11,9 @@ from keras_nlp.src.models.llama.llama_backbone import LlamaBackbone
 
 from models import causal_lm
 
+# Llama's and Mistral's KerasNLP initializers warn that they are unseeded (their own code).
+pytestmark = pytest.mark.filterwarnings("ignore:The initializer RandomNormal is unseeded")
+
 VOCAB = 30
 
 

@@ -12,6 +12,9 @@ from keras_nlp.src.models.llama.llama_backbone import LlamaBackbone
 from models import lora_targets
 from models.lora_targets import LoraConfig, apply_lora
 
+# Llama's and Mistral's KerasNLP initializers warn that they are unseeded (their own code).
+pytestmark = pytest.mark.filterwarnings("ignore:The initializer RandomNormal is unseeded")
+
 VOCAB, HIDDEN, INTERMEDIATE, LENGTH = 50, 8, 16, 7
 
 
