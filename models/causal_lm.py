@@ -79,14 +79,22 @@ def response_loss(backbone: tf.keras.Model, batch: dict, training: bool = False)
     return tf.math.divide_no_nan(tf.reduce_sum(losses), count)
 
 
-@tf.keras.utils.register_keras_serializable(package="tffl")
 class ResponseLogits(tf.keras.layers.Layer):
     """`(hidden (B, T, H), response_mask (B, T)) -> logits (n, V)`: the backbone's output
-    embedding applied to the hidden states that predict response tokens (`response_indices`)."""
+    embedding applied to the hidden states that predict response tokens (`response_indices`).
+
+    It shares the backbone's embedding layer, so it has no config of its own: a causal LM is
+    rebuilt from its backbone (`build_causal_lm`), as LoRA is re-applied (`models.lora_targets`).
+    """
 
     def __init__(self, embedding: tf.keras.layers.Layer, **kwargs):
         super().__init__(**kwargs)
         self.embedding = embedding
+
+    def get_config(self):
+        raise NotImplementedError(
+            "ResponseLogits shares its backbone's embedding layer and cannot be serialized alone; "
+            "rebuild the model with models.causal_lm.build_causal_lm(backbone)")
 
     def call(self, hidden, response_mask):
         predicting = tf.gather_nd(hidden[:, :-1], response_indices(response_mask))

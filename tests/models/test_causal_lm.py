@@ -208,3 +208,9 @@ def test_a_prefix_with_dropout_is_refused():
         causal_lm.build_prefix(keras_nlp.models.GPT2Backbone(
             vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
             dropout=0.1, max_sequence_length=16), 1)
+
+
+def test_the_response_layer_says_how_to_rebuild_instead_of_serializing(backbone):
+    model = causal_lm.build_causal_lm(backbone)
+    with pytest.raises(NotImplementedError, match="rebuild the model with models.causal_lm"):
+        model.get_layer("response_logits").get_config()
