@@ -150,7 +150,7 @@ def build_suffix_lm(backbone: tf.keras.Model, start_layer: int) -> tf.keras.Mode
     x = inputs["hidden"]
     for layer in backbone.transformer_layers[start_layer:]:
         x = layer(x, decoder_padding_mask=inputs["padding_mask"])
-    x = backbone.get_layer("layer_norm")(x)
+    x = backbone.layer_norm(x)   # the final norm: GPT-2, Llama and Mistral name it so
     logits = ResponseLogits(backbone.token_embedding, name="response_logits")(
         x, inputs["response_mask"])
     return tf.keras.Model(inputs, logits, name=f"suffix_lm_from_{start_layer}")

@@ -94,6 +94,9 @@ def load_alpaca_json(path: str | pathlib.Path) -> InstructionExamples:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it ({e.__class__.__name__}: {e}); pass an "
+                         "Alpaca-style JSON file") from None
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
     prompts, responses = [], []

@@ -49,10 +49,12 @@ def test_alpaca_json_written_here_uses_both_templates(tmp_path):
     ('[{"instruction": "x", "output": "y"}, 3]', "row 1 is a int, not an object"),
     ('{"instruction": "x"}', "expected a JSON list of objects, got dict"),
     ("[{", "not JSON"),
+    (None, "cannot read it .*FileNotFoundError"),
 ])
 def test_a_malformed_alpaca_file_is_one_error_naming_the_row(tmp_path, content, message):
     path = tmp_path / "bad.json"
-    path.write_text(content)
+    if content is not None:   # None: the file is missing
+        path.write_text(content)
     with pytest.raises(ValueError, match=message):
         instructions.load_alpaca_json(path)
 
