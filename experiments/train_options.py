@@ -33,7 +33,8 @@ from experiments.run_config import RunConfig
 
 # `experiments.algorithms`: ALGORITHMS (the Keras-model ones of `tffl.algorithms.registry`),
 # LORA_ALGORITHMS (its `lora` family), REPRESENTATIONS, PARTICIPATIONS, STRAGGLER_MODELS,
-# OPTIMIZERS; `tasks.registry`: TASKS, TEXT_TASKS, BACKBONES, PARTITIONS.
+# OPTIMIZERS; `tasks.registry`: TASKS, TEXT_TASKS, INSTRUCT_TASKS, BACKBONES, PARTITIONS;
+# `models.decoders`: DECODERS.
 ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
               "fedsa_lora", "rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora",
               "rolora_ffa")
@@ -43,8 +44,11 @@ PARTICIPATIONS = ("uniform", "full", "srpfl")
 STRAGGLER_MODELS = ("fixed", "dynamic")
 OPTIMIZERS = ("sgd", "sgdm", "adam")
 TEXT_TASKS = ("sst2", "reviews")
-TASKS = ("digits", "mnist", *TEXT_TASKS)
-BACKBONES = ("tiny", "minilm")
+INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")  # a decoder LM answers in words
+TASKS = ("digits", "mnist", *TEXT_TASKS, *INSTRUCT_TASKS)
+ENCODERS = ("tiny", "minilm")            # the classification tasks' backbones
+DECODERS = ("gpt2_tiny",)  # the instruction tasks' (`models.decoders`)
+BACKBONES = (*ENCODERS, *DECODERS)
 PARTITIONS = ("iid", "shards", "dirichlet")
 # The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.
 INPUT_WIDTHS = {"digits": 64, "mnist": 784}
@@ -175,10 +179,10 @@ def _check_data(options: Mapping[str, Any]) -> None:
     if options["data_dir"] is None and options["eval_test"]:
         raise UsageError("flag --eval_test=True: TFDS's SST-2 test split is unlabelled; pass "
                          "--data_dir=<folder with sst2/test-labeled.tsv>")
-    if options["task"] != "reviews":
+    if options["task"] not in ("reviews", "reviews_instruct"):
         return
     if options["data_dir"] is None:
-        raise UsageError("flag --data_dir: is needed: task 'reviews' reads the five review "
+        raise UsageError(f"flag --data_dir: is needed: task {options['task']!r} reads the five review "
                          "domains from a folder (they have no TFDS source); pass "
                          "--data_dir=<folder with multidomain_sentiment/>, e.g. ../shared/data")
     if options["num_clients"] % REVIEW_DOMAINS:
@@ -210,6 +214,29 @@ def _check_model(options: Mapping[str, Any]) -> None:
     if "fedsa_lora" in options["algorithm"] and options["representation"] == "lora_alternating":
         raise UsageError("flag --representation=lora_alternating: fedsa_lora trains A and its "
                          "personal B together every round; leave --representation at its default")
+
+
+def _check_backbone(options: Mapping[str, Any]) -> None:
+    """An encoder for the classification tasks, a decoder for the instruction tasks, and only
+    the LoRA algorithms, evaluated globally, on a decoder."""
+    task, backbone = options["task"], options["backbone"]
+    if task in TEXT_TASKS and backbone in DECODERS:
+        raise UsageError(f"flag --backbone={backbone}: task {task!r} trains a classifier on an "
+                         f"encoder ({', '.join(ENCODERS)}); for a decoder pass "
+                         f"--task={task}_instruct")
+    if task not in INSTRUCT_TASKS:
+        return
+    if backbone not in DECODERS:
+        raise UsageError(f"flag --backbone={backbone}: task {task!r} trains a decoder language "
+                         f"model; choose one of {', '.join(DECODERS)}")
+    others = [a for a in options["algorithm"] if a not in LORA_ALGORITHMS]
+    if others:
+        raise UsageError(f"flag --algorithm={','.join(options['algorithm'])}: task {task!r} "
+                         f"runs the LoRA algorithms ({', '.join(LORA_ALGORITHMS)}), not "
+                         f"{others[0]}")
+    if options["eval_per_client"]:
+        raise UsageError(f"flag --eval_per_client: task {task!r} evaluates the global model on "
+                         "the pooled split only")
 
 
 def _check_local_work(options: Mapping[str, Any], present: Collection[str]) -> None:
@@ -319,6 +346,7 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
         _at_least(options, name)
     _at_least(options, "eval_every", minimum=0)
     _check_model(options)
+    _check_backbone(options)
     _check_local_work(options, present)
     _check_data(options)
     _check_init_adapters(options)

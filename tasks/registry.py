@@ -43,6 +43,8 @@ from tasks.text_run_task import (  # noqa: F401  (re-exported: they used to live
     default_max_length,
     default_pooling,
 )
+from models.decoders import DECODERS
+from tasks.instruct_run_task import INSTRUCT_TASKS, _instruct_run_task
 from tffl.simulation import evaluation
 
 # lora_net_base adds a frozen (zero) base kernel W0 linked to the adapter, for FLoRA to merge into.
@@ -166,7 +168,9 @@ def _mnist_task(num_clients, seed, partition, data_dir, **kw):
 
 
 _TASK_BUILDERS = {"digits": _digits_task, "mnist": _mnist_task}
-TASKS = (*_TASK_BUILDERS, *TEXT_TASKS)
+TASKS = (*_TASK_BUILDERS, *TEXT_TASKS, *INSTRUCT_TASKS)
+# The text tasks' encoders (`tasks.text_run_task`), then the instruction tasks' decoders.
+BACKBONES = (*BACKBONES, *DECODERS)
 PARTITIONS = ("iid", "shards", "dirichlet")
 
 
@@ -201,6 +205,14 @@ def build_task(
     `sst2` through TFDS (`mnist`, `glue/sst2`; `reviews` has no TFDS source). (Text tasks:
     `sequence_length`, `pooling`, `head`, `prefix_cache`, `bucket_by_length`, `rounds_on_disk`
     and `eval_test` as in `tasks.text_run_task._text_run_task`)."""
+    if name in INSTRUCT_TASKS:
+        if partition not in PARTITIONS:
+            raise ValueError(f"unknown partition {partition!r}; choose one of "
+                             f"{', '.join(PARTITIONS)}")
+        return _instruct_run_task(
+            name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
+            rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
+            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha))
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "

@@ -70,7 +70,8 @@ def _check_text_options(name: str, backbone: str, data_dir, eval_test: bool) -> 
     """Raises `ValueError` for a backbone it does not know, and for data only `data_dir` has:
     the review domains (no TFDS source) and SST-2's labeled test split (`eval_test`)."""
     if backbone not in BACKBONES:
-        raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
+        raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)} "
+                         f"(a decoder trains on task '{name}_instruct')")
     if data_dir is None and (name == "reviews" or eval_test):
         raise ValueError(
             ("eval_test=True: TFDS's SST-2 test split is unlabelled; pass data_dir=<folder with "

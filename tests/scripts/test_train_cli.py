@@ -63,6 +63,18 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
     (["--task=mnist", "--algorithm=rolora", "--rank=800"],
      "flag --rank=800: must be between 1 and the input width 784"),
     (["--task=reviews", "--algorithm=fedrep"], "flag --data_dir: is needed: task 'reviews'"),
+    (["--task=sst2_instruct", "--algorithm=rolora"],
+     "flag --backbone=tiny: task 'sst2_instruct' trains a decoder language model; choose one of "
+     "gpt2_tiny"),
+    (["--task=sst2", "--backbone=gpt2_tiny", "--algorithm=rolora"],
+     "flag --backbone=gpt2_tiny: task 'sst2' trains a classifier on an encoder (tiny, minilm); "
+     "for a decoder pass --task=sst2_instruct"),
+    (["--task=sst2_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora,fedrep"],
+     "flag --algorithm=rolora,fedrep: task 'sst2_instruct' runs the LoRA algorithms"),
+    (["--task=sst2_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora", "--eval_per_client"],
+     "flag --eval_per_client: task 'sst2_instruct' evaluates the global model"),
+    (["--task=reviews_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora"],
+     "flag --data_dir: is needed: task 'reviews_instruct'"),
     (["--task=reviews", "--algorithm=fedrep", "--data_dir=x", "--num_clients=7",
       "--clients_per_round=7"], "flag --num_clients=7: the review task splits each of its 5"),
     (["--task=sst2", "--algorithm=fedavg", "--eval_test"],
@@ -83,6 +95,7 @@ def test_a_value_that_cannot_work_is_one_line_naming_the_flag(args, message, tmp
     ["--algorithm=fedrep", "--rank=65"],                                # an MLP: no LoRA rank
     ["--algorithm=flora", "--client_ranks=2,64"],
     ["--task=reviews", "--algorithm=fedrep", "--data_dir=x", "--num_clients=10"],
+    ["--task=sst2_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora,ffa_lora"],
 ])
 def test_values_that_work_pass_and_make_the_run_directory(args, tmp_path):
     run_dir = tmp_path / "run"
@@ -126,14 +139,17 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     """train_options repeats choices of modules that import TensorFlow; they must agree."""
     from experiments import algorithms
     from models import classifier_options
+    from models import decoders
     from tasks import registry
 
     for name in ("ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
                  "STRAGGLER_MODELS", "OPTIMIZERS"):
         assert getattr(train_options, name) == getattr(algorithms, name), name
-    for name in ("TASKS", "TEXT_TASKS", "BACKBONES", "PARTITIONS"):
+    for name in ("TASKS", "TEXT_TASKS", "INSTRUCT_TASKS", "BACKBONES", "PARTITIONS"):
         assert getattr(train_options, name) == getattr(registry, name), name
-    assert train_options.INPUT_WIDTHS.keys() == set(registry.TASKS) - set(registry.TEXT_TASKS)
+    assert train_options.DECODERS == decoders.DECODERS
+    assert train_options.INPUT_WIDTHS.keys() == (set(registry.TASKS) - set(registry.TEXT_TASKS)
+                                                 - set(registry.INSTRUCT_TASKS))
     specs = {f.name: f for f in train_flags.SPECS}
     assert specs["pooling"].choices == classifier_options.POOLINGS
     assert specs["head"].choices == classifier_options.HEADS

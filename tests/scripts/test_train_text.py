@@ -113,3 +113,22 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, sampl
     assert rows[1]["bytes_up_per_client"] == 4 * 64 * 4 * 4 + 16
     assert rows[0]["bytes_down_per_client"] == rows[1]["bytes_down_per_client"] == 2 * 4 * 4 * 64 * 4
     assert 0.0 <= rows[1]["eval_personal_accuracy"] <= 1.0
+
+
+def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, sample_data, capsys):
+    """`--task=sst2_instruct --backbone=gpt2_tiny --algorithm=rolora` (README's flags): the tiny
+    GPT-2's LoRA factors travel, r = 16 on query and value of 2 layers of width 64: down A and
+    B, 4 * 2 * 16 * 64 * 4 = 32,768 bytes; up the B round's B factors, 16,384 bytes and the
+    metric sums (16). The evaluation reports generation and likelihood accuracy."""
+    proc = _run(capsys, "--task=sst2_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora",
+                "--rounds=2", "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
+                "--batch_size=4", f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "tiny random GPT-2 over bytes, LoRA r=16 on query,value" in proc.stdout
+    first, second = train_runs.rows(tmp_path)
+    assert first["bytes_down_per_client"] == 4 * 2 * 16 * 64 * 4
+    assert first["bytes_up_per_client"] == 4 * 16 * 64 * 4 + 16
+    for name in ("eval_accuracy", "eval_likelihood_accuracy", "eval_token_accuracy",
+                 "eval_unparseable"):
+        assert 0 <= second[name] <= 1, name
+    assert second["eval_loss"] > 0

@@ -1,0 +1,83 @@
+"""The decoder language models a causal-LM task trains, by name: a backbone, its tokenizer and its
+special tokens (issue 54).
+
+- `gpt2_tiny`: a random 2-layer, 64-wide KerasNLP GPT-2 over UTF-8 bytes (KerasNLP's
+  `ByteTokenizer`: ids 0-255 are the bytes, 256 is begin and end of text, 0 pads). Offline and
+  fast: for tests and smoke runs.
+
+`build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
+weights (what TFF's computations trace), `pretrained_fn()` the same architecture with a
+checkpoint's weights (None for `gpt2_tiny`), `tokenize(texts)` the token ids of each string
+(no begin-of-text token) and `detokenize(ids)` the text.
+
+>>> decoder = build_decoder("gpt2_tiny")
+>>> decoder.tokenize(["hi"]), decoder.detokenize([104, 105]), decoder.bos_id
+([[104, 105]], 'hi', 256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from models import lora_targets
+
+DECODERS = ("gpt2_tiny",)
+GPT2_TINY_MAX_LENGTH = 1024
+_BYTES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+    """A decoder backbone, how to build it and how to tokenize for it."""
+
+    name: str
+    description: str
+    backbone_fn: Callable[[], tf.keras.Model]
+    pretrained_fn: Callable[[], tf.keras.Model] | None
+    # `(texts) -> [[ids]]`: each text's tokens, without a begin-of-text token.
+    tokenize: Callable[[Sequence[str]], list[list[int]]]
+    detokenize: Callable[[Sequence[int]], str]
+    # The graph tokenizer (`string (b,) -> ragged int (b, None)`) behind `tokenize`.
+    tokenizer: Callable
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    max_length: int
+    # The projections of its decoder layers that can take LoRA (`models.lora_targets`).
+    lora_targets: tuple[str, ...]
+
+
+def _ragged_lists(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    if not len(texts):
+        return []
+    return [list(map(int, row)) for row in tokenizer(tf.constant(list(texts))).to_list()]
+
+
+def _gpt2_tiny() -> Decoder:
+    import keras_nlp
+
+    tokenizer = keras_nlp.tokenizers.ByteTokenizer(lowercase=False)
+
+    def backbone_fn():
+        return keras_nlp.models.GPT2Backbone(
+            vocabulary_size=_BYTES + 1, num_layers=2, num_heads=2, hidden_dim=64,
+            intermediate_dim=128, dropout=0.0, max_sequence_length=GPT2_TINY_MAX_LENGTH)
+
+    def detokenize(ids):
+        return bytes(i for i in ids if 0 <= i < _BYTES).decode("utf-8", errors="replace")
+
+    return Decoder("gpt2_tiny", "tiny random GPT-2 over bytes", backbone_fn, None,
+                   lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
+                   bos_id=_BYTES, eos_id=_BYTES, pad_id=0, max_length=GPT2_TINY_MAX_LENGTH,
+                   lora_targets=tuple(lora_targets.TARGETS))
+
+
+def build_decoder(name: str) -> Decoder:
+    """The decoder `name` (one of `DECODERS`); a pretrained one fetches its checkpoint once."""
+    builders = {"gpt2_tiny": _gpt2_tiny}
+    if name not in builders:
+        raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
+    return builders[name]()

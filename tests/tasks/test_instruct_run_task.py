@@ -1,0 +1,159 @@
+"""tasks/instruct_run_task.py: SST-2 and the review domains as instructions for a decoder (issue 54,
+items 2-4). The graph packing (prompts tokenized in tf.data, answers appended per batch) against
+`tasks.instructions.pack`; the evaluator against one-prompt-at-a-time generation and likelihood
+(`models.causal_lm`) and the response loss; the one-line errors."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from models import causal_lm, decoders
+from tasks import instruct_run_task as instruct
+from tasks import instructions, registry, text
+
+BOS = EOS = 256
+TEXTS = ["a fine film", "dull", "it is , at best , a mixed bag of moments", "wow"]
+LABELS = np.array([1, 0, 0, 1], np.int32)
+
+
+def _bytes_with_bos(s):
+    """The packing `instructions.pack` sees: begin of text before a prompt, bytes otherwise."""
+    return ([BOS] if s.startswith("Review: ") else []) + list(s.encode("utf-8"))
+
+
+def _answers():
+    return [list(a.encode("utf-8")) + [EOS] for a in instructions.SENTIMENT_ANSWERS]
+
+
+def _packed_batch(max_prompt=None):
+    import keras_nlp
+
+    width = max(len(a) for a in _answers())
+    packer = instruct.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False), BOS, 0, width,
+                                   max_prompt)
+    x = text.tokenize((np.array(TEXTS, object),), packer)
+    return instruct.AnswerAppender(_answers(), 0)(x, LABELS)
+
+
+def test_answers_appended_in_the_graph_equal_instructions_pack():
+    x, y = _packed_batch()
+    width = int(x["token_ids"].shape[1])
+    expected = instructions.pack(instructions.from_texts(TEXTS, LABELS), _bytes_with_bos,
+                                 sequence_length=width, end_id=EOS)
+    assert width == max(len(_bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=t)))
+                        + len(_answers()[label]) for t, label in zip(TEXTS, LABELS))
+    for key in ("token_ids", "padding_mask", "response_mask"):
+        np.testing.assert_array_equal(x[key].numpy(), expected[key], err_msg=key)
+    targets = expected["token_ids"][:, 1:][expected["response_mask"][:, 1:] == 1]
+    np.testing.assert_array_equal(y.numpy(), targets)
+
+
+def test_a_cut_prompt_keeps_its_end_and_its_whole_answer():
+    x, _ = _packed_batch(max_prompt=12)
+    for row, label, txt in zip(range(len(TEXTS)), LABELS, TEXTS):
+        prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=txt))[-12:]
+        n = len(prompt) + len(_answers()[label])
+        np.testing.assert_array_equal(x["token_ids"][row, :n], prompt + _answers()[label])
+        assert x["response_mask"][row].numpy().sum() == len(_answers()[label])
+
+
+@pytest.fixture(scope="module")
+def sst2_folder(tmp_path_factory):
+    """A GLUE-layout SST-2 folder of a few sentences (train 12, dev 5)."""
+    root = tmp_path_factory.mktemp("instruct_data")
+    (root / "sst2").mkdir()
+    train = [(f"sentence {i} " + "good " * (i % 3), i % 2) for i in range(12)]
+    dev = [("a fine film", 1), ("dull", 0), ("so bad", 0), ("great fun", 1), ("meh", 0)]
+    for split, rows in (("train", train), ("dev", dev)):
+        lines = ["sentence\tlabel"] + [f"{s}\t{y}" for s, y in rows]
+        (root / "sst2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _task(folder, **kwargs):
+    args = dict(num_clients=3, batch_size=4, local_steps=2, seed=0, data_dir=folder,
+                backbone="gpt2_tiny", rank=2)
+    return registry.build_task("sst2_instruct", **{**args, **kwargs})
+
+
+def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2_folder):
+    task = _task(sst2_folder)
+    assert task.client_ids == ["client_000", "client_001", "client_002"]
+    batches = list(task.client_dataset_fn("client_000", 1))
+    assert len(batches) == 2
+    answer_sets = {tuple(a) for a in _answers()}
+    for x, y in batches:
+        rows = x["response_mask"].numpy().astype(bool)
+        assert x["padding_mask"].numpy()[:, -1].any()   # cut to its longest row
+        answers = [tuple(t[m]) for t, m in zip(x["token_ids"].numpy(), rows)]
+        assert set(answers) <= answer_sets
+        np.testing.assert_array_equal(y.numpy(), np.concatenate(answers)[
+            np.ones(sum(map(len, answers)), bool)])
+    assert "gpt2_tiny" not in task.description and "GPT-2 over bytes" in task.description
+
+
+@pytest.mark.large
+def test_the_evaluator_equals_one_prompt_at_a_time_generation_likelihood_and_loss(sst2_folder):
+    task = _task(sst2_folder)
+    model = task.keras_model_fn()
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    got = task.evaluate(weights)
+    decoder = decoders.build_decoder("gpt2_tiny")
+    backbone = decoder.backbone_fn()
+    from models import lora_targets
+    lora_targets.apply_lora(backbone, lora_targets.LoraConfig(rank=2, seed=0))
+    lm = causal_lm.build_causal_lm(backbone)
+    weights.assign_weights_to(lm)
+    dev = [("a fine film", 1), ("dull", 0), ("so bad", 0), ("great fun", 1), ("meh", 0)]
+    generated, chosen = [], []
+    for sentence, _ in dev:
+        prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=sentence))
+        ids = causal_lm.greedy_generate(backbone, prompt, 9, stop_ids=[EOS])
+        generated.append(bytes(i for i in ids if i < 256).decode("utf-8", "replace"))
+        chosen.append(causal_lm.choose_by_likelihood(
+            backbone, prompt, [a[:-1] for a in _answers()]))
+    labels = [y for _, y in dev]
+    expected = instructions.exact_match_accuracy(generated, labels)
+    assert got["accuracy"] == expected["accuracy"]
+    assert got["unparseable"] == expected["unparseable"]
+    assert got["likelihood_accuracy"] == np.mean(np.array(chosen) == labels)
+    packed = instructions.pack(instructions.from_texts([s for s, _ in dev], labels),
+                               _bytes_with_bos, 64, end_id=EOS)
+    logits, targets = causal_lm.response_logits(backbone, packed)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+    np.testing.assert_allclose(got["loss"], float(tf.reduce_mean(losses)), rtol=1e-5)
+    correct = tf.reduce_mean(tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == targets,
+                                     tf.float32))
+    np.testing.assert_allclose(got["token_accuracy"], float(correct), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backbone": "tiny"}, "backbone=tiny: task 'sst2_instruct' trains a decoder"),
+    ({"lora_targets": ("query", "ffn_gate")},
+     "lora_targets=query,ffn_gate: gpt2_tiny's decoder layers have no 'ffn_gate' projection"),
+    ({"sequence_length": 9}, "sequence_length=9: the answers take up to 10 tokens"),
+    ({"sequence_length": 4096}, "sequence_length=4096: gpt2_tiny has 1024 positions"),
+    ({"partition": "stripes"}, "unknown partition 'stripes'"),
+])
+def test_bad_values_are_one_line_errors(sst2_folder, kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as error:
+        _task(sst2_folder, **kwargs)
+    assert "\n" not in str(error.value)
+
+
+def test_the_review_domains_need_their_folder():
+    with pytest.raises(ValueError, match="data_dir is needed: task 'reviews_instruct'"):
+        registry.build_task("reviews_instruct", num_clients=5, batch_size=4, local_steps=1,
+                            seed=0, backbone="gpt2_tiny")
+
+
+def test_the_decoders_lora_targets_are_their_layers_own():
+    from models import lora_targets
+
+    decoder = decoders.build_decoder("gpt2_tiny")
+    layer = decoder.backbone_fn().transformer_layers[0]
+    assert decoder.lora_targets == tuple(lora_targets.layer_targets(layer))
+    assert collections.Counter(decoder.tokenize(["ab", ""])[0]) == {97: 1, 98: 1}
