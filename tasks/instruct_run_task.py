@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import instructions
-from tasks.run_task import RunTask, _client_dataset_fn, _train_size, counted
+from tasks.run_task import RunTask, _ordered, _train_size, counted
 from tffl.simulation.metrics_log import announce
 
 INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
@@ -38,15 +38,13 @@ _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
 
 
 class PromptPacker:
-    """`(texts (b,),) -> {"token_ids", "padding_mask"}` int32 (b, w + answer_width): begin of
-    text, then the prompt's tokens (its last `max_prompt` only, when given: the "Sentiment:"
-    cue stays), then `pad_id`, w the batch's longest prompt; `answer_width` columns are left
-    free for the answer. A `text_lib.tokenize` preprocessor."""
+    """`(texts (b,),) -> {"token_ids", "padding_mask"}` int32 (b, w): begin of text, then the
+    prompt's tokens (its last `max_prompt` only, when given: the "Sentiment:" cue stays), then
+    `pad_id`, w the batch's longest prompt. A `tasks.text.tokenize` preprocessor."""
 
-    def __init__(self, tokenizer, bos_id: int, pad_id: int, answer_width: int,
-                 max_prompt: int | None = None):
+    def __init__(self, tokenizer, bos_id: int, pad_id: int, max_prompt: int | None = None):
         self.tokenizer, self.bos_id, self.pad_id = tokenizer, bos_id, pad_id
-        self.answer_width, self.max_prompt = answer_width, max_prompt
+        self.max_prompt = max_prompt
 
     def __call__(self, segments: tuple) -> dict:
         prompts = tf.strings.join([_PROMPT_HEAD, segments[0], _PROMPT_TAIL])
@@ -55,20 +53,21 @@ class PromptPacker:
         ids = tf.concat([tf.RaggedTensor.from_tensor(bos), ids], axis=1)
         if self.max_prompt is not None:
             ids = ids[:, -self.max_prompt:]
-        token_ids = tf.pad(ids.to_tensor(default_value=self.pad_id),
-                           [[0, 0], [0, self.answer_width]], constant_values=self.pad_id)
+        token_ids = ids.to_tensor(default_value=self.pad_id)
         padding_mask = tf.sequence_mask(ids.row_lengths(), tf.shape(token_ids)[1],
                                         dtype=tf.int32)
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
 
 class AnswerAppender:
-    """`(x, labels) -> (x', y)` on a batch of packed prompts: answer `answers[label]` written
-    after each prompt, `response_mask` on it, the batch cut to its longest row, and y its
-    answer tokens (`models.causal_lm.with_response_targets`)."""
+    """`(x, labels) -> (x', y)` on a batch of packed prompts: the rows widened by the longest
+    answer, answer `answers[label]` written after each prompt, `response_mask` on it, the batch
+    cut to its longest row, and y its answer tokens (`models.causal_lm.with_response_targets`).
+    """
 
     def __init__(self, answers: Sequence[Sequence[int]], pad_id: int):
         width = max(len(a) for a in answers)
+        self.pad_id = pad_id
         self.table = tf.constant([list(a) + [pad_id] * (width - len(a)) for a in answers],
                                  tf.int32)
         self.lengths = tf.constant([len(a) for a in answers], tf.int32)
@@ -77,8 +76,11 @@ class AnswerAppender:
     def __call__(self, x, labels):
         from models import causal_lm
 
-        token_ids = tf.convert_to_tensor(x["token_ids"])
-        prompt_lengths = tf.reduce_sum(tf.cast(x["padding_mask"], tf.int32), axis=1)
+        widen = [[0, 0], [0, self.width]]
+        token_ids = tf.pad(tf.convert_to_tensor(x["token_ids"]), widen,
+                           constant_values=self.pad_id)
+        prompt_mask = tf.pad(tf.cast(x["padding_mask"], tf.int32), widen)
+        prompt_lengths = tf.reduce_sum(prompt_mask, axis=1)
         labels = tf.cast(labels, tf.int32)
         answer_lengths = tf.gather(self.lengths, labels)
         offset = tf.range(tf.shape(token_ids)[1])[None, :] - prompt_lengths[:, None]
@@ -87,8 +89,7 @@ class AnswerAppender:
                            tf.clip_by_value(offset, 0, self.width - 1), batch_dims=1)
         width = tf.reduce_max(prompt_lengths + answer_lengths)
         batch = collections.OrderedDict(
-            padding_mask=tf.cast(tf.cast(x["padding_mask"], tf.bool) | in_answer,
-                                 tf.int32)[:, :width],
+            padding_mask=tf.cast(tf.cast(prompt_mask, tf.bool) | in_answer, tf.int32)[:, :width],
             response_mask=tf.cast(in_answer, tf.int32)[:, :width],
             token_ids=tf.where(in_answer, tokens, token_ids)[:, :width])
         return causal_lm.with_response_targets(batch)
@@ -243,13 +244,17 @@ def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tu
 def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps: int,
                        seed: int, partition: str, data_dir, backbone: str, rank: int,
                        lora_alpha, lora_targets: tuple[str, ...], lora_layers,
-                       sequence_length: int | None, scheme_kwargs: dict) -> RunTask:
+                       sequence_length: int | None, scheme_kwargs: dict,
+                       bucket_by_length: bool = True) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) as instructions for the
     decoder `backbone` (`models.decoders`) with LoRA on `lora_targets` of `lora_layers`.
     `sequence_length` None keeps every prompt whole (each row as long as its prompt and answer);
-    else a row's prompt keeps its last `sequence_length` − (answer tokens) tokens."""
+    else a row's prompt keeps its last `sequence_length` − (answer tokens) tokens. With
+    `bucket_by_length`, a round's examples are batched with neighbours in length
+    (`tasks.batching`), else in drawn order; each batch is cut to its longest row."""
     from models import decoders
     from models import lora_targets as targets_lib
+    from tasks import prefix_cache as prefix_lib
 
     if data_dir is None and name == "reviews_instruct":
         raise ValueError("data_dir is needed: task 'reviews_instruct' reads the five review "
@@ -265,11 +270,11 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
     _check_targets(decoder, lora_config)
     answers = _answers(decoder)
     answer_width = max(len(a) for a in answers)
-    packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id, answer_width,
+    packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id,
                           _check_lengths(sequence_length, decoder, answer_width))
     data_dir = None if data_dir is None else pathlib.Path(data_dir)
     task = _load(name, num_clients, seed, partition, data_dir, scheme_kwargs, packer)
-    widest = int(task.element_spec[0]["token_ids"].shape[-1])
+    widest = int(task.element_spec[0]["token_ids"].shape[-1]) + answer_width
     if widest > decoder.max_length:
         raise ValueError(f"sequence_length=None: the longest prompt and answer take {widest} "
                          f"tokens, above {decoder.name}'s {decoder.max_length} positions; pass "
@@ -279,16 +284,21 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
         (k, tf.TensorSpec([None, None], tf.int32))
         for k in ("padding_mask", "response_mask", "token_ids")), tf.TensorSpec([None], tf.int32))
     appender = AnswerAppender(answers, decoder.pad_id)
-    rounds = _client_dataset_fn(task.train_data, batch_size, local_steps, seed)
+    rounds = prefix_lib.TextRounds(
+        lambda cid: prefix_lib.ClientExamples.from_dataset(
+            task.train_data.create_tf_dataset_for_client(cid).map(_ordered)),
+        local_steps, batch_size, seed, bucket_by_length=bucket_by_length, cache=None,
+        client_ids=task.train_data.client_ids, name="train")
     run = RunTask(
         description=(f"{name} ({_train_size(task)} train examples, "
                      f"{counted(len(task.train_data.client_ids), 'client')}; {decoder.description}"
                      f", LoRA r={rank} on {','.join(lora_targets)}, answers "
                      f"{'/'.join(repr(a) for a in instructions.SENTIMENT_ANSWERS)}, "
                      f"{f'L={sequence_length}' if sequence_length else 'whole prompts'}; "
+                     f"{'batches bucketed by length' if bucket_by_length else 'drawn order'}, "
                      "no prefix cache)"),
         client_ids=list(task.train_data.client_ids),
-        client_dataset_fn=lambda cid, round_num: rounds(cid, round_num).map(appender),
+        client_dataset_fn=lambda cid, round_num: rounds.dataset(cid, round_num).map(appender),
         keras_model_fn=lambda: lm_fn()[1],
         input_spec=input_spec,
         evaluate=make_evaluator(lm_fn, task, decoder, answers),

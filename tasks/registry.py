@@ -212,7 +212,8 @@ def build_task(
         return _instruct_run_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
-            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha))
+            _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
+            bucket_by_length=bucket_by_length)
     if name in TEXT_TASKS:
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose one of "

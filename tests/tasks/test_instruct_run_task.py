@@ -31,8 +31,7 @@ def _answers():
 def _packed_batch(max_prompt=None):
     import keras_nlp
 
-    width = max(len(a) for a in _answers())
-    packer = instruct.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False), BOS, 0, width,
+    packer = instruct.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False), BOS, 0,
                                    max_prompt)
     x = text.tokenize((np.array(TEXTS, object),), packer)
     return instruct.AnswerAppender(_answers(), 0)(x, LABELS)
