@@ -2,7 +2,7 @@ r"""Reproduce the papers' experiments: one command each, a table (CSV + Markdown
 
     .venv/bin/python scripts/reproduce.py --experiment=rolora_linear             # small scale
     .venv/bin/python scripts/reproduce.py --experiment=sst2_minilm --scale=full
-    .venv/bin/python scripts/reproduce.py --experiment=all                       # all fourteen
+    .venv/bin/python scripts/reproduce.py --experiment=all                       # all fifteen
     .venv/bin/python scripts/reproduce.py --experiment=rolora_mnist --resume     # after a kill
 
 Each experiment writes `results.csv`, `results.md` (the table it prints), `results.png` and
@@ -111,26 +111,23 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
 14. `sst2_dirichlet_mean` (issue 51, item 6): `sst2_dirichlet`'s RoLoRA and FedAvg-LoRA with the
    corrected classifier, as `sst2_clients_mean` (N = 20, Dirichlet(0.5)); its pooler-era
    figures come from docs/runs/sst2_dirichlet-full.
+15. `sst2_instruct` (issue 54): RoLoRA, FedAvg-LoRA, FFA-LoRA instruction-tune a decoder on SST-2
+   with N = 3, 20 (full: Gemma 3 270M; small: byte-level GPT-2; `experiments/sst2_instruct.py`).
 
---resume continues a stopped run in --output_dir: the training runs (`experiments.run`)
-continue from their checkpoints (a `RunConfig` with resume=True); finished units of
-rolora_linear (one setting × method × seed) and srpfl_speedup (one N) are reloaded from
-`units/*.json`; the linear synthetic experiments, which have no checkpoints, rerun (they are
-deterministic).
+--resume continues a stopped run in --output_dir: training runs (`experiments.run`) from their
+checkpoints; finished units of rolora_linear and srpfl_speedup are reloaded from `units/*.json`;
+the linear synthetic experiments (deterministic, no checkpoints) rerun. Training runs go in this
+process; --isolate_runs runs each in a child (`python -m experiments.run CONFIG.json`): a crash
+ends that run only. Every unit is seeded, so a resumed run ends with the same final metrics as an
+uninterrupted one. Without --resume, an --output_dir that already holds a run is refused.
 
-Training runs go in this process (`experiments.run.run`); --isolate_runs runs each in a child
-fed its config file (`python -m experiments.run CONFIG.json`): a crash ends that run only. Every unit is
-seeded, so a resumed run ends with the same final metrics as an uninterrupted one. Without
---resume, an --output_dir that already holds a run is refused (exit status 2).
-
-sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean and reviews_domains run for
-hours or days on 2 cores, in sittings. `--collect` writes the table from the runs finished so far;
-`--methods=flexlora,flora` runs (or collects) only those methods. `--archive_dir=DIR` keeps every
-finished run's summary.json and metrics.csv in DIR (the --output_dir layout, a few KiB per run),
-and the newest checkpoint of a run that was stopped (about 100 KiB); a finished run found there is
-copied back instead of running it again, a stopped one is resumed from its checkpoint. Commit DIR,
-and the next sitting continues on a fresh checkout (`runs/` is not committed). docs/runs/ holds
-ours (docs/RESULTS.md, issue 19).
+sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean, reviews_domains and
+sst2_instruct run for hours or days on 2 cores, in sittings. `--collect` writes the table from
+the runs finished so far; `--methods=flexlora,flora` runs (or collects) only those methods.
+`--archive_dir=DIR` keeps every finished run's summary.json and metrics.csv in DIR (the
+--output_dir layout, a few KiB per run), and the newest checkpoint of a stopped run; a finished
+run found there is copied back, a stopped one resumed from its checkpoint. Commit DIR, and the
+next sitting continues on a fresh checkout. docs/runs/ holds ours (docs/RESULTS.md, issue 19).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Isolated runs get SIGTERM (and stop their TFF workers) when this
@@ -155,6 +152,7 @@ from experiments import rolora_linear
 from experiments import rolora_mnist
 from experiments import running
 from experiments import sst2
+from experiments import sst2_instruct
 from experiments import sst2_protocol
 from experiments import srpfl
 from experiments import synthetic
@@ -170,13 +168,13 @@ DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
 EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora",
                "srpfl_speedup", "flute_synthetic", "adaptpfl_synthetic", "srpfl_mnist",
                "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
-               "sst2_clients_mean", "sst2_dirichlet_mean")
+               "sst2_clients_mean", "sst2_dirichlet_mean", "sst2_instruct")
 SCALES = ("small", "full")
 # The experiments made of training runs (`experiments.running.run_training`), which --estimate
 # replaces by probes; the others' measured times are in docs/REPRODUCE.md.
 ESTIMABLE = ("rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora", "srpfl_mnist",
              "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
-             "sst2_clients_mean", "sst2_dirichlet_mean")
+             "sst2_clients_mean", "sst2_dirichlet_mean", "sst2_instruct")
 
 # The flags live in their own FlagValues: other scripts define --output_dir and --seed in absl's
 # global FLAGS, and tests import several scripts into one process.
@@ -208,7 +206,8 @@ SITTING_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
                    "sst2_dirichlet": tuple(sst2_protocol.SST2_CLAIM_METHODS),
                    "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS),
                    "sst2_clients_mean": (*sst2_protocol.SST2_MEAN_METHODS, "centralized"),
-                   "sst2_dirichlet_mean": sst2_protocol.SST2_DIRICHLET_MEAN_METHODS}
+                   "sst2_dirichlet_mean": sst2_protocol.SST2_DIRICHLET_MEAN_METHODS,
+                   "sst2_instruct": sst2_instruct.SST2_INSTRUCT_METHODS}
 _SITTINGS = ", ".join(SITTING_METHODS)
 _COLLECT = flags.DEFINE_bool(
     "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "
@@ -245,6 +244,7 @@ RUNNERS: dict[str, Callable[[Context], running.Result]] = {
     "srpfl_mnist_dynamic": srpfl.run_srpfl_mnist_dynamic,
     "sst2_clients_mean": sst2.run_sst2_clients_mean,
     "sst2_dirichlet_mean": sst2.run_sst2_dirichlet_mean,
+    "sst2_instruct": sst2_instruct.run_sst2_instruct,
 }
 
 # ------------------------------------------------------------------------------------------------
