@@ -25,6 +25,7 @@ The decoders of KerasNLP 0.8 name their projections by family (`layer_targets`):
 `TransformerDecoder` as the table above; Llama's and Mistral's decoders add the gated MLP's
 `ffn_gate` (`_feedforward_gate_dense`; `ffn_in` is their up projection). (KerasNLP 0.8's
 `GemmaBackbone` requires Keras 3 and cannot be built on this Keras 2 stack.)
+`models.gemma3_backbone.Gemma3Backbone` (Gemma 3, Keras 2) names its projections as Llama's do.
 """
 
 import dataclasses

@@ -1,0 +1,253 @@
+"""Gemma 3's decoder layer for Keras 2 (KerasNLP style): `Gemma3Decoder`, its attention and RMSNorm.
+
+One layer maps hidden states x (B, T, H) to (B, T, H) with "sandwich" norms around both blocks:
+
+    h   = x + post_attn_norm(Attention(attn_norm(x)))
+    out = h + post_ffw_norm(W_down · (gelu_tanh(W_gate · n) ⊙ (W_up · n))),   n = ffn_norm(h)
+
+RMSNorm(x) = x / sqrt(mean(x²) + ε) · w over the last axis, in float32. The weight w is used as
+it is: Gemma's checkpoints store w − 1 and add 1 at run time, GGUF files store w (the +1 done),
+and a random model starts at w = 1.
+
+Attention, with N query heads, K key/value heads (N a multiple of K; query head u reads
+key/value head ⌊u·K/N⌋: grouped-query attention) of width D:
+
+    q_u = RoPE(RMSNorm_D(x W_q,u)) · s,   k_v = RoPE(RMSNorm_D(x W_k,v)),   v_v = x W_v,v
+    a_u = softmax(q_u k_vᵀ + mask) v_v,   out = concat_u(a_u) W_o
+
+W_q: (H, N, D), W_k, W_v: (H, K, D), W_o: (N·D, H); the query/key norms (QK-norm) are RMSNorms
+over D with weights of shape (D,), shared by the heads; s is the query scale (D^-1/2 for Gemma 3
+270M). RoPE rotates the two halves of each head vector ("NEOX" order): with
+θ_i = base^(−2i/D), i < D/2, and position t,
+
+    RoPE(z)[i] = z[i] cos(tθ_i) − z[i + D/2] sin(tθ_i),
+    RoPE(z)[i + D/2] = z[i + D/2] cos(tθ_i) + z[i] sin(tθ_i).
+
+Query t may read key j iff j ≤ t (causal), padding_mask[j] = 1, and, for a local
+(sliding-window) layer with window W, t − j < W. Gemma 3 alternates five local layers
+(RoPE base 10⁴, W = 512) and one global layer (RoPE base 10⁶, no window).
+
+The projections have the attribute names and kinds of KerasNLP's Llama decoder
+(`_self_attention_layer._query_dense` .. `._output_dense`: EinsumDense;
+`_feedforward_gate_dense`, `_feedforward_intermediate_dense` (up), `_feedforward_output_dense`:
+Dense without bias), so `models.lora_targets.apply_lora` adapts all seven targets.
+
+Example (one tiny random local layer):
+
+>>> import numpy as np
+>>> layer = Gemma3Decoder(intermediate_dim=8, num_query_heads=2, num_key_value_heads=1,
+...                       head_dim=4, sliding_window=2)
+>>> x = np.random.default_rng(0).normal(size=(1, 5, 6)).astype("float32")
+>>> layer(x, decoder_padding_mask=np.ones((1, 5), "int32")).shape
+TensorShape([1, 5, 6])
+>>> Gemma3Decoder.from_config(layer.get_config()).sliding_window
+2
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+_MASKED = -1e9
+
+
+@tf.keras.utils.register_keras_serializable(package="tffl")
+class Gemma3RMSNorm(tf.keras.layers.Layer):
+    """x / sqrt(mean(x², last axis) + ε) · w, computed in float32; w (`scale`, shape (d,)) starts
+    at 1 and is used as it is (no +1)."""
+
+    def __init__(self, epsilon: float = 1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(input_shape[-1],),
+                                     initializer="ones", trainable=True)
+        self.built = True
+
+    def call(self, x):
+        x32 = tf.cast(x, tf.float32)
+        mean_square = tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True)
+        normed = x32 * tf.math.rsqrt(mean_square + self.epsilon) * tf.cast(self.scale, tf.float32)
+        return tf.cast(normed, self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
+
+
+def rotary_embedding(x: tf.Tensor, base: float) -> tf.Tensor:
+    """RoPE on x (B, T, heads, D) at positions 0..T−1, rotating halves (see the module doc)."""
+    head_dim = x.shape[-1]
+    inverse_freq = 1.0 / (base ** (tf.range(0, head_dim, 2, dtype=tf.float32) / head_dim))
+    positions = tf.range(tf.shape(x)[1], dtype=tf.float32)
+    angles = positions[:, None] * inverse_freq[None, :]                 # (T, D/2)
+    cos = tf.concat([tf.cos(angles)] * 2, axis=-1)[None, :, None, :]     # (1, T, 1, D)
+    sin = tf.concat([tf.sin(angles)] * 2, axis=-1)[None, :, None, :]
+    first, second = tf.split(x, 2, axis=-1)
+    return x * cos + tf.concat([-second, first], axis=-1) * sin
+
+
+def attention_mask(padding_mask: tf.Tensor | None, length: tf.Tensor, batch: tf.Tensor,
+                   sliding_window: int | None = None) -> tf.Tensor:
+    """(B, T, T) bool: query t may read key j (causal, not padding, within the window)."""
+    query = tf.range(length)[:, None]
+    key = tf.range(length)[None, :]
+    allowed = key <= query
+    if sliding_window is not None:
+        allowed &= query - key < sliding_window
+    allowed = tf.broadcast_to(allowed[None], tf.stack([batch, length, length]))
+    if padding_mask is not None:
+        allowed &= tf.cast(padding_mask, tf.bool)[:, None, :]
+    return allowed
+
+
+@tf.keras.utils.register_keras_serializable(package="tffl")
+class Gemma3Attention(tf.keras.layers.Layer):
+    """Grouped-query attention with QK-norm, per-layer RoPE base and an optional sliding window
+    (module doc). `call(x (B, T, H), mask (B, T, T) bool) -> (B, T, H)`."""
+
+    def __init__(self, num_query_heads: int, num_key_value_heads: int, head_dim: int,
+                 query_scale: float, rope_base: float, layer_norm_epsilon: float = 1e-6,
+                 kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if num_query_heads % num_key_value_heads:
+            raise ValueError(f"num_query_heads={num_query_heads} is not a multiple of "
+                             f"num_key_value_heads={num_key_value_heads}")
+        self.num_query_heads = num_query_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.query_scale = float(query_scale)
+        self.rope_base = float(rope_base)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+
+    def _einsum(self, equation, output_shape, name):
+        return tf.keras.layers.EinsumDense(
+            equation, output_shape=output_shape, name=name,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()))
+
+    def build(self, input_shape):
+        hidden_dim = input_shape[-1]
+        # b batch, q/k query/key position, m model width, u query heads, v kv heads, h head dim.
+        heads, kv_heads, width = self.num_query_heads, self.num_key_value_heads, self.head_dim
+        self._query_dense = self._einsum("bqm,muh->bquh", (None, heads, width), "query")
+        self._key_dense = self._einsum("bkm,mvh->bkvh", (None, kv_heads, width), "key")
+        self._value_dense = self._einsum("bkm,mvh->bkvh", (None, kv_heads, width), "value")
+        self._output_dense = self._einsum("bqm,mh->bqh", (None, hidden_dim), "attention_output")
+        for dense in (self._query_dense, self._key_dense, self._value_dense):
+            dense.build(input_shape)
+        self._output_dense.build((None, None, heads * width))
+        self._query_norm = Gemma3RMSNorm(self.layer_norm_epsilon, name="query_norm")
+        self._key_norm = Gemma3RMSNorm(self.layer_norm_epsilon, name="key_norm")
+        self._query_norm.build((None, None, heads, width))
+        self._key_norm.build((None, None, kv_heads, width))
+        self.built = True
+
+    def call(self, x, mask):
+        query = rotary_embedding(self._query_norm(self._query_dense(x)), self.rope_base)
+        key = rotary_embedding(self._key_norm(self._key_dense(x)), self.rope_base)
+        value = self._value_dense(x)
+        groups = self.num_query_heads // self.num_key_value_heads
+        # Query head u reads kv head u // groups: repeat each kv head `groups` times.
+        key = tf.repeat(key, groups, axis=2)
+        value = tf.repeat(value, groups, axis=2)
+        scores = tf.einsum("bquh,bkuh->buqk", query * self.query_scale, key)
+        scores = tf.where(mask[:, None, :, :], scores, tf.cast(_MASKED, scores.dtype))
+        weights = tf.nn.softmax(tf.cast(scores, tf.float32), axis=-1)
+        attended = tf.einsum("buqk,bkuh->bquh", tf.cast(weights, value.dtype), value)
+        shape = tf.shape(attended)
+        attended = tf.reshape(attended, [shape[0], shape[1], self.num_query_heads * self.head_dim])
+        return self._output_dense(attended)
+
+    def get_config(self):
+        return {**super().get_config(), "num_query_heads": self.num_query_heads,
+                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+                "query_scale": self.query_scale, "rope_base": self.rope_base,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+
+
+@tf.keras.utils.register_keras_serializable(package="tffl")
+class Gemma3Decoder(tf.keras.layers.Layer):
+    """One Gemma 3 decoder layer (module doc): `layer(x (B, T, H), decoder_padding_mask (B, T)
+    or None, training=None) -> (B, T, H)`.
+
+    Args:
+      intermediate_dim: F, the width of the gated feed-forward block.
+      num_query_heads, num_key_value_heads, head_dim: N, K, D.
+      query_scale: s, multiplies the queries; default D^-1/2.
+      rope_base: RoPE's base (10⁴ for Gemma 3's local layers, 10⁶ for its global ones).
+      sliding_window: W for a local layer (query t reads keys t−W+1..t); None for a global one.
+      layer_norm_epsilon: ε of the six RMSNorms.
+    """
+
+    def __init__(self, intermediate_dim: int, num_query_heads: int, num_key_value_heads: int,
+                 head_dim: int, query_scale: float | None = None, rope_base: float = 10_000.0,
+                 sliding_window: int | None = None, layer_norm_epsilon: float = 1e-6,
+                 kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.intermediate_dim = intermediate_dim
+        self.num_query_heads = num_query_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.query_scale = float(head_dim ** -0.5 if query_scale is None else query_scale)
+        self.rope_base = float(rope_base)
+        self.sliding_window = None if sliding_window is None else int(sliding_window)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+
+    def _norm(self, name, shape):
+        norm = Gemma3RMSNorm(self.layer_norm_epsilon, name=name)
+        norm.build(shape)
+        return norm
+
+    def _dense(self, units, name, input_shape):
+        dense = tf.keras.layers.Dense(
+            units, use_bias=False, name=name,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()))
+        dense.build(input_shape)
+        return dense
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        hidden_dim = input_shape[-1]
+        self._self_attention_layer = Gemma3Attention(
+            self.num_query_heads, self.num_key_value_heads, self.head_dim, self.query_scale,
+            self.rope_base, self.layer_norm_epsilon, self.kernel_initializer,
+            name="self_attention")
+        self._self_attention_layer.build(input_shape)
+        self._self_attention_norm = self._norm("self_attention_norm", input_shape)
+        self._post_attention_norm = self._norm("post_attention_norm", input_shape)
+        self._feedforward_norm = self._norm("feedforward_norm", input_shape)
+        self._post_feedforward_norm = self._norm("post_feedforward_norm", input_shape)
+        self._feedforward_gate_dense = self._dense(self.intermediate_dim, "feedforward_gate",
+                                                   input_shape)
+        self._feedforward_intermediate_dense = self._dense(
+            self.intermediate_dim, "feedforward_up", input_shape)
+        self._feedforward_output_dense = self._dense(
+            hidden_dim, "feedforward_down", input_shape[:-1] + (self.intermediate_dim,))
+        self.built = True
+
+    def call(self, x, decoder_padding_mask=None, training=None):
+        shape = tf.shape(x)
+        mask = attention_mask(decoder_padding_mask, shape[1], shape[0], self.sliding_window)
+        attended = self._self_attention_layer(self._self_attention_norm(x), mask)
+        h = x + self._post_attention_norm(attended)
+        n = self._feedforward_norm(h)
+        gate = tf.keras.activations.gelu(self._feedforward_gate_dense(n), approximate=True)
+        up = self._feedforward_intermediate_dense(n)
+        return h + self._post_feedforward_norm(self._feedforward_output_dense(gate * up))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "intermediate_dim": self.intermediate_dim,
+                "num_query_heads": self.num_query_heads,
+                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+                "query_scale": self.query_scale, "rope_base": self.rope_base,
+                "sliding_window": self.sliding_window,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}

