@@ -40,9 +40,10 @@ Example (a toy vocabulary; real use: `gemma3_tokenizer(fetch_gemma3_270m())`):
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import keras_nlp
+
+from models.gguf_reader import metadata_value, open_reader
 
 # Gemma 3 270M's special ids (tests/models/test_gemma3.py checks them against the GGUF file).
 GEMMA3_PAD = 0
@@ -75,37 +76,26 @@ class GGUFVocabulary:
             return None
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        if default is None:
-            raise ValueError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
-
-
 def read_gguf_vocabulary(path_or_reader) -> GGUFVocabulary:
     """The tokenizer vocabulary of a GGUF file (a path or an open `gguf.GGUFReader`).
 
     Raises:
       ValueError: the file's tokenizer is not a SentencePiece one ("llama"), or a key is missing.
     """
-    import gguf
 
-    reader = (path_or_reader if isinstance(path_or_reader, gguf.GGUFReader)
-              else gguf.GGUFReader(os.fspath(path_or_reader)))
-    model = _field(reader, "tokenizer.ggml.model")
+    reader = open_reader(path_or_reader)
+    model = metadata_value(reader, "tokenizer.ggml.model")
     if model != "llama":
         raise ValueError(f"GGUF tokenizer model is {model!r}; only SentencePiece ('llama') is "
                          "supported")
     padding = reader.fields.get("tokenizer.ggml.padding_token_id")
     return GGUFVocabulary(
-        pieces=list(_field(reader, "tokenizer.ggml.tokens")),
-        scores=[float(s) for s in _field(reader, "tokenizer.ggml.scores")],
-        types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        unknown_id=int(_field(reader, "tokenizer.ggml.unknown_token_id")),
+        pieces=list(metadata_value(reader, "tokenizer.ggml.tokens")),
+        scores=[float(s) for s in metadata_value(reader, "tokenizer.ggml.scores")],
+        types=[int(t) for t in metadata_value(reader, "tokenizer.ggml.token_type")],
+        bos_id=int(metadata_value(reader, "tokenizer.ggml.bos_token_id")),
+        eos_id=int(metadata_value(reader, "tokenizer.ggml.eos_token_id")),
+        unknown_id=int(metadata_value(reader, "tokenizer.ggml.unknown_token_id")),
         padding_id=None if padding is None else int(padding.contents()))
 
 

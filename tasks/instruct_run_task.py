@@ -100,27 +100,6 @@ def _answers(decoder) -> list[list[int]]:
     return [ids + [decoder.eos_id] for ids in decoder.tokenize(instructions.SENTIMENT_ANSWERS)]
 
 
-def _load(name: str, num_clients: int, seed: int, partition: str, data_dir, scheme_kwargs: dict,
-          packer: PromptPacker):
-    """The `tasks.task.Task` of packed prompts and labels (as `text_run_task._load_text_task`)."""
-    from tasks import task as task_lib
-
-    announce(f"reading and tokenizing the {name} prompts of {data_dir or 'TFDS glue/sst2'}")
-    if name == "sst2_instruct" and data_dir is None:
-        return task_lib.glue_tfds_task("sst2", packer, num_clients, scheme=partition, seed=seed,
-                                       **scheme_kwargs)
-    if name == "sst2_instruct":
-        return task_lib.sst2_tsv_task(data_dir / "sst2", packer, num_clients, scheme=partition,
-                                      seed=seed, **scheme_kwargs)
-    domains = len(task_lib.text_files.REVIEW_DOMAINS)
-    if num_clients % domains:
-        raise ValueError(f"num_clients={num_clients}: the review task splits each of its "
-                         f"{domains} domains into equal clients, so it must be a multiple of "
-                         f"{domains}")
-    return task_lib.review_task(data_dir / "multidomain_sentiment", packer,
-                                clients_per_domain=num_clients // domains, seed=seed)
-
-
 def _check_lengths(sequence_length: int | None, decoder, answer_width: int) -> int | None:
     """The most prompt tokens a row keeps (None: all), refusing a length with no room for the
     answer or above the decoder's positions."""
@@ -255,6 +234,7 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
     from models import decoders
     from models import lora_targets as targets_lib
     from tasks import prefix_cache as prefix_lib
+    from tasks import text_run_task
 
     if data_dir is None and name == "reviews_instruct":
         raise ValueError("data_dir is needed: task 'reviews_instruct' reads the five review "
@@ -273,7 +253,9 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
     packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id,
                           _check_lengths(sequence_length, decoder, answer_width))
     data_dir = None if data_dir is None else pathlib.Path(data_dir)
-    task = _load(name, num_clients, seed, partition, data_dir, scheme_kwargs, packer)
+    # The classifier's loader, on the same data and partitions (`tasks.text_run_task`).
+    task = text_run_task._load_text_task(name.removesuffix("_instruct"), num_clients, seed,
+                                         partition, data_dir, scheme_kwargs, packer)
     widest = int(task.element_spec[0]["token_ids"].shape[-1]) + answer_width
     if widest > decoder.max_length:
         raise ValueError(f"sequence_length=None: the longest prompt and answer take {widest} "

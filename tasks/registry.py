@@ -205,19 +205,15 @@ def build_task(
     `sst2` through TFDS (`mnist`, `glue/sst2`; `reviews` has no TFDS source). (Text tasks:
     `sequence_length`, `pooling`, `head`, `prefix_cache`, `bucket_by_length`, `rounds_on_disk`
     and `eval_test` as in `tasks.text_run_task._text_run_task`)."""
+    if partition not in PARTITIONS:
+        raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
     if name in INSTRUCT_TASKS:
-        if partition not in PARTITIONS:
-            raise ValueError(f"unknown partition {partition!r}; choose one of "
-                             f"{', '.join(PARTITIONS)}")
         return _instruct_run_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
             _scheme_kwargs(partition, classes_per_client, dirichlet_alpha),
             bucket_by_length=bucket_by_length)
     if name in TEXT_TASKS:
-        if partition not in PARTITIONS:
-            raise ValueError(f"unknown partition {partition!r}; choose one of "
-                             f"{', '.join(PARTITIONS)}")
         return _text_run_task(
             name, num_clients, batch_size, local_steps, seed, partition, data_dir, backbone,
             rank, lora_alpha, tuple(lora_targets), lora_layers, sequence_length,
@@ -230,8 +226,6 @@ def build_task(
                          f"the dev set it evaluates on, not {name!r}")
     if name not in _TASK_BUILDERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
-    if partition not in PARTITIONS:
-        raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
     task, hidden = _TASK_BUILDERS[name](
         num_clients, seed, partition, data_dir,
         classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha,
