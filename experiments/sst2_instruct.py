@@ -77,10 +77,10 @@ def run_sst2_instruct(ctx: Context) -> Result:
             rows.append(_row(method, num_clients, summary, run_dir))
             x, y = eval_curve(run_dir / "metrics.csv")
             series.append(Series(f"{SST2_INSTRUCT_LABELS[method]}, N={num_clients}", x, y))
-    layers = cfg["lora_layers"] or "every layer"
+    layers = f"layers {cfg['lora_layers']}" if cfg["lora_layers"] else "every layer"
     title = (
         f"SST-2 as instructions for a decoder (issue 54): {cfg['backbone']}, LoRA rank "
-        f"{cfg['rank']} on query and value of layers {layers}, IID clients all every round, "
+        f"{cfg['rank']} on query and value of {layers}, IID clients all every round, "
         f"{cfg['rounds']} communication rounds of {cfg['local_steps']} local SGD steps of batch "
         f"{cfg['batch_size']}, learning rate {cfg['learning_rate']:g}, seed {ctx.seed}; the 872 "
         f"dev sentences, final round.")
