@@ -100,11 +100,12 @@ def _answers(decoder) -> list[list[int]]:
     return [ids + [decoder.eos_id] for ids in decoder.tokenize(instructions.SENTIMENT_ANSWERS)]
 
 
-def _check_lengths(sequence_length: int | None, decoder, answer_width: int) -> int | None:
-    """The most prompt tokens a row keeps (None: all), refusing a length with no room for the
-    answer or above the decoder's positions."""
+def _check_lengths(sequence_length: int | None, decoder, answer_width: int) -> int:
+    """The most prompt tokens a row keeps: `sequence_length` (None: the decoder's positions)
+    less the longest answer; a length with no room for the answer, or above the decoder's
+    positions, is refused."""
     if sequence_length is None:
-        return None
+        return decoder.max_length - answer_width
     if sequence_length > decoder.max_length:
         raise ValueError(f"sequence_length={sequence_length}: {decoder.name} has "
                          f"{decoder.max_length} positions; pass at most that")
@@ -227,8 +228,9 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
                        bucket_by_length: bool = True) -> RunTask:
     """SST-2 (partitioned) or the five review domains (natural clients) as instructions for the
     decoder `backbone` (`models.decoders`) with LoRA on `lora_targets` of `lora_layers`.
-    `sequence_length` None keeps every prompt whole (each row as long as its prompt and answer);
-    else a row's prompt keeps its last `sequence_length` − (answer tokens) tokens. With
+    A row's prompt keeps its last `sequence_length` − (answer tokens) tokens; `sequence_length`
+    None is the decoder's positions (every SST-2 sentence whole), and each batch is cut to its
+    longest row. With
     `bucket_by_length`, a round's examples are batched with neighbours in length
     (`tasks.batching`), else in drawn order; each batch is cut to its longest row."""
     from models import decoders
@@ -256,11 +258,6 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
     # The classifier's loader, on the same data and partitions (`tasks.text_run_task`).
     task = text_run_task._load_text_task(name.removesuffix("_instruct"), num_clients, seed,
                                          partition, data_dir, scheme_kwargs, packer)
-    widest = int(task.element_spec[0]["token_ids"].shape[-1]) + answer_width
-    if widest > decoder.max_length:
-        raise ValueError(f"sequence_length=None: the longest prompt and answer take {widest} "
-                         f"tokens, above {decoder.name}'s {decoder.max_length} positions; pass "
-                         f"--sequence_length={decoder.max_length} to cut prompts from the start")
     lm_fn = _lm_builder(decoder, lora_config)
     input_spec = (collections.OrderedDict(
         (k, tf.TensorSpec([None, None], tf.int32))
@@ -276,7 +273,7 @@ def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps
                      f"{counted(len(task.train_data.client_ids), 'client')}; {decoder.description}"
                      f", LoRA r={rank} on {','.join(lora_targets)}, answers "
                      f"{'/'.join(repr(a) for a in instructions.SENTIMENT_ANSWERS)}, "
-                     f"{f'L={sequence_length}' if sequence_length else 'whole prompts'}; "
+                     f"L={sequence_length or f'up to {decoder.max_length} tokens'}; "
                      f"{'batches bucketed by length' if bucket_by_length else 'drawn order'}, "
                      "no prefix cache)"),
         client_ids=list(task.train_data.client_ids),

@@ -156,3 +156,13 @@ def test_the_decoders_lora_targets_are_their_layers_own():
     layer = decoder.backbone_fn().transformer_layers[0]
     assert decoder.lora_targets == tuple(lora_targets.layer_targets(layer))
     assert collections.Counter(decoder.tokenize(["ab", ""])[0]) == {97: 1, 98: 1}
+
+
+def test_the_review_domains_are_natural_clients_of_the_instruction_task(sample_data):
+    """Reviews longer than the decoder's 1,024 positions lose their start, not their answer."""
+    task = registry.build_task("reviews_instruct", num_clients=5, batch_size=4, local_steps=1,
+                               seed=0, data_dir=sample_data, backbone="gpt2_tiny", rank=2)
+    assert "L=up to 1024 tokens" in task.description
+    assert task.client_ids == ["airline", "books", "dvd", "electronics", "kitchen"]
+    ((x, y),) = list(task.client_dataset_fn("books", 1))
+    assert x["response_mask"].numpy().sum() == len(y.numpy()) > 0
