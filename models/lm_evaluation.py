@@ -98,6 +98,21 @@ def generate(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]], max_new
     return out
 
 
+def _row_log_likelihood_fn(backbone: tf.keras.Model):
+    """`batch -> (B,)` Σ over each row's response tokens of log p(token | before), as a graph."""
+    spec = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[{"token_ids": spec, "padding_mask": spec,
+                                   "response_mask": spec}])
+    def row_log_likelihoods(batch):
+        logits, targets = causal_lm.response_logits(backbone, batch)
+        picked = tf.gather(tf.nn.log_softmax(logits), targets, axis=1, batch_dims=1)
+        row_of = causal_lm.response_indices(batch["response_mask"])[:, 0]
+        return tf.math.unsorted_segment_sum(picked, row_of, tf.shape(batch["token_ids"])[0])
+
+    return row_log_likelihoods
+
+
 def log_likelihoods(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]],
                     continuations: Sequence[Sequence[int]], pad_id: int = 0,
                     batch_size: int = 32) -> np.ndarray:
@@ -107,6 +122,7 @@ def log_likelihoods(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]],
     _check_prompts(prompts)
     if any(not len(c) for c in continuations):
         raise ValueError("every continuation needs at least one token")
+    row_log_likelihoods = _row_log_likelihood_fn(backbone)
     scores = []
     for start in range(0, len(prompts), batch_size):
         rows = [list(p) + list(c) for p, c in zip(prompts[start:start + batch_size],
@@ -118,10 +134,7 @@ def log_likelihoods(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]],
         for i, p in enumerate(prompts[start:start + batch_size]):
             response[i, len(p):len(rows[i])] = 1
         batch = {"token_ids": token_ids, "padding_mask": padding, "response_mask": response}
-        logits, targets = causal_lm.response_logits(backbone, batch)
-        picked = tf.gather(tf.nn.log_softmax(logits), targets, axis=1, batch_dims=1)
-        row_of = causal_lm.response_indices(response)[:, 0]
-        scores.append(tf.math.unsorted_segment_sum(picked, row_of, len(rows)).numpy())
+        scores.append(row_log_likelihoods(batch).numpy())
     return np.concatenate(scores).astype(np.float64)
 
 
