@@ -195,6 +195,7 @@ def execute(config: RunConfig, script: str = "train.py") -> int:
     worker), with one line `<script>: error: ...` on stderr for an error; prints the comparison
     of several algorithms and one line per algorithm. Ctrl-C ends the process (status 130) after
     one line naming the command that continues the run."""
+    from models.checkpoints import CheckpointUnavailableError
     from tffl import runtime
     from tffl.simulation import checkpoint
     from tffl.simulation import driver as simulation
@@ -205,7 +206,9 @@ def execute(config: RunConfig, script: str = "train.py") -> int:
         summaries = run(config)
     except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
         return cli.error_exit(script, e, 2, flag_message(e))
-    except (ValueError, FloatingPointError, OSError) as e:
+    except (ValueError, FloatingPointError, OSError, CheckpointUnavailableError) as e:
+        # CheckpointUnavailableError: a pretrained backbone (MiniLM, Gemma 3) could not be
+        # downloaded or extracted; its message names the package.
         return cli.error_exit(script, e, 1, flag_message(e))
     except runtime.WorkerError as e:
         output_dir = config.output.output_dir
