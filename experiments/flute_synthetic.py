@@ -66,7 +66,7 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
     by_id, started = dict(zip(ids, data)), time.perf_counter()
 
     def evaluate(state, store=None):  # the state after round `round_num`
-        if int(state["round_num"]) not in checkpoints:
+        if process.round_num(state) not in checkpoints:
             return {}
         return {"error": error_fn(state, None if store is None else store.lookup(ids))}
 

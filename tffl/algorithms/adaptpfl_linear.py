@@ -185,11 +185,12 @@ def predictors(process: process_lib.Process, state, personal_states) -> np.ndarr
 
 
 def _process(server, next_fn, client_update, config: AdaptPFLLinearConfig) -> process_lib.Process:
+    personal_type = linear_engine.personal_type(personal_shapes(config.dim, config.rank))
     return server.build_process(
         "adaptpfl_linear", next_fn, config=config,
         personal=linear_engine.personal_spec(personal_shapes(config.dim, config.rank),
                                              functools.partial(initial_personal, config)),
-        traffic=linear_engine.averaging_traffic(server, client_update))
+        traffic=linear_engine.averaging_traffic(server, client_update, personal_type))
 
 
 def build_adaptpfl_linear(
@@ -391,7 +392,6 @@ def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damp
 
     # (7)–(8): the mean of B̂ − ηG_i is B̂ − η·mean(G_i), one step; then QR.
     next_fn = linear_engine.build_averaging_round(server, client_update,
-                                                  server_update=server.orthonormalize,
                                                   personal_type=personal_type)
     return _process(server, next_fn, client_update, AdaptPFLLinearConfig(
         dim=dim, rank=rank, alpha=alpha, learning_rate=eta, head_learning_rate=eta,

@@ -173,9 +173,7 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
 
     moments = linear_engine.build_mean_initializer(server, client_moments, top_eigenvectors)
 
-    next_fn = linear_engine.build_averaging_round(server, client_update,
-                                                  server_update=server.orthonormalize)
+    next_fn = linear_engine.build_averaging_round(server, client_update)
     config = FedRepLinearConfig(dim=dim, rank=rank, learning_rate=eta, seed=int(seed),
                                 moments=moments, head=exact_head)
-    return server.build_process("fedrep_linear", next_fn, config=config,
-                                traffic=linear_engine.averaging_traffic(server, client_update))
+    return server.build_process("fedrep_linear", next_fn, config=config)

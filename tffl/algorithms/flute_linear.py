@@ -226,17 +226,16 @@ def _server_steps(server: linear_engine.LinearServer, sums_type: tff.Type, eta_l
     @tff.tensorflow.computation(state_type)
     def broadcast_representation(state):
         """B, the first exchange's broadcast."""
-        return state["representation"]
+        return linear_engine.representation_of(state)
 
     @tff.tensorflow.computation(state_type, sums_type)
     def server_step(state, sums):
         """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W); round_num + 1."""
-        b64 = tf.cast(state["representation"], tf.float64)
+        b64 = tf.cast(linear_engine.representation_of(state), tf.float64)
         new = (b64 - eta_l * tf.cast(sums["representation_gradient"], tf.float64)
                - eta_r * regularizer_gradients(b64, tf.cast(sums["head_gram"], tf.float64),
                                                g1, g2))
-        return collections.OrderedDict(representation=tf.cast(new, tf.float32),
-                                       round_num=state["round_num"] + 1)
+        return linear_engine.advanced(state, tf.cast(new, tf.float32))
 
     @tff.tensorflow.computation(sums_type)
     def gram(sums):
@@ -246,7 +245,7 @@ def _server_steps(server: linear_engine.LinearServer, sums_type: tff.Type, eta_l
     @tff.tensorflow.computation(state_type, sums_type)
     def regularizer_value(state, sums):
         """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
-        b64 = tf.cast(state["representation"], tf.float64)
+        b64 = tf.cast(linear_engine.representation_of(state), tf.float64)
         g64 = tf.cast(sums["head_gram"], tf.float64)
         btb = tf.transpose(b64) @ b64
         value = (-g1 * tf.linalg.trace(btb @ g64)

@@ -1,16 +1,17 @@
 """Composition: an algorithm's round kinds (`tffl.engine.rounds.RoundPieces`) as federated
-computations sharing one state.
+computations sharing one state — for the Keras algorithms and the linear ones alike.
 
-Every kind is composed from TFF's four pieces — `compose_learning_process` for stateless
-clients, `compose_personalized` (its twin with the personal state in and out at CLIENTS)
-otherwise — with the aggregator and finalizer states keyed by round kind and a `round_num`
-counter in the finalizer state:
+Every kind is composed from TFF's four pieces (`compose_kinds`) — `compose_learning_process` for
+stateless clients holding `tf.data` sequences, `compose_round` (its twin, which also takes the
+personal state in and out at CLIENTS, or tensor client data) otherwise — with the aggregator and
+finalizer states keyed by round kind and a `round_num` counter in the finalizer state:
 
     LearningAlgorithmState(global_model_weights = w, distributor = (), client_work = (),
                            aggregator = {round: state},
                            finalizer = {round_num, steps: {round: server-step state}})
 
-so all kinds share one state type and one `initialize` (`compose_rounds`), and
+so all kinds share one state type and one `initialize` (`compose_kinds`; `compose_rounds`
+on a Keras `FederatedModel`), and
 `build_process` makes them one `tffl.engine.process.Process` run by a schedule.
 
 >>> rounds, initialize = process.rounds, process.initialize     # RoLoRA's, from `build_process`
@@ -116,7 +117,8 @@ def _client_work(piece: engine.RoundPieces, weights_type, data_type):
                                tff.FederatedType(data_type, tff.CLIENTS))
     def next_fn(state, weights, data):
         result, sums, _ = tff.federated_map(piece.client_update, (weights, data))
-        return tff.templates.MeasuredProcessOutput(state, result, engine.train_metrics(sums))
+        return tff.templates.MeasuredProcessOutput(
+            state, result, engine.train_metrics(sums, piece.finalize_metrics))
 
     return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
 
@@ -136,7 +138,8 @@ def _counting_client_work(piece: engine.RoundPieces, weights_type, data_type):
         t = tff.federated_broadcast(state)
         result, sums, _ = tff.federated_map(piece.client_update, (weights, data, t))
         return tff.templates.MeasuredProcessOutput(
-            tff.federated_map(_increment(), state), result, engine.train_metrics(sums))
+            tff.federated_map(_increment(), state), result,
+            engine.train_metrics(sums, piece.finalize_metrics))
 
     return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
 
@@ -158,19 +161,8 @@ def _as_round_values(count):
     return [count]
 
 
-def compose_personalized(initial_weights_fn, distributor, client_update, aggregator, finalizer,
-                         data_type, personal_type, count_clients: bool = False):
-    """`compose_learning_process`'s round with the personal state in and out at CLIENTS:
-    `next(state, data@C, personal@C) -> PersonalizedOutput(state, personal@C, metrics)`; the
-    same state type.
-
-    With `count_clients` (a hook's round input `num_clients`), the round first sums one per
-    client and broadcasts |I| to every client beside the weights."""
-
-    @tff.tensorflow.computation(data_type)
-    def one(dataset):
-        del dataset
-        return tf.constant(1.0, tf.float32)
+def _initialize(initial_weights_fn, distributor, aggregator, finalizer) -> tff.Computation:
+    """`() -> LearningAlgorithmState@SERVER`, as `compose_learning_process` initializes."""
 
     @tff.federated_computation
     def initialize():
@@ -179,59 +171,130 @@ def compose_personalized(initial_weights_fn, distributor, client_update, aggrega
             tff.federated_value((), tff.SERVER), aggregator.initialize(),
             finalizer.initialize()))
 
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def next_fn(state, data, personal):
+    return initialize
+
+
+def build_initialize(pieces: Sequence[engine.RoundPieces], initial_weights_fn,
+                     weights_type) -> tff.Computation:
+    """The `initialize` `compose_kinds` gives `pieces`, built from their aggregators and server
+    steps alone (their client work may not exist yet: a linear server's state type is needed to
+    write its clients' and server's computations)."""
+    return _initialize(initial_weights_fn,
+                       tff.learning.templates.build_broadcast_process(weights_type),
+                       _keyed_aggregator(pieces, pieces[0].name),
+                       _keyed_finalizer(pieces, pieces[0].name, weights_type))
+
+
+def compose_round(initial_weights_fn, distributor, piece: engine.RoundPieces, aggregator,
+                  finalizer, data_type, personal_type=None, count_clients: bool = False):
+    """`compose_learning_process`'s round, for what it cannot take: personal state in and out at
+    CLIENTS, or client data that are tensors rather than `tf.data` sequences (the linear
+    algorithms' batches). The same state type and metric structure:
+
+        personal_type None: next(state, data@C) -> LearningProcessOutput(state, metrics)
+        otherwise:          next(state, data@C, personal@C)
+                              -> PersonalizedOutput(state, personal@C, metrics)
+
+    `piece.client_update` is `(w, data[, personal][, |I|]) -> (ClientResult, metric sums,
+    personal')`. With `count_clients` (a hook's round input `num_clients`), the round first sums
+    one per client and broadcasts |I| to every client beside the weights."""
+    client_update = piece.client_update
+
+    @tff.tensorflow.computation(data_type)
+    def one(dataset):
+        del dataset
+        return tf.constant(1.0, tf.float32)
+
+    initialize = _initialize(initial_weights_fn, distributor, aggregator, finalizer)
+
+    def run(state, data, personal):
         sent = distributor.next(state.distributor, state.global_model_weights)
+        inputs = (sent.result, data) + (() if personal is None else (personal,))
         if count_clients:
             count = tff.federated_broadcast(tff.federated_sum(tff.federated_map(one, data)))
-            result, sums, new_personal = tff.federated_map(
-                client_update, (sent.result, data, personal,
-                                tff.federated_map(_as_round_values, count)))
-        else:
-            result, sums, new_personal = tff.federated_map(client_update,
-                                                           (sent.result, data, personal))
+            inputs += (tff.federated_map(_as_round_values, count),)
+        result, sums, new_personal = tff.federated_map(client_update, inputs)
         aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
         final = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
         new_state = tff.federated_zip(LearningAlgorithmState(
             final.result, sent.state, state.client_work, aggregated.state, final.state))
         metrics = tff.federated_zip(collections.OrderedDict(
-            distributor=sent.measurements, client_work=engine.train_metrics(sums),
+            distributor=sent.measurements,
+            client_work=engine.train_metrics(sums, piece.finalize_metrics),
             aggregator=aggregated.measurements, finalizer=final.measurements))
-        return PersonalizedOutput(new_state, new_personal, metrics)
+        return new_state, new_personal, metrics
 
-    return initialize, next_fn
+    state_type, data_at_clients = initialize.type_signature.result, tff.FederatedType(
+        data_type, tff.CLIENTS)
+    if personal_type is None:
+        @tff.federated_computation(state_type, data_at_clients)
+        def next_fn(state, data):
+            new_state, _, metrics = run(state, data, None)
+            return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+        return initialize, next_fn
+
+    @tff.federated_computation(state_type, data_at_clients,
+                               tff.FederatedType(personal_type, tff.CLIENTS))
+    def personalized_next_fn(state, data, personal):
+        return PersonalizedOutput(*run(state, data, personal))
+
+    return initialize, personalized_next_fn
 
 
-def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
-                   personal: bool, hook=None):
-    """`(initialize, {round kind: next})`: every kind composed with the keyed states."""
-    weights_type, data_type = model.layout.global_type(), model.data_type()
+def _is_sequences(data_type: tff.Type) -> bool:
+    """Whether one client's data is a `tf.data` sequence (or a structure of them), as
+    `compose_learning_process` requires."""
+    if isinstance(data_type, tff.SequenceType):
+        return True
+    return (isinstance(data_type, tff.StructType) and len(data_type) > 0
+            and all(_is_sequences(t) for t in data_type))
+
+
+def compose_kinds(pieces: Sequence[engine.RoundPieces], initial_weights_fn, weights_type,
+                  data_type, personal_type=None, count_clients: bool = False):
+    """`(initialize, {round kind: next})`: every kind composed from TFF's four pieces with the
+    keyed states — by `tff.learning.templates.compose_learning_process` when the clients are
+    stateless and hold `tf.data` sequences, by its twin `compose_round` otherwise (personal
+    state, or tensor client data).
+
+    Args:
+      pieces: the round kinds (`tffl.engine.rounds.RoundPieces`).
+      initial_weights_fn: `() -> w⁰`, a no-argument TF computation (unplaced).
+      weights_type, data_type: w's and one client's data's types (unplaced).
+      personal_type: one client's personal state type, or None (stateless clients).
+      count_clients: every client also gets |I| (`compose_round`).
+    """
     if len(pieces) > 1 and any(p.round_counter for p in pieces):
         raise ValueError("a round kind that counts rounds in its client work (a switch round) "
                          "must be the algorithm's only kind: the kinds share one state type")
-    if personal and any(p.round_counter for p in pieces):
+    if personal_type is not None and any(p.round_counter for p in pieces):
         raise ValueError("a switch round has no personal state")
-    initial = _initial_weights_fn(model)
     rounds, initialize = collections.OrderedDict(), None
     for piece in pieces:
         distributor = tff.learning.templates.build_broadcast_process(weights_type)
         aggregator = _keyed_aggregator(pieces, piece.name)
         finalizer = _keyed_finalizer(pieces, piece.name, weights_type)
-        if personal:
-            init, next_fn = compose_personalized(
-                initial, distributor, piece.client_update, aggregator, finalizer, data_type,
-                engine.personal_type(model, hook),
-                count_clients="num_clients" in engine.round_inputs(hook))
-        else:
+        if personal_type is None and (_is_sequences(data_type) or piece.round_counter):
             composed = tff.learning.templates.compose_learning_process(
-                initial, distributor, _client_work(piece, weights_type, data_type), aggregator,
-                finalizer)
+                initial_weights_fn, distributor, _client_work(piece, weights_type, data_type),
+                aggregator, finalizer)
             init, next_fn = composed.initialize, composed.next
+        else:
+            init, next_fn = compose_round(initial_weights_fn, distributor, piece, aggregator,
+                                          finalizer, data_type, personal_type, count_clients)
         initialize = initialize or init
         rounds[piece.name] = next_fn
     return initialize, rounds
+
+
+def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
+                   personal: bool, hook=None):
+    """`compose_kinds` on a Keras `FederatedModel`: its federated weights, its data, and (if
+    `personal`) its personal state and the hook's round inputs."""
+    return compose_kinds(
+        pieces, _initial_weights_fn(model), model.layout.global_type(), model.data_type(),
+        personal_type=engine.personal_type(model, hook) if personal else None,
+        count_clients=personal and "num_clients" in engine.round_inputs(hook))
 
 
 def weights_computations(initialize):

@@ -1,6 +1,6 @@
 """The shared machinery of the linear algorithms (`fedrep_linear`, `flute_linear`,
-`adaptpfl_linear`, `rolora_linear`): state, round counter, argument checks, the averaging round
-and the `tffl.engine.process.Process` each builder returns.
+`adaptpfl_linear`, `rolora_linear`): the server and its state, argument checks, the averaging
+round and the `tffl.engine.process.Process` each builder returns.
 
 A linear model. Client i holds a batch X_i ∈ R^{m_i×d}, y_i ∈ R^{m_i} and predicts ŷ = xᵀ θ_i,
 where θ_i ∈ R^d is built from the shared representation B ∈ R^{d×k} (k ≤ d) and the client's
@@ -14,24 +14,32 @@ A linear round t over the participating clients I (|I| = n):
 2. client i runs its algorithm's client computation on (B, X_i, y_i[, p_i]) and returns what the
    server aggregates (e.g. B_i, or ∇_B L_i), its loss ℓ_i at the start of the round and, if the
    algorithm has one, its new personal state p_i';
-3. the server forms the new B from the aggregates; the state becomes (B', t + 1);
+3. the server forms the new B from the aggregates; B' and round_num t + 1;
 4. metrics, in TFF's learning-process structure (`round_metrics`): `client_work/train` holds
    `loss` = (1/n) Σ_{i∈I} ℓ_i and `num_clients` = n; `finalizer` any algorithm-specific server
    values.
 
-The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) has step 3 =
-B' = P((1/n) Σ_{i∈I} B_i) — the unweighted `tff.federated_mean`, whatever the m_i — with P the
-identity or `orthonormalize` (B̄ = QR, P(B̄) = Q with diag(R) ≥ 0). A round with two client
-exchanges (RoLoRA's Alt-min-GD; FLUTE) is `build_two_exchange_round`, in
-`tffl.engine.linear_rounds` with `round_metrics` (re-exported here). Every federated computation
-of the linear algorithms is built in these two engine modules: an algorithm module writes only
-`tff.tensorflow.computation`s and calls their builders.
+The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) is built as every Keras
+round is: TFF's four pieces — distributor (broadcast B), client work (the algorithm's client
+computation, uploading `ClientResult(B_i, 1)` and its metric sums), aggregator (a
+`tff.aggregators` factory, by default the unweighted mean (1/n) Σ_{i∈I} B_i whatever the m_i)
+and finalizer (`RepresentationStep`: P, the identity or `orthonormalize`, B̄ = QR, P(B̄) = Q with
+diag(R) ≥ 0) — composed by `tffl.engine.composition.compose_kinds`, so its state, metrics and
+`LearningProcess` are the Keras algorithms'. A round with two client exchanges (RoLoRA's
+Alt-min-GD; FLUTE) is `build_two_exchange_round`, in `tffl.engine.linear_rounds` with
+`round_metrics` (re-exported here): its second broadcast depends on the first aggregate, which
+no one pass of the four pieces holds. An algorithm module writes only
+`tff.tensorflow.computation`s and calls these builders.
 
 TFF placement and types:
 
-    server state   OrderedDict(representation=float32[d, k], round_num=int32)   @SERVER
+    server state   LearningAlgorithmState(global_model_weights=float32[d, k],
+                       distributor=(), client_work=(), aggregator={round: …},
+                       finalizer={round_num=int32, steps={round: {}}})          @SERVER
     client data    OrderedDict(x=float32[m_i, d], y=float32[m_i])                @CLIENTS
     personal state OrderedDict(<name>=float32[shape], …)                         @CLIENTS
+
+(RoLoRA's Alt-min-GD keeps its own `OrderedDict(a, b, round_num)`.)
 
 Client data are tensors, one value per client (not `tf.data` sequences: exact solves and full-
 batch gradients need the whole batch at once); the type has shape [None, d], so m_i may differ.
@@ -58,7 +66,7 @@ Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, Q
 ...     return collections.OrderedDict(
 ...         representation=tf.cast(tf.cast(b, tf.float64) - 0.1 * step, tf.float32),
 ...         loss=tf.cast(tf.reduce_sum(r**2) / (2.0 * m), tf.float32))
->>> next_fn = build_averaging_round(server, client_update, server_update=server.orthonormalize)
+>>> next_fn = build_averaging_round(server, client_update)     # P: QR (orthonormal)
 >>> process = server.build_process("unit_heads", next_fn, config=None)
 >>> with runtime.local_runtime():
 ...     output = process.next_round(process.initialize(), data)   # `data`: 4 clients, d = 10
@@ -82,7 +90,9 @@ import tensorflow_federated as tff
 
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
 from tffl.engine import communication
+from tffl.engine import composition
 from tffl.engine import process as process_lib
+from tffl.engine import rounds as engine
 from tffl.engine.linear_rounds import (  # noqa: F401  (re-exported)
     build_two_exchange_round,
     client_traffic,
@@ -90,9 +100,9 @@ from tffl.engine.linear_rounds import (  # noqa: F401  (re-exported)
     round_metrics,
     two_exchange_traffic,
 )
-from tffl.engine.personal_state import PersonalizedOutput
 
 ROUND = "round"   # a linear process's one round kind
+LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
 
 # Argument checks (Python, at build time).
 
@@ -172,22 +182,57 @@ def personal_type(shapes: Mapping[str, Sequence[int]]) -> tff.StructWithPythonTy
     )
 
 
+class RepresentationStep:
+    """The linear averaging round's server step: B' = P(Ā), Ā the aggregate of the uploaded B_i
+    (P = `orthonormalize` or the identity). Stateless; the shape of a `tffl.engine.server_steps`
+    step (`initialize`, `apply(state, w, update, round_num) -> (state, w')`)."""
+
+    def __init__(self, representation_type: tff.TensorType, orthonormal: bool):
+        @tff.tensorflow.computation
+        def initialize():
+            return collections.OrderedDict()
+
+        @tff.tensorflow.computation(initialize.type_signature.result, representation_type,
+                                    representation_type, np.int32)
+        def apply(state, representation, update, round_num):
+            del representation, round_num
+            if orthonormal:
+                update = tf.cast(orthonormalize(tf.cast(update, tf.float64)), tf.float32)
+            return state, update
+
+        self.initialize, self.apply = initialize, apply
+
+
+def _finalize_metrics(sums):
+    """Σ_i (ℓ_i, 1) -> `client_work/train` {loss: (1/n) Σ_i ℓ_i, num_clients: n}."""
+    n = sums["num_clients"]
+    return collections.OrderedDict(loss=sums["loss_sum"] / tf.cast(n, tf.float32),
+                                   num_clients=n)
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearServer:
-    """The server state `OrderedDict(representation=float32[d, k], round_num=int32)` and its TFF
-    computations (see `build_server`).
+    """A linear process's server: B and the round's pieces other than the client work, and the
+    state every linear process shares, TFF's
+
+        LearningAlgorithmState(global_model_weights = B (float32[d, k]), distributor = (),
+                               client_work = (), aggregator = {"round": aggregator state},
+                               finalizer = {round_num, steps: {"round": {}}})    @SERVER
+
+    (`tffl.engine.composition`'s, as for the Keras algorithms; see `build_server`).
 
     Attributes:
       dim, rank: d, k.
       representation_type: float32[d, k].
       data_type: one client's `OrderedDict(x=float32[None, d], y=float32[None])`.
+      pieces: the averaging round's `RoundPieces` without client work (distributor, aggregator,
+        server step), completed by `build_averaging_round`.
+      initial_representation: () -> B⁰ (unplaced).
       state_type: the state's federated type (@SERVER).
-      initialize: federated () -> state@SERVER with the initial B and round_num 0.
-      fresh_state: (float32[d, k]) -> state with that B and round_num 0 (unplaced).
+      initialize: federated () -> state@SERVER with B⁰ and round_num 0.
       get_representation: (state) -> B (unplaced; a process's `get_model_weights`).
       set_representation: (state, float32[d, k]) -> state with that B (orthonormalized if the
         server is `orthonormal`), round_num kept (unplaced; a process's `set_model_weights`).
-      increment: (state) -> round_num + 1 (unplaced).
       orthonormalize: (float32[d, k]) -> its Q (float64 QR, signs as `orthonormalize`).
     """
 
@@ -195,22 +240,19 @@ class LinearServer:
     rank: int
     representation_type: tff.TensorType
     data_type: tff.Type
+    pieces: engine.RoundPieces
+    initial_representation: tff.Computation
     state_type: tff.FederatedType
     initialize: tff.Computation
-    fresh_state: tff.Computation
     get_representation: tff.Computation
     set_representation: tff.Computation
-    increment: tff.Computation
     orthonormalize: tff.Computation
 
     def start(self, representation):
-        """The state@SERVER with B = `representation` (@SERVER) and round_num 0."""
-        return tff.federated_map(self.fresh_state, representation)
-
-    def advance(self, state, representation):
-        """The next state@SERVER: B = `representation` (@SERVER), round_num + 1."""
-        return tff.federated_zip(collections.OrderedDict(
-            representation=representation, round_num=tff.federated_map(self.increment, state)))
+        """The initial state@SERVER with B = `representation` (@SERVER), inside a federated
+        computation."""
+        replace = _replace_representation(self.state_type.member, self.representation_type)
+        return tff.federated_map(replace, tff.federated_zip((self.initialize(), representation)))
 
     def build_process(self, algorithm: str, next_computation: tff.Computation, *, config,
                       personal=None, traffic=None) -> process_lib.Process:
@@ -222,18 +264,45 @@ class LinearServer:
                              traffic=traffic)
 
 
+def representation_of(state) -> tf.Tensor:
+    """B of a linear server's state, inside a TF computation."""
+    return state.global_model_weights
+
+
+def advanced(state, representation):
+    """The state after a round that ends at B = `representation`: round_num + 1, the rest kept
+    (inside a TF computation; a two-exchange round's server update)."""
+    finalizer = collections.OrderedDict(round_num=state.finalizer["round_num"] + 1,
+                                        steps=state.finalizer["steps"])
+    return LearningAlgorithmState(representation, state.distributor, state.client_work,
+                                  state.aggregator, finalizer)
+
+
+def _replace_representation(state_type: tff.Type, representation_type: tff.Type):
+    @tff.tensorflow.computation(state_type, representation_type)
+    def replace(state, representation):
+        return LearningAlgorithmState(representation, state.distributor, state.client_work,
+                                      state.aggregator, state.finalizer)
+
+    return replace
+
+
 def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Tensor],
-                 orthonormal: bool) -> LinearServer:
+                 orthonormal: bool, aggregator=None) -> LinearServer:
     """The server side of a linear process.
 
     Args:
       dim, rank: d, k (checked by the caller, e.g. `check_dims`).
       initial_representation: () -> float64 d×k tensor, B⁰ (traced into a TF computation; seed
         it, e.g. `gaussian`, so that `initialize` is deterministic).
-      orthonormal: whether the process keeps B orthonormal: then `set_representation`
-        orthonormalizes what it is given; otherwise it stores it as is.
+      orthonormal: whether the process keeps B orthonormal: then the averaging round's server
+        step and `set_representation` orthonormalize (QR); otherwise B is stored as is.
+      aggregator: the averaging round's `tff.aggregators` factory for the B_i (default the
+        unweighted mean `UnweightedMeanFactory()`, (1/n) Σ_i B_i, whatever the m_i; a weighted
+        factory weights every client 1).
     """
     b_type = tff.TensorType(np.float32, [dim, rank])
+    factory, _ = engine.weighted_factory(aggregator or tff.aggregators.UnweightedMeanFactory())
 
     @tff.tensorflow.computation
     def random_representation():
@@ -243,36 +312,30 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
     def server_orthonormalize(b):
         return tf.cast(orthonormalize(tf.cast(b, tf.float64)), tf.float32)
 
-    @tff.tensorflow.computation(b_type)
-    def fresh_state(b):
-        return collections.OrderedDict(representation=b, round_num=tf.constant(0, tf.int32))
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_map(fresh_state, tff.federated_eval(random_representation,
-                                                                 tff.SERVER))
-
+    pieces = engine.RoundPieces(
+        ROUND, client_update=None,
+        aggregator=factory.create(b_type, tff.TensorType(np.float32)),
+        step=RepresentationStep(b_type, orthonormal), traffic=None, upload_type=b_type,
+        finalize_metrics=_finalize_metrics)
+    initialize = composition.build_initialize([pieces], random_representation, b_type)
     state_type = initialize.type_signature.result
 
     @tff.tensorflow.computation(state_type.member)
-    def increment(state):
-        return state["round_num"] + 1
-
-    @tff.tensorflow.computation(state_type.member)
     def get_representation(state):
-        return state["representation"]
+        return state.global_model_weights
 
     @tff.tensorflow.computation(state_type.member, b_type)
     def with_representation(state, b):
         if orthonormal:
             b = tf.cast(orthonormalize(tf.cast(b, tf.float64)), tf.float32)
-        return collections.OrderedDict(representation=b, round_num=state["round_num"])
+        return LearningAlgorithmState(b, state.distributor, state.client_work, state.aggregator,
+                                      state.finalizer)
 
     return LinearServer(
         dim=dim, rank=rank, representation_type=b_type, data_type=data_type(dim),
-        state_type=state_type, initialize=initialize, fresh_state=fresh_state,
-        get_representation=get_representation, set_representation=with_representation,
-        increment=increment, orthonormalize=server_orthonormalize)
+        pieces=pieces, initial_representation=random_representation, state_type=state_type,
+        initialize=initialize, get_representation=get_representation,
+        set_representation=with_representation, orthonormalize=server_orthonormalize)
 
 
 def build_mean_initializer(server: LinearServer, client_statistic: tff.Computation,
@@ -289,10 +352,37 @@ def build_mean_initializer(server: LinearServer, client_statistic: tff.Computati
     return initialize_from_clients
 
 
+def _round_client(server: LinearServer, client_update: tff.Computation,
+                  personal_type: tff.Type | None) -> tff.Computation:
+    """An algorithm's `client_update` ((B, data[, p]) -> {representation, loss[, personal]})
+    as the engine's client work: `(B, data[, p]) -> (ClientResult(B_i, 1), {loss_sum: ℓ_i,
+    num_clients: 1}, p_i')`."""
+
+    def adapt(out):
+        result = tff.learning.templates.ClientResult(
+            update=out["representation"], update_weight=tf.constant(1.0, tf.float32))
+        sums = collections.OrderedDict(loss_sum=out["loss"],
+                                       num_clients=tf.constant(1, tf.int32))
+        return result, sums, (out["personal"] if personal_type is not None else [])
+
+    if personal_type is None:
+        @tff.tensorflow.computation(server.representation_type, server.data_type)
+        def client(b, data):
+            return adapt(client_update(b, data))
+        return client
+
+    @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
+    def personal_client(b, data, personal):
+        return adapt(client_update(b, data, personal))
+
+    return personal_client
+
+
 def build_averaging_round(server: LinearServer, client_update: tff.Computation,
-                          personal_type: tff.Type | None = None,
-                          server_update: tff.Computation | None = None) -> tff.Computation:
-    """The federated `next` of an averaging round: B' = P((1/n) Σ_i B_i).
+                          personal_type: tff.Type | None = None) -> tff.Computation:
+    """The federated `next` of an averaging round, B' = P(A_{i∈I} B_i) (A the server's
+    aggregator, the unweighted mean by default; P its server step): the server's pieces and
+    this client work composed by `tffl.engine.composition.compose_kinds`, as every Keras round.
 
     Args:
       server: the process's `LinearServer`.
@@ -300,39 +390,19 @@ def build_averaging_round(server: LinearServer, client_update: tff.Computation,
         third entry `personal=p_i'` when `personal_type` is given (any key order).
       personal_type: the personal-state type (e.g. `personal_type(shapes)`), or None for a
         process without personal state.
-      server_update: P, float32[d, k] -> float32[d, k] applied to the mean (None: identity).
 
     Returns:
       Without personal state: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state,
       metrics)`; with it: (state@SERVER, data@CLIENTS, personal@CLIENTS) ->
-      `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`. Metrics:
-      `round_metrics(ℓ)`. Bytes per client: `averaging_traffic`.
+      `PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)`. Metrics: TFF's
+      structure, `client_work/train` = {loss: (1/n) Σ_i ℓ_i, num_clients: n}.
     """
-    data_at_clients = tff.FederatedType(server.data_type, tff.CLIENTS)
-
-    def finish(state, out):
-        b_bar = tff.federated_mean(out.representation)
-        if server_update is not None:
-            b_bar = tff.federated_map(server_update, b_bar)
-        return server.advance(state, b_bar), round_metrics(out.loss)
-
-    if personal_type is None:
-        @tff.federated_computation(server.state_type, data_at_clients)
-        def next_fn(state, data):
-            out = tff.federated_map(
-                client_update, (tff.federated_broadcast(state.representation), data))
-            return tff.learning.templates.LearningProcessOutput(*finish(state, out))
-        return next_fn
-
-    @tff.federated_computation(server.state_type, data_at_clients,
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def personalized_next_fn(state, data, personal):
-        out = tff.federated_map(
-            client_update, (tff.federated_broadcast(state.representation), data, personal))
-        new_state, metrics = finish(state, out)
-        return PersonalizedOutput(new_state, out.personal, metrics)
-
-    return personalized_next_fn
+    client = _round_client(server, client_update, personal_type)
+    pieces = dataclasses.replace(server.pieces, client_update=client)
+    _, rounds = composition.compose_kinds(
+        [pieces], server.initial_representation, server.representation_type, server.data_type,
+        personal_type=personal_type)
+    return rounds[ROUND]
 
 
 def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
@@ -345,12 +415,13 @@ def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
     return initialize
 
 
-def averaging_traffic(server: LinearServer, client_update: tff.Computation
-                      ) -> communication.RoundTraffic:
-    """Bytes per client of `build_averaging_round`: down B; up B_i, ℓ_i and the client count."""
-    result = client_update.type_signature.result
-    return client_traffic([server.representation_type],
-                          [result["representation"], result["loss"]])
+def averaging_traffic(server: LinearServer, client_update: tff.Computation,
+                      personal_type: tff.Type | None = None) -> communication.RoundTraffic:
+    """Bytes per client of `build_averaging_round`, from the types that cross (for personalized
+    rounds, which TFF's forms cannot hold): down B; up the `ClientResult` (B_i and its weight)
+    and the metric sums (ℓ_i, 1)."""
+    return communication.declared_traffic(
+        server.representation_type, _round_client(server, client_update, personal_type))
 
 
 # The process and its Python-side helpers.
@@ -381,7 +452,7 @@ def build_process(algorithm: str, initialize: tff.Computation, next_computation:
 
 def get_representation(state) -> np.ndarray:
     """B (d×k, float32) of a linear process's state."""
-    return np.asarray(state["representation"])
+    return np.asarray(state.global_model_weights)
 
 
 def set_representation(process: process_lib.Process, state, representation):

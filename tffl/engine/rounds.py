@@ -21,7 +21,7 @@ a `FederatedModel` (its `tffl.engine.frozen.Layout`; the frozen base never trave
 federated weights, frozen weights and personal state, optionally fine-tuned, on its test data).
 
 Stateless rounds are composed by `tff.learning.templates.compose_learning_process`; rounds with
-personal state use `compose_personalized`, the same composition with the personal state passed
+personal state use `composition.compose_round`, the same composition with the personal state passed
 in and returned at CLIENTS. All round kinds of one algorithm share one state type (the
 aggregator and finalizer states are keyed by round kind; the finalizer counts `round_num`), so a
 schedule is a function t ↦ round kind and `next` runs one communication round on its own data:
@@ -199,13 +199,20 @@ def _finalize_metrics(sums):
         accuracy=tf.math.divide_no_nan(sums["num_correct"], n), num_examples=n)
 
 
-def train_metrics(metric_sums):
-    """Federated: `sum_then_finalize` of the clients' metric sums -> {loss, accuracy, examples}."""
+def train_metrics(metric_sums, finalize=None):
+    """Federated: `sum_then_finalize` of the clients' metric sums -> `finalize(Σ_i sums_i)`,
+    by default {loss, accuracy, num_examples} of a Keras round."""
     return tff.federated_zip(collections.OrderedDict(
-        train=tff.learning.metrics.sum_then_finalize(_finalize_metrics)(metric_sums)))
+        train=tff.learning.metrics.sum_then_finalize(finalize or _finalize_metrics)(
+            metric_sums)))
 
 
-def _weighted(factory) -> tuple[tff.aggregators.WeightedAggregationFactory, bool]:
+def weighted_factory(factory) -> tuple[tff.aggregators.WeightedAggregationFactory, bool]:
+    """(`factory` as a weighted factory, whether it weighs): unweighted ones through
+    `tff.aggregators.as_weighted_aggregator`.
+
+    Raises:
+      TypeError: `factory` is not a `tff.aggregators` factory."""
     if isinstance(factory, tff.aggregators.WeightedAggregationFactory):
         return factory, True
     if isinstance(factory, tff.aggregators.UnweightedAggregationFactory):
@@ -261,6 +268,9 @@ class RoundPieces:
     round_counter: bool = False
     # `round_num -> measurements` the finalizer also reports (e.g. a switch round's kind).
     round_measure: tff.Computation | None = None
+    # Σ_i (metric sums of client i) -> the round's `client_work/train` metrics (TF); None: a
+    # Keras round's {loss, accuracy, num_examples} (`train_metrics`).
+    finalize_metrics: Any = None
 
 
 def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConfig,
@@ -270,7 +280,7 @@ def build_round(model: FederatedModel, round_spec: RoundSpec, client: ClientConf
     `aggregator`: a `tff.aggregators` factory (default `MeanFactory()`: Σ n_iΔ_i/Σ n_i);
     `server_optimizer`: a `tff.learning.optimizers` optimizer (default SGD η_s = 1: w + Δ̄).
     """
-    factory, weighted = _weighted(aggregator or tff.aggregators.MeanFactory())
+    factory, weighted = weighted_factory(aggregator or tff.aggregators.MeanFactory())
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
     client_update = build_client_computation(model, round_spec, client)
     result_type = client_update.type_signature.result[0]
@@ -300,7 +310,7 @@ def with_averaging_error(model: FederatedModel, round_spec: RoundSpec, pieces: R
     if round_spec.upload != "delta" or any(k not in uploaded for pair in pairs for k in pair):
         raise ValueError(f"round {round_spec.name!r}: the averaging error needs a \"delta\" "
                          "round that uploads both factors of every adapter")
-    _, weighted = _weighted(aggregator or tff.aggregators.MeanFactory())
+    _, weighted = weighted_factory(aggregator or tff.aggregators.MeanFactory())
     update_pairs = [(uploaded.index(a), uploaded.index(b)) for a, b in pairs]
     aggregation = factor_aggregation.averaging_error_aggregation(
         pieces.aggregator, pieces.upload_type.update, update_pairs, weighted)

@@ -172,7 +172,7 @@ def build_switch_round(model: engine.FederatedModel, round_spec: SwitchRoundSpec
     """The pieces of a switch round (see the module docstring); `aggregator` and
     `server_optimizer` as `engine.build_round`'s."""
     _check(round_spec, client)
-    factory, _ = engine._weighted(aggregator or tff.aggregators.MeanFactory())
+    factory, _ = engine.weighted_factory(aggregator or tff.aggregators.MeanFactory())
     server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
     uploaded = [engine._uploaded(model, kind) for kind in round_spec.kinds]
     length = max(sum(_sizes(model, up)) for up in uploaded)

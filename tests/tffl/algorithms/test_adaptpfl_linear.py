@@ -108,7 +108,7 @@ def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
         assert isinstance(output, personal_state.PersonalizedOutput)
         b, heads, loss = _numpy_fedrep_round(b, heads, _CLIENTS, eta, tau_w, tau_b)
         state, personal = output.state, output.personal_states
-        assert state["round_num"] == t + 1
+        assert process.round_num(state) == t + 1
         np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
                                    rtol=1e-6, atol=1e-7)
         for p, w, s in zip(personal, heads, _SHORTCUTS):

@@ -81,7 +81,7 @@ def test_two_rounds_equal_numpy(tff_runtime, g1, g2, eta_r):
         assert isinstance(output, personal_state.PersonalizedOutput)
         b, w, loss, reg = _numpy_round(b, w, _CLIENTS, eta_l, eta_r, g1, g2)
         state, personal = output.state, output.personal_states
-        assert len(personal) == 3 and state["round_num"] == t + 1
+        assert len(personal) == 3 and process.round_num(state) == t + 1
         np.testing.assert_allclose(flute_linear.get_representation(state), b, rtol=1e-5,
                                    atol=1e-6)
         np.testing.assert_allclose(flute_linear.heads(personal), w, rtol=1e-5, atol=1e-6)
