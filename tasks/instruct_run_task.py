@@ -30,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import instructions
-from tasks.run_task import RunTask, _ordered, _train_size, counted
+from tasks.run_task import RunTask, _ordered, _train_size, counted, starting_values
+from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
 
 INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
@@ -157,34 +158,20 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
     appender = AnswerAppender(answers, decoder.pad_id)
     cache = {}
 
-    def build():
-        backbone, model = lm_fn()
-        data = task.global_test_data.batch(batch_size).map(appender)
-        x_spec = {k: tf.TensorSpec([None, None], tf.int32) for k in data.element_spec[0]}
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    def model_fn():   # the answer-token model; its backbone generates and scores answers
+        cache["backbone"], model = lm_fn()
+        cache["prompts"] = _dev_prompts(task)
+        return model
 
-        # One graph per batch (shapes relaxed), the loop in Python: a dataset loop inside one
-        # tf.function ran its body eagerly here (Gemma 3's evaluation took minutes longer).
-        @tf.function(input_signature=[x_spec, tf.TensorSpec([None], tf.int32)])
-        def batch_totals(x, y):
-            logits = model(x, training=False)
-            correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y)
-            return tf.stack([loss_fn(y, logits), tf.reduce_sum(tf.cast(correct, tf.float32)),
-                             tf.cast(tf.shape(y)[0], tf.float32)])
-
-        def token_totals():
-            totals = sum(batch_totals(dict(x), y).numpy().astype(np.float64) for x, y in data)
-            return totals[0] / totals[2], totals[1] / totals[2]
-
-        cache.update(backbone=backbone, model=model, token_totals=token_totals,
-                     prompts=_dev_prompts(task))
+    # One graph per batch: a dataset loop inside one tf.function ran its body eagerly here
+    # (Gemma 3's evaluation took minutes longer).
+    answer_tokens = evaluation.make_keras_evaluator(
+        model_fn, lambda: task.global_test_data.batch(batch_size).map(appender),
+        graph_per_batch=True)
 
     def evaluate(weights) -> dict[str, float]:
-        if not cache:
-            build()
-        weights.assign_weights_to(cache["model"])
+        tokens = answer_tokens(weights)   # assigns `weights` to the model (and its backbone)
         backbone, (prompts, labels) = cache["backbone"], cache["prompts"]
-        loss, token_accuracy = cache["token_totals"]()
         generated = lm_evaluation.generate(
             backbone, prompts, max(len(a) for a in answers) - 1, stop_ids=[decoder.eos_id],
             pad_id=decoder.pad_id, batch_size=batch_size)
@@ -192,7 +179,7 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
             [decoder.detokenize(g) for g in generated], labels)
         chosen = lm_evaluation.choose(backbone, prompts, [a[:-1] for a in answers],
                                       pad_id=decoder.pad_id, batch_size=batch_size)
-        return {"loss": float(loss), "token_accuracy": float(token_accuracy),
+        return {"loss": tokens["loss"], "token_accuracy": tokens["accuracy"],
                 "accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
                 "likelihood_accuracy": float(np.mean(chosen == labels))}
 
@@ -202,26 +189,18 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
 def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tuple]:
     """`() -> (trainable, non_trainable)` starting weights, drawn once: the LoRA factors' draw,
     with the checkpoint's backbone for a pretrained decoder."""
-    drawn = {}
 
-    def values():
-        if not drawn:
-            from tffl.engine import frozen as frozen_lib
+    def pretrained():
+        from models import causal_lm
+        from models import lora_targets as targets_lib
 
-            trainable, non_trainable = frozen_lib.initial_values(lambda: lm_fn()[1], input_spec)
-            if decoder.pretrained_fn is not None:
-                announce(f"loading the pretrained weights of {decoder.name}")
-                from models import causal_lm
-                from models import lora_targets as targets_lib
+        backbone = decoder.pretrained_fn()
+        targets_lib.apply_lora(backbone, lora_config)
+        return [v.numpy() for v in causal_lm.build_causal_lm(backbone).non_trainable_variables]
 
-                backbone = decoder.pretrained_fn()
-                targets_lib.apply_lora(backbone, lora_config)
-                model = causal_lm.build_causal_lm(backbone)
-                non_trainable = [v.numpy() for v in model.non_trainable_variables]
-            drawn["values"] = (trainable, non_trainable)
-        return drawn["values"]
-
-    return values
+    return starting_values(lambda: lm_fn()[1], input_spec,
+                           pretrained if decoder.pretrained_fn is not None else None,
+                           decoder.name)
 
 
 def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps: int,

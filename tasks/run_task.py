@@ -112,6 +112,30 @@ def _client_eval_data(task, batch_size: int):
     return build
 
 
+def starting_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
+                    pretrained: Callable[[], list] | None = None, what: str = ""
+                    ) -> Callable[[], tuple]:
+    """`() -> (trainable, non_trainable)`: a model's starting weights, drawn once on first call —
+    `keras_model_fn`'s random draw, its non-trainable (frozen) values replaced by
+    `pretrained()` (e.g. a checkpoint's backbone with the same LoRA applied) when given, with
+    the progress line "loading the pretrained weights of `what`"."""
+    drawn = {}
+
+    def values():
+        if "values" not in drawn:
+            from tffl.engine import frozen as frozen_lib
+            from tffl.simulation.metrics_log import announce
+
+            trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
+            if pretrained is not None:
+                announce(f"loading the pretrained weights of {what}")
+                non_trainable = pretrained()
+            drawn["values"] = (trainable, non_trainable)
+        return drawn["values"]
+
+    return values
+
+
 def counted(count: int, noun: str) -> str:
     """`count` and `noun`, in the plural unless count is 1, as run descriptions print them.
 

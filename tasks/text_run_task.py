@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.run_task import RunTask, _ordered, _train_size, counted
+from tasks.run_task import RunTask, _ordered, _train_size, counted, starting_values
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce, announcing
 
@@ -162,20 +162,12 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
         (k, tf.TensorSpec([None, None], spec.dtype))
         for k, spec in sorted(element_spec[0].items())),
         tf.TensorSpec([None], element_spec[1].dtype))
-    drawn = {}
+    def pretrained():
+        bb, _ = hf_bert.load_hf_bert(folder)
+        return [v.numpy() for v in adapted(bb).non_trainable_variables]
 
-    def full_values():
-        """The whole classifier's starting weights: a random draw, with the pretrained backbone
-        for minilm (drawn once)."""
-        if "values" not in drawn:
-            from tffl.engine import frozen as frozen_lib
-            trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, full_spec)
-            if backbone == "minilm":
-                announce(f"loading the pretrained weights of {folder.name}")
-                bb, _ = hf_bert.load_hf_bert(folder)
-                non_trainable = [v.numpy() for v in adapted(bb).non_trainable_variables]
-            drawn["values"] = (trainable, non_trainable)
-        return drawn["values"]
+    full_values = starting_values(keras_model_fn, full_spec,
+                                  pretrained if backbone == "minilm" else None, folder.name)
 
     def pretrained_non_trainable():
         return full_values()[1] if backbone == "minilm" else None

@@ -27,10 +27,15 @@ def make_keras_evaluator(
     keras_model_fn: Callable[[], tf.keras.Model],
     dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
     with_count: bool = False,
+    graph_per_batch: bool = False,
 ) -> Callable[[tff.learning.models.ModelWeights], dict[str, float]]:
     """Returns `weights -> {"loss", "accuracy"}` evaluating one reused Keras model on `dataset`
     (or on the dataset `dataset()` returns, made on the first evaluation); `with_count` adds
     `num_examples`, the examples evaluated (so that evaluations of parts can be pooled).
+
+    The loop over batches runs inside one `tf.function`; with `graph_per_batch` it runs in Python
+    over one graph per batch (shapes relaxed), for models whose batches vary in shape and
+    whose graph the dataset loop would otherwise run eagerly (a decoder LM on bucketed prompts).
 
     `dataset` yields batched `(x, y)` with integer labels; the model returns logits. The model is
     built on the first call, not here: Keras invalidates models built eagerly before TFF traces a
@@ -44,18 +49,24 @@ def make_keras_evaluator(
         data = dataset() if callable(dataset) else dataset
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
 
-        @tf.function
-        def totals():
-            loss_sum = tf.constant(0.0)
-            correct = tf.constant(0.0)
-            count = tf.constant(0.0)
-            for x, y in iter(data):
-                logits = model(x, training=False)
-                y = tf.cast(tf.reshape(y, [-1]), tf.int64)
-                loss_sum += loss_fn(y, logits)
-                correct += tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
-                count += tf.cast(tf.shape(y)[0], tf.float32)
-            return loss_sum / count, correct / count, count
+        def batch_totals(x, y):
+            logits = model(x, training=False)
+            y = tf.cast(tf.reshape(y, [-1]), tf.int64)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
+            return tf.stack([loss_fn(y, logits), correct, tf.cast(tf.shape(y)[0], tf.float32)])
+
+        if graph_per_batch:
+            one_batch = tf.function(batch_totals, reduce_retracing=True)
+
+            def totals():
+                return sum(one_batch(x, y).numpy().astype("float64") for x, y in data)
+        else:
+            @tf.function
+            def totals():
+                total = tf.zeros([3])
+                for x, y in iter(data):
+                    total += batch_totals(x, y)
+                return total
 
         return model, totals
 
@@ -63,8 +74,8 @@ def make_keras_evaluator(
         if "model" not in cache:
             cache["model"], cache["totals"] = build()
         weights.assign_weights_to(cache["model"])
-        loss, accuracy, count = cache["totals"]()
-        out = {"loss": float(loss), "accuracy": float(accuracy)}
+        loss_sum, correct, count = (float(v) for v in cache["totals"]())
+        out = {"loss": loss_sum / count, "accuracy": correct / count}
         if with_count:
             out["num_examples"] = float(count)
         return out
