@@ -16,7 +16,9 @@ gradient, never run local GD on a (unlike `tffl.algorithms.lora_fl`'s RoLoRA wit
 version of the same alternation; both are tested on `tasks.synthetic.rolora_linear`). Averages
 are unweighted (1/N), as in the algorithm. The server state and both exchanges are d floats.
 
-Types: state `OrderedDict(a=float32[d], b=float32[d], round_num=int32)`@SERVER; client data
+Types: state TFF's `LearningAlgorithmState(global_model_weights=OrderedDict(a=float32[d],
+b=float32[d]), distributor=(), client_work=(), aggregator=(), finalizer=OrderedDict(
+round_num=int32))`@SERVER, as every process's of the engine; client data
 `OrderedDict(x=float32[None, d], y=float32[None, d])`@CLIENTS; metrics in TFF's structure,
 `client_work/train`: `loss` = (1/N) Σ_i l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in
 float64 inside the computations.
@@ -26,8 +28,8 @@ The process. `build_rolora_alt_min_gd` returns a `tffl.engine.process.Process`, 
 (ΔW = a bᵀ, the whole model): `get_model_weights(state)` is (a, b); `set_model_weights(state,
 (a, b))` stores a/‖a‖ and ‖a‖·b, the same ΔW with a a unit vector, as the algorithm keeps it
 (a must be non-zero). `next_round` checks the data (x and y both (m, d), at least one client).
-Its `config` is an `AltMinGDConfig`. The module's functions: `get_a(state)` and `with_a(process,
-state, a)` (a replaced by a/‖a‖, b kept).
+Its `config` is an `AltMinGDConfig`. The module's functions: `get_a(state)`, `get_b(state)` and
+`with_a(process, state, a)` (a replaced by a/‖a‖, b kept).
 
 Example:
 
@@ -55,6 +57,8 @@ import tensorflow_federated as tff
 from tffl.engine import linear_engine
 from tffl.engine import process as process_lib
 
+LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
+
 
 def _data_type(dim: int) -> tff.StructWithPythonType:
     return tff.StructWithPythonType(
@@ -62,10 +66,13 @@ def _data_type(dim: int) -> tff.StructWithPythonType:
          ("y", tff.TensorType(np.float32, [None, dim]))], collections.OrderedDict)
 
 
-def _state_type(dim: int) -> tff.StructWithPythonType:
-    return tff.StructWithPythonType(
-        [("a", tff.TensorType(np.float32, [dim])), ("b", tff.TensorType(np.float32, [dim])),
-         ("round_num", tff.TensorType(np.int32))], collections.OrderedDict)
+def _state(a, b, round_num, like=None):
+    """The state with weights (a, b) and `round_num` (inside a TF computation, or in Python on
+    numpy values); distributor, client work and aggregator `like`'s (default empty)."""
+    members = (((), (), ()) if like is None
+               else (like.distributor, like.client_work, like.aggregator))
+    return LearningAlgorithmState(collections.OrderedDict(a=a, b=b), *members,
+                                  collections.OrderedDict(round_num=round_num))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +86,22 @@ class AltMinGDConfig:
 
 def get_a(state) -> np.ndarray:
     """a (float32[d], a unit vector) of a state."""
-    return np.asarray(state["a"])
+    return np.asarray(state.global_model_weights["a"])
 
 
-def with_a(process: process_lib.Process, state, a) -> collections.OrderedDict:
+def get_b(state) -> np.ndarray:
+    """b (float32[d]) of a state."""
+    return np.asarray(state.global_model_weights["b"])
+
+
+def with_a(process: process_lib.Process, state, a) -> LearningAlgorithmState:
     """`state` with a replaced by the unit vector a/‖a‖ (b and round_num kept)."""
     dim = process.config.dim
     a = np.asarray(a, np.float64).reshape(-1)
     if a.shape != (dim,) or not np.linalg.norm(a) > 0:
         raise ValueError(f"a must be a non-zero vector of length d={dim}")
-    return collections.OrderedDict(a=(a / np.linalg.norm(a)).astype(np.float32),
-                                   b=np.asarray(state["b"]), round_num=state["round_num"])
+    return _state((a / np.linalg.norm(a)).astype(np.float32), get_b(state),
+                  state.finalizer["round_num"], like=state)
 
 
 def _weights_computations(state_type, vector):
@@ -100,15 +112,14 @@ def _weights_computations(state_type, vector):
 
     @tff.tensorflow.computation(state_type)
     def get_weights(state):
-        return collections.OrderedDict(a=state["a"], b=state["b"])
+        return state.global_model_weights
 
     @tff.tensorflow.computation(state_type, weights_type)
     def set_weights(state, weights):
         a, b = tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64)
         norm = tf.norm(a)
-        return collections.OrderedDict(a=tf.cast(a / norm, tf.float32),
-                                       b=tf.cast(norm * b, tf.float32),
-                                       round_num=state["round_num"])
+        return _state(tf.cast(a / norm, tf.float32), tf.cast(norm * b, tf.float32),
+                      state.finalizer["round_num"], like=state)
 
     return get_weights, set_weights
 
@@ -122,15 +133,16 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
     if dim < 1:
         raise ValueError(f"dim={dim} must be >= 1")
     eta = linear_engine.check_rate("learning_rate", learning_rate)
-    data_type, state_type = _data_type(dim), _state_type(dim)
+    data_type = _data_type(dim)
     vector = tff.TensorType(np.float32, [dim])
 
     @tff.tensorflow.computation
     def initial_state():
         a = tf.random.stateless_normal([dim], seed=[int(seed), 0x401A], dtype=tf.float64)
-        return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32),
-                                       b=tf.zeros([dim], tf.float32),
-                                       round_num=tf.constant(0, tf.int32))
+        return _state(tf.cast(a / tf.norm(a), tf.float32), tf.zeros([dim], tf.float32),
+                      tf.constant(0, tf.int32))
+
+    state_type = initial_state.type_signature.result
 
     @tff.tensorflow.computation(vector, data_type)
     def solve_b(a, data):
@@ -154,13 +166,14 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
 
     @tff.tensorflow.computation(state_type)
     def broadcast_a(state):
-        return state["a"]
+        return state.global_model_weights["a"]
 
     @tff.tensorflow.computation(state_type, vector, vector)
     def step(state, b_bar, mean_gradient):
-        a = tf.cast(state["a"], tf.float64) - eta * tf.cast(mean_gradient, tf.float64)
-        return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32), b=b_bar,
-                                       round_num=state["round_num"] + 1)
+        a = (tf.cast(state.global_model_weights["a"], tf.float64)
+             - eta * tf.cast(mean_gradient, tf.float64))
+        return _state(tf.cast(a / tf.norm(a), tf.float32), b_bar,
+                      state.finalizer["round_num"] + 1, like=state)
 
     next_fn = linear_engine.build_two_exchange_round(state_type, data_type, broadcast_a,
                                                      solve_b, gradient_a, step)

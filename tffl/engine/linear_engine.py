@@ -39,7 +39,8 @@ TFF placement and types:
     client data    OrderedDict(x=float32[m_i, d], y=float32[m_i])                @CLIENTS
     personal state OrderedDict(<name>=float32[shape], …)                         @CLIENTS
 
-(RoLoRA's Alt-min-GD keeps its own `OrderedDict(a, b, round_num)`.)
+(RoLoRA's Alt-min-GD: the same state with global_model_weights = OrderedDict(a, b) and empty
+aggregator and finalizer steps.)
 
 Client data are tensors, one value per client (not `tf.data` sequences: exact solves and full-
 batch gradients need the whole batch at once); the type has shape [None, d], so m_i may differ.

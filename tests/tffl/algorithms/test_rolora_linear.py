@@ -40,19 +40,19 @@ def test_three_iterations_equal_numpy_on_heterogeneous_noisy_clients(tff_runtime
     clients[2] = {k: v[:14] for k, v in clients[2].items()}
     process = alt_min.build_rolora_alt_min_gd(d, eta, seed=0)
     state = process.initialize()
-    a0 = np.asarray(state["a"], np.float64)
+    a0 = alt_min.get_a(state).astype(np.float64)
     assert np.linalg.norm(a0) == pytest.approx(1.0, abs=1e-6)
-    np.testing.assert_array_equal(state["b"], np.zeros(d))
+    np.testing.assert_array_equal(alt_min.get_b(state), np.zeros(d))
     a = a0
     for t in range(3):
         out = process.next_round(state, clients)
         state = out.state
         a, b_bar, loss = _numpy_iteration(a, clients, eta)
-        np.testing.assert_allclose(state["a"], a, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(state["b"], b_bar, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(alt_min.get_a(state), a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(alt_min.get_b(state), b_bar, rtol=1e-5, atol=1e-6)
         train = out.metrics["client_work"]["train"]
         assert float(train["loss"]) == pytest.approx(loss, rel=1e-5)
-        assert int(train["num_clients"]) == 3 and int(state["round_num"]) == t + 1
+        assert int(train["num_clients"]) == 3 and process.round_num(state) == t + 1
 
 
 def test_is_a_tff_learning_process_whose_model_weights_are_a_and_b(tff_runtime):
@@ -66,10 +66,11 @@ def test_is_a_tff_learning_process_whose_model_weights_are_a_and_b(tff_runtime):
     # (a, b) -> (a/‖a‖, ‖a‖·b): the same ΔW = a bᵀ with a unit a; round_num kept.
     a, b = np.array([3.0, 0.0, 4.0, 0.0], np.float32), np.array([1.0, 2.0, 0.0, -1.0], np.float32)
     moved = process.set_model_weights(state, collections.OrderedDict(a=a, b=b))
-    np.testing.assert_allclose(moved["a"], a / 5, rtol=1e-6)
-    np.testing.assert_allclose(moved["b"], 5 * b, rtol=1e-6)
-    np.testing.assert_allclose(np.outer(moved["a"], moved["b"]), np.outer(a, b), rtol=1e-6)
-    assert int(moved["round_num"]) == 0
+    np.testing.assert_allclose(alt_min.get_a(moved), a / 5, rtol=1e-6)
+    np.testing.assert_allclose(alt_min.get_b(moved), 5 * b, rtol=1e-6)
+    np.testing.assert_allclose(np.outer(alt_min.get_a(moved), alt_min.get_b(moved)),
+                               np.outer(a, b), rtol=1e-6)
+    assert process.round_num(moved) == 0
     problem = rolora_linear(num_clients=2, num_samples=6, dim=4, seed=0)
     output = process.next(moved, _clients(problem))     # TFF's own next: the raw computation
     assert set(output.metrics) == {"distributor", "client_work", "aggregator", "finalizer"}
@@ -92,10 +93,10 @@ def test_linear_theory_recovers_a_star_at_a_linear_rate(tff_runtime):
     assert angles[0] > 0.5
     for _ in range(25):
         state = process.next_round(state, _clients(problem)).state
-        angles.append(sin_theta(np.asarray(state["a"], np.float64)))
+        angles.append(sin_theta(alt_min.get_a(state).astype(np.float64)))
     assert all(later < earlier for earlier, later in zip(angles, angles[1:12]))
     assert angles[-1] < 1e-4
-    product = np.outer(np.asarray(state["a"], np.float64), np.asarray(state["b"], np.float64))
+    product = np.outer(alt_min.get_a(state).astype(np.float64), alt_min.get_b(state).astype(np.float64))
     assert np.linalg.norm(product - np.outer(a_star, b_star)) < 1e-3
 
 
