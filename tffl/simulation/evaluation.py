@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -59,7 +60,8 @@ def make_keras_evaluator(
             one_batch = tf.function(batch_totals, reduce_retracing=True)
 
             def totals():
-                return sum(one_batch(x, y).numpy().astype("float64") for x, y in data)
+                return sum((one_batch(x, y).numpy().astype("float64") for x, y in data),
+                           np.zeros(3))
         else:
             @tf.function
             def totals():
@@ -75,6 +77,9 @@ def make_keras_evaluator(
             cache["model"], cache["totals"] = build()
         weights.assign_weights_to(cache["model"])
         loss_sum, correct, count = (float(v) for v in cache["totals"]())
+        if count == 0:
+            raise ValueError("the evaluation dataset has no examples; check the evaluated "
+                             "split (e.g. --data_dir's dev or test file)")
         out = {"loss": loss_sum / count, "accuracy": correct / count}
         if with_count:
             out["num_examples"] = float(count)
