@@ -161,7 +161,9 @@ def test_get_config_round_trip(make):
     config = lora.get_config()
     clone = cls.from_config(config)
     # Keras adds the wrapped layer's "build_config" only once it is built.
-    strip = lambda c: {**c, "layer": {k: v for k, v in c["layer"].items() if k != "build_config"}}
+    def strip(c):
+        return {**c, "layer": {k: v for k, v in c["layer"].items() if k != "build_config"}}
+
     assert strip(clone.get_config()) == strip(config)
     assert (clone.rank, clone.alpha, clone.dropout, clone.seed) == (2, 3.0, 0.1, 5)
     if not clone.built:

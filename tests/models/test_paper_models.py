@@ -100,7 +100,7 @@ def test_low_rank_dense_bad_rank_and_config():
 ])
 def test_cnn_shapes_and_fedrep_roles(variant, classes, dims):
     model = build_lenet_cnn(classes, variant=variant)
-    kernels = [l.kernel for l in model.layers if l.weights]
+    kernels = [layer.kernel for layer in model.layers if layer.weights]
     assert [tuple(k.shape) for k in kernels] == dims
     assert model(tf.zeros((2, 32, 32, 3))).shape == (2, classes)
     fc3 = model.get_layer("fc3")
@@ -118,7 +118,8 @@ def test_mlp_closed_form_and_lg_split():
         h = np.maximum(h @ ws[2 * i] + ws[2 * i + 1], 0)
     np.testing.assert_allclose(model(x).numpy(), h @ ws[6] + ws[7], atol=1e-5)
     lg = build_mlp(split="lg")
-    by_layer = {l.name: {roles.role_of(v) for v in l.weights} for l in lg.layers if l.weights}
+    by_layer = {layer.name: {roles.role_of(v) for v in layer.weights}
+                for layer in lg.layers if layer.weights}
     assert by_layer == {"layer_input": {"head"}, "layer_hidden1": {"head"},
                         "layer_hidden2": {"shared"}, "layer_out": {"shared"}}
     with pytest.raises(ValueError, match="'fedavg'"):
