@@ -1,7 +1,9 @@
-"""LoRA adapters of a KerasNLP BERT / RoBERTa model in Hugging Face PEFT's LoRA format, both ways.
+"""LoRA adapters of a KerasNLP BERT / RoBERTa classifier or of a Gemma 3 decoder LM in Hugging
+Face PEFT's LoRA format, both ways.
 
 A PEFT LoRA folder holds `adapter_config.json` and `adapter_model.safetensors`. For a target
-module at HF path P (e.g. `roberta.encoder.layer.3.attention.self.query`) the file holds
+module at HF path P (e.g. `roberta.encoder.layer.3.attention.self.query`, or
+`model.layers.14.self_attn.q_proj` in Gemma3ForCausalLM; `models.peft_names`) the file holds
 
     base_model.model.P.lora_A.weight   (r, in_features)
     base_model.model.P.lora_B.weight   (out_features, r)
@@ -12,9 +14,11 @@ and the EinsumDense axes flattened row-major, which is HF's feature order (heads
 
     lora_A.weight = Aᵀ,  lora_B.weight = Bᵀ,  r = rank,  lora_alpha = α.
 
-Targets (`models.lora_targets.TARGETS`) map to HF modules as `HF_MODULES` says; a wrapper's
-layer index and target are read off its name `transformer_layer_<i>_<target>_lora` (what
-`apply_lora` names it), so a prefix-cached suffix model exports the same way as the whole one.
+Targets (`models.lora_targets.ALL_TARGETS`) map to HF modules as `models.peft_names` says for
+the model's family (`bert`, `roberta`: task type SEQ_CLS; `gemma3`: CAUSAL_LM, the adapters of
+google/gemma-3-270m's modules, no head); a wrapper's layer index and target are read off its name
+`transformer_layer_<i>_<target>_lora` (what `apply_lora` names it), so a prefix-cached suffix
+model exports the same way as the whole one.
 
 The trained classifier head is exported as PEFT's `modules_to_save` (saved without PEFT's
 `modules_to_save.default` infix, as PEFT itself saves them): a linear head as `classifier`
@@ -36,24 +40,15 @@ import numpy as np
 import safetensors.numpy
 import tensorflow as tf
 
-from models.hf_weights import backbone_family, find_backbone
-from models.lora_targets import TARGETS, lora_layers
+from models import peft_names
+from models.lora_targets import ALL_TARGETS, lora_layers
+from models.peft_names import PREFIX, module_path
 from tffl.engine import roles
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 HEAD_FILE = "tffl_head.json"
-PREFIX = "base_model.model."
-HF_MODULES = {
-    "query": "attention.self.query",
-    "key": "attention.self.key",
-    "value": "attention.self.value",
-    "attention_output": "attention.output.dense",
-    "ffn_in": "intermediate.dense",
-    "ffn_out": "output.dense",
-}
-assert set(HF_MODULES) == set(TARGETS)
-_WRAPPER = re.compile(r"^transformer_layer_(\d+)_(" + "|".join(TARGETS) + r")_lora$")
+_WRAPPER = re.compile(r"^transformer_layer_(\d+)_(" + "|".join(ALL_TARGETS) + r")_lora$")
 HF_EQUIVALENT = {("bert", "pooler", "linear"): "BertForSequenceClassification",
                  ("roberta", "cls", "dense_tanh"): "RobertaForSequenceClassification"}
 
@@ -69,13 +64,7 @@ def adapter_sites(model: tf.keras.Model) -> list[tuple[int, str, tf.keras.layers
         sites.append((int(match.group(1)), match.group(2), wrapper))
     if not sites:
         raise ValueError(f"Model {model.name!r} has no LoRA adapters.")
-    return sorted(sites, key=lambda s: (s[0], list(TARGETS).index(s[1])))
-
-
-def module_path(family: str, layer: int, target: str) -> str:
-    """HF module path of `target` in encoder layer `layer`, e.g.
-    `module_path("bert", 0, "value") == "bert.encoder.layer.0.attention.self.value"`."""
-    return f"{family}.encoder.layer.{layer}.{HF_MODULES[target]}"
+    return sorted(sites, key=lambda s: (s[0], list(ALL_TARGETS).index(s[1])))
 
 
 def _find_layer(model: tf.keras.Model, name: str):
@@ -117,10 +106,9 @@ def head_description(model: tf.keras.Model, family: str) -> dict:
 
 def _family(model: tf.keras.Model, family: str | None) -> str:
     if family is not None:
-        if family not in ("bert", "roberta"):
-            raise ValueError(f"family={family!r}: choose bert or roberta.")
+        peft_names.modules_of(family)   # ValueError naming the families
         return family
-    return backbone_family(model)
+    return peft_names.family_of(model)
 
 
 def peft_tensors(model: tf.keras.Model, family: str | None = None) -> dict[str, np.ndarray]:
@@ -137,24 +125,13 @@ def peft_tensors(model: tf.keras.Model, family: str | None = None) -> dict[str, 
     return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
 
 
-def _target_modules(family: str, sites, num_layers: int | None) -> list[str] | str:
-    """PEFT's target_modules: the target names when every one of the backbone's `num_layers`
-    layers carries the same query/key/value targets (PEFT matches names as suffixes), else a
-    regex that fullmatches exactly the adapted modules' paths."""
-    targets = sorted({t for _, t, _ in sites}, key=list(TARGETS).index)
-    layers = sorted({i for i, _, _ in sites})
-    if (len(sites) == len(targets) * len(layers) and set(targets) <= {"query", "key", "value"}
-            and num_layers is not None and layers == list(range(num_layers))):
-        return targets
-    paths = [module_path(family, i, t) for i, t, _ in sites]
-    return "(?:.*\\.)?(?:" + "|".join(re.escape(p) for p in paths) + ")"
-
-
 def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = None,
-                family: str | None = None, task_type: str = "SEQ_CLS") -> dict:
+                family: str | None = None, task_type: str | None = None) -> dict:
     """`adapter_config.json` for `model`'s adapters (one rank and α for all: PEFT's r and
-    lora_alpha; a `ValueError` otherwise)."""
+    lora_alpha; a `ValueError` otherwise); `task_type` defaults to the family's
+    (`peft_names.TASK_TYPES`)."""
     family = _family(model, family)
+    task_type = task_type or peft_names.TASK_TYPES[family]
     sites = adapter_sites(model)
     ranks = {w.rank for _, _, w in sites}
     alphas = {w.alpha for _, _, w in sites}
@@ -163,9 +140,8 @@ def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = Non
                          "the export supports one rank and one alpha.")
     if any(w.merged for _, _, w in sites):
         raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
-    num_layers = (len(find_backbone(model).transformer_layers) if _has_backbone(model)
-                  else None)
-    target_modules = _target_modules(family, sites, num_layers)
+    target_modules = peft_names.target_modules(family, [(i, t) for i, t, _ in sites],
+                                               peft_names.num_layers(model))
     heads = head_modules(model, family)
     modules_to_save = (["classifier"] if any(n.startswith("classifier") for n in heads) else [])
     modules_to_save += ["pooler"] if f"{family}.pooler.dense" in heads else []
@@ -181,18 +157,15 @@ def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = Non
 
 
 def _has_backbone(model) -> bool:
-    try:
-        find_backbone(model)
-    except ValueError:
-        return False
-    return True
+    return peft_names.num_layers(model) is not None
 
 
 def export_peft(model: tf.keras.Model, output_dir: str | pathlib.Path,
                 base_model_name_or_path: str | None = None, family: str | None = None,
-                task_type: str = "SEQ_CLS") -> pathlib.Path:
+                task_type: str | None = None) -> pathlib.Path:
     """Writes `adapter_model.safetensors`, `adapter_config.json` and `tffl_head.json` of
-    `model` (a KerasNLP BERT / RoBERTa model with `apply_lora` adapters) into `output_dir`."""
+    `model` (a KerasNLP BERT / RoBERTa classifier or a Gemma 3 decoder LM with `apply_lora`
+    adapters) into `output_dir`; `task_type` defaults to the family's."""
     family = _family(model, family)
     config = peft_config(model, base_model_name_or_path, family, task_type)
     tensors = peft_tensors(model, family)
@@ -264,25 +237,19 @@ def import_peft(model: tf.keras.Model, folder: str | pathlib.Path,
 
 # -- starting a run from an exported folder ---------------------------------------------------
 
-_LORA_KEY = re.compile(r"^" + re.escape(PREFIX) + r"(bert|roberta)\.encoder\.layer\.(\d+)\.("
-                       + "|".join(re.escape(m) for m in HF_MODULES.values())
-                       + r")\.lora_A\.weight$")
-_TARGET_OF = {module: target for target, module in HF_MODULES.items()}
-
-
 def _folder_sites(tensors: dict) -> tuple[set[str], set[tuple[int, str]]]:
     """(families, {(layer, target)}) of the adapters in a PEFT state dict."""
     families, sites = set(), set()
     for key in tensors:
-        match = _LORA_KEY.match(key)
-        if match:
-            families.add(match.group(1))
-            sites.add((int(match.group(2)), _TARGET_OF[match.group(3)]))
+        parsed = peft_names.parse_lora_key(key)
+        if parsed:
+            families.add(parsed[0])
+            sites.add(parsed[1:])
     return families, sites
 
 
 def _sites_text(sites) -> str:
-    targets = sorted({t for _, t in sites}, key=list(TARGETS).index)
+    targets = sorted({t for _, t in sites}, key=list(ALL_TARGETS).index)
     layers = sorted({i for i, _ in sites})
     return f"{','.join(targets)} of layers {','.join(map(str, layers))}"
 
@@ -292,10 +259,10 @@ def _check_folder(model, where: str, config: dict, tensors: dict, family: str | 
     `model`'s (ValueError naming the flag that differs)."""
     families, folder_sites = _folder_sites(tensors)
     if len(families) != 1:
-        raise ValueError(f"{where}: no LoRA adapters of a bert or roberta model in "
-                         f"{ADAPTER_WEIGHTS} (found {sorted(tensors)[:3]})")
+        raise ValueError(f"{where}: no LoRA adapters of one {'/'.join(peft_names.FAMILIES)} "
+                         f"model in {ADAPTER_WEIGHTS} (found {sorted(tensors)[:3]})")
     found = families.pop()
-    family = family or (backbone_family(model) if _has_backbone(model) else found)
+    family = family or (peft_names.family_of(model) if _has_backbone(model) else found)
     if found != family:
         raise ValueError(f"{where}: its adapters are a {found} model's, this run's model is "
                          f"{family}: set `backbone` as in the run that exported it")
@@ -314,7 +281,7 @@ def _check_folder(model, where: str, config: dict, tensors: dict, family: str | 
             f"{_sites_text(model_sites)} (e.g. {path} is only {whose}): set `lora_targets` and "
             "`lora_layers` as in the run that exported it")
     heads = {f"{PREFIX}{n}.weight" for n in head_modules(model, family)}
-    for key in sorted(k for k in tensors if not _LORA_KEY.match(k)
+    for key in sorted(k for k in tensors if not peft_names.parse_lora_key(k)
                       and not k.endswith(".lora_B.weight")):
         if key.endswith(".weight") and key not in heads:
             raise ValueError(f"{where}: it holds a trained {key[len(PREFIX):-len('.weight')]} "

@@ -15,8 +15,12 @@ the prefix model's embeddings and lower encoders and the client model's upper on
 has nowhere else; adapter_config.json then names "base" (relative to the folder).
 
 --data_dir and --frozen_dir replace the recorded ones (runs from before config.json did not
-record them). Only the text tasks (sst2, reviews: KerasNLP BERT
-backbones with `apply_lora`) have adapters this format describes.
+record them). The text tasks (sst2, reviews: KerasNLP BERT backbones with `apply_lora`) export
+as SEQ_CLS adapters; the instruction tasks (sst2_instruct, reviews_instruct) on
+--backbone=gemma3_270m as CAUSAL_LM adapters of `google/gemma-3-270m`'s modules
+(`model.layers.<i>.self_attn.q_proj`, ...; `models.peft_names`), trained on the weights
+dequantized from its Q4_K_M GGUF (docs/models.md). The gpt2_tiny decoder is a random byte-level
+toy with no Hugging Face counterpart, so its runs do not export.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_TASKS = ("sst2", "reviews")
+INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
+# The decoders whose adapters have a Hugging Face base model: theirs.
+DECODER_HUB_NAMES = {"gemma3_270m": "google/gemma-3-270m"}
 
 
 def run_config(run_dir: pathlib.Path, recorded: dict, data_dir: str | None,
@@ -85,9 +92,7 @@ def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
         raise ValueError(f"run_dir={run_dir}: no checkpoint under {simulation.CHECKPOINT_DIR}/")
     meta = json.loads((found[1] / "meta.json").read_text())
     config = meta["config"]
-    if config.get("task") not in TEXT_TASKS:
-        raise ValueError(f"run_dir={run_dir}: task {config.get('task')!r} has no KerasNLP "
-                         f"backbone; PEFT export covers {', '.join(TEXT_TASKS)}")
+    _check_exportable(run_dir, config)
     summary = run_dir / "summary.json"
     if summary.is_file() and "rounds" in json.loads(summary.read_text()).get("flags", {}):
         config = config | {"rounds": json.loads(summary.read_text())["flags"]["rounds"]}
@@ -112,6 +117,18 @@ def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
     model = task.keras_model_fn()
     weights.assign_weights_to(model)
     return model, meta, run, task
+
+
+def _check_exportable(run_dir, config: dict) -> None:
+    """A one-line ValueError unless the run's task and backbone have a PEFT counterpart."""
+    task, backbone = config.get("task"), config.get("backbone")
+    if task not in TEXT_TASKS + INSTRUCT_TASKS:
+        raise ValueError(f"run_dir={run_dir}: task {task!r} has no LoRA backbone; PEFT export "
+                         f"covers {', '.join(TEXT_TASKS + INSTRUCT_TASKS)}")
+    if task in INSTRUCT_TASKS and backbone not in DECODER_HUB_NAMES:
+        raise ValueError(f"run_dir={run_dir}: backbone {backbone!r} has no Hugging Face "
+                         f"counterpart to adapt; PEFT export covers the decoders "
+                         f"{', '.join(DECODER_HUB_NAMES)}")
 
 
 def _named_layers(model) -> dict:
@@ -190,11 +207,12 @@ def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=N
 
     run_dir, output_dir = pathlib.Path(run_dir), pathlib.Path(output_dir)
     model, meta, config, task = trained_model(run_dir, data_dir, frozen_dir)
-    export_base = config.model.backbone != "minilm"
+    decoder = DECODER_HUB_NAMES.get(config.model.backbone)
+    export_base = config.model.backbone != "minilm" and decoder is None
     if base_model is None:
-        base_model = MINILM_HUB_NAME if not export_base else "base"
+        base_model = decoder or (MINILM_HUB_NAME if not export_base else "base")
     peft_export.export_peft(model, output_dir, base_model_name_or_path=base_model,
-                            family="bert")
+                            family="gemma3" if decoder else "bert")
     if export_base:
         from models import checkpoints
 

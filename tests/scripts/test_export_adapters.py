@@ -124,3 +124,42 @@ def test_init_adapters_is_refused_for_image_tasks_and_folders_without_adapters(t
                                    f"--output_dir={tmp_path / 'r'}"]) == 2
     assert f"flag --init_adapters={tmp_path}: no adapter_config.json there" in (
         capsys.readouterr().err)
+
+
+def test_runs_without_a_hugging_face_counterpart_are_one_line(tmp_path):
+    with pytest.raises(ValueError, match=r"backbone 'gpt2_tiny' has no Hugging Face counterpart"
+                                         r".* covers the decoders gemma3_270m$"):
+        export_adapters._check_exportable(tmp_path, {"task": "sst2_instruct",
+                                                     "backbone": "gpt2_tiny"})
+    with pytest.raises(ValueError, match="task 'mnist' has no LoRA backbone"):
+        export_adapters._check_exportable(tmp_path, {"task": "mnist", "backbone": None})
+    export_adapters._check_exportable(tmp_path, {"task": "reviews_instruct",
+                                                 "backbone": "gemma3_270m"})
+
+
+def test_a_gemma3_run_exports_causal_lm_adapters_of_the_hub_model(tmp_path, monkeypatch):
+    """The decoder path of export_run (the trained model stubbed by a tiny Gemma 3 LM; the
+    adapters' values are checked against numpy in tests/models/test_peft_decoder.py)."""
+    import types
+
+    from models import causal_lm
+    from models.gemma3_backbone import Gemma3Backbone
+    from models.lora_targets import LoraConfig, apply_lora
+
+    backbone = Gemma3Backbone(vocabulary_size=32, num_layers=2, num_query_heads=2,
+                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16,
+                              head_dim=4, sliding_window=3, global_layer_every=2)
+    apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value"), layers=(1,)))
+    model = causal_lm.build_causal_lm(backbone)
+    meta = {"round": 7, "config": {"task": "sst2_instruct", "backbone": "gemma3_270m"}}
+    run = types.SimpleNamespace(model=types.SimpleNamespace(backbone="gemma3_270m"))
+    monkeypatch.setattr(export_adapters, "trained_model",
+                        lambda *args: (model, meta, run, None))
+    record = export_adapters.export_run(tmp_path / "run", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert (config["base_model_name_or_path"], config["task_type"]) == (
+        "google/gemma-3-270m", "CAUSAL_LM")
+    assert config["target_modules"] == (
+        r"(?:.*\.)?(?:model\.layers\.1\.self_attn\.q_proj|model\.layers\.1\.self_attn\.v_proj)")
+    assert record["base_exported"] is False and not (tmp_path / "out" / "base").exists()
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["round"] == 7
