@@ -242,7 +242,8 @@ SPECS = (
     Flag("string", "init_adapters", None,
          "A PEFT adapter folder (adapter_model.safetensors + adapter_config.json, e.g. written "
          "by scripts/export_adapters.py) whose LoRA adapters, and trained head if it holds one, "
-         "the run starts from (text tasks; its rank, targets and head must be this run's)."),
+         "the run starts from (text tasks, and the instruction tasks on gemma3_270m; its rank, "
+         "targets and head must be this run's)."),
     Flag("string", "frozen_dir", None,
          "Folder for the frozen (never federated) weights file every client reads (default "
          "$TFFL_CACHE/frozen, i.e. ~/.cache/tffl/frozen); remote workers need it on a shared "

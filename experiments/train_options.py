@@ -154,13 +154,19 @@ def _check_rank(options: Mapping[str, Any]) -> None:
 
 
 def _check_init_adapters(options: Mapping[str, Any]) -> None:
-    """--init_adapters: a PEFT folder, for the text tasks (whose backbones have LoRA layers)."""
+    """--init_adapters: a PEFT folder, for the text tasks (whose backbones have LoRA layers) and
+    the instruction tasks on a decoder with a Hugging Face counterpart (gemma3_270m)."""
     folder = options["init_adapters"]
     if folder is None:
         return
-    if options["task"] not in TEXT_TASKS:
+    if options["task"] in INSTRUCT_TASKS and options.get("backbone") != "gemma3_270m":
+        raise UsageError(f"flag --init_adapters={folder}: --backbone={options.get('backbone')} "
+                         "has no Hugging Face counterpart whose PEFT adapters it could take; "
+                         "PEFT adapters of a decoder are gemma3_270m's")
+    if options["task"] not in TEXT_TASKS + INSTRUCT_TASKS:
         raise UsageError(f"flag --init_adapters={folder}: PEFT adapters are for the text tasks "
-                         f"({', '.join(TEXT_TASKS)}), not --task={options['task']}")
+                         f"({', '.join(TEXT_TASKS + INSTRUCT_TASKS)}), not "
+                         f"--task={options['task']}")
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         if not (pathlib.Path(folder) / name).is_file():
             raise UsageError(f"flag --init_adapters={folder}: no {name} there; pass a folder "

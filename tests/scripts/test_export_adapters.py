@@ -120,6 +120,10 @@ def test_init_adapters_is_refused_for_image_tasks_and_folders_without_adapters(t
     assert train.run_command_line(["train.py", f"--init_adapters={tmp_path}",
                                    f"--output_dir={tmp_path / 'r'}"]) == 2
     assert "PEFT adapters are for the text tasks" in capsys.readouterr().err
+    assert train.run_command_line(["train.py", "--task=sst2_instruct", "--backbone=gpt2_tiny",
+                                   f"--init_adapters={tmp_path}",
+                                   f"--output_dir={tmp_path / 'r'}"]) == 2
+    assert "--backbone=gpt2_tiny has no Hugging Face counterpart" in capsys.readouterr().err
     assert train.run_command_line(["train.py", "--task=sst2", f"--init_adapters={tmp_path}",
                                    f"--output_dir={tmp_path / 'r'}"]) == 2
     assert f"flag --init_adapters={tmp_path}: no adapter_config.json there" in (
