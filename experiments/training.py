@@ -253,7 +253,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
 
 def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
              output_dir: pathlib.Path, started: float) -> dict:
-    """summary.json's content: final and best metrics, bytes, time and the sittings."""
+    """summary.json's content: final and best metrics, bytes, time, peak memory and the
+    sittings."""
     from tffl.simulation import driver as simulation
 
     last = history[-1] if history else {}
@@ -267,8 +268,11 @@ def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
         "best_eval_accuracy": max(evals) if evals else None,
         "best_personal_accuracy": max(personal) if personal else None,
         "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
-        "final": {k: v for k, v in last.items() if k not in simulation.TIMING_COLUMNS},
+        "final": {k: v for k, v in last.items() if k not in simulation.MACHINE_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
+        # MB, the largest over every sitting's rounds (`tffl.simulation.memory`); None: unread.
+        **{column: max((r[column] for r in history if column in r), default=None)
+           for column in ("peak_rss_mb", "worker_peak_rss_mb")},
         "machine": machine.describe(),  # of the sitting that finished the run
         "sittings": machine.read_sittings(output_dir),  # each sitting's first round and machine
     }

@@ -44,6 +44,6 @@ def run_child(*args, timeout=300) -> subprocess.CompletedProcess:
 
 def rows(path):
     """metrics.csv of the run in `path`, without its timing columns."""
-    drop = set(simulation.TIMING_COLUMNS)
+    drop = set(simulation.MACHINE_COLUMNS)
     return [{k: v for k, v in r.items() if k not in drop}
             for r in simulation.read_metrics(path / "metrics.csv")]

@@ -246,6 +246,12 @@ def _unregister(worker: LocalWorker) -> None:
             _LIVE_WORKERS.remove(worker)
 
 
+def live_worker_pids() -> list[int]:
+    """PIDs of the workers this process started and has not stopped (alive or not)."""
+    with _LIVE_LOCK:
+        return [w.pid for w in _LIVE_WORKERS if getattr(w, "pid", None) is not None]
+
+
 def stop_all_workers() -> None:
     """Stops every worker this process started, and any stray `worker_binary` children
     (for example one that TFF's own default context started)."""

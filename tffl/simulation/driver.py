@@ -20,7 +20,7 @@ before the round is recorded: the last good checkpoint stays; the message names 
 learning rates.
 
 Building the row's columns and writing those records is `tffl.simulation.metrics_log`'s job (its
-`read_metrics`, `flatten_metrics`, `TIMING_COLUMNS` and loss errors are re-exported here).
+`read_metrics`, `flatten_metrics`, `MACHINE_COLUMNS` and loss errors are re-exported here).
 
 Personalized processes (`Process.personal` declared: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
@@ -58,13 +58,14 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tffl.simulation import checkpoint
+from tffl.simulation import memory
 from tffl.simulation import metrics_log
 import tensorflow_federated as tff
 
 from tffl.engine import personal_state
 from tffl.engine import process as process_lib
 from tffl.simulation.metrics_log import (  # noqa: F401  (re-exported: simulation.read_metrics, …)
-    TIMING_COLUMNS,
+    MACHINE_COLUMNS,
     LossDivergedError,
     NonFiniteLossError,
     flatten_metrics,
@@ -316,6 +317,7 @@ def _run_loop(run: _Run, state: Any, history: list[dict[str, Any]], first_round:
             evaluate_now = is_last or (run.eval_every and round_num % run.eval_every == 0)
             if run.evaluate_fn is not None and evaluate_now:
                 _evaluate(run, state, row)
+            row.update(memory.memory_columns())   # peaks so far, evaluation included
             stop = run.until is not None and bool(run.until(row))
             is_last = is_last or stop
             history.append(row)
@@ -371,8 +373,7 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
     row.update(metrics_log.summary_metrics(flat))
     row.update(traffic_columns)
     row["communication_rounds"] = communication_rounds
-    row["round_seconds"] = seconds
-    row["data_seconds"] = data_seconds
+    row.update(round_seconds=seconds, data_seconds=data_seconds)
     row.update(participation.info)
     row.update(flat)
     return state, row

@@ -36,6 +36,7 @@ import tensorflow_federated as tff
 
 from tffl.engine import communication
 from tffl.engine import process as process_lib
+from tffl.simulation.memory import MEMORY_COLUMNS
 
 # Columns first in metrics.csv, in this order; any other metric follows, sorted by name.
 _LEADING_COLUMNS = (
@@ -48,9 +49,10 @@ _LEADING_COLUMNS = (
     "bytes_up_per_client",
     "round_seconds",
 )
-# Columns that depend on the machine, not on the math: left out of resume comparisons.
-# `data_seconds`: how long the round waited for its clients' datasets (not in round_seconds).
-TIMING_COLUMNS = ("round_seconds", "evaluation_seconds", "data_seconds")
+# Columns that depend on the machine, not on the math: left out of resume comparisons and of
+# summary.json's `final`. `data_seconds`: how long the round waited for its clients' datasets
+# (not in round_seconds); the peak memory columns: `tffl.simulation.memory`.
+MACHINE_COLUMNS = ("round_seconds", "evaluation_seconds", "data_seconds", *MEMORY_COLUMNS)
 
 
 def flatten_metrics(metrics: Any, prefix: str = "") -> dict[str, float | str]:

@@ -164,6 +164,8 @@ def test_rolora_b_and_a_rounds_train_on_different_batches(tff_runtime, tmp_path)
     assert [r["communication_rounds"] for r in result.history] == [1, 2]
     assert "b_round/client_work/train/loss" in result.history[0]
     assert "a_round/client_work/train/loss" in result.history[1]
+    # The TFF worker `tff_runtime` started is measured beside this process (tffl.simulation.memory).
+    assert result.history[1]["worker_peak_rss_mb"] > 10 < result.history[1]["peak_rss_mb"]
     a_new, b_new = process.model_weights(result.state).trainable
     zeros = np.zeros((_R, _D_OUT))
     b_bar = _weighted_mean([_local_sgd(_A0, zeros, _W0, *data[c, 1], _LR, _BATCH, "b")[1]

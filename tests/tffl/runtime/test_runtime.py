@@ -196,7 +196,7 @@ def _run(process, output_dir, resume=False):
 
 
 def _rows(output_dir):
-    drop = set(simulation.TIMING_COLUMNS)
+    drop = set(simulation.MACHINE_COLUMNS)
     return [{k: v for k, v in row.items() if k not in drop}
             for row in simulation.read_metrics(output_dir / simulation.METRICS_FILE)]
 
@@ -208,7 +208,7 @@ def _assert_same_run(a, b, rtol=1e-5, atol=1e-6):
     assert [r["round"] for r in a.history] == [r["round"] for r in b.history]
     for row_a, row_b in zip(a.history, b.history):
         assert set(row_a) == set(row_b)
-        for key in set(row_a) - set(simulation.TIMING_COLUMNS):
+        for key in set(row_a) - set(simulation.MACHINE_COLUMNS):
             assert row_a[key] == pytest.approx(row_b[key], rel=rtol, abs=atol), key
 
 
@@ -274,7 +274,7 @@ def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path
     assert resumed.first_round == 3
     _assert_same_run(resumed, reference_runs("rolora", 2), rtol=1e-6, atol=1e-7)
     assert _rows(tmp_path / "run") == [
-        {k: v for k, v in r.items() if k not in simulation.TIMING_COLUMNS}
+        {k: v for k, v in r.items() if k not in simulation.MACHINE_COLUMNS}
         for r in reference_runs("rolora", 2).history]
 
 

@@ -84,7 +84,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     resumed = _run(tmp_path / "cut", rounds=6, resume=True, process=resumed_process)
     assert resumed.first_round == 4 and resumed_process.calls == 3
     np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
-    drop = set(simulation.TIMING_COLUMNS)
+    drop = set(simulation.MACHINE_COLUMNS)
     a = [{k: v for k, v in r.items() if k not in drop}
          for r in simulation.read_metrics(tmp_path / "full" / "metrics.csv")]
     b = [{k: v for k, v in r.items() if k not in drop}
@@ -184,7 +184,7 @@ def test_worker_death_keeps_completed_rounds_and_resume_matches(tmp_path):
     resumed = _run(tmp_path / "cut", rounds=6, resume=True)
     assert resumed.first_round == 4
     np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
-    drop = set(simulation.TIMING_COLUMNS)
+    drop = set(simulation.MACHINE_COLUMNS)
     full_rows, resumed_rows = (
         [{k: v for k, v in r.items() if k not in drop}
          for r in simulation.read_metrics(tmp_path / d / "metrics.csv")]
@@ -263,7 +263,7 @@ def test_prefetch_gives_the_same_run_as_building_each_round_in_turn(tmp_path):
             evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
             prefetch=prefetch)
     assert calls[True] == calls[False]  # the same clients' datasets, in the same order
-    drop = set(simulation.TIMING_COLUMNS)
+    drop = set(simulation.MACHINE_COLUMNS)
     assert ([{k: v for k, v in r.items() if k not in drop} for r in results[True].history]
             == [{k: v for k, v in r.items() if k not in drop} for r in results[False].history])
     np.testing.assert_array_equal(results[True].state["s"], _expected_state(5))
