@@ -87,18 +87,25 @@ def hf_config(config: dict) -> dict:
         "attn_logit_softcapping": None, "tie_word_embeddings": True}
 
 
-def _adapted_backbone(path, adapters: pathlib.Path):
-    """tffl's Gemma 3 270M with the folder's adapters (placed as the folder's keys say)."""
-    from models import gguf_checkpoint, peft_export, peft_names
-    from models.lora_targets import LoraConfig, apply_lora
+def _lora_config(adapters: pathlib.Path):
+    """The `LoraConfig` that places adapters where the folder's keys say (rank, α its config's)."""
+    from models import peft_export, peft_names
+    from models.lora_targets import LoraConfig
 
     adapter_config, tensors = peft_export.read_peft(adapters)
     sites = {peft_names.parse_lora_key(k) for k in tensors} - {None}
+    return LoraConfig(rank=adapter_config["r"], alpha=adapter_config["lora_alpha"],
+                      targets=tuple(sorted({t for _, _, t in sites})),
+                      layers=tuple(sorted({i for _, i, _ in sites})))
+
+
+def _adapted_backbone(path, adapters: pathlib.Path):
+    """tffl's Gemma 3 270M with the folder's adapters."""
+    from models import gguf_checkpoint, peft_export
+    from models.lora_targets import apply_lora
+
     backbone, tokenizer = gguf_checkpoint.load_gemma3(path)
-    apply_lora(backbone, LoraConfig(
-        rank=adapter_config["r"], alpha=adapter_config["lora_alpha"],
-        targets=tuple(sorted({t for _, _, t in sites})), layers=tuple(sorted({i for _, i, _ in
-                                                                              sites}))))
+    apply_lora(backbone, _lora_config(adapters))
     peft_export.import_peft(backbone, adapters)
     return backbone, tokenizer
 
@@ -182,19 +189,14 @@ def write_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
     """Step 1 for a BERT classifier (module docstring)."""
     import tensorflow as tf
 
-    from models import backbones, hf_bert, peft_export, peft_names
-    from models.lora_targets import LoraConfig, apply_lora, lora_layers
+    from models import backbones, hf_bert, peft_export
+    from models.lora_targets import apply_lora, lora_layers
     from tasks import text as text_lib
 
     head = json.loads((adapters / peft_export.HEAD_FILE).read_text())
-    adapter_config, tensors = peft_export.read_peft(adapters)
-    sites = {peft_names.parse_lora_key(k) for k in tensors} - {None}
     base = _encoder_base(adapters)
     backbone, _ = hf_bert.load_hf_bert(base)
-    apply_lora(backbone, LoraConfig(
-        rank=adapter_config["r"], alpha=adapter_config["lora_alpha"],
-        targets=tuple(sorted({t for _, _, t in sites})),
-        layers=tuple(sorted({i for _, i, _ in sites}))))
+    apply_lora(backbone, _lora_config(adapters))
     model = backbones.build_classifier(backbone, head["num_labels"], pooling=head["pooling"],
                                        head=head["head"])
     peft_export.import_peft(model, adapters)
@@ -258,6 +260,14 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     adapters, work_dir = pathlib.Path(args["adapters"]), pathlib.Path(args["work_dir"])
+    needed = [adapters / "adapter_config.json"] + (
+        [work_dir / "tffl_logits.npz"] if "check" in args else [])
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        print(f"peft_crosscheck: no {missing[0]}: pass --adapters=<a folder export_adapters.py "
+              "wrote>, and run the first step (without --check) into --work_dir first",
+              file=sys.stderr)
+        return 2
     config = json.loads((adapters / "adapter_config.json").read_text())
     decoder = config["task_type"] == "CAUSAL_LM"
     if "check" in args:
