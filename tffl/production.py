@@ -189,6 +189,7 @@ def save_process(process: Process, directory) -> pathlib.Path:
         "next": "next.pb" if several else None,
         **_WEIGHTS_FILES,
         "cycle": None if process.cycle is None else list(process.cycle),
+        "shared_cycle_data": process.shared_cycle_data,
         "schedule": [process.schedule(t) for t in range(_SCHEDULE_RECORD)],
         "personalized": personal is not None,
         "personal": None if personal is None else {
@@ -230,7 +231,8 @@ def load_process(directory, initial_personal: Callable[[str], Any] | None = None
         manifest["algorithm"], load(manifest["initialize"]), rounds,
         get_model_weights=load(manifest["get_model_weights"]),
         set_model_weights=load(manifest["set_model_weights"]),
-        schedule=_schedule(manifest["cycle"]), personal=personal)
+        schedule=_schedule(manifest["cycle"]), personal=personal,
+        shared_cycle_data=manifest.get("shared_cycle_data", False))
 
 
 def _personal_spec(manifest: Mapping[str, Any], initial_personal) -> PersonalSpec | None:

@@ -1,26 +1,40 @@
-"""RoLoRA's linear Algorithm 2 (Alt-min-GD) exactly as stated (rolora.md §2.1), as TFF rounds.
+"""RoLoRA's linear Algorithm 2 (Alt-min-GD) exactly as stated (rolora.md §2.1), as the engine's
+round kinds and schedule.
 
 Client i holds X_i ∈ R^{m_i×d} and Y_i ∈ R^{m_i×d}; the model is f_i(X) = X a bᵀ with a a unit
-vector, and l_i(a, b) = (1/m_i)‖Y_i − X_i a bᵀ‖²_F. One iteration t (one `next`, two
-communication exchanges, `tffl.engine.linear_engine.build_two_exchange_round`: b, then a's gradient):
+vector, and l_i(a, b) = (1/m_i)‖Y_i − X_i a bᵀ‖²_F. One iteration t is two communication rounds,
+the B round then the A round, as RoLoRA's Keras rounds (`tffl.algorithms.lora_plans`):
 
-1. the server broadcasts a = a^{t−1};
-2. client i solves b exactly: b̃_i = argmin_b l_i(a, b) = Y_iᵀ X_i a / ‖X_i a‖²;
-3. the server averages b̄ = (1/N) Σ_i b̃_i and broadcasts it;
-4. client i returns ∇_a l_i(a, b̄) = (2/m_i)(X_iᵀX_i a b̄ᵀb̄ − X_iᵀY_i b̄);
-5. the server takes one gradient step and normalizes: â⁺ = a − η (1/N) Σ_i ∇_a l_i(a, b̄),
+1. `b_round`: the server broadcasts (a, b) = (a^{t−1}, b^{t−1}); client i solves b exactly,
+   b̃_i = argmin_b l_i(a, b) = Y_iᵀ X_i a / ‖X_i a‖², and uploads it; the server keeps
+   b̄ = (1/n) Σ_i b̃_i;
+2. `a_round`: the server broadcasts (a, b̄); client i uploads
+   ∇_a l_i(a, b̄) = (2/m_i)(X_iᵀX_i a b̄ᵀb̄ − X_iᵀY_i b̄);
+3. the server takes one gradient step and normalizes: â⁺ = a − η (1/n) Σ_i ∇_a l_i(a, b̄),
    a^t = â⁺/‖â⁺‖; b^t = b̄.
 
+Each round kind is TFF's four pieces (broadcast of (a, b), the client computation, the unweighted
+mean `tff.aggregators.UnweightedMeanFactory`, the server step) composed by
+`tffl.engine.composition.compose_kinds`; the schedule alternates them
+(`tffl.engine.schedules.alternating`). TFF's `next` is one iteration, both rounds on the same
+clients' data (`shared_cycle_data`: the A round's gradient is taken on the clients that solved
+b̄, as the algorithm has it); `next_round` runs one communication round, so the driver's
+`--rounds` counts 2 per iteration. Under partial participation the driver samples each round
+anew, as for every algorithm; the algorithm itself uses all N clients.
+
 Initialization: a⁰ a seeded random unit vector (or `with_a`), b⁰ = 0. Clients send b̃_i and a
-gradient, never run local GD on a (unlike `tffl.algorithms.lora_fl`'s RoLoRA with K local steps, the LLM
-version of the same alternation; both are tested on `tasks.synthetic.rolora_linear`). Averages
-are unweighted (1/N), as in the algorithm. The server state and both exchanges are d floats.
+gradient, never run local GD on a (unlike `tffl.algorithms.lora_fl`'s RoLoRA with K local steps,
+the LLM version of the same alternation; both are tested on `tasks.synthetic.rolora_linear`).
+Averages are unweighted (1/n), as in the algorithm. Each round broadcasts 2d floats and uploads
+d (and the loss and the client count); bytes per client are read off TFF's forms.
 
 Types: state TFF's `LearningAlgorithmState(global_model_weights=OrderedDict(a=float32[d],
-b=float32[d]), distributor=(), client_work=(), aggregator=(), finalizer=OrderedDict(
-round_num=int32))`@SERVER, as every process's of the engine; client data
-`OrderedDict(x=float32[None, d], y=float32[None, d])`@CLIENTS; metrics in TFF's structure,
-`client_work/train`: `loss` = (1/N) Σ_i l_i(a^{t−1}, b̄) and `num_clients`. The algebra runs in
+b=float32[d]), distributor=(), client_work=(), aggregator={b_round: (), a_round: ()},
+finalizer={round_num: int32, steps: {b_round: {}, a_round: {}}})`@SERVER, as every process's of
+the engine (round_num counts communication rounds); client data `OrderedDict(x=float32[None, d],
+y=float32[None, d])`@CLIENTS; metrics in TFF's structure, `client_work/train`: `loss` =
+(1/n) Σ_i l_i at the round's start (the B round: l_i(a^{t−1}, b^{t−1}); the A round:
+l_i(a^{t−1}, b̄)) and `num_clients`; `next`'s are the two rounds' mean. The algebra runs in
 float64 inside the computations.
 
 The process. `build_rolora_alt_min_gd` returns a `tffl.engine.process.Process`, a TFF
@@ -31,7 +45,7 @@ The process. `build_rolora_alt_min_gd` returns a `tffl.engine.process.Process`, 
 Its `config` is an `AltMinGDConfig`. The module's functions: `get_a(state)`, `get_b(state)` and
 `with_a(process, state, a)` (a replaced by a/‖a‖, b kept).
 
-Example:
+Example (`next`: one iteration, both rounds on the same clients):
 
 >>> process = build_rolora_alt_min_gd(dim=10, learning_rate=0.5, seed=0)
 >>> a_star, b_star = np.eye(10, dtype=np.float32)[0], np.full(10, 10**-0.5, np.float32)
@@ -39,10 +53,12 @@ Example:
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
 ...     for _ in range(30):
-...         state = process.next_round(state, clients).state
+...         state = process.next(state, clients).state
 >>> a = get_a(state)
 >>> round(float(np.linalg.norm(a)), 4), round(abs(float(a @ a_star)), 3)   # unit, |⟨a, a*⟩|
 (1.0, 1.0)
+>>> process.round_name(state), process.round_num(state)          # 30 iterations, 60 rounds
+('b_round', 60)
 """
 
 from __future__ import annotations
@@ -54,10 +70,15 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.engine import communication
+from tffl.engine import composition
 from tffl.engine import linear_engine
 from tffl.engine import process as process_lib
+from tffl.engine import rounds as engine
+from tffl.engine import schedules
 
 LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
+B_ROUND, A_ROUND = "b_round", "a_round"
 
 
 def _data_type(dim: int) -> tff.StructWithPythonType:
@@ -66,13 +87,9 @@ def _data_type(dim: int) -> tff.StructWithPythonType:
          ("y", tff.TensorType(np.float32, [None, dim]))], collections.OrderedDict)
 
 
-def _state(a, b, round_num, like=None):
-    """The state with weights (a, b) and `round_num` (inside a TF computation, or in Python on
-    numpy values); distributor, client work and aggregator `like`'s (default empty)."""
-    members = (((), (), ()) if like is None
-               else (like.distributor, like.client_work, like.aggregator))
-    return LearningAlgorithmState(collections.OrderedDict(a=a, b=b), *members,
-                                  collections.OrderedDict(round_num=round_num))
+def _weights_type(dim: int) -> tff.StructWithPythonType:
+    vector = tff.TensorType(np.float32, [dim])
+    return tff.StructWithPythonType([("a", vector), ("b", vector)], collections.OrderedDict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,21 +111,25 @@ def get_b(state) -> np.ndarray:
     return np.asarray(state.global_model_weights["b"])
 
 
+def _with_weights(state, weights) -> LearningAlgorithmState:
+    """`state` with model weights `weights`, the rest kept (TF or numpy values)."""
+    return LearningAlgorithmState(weights, state.distributor, state.client_work,
+                                  state.aggregator, state.finalizer)
+
+
 def with_a(process: process_lib.Process, state, a) -> LearningAlgorithmState:
     """`state` with a replaced by the unit vector a/‖a‖ (b and round_num kept)."""
     dim = process.config.dim
     a = np.asarray(a, np.float64).reshape(-1)
     if a.shape != (dim,) or not np.linalg.norm(a) > 0:
         raise ValueError(f"a must be a non-zero vector of length d={dim}")
-    return _state((a / np.linalg.norm(a)).astype(np.float32), get_b(state),
-                  state.finalizer["round_num"], like=state)
+    unit = (a / np.linalg.norm(a)).astype(np.float32)
+    return _with_weights(state, collections.OrderedDict(a=unit, b=get_b(state)))
 
 
-def _weights_computations(state_type, vector):
+def _weights_computations(state_type, weights_type):
     """(get_model_weights, set_model_weights): S -> (a, b) and <S, (a, b)> -> S with
     (a/‖a‖, ‖a‖·b), round_num kept."""
-    weights_type = tff.StructWithPythonType([("a", vector), ("b", vector)],
-                                            collections.OrderedDict)
 
     @tff.tensorflow.computation(state_type)
     def get_weights(state):
@@ -118,69 +139,119 @@ def _weights_computations(state_type, vector):
     def set_weights(state, weights):
         a, b = tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64)
         norm = tf.norm(a)
-        return _state(tf.cast(a / norm, tf.float32), tf.cast(norm * b, tf.float32),
-                      state.finalizer["round_num"], like=state)
+        return _with_weights(state, collections.OrderedDict(
+            a=tf.cast(a / norm, tf.float32), b=tf.cast(norm * b, tf.float32)))
 
     return get_weights, set_weights
+
+
+def _client_result(upload, loss):
+    """A linear client's (`ClientResult(upload, 1)`, metric sums {loss_sum, num_clients}, no
+    personal state), as `tffl.engine.composition`'s client work returns it."""
+    result = tff.learning.templates.ClientResult(update=tf.cast(upload, tf.float32),
+                                                 update_weight=tf.constant(1.0, tf.float32))
+    sums = collections.OrderedDict(loss_sum=tf.cast(loss, tf.float32),
+                                   num_clients=tf.constant(1, tf.int32))
+    return result, sums, []
+
+
+def _loss(x, y, a, b):
+    """l_i(a, b) = (1/m)‖Y − X a bᵀ‖²_F (float64)."""
+    residual = y - tf.linalg.matvec(x, a)[:, None] * b[None, :]
+    return tf.reduce_sum(residual * residual) / tf.cast(tf.shape(x)[0], tf.float64)
+
+
+def _client_updates(weights_type, data_type):
+    """(the B round's client, the A round's client): (w, data) -> b̃_i, resp. ∇_a l_i(a, b̄),
+    each with l_i at (a, b) as received."""
+
+    def unpack(weights, data):
+        return (tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64),
+                tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64))
+
+    @tff.tensorflow.computation(weights_type, data_type)
+    def solve_b(weights, data):
+        x, y, a, b = unpack(weights, data)
+        xa = tf.linalg.matvec(x, a)                                          # X a  (m,)
+        b_tilde = tf.linalg.matvec(y, xa, transpose_a=True) / tf.reduce_sum(xa * xa)
+        return _client_result(b_tilde, _loss(x, y, a, b))                   # Yᵀ X a / ‖Xa‖²
+
+    @tff.tensorflow.computation(weights_type, data_type)
+    def gradient_a(weights, data):
+        x, y, a, b = unpack(weights, data)
+        m = tf.cast(tf.shape(x)[0], tf.float64)
+        xa = tf.linalg.matvec(x, a)
+        grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b * b)
+                            - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b))
+        return _client_result(grad, _loss(x, y, a, b))
+
+    return solve_b, gradient_a
+
+
+class _Step:
+    """A stateless server step (`tffl.engine.server_steps`' shape: `initialize`,
+    `apply(state, w, update, round_num) -> (state, w')`) of `new_weights(w, update)`, a TF
+    function on float64 vectors a, b and the update."""
+
+    def __init__(self, weights_type, update_type, new_weights):
+        @tff.tensorflow.computation
+        def initialize():
+            return collections.OrderedDict()
+
+        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                    np.int32)
+        def apply(state, weights, update, round_num):
+            del round_num
+            a, b = new_weights(tf.cast(weights["a"], tf.float64),
+                               tf.cast(weights["b"], tf.float64), tf.cast(update, tf.float64))
+            return state, collections.OrderedDict(a=tf.cast(a, tf.float32),
+                                                  b=tf.cast(b, tf.float32))
+
+        self.initialize, self.apply = initialize, apply
+
+
+def _round_pieces(name, client_update, weights_type, vector, new_weights):
+    factory, _ = engine.weighted_factory(tff.aggregators.UnweightedMeanFactory())
+    return engine.RoundPieces(
+        name, client_update=client_update,
+        aggregator=factory.create(vector, tff.TensorType(np.float32)),
+        step=_Step(weights_type, vector, new_weights),
+        traffic=communication.declared_traffic(weights_type, client_update),
+        upload_type=vector, finalize_metrics=linear_engine.linear_train_metrics)
 
 
 def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
                             ) -> process_lib.Process:
     """RoLoRA's Algorithm 2 (module docstring) for rank-1 ΔW = a bᵀ ∈ R^{d×d}; η = `learning_rate`
     (the theory needs η ≤ 1/L_max², L_max ≥ ‖b*‖). Returns the stateless `Process` (module
-    docstring); `config` an `AltMinGDConfig`."""
+    docstring): round kinds `b_round` and `a_round`, alternating; `config` an `AltMinGDConfig`."""
     dim = int(dim)
     if dim < 1:
         raise ValueError(f"dim={dim} must be >= 1")
     eta = linear_engine.check_rate("learning_rate", learning_rate)
-    data_type = _data_type(dim)
+    data_type, weights_type = _data_type(dim), _weights_type(dim)
     vector = tff.TensorType(np.float32, [dim])
 
     @tff.tensorflow.computation
-    def initial_state():
+    def initial_weights():
         a = tf.random.stateless_normal([dim], seed=[int(seed), 0x401A], dtype=tf.float64)
-        return _state(tf.cast(a / tf.norm(a), tf.float32), tf.zeros([dim], tf.float32),
-                      tf.constant(0, tf.int32))
+        return collections.OrderedDict(a=tf.cast(a / tf.norm(a), tf.float32),
+                                       b=tf.zeros([dim], tf.float32))
 
-    state_type = initial_state.type_signature.result
+    def step_a(a, b, mean_gradient):
+        a_plus = a - eta * mean_gradient
+        return a_plus / tf.norm(a_plus), b
 
-    @tff.tensorflow.computation(vector, data_type)
-    def solve_b(a, data):
-        x, y = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        xa = tf.linalg.matvec(x, tf.cast(a, tf.float64))                   # X a  (m,)
-        b = tf.linalg.matvec(y, xa, transpose_a=True) / tf.reduce_sum(xa * xa)   # Yᵀ X a / ‖Xa‖²
-        return tf.cast(b, tf.float32)
-
-    @tff.tensorflow.computation(vector, vector, data_type)
-    def gradient_a(a, b, data):
-        x, y = tf.cast(data["x"], tf.float64), tf.cast(data["y"], tf.float64)
-        a64, b64 = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
-        m = tf.cast(tf.shape(x)[0], tf.float64)
-        xa = tf.linalg.matvec(x, a64)
-        residual = y - xa[:, None] * b64[None, :]                          # Y − X a bᵀ
-        grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b64 * b64)
-                            - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b64))
-        loss = tf.reduce_sum(residual * residual) / m
-        return collections.OrderedDict(value=tf.cast(grad, tf.float32),
-                                       loss=tf.cast(loss, tf.float32))
-
-    @tff.tensorflow.computation(state_type)
-    def broadcast_a(state):
-        return state.global_model_weights["a"]
-
-    @tff.tensorflow.computation(state_type, vector, vector)
-    def step(state, b_bar, mean_gradient):
-        a = (tf.cast(state.global_model_weights["a"], tf.float64)
-             - eta * tf.cast(mean_gradient, tf.float64))
-        return _state(tf.cast(a / tf.norm(a), tf.float32), b_bar,
-                      state.finalizer["round_num"] + 1, like=state)
-
-    next_fn = linear_engine.build_two_exchange_round(state_type, data_type, broadcast_a,
-                                                     solve_b, gradient_a, step)
-    get_weights, set_weights = _weights_computations(state_type, vector)
-    return linear_engine.build_process(
-        "rolora_linear", linear_engine.initialize_at_server(initial_state), next_fn,
-        get_model_weights=get_weights, set_model_weights=set_weights,
-        config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed)),
+    solve_b, gradient_a = _client_updates(weights_type, data_type)
+    pieces = [_round_pieces(B_ROUND, solve_b, weights_type, vector, lambda a, b, b_bar: (a, b_bar)),
+              _round_pieces(A_ROUND, gradient_a, weights_type, vector, step_a)]
+    initialize, rounds = composition.compose_kinds(pieces, initial_weights, weights_type,
+                                                   data_type)
+    get_weights, set_weights = _weights_computations(initialize.type_signature.result.member,
+                                                     weights_type)
+    return process_lib.Process(
+        "rolora_linear", initialize, rounds, get_model_weights=get_weights,
+        set_model_weights=set_weights, schedule=schedules.alternating(B_ROUND, A_ROUND),
+        shared_cycle_data=True, declared_traffic={p.name: p.traffic for p in pieces},
         check_data=linear_engine.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
-        traffic=linear_engine.two_exchange_traffic(broadcast_a, solve_b, gradient_a))
+        config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed)))

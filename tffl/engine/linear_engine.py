@@ -25,11 +25,11 @@ computation, uploading `ClientResult(B_i, 1)` and its metric sums), aggregator (
 `tff.aggregators` factory, by default the unweighted mean (1/n) Σ_{i∈I} B_i whatever the m_i)
 and finalizer (`RepresentationStep`: P, the identity or `orthonormalize`, B̄ = QR, P(B̄) = Q with
 diag(R) ≥ 0) — composed by `tffl.engine.composition.compose_kinds`, so its state, metrics and
-`LearningProcess` are the Keras algorithms'. A round with two client exchanges (RoLoRA's
-Alt-min-GD; FLUTE) is `build_two_exchange_round`, in `tffl.engine.linear_rounds` with
-`round_metrics` (re-exported here): its second broadcast depends on the first aggregate, which
-no one pass of the four pieces holds. An algorithm module writes only
-`tff.tensorflow.computation`s and calls these builders.
+`LearningProcess` are the Keras algorithms'. RoLoRA's Alt-min-GD is two such round kinds on
+(a, b) (`tffl.algorithms.rolora_linear`, with this module's `linear_train_metrics`). Linear
+FLUTE's round, whose second exchange needs the first one's aggregate and the old B, is
+`build_two_exchange_round`, in `tffl.engine.linear_rounds` with `round_metrics` (re-exported
+here). An algorithm module writes only `tff.tensorflow.computation`s and calls these builders.
 
 TFF placement and types:
 
@@ -39,8 +39,8 @@ TFF placement and types:
     client data    OrderedDict(x=float32[m_i, d], y=float32[m_i])                @CLIENTS
     personal state OrderedDict(<name>=float32[shape], …)                         @CLIENTS
 
-(RoLoRA's Alt-min-GD: the same state with global_model_weights = OrderedDict(a, b) and empty
-aggregator and finalizer steps.)
+(RoLoRA's Alt-min-GD: the same state with global_model_weights = OrderedDict(a, b), and its
+aggregator and server-step states keyed by its round kinds, b_round and a_round.)
 
 Client data are tensors, one value per client (not `tf.data` sequences: exact solves and full-
 batch gradients need the whole batch at once); the type has shape [None, d], so m_i may differ.
@@ -140,8 +140,9 @@ class RepresentationStep:
         self.initialize, self.apply = initialize, apply
 
 
-def _finalize_metrics(sums):
-    """Σ_i (ℓ_i, 1) -> `client_work/train` {loss: (1/n) Σ_i ℓ_i, num_clients: n}."""
+def linear_train_metrics(sums):
+    """Σ_i (ℓ_i, 1) -> `client_work/train` {loss: (1/n) Σ_i ℓ_i, num_clients: n} (a linear
+    round kind's `RoundPieces.finalize_metrics`)."""
     n = sums["num_clients"]
     return collections.OrderedDict(loss=sums["loss_sum"] / tf.cast(n, tf.float32),
                                    num_clients=n)
@@ -253,7 +254,7 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
         ROUND, client_update=None,
         aggregator=factory.create(b_type, tff.TensorType(np.float32)),
         step=RepresentationStep(b_type, orthonormal), traffic=None, upload_type=b_type,
-        finalize_metrics=_finalize_metrics)
+        finalize_metrics=linear_train_metrics)
     initialize = composition.build_initialize([pieces], random_representation, b_type)
     state_type = initialize.type_signature.result
 

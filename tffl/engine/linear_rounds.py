@@ -23,9 +23,11 @@ is read by name: an `OrderedDict` with entries among `value` (the upload, any st
 (ℓ_i, float32) and `personal` (p_i', the second exchange only); a result without any of these
 names is the upload itself. ℓ_i comes from whichever exchange returns `loss` (exactly one does).
 
-Instances: RoLoRA's Alt-min-GD (`tffl.algorithms.rolora_linear`; u_i = b̃_i, g_i = ∇_a l_i, both means, no
-personal state) and linear FLUTE (`tffl.algorithms.flute_linear`; u_i = (∇_B L_i, w_i w_iᵀ) summed, the
-server step on B, then r = G = WWᵀ and the head step at the client, no second upload).
+Instance: linear FLUTE (`tffl.algorithms.flute_linear`; u_i = (∇_B L_i, w_i w_iᵀ) summed, the
+server step on B, then r = G = WWᵀ and the head step at the client, at the old B, no second
+upload). Its second exchange needs G and the old B, which are not model weights, so it is not
+two round kinds of `tffl.engine.composition` (RoLoRA's Alt-min-GD, whose second exchange needs
+only the new model weights (a, b̄), is: `tffl.algorithms.rolora_linear`).
 
 Types: `state_type`, `data_type` and `personal_type` are unplaced; the round is
 

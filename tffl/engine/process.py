@@ -16,8 +16,9 @@ rounds done). Its contract is TFF's:
   do not apply to it, so TFF's training program does not take it.
 
 `next` runs one cycle of the schedule: the round itself for one kind, else the cycle composed by
-`tffl.engine.schedules` (RoLoRA-alternated personal adapters: the B round then the A round, each
-on its own data, `data_names`). `next_round(state, data[, personal])` runs the single
+`tffl.engine.schedules` (RoLoRA: the B round then the A round, each on its own data,
+`data_names`; with `shared_cycle_data`, every round on the same clients' data, as RoLoRA's
+Alt-min-GD needs). `next_round(state, data[, personal])` runs the single
 communication round `round_name(state)` names, after checking the data and personal states in
 Python (one-line errors), and is what `tffl.simulation.driver.run_rounds` calls.
 
@@ -190,6 +191,8 @@ class Process(tff.learning.templates.LearningProcess):
       check_data: `client_data -> None`, raising ValueError on malformed client data.
       hook: the Keras client work's `tffl.engine.client_hooks.ClientHook`, else None.
       config: the algorithm's typed configuration, for the record.
+      shared_cycle_data: `next` gives every round of its cycle the same clients and data,
+        `next(S, {D}@CLIENTS)` (`data_names` None); default each round its own.
     """
 
     def __init__(self, algorithm: str, initialize: tff.Computation,
@@ -198,7 +201,8 @@ class Process(tff.learning.templates.LearningProcess):
                  personal: PersonalSpec | None = None,
                  declared_traffic: Mapping[str, communication.RoundTraffic] | None = None,
                  traffic_rounds=None, client_traffic=None, model=None,
-                 evaluation: Evaluation | None = None, check_data=None, hook=None, config=None):
+                 evaluation: Evaluation | None = None, check_data=None, hook=None, config=None,
+                 shared_cycle_data: bool = False):
         self.algorithm, self.model, self.personal = algorithm, model, personal
         self.evaluation, self.hook, self.config = evaluation, hook, config
         self.rounds = collections.OrderedDict(rounds)
@@ -210,7 +214,8 @@ class Process(tff.learning.templates.LearningProcess):
         if self.cycle is None and len(self.rounds) > 1:
             raise ValueError(f"{algorithm}: {len(self.rounds)} round kinds need a periodic "
                              "schedule (`tffl.engine.schedules.alternating`) to form `next`")
-        self.data_names = (None if len(self.rounds) == 1
+        self.shared_cycle_data = shared_cycle_data
+        self.data_names = (None if len(self.rounds) == 1 or shared_cycle_data
                            else tuple(schedules.cycle_data_names(self.cycle)))
         next_fn = self._compose_next()
         checked_set = CheckedComputation(set_model_weights,
@@ -227,8 +232,9 @@ class Process(tff.learning.templates.LearningProcess):
         if len(self.rounds) == 1:
             return next(iter(self.rounds.values()))
         if self.personal is None:
-            return schedules.compose_cycle(self.rounds, self.cycle)
-        return schedules.compose_personalized_cycle(self.rounds, self.cycle)
+            return schedules.compose_cycle(self.rounds, self.cycle, self.shared_cycle_data)
+        return schedules.compose_personalized_cycle(self.rounds, self.cycle,
+                                                    self.shared_cycle_data)
 
     # The schedule.
 

@@ -91,6 +91,25 @@ def _nested(value, value_type: tff.Type):
     return [v for _, v in items]
 
 
+def _combine_train(trains: Sequence[Mapping]) -> collections.OrderedDict:
+    """One `client_work/train` of a cycle's E exchanges: a Keras round's weighted by `num_examples` (which
+    sums: every exchange's examples); a linear round's (`loss`, `num_clients`: no examples) the
+    mean over the exchanges, with `num_clients` the largest exchange's (the clients of a cycle
+    on shared data, where every exchange has the same ones)."""
+    train = collections.OrderedDict()
+    if "num_examples" not in trains[0]:
+        for key in trains[0]:
+            values = tf.stack([t[key] for t in trains])
+            train[key] = (tf.reduce_max(values) if key == "num_clients"
+                          else tf.reduce_mean(values))
+        return train
+    total = tf.add_n([t["num_examples"] for t in trains])
+    for key in trains[0]:
+        train[key] = total if key == "num_examples" else tf.math.divide_no_nan(
+            tf.add_n([t[key] * t["num_examples"] for t in trains]), total)
+    return train
+
+
 def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
     """TF computation: a cycle's per-exchange metrics (a struct of E structures of TFF's kind)
     -> one: `client_work/train` over all exchanges (loss and accuracy weighted by
@@ -100,12 +119,7 @@ def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
     @tff.tensorflow.computation(metrics_type)
     def combine(metrics):
         metrics = _nested(metrics, metrics_type)
-        trains = [m["client_work"]["train"] for m in metrics]
-        total = tf.add_n([t["num_examples"] for t in trains])
-        train = collections.OrderedDict()
-        for key in trains[0]:
-            train[key] = total if key == "num_examples" else tf.math.divide_no_nan(
-                tf.add_n([t[key] * t["num_examples"] for t in trains]), total)
+        train = _combine_train([m["client_work"]["train"] for m in metrics])
 
         def stacked(key):
             return tf.nest.map_structure(lambda *xs: tf.stack(xs), *[m[key] for m in metrics])
@@ -120,15 +134,17 @@ def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
     return combine
 
 
-def _cycle_parts(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
-    """(the cycle's client data type, its data names, the metrics combiner) of `kinds`.
+def _cycle_parts(rounds: Mapping[str, tff.Computation], kinds: Sequence[str],
+                 shared_data: bool):
+    """(the cycle's client data type, its data names (None: shared data), the metrics
+    combiner) of `kinds`.
 
     Raises:
       ValueError: the rounds' metrics differ in structure (they could not be stacked).
     """
     data_type = rounds[kinds[0]].type_signature.parameter[1]
-    names = cycle_data_names(kinds)
-    cycle_type = tff.FederatedType(
+    names = None if shared_data else cycle_data_names(kinds)
+    cycle_type = data_type if shared_data else tff.FederatedType(
         tff.StructType([(n, data_type.member) for n in names]), tff.CLIENTS)
     metric_types = [rounds[k].type_signature.result.metrics.member for k in kinds]
     if any(not t.is_equivalent_to(metric_types[0]) for t in metric_types[1:]):
@@ -137,25 +153,33 @@ def _cycle_parts(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
     return cycle_type, names, _combine_metrics(kinds, tff.StructType(metric_types))
 
 
-def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
+def _round_data(data, names, e):
+    """The client data of a cycle's e-th round: its own entry, or all of it when shared."""
+    return data if names is None else data[names[e]]
+
+
+def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str],
+                  shared_data: bool = False):
     """One federated computation running the communication rounds `kinds` in turn, each on its
     own clients' data: `next(state, {<kind_1=D*, ..., kind_E=D*>}@CLIENTS) -> (state, metrics)`
     with the metrics of `_combine_metrics`. It equals calling `rounds[kind_e]` E times in order
-    (the same state type in and out). The cycle cannot be one MapReduceForm (its second
-    broadcast depends on the first aggregate), so bytes stay per communication round
-    (`Scheduled.traffic`, read off each round's own computation).
+    (the same state type in and out). With `shared_data`, `next(state, D@CLIENTS)` gives every
+    round the same clients and data (an algorithm whose exchanges must reach the same clients,
+    as RoLoRA's Alt-min-GD's). The cycle cannot be one MapReduceForm (its second broadcast
+    depends on the first aggregate), so bytes stay per communication round (`Process.traffic`,
+    read off each round's own computation).
 
     Raises:
       ValueError: the rounds' metrics differ in structure (they could not be stacked).
     """
     state_type = rounds[kinds[0]].type_signature.parameter[0]
-    cycle_type, names, combine = _cycle_parts(rounds, kinds)
+    cycle_type, names, combine = _cycle_parts(rounds, kinds, shared_data)
 
     @tff.federated_computation(state_type, cycle_type)
     def next_fn(state, data):
         metrics = []
-        for name, kind in zip(names, kinds):
-            output = rounds[kind](state, data[name])
+        for e, kind in enumerate(kinds):
+            output = rounds[kind](state, _round_data(data, names, e))
             state = output.state
             metrics.append(output.metrics)
         return tff.learning.templates.LearningProcessOutput(
@@ -164,22 +188,24 @@ def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
     return next_fn
 
 
-def compose_personalized_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str]):
+def compose_personalized_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str],
+                               shared_data: bool = False):
     """`compose_cycle` for rounds with personal state at CLIENTS: `next(state,
-    {<kind_1=D*, ...>}@CLIENTS, personal@CLIENTS) -> PersonalizedOutput(state, personal@CLIENTS,
-    metrics)`, each round starting from the previous one's state and personal states.
+    {<kind_1=D*, ...>}@CLIENTS (or D@CLIENTS with `shared_data`), personal@CLIENTS) ->
+    PersonalizedOutput(state, personal@CLIENTS, metrics)`, each round starting from the previous
+    one's state and personal states.
 
     Raises:
       ValueError: the rounds' metrics differ in structure.
     """
     state_type, _, personal_type = rounds[kinds[0]].type_signature.parameter
-    cycle_type, names, combine = _cycle_parts(rounds, kinds)
+    cycle_type, names, combine = _cycle_parts(rounds, kinds, shared_data)
 
     @tff.federated_computation(state_type, cycle_type, personal_type)
     def next_fn(state, data, personal):
         metrics = []
-        for name, kind in zip(names, kinds):
-            output = rounds[kind](state, data[name], personal)
+        for e, kind in enumerate(kinds):
+            output = rounds[kind](state, _round_data(data, names, e), personal)
             state, personal = output.state, output.personal_states
             metrics.append(output.metrics)
         return PersonalizedOutput(state, personal,

@@ -43,16 +43,48 @@ def test_three_iterations_equal_numpy_on_heterogeneous_noisy_clients(tff_runtime
     a0 = alt_min.get_a(state).astype(np.float64)
     assert np.linalg.norm(a0) == pytest.approx(1.0, abs=1e-6)
     np.testing.assert_array_equal(alt_min.get_b(state), np.zeros(d))
-    a = a0
-    for t in range(3):
-        out = process.next_round(state, clients)
+    a, b = a0, np.zeros(d)
+    for t in range(3):   # an iteration: the B round, then the A round (one communication round each)
+        start_loss = np.mean([np.sum((c["y"] - np.outer(c["x"] @ a, b)) ** 2) / len(c["x"])
+                              for c in clients])
+        assert process.round_name(state) == "b_round"
+        b_out = process.next_round(state, clients)
+        a, b, loss = _numpy_iteration(a, clients, eta)
+        np.testing.assert_allclose(alt_min.get_b(b_out.state), b, rtol=1e-5, atol=1e-6)
+        b_train = b_out.metrics["b_round"]["client_work"]["train"]
+        assert float(b_train["loss"]) == pytest.approx(start_loss, rel=1e-5)
+        assert process.round_name(b_out.state) == "a_round"
+        out = process.next_round(b_out.state, clients)
         state = out.state
-        a, b_bar, loss = _numpy_iteration(a, clients, eta)
         np.testing.assert_allclose(alt_min.get_a(state), a, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(alt_min.get_b(state), b_bar, rtol=1e-5, atol=1e-6)
-        train = out.metrics["client_work"]["train"]
+        np.testing.assert_allclose(alt_min.get_b(state), b, rtol=1e-5, atol=1e-6)
+        train = out.metrics["a_round"]["client_work"]["train"]
         assert float(train["loss"]) == pytest.approx(loss, rel=1e-5)
-        assert int(train["num_clients"]) == 3 and process.round_num(state) == t + 1
+        assert int(train["num_clients"]) == 3 and process.round_num(state) == 2 * (t + 1)
+
+
+def test_tffs_next_is_one_iteration_on_the_same_clients(tff_runtime):
+    """`next` (what TFF's programs call) runs the B and the A round on the same clients' data:
+    the state of two `next_round`s, the mean of their losses, n clients, both kinds named."""
+    problem = rolora_linear(num_clients=3, num_samples=10, dim=4, heterogeneity=0.5,
+                            noise_std=0.1, seed=1)
+    clients = _clients(problem)
+    process = alt_min.build_rolora_alt_min_gd(4, 0.3, seed=2)
+    assert process.data_names is None
+    assert process.next.type_signature.parameter[1].member == process.rounds["b_round"].type_signature.parameter[1].member
+    state = process.initialize()
+    whole = process.next(state, clients)
+    b_out = process.next_round(state, clients)
+    a_out = process.next_round(b_out.state, clients)
+    for got, want in zip(tff.structure.flatten(tff.structure.from_container(whole.state, True)),
+                         tff.structure.flatten(tff.structure.from_container(a_out.state, True))):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    losses = [float(o.metrics[k]["client_work"]["train"]["loss"])
+              for o, k in ((b_out, "b_round"), (a_out, "a_round"))]
+    train = whole.metrics["client_work"]["train"]
+    assert float(train["loss"]) == pytest.approx(np.mean(losses), rel=1e-6)
+    assert int(train["num_clients"]) == 3
+    assert [k.decode() for k in whole.metrics["finalizer"]["round_kind"]] == ["b_round", "a_round"]
 
 
 def test_is_a_tff_learning_process_whose_model_weights_are_a_and_b(tff_runtime):
@@ -91,8 +123,8 @@ def test_linear_theory_recovers_a_star_at_a_linear_rate(tff_runtime):
 
     angles = [sin_theta(alt_min.get_a(state))]
     assert angles[0] > 0.5
-    for _ in range(25):
-        state = process.next_round(state, _clients(problem)).state
+    for _ in range(25):   # iterations: `next` runs the B and the A round
+        state = process.next(state, _clients(problem)).state
         angles.append(sin_theta(alt_min.get_a(state).astype(np.float64)))
     assert all(later < earlier for earlier, later in zip(angles, angles[1:12]))
     assert angles[-1] < 1e-4
@@ -120,3 +152,31 @@ def test_set_model_weights_of_the_wrong_shape_is_one_line(tff_runtime):
     bad = collections.OrderedDict(a=np.ones(4, np.float32), b=np.ones(5, np.float32))
     with pytest.raises(ValueError, match=r"model weights/a must have shape \(5,\), got \(4,\)"):
         process.set_model_weights(state, bad)
+
+
+def test_each_round_takes_tffs_production_forms_and_saves_with_its_shared_cycle(tmp_path,
+                                                                                tff_runtime):
+    """The B and A rounds are the engine's four pieces, so TFF compiles each to
+    MapReduceForm and DistributeAggregateForm (the old two-exchange round took neither), and
+    the bytes per client are read off them: down (a, b), up the upload, its weight, ℓ_i and the
+    client count. A saved process loads with `next` on shared data, giving the same state."""
+    from tffl import production
+    from tffl.engine import communication
+
+    d = 6
+    process = alt_min.build_rolora_alt_min_gd(d, 0.3, seed=0)
+    for name, computation in process.rounds.items():
+        assert isinstance(production.to_map_reduce_form(computation),
+                          tff.backends.mapreduce.MapReduceForm)
+        assert isinstance(production.to_distribute_aggregate_form(computation),
+                          tff.backends.mapreduce.DistributeAggregateForm)
+        assert communication.round_traffic(computation) == communication.RoundTraffic(
+            down=2 * d * 4, up=d * 4 + 4 + 4 + 4)
+        assert process.traffic[name] == communication.round_traffic(computation)
+    saved = production.load_process(production.save_process(process, tmp_path))
+    assert saved.shared_cycle_data and saved.data_names is None
+    clients = _clients(rolora_linear(num_clients=2, num_samples=8, dim=d, seed=3))
+    state = process.initialize()
+    want, got = process.next(state, clients).state, saved.next(state, clients).state
+    np.testing.assert_allclose(alt_min.get_a(got), alt_min.get_a(want), rtol=1e-6)
+    np.testing.assert_allclose(alt_min.get_b(got), alt_min.get_b(want), rtol=1e-6)

@@ -282,7 +282,8 @@ def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm,
     metrics, models = _train(process, tmp_path / "whole", 4, tmp_path / "logs", source)
     _check_linear_metrics(metrics, [1, 2, 3, 4])
     whole = _leaves(models["training_checkpoint_round_4"])
-    assert process.round_num(models["training_checkpoint_round_4"]) == 4
+    # train_model's round is one `next`: a cycle of communication rounds (Alt-min-GD: B, A).
+    assert process.round_num(models["training_checkpoint_round_4"]) == 4 * len(process.cycle)
 
     first_metrics, first_models = _train(process, tmp_path / "resumed", 2, tmp_path / "logs",
                                          source)
