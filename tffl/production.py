@@ -166,8 +166,8 @@ def save_process(process: Process, directory) -> pathlib.Path:
     Files: `initialize.pb`, one `round_<k>.pb` per round kind (`process.rounds`), `next.pb`
     when there are several kinds (the composed cycle, for a deployment that runs it as one
     computation), `get_model_weights.pb`, `set_model_weights.pb` and `manifest.json`
-    (algorithm, round kinds and files, the schedule's `cycle`, its first round kinds for the
-    record, and the declared personal state of a personalized process).
+    (algorithm, round kinds and files, the schedule's `cycle`, `shared_cycle_data`, its first
+    round kinds for the record, and the declared personal state of a personalized process).
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -18,18 +18,20 @@ mean `tff.aggregators.UnweightedMeanFactory`, the server step) composed by
 `tffl.engine.composition.compose_kinds`; the schedule alternates them
 (`tffl.engine.schedules.alternating`). TFF's `next` is one iteration, both rounds on the same
 clients' data (`shared_cycle_data`: the A round's gradient is taken on the clients that solved
-b̄, as the algorithm has it); `next_round` runs one communication round, so the driver's
-`--rounds` counts 2 per iteration. Under partial participation the driver samples each round
-anew, as for every algorithm; the algorithm itself uses all N clients.
+b̄, as the algorithm has it); `next_round` runs one communication round, so
+`tffl.simulation.run_rounds(rounds=)` counts 2 per iteration. Run that way, it is Algorithm 2
+with full participation and the same data every round; under partial participation the driver
+samples each round anew, as for every algorithm, which Algorithm 2 (all N clients) does not do.
 
 Initialization: a⁰ a seeded random unit vector (or `with_a`), b⁰ = 0. Clients send b̃_i and a
 gradient, never run local GD on a (unlike `tffl.algorithms.lora_fl`'s RoLoRA with K local steps,
 the LLM version of the same alternation; both are tested on `tasks.synthetic.rolora_linear`).
 Averages are unweighted (1/n), as in the algorithm. Each round broadcasts 2d floats and uploads
-d (and the loss and the client count); bytes per client are read off TFF's forms.
+d (and the update's weight, the loss and the client count); bytes per client are read off TFF's
+forms.
 
 Types: state TFF's `LearningAlgorithmState(global_model_weights=OrderedDict(a=float32[d],
-b=float32[d]), distributor=(), client_work=(), aggregator={b_round: (), a_round: ()},
+b=float32[d]), distributor=(), client_work=(), aggregator={b_round: ((), ()), a_round: ((), ())},
 finalizer={round_num: int32, steps: {b_round: {}, a_round: {}}})`@SERVER, as every process's of
 the engine (round_num counts communication rounds); client data `OrderedDict(x=float32[None, d],
 y=float32[None, d])`@CLIENTS; metrics in TFF's structure, `client_work/train`: `loss` =

@@ -15,7 +15,8 @@ A linear round t over the participating clients I (|I| = n):
    server aggregates (e.g. B_i, or ∇_B L_i), its loss ℓ_i at the start of the round and, if the
    algorithm has one, its new personal state p_i';
 3. the server forms the new B from the aggregates; B' and round_num t + 1;
-4. metrics, in TFF's learning-process structure (`round_metrics`): `client_work/train` holds
+4. metrics, in TFF's learning-process structure (`linear_train_metrics` for the rounds the
+   composer builds, `round_metrics` for the two-exchange one): `client_work/train` holds
    `loss` = (1/n) Σ_{i∈I} ℓ_i and `num_clients` = n; `finalizer` any algorithm-specific server
    values.
 

@@ -1,5 +1,5 @@
-"""The federated assembly of the linear rounds with two client exchanges, and the metrics every
-linear round reports (part of the linear engine; `tffl.engine.linear_engine` re-exports all of it).
+"""The federated assembly of the linear round with two client exchanges (linear FLUTE's), and its
+metrics (part of the linear engine; `tffl.engine.linear_engine` re-exports all of it).
 
 A *two-exchange round* (`build_two_exchange_round`) over the participating clients I (|I| = n),
 declared by its TensorFlow pieces (each a `tff.tensorflow.computation`; the algorithm writes no

@@ -7,9 +7,11 @@ what a `tffl.engine.process.Process`'s `next` is for RoLoRA:
     next(state, {<b_round=D*, a_round=D*>}@CLIENTS)
       = a_round(b_round(state, data.b_round).state, data.a_round)      (states)
 
-each communication round on its own clients' data. Its metrics keep TFF's structure
-(`client_work/train`: loss and accuracy over both rounds' examples; `distributor`,
-`aggregator`, `finalizer` stacked per round; `finalizer/round_kind`: the kinds, in order).
+each communication round on its own clients' data; with `shared_data` (RoLoRA's Alt-min-GD),
+`next(state, D@CLIENTS)` gives every round the same clients' data. Its metrics keep TFF's
+structure (`client_work/train`: loss and accuracy over both rounds' examples, or a linear
+round's mean loss; `distributor`, `aggregator`, `finalizer` stacked per round;
+`finalizer/round_kind`: the kinds, in order).
 
 >>> schedule = alternating("b_round", "a_round")
 >>> [schedule(t) for t in range(4)], cycle_of(schedule)
@@ -92,10 +94,10 @@ def _nested(value, value_type: tff.Type):
 
 
 def _combine_train(trains: Sequence[Mapping]) -> collections.OrderedDict:
-    """One `client_work/train` of a cycle's E exchanges: a Keras round's weighted by `num_examples` (which
-    sums: every exchange's examples); a linear round's (`loss`, `num_clients`: no examples) the
-    mean over the exchanges, with `num_clients` the largest exchange's (the clients of a cycle
-    on shared data, where every exchange has the same ones)."""
+    """One `client_work/train` of a cycle's E rounds: a Keras round's weighted by
+    `num_examples` (which sums: every round's examples); a linear round's (`loss`,
+    `num_clients`: no examples) the mean over the rounds, with `num_clients` the largest
+    round's (the clients of a cycle on shared data, where every round has the same ones)."""
     train = collections.OrderedDict()
     if "num_examples" not in trains[0]:
         for key in trains[0]:
@@ -111,10 +113,9 @@ def _combine_train(trains: Sequence[Mapping]) -> collections.OrderedDict:
 
 
 def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
-    """TF computation: a cycle's per-exchange metrics (a struct of E structures of TFF's kind)
-    -> one: `client_work/train` over all exchanges (loss and accuracy weighted by
-    `num_examples`, which sums), the others stacked per exchange along a new first axis, and
-    `finalizer/round_kind`, the E round kinds."""
+    """TF computation: a cycle's per-round metrics (a struct of E structures of TFF's kind)
+    -> one: `client_work/train` over all rounds (`_combine_train`), the others stacked per
+    round along a new first axis, and `finalizer/round_kind`, the E round kinds."""
 
     @tff.tensorflow.computation(metrics_type)
     def combine(metrics):
@@ -149,7 +150,7 @@ def _cycle_parts(rounds: Mapping[str, tff.Computation], kinds: Sequence[str],
     metric_types = [rounds[k].type_signature.result.metrics.member for k in kinds]
     if any(not t.is_equivalent_to(metric_types[0]) for t in metric_types[1:]):
         raise ValueError(f"round kinds {list(kinds)} report metrics of different structures; a "
-                         "cycle stacks them per exchange, so they must agree")
+                         "cycle stacks them per round, so they must agree")
     return cycle_type, names, _combine_metrics(kinds, tff.StructType(metric_types))
 
 

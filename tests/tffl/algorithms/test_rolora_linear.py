@@ -44,7 +44,7 @@ def test_three_iterations_equal_numpy_on_heterogeneous_noisy_clients(tff_runtime
     assert np.linalg.norm(a0) == pytest.approx(1.0, abs=1e-6)
     np.testing.assert_array_equal(alt_min.get_b(state), np.zeros(d))
     a, b = a0, np.zeros(d)
-    for t in range(3):   # an iteration: the B round, then the A round (one communication round each)
+    for t in range(3):   # an iteration: the B round, then the A round (one comm. round each)
         start_loss = np.mean([np.sum((c["y"] - np.outer(c["x"] @ a, b)) ** 2) / len(c["x"])
                               for c in clients])
         assert process.round_name(state) == "b_round"
@@ -71,7 +71,8 @@ def test_tffs_next_is_one_iteration_on_the_same_clients(tff_runtime):
     clients = _clients(problem)
     process = alt_min.build_rolora_alt_min_gd(4, 0.3, seed=2)
     assert process.data_names is None
-    assert process.next.type_signature.parameter[1].member == process.rounds["b_round"].type_signature.parameter[1].member
+    data_type = process.rounds["b_round"].type_signature.parameter[1]
+    assert process.next.type_signature.parameter[1] == data_type     # D@CLIENTS, not per kind
     state = process.initialize()
     whole = process.next(state, clients)
     b_out = process.next_round(state, clients)
@@ -180,3 +181,23 @@ def test_each_round_takes_tffs_production_forms_and_saves_with_its_shared_cycle(
     want, got = process.next(state, clients).state, saved.next(state, clients).state
     np.testing.assert_allclose(alt_min.get_a(got), alt_min.get_a(want), rtol=1e-6)
     np.testing.assert_allclose(alt_min.get_b(got), alt_min.get_b(want), rtol=1e-6)
+
+
+def test_next_on_shared_data_runs_in_process_under_tf_distribute():
+    """`--runtime=distribute`'s context runs the cycle `next` (both rounds on the same clients)
+    to numpy's iteration, as the TFF worker does."""
+    from tffl import runtime
+
+    d, eta = 5, 0.3
+    problem = rolora_linear(num_clients=3, num_samples=12, dim=d, heterogeneity=0.5, seed=4)
+    clients = _clients(problem)
+    process = alt_min.build_rolora_alt_min_gd(d, eta, seed=1)
+    with runtime.distribute_runtime("CPU:0"):
+        state = process.initialize()
+        a = alt_min.get_a(state).astype(np.float64)
+        for _ in range(2):
+            state = process.next(state, clients).state
+            a, b_bar, _ = _numpy_iteration(a, clients, eta)
+            np.testing.assert_allclose(alt_min.get_a(state), a, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(alt_min.get_b(state), b_bar, rtol=1e-5, atol=1e-6)
+    assert process.round_num(state) == 4

@@ -102,7 +102,7 @@ def _personalized(name):
 
 
 def _linear(name):
-    if name == "rolora_linear":  # RoLoRA's Algorithm 2 (two exchanges per round)
+    if name == "rolora_linear":  # RoLoRA's Algorithm 2 (a B round and an A round)
         problem = rolora_linear(num_clients=3, num_samples=12, dim=5, heterogeneity=0.5, seed=0)
         clients = [dict(x=problem.features[i].astype(np.float32),
                         y=problem.targets[i].astype(np.float32)) for i in range(3)]
