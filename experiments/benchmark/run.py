@@ -150,7 +150,7 @@ def _profile_round(built: Built, context, state, personal, datasets: list[tf.dat
 
     def tff_round():
         nonlocal state, personal
-        for _ in built.sub_rounds:  # one `next` per communication round (RoLoRA: B, A)
+        for _ in built.sub_rounds:  # one `next_round` per communication round (RoLoRA: B, A)
             if built.personalized:
                 out = process.next_round(state, datasets, personal)
                 state, personal = out.state, out.personal_states
