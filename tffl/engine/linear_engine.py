@@ -344,16 +344,6 @@ def build_averaging_round(server: LinearServer, client_update: tff.Computation,
     return rounds[ROUND]
 
 
-def initialize_at_server(initial_state: tff.Computation) -> tff.Computation:
-    """`() -> state@SERVER` from a no-argument TensorFlow computation of the state."""
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_eval(initial_state, tff.SERVER)
-
-    return initialize
-
-
 def averaging_traffic(server: LinearServer, client_update: tff.Computation,
                       personal_type: tff.Type | None = None) -> communication.RoundTraffic:
     """Bytes per client of `build_averaging_round`, from the types that cross (for personalized
