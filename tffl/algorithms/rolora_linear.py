@@ -147,16 +147,6 @@ def _weights_computations(state_type, weights_type):
     return get_weights, set_weights
 
 
-def _client_result(upload, loss):
-    """A linear client's (`ClientResult(upload, 1)`, metric sums {loss_sum, num_clients}, no
-    personal state), as `tffl.engine.composition`'s client work returns it."""
-    result = tff.learning.templates.ClientResult(update=tf.cast(upload, tf.float32),
-                                                 update_weight=tf.constant(1.0, tf.float32))
-    sums = collections.OrderedDict(loss_sum=tf.cast(loss, tf.float32),
-                                   num_clients=tf.constant(1, tf.int32))
-    return result, sums, []
-
-
 def _loss(x, y, a, b):
     """l_i(a, b) = (1/m)‖Y − X a bᵀ‖²_F (float64)."""
     residual = y - tf.linalg.matvec(x, a)[:, None] * b[None, :]
@@ -176,7 +166,7 @@ def _client_updates(weights_type, data_type):
         x, y, a, b = unpack(weights, data)
         xa = tf.linalg.matvec(x, a)                                          # X a  (m,)
         b_tilde = tf.linalg.matvec(y, xa, transpose_a=True) / tf.reduce_sum(xa * xa)
-        return _client_result(b_tilde, _loss(x, y, a, b))                   # Yᵀ X a / ‖Xa‖²
+        return linear_engine.client_result(b_tilde, _loss(x, y, a, b))   # Yᵀ X a / ‖Xa‖²
 
     @tff.tensorflow.computation(weights_type, data_type)
     def gradient_a(weights, data):
@@ -185,31 +175,21 @@ def _client_updates(weights_type, data_type):
         xa = tf.linalg.matvec(x, a)
         grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b * b)
                             - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b))
-        return _client_result(grad, _loss(x, y, a, b))
+        return linear_engine.client_result(grad, _loss(x, y, a, b))
 
     return solve_b, gradient_a
 
 
-class _Step:
-    """A stateless server step (`tffl.engine.server_steps`' shape: `initialize`,
-    `apply(state, w, update, round_num) -> (state, w')`) of `new_weights(w, update)`, a TF
-    function on float64 vectors a, b and the update."""
+def _on_float64(new_weights):
+    """`new_weights(a, b, update)` on float64 vectors, as a `linear_engine.WeightsStep`'s
+    function of the float32 weights OrderedDict(a, b) and the update."""
 
-    def __init__(self, weights_type, update_type, new_weights):
-        @tff.tensorflow.computation
-        def initialize():
-            return collections.OrderedDict()
+    def new_float32_weights(weights, update):
+        a, b = new_weights(tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64),
+                           tf.cast(update, tf.float64))
+        return collections.OrderedDict(a=tf.cast(a, tf.float32), b=tf.cast(b, tf.float32))
 
-        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
-                                    np.int32)
-        def apply(state, weights, update, round_num):
-            del round_num
-            a, b = new_weights(tf.cast(weights["a"], tf.float64),
-                               tf.cast(weights["b"], tf.float64), tf.cast(update, tf.float64))
-            return state, collections.OrderedDict(a=tf.cast(a, tf.float32),
-                                                  b=tf.cast(b, tf.float32))
-
-        self.initialize, self.apply = initialize, apply
+    return new_float32_weights
 
 
 def _round_pieces(name, client_update, weights_type, vector, new_weights):
@@ -217,7 +197,7 @@ def _round_pieces(name, client_update, weights_type, vector, new_weights):
     return engine.RoundPieces(
         name, client_update=client_update,
         aggregator=factory.create(vector, tff.TensorType(np.float32)),
-        step=_Step(weights_type, vector, new_weights),
+        step=linear_engine.WeightsStep(weights_type, vector, _on_float64(new_weights)),
         traffic=communication.declared_traffic(weights_type, client_update),
         upload_type=vector, finalize_metrics=linear_engine.linear_train_metrics)
 

@@ -1,7 +1,7 @@
 """The linear algorithms' basics, re-exported by `tffl.engine.linear_engine` (read it for the
 model, the rounds and the process): argument checks at build time, the float64 algebra inside
-their `tff.tensorflow.computation`s, their client data and personal-state types, and the Python
-side of the personal state.
+their `tff.tensorflow.computation`s, the round kinds' client results and train metrics, their
+client data and personal-state types, and the Python side of the personal state.
 
 >>> check_dims(10, 2), check_rate("learning_rate", 0.5)
 ((10, 2), 0.5)
@@ -83,7 +83,28 @@ def batch64(data) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     return x64, y64, tf.cast(tf.shape(x64)[0], tf.float64)
 
 
-# TFF types and federated building blocks.
+# The round kinds' client results and metrics (inside their TF computations).
+
+def client_result(upload, loss, personal=None):
+    """A linear client's output as `tffl.engine.composition`'s client work returns it:
+    (`ClientResult(upload, 1)` (float32), metric sums {loss_sum: ℓ_i, num_clients: 1}, the new
+    personal state, or [] for a process without one). Inside a TF computation."""
+    result = tff.learning.templates.ClientResult(update=tf.cast(upload, tf.float32),
+                                                 update_weight=tf.constant(1.0, tf.float32))
+    sums = collections.OrderedDict(loss_sum=tf.cast(loss, tf.float32),
+                                   num_clients=tf.constant(1, tf.int32))
+    return result, sums, ([] if personal is None else personal)
+
+
+def linear_train_metrics(sums):
+    """Σ_i (ℓ_i, 1) -> `client_work/train` {loss: (1/n) Σ_i ℓ_i, num_clients: n} (a linear
+    round kind's `RoundPieces.finalize_metrics`)."""
+    n = sums["num_clients"]
+    return collections.OrderedDict(loss=sums["loss_sum"] / tf.cast(n, tf.float32),
+                                   num_clients=n)
+
+
+# TFF types.
 
 def data_type(dim: int) -> tff.StructWithPythonType:
     """One client's data: `OrderedDict(x=float32[None, d], y=float32[None])`."""

@@ -24,7 +24,7 @@ The *averaging round* (`build_averaging_round`, FedRep and AdaptPFL) is built as
 round is: TFF's four pieces — distributor (broadcast B), client work (the algorithm's client
 computation, uploading `ClientResult(B_i, 1)` and its metric sums), aggregator (a
 `tff.aggregators` factory, by default the unweighted mean (1/n) Σ_{i∈I} B_i whatever the m_i)
-and finalizer (`RepresentationStep`: P, the identity or `orthonormalize`, B̄ = QR, P(B̄) = Q with
+and finalizer (`representation_step`: P, the identity or `orthonormalize`, B̄ = QR, P(B̄) = Q with
 diag(R) ≥ 0) — composed by `tffl.engine.composition.compose_kinds`, so its state, metrics and
 `LearningProcess` are the Keras algorithms'. RoLoRA's Alt-min-GD is two such round kinds on
 (a, b) (`tffl.algorithms.rolora_linear`, with this module's `linear_train_metrics`). Linear
@@ -100,9 +100,11 @@ from tffl.engine.linear_basics import (  # noqa: F401  (re-exported)
     batch64,
     check_dims,
     check_rate,
+    client_result,
     data_checker,
     data_type,
     gaussian,
+    linear_train_metrics,
     orthonormalize,
     personal_spec,
     stack_personal,
@@ -120,33 +122,38 @@ ROUND = "round"   # a linear process's one round kind
 LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
 
 
-class RepresentationStep:
-    """The linear averaging round's server step: B' = P(Ā), Ā the aggregate of the uploaded B_i
-    (P = `orthonormalize` or the identity). Stateless; the shape of a `tffl.engine.server_steps`
-    step (`initialize`, `apply(state, w, update, round_num) -> (state, w')`)."""
+class WeightsStep:
+    """A stateless linear server step, w' = `new_weights`(w, Ā) with Ā the round's aggregate: the
+    shape of a `tffl.engine.server_steps` step (`initialize`, `apply(state, w, update,
+    round_num) -> (state, w')`). `new_weights` is a TF function of the model weights and the
+    aggregate as their types hold them (e.g. float32[d, k]); it returns weights of that type."""
 
-    def __init__(self, representation_type: tff.TensorType, orthonormal: bool):
+    def __init__(self, weights_type: tff.Type, update_type: tff.Type,
+                 new_weights: Callable[[Any, tf.Tensor], Any]):
         @tff.tensorflow.computation
         def initialize():
             return collections.OrderedDict()
 
-        @tff.tensorflow.computation(initialize.type_signature.result, representation_type,
-                                    representation_type, np.int32)
-        def apply(state, representation, update, round_num):
-            del representation, round_num
-            if orthonormal:
-                update = tf.cast(orthonormalize(tf.cast(update, tf.float64)), tf.float32)
-            return state, update
+        @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
+                                    np.int32)
+        def apply(state, weights, update, round_num):
+            del round_num
+            return state, new_weights(weights, update)
 
         self.initialize, self.apply = initialize, apply
 
 
-def linear_train_metrics(sums):
-    """Σ_i (ℓ_i, 1) -> `client_work/train` {loss: (1/n) Σ_i ℓ_i, num_clients: n} (a linear
-    round kind's `RoundPieces.finalize_metrics`)."""
-    n = sums["num_clients"]
-    return collections.OrderedDict(loss=sums["loss_sum"] / tf.cast(n, tf.float32),
-                                   num_clients=n)
+def representation_step(representation_type: tff.TensorType, orthonormal: bool) -> WeightsStep:
+    """The linear averaging round's server step: B' = P(Ā), Ā the aggregate of the uploaded B_i
+    (P = `orthonormalize` (float64 QR) or the identity)."""
+
+    def new_representation(representation, update):
+        del representation
+        if orthonormal:
+            return tf.cast(orthonormalize(tf.cast(update, tf.float64)), tf.float32)
+        return update
+
+    return WeightsStep(representation_type, representation_type, new_representation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +261,7 @@ def build_server(dim: int, rank: int, initial_representation: Callable[[], tf.Te
     pieces = engine.RoundPieces(
         ROUND, client_update=None,
         aggregator=factory.create(b_type, tff.TensorType(np.float32)),
-        step=RepresentationStep(b_type, orthonormal), traffic=None, upload_type=b_type,
+        step=representation_step(b_type, orthonormal), traffic=None, upload_type=b_type,
         finalize_metrics=linear_train_metrics)
     initialize = composition.build_initialize([pieces], random_representation, b_type)
     state_type = initialize.type_signature.result
@@ -298,11 +305,8 @@ def _round_client(server: LinearServer, client_update: tff.Computation,
     num_clients: 1}, p_i')`."""
 
     def adapt(out):
-        result = tff.learning.templates.ClientResult(
-            update=out["representation"], update_weight=tf.constant(1.0, tf.float32))
-        sums = collections.OrderedDict(loss_sum=out["loss"],
-                                       num_clients=tf.constant(1, tf.int32))
-        return result, sums, (out["personal"] if personal_type is not None else [])
+        return client_result(out["representation"], out["loss"],
+                             out["personal"] if personal_type is not None else None)
 
     if personal_type is None:
         @tff.tensorflow.computation(server.representation_type, server.data_type)
