@@ -76,6 +76,30 @@ def newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
     return max(done, key=lambda c: c.name) if done else None
 
 
+def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[dict | None, int]:
+    """Where a run stands in `folders` (each in --output_dir's layout, e.g. the archive and a
+    resumed output_dir), read only: (its summary.json, `rounds`) if it finished in one of them,
+    else (None, the round of its newest complete checkpoint there, 0 if none), which is where
+    --resume would continue.
+
+    >>> run = run_dir / "progress_example" / "lr0.1"
+    >>> (run / "checkpoints" / "round_000040").mkdir(parents=True)
+    >>> (run / "checkpoints" / "round_000040" / "meta.json").write_text("{}")
+    2
+    >>> progress([run.parent], pathlib.Path("lr0.1"), 100), progress([], pathlib.Path("x"), 9)
+    ((None, 40), (None, 0))
+    """
+    start = 0
+    for folder in folders:
+        summary = finished_summary(folder / relative, rounds)
+        if summary is not None:
+            return summary, rounds
+        newest = newest_checkpoint(folder / relative)
+        if newest is not None:
+            start = max(start, int(newest.name.removeprefix("round_")))
+    return None, start
+
+
 def restore(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> dict | None:
     """Copies a run's files from its `archived` folder into `run_dir`: a finished run's files,
     or a stopped run's newest checkpoint and metrics when `run_dir` has no checkpoint of its

@@ -1,4 +1,4 @@
-"""The experiments' shared table writer (CSV + Markdown) and plot helper."""
+"""The experiments' shared table writer (CSV + Markdown), CSV reader and plot helper."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ import os
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
-
-
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -41,6 +38,20 @@ class Table:
 
 def missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+
+
+def read_csv(path: pathlib.Path) -> list[dict]:
+    """The rows of a CSV file (a run's metrics.csv, an experiment's results.csv) as dicts."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def as_float(value) -> float:
+    """`float(value)`, NaN for a blank or missing one."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def format_cell(value, fmt: str | Callable[[Any], str] = "{}") -> str:

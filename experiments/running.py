@@ -1,11 +1,10 @@
 """Running an experiment: its context and result, its training runs (`run_training`: a
 `RunConfig` run by `experiments.run`, in this process or in a child fed by a config file),
---estimate's probes, reloadable units and the small helpers the experiment modules share
+--estimate's probes (`experiments.estimate`, re-exported), reloadable units and the small helpers the experiment modules share
 (reading runs' files, means and standard deviations)."""
 
 from __future__ import annotations
 
-import csv
 import ctypes
 import dataclasses
 import json
@@ -16,12 +15,19 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from experiments import estimate
 from experiments.cli import UsageError
-from experiments.report import Panel, Table, missing
+from experiments.estimate import (  # noqa: F401  (re-exported)
+    ESTIMATE_PROBE_ROUNDS,
+    Probe,
+    active_probes,
+    estimate_experiment,
+    probe_config,
+)
+from experiments.report import Panel, Table, as_float, missing, read_csv  # noqa: F401
 from experiments.run_config import RunConfig
 
 
@@ -83,44 +89,6 @@ def _child_env() -> dict[str, str]:
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
 
 
-ESTIMATE_PROBE_ROUNDS = 4
-
-
-@dataclasses.dataclass
-class Probe:
-    """One training run's probe: the rounds and evaluations the real run would do, and the
-    probe's wall time, per-round and per-evaluation seconds."""
-
-    what: str
-    rounds: int
-    evaluations: int
-    wall_seconds: float
-    round_seconds: list[float]
-    evaluation_seconds: list[float]
-
-    def predicted_seconds(self) -> float:
-        """startup + first-round compile + R·t_round + E·t_eval, with t_round (t_eval) the mean
-        of the probe's later rounds (evaluations) and startup what the probe spent outside them."""
-        rounds, evals = self.round_seconds, self.evaluation_seconds
-        t_round = sum(rounds[1:]) / max(1, len(rounds) - 1) if len(rounds) > 1 else rounds[0]
-        t_eval = (sum(evals[1:]) / (len(evals) - 1) if len(evals) > 1
-                  else (evals[0] if evals else 0.0))
-        startup = self.wall_seconds - sum(rounds) - sum(evals)
-        compile_extra = max(0.0, rounds[0] - t_round)
-        first_eval_extra = max(0.0, evals[0] - t_eval) if evals else 0.0
-        return (startup + compile_extra + first_eval_extra + self.rounds * t_round
-                + self.evaluations * t_eval)
-
-
-# Set by `estimate_experiment`: training runs then become probes recorded here.
-_PROBES: list[Probe] | None = None
-
-
-def active_probes() -> list[Probe] | None:
-    """The probes of the `estimate_experiment` under way (None when none is)."""
-    return _PROBES
-
-
 def train_config(ctx: Context, run_dir: pathlib.Path, **fields: Any) -> RunConfig:
     """The `RunConfig` of `fields` (by flag name) with the context's seed and data folder,
     output to `run_dir`, resuming when the context resumes (a run without checkpoints then
@@ -129,43 +97,15 @@ def train_config(ctx: Context, run_dir: pathlib.Path, **fields: Any) -> RunConfi
                                     output_dir=str(run_dir), resume=ctx.resume)
 
 
-def probe_config(config: RunConfig) -> tuple[RunConfig, int, int]:
-    """`config` as a probe (ESTIMATE_PROBE_ROUNDS rounds, two evaluations, no resume); also the
-    real run's rounds and evaluations per algorithm.
-
-    >>> probe, rounds, evaluations = probe_config(RunConfig().with_changes(rounds=150))
-    >>> (probe.algorithm.rounds, probe.output.eval_every, rounds, evaluations)
-    (4, 2, 150, 30)
-    """
-    rounds, every = config.algorithm.rounds, config.output.eval_every
-    evaluations = (rounds // every + (rounds % every > 0)) if every else 1
-    probe = ESTIMATE_PROBE_ROUNDS
-    return (config.with_changes(rounds=probe, eval_every=probe // 2, resume=False), rounds,
-            evaluations)
-
-
 def run_training(config: RunConfig, what: str, isolate: bool = False) -> None:
     """Runs the training run `config` (`experiments.run.run`): in this process, or with
     `isolate` in a child (`python -m experiments.run CONFIG.json`, stopped with SIGTERM, then
     SIGKILL, if we are stopped). A failure raises `StepError` naming `what` in one line;
     Ctrl-C propagates. Under `estimate_experiment` the run is replaced by its probe."""
-    if _PROBES is None:
+    if estimate.active_probes() is None:
         _train(config, what, isolate)
         return
-    probe, rounds, evaluations = probe_config(config)
-    started = time.perf_counter()
-    _train(probe, what, isolate)
-    wall = time.perf_counter() - started
-    run_dir = pathlib.Path(probe.output.output_dir)
-    found = sorted(run_dir.rglob("metrics.csv"))
-    for metrics in found:
-        rows = read_csv(metrics)
-        name = what if metrics.parent == run_dir else f"{what}: {metrics.parent.name}"
-        _PROBES.append(Probe(
-            name, rounds, evaluations, wall / max(1, len(found)),
-            [as_float(r["round_seconds"]) for r in rows],
-            [as_float(r["evaluation_seconds"]) for r in rows
-             if not missing(r.get("evaluation_seconds"))]))
+    estimate.probe_run(config, what, lambda probe: _train(probe, what, isolate))
 
 
 def _train(config: RunConfig, what: str, isolate: bool) -> None:
@@ -269,20 +209,6 @@ def need_data(ctx: Context, relative: str) -> pathlib.Path:
     return path
 
 
-def read_csv(path: pathlib.Path) -> list[dict]:
-    """The rows of a CSV file (a run's metrics.csv, an experiment's results.csv) as dicts."""
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def as_float(value) -> float:
-    """`float(value)`, NaN for a blank or missing one."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def mean_of(values) -> float:
     """The mean of the values that are not missing; NaN for none."""
     values = [v for v in values if not missing(v)]
@@ -331,38 +257,3 @@ def run_seconds(run_dir: pathlib.Path) -> float:
     rows = read_csv(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else []
     return sum(as_float(r.get("round_seconds")) for r in rows
                if not missing(r.get("round_seconds")))
-
-
-def estimate_experiment(ctx: Context, runner: Callable[[Context], Any]) -> float:
-    """Runs the experiment with every training run (`run_training`) replaced by a short timed
-    probe (in <output_dir>/estimate) and prints each run's predicted time; returns the total
-    (seconds).
-
-    Raises:
-      UsageError: the experiment has no training runs to probe."""
-    import shutil
-
-    global _PROBES
-    # Probes never touch --archive_dir: they are neither finished runs nor ones to continue.
-    probe_ctx = dataclasses.replace(ctx, output_dir=ctx.output_dir / "estimate", resume=False,
-                                    archive_dir=None)
-    shutil.rmtree(probe_ctx.output_dir, ignore_errors=True)
-    _PROBES = []
-    try:
-        runner(probe_ctx)
-        probes = list(_PROBES)
-    finally:
-        _PROBES = None
-    if not probes:
-        raise UsageError(f"flag --estimate: {ctx.experiment} has no training runs to probe; "
-                         "docs/REPRODUCE.md has its measured time")
-    total = 0.0
-    ctx.log(f"\n{ctx.experiment} ({ctx.scale} scale), predicted from {ESTIMATE_PROBE_ROUNDS}-round "
-            "probes on this machine:")
-    for p in probes:
-        seconds = p.predicted_seconds()
-        total += seconds
-        ctx.log(f"  {p.what}: {p.rounds} rounds, {p.evaluations} evaluations: "
-                f"{seconds / 60:.1f} min")
-    ctx.log(f"  total: {total / 3600:.2f} h")
-    return total

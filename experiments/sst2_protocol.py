@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import archive
+from experiments.estimate import estimate_progress
 from experiments.report import missing
 from experiments.run_config import RunConfig
 from experiments.running import (Context, METHOD_NAMES, Probe, as_float, active_probes, mean_of,
@@ -225,17 +226,23 @@ class Protocol:
         if probes is not None:
             # --estimate: one probe per N (the first method's, and the centralized run's):
             # seeds and learning rates cost the same, and the methods differ only in what they
-            # upload and in the server step.
+            # upload and in the server step. A run finished in the archive is read as a sitting
+            # reads it (its grid's choice follows), and costs nothing.
+            done, start_round = estimate_progress(run.run_dir, run.rounds)
             key = (run.method == "centralized", run.clients)
-            if key not in self.probed:
-                start = len(probes)
+            if done is None and key not in self.probed:
+                first = len(probes)
                 run_training(config, what, isolate)
-                self.probed[key] = probes[start:]
+                self.probed[key] = [dataclasses.replace(p, start_round=0)
+                                    for p in probes[first:]]
             elif run.run_dir not in self.counted:
-                probes.extend(dataclasses.replace(p, what=what) for p in self.probed[key])
+                probes.extend([Probe(what, run.rounds, 0, 0.0, [], [], finished=True)]
+                              if done is not None else
+                              [dataclasses.replace(p, what=what, start_round=start_round)
+                               for p in self.probed[key]])
             self.counted.add(run.run_dir)
-            return {"final": {"eval_accuracy": 0.0, "eval_test_accuracy": 0.0},
-                    "communication_rounds": 1, "upload_bytes_per_client_total": 0}
+            return done or {"final": {"eval_accuracy": 0.0, "eval_test_accuracy": 0.0},
+                            "communication_rounds": 1, "upload_bytes_per_client_total": 0}
         return archive.train_once(
             run.run_dir, run.rounds,
             None if self.ctx.collect else lambda resume: run_training(

@@ -200,7 +200,9 @@ _DATA_DIR = flags.DEFINE_string(
 _ESTIMATE = flags.DEFINE_bool(
     "estimate", False, "Print the predicted time of the experiment from a short timed probe of "
     "each of its training runs (ESTIMATE_PROBE_ROUNDS rounds, evaluated twice) and stop; the "
-    "probes go to <output_dir>/estimate.", flag_values=FLAGS)
+    "probes go to <output_dir>/estimate. Runs finished in --archive_dir (or, with --resume, in "
+    "--output_dir) count 0, stopped ones only their rounds after the newest checkpoint.",
+    flag_values=FLAGS)
 # The experiments that run in sittings (days on 2 cores), and their --methods names.
 SITTING_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
                    "sst2_dirichlet": tuple(sst2_protocol.SST2_CLAIM_METHODS),

@@ -247,3 +247,48 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
                           data_dir=tmp_path, methods=("rolora",), archive_dir=tmp_path / "archive")
     with pytest.raises(ValueError, match=str(damaged)):
         sst2_protocol.run_protocol(ctx, {"partition": "iid"}, cfg["clients"], False)
+
+
+def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
+    """--estimate with --archive_dir: the seed-0 grid finished there (lr 0.3 best) is not probed
+    and decides the rate of seed 1, which stopped at round 2 of 6: only its remaining 4 rounds
+    and 4 evaluations (every round) are predicted, and the archive is only read."""
+    cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=2,
+               clients=(3,))
+    monkeypatch.setitem(sst2_protocol.SST2_CLAIM_SCALES, "small", cfg)
+    kept = tmp_path / "archive"
+    for lr, accuracy in (("lr0.1", 0.6), ("lr0.3", 0.8)):
+        folder = kept / "rolora/N3/seed0" / lr
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({
+            "rounds_completed": 6, "communication_rounds": 6, "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
+    checkpoint = kept / "rolora/N3/seed1/lr0.3/checkpoints/round_000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "meta.json").write_text("{}")
+    before = sorted(p.as_posix() for p in kept.rglob("*"))
+    probes = []
+
+    def fake_train(config, what, isolate):
+        probes.append(pathlib.Path(config.output.output_dir).relative_to(tmp_path / "out"))
+        folder = pathlib.Path(config.output.output_dir)
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(
+            "round,round_seconds,evaluation_seconds\n1,5.0,\n2,1.0,3.0\n3,1.0,\n4,1.0,2.0\n")
+
+    monkeypatch.setattr(running, "_train", fake_train)
+    lines = []
+    ctx = running.Context("sst2_clients", "small", tmp_path / "out", resume=False, seed=0,
+                          data_dir=tmp_path, methods=("rolora",), archive_dir=kept,
+                          log=lines.append)
+    total = running.estimate_experiment(ctx, lambda c: sst2_protocol.run_protocol(
+        c, {"partition": "iid"}, cfg["clients"], False))
+    assert probes == [pathlib.Path("estimate/rolora/N3/seed1/lr0.3")]
+    assert lines[1:3] == ["  training (rolora, N=3, seed 0, lr 0.1): finished",
+                          "  training (rolora, N=3, seed 0, lr 0.3): finished"]
+    assert lines[3].startswith("  training (rolora, N=3, seed 1, lr 0.3): 4 of 6 rounds and 4 "
+                               "of 6 evaluations (resumes at round 2): ")
+    # startup −13 + compile 4 + first evaluation 1 (+ wall ≈ 0) + 4 rounds·1 + 4 evaluations·2.
+    assert total == pytest.approx(4, abs=1)
+    assert "2 of 3 runs finished" in lines[4]
+    assert sorted(p.as_posix() for p in kept.rglob("*")) == before
