@@ -76,11 +76,12 @@ def newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
     return max(done, key=lambda c: c.name) if done else None
 
 
-def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[dict | None, int]:
-    """Where a run stands in `folders` (each in --output_dir's layout, e.g. the archive and a
-    resumed output_dir), read only: (its summary.json, `rounds`) if it finished in one of them,
-    else (None, the round of its newest complete checkpoint there, 0 if none), which is where
-    --resume would continue.
+def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[pathlib.Path | None, int]:
+    """Where a run stands in `folders` (each in --output_dir's layout, in the order a sitting
+    reads them: the archive, then the run folder, whose own checkpoints a sitting resumes from
+    over the archive's, `restore`), read only: (the run's folder in the one where it finished,
+    `rounds`) if it finished in one of them, else (None, the round of the newest complete
+    checkpoint of the last one that has one, 0 if none), where --resume would continue.
 
     >>> run = run_dir / "progress_example" / "lr0.1"
     >>> (run / "checkpoints" / "round_000040").mkdir(parents=True)
@@ -91,12 +92,11 @@ def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[dict | None,
     """
     start = 0
     for folder in folders:
-        summary = finished_summary(folder / relative, rounds)
-        if summary is not None:
-            return summary, rounds
+        if finished_summary(folder / relative, rounds) is not None:
+            return folder / relative, rounds
         newest = newest_checkpoint(folder / relative)
         if newest is not None:
-            start = max(start, int(newest.name.removeprefix("round_")))
+            start = int(newest.name.removeprefix("round_"))
     return None, start
 
 

@@ -96,10 +96,9 @@ def active_probes() -> list[Probe] | None:
     return _PROBES
 
 
-def estimate_progress(run_dir: pathlib.Path, rounds: int) -> tuple[dict | None, int]:
-    """Under `estimate_experiment`, where the real run of the probe folder `run_dir` stands
-    (`archive.progress` in --archive_dir and, with --resume, --output_dir): (its summary, rounds)
-    if finished, else (None, the round it resumes at); (None, 0) otherwise."""
+def _locate(run_dir: pathlib.Path, rounds: int) -> tuple[pathlib.Path | None, int]:
+    """`archive.progress` of the real run of the probe folder `run_dir` (none outside
+    `estimate_experiment`)."""
     if _PROGRESS is None:
         return None, 0
     root, folders = _PROGRESS
@@ -108,6 +107,17 @@ def estimate_progress(run_dir: pathlib.Path, rounds: int) -> tuple[dict | None, 
     except ValueError:
         return None, 0
     return archive.progress(folders, relative, rounds)
+
+
+def estimate_progress(run_dir: pathlib.Path, rounds: int) -> tuple[dict | None, int]:
+    """Under `estimate_experiment`, where the real run of the probe folder `run_dir` stands in
+    --archive_dir and, with --resume, --output_dir: (its summary, rounds) if it finished there,
+    its files then copied into `run_dir` as a sitting restores them (`archive.restore`), for
+    the experiment to read; else (None, the round it resumes at); (None, 0) otherwise."""
+    found, start_round = _locate(run_dir, rounds)
+    if found is None:
+        return None, start_round
+    return archive.restore(found, pathlib.Path(run_dir), rounds), rounds
 
 
 def probe_config(config: RunConfig) -> tuple[RunConfig, int, int]:
@@ -126,28 +136,41 @@ def probe_config(config: RunConfig) -> tuple[RunConfig, int, int]:
 
 
 def probe_run(config: RunConfig, what: str, train: Callable[[RunConfig], None]) -> None:
-    """Records the probe of the training run `config` (`train` runs a configuration): nothing
-    to run for one finished in the real folders, else `probe_config(config)` trained and timed,
-    one `Probe` per metrics.csv it writes."""
+    """Records the probe of the training run `config` (`train` runs a configuration): if every
+    algorithm's folder (`experiments.run.run_folders`) finished in the real folders, their files
+    are copied (`estimate_progress`) and each gets a finished probe; else `probe_config(config)`
+    is trained and timed, one `Probe` per metrics.csv it writes, finished (files copied) or
+    counting from the round where that folder's run resumes."""
+    from experiments import run
+
     probe, rounds, evaluations = probe_config(config)
     run_dir = pathlib.Path(probe.output.output_dir)
-    done, start_round = estimate_progress(run_dir, rounds)
-    if done is not None:
-        _PROBES.append(Probe(what, rounds, evaluations, 0.0, [], [], finished=True))
+    folders = [folder for _, folder in run.run_folders(probe)]
+
+    def name(folder):
+        return what if folder == run_dir else f"{what}: {folder.name}"
+
+    if all(_locate(folder, rounds)[0] is not None for folder in folders):
+        for folder in folders:
+            estimate_progress(folder, rounds)
+            _PROBES.append(Probe(name(folder), rounds, evaluations, 0.0, [], [], finished=True))
         return
     started = time.perf_counter()
     train(probe)
     wall = time.perf_counter() - started
     found = sorted(run_dir.rglob("metrics.csv"))
     for metrics in found:
+        folder = metrics.parent
+        if estimate_progress(folder, rounds)[0] is not None:
+            _PROBES.append(Probe(name(folder), rounds, evaluations, 0.0, [], [], finished=True))
+            continue
         rows = read_csv(metrics)
-        name = what if metrics.parent == run_dir else f"{what}: {metrics.parent.name}"
         _PROBES.append(Probe(
-            name, rounds, evaluations, wall / max(1, len(found)),
+            name(folder), rounds, evaluations, wall / max(1, len(found)),
             [as_float(r["round_seconds"]) for r in rows],
             [as_float(r["evaluation_seconds"]) for r in rows
              if not missing(r.get("evaluation_seconds"))],
-            start_round=start_round, eval_every=config.output.eval_every))
+            start_round=_locate(folder, rounds)[1], eval_every=config.output.eval_every))
 
 
 def estimate_experiment(ctx, runner: Callable[[Any], Any]) -> float:

@@ -38,23 +38,27 @@ def _files(folder: pathlib.Path) -> dict:
 
 @pytest.fixture
 def probed(monkeypatch):
-    """The probe configurations trained, in order; each writes PROBE_METRICS."""
+    """The probe configurations trained, in order; each writes PROBE_METRICS in every
+    algorithm's folder."""
+    from experiments import run
+
     configs = []
 
     def fake_train(config, what, isolate):
         configs.append(config)
-        folder = pathlib.Path(config.output.output_dir)
-        folder.mkdir(parents=True)
-        (folder / "metrics.csv").write_text(PROBE_METRICS)
+        for _, folder in run.run_folders(config):
+            folder.mkdir(parents=True)
+            (folder / "metrics.csv").write_text(PROBE_METRICS)
 
     monkeypatch.setattr(running, "_train", fake_train)
     return configs
 
 
 def _three_runs(ctx):
-    """An experiment of three runs of 100 rounds evaluated every 20: a, b and c."""
+    """An experiment of three runs of one algorithm, 100 rounds evaluated every 20: a, b, c."""
     for name in ("a", "b", "c"):
-        config = running.train_config(ctx, ctx.output_dir / name, rounds=100, eval_every=20)
+        config = running.train_config(ctx, ctx.output_dir / name, rounds=100, eval_every=20,
+                                      algorithm=["rolora"])
         running.run_training(config, f"run {name}", ctx.isolate)
 
 
@@ -107,16 +111,65 @@ def test_with_resume_the_output_dirs_own_runs_count_too(tmp_path, probed):
     assert lines[-1] == f"  total: {fresh / 3600:.2f} h"
 
 
-def test_progress_reads_the_newest_complete_checkpoint_and_a_finished_summary(tmp_path):
-    """`archive.progress` over several folders: a finished run anywhere wins; else the newest
-    complete checkpoint of any; a summary of fewer rounds is not a finished run."""
+def test_a_finished_runs_files_are_there_for_the_experiment_to_read(tmp_path, probed):
+    """An experiment that reads a run's metrics.csv after training it (srpfl_mnist) reads, for
+    a run finished in the resumed --output_dir, that run's own file, copied into the probe
+    folder; the real folder is left as it was."""
+    out = tmp_path / "out"
+    _finished(out / "a", 100)
+    (out / "a" / "metrics.csv").write_text("round,accuracy\n100,0.9\n")
+    before = _files(out)
+    read = {}
+
+    def runner(ctx):
+        for name in ("a", "b"):
+            config = running.train_config(ctx, ctx.output_dir / name, rounds=100, eval_every=20,
+                                          algorithm=["rolora"])
+            running.run_training(config, f"run {name}", ctx.isolate)
+            read[name] = running.read_csv(ctx.output_dir / name / "metrics.csv")
+
+    estimate.estimate_experiment(running.Context(
+        "x", "small", out, resume=True, seed=0, data_dir=tmp_path, log=lambda line: None), runner)
+    assert read["a"] == [{"round": "100", "accuracy": "0.9"}] and len(read["b"]) == 4
+    assert {k: v for k, v in _files(out).items() if not k.startswith("estimate/")} == before
+
+
+def test_each_algorithm_of_a_comparison_run_counts_from_its_own_progress(tmp_path, probed):
+    """A run comparing two algorithms keeps each in a folder of its own: rolora finished in
+    the archive, fedavg_lora stopped at round 60; one probe is trained for both, fedavg_lora
+    counts its last 40 rounds and 2 evaluations, rolora nothing."""
+    kept = tmp_path / "archive"
+    _finished(kept / "r" / "rolora", 100)
+    _stopped(kept / "r" / "fedavg_lora", 60)
+    lines = []
+
+    def runner(ctx):
+        config = running.train_config(ctx, ctx.output_dir / "r", rounds=100, eval_every=20,
+                                      algorithm=["rolora", "fedavg_lora"])
+        running.run_training(config, "run r", ctx.isolate)
+
+    total = estimate.estimate_experiment(running.Context(
+        "x", "small", tmp_path / "out", resume=False, seed=0, data_dir=tmp_path,
+        log=lines.append, archive_dir=kept), runner)
+    assert len(probed) == 1
+    assert lines[1].startswith("  run r: fedavg_lora: 40 of 100 rounds and 2 of 5 evaluations "
+                               "(resumes at round 60): ")
+    assert lines[2] == "  run r: rolora: finished"
+    assert total == pytest.approx(-8 + 40 + 2 * 2, abs=1)
+
+
+def test_progress_finds_a_finished_run_and_a_sittings_resume_round(tmp_path):
+    """`archive.progress` over the folders in a sitting's order: a finished run anywhere wins;
+    else the last folder with a checkpoint gives the round (the run folder's own over the
+    archive's, as `archive.restore` has it); a summary of fewer rounds is not a finished
+    run."""
     first, second = tmp_path / "first", tmp_path / "second"
-    _stopped(first / "r", 30)
-    _stopped(second / "r", 50)
+    _stopped(first / "r", 50)
+    _stopped(second / "r", 30)
     relative = pathlib.Path("r")
-    assert archive.progress([first, second], relative, 100) == (None, 50)
+    assert archive.progress([first, second], relative, 100) == (None, 30)
+    assert archive.progress([second, first], relative, 100) == (None, 50)
     (second / "r" / "summary.json").write_text(json.dumps({"rounds_completed": 50}))
-    assert archive.progress([first, second], relative, 100) == (None, 50)
+    assert archive.progress([first, second], relative, 100) == (None, 30)
     _finished(first / "done", 100)
-    summary, rounds = archive.progress([second, first], pathlib.Path("done"), 100)
-    assert summary == {"rounds_completed": 100} and rounds == 100
+    assert archive.progress([second, first], pathlib.Path("done"), 100) == (first / "done", 100)

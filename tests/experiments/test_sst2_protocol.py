@@ -251,9 +251,10 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
 
 def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
     """--estimate with --archive_dir: the seed-0 grid finished there (lr 0.3 best) is not probed
-    and decides the rate of seed 1, which stopped at round 2 of 6: only its remaining 4 rounds
-    and 4 evaluations (every round) are predicted, and the archive is only read."""
-    cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=2,
+    and decides the rate of seeds 1 and 2, stopped at rounds 2 and 4 of 6: one probe is
+    trained (seed 1's), and each seed counts its own remaining rounds and evaluations (every
+    round); the archive and the output folder outside estimate/ are only read."""
+    cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3), seeds=3,
                clients=(3,))
     monkeypatch.setitem(sst2_protocol.SST2_CLAIM_SCALES, "small", cfg)
     kept = tmp_path / "archive"
@@ -263,9 +264,10 @@ def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
         (folder / "summary.json").write_text(json.dumps({
             "rounds_completed": 6, "communication_rounds": 6, "upload_bytes_per_client_total": 0,
             "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
-    checkpoint = kept / "rolora/N3/seed1/lr0.3/checkpoints/round_000002"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "meta.json").write_text("{}")
+    for seed, at_round in ((1, 2), (2, 4)):
+        checkpoint = kept / f"rolora/N3/seed{seed}/lr0.3/checkpoints/round_{at_round:06d}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "meta.json").write_text("{}")
     before = sorted(p.as_posix() for p in kept.rglob("*"))
     probes = []
 
@@ -288,7 +290,11 @@ def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
                           "  training (rolora, N=3, seed 0, lr 0.3): finished"]
     assert lines[3].startswith("  training (rolora, N=3, seed 1, lr 0.3): 4 of 6 rounds and 4 "
                                "of 6 evaluations (resumes at round 2): ")
-    # startup −13 + compile 4 + first evaluation 1 (+ wall ≈ 0) + 4 rounds·1 + 4 evaluations·2.
-    assert total == pytest.approx(4, abs=1)
-    assert "2 of 3 runs finished" in lines[4]
+    assert lines[4].startswith("  training (rolora, N=3, seed 2, lr 0.3): 2 of 6 rounds and 2 "
+                               "of 6 evaluations (resumes at round 4): ")
+    # Each: startup −13 + compile 4 + first evaluation 1 (+ wall ≈ 0) + rounds·1 +
+    # evaluations·2: seed 1 −8 + 4 + 8, seed 2 −8 + 2 + 4.
+    assert total == pytest.approx(4 + (-2), abs=1)
+    assert "2 of 4 runs finished" in lines[5]
     assert sorted(p.as_posix() for p in kept.rglob("*")) == before
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["estimate"]
