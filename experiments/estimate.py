@@ -176,10 +176,11 @@ def probe_run(config: RunConfig, what: str, train: Callable[[RunConfig], None]) 
 def estimate_experiment(ctx, runner: Callable[[Any], Any]) -> float:
     """Runs the experiment (`runner` of its `running.Context` `ctx`) with every training run
     (`running.run_training`) replaced by a short timed probe (in <output_dir>/estimate) and
-    prints each run's predicted time; returns the total (seconds). A run finished in --archive_dir (or, with --resume, in --output_dir) counts 0
-    and is probed no more, one stopped there counts the rounds after its newest checkpoint, and
-    the experiment's choices read those finished runs as a real sitting would (e.g. the rate
-    its seeds run at); nothing is written there.
+    prints each run's predicted time; returns the total (seconds). A run finished in
+    --archive_dir (or, with --resume, in --output_dir) counts 0 and is probed no more, one
+    stopped there counts the rounds and evaluations after its newest checkpoint, and the
+    experiment's choices read those finished runs as a real sitting would (e.g. the rate its
+    seeds run at); nothing is written there.
 
     Raises:
       UsageError: the experiment has no training runs to probe."""

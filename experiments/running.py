@@ -1,7 +1,7 @@
 """Running an experiment: its context and result, its training runs (`run_training`: a
 `RunConfig` run by `experiments.run`, in this process or in a child fed by a config file),
---estimate's probes (`experiments.estimate`, re-exported), reloadable units and the small helpers the experiment modules share
-(reading runs' files, means and standard deviations)."""
+--estimate's probes (`experiments.estimate`, re-exported), reloadable units and the small
+helpers the experiment modules share (reading runs' files, means and standard deviations)."""
 
 from __future__ import annotations
 
