@@ -96,7 +96,11 @@ def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[pathlib.Path
             return folder / relative, rounds
         newest = newest_checkpoint(folder / relative)
         if newest is not None:
-            start = int(newest.name.removeprefix("round_"))
+            number = newest.name.removeprefix("round_")
+            if not number.isdigit():
+                raise ValueError(f"{newest}: not a checkpoint folder (round_<number>); move it "
+                                 "out of the run's checkpoints/")
+            start = int(number)
     return None, start
 
 

@@ -173,3 +173,8 @@ def test_progress_finds_a_finished_run_and_a_sittings_resume_round(tmp_path):
     assert archive.progress([first, second], relative, 100) == (None, 30)
     _finished(first / "done", 100)
     assert archive.progress([second, first], pathlib.Path("done"), 100) == (first / "done", 100)
+    stray = second / "r" / archive.CHECKPOINTS / "round_old"
+    stray.mkdir()
+    (stray / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"round_old: not a checkpoint folder"):
+        archive.progress([second], relative, 100)
