@@ -28,6 +28,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tffl  # noqa: F401  (its exit hook stops TFF's workers and drops TFF's default context)
+
 Features = np.ndarray | Mapping[str, np.ndarray]
 
 

@@ -6,11 +6,15 @@ and `ALGORITHMS`, the one registry), `tffl.simulation` (the driver `run_rounds`,
 with SRPFL, checkpoints, metrics, plots), `tffl.runtime` (TFF execution contexts and workers)
 and `tffl.production` (MapReduceForm / DistributeAggregateForm, serialization).
 
-Importing `tffl` has no side effects: each subpackage and module loads on first use
+Importing `tffl` loads nothing else: each subpackage and module loads on first use
 (`tffl.algorithms.lora_fl`, or `from tffl.algorithms import lora_fl`), so `tffl.engine.roles`,
-which the Keras models import, does not pull in TFF or gRPC. The modules that build or run
-federated computations import `tffl.runtime`, whose exit hook stops every TFF worker process this
-Python process started (TFF's own default-context worker included).
+which the Keras models import, does not pull in TFF or gRPC. Its one effect is an exit hook
+(`_stop_tff_at_exit`): if the process imported TFF, `tffl.runtime.workers`' exit step runs, which
+stops every TFF worker process this Python process started (TFF's own default-context worker
+included) and drops TFF's import-time default context, whose `__del__` would otherwise print a
+traceback at interpreter teardown. The modules that run federated computations import
+`tffl.runtime`, which registers the same step; the hook here covers the modules that only import
+TFF (`tffl.production`, `tffl.engine.process`, `tasks.client_data`, ...).
 
 The flat names of tffl 0.1 (`tffl.lora_fl`, `from tffl import simulation`, ...) still resolve,
 to the moved modules (`MOVED`).
@@ -22,7 +26,9 @@ to the moved modules (`MOVED`).
 True
 """
 
+import atexit
 import importlib
+import sys
 
 __all__ = ["algorithms", "engine", "production", "runtime", "simulation"]
 
@@ -51,3 +57,14 @@ def __getattr__(name: str):
     if name in MOVED:
         return importlib.import_module(MOVED[name])
     raise AttributeError(f"module 'tffl' has no attribute {name!r}")
+
+
+def _stop_tff_at_exit() -> None:
+    """At exit, if TFF was imported: `tffl.runtime.workers`' exit step (module docstring)."""
+    if "tensorflow_federated" in sys.modules:
+        from tffl.runtime import workers
+
+        workers.at_exit()
+
+
+atexit.register(_stop_tff_at_exit)

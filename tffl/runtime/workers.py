@@ -264,7 +264,9 @@ def stop_all_workers() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _at_exit() -> None:
+def at_exit() -> None:
+    """This process's TFF teardown: `stop_all_workers`, then TFF's default context dropped
+    (registered with `atexit` here and by `tffl`'s package; running it twice is harmless)."""
     stop_all_workers()
     # Drop TFF's import-time default context while modules are still alive: its worker manager's
     # `__del__` otherwise runs during interpreter teardown and prints a spurious traceback.
@@ -276,7 +278,7 @@ def _at_exit() -> None:
         )
 
 
-atexit.register(_at_exit)
+atexit.register(at_exit)
 
 
 def running_workers(parent_pid: int | None = None) -> list[int]:

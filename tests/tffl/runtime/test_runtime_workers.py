@@ -2,6 +2,10 @@
 clients, or workers started elsewhere) and stop. Workers and owners that die: test_runtime.py."""
 
 import os
+import pathlib
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -12,6 +16,8 @@ import tensorflow_federated as tff
 
 from tffl import runtime
 from tests.tffl.runtime.runtime_helpers import _gone, _mean
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_runs_a_computation_and_stops_the_worker(tmp_path):
@@ -174,3 +180,51 @@ def test_workers_run_one_client_per_core_by_default_and_take_a_given_limit():
     with runtime.local_runtime(max_concurrent_calls=-1, num_workers=2):
         assert [_concurrency_flag(p) for p in runtime.running_workers()] == ["-1", "-1"]
     assert runtime.running_workers() == []
+
+
+_TFF_ONLY_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import tensorflow_federated as tff
+    import tffl.production  # imports TFF, not tffl.runtime
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def total(x):
+        return tff.federated_sum(x)
+
+    print("SUM", total([1, 2]))          # on TFF's own default context: it starts a worker
+    print("RUNTIME", "tffl.runtime" in sys.modules)
+    workers = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if ppid == os.getpid() and b"worker_binary" in command:
+            workers.append(int(entry))
+    print("WORKERS", *workers, flush=True)
+    """
+)
+
+
+def test_tffs_default_context_worker_is_stopped_when_only_tff_was_imported(tmp_path):
+    """A process that imports a tffl module that imports TFF but not `tffl.runtime` (here
+    `tffl.production`) and runs a computation on TFF's own default context: at exit `tffl`'s hook
+    stops the worker TFF started (without it, it outlives Python and holds the pipes) and
+    Python's teardown prints no traceback from TFF's context."""
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:   # files: a pipe would hang on
+        subprocess.run([sys.executable, "-c", _TFF_ONLY_CHILD], stdout=stdout, stderr=stderr,
+                       cwd=REPO_ROOT, timeout=600, check=False)   # a worker that outlives it
+    lines = dict(line.split(" ", 1) for line in out.read_text().splitlines() if " " in line)
+    workers = [int(pid) for pid in lines.get("WORKERS", "").split()]
+    stray = [pid for pid in workers if not _gone(pid)]
+    for pid in stray:
+        os.kill(pid, 9)
+    assert (lines.get("SUM"), lines.get("RUNTIME")) == ("3", "False"), err.read_text()[-2000:]
+    assert len(workers) == 1 and not stray, (workers, stray)
+    assert "Exception ignored" not in err.read_text(), err.read_text()[-2000:]
