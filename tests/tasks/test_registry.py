@@ -220,3 +220,31 @@ def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(sample_data
     m = batch["padding_mask"].numpy().astype(np.float64)[:, :, None]
     assert m.sum() < m.size  # some padding to leave out
     np.testing.assert_allclose(features(batch).numpy(), (h * m).sum(1) / m.sum(1), atol=1e-4)
+
+
+def test_sst2_default_length_keeps_every_dev_and_test_sentence_whole(shared_data):
+    """The SST-2 task's own tokenizer path (`text_run_task._tokenizer`, no `sequence_length`) caps
+    texts at the checkpoint's 256 tokens and trims to the longest, so every dev and labeled test
+    sentence keeps all its tokens: each row's mask counts its untruncated WordPiece tokens + 2
+    ([CLS], [SEP]), counted by the tokenizer alone, and the width is the longest row's."""
+    import keras_nlp
+
+    from tasks import text as text_lib
+    from tasks import text_files
+    from tasks import text_run_task
+
+    folder = _minilm_or_skip()
+    _, pooling, cap, packer = text_run_task._tokenizer("minilm", None, None)
+    assert (pooling, cap) == ("mean", 256)
+    tokenizer = keras_nlp.models.BertTokenizer(vocabulary=str(folder / "vocab.txt"),
+                                               lowercase=True)
+    splits = text_files.load_glue_tsv(shared_data / "sst2", "sst2", splits=("dev", "test-labeled"))
+    longest = {}
+    for split, examples in splits.items():
+        packed = text_lib.tokenize(examples.segments, packer)
+        counts = np.array([len(ids) for ids in tokenizer(list(examples.segments[0])).to_list()])
+        np.testing.assert_array_equal(packed["padding_mask"].sum(axis=1), counts + 2)
+        assert packed["token_ids"].shape == (len(counts), counts.max() + 2)
+        longest[split] = int(counts.max() + 2)
+    assert longest == {"dev": 60, "test-labeled": 64}   # docs/RESULTS.md's figures
+    assert max(longest.values()) < cap
