@@ -72,21 +72,25 @@ def test_pooler_needs_a_backbone_with_one():
         build_classifier(backbone, 2, pooling="max")
 
 
-# Fast tier: the pooler (the layer the old classifier left frozen) with both heads, mean and cls
-# with one each; large: the other two.
-@pytest.mark.parametrize("pooling,head", tiered(
-    [(p, h) for h in ("linear", "dense_tanh") for p in ("mean", "cls", "pooler")],
-    fast=[("mean", "linear"), ("cls", "dense_tanh"), ("pooler", "linear"),
-          ("pooler", "dense_tanh")]))
-def test_no_frozen_variable_between_backbone_output_and_logits(pooling, head):
+# Fast tier: BERT's pooler (the layer the old classifier left frozen) with both heads, mean and
+# cls with one each, RoBERTa (no pooler; its dense + tanh + out_proj head) once; large: the rest.
+@pytest.mark.parametrize("kind,pooling,head", tiered(
+    [("bert", p, h) for h in ("linear", "dense_tanh") for p in ("mean", "cls", "pooler")]
+    + [("roberta", p, h) for h in ("linear", "dense_tanh") for p in ("mean", "cls")],
+    fast=[("bert", "mean", "linear"), ("bert", "cls", "dense_tanh"),
+          ("bert", "pooler", "linear"), ("bert", "pooler", "dense_tanh"),
+          ("roberta", "cls", "dense_tanh")]))
+def test_no_frozen_variable_between_backbone_output_and_logits(kind, pooling, head):
     """Every variable that the logits depend on, other than the encoders' and embeddings', is
     trainable and tagged `head`: the gradient of the logits reaches no frozen layer after the
     last hidden state (the old classifier's frozen pooler would fail this)."""
-    backbone = build_bert_backbone(vocabulary_size=64, num_layers=2, hidden_dim=16,
-                                   intermediate_dim=24, max_sequence_length=16)
+    build = build_bert_backbone if kind == "bert" else build_roberta_backbone
+    backbone = build(vocabulary_size=64, num_layers=2, hidden_dim=16, intermediate_dim=24,
+                     max_sequence_length=16)
     apply_lora(backbone, LoraConfig(rank=2))
     model = build_classifier(backbone, 3, pooling=pooling, head=head)
-    encoder_side = {id(v) for layer in backbone.layers if layer is not backbone.pooled_dense
+    pooler = getattr(backbone, "pooled_dense", None)
+    encoder_side = {id(v) for layer in backbone.layers if layer is not pooler
                     for v in layer.weights}
     batch = _padded_batch(backbone)
     with tf.GradientTape() as tape:
@@ -99,7 +103,7 @@ def test_no_frozen_variable_between_backbone_output_and_logits(pooling, head):
     trainable = {id(v) for v in model.trainable_variables}
     assert reached and all(id(v) in trainable for v in reached)
     assert all(roles.role_of(v) == roles.HEAD for v in reached)
-    pooler_reached = any(v is backbone.pooled_dense.kernel for v in reached)
+    pooler_reached = pooler is not None and any(v is pooler.kernel for v in reached)
     assert pooler_reached == (pooling == "pooler")
 
 
