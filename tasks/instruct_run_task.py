@@ -1,23 +1,36 @@
-"""The instruction-tuning tasks' `RunTask`s: SST-2 or the review domains as prompt → answer pairs
-for a decoder language model with LoRA (issue 54, items 2-4).
+"""The instruction-tuning tasks' `RunTask`s: prompt → response pairs for a decoder language model
+with LoRA, from SST-2 or the review domains as sentiment prompts, or from the user's own
+instruction files.
 
-`build_task("sst2_instruct" | "reviews_instruct", backbone=<a models.decoders name>, ...)`
-becomes `_instruct_run_task`. Every example is `tasks.instructions.SENTIMENT_PROMPT` ("Review:
-<text>\\nSentiment:") after a begin-of-text token, answered by " negative" or " positive" and the
-end-of-text token. The tokenized prompts are stored with their labels, so the label partitions
-(IID, Dirichlet, shards) and the review domains' natural clients cut them exactly as they cut the
-classifier's data (`tasks.task`); each batch gets its answers appended in the graph
-(`AnswerAppender`): `response_mask` covers the answer tokens only, and the batch is cut to its
-longest row. The model is `models.causal_lm.build_causal_lm` on the decoder with LoRA: logits
-(n, V) at the n response positions, y the n answer tokens (`with_response_targets`), so the
-engine's loss is the response-only next-token cross-entropy and its "examples" are tokens.
+`instruct_run_task(spec)` is what `tasks.registry.build_task` makes of a `TaskSpec` whose task is
+"sst2_instruct", "reviews_instruct" or "instruct".
 
-Evaluation on the dev (SST-2) or test (reviews) split, every `evaluate`:
+**Sentiment prompts** (`sst2_instruct`, `reviews_instruct`). Every example is
+`tasks.instructions.SENTIMENT_PROMPT` ("Review: <text>\\nSentiment:") after a begin-of-text token,
+answered by " negative" or " positive" and the end-of-text token. The tokenized prompts are stored
+with their labels, so the label partitions (IID, Dirichlet, shards) and the review domains'
+natural clients cut them exactly as they cut the classifier's data (`tasks.task`); each batch gets
+its answers appended in the graph (`AnswerAppender`): `response_mask` covers the answer tokens
+only, and the batch is cut to its longest row. Evaluation on the dev (SST-2) or test (reviews)
+split, every `evaluate`:
 - `loss`, `token_accuracy`: the answer tokens' mean cross-entropy and next-token accuracy;
 - `accuracy`: greedy generation (up to the longest answer's tokens, stopping at end of text),
   parsed by its first word (`instructions.parse_sentiment`), unparseable counted wrong (the
   RoLoRA paper's protocol); `unparseable`: the share that named neither class;
 - `likelihood_accuracy`: the answer of higher log-likelihood p(answer | prompt) is the choice.
+
+**The user's instructions** (`instruct`): `train_file` (and `dev_file`; without one, 10 % of the
+training rows are held out) of Alpaca JSON or JSON Lines rows, `instruction` (+ `input`) and
+`output`, or `prompt` and `response` (`tasks.data_files`). Each row is begin of text, the prompt
+and the response and end of text (a prompt too long loses its start); clients come from
+`client_column`, or IID (the rows have no labels to split by). Evaluation on the dev rows:
+`loss` and `token_accuracy` of the response tokens (the likelihood of the reference answers) and
+`accuracy`, the share of greedy generations (up to the longest reference's tokens, stopping at
+end of text) that equal their reference answer, whitespace collapsed (exact match).
+
+The model is `models.causal_lm.build_causal_lm` on the decoder with LoRA: logits (n, V) at the n
+response positions, y the n response tokens (`with_response_targets`), so the engine's loss is
+the response-only next-token cross-entropy and its "examples" are tokens.
 """
 
 from __future__ import annotations
@@ -30,11 +43,18 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import instructions
-from tasks.run_task import RunTask, _ordered, _train_size, counted, starting_values
+from tasks.run_task import RunTask
+from tasks.run_task import counted
+from tasks.run_task import ordered
+from tasks.run_task import starting_values
+from tasks.run_task import train_size
+from tasks.task_config import TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
 
-INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
+INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct", "instruct")
+# The share of the training rows held out as the dev split when the user gives no dev file.
+DEV_FRACTION = 0.1
 _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
 
 
@@ -203,67 +223,215 @@ def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tu
                            decoder.name)
 
 
-def _instruct_run_task(name: str, num_clients: int, batch_size: int, local_steps: int,
-                       seed: int, partition: str, data_dir, backbone: str, rank: int,
-                       lora_alpha, lora_targets: tuple[str, ...], lora_layers,
-                       sequence_length: int | None, scheme_kwargs: dict,
-                       bucket_by_length: bool = True) -> RunTask:
-    """SST-2 (partitioned) or the five review domains (natural clients) as instructions for the
-    decoder `backbone` (`models.decoders`) with LoRA on `lora_targets` of `lora_layers`.
-    A row's prompt keeps its last `sequence_length` − (answer tokens) tokens; `sequence_length`
-    None is the decoder's positions (every SST-2 sentence whole), and each batch is cut to its
-    longest row. With
-    `bucket_by_length`, a round's examples are batched with neighbours in length
-    (`tasks.batching`), else in drawn order; each batch is cut to its longest row."""
-    from models import decoders
-    from models import lora_targets as targets_lib
+def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
+    """SST-2 (partitioned) or the five review domains (natural clients) as sentiment
+    instructions (module docstring). A row's prompt keeps its last `sequence_length` − (answer
+    tokens) tokens; `sequence_length` None is the decoder's positions (every SST-2 sentence
+    whole), and each batch is cut to its longest row. With `bucket_by_length`, a round's
+    examples are batched with neighbours in length (`tasks.batching`), else in drawn order."""
+    import dataclasses
+
     from tasks import prefix_cache as prefix_lib
     from tasks import text_run_task
 
-    if data_dir is None and name == "reviews_instruct":
-        raise ValueError("data_dir is needed: task 'reviews_instruct' reads the five review "
-                         "domains from a folder; pass data_dir=<folder with "
-                         "multidomain_sentiment/>, e.g. ../shared/data")
-    if backbone not in decoders.DECODERS:
-        raise ValueError(f"backbone={backbone}: task {name!r} trains a decoder language model; "
-                         f"choose one of {', '.join(decoders.DECODERS)}")
-    lora_config = targets_lib.LoraConfig(rank=rank, alpha=lora_alpha, targets=lora_targets,
-                                         layers=lora_layers, seed=seed)
-    announce(f"building the {backbone} decoder and its tokenizer")
-    decoder = decoders.build_decoder(backbone)
-    _check_targets(decoder, lora_config)
+    t = spec.task
     answers = _answers(decoder)
     answer_width = max(len(a) for a in answers)
     packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id,
-                          _check_lengths(sequence_length, decoder, answer_width))
-    data_dir = None if data_dir is None else pathlib.Path(data_dir)
+                          _check_lengths(t.sequence_length, decoder, answer_width))
     # The classifier's loader, on the same data and partitions (`tasks.text_run_task`).
-    task = text_run_task._load_text_task(name.removesuffix("_instruct"), num_clients, seed,
-                                         partition, data_dir, scheme_kwargs, packer)
-    lm_fn = _lm_builder(decoder, lora_config)
-    input_spec = (collections.OrderedDict(
-        (k, tf.TensorSpec([None, None], tf.int32))
-        for k in ("padding_mask", "response_mask", "token_ids")), tf.TensorSpec([None], tf.int32))
+    data = text_run_task.load_text_task(dataclasses.replace(
+        spec, task=dataclasses.replace(t, task=t.task.removesuffix("_instruct"))), packer)
+    task = data.task
     appender = AnswerAppender(answers, decoder.pad_id)
     rounds = prefix_lib.TextRounds(
         lambda cid: prefix_lib.ClientExamples.from_dataset(
-            task.train_data.create_tf_dataset_for_client(cid).map(_ordered)),
-        local_steps, batch_size, seed, bucket_by_length=bucket_by_length, cache=None,
+            task.train_data.create_tf_dataset_for_client(cid).map(ordered)),
+        prefix_lib.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
         client_ids=task.train_data.client_ids, name="train")
-    run = RunTask(
-        description=(f"{name} ({_train_size(task)} train examples, "
-                     f"{counted(len(task.train_data.client_ids), 'client')}; {decoder.description}"
-                     f", LoRA r={rank} on {','.join(lora_targets)}, answers "
-                     f"{'/'.join(repr(a) for a in instructions.SENTIMENT_ANSWERS)}, "
-                     f"L={sequence_length or f'up to {decoder.max_length} tokens'}; "
-                     f"{'batches bucketed by length' if bucket_by_length else 'drawn order'}, "
-                     "no prefix cache)"),
+    return RunTask(
+        description=_description(spec, task, decoder, "answers " + "/".join(
+            repr(a) for a in instructions.SENTIMENT_ANSWERS)),
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=lambda cid, round_num: rounds.dataset(cid, round_num).map(appender),
         keras_model_fn=lambda: lm_fn()[1],
         input_spec=input_spec,
         evaluate=make_evaluator(lm_fn, task, decoder, answers),
+        eval_split=data.eval_split,
+        num_classes=len(answers),
     )
+
+
+def _description(spec: TaskSpec, task, decoder, answers: str) -> str:
+    t, m = spec.task, spec.model
+    random = " (a test backbone)" if decoder.pretrained_fn is None else ""
+    return (f"{task.name} ({train_size(task)} train examples, "
+            f"{counted(len(task.train_data.client_ids), 'client')}; {decoder.description}"
+            f"{random}, LoRA r={m.adapter_rank} on {','.join(m.lora_targets)}, {answers}, "
+            f"L={t.sequence_length or f'up to {decoder.max_length} tokens'}; "
+            f"{'batches bucketed by length' if t.bucket_by_length else 'drawn order'}, "
+            "no prefix cache)")
+
+
+def instruct_run_task(spec: TaskSpec) -> RunTask:
+    """The instruction task of `spec` for the decoder `spec.model.backbone`
+    (`models.decoders`) with LoRA on `lora_targets` of `lora_layers` (module docstring)."""
+    from models import decoders
+    from models import lora_targets as targets_lib
+
+    t, m = spec.task, spec.model
+    if t.data_dir is None and t.task == "reviews_instruct":
+        raise ValueError("data_dir is needed: task 'reviews_instruct' reads the five review "
+                         "domains from a folder; pass data_dir=<folder with "
+                         "multidomain_sentiment/>, e.g. ../shared/data")
+    if t.task == "instruct" and t.train_file is None:
+        raise ValueError("task 'instruct' reads its rows from train_file=<Alpaca JSON or JSON "
+                         "Lines file>")
+    if spec.eval_test:
+        raise ValueError(f"eval_test=True: task {t.task!r} evaluates one split; it has no "
+                         "held-out test split beside it")
+    if m.backbone not in decoders.DECODERS:
+        raise ValueError(f"backbone={m.backbone}: task {t.task!r} trains a decoder language "
+                         f"model; choose one of {', '.join(decoders.DECODERS)}")
+    lora_config = targets_lib.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
+                                         targets=m.lora_targets, layers=m.lora_layers,
+                                         seed=spec.seed)
+    announce(f"building the {m.backbone} decoder and its tokenizer")
+    decoder = decoders.build_decoder(m.backbone)
+    _check_targets(decoder, lora_config)
+    lm_fn = _lm_builder(decoder, lora_config)
+    input_spec = (collections.OrderedDict(
+        (k, tf.TensorSpec([None, None], tf.int32))
+        for k in ("padding_mask", "response_mask", "token_ids")), tf.TensorSpec([None], tf.int32))
+    if t.task == "instruct":
+        run = _user_instruction_task(spec, decoder, lm_fn, input_spec)
+    else:
+        run = _sentiment_task(spec, decoder, lm_fn, input_spec)
     values = _starting_values(lm_fn, decoder, lora_config, input_spec)
     run.pretrained_non_trainable = (lambda: values()[1]) if decoder.pretrained_fn else None
+    run.random_backbone = decoder.pretrained_fn is None
     return run
+
+
+def _instruction_splits(spec: TaskSpec):
+    """`(train, dev, dev's name)`: the user's instruction rows (`tasks.data_files`), the dev
+    rows being the dev file's, else `DEV_FRACTION` of the training rows held out at random."""
+    from tasks import data_files
+
+    t = spec.task
+    announce(f"reading {t.train_file}")
+    train = data_files.read_instruction_rows(t.train_file, t.client_column)
+    if t.dev_file is not None:
+        client = t.client_column if t.client_column in data_files.columns_of(t.dev_file) else None
+        return train, data_files.read_instruction_rows(t.dev_file, client), "dev"
+    if len(train) < 2:
+        raise ValueError(f"{t.train_file}: {len(train)} row; hold out a dev split from at least "
+                         "2 rows, or give dev_file=<file>")
+    order = np.random.default_rng(spec.seed).permutation(len(train))
+    cut = max(1, round(DEV_FRACTION * len(train)))
+    announce(f"no dev_file: {cut} of the {len(train)} rows of {t.train_file} held out as the "
+             "dev split")
+    return (train.subset(np.sort(order[cut:])), train.subset(np.sort(order[:cut])),
+            "dev")
+
+
+def _packed(rows, decoder, sequence_length: int | None) -> dict[str, np.ndarray]:
+    """`instructions.pack`'s int32 (n, w) arrays of the rows (begin of text, prompt, response,
+    end of text), w the longest row within `sequence_length` (None: the decoder's positions)."""
+    cap = sequence_length or decoder.max_length
+    if cap > decoder.max_length:
+        raise ValueError(f"sequence_length={cap}: {decoder.name} has {decoder.max_length} "
+                         "positions; pass at most that")
+    texts = sorted(set(rows.prompts) | set(rows.responses))
+    ids = dict(zip(texts, decoder.tokenize(texts)))
+    longest = max(len(ids[p]) + len(ids[r]) + 2 for p, r in zip(rows.prompts, rows.responses))
+    return instructions.pack(rows.examples(), ids.__getitem__, min(cap, longest),
+                             pad_id=decoder.pad_id, end_id=decoder.eos_id,
+                             start_id=decoder.bos_id)
+
+
+def _user_instruction_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
+    """The user's instruction rows (module docstring): clients by `client_column`, else IID."""
+
+    from models import causal_lm
+    from tasks import client_data as client_data_lib
+    from tasks import partition as partition_lib
+    from tasks import prefix_cache as prefix_lib
+    from tasks import task as task_lib
+
+    t = spec.task
+    train, dev, dev_name = _instruction_splits(spec)
+    if dev.clients is not None:
+        unknown = sorted(set(dev.clients.tolist()) - set(train.clients.tolist()))
+        if unknown:
+            line = int(dev.lines[list(dev.clients).index(unknown[0])])
+            raise ValueError(f"{dev.path}: line {line}, column {t.client_column!r}: client "
+                             f"{unknown[0]!r} has no training rows in {train.path}")
+    announce(f"tokenizing {len(train) + len(dev)} instructions")
+    train_x, dev_x = (_packed(rows, decoder, t.sequence_length) for rows in (train, dev))
+    zeros = np.zeros(len(train), np.int32)
+    if train.clients is not None:
+        parts = partition_lib.by_group(train.clients, 1, spec.seed)
+    else:
+        parts = partition_lib.partition(zeros, t.num_clients, "iid", spec.seed)
+    train_data = client_data_lib.ArrayClientData(train_x, zeros, parts)
+    dev_y = np.zeros(len(dev), np.int32)
+    task = task_lib.Task(pathlib.Path(t.train_file).name, train_data, None,
+                         client_data_lib.tensor_dataset(dev_x, dev_y),
+                         train_data.element_type_structure, 0,
+                         info={"train_sizes": {c: len(i) for c, i in parts.items()}})
+    rounds = prefix_lib.TextRounds(
+        lambda cid: prefix_lib.ClientExamples.from_dataset(
+            train_data.create_tf_dataset_for_client(cid).map(ordered)),
+        prefix_lib.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
+        client_ids=train_data.client_ids, name="train")
+
+    def targets(x, labels):
+        del labels
+        return causal_lm.with_response_targets(x)
+
+    return RunTask(
+        description=_description(spec, task, decoder, "free-form responses"),
+        client_ids=list(train_data.client_ids),
+        client_dataset_fn=lambda cid, round_num: rounds.dataset(cid, round_num).map(targets),
+        keras_model_fn=lambda: lm_fn()[1],
+        input_spec=input_spec,
+        evaluate=make_response_evaluator(lm_fn, dev, dev_x, decoder),
+        eval_split=dev_name,
+    )
+
+
+def make_response_evaluator(lm_fn: Callable[[], tuple], rows, packed: dict, decoder,
+                            batch_size: int = 32):
+    """`weights -> {"loss", "token_accuracy", "accuracy"}` on the dev rows (module docstring):
+    the reference responses' token loss and accuracy, and the exact-match share of greedy
+    generations; one model built on first call (after TFF has traced its computations)."""
+    from models import causal_lm
+    from models import lm_evaluation
+
+    dev = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        (k, packed[k]) for k in sorted(packed)))
+    prompts = [list(map(int, row[:np.flatnonzero(r)[0]])) if r.any() else list(map(int, row))
+               for row, r in zip(packed["token_ids"], packed["response_mask"])]
+    longest = int(packed["response_mask"].sum(axis=1).max())
+    cache = {}
+
+    def model_fn():
+        cache["backbone"], model = lm_fn()
+        return model
+
+    response_tokens = evaluation.make_keras_evaluator(
+        model_fn, lambda: dev.batch(batch_size).map(causal_lm.with_response_targets),
+        graph_per_batch=True)
+
+    def evaluate(weights) -> dict[str, float]:
+        tokens = response_tokens(weights)   # assigns `weights` to the model (and its backbone)
+        generated = lm_evaluation.generate(
+            cache["backbone"], prompts, longest, stop_ids=[decoder.eos_id],
+            pad_id=decoder.pad_id, batch_size=batch_size)
+        matched = [" ".join(decoder.detokenize(g).split()) == " ".join(reference.split())
+                   for g, reference in zip(generated, rows.responses)]
+        return {"loss": tokens["loss"], "token_accuracy": tokens["accuracy"],
+                "accuracy": float(np.mean(matched))}
+
+    return evaluate

@@ -1,15 +1,16 @@
-"""Instruction-tuning data (issue 54, item 3): prompt/response pairs from our labelled text and from
-Alpaca-style JSON files, packed into the batches of `models.causal_lm`.
+"""Instruction-tuning data: prompt/response pairs from our labelled text (and the templates of
+Alpaca-style files, which `tasks.data_files` reads), packed into the batches of
+`models.causal_lm`.
 
 - `from_sentiment(examples)`: SST-2 or a review domain (`tasks.text_files.TextExamples`, labels
   0/1) as `"Review: <text>\\nSentiment:"` → `" negative"` / `" positive"`. The labels are kept, so
   `tasks.partition`'s IID and Dirichlet splits apply as to the classifier's data, and the review
   domains stay natural clients.
-- `load_alpaca_json(path)`: a JSON list of `{"instruction", "input", "output"}` objects (Stanford
-  Alpaca's format; `input` may be empty or absent), prompted with Alpaca's two templates.
+- `ALPACA_PROMPT`, `ALPACA_PROMPT_NO_INPUT`: Stanford Alpaca's two templates, with which
+  `tasks.data_files.read_instruction_rows` prompts `{"instruction", "input", "output"}` rows.
 - `pack(examples, tokenize, sequence_length)`: `token_ids`, `padding_mask` and `response_mask`
-  (int32, (n, T)): prompt then response then right padding; a prompt too long loses its start,
-  so that the response (cut at T − 1 tokens) is kept.
+  (int32, (n, T)): (a start token,) prompt, then response, then right padding; a prompt too long
+  loses its start, so that the response (cut at T − 1 tokens) is kept.
 - `client_datasets(examples, parts, tokenize, sequence_length, batch_size)`: each client's
   batches `(x, y)` for the LoRA algorithms (`models.causal_lm.with_response_targets`), the
   clients cut by any `tasks.partition` scheme (IID, Dirichlet on the kept labels, by domain).
@@ -29,8 +30,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -86,56 +85,31 @@ def from_sentiment(examples) -> InstructionExamples:
     return from_texts([str(t) for t in examples.segments[0]], examples.labels)
 
 
-def load_alpaca_json(path: str | pathlib.Path) -> InstructionExamples:
-    """An Alpaca-style JSON file: a list of objects with `instruction` and `output` strings and
-    an optional `input`. Raises ValueError naming the file, the row and the key at fault."""
-    path = pathlib.Path(path)
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it ({e.__class__.__name__}: {e}); pass an "
-                         "Alpaca-style JSON file") from None
-    if not isinstance(rows, list):
-        raise ValueError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
-    prompts, responses = [], []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: row {i} is a {type(row).__name__}, not an object")
-        for key in ("instruction", "output") + (("input",) if "input" in row else ()):
-            if not isinstance(row.get(key), str):
-                raise ValueError(f"{path}: row {i} has no string {key!r} (keys: "
-                                 f"{', '.join(sorted(row)) or 'none'})")
-        template = ALPACA_PROMPT if row.get("input") else ALPACA_PROMPT_NO_INPUT
-        prompts.append(template.format(instruction=row["instruction"], input=row.get("input")))
-        responses.append(row["output"])
-    return InstructionExamples(tuple(prompts), tuple(responses))
-
-
 def pack(examples: InstructionExamples, tokenize: Callable[[str], Sequence[int]],
-         sequence_length: int, pad_id: int = 0, end_id: int | None = None) -> dict[str, np.ndarray]:
+         sequence_length: int, pad_id: int = 0, end_id: int | None = None,
+         start_id: int | None = None) -> dict[str, np.ndarray]:
     """`{"token_ids", "padding_mask", "response_mask"}`, int32 (n, sequence_length): each row is
-    its prompt's tokens, then its response's (`end_id` appended if given), then `pad_id`. The
-    response keeps at most `sequence_length − 1` tokens (one prompt token must predict its first);
-    the prompt loses tokens from its start to make room."""
-    if sequence_length < 2:
-        raise ValueError(f"sequence_length={sequence_length}: must be >= 2 (a prompt token and "
-                         "a response token)")
+    `start_id` (if given), its prompt's tokens, then its response's (`end_id` appended if given),
+    then `pad_id`. The response keeps at most `sequence_length − 1` tokens (one prompt token must
+    predict its first); the prompt loses tokens from its start (after `start_id`) to make room."""
+    if sequence_length < 2 + (start_id is not None):
+        raise ValueError(f"sequence_length={sequence_length}: must be >= "
+                         f"{2 + (start_id is not None)} (a prompt token and a response token)")
     n = len(examples)
+    start = [] if start_id is None else [start_id]
     token_ids = np.full((n, sequence_length), pad_id, np.int32)
     padding_mask = np.zeros((n, sequence_length), np.int32)
     response_mask = np.zeros((n, sequence_length), np.int32)
     for i, (prompt, response) in enumerate(zip(examples.prompts, examples.responses)):
         answer = list(tokenize(response)) + ([end_id] if end_id is not None else [])
-        answer = answer[:sequence_length - 1]
-        question = list(tokenize(prompt))[-(sequence_length - len(answer)):]
+        answer = answer[:sequence_length - 1 - len(start)]
+        question = list(tokenize(prompt))[-(sequence_length - len(start) - len(answer)):]
         if not question:
             raise ValueError(f"example {i}: its prompt has no tokens")
-        row = question + answer
+        row = start + question + answer
         token_ids[i, :len(row)] = row
         padding_mask[i, :len(row)] = 1
-        response_mask[i, len(question):len(row)] = 1
+        response_mask[i, len(row) - len(answer):len(row)] = 1
     return {"token_ids": token_ids, "padding_mask": padding_mask, "response_mask": response_mask}
 
 

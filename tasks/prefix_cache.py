@@ -19,7 +19,7 @@ Example:
 >>> examples = ClientExamples(features, np.array([0, 1, 0], np.int32))
 >>> examples.lengths.tolist()
 [2, 1, 3]
->>> rounds = TextRounds({"a": examples}, local_steps=2, batch_size=2, seed=0)
+>>> rounds = TextRounds({"a": examples}, RoundDraw(local_steps=2, batch_size=2, seed=0))
 >>> [b[0]["token_ids"].shape[1] for b in rounds.batches("a", round_num=0)]
 [3, 2]
 """
@@ -33,6 +33,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -161,13 +162,24 @@ class PrefixCache:
             return sum(sum(h is not None for h in store) for store in self._hidden.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundDraw:
+    """How a client's round is drawn: `local_steps` (K) batches of `batch_size` (B), seeded by
+    (`seed`, round, client); with `bucket_by_length`, batches of similar length, each cut to its
+    longest example, else the drawn order and the stored padding (the classic path)."""
+
+    local_steps: int
+    batch_size: int
+    seed: int = 0
+    bucket_by_length: bool = True
+
+
 class TextRounds:
     """`(cid, round) -> dataset` of a client's K batches of B for one round.
 
     Args:
       clients: cid -> its `ClientExamples`, or a function loading them on first use.
-      bucket_by_length: batches of similar length, each cut to its longest example (default);
-        False keeps the drawn order and the stored padding (the classic path).
+      draw: the round's K, B, seed and batching (`RoundDraw`).
       cache: a `PrefixCache`: the batches carry h_k instead of token features.
       client_ids: the clients in order (their index seeds their rounds); default `clients`'s.
       name: the split's name, keying its examples in `cache`.
@@ -180,9 +192,8 @@ class TextRounds:
     """
 
     def __init__(self, clients: Mapping[str, ClientExamples] | Callable[[str], ClientExamples],
-                 local_steps: int, batch_size: int, seed: int, bucket_by_length: bool = True,
-                 cache: PrefixCache | None = None, client_ids=None, name: str = "train",
-                 storage_dir: str | None = None):
+                 draw: RoundDraw, cache: PrefixCache | None = None, client_ids=None,
+                 name: str = "train", storage_dir: str | None = None):
         self._clients = clients
         self._loaded: dict[str, ClientExamples] = {}
         self._loading = threading.Lock()  # `examples` may be asked from two threads at once
@@ -190,8 +201,9 @@ class TextRounds:
             raise ValueError("TextRounds needs client_ids when clients is a loading function")
         self.client_ids = list(client_ids if client_ids is not None else clients)
         self._index = {cid: i for i, cid in enumerate(self.client_ids)}
-        self.local_steps, self.batch_size, self.seed = local_steps, batch_size, seed
-        self.bucket_by_length, self.cache = bucket_by_length, cache
+        self.draw = draw
+        self.local_steps, self.batch_size, self.seed = draw.local_steps, draw.batch_size, draw.seed
+        self.bucket_by_length, self.cache = draw.bucket_by_length, cache
         self.name = name  # distinguishes the cache entries of a train and a test split
         self.storage_dir = storage_dir
 
@@ -265,14 +277,25 @@ class CachedClassifier:
     cache: PrefixCache
 
 
+@dataclasses.dataclass(frozen=True)
+class ClassifierLayout:
+    """How a classifier was built over its KerasNLP backbone (`models.backbones.build_classifier`):
+    the LoRA adapters (`lora_config`, a `models.lora_targets.LoraConfig`), `num_classes`, the
+    initializers' `seed`, the `pooling`, the `head` and its `head_dropout`."""
+
+    lora_config: Any
+    num_classes: int
+    seed: int = 0
+    pooling: str = "mean"
+    head: str = "linear"
+    head_dropout: float = 0.0
+
+
 def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
-                    full_values: Callable[[], tuple[list, list]], lora_config, num_classes: int,
-                    seed: int, label_spec: tf.TensorSpec,
-                    head_dropout: float = 0.0, pooling: str = "mean",
-                    head: str = "linear") -> CachedClassifier | None:
-    """Splits the classifier `full_model_fn` builds (`models.backbones.build_classifier` over a
-    KerasNLP backbone, LoRA applied by `lora_config`, pooled by `pooling` into a `head`: as
-    `build_classifier` was given them) at its lowest trained encoder.
+                    full_values: Callable[[], tuple[list, list]], layout: ClassifierLayout,
+                    label_spec: tf.TensorSpec) -> CachedClassifier | None:
+    """Splits the classifier `full_model_fn` builds (as `layout` describes it) at its lowest
+    trained encoder.
 
     `full_values() -> (trainable, non_trainable)` gives the whole model's starting weights (a
     pretrained backbone, or a random draw); the prefix computes h_k with them and the suffix
@@ -287,11 +310,11 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
         if start is None:
             return None
         spec = prefix_lib.SuffixSpec.from_backbone(prefix_lib.find_backbone(full), start,
-                                                   pooling=pooling, head=head)
+                                                   pooling=layout.pooling, head=layout.head)
 
         def suffix_fn():
-            return spec.build_classifier(lora_config, num_classes, dropout=head_dropout,
-                                         seed=seed)
+            return spec.build_classifier(layout.lora_config, layout.num_classes,
+                                         dropout=layout.head_dropout, seed=layout.seed)
 
         _, non_trainable_positions = prefix_lib.matching_positions(full, suffix_fn())
 

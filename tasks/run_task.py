@@ -1,7 +1,8 @@
 """`RunTask`, what the round loop needs from a task, and the dataset helpers its builders share.
 
 `tasks.registry` builds `RunTask`s by name: flat-feature (image) tasks there, text tasks in
-`tasks.text_run_task`; both cut their clients' data with the helpers here.
+`tasks.text_run_task`, instruction tasks in `tasks.instruct_run_task`; they cut their clients'
+data with the helpers here (one shuffle buffer for every task: `tasks.batching.SHUFFLE_BUFFER`).
 """
 
 from __future__ import annotations
@@ -38,13 +39,19 @@ class RunTask:
     # Examples in the pooled test set `evaluate` reads (None: unknown). When the clients' test
     # sets add up to it they partition it, and per-client evaluations pool to `evaluate`'s.
     global_test_size: int | None = None
+    # The name of the split `evaluate` reads ("dev", "validation", "test"), for reports.
+    eval_split: str = "test"
+    # The classes, and their names in index order when the data named them (the user's labels).
+    num_classes: int | None = None
+    label_names: tuple[str, ...] | None = None
+    # The model's backbone is a random test backbone (`tiny`, `gpt2_tiny`): its results say
+    # nothing about the algorithms.
+    random_backbone: bool = False
+    # The text tasks' `tasks.prefix_cache.PrefixCache` (None: no cached prefix).
+    prefix_cache: Any = None
 
 
-# One shuffle buffer for every task: the text tasks' round draw (tasks.batching) uses the same.
-_SHUFFLE_BUFFER = batching.SHUFFLE_BUFFER
-
-
-def _ordered(*element):
+def ordered(*element):
     """The dataset element with every dict an `OrderedDict` of sorted keys (TFF serializes named
     elements only in that form; text features are dicts)."""
 
@@ -58,7 +65,7 @@ def _ordered(*element):
     return convert(element[0] if len(element) == 1 else tuple(element))
 
 
-def _client_dataset_fn(
+def client_dataset_fn(
     train_data, batch_size: int, local_steps: int, seed: int
 ) -> Callable[[str, int], tf.data.Dataset]:
     """Client `cid`'s data for round `t`: shuffled with a seed of `(seed, t, cid)`, repeated,
@@ -69,18 +76,18 @@ def _client_dataset_fn(
         shuffle_seed = int(np.random.SeedSequence((seed, round_num, index[cid])).generate_state(1)[0])
         round_data = (
             train_data.create_tf_dataset_for_client(cid)
-            .map(_ordered)
-            .shuffle(_SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
+            .map(ordered)
+            .shuffle(batching.SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=False)
             .repeat()
             .batch(batch_size)
             .take(local_steps)
         )
-        return _materialized(round_data)
+        return materialized(round_data)
 
     return dataset
 
 
-def _materialized(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def materialized(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """The same batches, held as tensors of this round's examples only.
 
     A client's dataset is built from its whole data, which `process.next` would serialize into
@@ -94,7 +101,7 @@ def _materialized(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(stacked)
 
 
-def _client_eval_data(task, batch_size: int):
+def client_eval_data_fn(task, batch_size: int):
     """`() -> (ids, train, test)` for personalized evaluation, built once on first call."""
     cache = {}
 
@@ -102,9 +109,9 @@ def _client_eval_data(task, batch_size: int):
         if "data" not in cache:
             with_test = set(task.test_data.client_ids)
             ids = [cid for cid in task.train_data.client_ids if cid in with_test]
-            train = [task.train_data.create_tf_dataset_for_client(cid).map(_ordered)
+            train = [task.train_data.create_tf_dataset_for_client(cid).map(ordered)
                      .batch(batch_size) for cid in ids]
-            test = [task.test_data.create_tf_dataset_for_client(cid).map(_ordered).batch(256)
+            test = [task.test_data.create_tf_dataset_for_client(cid).map(ordered).batch(256)
                     for cid in ids]
             cache["data"] = (ids, train, test)
         return cache["data"]
@@ -145,14 +152,42 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def _size(dataset: tf.data.Dataset) -> int | None:
+def dataset_size(dataset: tf.data.Dataset) -> int | None:
     """The number of elements of `dataset`, or None when TensorFlow does not know it."""
     size = int(dataset.cardinality())
     return size if size >= 0 else None
 
 
-def _train_size(task) -> int | str:
+def train_size(task) -> int | str:
     """The task's training examples as its `info["train_sizes"]` counts them ("?" if it does
     not), for run descriptions."""
     sizes = task.info.get("train_sizes") if isinstance(task.info, dict) else None
     return sum(sizes.values()) if isinstance(sizes, dict) else "?"
+
+
+def scheme_kwargs(task) -> dict:
+    """The keyword arguments of `task.partition`'s scheme (`tasks.partition`), from a
+    `tasks.task_config.TaskConfig`.
+
+    >>> from tasks.task_config import TaskConfig
+    >>> scheme_kwargs(TaskConfig(partition="dirichlet", dirichlet_alpha=0.1))
+    {'alpha': 0.1}
+    """
+    if task.partition == "shards":
+        return {"classes_per_client": task.classes_per_client}
+    if task.partition == "dirichlet":
+        return {"alpha": task.dirichlet_alpha}
+    return {}
+
+
+def split_like_clients(train_data, test_labels, seed: int) -> dict[str, np.ndarray]:
+    """`partition.split_test_like_train` for a `ClientData` with `client_labels`: indices into
+    `test_labels` per client of `train_data`, each client's class shares following its own
+    training labels."""
+    from tasks import partition as partition_lib
+
+    ids = list(train_data.client_ids)
+    labels = [np.asarray(train_data.client_labels(cid)) for cid in ids]
+    stops = np.cumsum([len(y) for y in labels])
+    parts = {cid: np.arange(stop - len(y), stop) for cid, y, stop in zip(ids, labels, stops)}
+    return partition_lib.split_test_like_train(np.concatenate(labels), parts, test_labels, seed)

@@ -26,7 +26,7 @@ Example:
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,39 +83,51 @@ def holdout_split(labels, test_fraction: float, seed: int = 0) -> tuple[np.ndarr
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def build_task(
-    name: str,
-    train_x,
-    train_y,
-    test_x,
-    test_y,
-    num_classes: int,
-    num_clients: int | None = None,
-    scheme: str = "iid",
-    seed: int = 0,
-    train_groups=None,
-    test_groups=None,
-    clients_per_group: int = 1,
-    **scheme_kwargs,
-) -> Task:
-    """Partition numpy data into a `Task`.
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """One split of a task's data.
 
-    Label schemes ("iid", "shards", "dirichlet"; see `tasks.partition`) need `num_clients` and
-    split the test set with `split_test_like_train`. Natural groups (`train_groups` and
-    `test_groups` given, e.g. domain names) use `partition.by_group` on both sets, so client g's
-    test data come from its own group.
+    Attributes:
+      x: features, an array (n, ...) or a dict of such arrays.
+      y: int labels (n,).
+      groups: each example's natural group (n,) (e.g. a domain, or a user's client id), or None.
+    """
 
-    Args:
-      name: task name.
-      train_x, test_x: arrays (n, ...) or dicts of such arrays.
-      train_y, test_y: int labels (n,).
+    x: Any
+    y: np.ndarray
+    groups: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioning:
+    """How a task's examples become clients.
+
+    Without training groups, the label scheme `scheme` ("iid", "shards", "dirichlet"; see
+    `tasks.partition`, with `options` such as `classes_per_client` or `alpha`) cuts the training
+    examples into `num_clients`, and the test examples follow each client's label shares
+    (`split_test_like_train`). With training groups, `partition.by_group` makes one client per
+    group (or `clients_per_group` per group); test examples with groups go to their group's
+    client, test examples without follow the label shares.
+
+    Attributes:
       num_classes: C.
       num_clients: N for label schemes.
-      scheme: "iid", "shards" or "dirichlet".
-      seed: partition seed.
-      train_groups, test_groups: per-example group ids for natural partitions.
-      clients_per_group: clients per group (natural partitions).
-      **scheme_kwargs: `classes_per_client` (shards), `alpha`, `min_size` (dirichlet).
+      scheme: the label scheme.
+      seed: the partition seed.
+      clients_per_group: clients each natural group is split into.
+      options: the scheme's keyword arguments.
+    """
+
+    num_classes: int
+    num_clients: int | None = None
+    scheme: str = "iid"
+    seed: int = 0
+    clients_per_group: int = 1
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build_task(name: str, train: Examples, test: Examples, partitioning: Partitioning) -> Task:
+    """Partition numpy data into a `Task` (`Partitioning` says how).
 
     Returns:
       Task (model_fn unset).
@@ -123,58 +135,61 @@ def build_task(
     Example:
 
     >>> x, y = np.random.rand(40, 3).astype(np.float32), np.arange(40) % 4
-    >>> t = build_task("toy", x, y, x, y, 4, num_clients=4, scheme="shards", classes_per_client=1)
+    >>> t = build_task("toy", Examples(x, y), Examples(x, y),
+    ...                Partitioning(4, num_clients=4, scheme="shards",
+    ...                             options={"classes_per_client": 1}))
     >>> sorted(t.info["train_sizes"].values())
     [10, 10, 10, 10]
     """
-    train_y = np.asarray(train_y)
-    test_y = np.asarray(test_y)
-    if train_groups is not None:
-        train_parts, test_parts = _partition_by_group(train_groups, test_groups,
-                                                      clients_per_group, seed)
+    p = partitioning
+    train_y = np.asarray(train.y)
+    test_y = np.asarray(test.y)
+    scheme = p.scheme
+    if train.groups is not None:
+        train_parts = partition_lib.by_group(train.groups, p.clients_per_group, p.seed)
         scheme = "by_group"
+    elif p.num_clients is None:
+        raise ValueError(f"scheme {scheme!r} needs num_clients")
     else:
-        if num_clients is None:
-            raise ValueError(f"scheme {scheme!r} needs num_clients")
-        train_parts = partition_lib.partition(train_y, num_clients, scheme, seed, **scheme_kwargs)
-        test_parts = partition_lib.split_test_like_train(train_y, train_parts, test_y, seed)
-    train_data = client_data_lib.ArrayClientData(train_x, train_y, train_parts)
+        train_parts = partition_lib.partition(train_y, p.num_clients, scheme, p.seed,
+                                              **p.options)
+    if test.groups is not None and train.groups is not None:
+        test_parts = _test_parts_by_group(train_parts, test.groups, p)
+    else:
+        test_parts = partition_lib.split_test_like_train(train_y, train_parts, test_y, p.seed)
+    train_data = client_data_lib.ArrayClientData(train.x, train_y, train_parts)
     non_empty = {cid: idx for cid, idx in test_parts.items() if len(idx)}
     if not non_empty:
         raise ValueError("the test set left every client without test examples")
-    test_data = client_data_lib.ArrayClientData(test_x, test_y, non_empty)
+    test_data = client_data_lib.ArrayClientData(test.x, test_y, non_empty)
     info = {
         "scheme": scheme,
-        "seed": seed,
+        "seed": p.seed,
         "train_sizes": {cid: len(idx) for cid, idx in train_parts.items()},
         "test_sizes": {cid: len(idx) for cid, idx in test_parts.items()},
-        "train_label_counts": partition_lib.label_counts(train_y, train_parts, num_classes),
-        **scheme_kwargs,
+        "train_label_counts": partition_lib.label_counts(train_y, train_parts, p.num_classes),
+        **p.options,
     }
     return Task(
         name=name,
         train_data=train_data,
         test_data=test_data,
-        global_test_data=client_data_lib.tensor_dataset(test_x, test_y),
+        global_test_data=client_data_lib.tensor_dataset(test.x, test_y),
         element_spec=train_data.element_type_structure,
-        num_classes=num_classes,
+        num_classes=p.num_classes,
         info=info,
     )
 
 
-def _partition_by_group(train_groups, test_groups, clients_per_group: int, seed: int):
-    """Natural partitions: (train_parts, test_parts) by `partition.by_group`, which must give the
-    same clients on both sets."""
-    if test_groups is None:
-        raise ValueError("natural partitions need test_groups as well as train_groups")
-    train_parts = partition_lib.by_group(train_groups, clients_per_group, seed)
-    test_parts = partition_lib.by_group(test_groups, clients_per_group, seed)
-    if list(train_parts) != list(test_parts):
-        raise ValueError(
-            f"train groups give clients {list(train_parts)} but test groups give "
-            f"{list(test_parts)}"
-        )
-    return train_parts, test_parts
+def _test_parts_by_group(train_parts, test_groups, p: Partitioning):
+    """Natural partitions of the test split (`partition.by_group`): its clients must be among
+    the training clients; a training client without test examples gets none."""
+    test_parts = partition_lib.by_group(test_groups, p.clients_per_group, p.seed)
+    unknown = [cid for cid in test_parts if cid not in train_parts]
+    if unknown:
+        raise ValueError(f"test groups give clients {unknown} that the train groups do not "
+                         f"(train groups give clients {list(train_parts)})")
+    return {cid: test_parts.get(cid, np.zeros(0, np.int64)) for cid in train_parts}
 
 
 def digits_task(
@@ -193,9 +208,8 @@ def digits_task(
     """
     x, y = images.load_digits()
     tr, te = holdout_split(y, test_fraction, seed)
-    return build_task(
-        "digits", x[tr], y[tr], x[te], y[te], 10, num_clients, scheme, seed, **scheme_kwargs
-    )
+    return build_task("digits", Examples(x[tr], y[tr]), Examples(x[te], y[te]),
+                      Partitioning(10, num_clients, scheme, seed, options=scheme_kwargs))
 
 
 def mnist_csv_task(
@@ -214,9 +228,8 @@ def mnist_csv_task(
     """
     x, y = images.load_mnist_csv(path)
     tr, te = holdout_split(y, test_fraction, seed)
-    return build_task(
-        "mnist_csv", x[tr], y[tr], x[te], y[te], 10, num_clients, scheme, seed, **scheme_kwargs
-    )
+    return build_task("mnist_csv", Examples(x[tr], y[tr]), Examples(x[te], y[te]),
+                      Partitioning(10, num_clients, scheme, seed, options=scheme_kwargs))
 
 
 def mnist_tfds_task(
@@ -229,7 +242,8 @@ def mnist_tfds_task(
     """MNIST through TFDS: train split partitioned, test split as the global/per-client test."""
     x, y = images.load_mnist_tfds("train", data_dir)
     x_te, y_te = images.load_mnist_tfds("test", data_dir)
-    return build_task("mnist", x, y, x_te, y_te, 10, num_clients, scheme, seed, **scheme_kwargs)
+    return build_task("mnist", Examples(x, y), Examples(x_te, y_te),
+                      Partitioning(10, num_clients, scheme, seed, options=scheme_kwargs))
 
 
 def text_task(
@@ -237,41 +251,23 @@ def text_task(
     train: TextExamples,
     test: TextExamples,
     preprocessor: Callable[[tuple], dict],
-    num_classes: int,
-    num_clients: int | None = None,
-    scheme: str = "iid",
-    seed: int = 0,
-    train_groups=None,
-    test_groups=None,
-    clients_per_group: int = 1,
-    **scheme_kwargs,
+    partitioning: Partitioning,
+    groups: tuple = (None, None),
 ) -> Task:
-    """Tokenize train and test once (`text.tokenize`) and partition them into a `Task`.
+    """Tokenize train and test once (`text.tokenize`) and partition them into a `Task`
+    (`groups`: the train and test examples' natural groups, or None each).
 
     x is the BERT input dict {"token_ids", "segment_ids", "padding_mask"} (int32, (L,) per
     example), y the int32 label.
 
     Example:
 
-    >>> t = text_task("sst2", data["train"], data["dev"], packer, 2, 50)  # doctest: +SKIP
+    >>> t = text_task("sst2", data["train"], data["dev"], packer, Partitioning(2, 50))  # doctest: +SKIP
     """
     train_x = text_lib.tokenize(train.segments, preprocessor)
     test_x = text_lib.tokenize(test.segments, preprocessor)
-    return build_task(
-        name,
-        train_x,
-        train.labels,
-        test_x,
-        test.labels,
-        num_classes,
-        num_clients,
-        scheme,
-        seed,
-        train_groups=train_groups,
-        test_groups=test_groups,
-        clients_per_group=clients_per_group,
-        **scheme_kwargs,
-    )
+    return build_task(name, Examples(train_x, train.labels, groups[0]),
+                      Examples(test_x, test.labels, groups[1]), partitioning)
 
 
 def sst2_tsv_task(
@@ -290,41 +286,36 @@ def sst2_tsv_task(
     >>> t = sst2_tsv_task("../shared/data/sst2", bert_packer(vocab, 64), 50)  # doctest: +SKIP
     """
     data = text_files.load_glue_tsv(directory, "sst2", splits=("train", test_split))
-    return text_task(
-        "sst2", data["train"], data[test_split], preprocessor, 2, num_clients, scheme, seed,
-        **scheme_kwargs,
-    )
+    return text_task("sst2", data["train"], data[test_split], preprocessor,
+                     Partitioning(2, num_clients, scheme, seed, options=scheme_kwargs))
 
 
 def glue_tfds_task(
     task: str,
     preprocessor: Callable[[tuple], dict],
-    num_clients: int = 10,
-    scheme: str = "iid",
-    seed: int = 0,
-    train_split: str = "train",
-    test_split: str | None = None,
+    partitioning: Partitioning,
+    splits: tuple[str, str | None] = ("train", None),
     data_dir: str | None = None,
-    **scheme_kwargs,
 ) -> Task:
-    """A GLUE task through TFDS (`glue/<task>`), tokenized and partitioned.
-
-    `test_split` defaults to "validation_matched" for MNLI and "validation" otherwise.
+    """A GLUE task through TFDS (`glue/<task>`), tokenized and partitioned (`partitioning`'s
+    `num_classes` is the task's own); `splits` are the training and test splits, the test one
+    defaulting to "validation_matched" for MNLI and "validation" otherwise.
 
     Example:
 
-    >>> t = glue_tfds_task("qnli", packer, 20, "dirichlet", alpha=0.5)  # doctest: +SKIP
+    >>> t = glue_tfds_task("qnli", packer, Partitioning(2, 20, "dirichlet",  # doctest: +SKIP
+    ...                                                 options={"alpha": 0.5}))
     """
     from tasks import glue_tfds  # local import: TFDS is heavy
 
+    train_split, test_split = splits
     if test_split is None:
         test_split = "validation_matched" if task == "mnli" else "validation"
     train = glue_tfds.load_glue_tfds(task, train_split, data_dir)
     test = glue_tfds.load_glue_tfds(task, test_split, data_dir)
-    num_classes = text_files.GLUE_NUM_CLASSES[task]
-    return text_task(
-        task, train, test, preprocessor, num_classes, num_clients, scheme, seed, **scheme_kwargs
-    )
+    partitioning = dataclasses.replace(partitioning,
+                                       num_classes=text_files.GLUE_NUM_CLASSES[task])
+    return text_task(task, train, test, preprocessor, partitioning)
 
 
 def review_task(
@@ -352,13 +343,14 @@ def review_task(
     test = TextExamples.concatenate([data[d][test_split] for d in domains])
     train_groups = np.concatenate([[d] * len(data[d][train_split]) for d in domains])
     test_groups = np.concatenate([[d] * len(data[d][test_split]) for d in domains])
-    return text_task(
-        "reviews", train, test, preprocessor, 2, seed=seed, train_groups=train_groups,
-        test_groups=test_groups, clients_per_group=clients_per_domain,
-    )
+    return text_task("reviews", train, test, preprocessor,
+                     Partitioning(2, seed=seed, clients_per_group=clients_per_domain),
+                     groups=(train_groups, test_groups))
 
 
 __all__: Sequence[str] = (
+    "Examples",
+    "Partitioning",
     "Task",
     "build_task",
     "digits_task",

@@ -1,12 +1,21 @@
-"""The text tasks' `RunTask`s: SST-2 or the review domains with a LoRA classifier on a BERT.
+"""The text classification tasks' `RunTask`s: a LoRA classifier on a BERT over SST-2, the review
+domains, or the user's own labelled text (files or a TFDS dataset).
 
-`_text_run_task` is what `tasks.registry.build_task("sst2" | "reviews", ...)` becomes. Its steps,
-one function each: check the options (`_check_text_options`), make the tokenizer (`_tokenizer`),
-load the tokenized task (`_load_text_task`), build the LoRA classifier on its backbone
-(`_lora_classifier`), cut it at the prefix cache (`_cached_model`), cut the clients' batches per
-round (`_round_maker`, `_text_client_eval_data`), add SST-2's labeled test split
-(`_with_heldout_test`) and describe the run (`_text_description`). Each slow step says so as it
-starts (`announce`: one line on the `tffl` logger, which train.py shows).
+`text_run_task(spec)` is what `tasks.registry.build_task` makes of a `TaskSpec` whose task is
+"sst2", "reviews" or "text". Its steps, one function each: check the options
+(`_check_text_options`), make the tokenizer (`_tokenizer`), load the tokenized task and its
+held-out test split (`load_text_task`; the user's rows: `_user_text_task`), build the LoRA
+classifier on its backbone (`_lora_classifier`), cut it at the prefix cache (`_cached_model`), cut
+the clients' batches per round (`_round_maker`, `_text_client_eval_data`), add the held-out test
+split (`_with_heldout_test`) and describe the run (`_text_description`). Each slow step says so as
+it starts (`announce`: one line on the `tffl` logger, which train.py shows).
+
+The user's text (`TaskConfig.task == "text"`): `train_file`, `dev_file`, `test_file` read by
+`tasks.data_files` (CSV, TSV, JSON Lines; columns `text_column`, `text_pair_column` for sentence
+pairs, `label_column`, `client_column`), or the TFDS dataset `tfds_name` (features named by the
+same fields, splits `tfds_splits`). Labels may be any strings: their order (`label_names`) is
+kept in the `RunTask`, and the runner writes it to the run folder. Without a dev file, 10 % of
+the training rows (stratified by label) are held out as the dev split.
 """
 
 from __future__ import annotations
@@ -19,11 +28,21 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.run_task import RunTask, _ordered, _train_size, counted, starting_values
+from tasks.run_task import RunTask
+from tasks.run_task import counted
+from tasks.run_task import ordered
+from tasks.run_task import scheme_kwargs
+from tasks.run_task import split_like_clients
+from tasks.run_task import starting_values
+from tasks.run_task import train_size
+from tasks.task_config import TaskSpec
 from tffl.simulation import evaluation
-from tffl.simulation.metrics_log import announce, announcing
+from tffl.simulation.metrics_log import announce
+from tffl.simulation.metrics_log import announcing
 
-TEXT_TASKS = ("sst2", "reviews")
+TEXT_TASKS = ("sst2", "reviews", "text")
+# The share of the training rows held out as the dev split when the user gives no dev file.
+DEV_FRACTION = 0.1
 # A random backbone declares no pooling: it pools by the mean, as sentence encoders do.
 RANDOM_BACKBONE_POOLING = "mean"
 RANDOM_BACKBONE_MAX_LENGTH = 512
@@ -66,19 +85,36 @@ def _round_storage() -> str:
     return path
 
 
-def _check_text_options(name: str, backbone: str, data_dir, eval_test: bool) -> None:
-    """Raises `ValueError` for a backbone it does not know, and for data only `data_dir` has:
-    the review domains (no TFDS source) and SST-2's labeled test split (`eval_test`)."""
+def _check_text_options(spec: TaskSpec) -> None:
+    """Raises `ValueError` for a backbone it does not know, for data only `data_dir` has (the
+    review domains, which have no TFDS source, and SST-2's labeled test split) and for the
+    user's text without its rows."""
+    t, backbone = spec.task, spec.model.backbone
     if backbone not in BACKBONES:
         raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)} "
-                         f"(a decoder trains on task '{name}_instruct')")
-    if data_dir is None and (name == "reviews" or eval_test):
+                         f"(a decoder trains on an instruction task: '{t.task}_instruct' or "
+                         "'instruct')")
+    if t.task == "text":
+        if (t.train_file is None) == (t.tfds_name is None):
+            raise ValueError("task 'text' reads the rows of train_file=<file> or the TFDS "
+                             "dataset tfds_name=<name>: give exactly one")
+        if t.tfds_name is not None and (t.dev_file or t.test_file):
+            raise ValueError(f"tfds_name={t.tfds_name}: its splits come from tfds_splits; "
+                             "dev_file and test_file are for train_file")
+        if spec.eval_test and t.test_file is None and len(t.tfds_splits) < 3:
+            raise ValueError("eval_test=True: give the held-out test split as test_file=<file> "
+                             "(or a third TFDS split in tfds_splits)")
+        return
+    if t.data_dir is None and (t.task == "reviews" or spec.eval_test):
         raise ValueError(
             ("eval_test=True: TFDS's SST-2 test split is unlabelled; pass data_dir=<folder with "
-             "sst2/test-labeled.tsv>") if eval_test else
+             "sst2/test-labeled.tsv>") if spec.eval_test else
             "data_dir is needed: task 'reviews' reads the five review domains from a folder "
             "(they have no TFDS source); pass data_dir=<folder with multidomain_sentiment/>, e.g. "
             "../shared/data")
+    if spec.eval_test and t.task != "sst2":
+        raise ValueError(f"eval_test=True: task {t.task!r} has no labeled test split beside "
+                         "the split it evaluates on")
 
 
 def _tokenizer(backbone: str, pooling: str | None, sequence_length: int | None):
@@ -97,27 +133,124 @@ def _tokenizer(backbone: str, pooling: str | None, sequence_length: int | None):
     return folder, pooling, cap, packer
 
 
-def _load_text_task(name: str, num_clients: int, seed: int, partition: str,
-                    data_dir: pathlib.Path | None, scheme_kwargs: dict, packer):
-    """The `tasks.task.Task` of texts tokenized by `packer`: SST-2 from TFDS's glue/sst2
-    (`data_dir` None) or its TSV files, partitioned into `num_clients` by `partition`; or the
-    five review domains, each cut into `num_clients / 5` clients."""
-    from tasks import task as task_lib
+@dataclasses.dataclass(frozen=True)
+class TextData:
+    """A loaded text task: the partitioned `tasks.task.Task`, its held-out test split
+    (`TextExamples`, or None), the evaluated split's name and the labels' names (None: the
+    task's own classes)."""
 
-    announce(f"reading and tokenizing the {name} texts of {data_dir or 'TFDS glue/sst2'}")
-    if name == "sst2" and data_dir is None:   # TFDS's glue/sst2: train, validation
-        return task_lib.glue_tfds_task("sst2", packer, num_clients, scheme=partition, seed=seed,
-                                       **scheme_kwargs)
-    if name == "sst2":
-        return task_lib.sst2_tsv_task(data_dir / "sst2", packer, num_clients, scheme=partition,
-                                      seed=seed, **scheme_kwargs)
-    domains = len(task_lib.text_files.REVIEW_DOMAINS)
-    if num_clients % domains:
-        raise ValueError(f"num_clients={num_clients}: the review task splits each of "
+    task: Any
+    heldout: Any
+    eval_split: str
+    label_names: tuple[str, ...] | None = None
+
+
+def load_text_task(spec: TaskSpec, packer) -> TextData:
+    """The text of `spec`'s task tokenized by `packer`: SST-2 from TFDS's glue/sst2 (`data_dir`
+    None) or its TSV files, partitioned into `num_clients` by `partition`; the five review
+    domains, each cut into `num_clients / 5` clients; or the user's rows (`_user_text_task`)."""
+    from tasks import task as task_lib
+    from tasks import text_files
+
+    t = spec.task
+    if t.task == "text":
+        return _user_text_task(spec, packer)
+    data_dir = None if t.data_dir is None else pathlib.Path(t.data_dir)
+    announce(f"reading and tokenizing the {t.task} texts of {data_dir or 'TFDS glue/sst2'}")
+    partitioning = task_lib.Partitioning(2, t.num_clients, t.partition, spec.seed,
+                                         options=scheme_kwargs(t))
+    if t.task == "sst2" and data_dir is None:   # TFDS's glue/sst2: train, validation
+        return TextData(task_lib.glue_tfds_task("sst2", packer, partitioning), None, "validation")
+    if t.task == "sst2":
+        heldout = (text_files.load_glue_tsv(data_dir / "sst2", "sst2", splits=("test-labeled",))
+                   ["test-labeled"] if spec.eval_test else None)
+        return TextData(task_lib.sst2_tsv_task(data_dir / "sst2", packer, t.num_clients,
+                                                scheme=t.partition, seed=spec.seed,
+                                                **scheme_kwargs(t)), heldout, "dev")
+    domains = len(text_files.REVIEW_DOMAINS)
+    if t.num_clients % domains:
+        raise ValueError(f"num_clients={t.num_clients}: the review task splits each of "
                          f"its {domains} domains into equal clients, so it must be a "
                          f"multiple of {domains}")
-    return task_lib.review_task(data_dir / "multidomain_sentiment", packer,
-                                clients_per_domain=num_clients // domains, seed=seed)
+    return TextData(task_lib.review_task(data_dir / "multidomain_sentiment", packer,
+                                          clients_per_domain=t.num_clients // domains,
+                                          seed=spec.seed), None, "test")
+
+
+def _read_user_splits(spec: TaskSpec) -> tuple[Any, Any, Any, str]:
+    """`(train, dev, test, dev's name)` rows of the user's text (`tasks.data_files.TextRows`, or
+    TFDS's as such rows; test None without one): the dev split is the dev file, else
+    `DEV_FRACTION` of the training rows held out (stratified by label)."""
+    from tasks import data_files
+    from tasks import task as task_lib
+
+    t = spec.task
+    columns = data_files.TextColumns(t.text_column, t.text_pair_column, t.label_column,
+                                     t.client_column)
+    if t.tfds_name is not None:
+        from tasks import tfds_text
+
+        announce(f"reading the TFDS dataset {t.tfds_name} ({', '.join(t.tfds_splits)})")
+        splits = [tfds_text.load_text_rows(t.tfds_name, split, columns)
+                  for split in t.tfds_splits]
+        return (*splits[:2], splits[2] if len(splits) > 2 else None, t.tfds_splits[1])
+    def held_out(path):   # a held-out file may leave out the client column
+        if columns.client is not None and columns.client not in data_files.columns_of(path):
+            return data_files.read_text_rows(path, dataclasses.replace(columns, client=None))
+        return data_files.read_text_rows(path, columns)
+
+    announce(f"reading {t.train_file}")
+    train = data_files.read_text_rows(t.train_file, columns)
+    test = held_out(t.test_file) if t.test_file and spec.eval_test else None
+    if t.dev_file is not None:
+        return train, held_out(t.dev_file), test, "dev"
+    labels = data_files.encoded_labels(train, data_files.label_names(train))
+    if len(train) < 2:
+        raise ValueError(f"{t.train_file}: {len(train)} row; hold out a dev split from at least "
+                         "2 rows, or give dev_file=<file>")
+    kept, held = task_lib.holdout_split(labels, DEV_FRACTION, spec.seed)
+    if not len(held):
+        held, kept = kept[:1], kept[1:]
+    announce(f"no dev_file: {len(held)} of the {len(train)} rows of {t.train_file} held out "
+             "as the dev split")
+    return train.subset(kept), train.subset(held), test, "dev"
+
+
+def _user_text_task(spec: TaskSpec, packer) -> TextData:
+    """The user's rows tokenized and cut into clients: by `client_column` (natural clients; a
+    dev row goes to its own client, whose id must occur in training), else by `partition`."""
+    from tasks import data_files
+    from tasks import task as task_lib
+    from tasks import text_files
+
+    t = spec.task
+    train, dev, test, dev_name = _read_user_splits(spec)
+    names = data_files.label_names(train)
+    if len(names) < 2:
+        raise ValueError(f"{train.path}: every row has the label {names[0]!r}; a classifier "
+                         "needs at least two labels")
+    if t.client_column is None and t.partition == "shards" and (
+            t.classes_per_client > len(names)):
+        raise ValueError(f"classes_per_client={t.classes_per_client}: the rows have "
+                         f"{len(names)} labels")
+    announce(f"tokenizing {len(train) + len(dev) + (len(test) if test else 0)} texts")
+
+    def examples(rows):
+        return text_files.TextExamples(rows.texts, data_files.encoded_labels(rows, names),
+                                       tuple(c for c in (t.text_column, t.text_pair_column) if c))
+
+    if dev.clients is not None:
+        unknown = sorted(set(dev.clients.tolist()) - set(train.clients.tolist()))
+        if unknown:
+            line = int(dev.lines[list(dev.clients).index(unknown[0])])
+            raise ValueError(f"{dev.path}: line {line}, column {t.client_column!r}: client "
+                             f"{unknown[0]!r} has no training rows in {train.path}")
+    partitioning = task_lib.Partitioning(len(names), t.num_clients, t.partition, spec.seed,
+                                         options=scheme_kwargs(t))
+    task = task_lib.text_task(pathlib.Path(t.source).name if t.train_file else t.source,
+                              examples(train), examples(dev), packer, partitioning,
+                              groups=(train.clients, dev.clients))
+    return TextData(task, None if test is None else examples(test), dev_name, names)
 
 
 @dataclasses.dataclass
@@ -132,13 +265,13 @@ class _Classifier:
     pretrained_non_trainable: Callable[[], Any]
 
 
-def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: int, lora_config,
-                     num_classes: int, seed: int, pooling: str, head: str,
-                     element_spec) -> _Classifier:
+def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: int,
+                     layout, element_spec) -> _Classifier:
     """Builds the backbone (of the checkpoint's `hf_config`: all-MiniLM-L6-v2's architecture, or
-    a random tiny BERT with its vocabulary taking `cap` tokens), adds LoRA to it (`lora_config`)
-    and the `pooling` -> `head` classifier on top; the starting weights are a random draw, with
-    the checkpoint's backbone (in `folder`) for minilm."""
+    a random tiny BERT with its vocabulary taking `cap` tokens), adds LoRA to it and the pooling
+    -> head classifier on top, as `layout` (`tasks.prefix_cache.ClassifierLayout`) says; the
+    starting weights are a random draw, with the checkpoint's backbone (in `folder`) for
+    minilm."""
     from models import backbones as backbones_lib
     from models import hf_bert
     from models import lora_targets as targets_lib
@@ -151,9 +284,9 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
             intermediate_dim=128, max_sequence_length=max(cap, 8))
 
     def adapted(bb):
-        targets_lib.apply_lora(bb, lora_config)
-        return backbones_lib.build_classifier(bb, num_classes, seed=seed, pooling=pooling,
-                                              head=head)
+        targets_lib.apply_lora(bb, layout.lora_config)
+        return backbones_lib.build_classifier(bb, layout.num_classes, seed=layout.seed,
+                                              pooling=layout.pooling, head=layout.head)
 
     def keras_model_fn():
         return adapted(backbone_fn())
@@ -186,8 +319,7 @@ class _ClientModel:
     how: str            # what is cached, for the run's description
 
 
-def _cached_model(classifier: _Classifier, prefix_cache: bool, lora_config, num_classes: int,
-                  seed: int, pooling: str, head: str) -> _ClientModel:
+def _cached_model(classifier: _Classifier, prefix_cache: bool, layout) -> _ClientModel:
     """With `prefix_cache`, the classifier from its lowest LoRA layer k up, on h_k computed once
     per example (`tasks.prefix_cache.split_for_cache`; None there: nothing to cache); else the
     whole classifier on token features."""
@@ -196,9 +328,8 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, lora_config, num_
     cached = None
     if prefix_cache:
         announce("building the KerasNLP backbone and splitting it at its lowest LoRA layer")
-        cached = prefix_lib.split_for_cache(classifier.keras_model_fn, classifier.values,
-                                            lora_config, num_classes, seed,
-                                            classifier.input_spec[1], pooling=pooling, head=head)
+        cached = prefix_lib.split_for_cache(classifier.keras_model_fn, classifier.values, layout,
+                                            classifier.input_spec[1])
     if cached is None:
         return _ClientModel(classifier.keras_model_fn, classifier.input_spec,
                             classifier.pretrained_non_trainable, None, "no prefix cache")
@@ -212,21 +343,21 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, lora_config, num_
 
 
 
-def _round_maker(local_steps: int, batch_size: int, seed: int, bucket_by_length: bool, cache,
-                 rounds_on_disk: bool) -> Callable:
+def _round_maker(spec: TaskSpec, cache) -> Callable:
     """`(client_data, name) -> tasks.prefix_cache.TextRounds`: the clients' batches per round
     (`local_steps` of `batch_size`), bucketed by length or not, on `cache`'s h_k if any. h_k
     batches are large (hidden floats per token): with `rounds_on_disk` they go to the TFF worker
     as files it streams, not inside each call."""
     from tasks import prefix_cache as prefix_lib
 
-    storage = _round_storage() if cache is not None and rounds_on_disk else None
+    storage = _round_storage() if cache is not None and spec.rounds_on_disk else None
+    t = spec.task
 
-    def rounds(client_data, name, steps=local_steps, size=batch_size):
+    def rounds(client_data, name, steps=spec.local_steps, size=t.batch_size):
         return prefix_lib.TextRounds(
             lambda cid: prefix_lib.ClientExamples.from_dataset(
-                client_data.create_tf_dataset_for_client(cid).map(_ordered)),
-            steps, size, seed, bucket_by_length=bucket_by_length, cache=cache,
+                client_data.create_tf_dataset_for_client(cid).map(ordered)),
+            prefix_lib.RoundDraw(steps, size, spec.seed, t.bucket_by_length), cache=cache,
             client_ids=client_data.client_ids, name=name, storage_dir=storage)
 
     return rounds
@@ -249,25 +380,24 @@ def _text_client_eval_data(task, train_rounds, rounds: Callable, batch_size: int
     return client_eval_data
 
 
-def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer, seed: int,
-                       model: _ClientModel, bucket_by_length: bool, rounds: Callable,
-                       client_eval_data: Callable) -> tuple[Callable, Callable]:
-    """SST-2's labeled test split beside the dev set: `evaluate` that also reports the global
-    model's `test_loss` and `test_accuracy` on it, and `client_heldout_data` (as
-    `client_eval_data`, on the split cut per client like the dev split)."""
+def _with_heldout_test(evaluate: Callable, data: TextData, packer, spec: TaskSpec,
+                       model: _ClientModel, rounds: Callable, client_eval_data: Callable
+                       ) -> tuple[Callable, Callable]:
+    """The held-out test split beside the evaluated one (SST-2's labeled test split, the user's
+    test file or TFDS test split): `evaluate` that also reports the global model's `test_loss`
+    and `test_accuracy` on it, and `client_heldout_data` (as `client_eval_data`, on the split
+    cut per client like the dev split)."""
     from tasks import client_data as client_data_lib
     from tasks import prefix_cache as prefix_lib
-    from tasks import registry  # imports this module
     from tasks import text as text_lib
-    from tasks import text_files
 
-    test = text_files.load_glue_tsv(data_dir / "sst2", "sst2",
-                                    splits=("test-labeled",))["test-labeled"]
+    test = data.heldout
     test_data_x = text_lib.tokenize(test.segments, packer)
     test_data = client_data_lib.tensor_dataset(test_data_x, test.labels)
     held_out = prefix_lib.TextRounds(
-        {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(_ordered))}, 1, 128,
-        seed, bucket_by_length=bucket_by_length, cache=model.cache, name="heldout_test")
+        {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(ordered))},
+        prefix_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length), cache=model.cache,
+        name="heldout_test")
     on_test = evaluation.make_keras_evaluator(model.keras_model_fn,
                                               lambda: held_out.one_pass("all", 128))
     drawn = {}
@@ -281,7 +411,7 @@ def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer,
         partition the split), for personalized models' held-out accuracy."""
         if "heldout" not in drawn:
             ids, train, _ = client_eval_data()
-            parts = registry._split_like_clients(task.train_data, test.labels, seed)
+            parts = split_like_clients(data.task.train_data, test.labels, spec.seed)
             shards = client_data_lib.ArrayClientData(
                 test_data_x, test.labels, {cid: parts[cid] for cid in ids if len(parts[cid])})
             passes = rounds(shards, "heldout")
@@ -293,32 +423,28 @@ def _with_heldout_test(evaluate: Callable, task, data_dir: pathlib.Path, packer,
     return evaluate_with_test, client_heldout_data
 
 
-def _text_description(task, backbone: str, rank: int, lora_targets: tuple[str, ...],
-                      pooling: str, head: str, sequence_length: int | None, cap: int, how: str,
-                      bucket_by_length: bool) -> str:
+def _text_description(task, spec: TaskSpec, pooling: str, cap: int, how: str) -> str:
     """The run's one-line description: data, clients, backbone, LoRA, classifier, text length
     and what is cached."""
-    shape = ("all-MiniLM-L6-v2 (pretrained)" if backbone == "minilm" else "tiny random BERT")
-    how += ", batches bucketed by length" if bucket_by_length else ", padded batches"
+    m, t = spec.model, spec.task
+    shape = ("all-MiniLM-L6-v2 (pretrained)" if m.backbone == "minilm"
+             else "tiny random BERT (a test backbone)")
+    how += ", batches bucketed by length" if t.bucket_by_length else ", padded batches"
+    pair = ", sentence pairs" if t.text_pair_column else ""
     return (
-        f"{task.name} ({_train_size(task)} train examples, "
-        f"{counted(len(task.train_data.client_ids), 'client')}; {shape}, LoRA r={rank} on "
-        f"{','.join(lora_targets)}, {pooling} pooling, {head} head, "
-        f"{f'L={sequence_length}' if sequence_length else f'whole texts up to {cap} tokens'}; "
-        f"{how})")
+        f"{task.name} ({train_size(task)} train examples{pair}, "
+        f"{counted(len(task.train_data.client_ids), 'client')}, {task.num_classes} classes; "
+        f"{shape}, LoRA r={m.adapter_rank} on {','.join(m.lora_targets)}, {pooling} pooling, "
+        f"{m.head} head, "
+        f"{f'L={t.sequence_length}' if t.sequence_length else f'whole texts up to {cap} tokens'}"
+        f"; {how})")
 
 
-def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: int, seed: int,
-                   partition: str, data_dir, backbone: str, rank: int, lora_alpha,
-                   lora_targets: tuple[str, ...], lora_layers, sequence_length: int | None,
-                   scheme_kwargs: dict, classifier: tuple = (None, "linear"),
-                   prefix_cache: bool = True,
-                   bucket_by_length: bool = True, rounds_on_disk: bool = True,
-                   eval_test: bool = False) -> RunTask:
-    """SST-2 (partitioned) or the five review domains (natural clients) with a LoRA classifier:
-    BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooling -> head, with
-    `classifier = (pooling, head)` as `models.backbones.build_classifier` takes them; pooling
-    None is the checkpoint's own (`default_pooling`).
+def text_run_task(spec: TaskSpec) -> RunTask:
+    """SST-2 (partitioned), the five review domains (natural clients) or the user's text with a
+    LoRA classifier: BERT backbone (frozen, LoRA on `lora_targets` of `lora_layers`) -> pooling
+    -> head, as `models.backbones.build_classifier` takes them; pooling None is the checkpoint's
+    own (`default_pooling`).
 
     `sequence_length` None keeps every text whole up to the checkpoint's input limit
     (`default_max_length`): each split is as wide as its longest tokenized text.
@@ -327,8 +453,8 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     h_k computed once per example (`tasks.prefix_cache`); with `bucket_by_length`, each batch
     holds examples of similar length, padded to its longest (`tasks.batching`). With
     `rounds_on_disk` (needs workers that see this machine's temporary folder), cached rounds
-    reach the TFF worker as files it streams. With `eval_test` (SST-2), the global model is also
-    evaluated on the labeled test split (`test_loss`, `test_accuracy`), so that a learning rate
+    reach the TFF worker as files it streams. With `eval_test`, the global model is also
+    evaluated on the held-out test split (`test_loss`, `test_accuracy`), so that a learning rate
     chosen on the dev set is reported on held-out data."""
     import keras_nlp  # noqa: F401  (registers the layers)
 
@@ -336,39 +462,33 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
     from models import lora_targets as targets_lib
     from tasks import prefix_cache as prefix_lib
 
-    _check_text_options(name, backbone, data_dir, eval_test)
-    data_dir = None if data_dir is None else pathlib.Path(data_dir)
-    pooling, head = classifier
-    folder, pooling, cap, packer = _tokenizer(backbone, pooling, sequence_length)
-    if eval_test and name != "sst2":
-        raise ValueError(f"eval_test=True: only task 'sst2' has a labeled test split beside "
-                         f"the dev set it evaluates on, not {name!r}")
-    task = _load_text_task(name, num_clients, seed, partition, data_dir, scheme_kwargs, packer)
+    _check_text_options(spec)
+    m, t, seed = spec.model, spec.task, spec.seed
+    folder, pooling, cap, packer = _tokenizer(m.backbone, m.pooling, t.sequence_length)
+    data = load_text_task(spec, packer)
+    task = data.task
     hf_config = hf_bert.read_hf_config(folder)
-    lora_config = targets_lib.LoraConfig(rank=rank, alpha=lora_alpha, targets=lora_targets,
-                                         layers=lora_layers, seed=seed)
+    lora_config = targets_lib.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
+                                         targets=m.lora_targets, layers=m.lora_layers, seed=seed)
+    layout = prefix_lib.ClassifierLayout(lora_config, task.num_classes, seed, pooling, m.head)
     model = _cached_model(
-        _lora_classifier(backbone, folder, hf_config, cap, lora_config, task.num_classes, seed,
-                         pooling, head, task.element_spec),
-        prefix_cache, lora_config, task.num_classes, seed, pooling, head)
-    rounds = _round_maker(local_steps, batch_size, seed, bucket_by_length, model.cache,
-                          rounds_on_disk)
+        _lora_classifier(m.backbone, folder, hf_config, cap, layout, task.element_spec),
+        m.prefix_cache, layout)
+    rounds = _round_maker(spec, model.cache)
     train_rounds = rounds(task.train_data, "train")
-    test_examples = prefix_lib.ClientExamples.from_dataset(task.global_test_data.map(_ordered))
-    global_test = prefix_lib.TextRounds({"all": test_examples}, 1, 128, seed,
-                                        bucket_by_length=bucket_by_length, cache=model.cache,
-                                        name="global_test")  # evaluated in this process
-    client_eval_data = _text_client_eval_data(task, train_rounds, rounds, batch_size)
+    test_examples = prefix_lib.ClientExamples.from_dataset(task.global_test_data.map(ordered))
+    global_test = prefix_lib.TextRounds(   # evaluated in this process
+        {"all": test_examples}, prefix_lib.RoundDraw(1, 128, seed, t.bucket_by_length),
+        cache=model.cache, name="global_test")
+    client_eval_data = _text_client_eval_data(task, train_rounds, rounds, t.batch_size)
     evaluate = evaluation.make_keras_evaluator(
         model.keras_model_fn, lambda: global_test.one_pass("all", 128))
     client_heldout_data = None
-    if eval_test:
+    if data.heldout is not None:
         evaluate, client_heldout_data = _with_heldout_test(
-            evaluate, task, data_dir, packer, seed, model, bucket_by_length, rounds,
-            client_eval_data)
+            evaluate, data, packer, spec, model, rounds, client_eval_data)
     run = RunTask(
-        description=_text_description(task, backbone, rank, lora_targets, pooling, head,
-                                      sequence_length, cap, model.how, bucket_by_length),
+        description=_text_description(task, spec, pooling, cap, model.how),
         client_ids=list(task.train_data.client_ids),
         client_dataset_fn=train_rounds.dataset,
         keras_model_fn=model.keras_model_fn,
@@ -376,9 +496,13 @@ def _text_run_task(name: str, num_clients: int, batch_size: int, local_steps: in
         evaluate=evaluate,
         client_eval_data=client_eval_data,
         client_heldout_data=client_heldout_data,
+        pretrained_non_trainable=model.pretrained_non_trainable,
+        # With a held-out split `evaluate` also reads it, which no client holds.
+        global_test_size=None if data.heldout is not None else len(test_examples),
+        eval_split=data.eval_split,
+        num_classes=task.num_classes,
+        label_names=data.label_names,
+        random_backbone=m.backbone == "tiny",
+        prefix_cache=model.cache,
     )
-    run.pretrained_non_trainable = model.pretrained_non_trainable
-    # With eval_test `evaluate` also reads the test split, which no client holds.
-    run.global_test_size = None if eval_test else len(test_examples)
-    run.prefix_cache = model.cache
     return run

@@ -139,16 +139,16 @@ def _build_main_tasks(config: TargetsConfig, log) -> dict:
     """The SST-2 tasks of the `previous` path (whole model, padded) and the `tff` path (the
     cached prefix, batches bucketed by length)."""
     from tasks import registry
+    from tasks.task_config import TaskSpec
 
     tasks = {}
     for name, cached in (("previous", False), ("tff", True)):
         started = time.perf_counter()
-        tasks[name] = registry.build_task(
-            "sst2", num_clients=config.num_clients, batch_size=config.batch_size,
+        tasks[name] = registry.build_task(TaskSpec().with_changes(task="sst2",
+            num_clients=config.num_clients, batch_size=config.batch_size,
             local_steps=config.local_steps, seed=config.seed, data_dir=config.data_dir,
             backbone="minilm", rank=config.rank, lora_layers=config.lora_layers,
-            sequence_length=config.sequence_length, prefix_cache=cached,
-            bucket_by_length=cached)
+            sequence_length=config.sequence_length, prefix_cache=cached, bucket_by_length=cached, partition="iid"))
         log(f"[{name}] {tasks[name].description} ({time.perf_counter() - started:.0f} s)")
     return tasks
 
@@ -156,9 +156,10 @@ def _build_main_tasks(config: TargetsConfig, log) -> dict:
 def _start_main_paths(config: TargetsConfig, algorithm: str, tasks: dict) -> _MainPaths:
     """Every path of `algorithm` at the same initial weights."""
     from experiments import algorithms
+    from experiments.run_config import RunConfig
 
-    processes = {p: algorithms.build_algorithm(algorithm, tasks[p], config.learning_rate)
-                 for p in tasks}
+    run = RunConfig().with_changes(learning_rate=config.learning_rate)
+    processes = {p: algorithms.build_algorithm(algorithm, tasks[p], run) for p in tasks}
     states = {p: processes[p].initialize() for p in tasks}
     plain = {}
     for p, plain_name in PLAIN_TWINS:

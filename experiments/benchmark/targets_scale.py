@@ -44,16 +44,19 @@ def scaling_child(n: int, data_dir: str) -> dict:
     from experiments.benchmark import measure
     from experiments import cli
     from tasks import registry
+    from tasks.task_config import TaskSpec
     from experiments import algorithms
+    from experiments.run_config import RunConfig
     from tffl import runtime
 
     cli.quiet_python_logs()
     config = TargetsConfig(data_dir=data_dir)
-    task = registry.build_task(
-        "sst2", num_clients=n, batch_size=config.batch_size, local_steps=2, seed=config.seed,
-        data_dir=config.data_dir, backbone="minilm", rank=config.rank,
-        lora_layers=config.lora_layers, sequence_length=config.sequence_length)
-    process = algorithms.build_algorithm("fedavg_lora", task, config.learning_rate)
+    task = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=n,
+        batch_size=config.batch_size, local_steps=2, seed=config.seed, data_dir=config.data_dir,
+        backbone="minilm", rank=config.rank, lora_layers=config.lora_layers,
+        sequence_length=config.sequence_length, partition="iid"))
+    process = algorithms.build_algorithm(
+        "fedavg_lora", task, RunConfig().with_changes(learning_rate=config.learning_rate))
     with measure.PeakSampler() as sampler, runtime.local_runtime():
         pids = runtime.running_workers()
         sampler.watch("worker", pids[0] if pids else None)
@@ -164,18 +167,20 @@ def _build_large_path(path: str, config: TargetsConfig, model_fn, lora, spec, va
     from tffl.algorithms import lora_fl
 
     if path == "cached":
-        cached = prefix_cache.split_for_cache(model_fn, lambda: values, lora, 2,
-                                              config.seed, spec[1])
+        cached = prefix_cache.split_for_cache(
+            model_fn, lambda: values, prefix_cache.ClassifierLayout(lora, 2, config.seed),
+            spec[1])
         process = lora_fl.build_lora_process(
             "rolora", cached.keras_model_fn, cached.input_spec, config.learning_rate,
             initial_non_trainable=cached.non_trainable())
-        rounds = prefix_cache.TextRounds(clients, 2, config.batch_size, config.seed,
-                                         cache=cached.cache)
+        rounds = prefix_cache.TextRounds(
+            clients, prefix_cache.RoundDraw(2, config.batch_size, config.seed), cache=cached.cache)
     else:
         process = lora_fl.build_lora_process(
             "rolora", model_fn, spec, config.learning_rate,
             initial_non_trainable=values[1])
-        rounds = prefix_cache.TextRounds(clients, 2, config.batch_size, config.seed)
+        rounds = prefix_cache.TextRounds(clients,
+                                         prefix_cache.RoundDraw(2, config.batch_size, config.seed))
     return process, rounds
 
 

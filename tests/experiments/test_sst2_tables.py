@@ -204,10 +204,10 @@ def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
 def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
     """label_mix_accuracy re-cuts the shards from the labels alone. They must be the run's:
     the training split and dev shards of `task.build_task` (what train.py's sst2 task calls)
-    and the test shards of `registry._split_like_clients` (train.py --eval_test)."""
+    and the test shards of `run_task.split_like_clients` (train.py --eval_test)."""
     import numpy as np
 
-    from tasks import partition, registry
+    from tasks import partition, run_task
     from tasks import task as task_lib
 
     rng = np.random.default_rng(5)
@@ -217,8 +217,10 @@ def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
         (tmp_path / "sst2" / f"{split}.tsv").write_text(
             "sentence\tlabel\n" + "".join(f"words {i}\t{v}\n" for i, v in enumerate(y)))
     for seed in (0, 1):
-        built = task_lib.build_task("sst2", np.zeros((300, 1)), train, np.zeros((50, 1)), dev, 2,
-                                    20, "dirichlet", seed, alpha=0.5)
+        built = task_lib.build_task(
+            "sst2", task_lib.Examples(np.zeros((300, 1)), train),
+            task_lib.Examples(np.zeros((50, 1)), dev),
+            task_lib.Partitioning(2, 20, "dirichlet", seed, options={"alpha": 0.5}))
         parts = partition.partition(train, 20, "dirichlet", seed, alpha=0.5)
         for cid, idx in parts.items():
             np.testing.assert_array_equal(np.sort(built.train_data.client_labels(cid)),
@@ -228,7 +230,7 @@ def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
         for cid in built.test_data.client_ids:
             np.testing.assert_array_equal(np.sort(built.test_data.client_labels(cid)),
                                           np.sort(dev[dev_parts[cid]]))
-        test_parts = registry._split_like_clients(built.train_data, test, seed)
+        test_parts = run_task.split_like_clients(built.train_data, test, seed)
         expected_test = partition.split_test_like_train(train, parts, test, seed)
         assert all(np.array_equal(test_parts[k], expected_test[k]) for k in parts)
         assert sst2.label_mix_accuracy(tmp_path / "sst2", 20, 0.5, seed) == (

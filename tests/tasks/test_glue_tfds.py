@@ -35,8 +35,8 @@ def test_glue_tfds_task_mock_tokenized(tfds, tf_text):
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij")
     with tfds.testing.mock_data(num_examples=40):
-        t = task_lib.glue_tfds_task("mnli", text.bert_packer(vocab, 12), num_clients=4,
-                                    scheme="iid", seed=0)
+        t = task_lib.glue_tfds_task("mnli", text.bert_packer(vocab, 12),
+                                    task_lib.Partitioning(0, num_clients=4, scheme="iid"))
     assert t.num_classes == 3 and len(t.train_data.client_ids) == 4
     assert sum(t.info["train_sizes"].values()) == 40
     assert int(t.global_test_data.cardinality()) == 40

@@ -13,6 +13,7 @@ import tensorflow_federated as tff
 from models import causal_lm, decoders
 from tasks import instruct_run_task as instruct
 from tasks import instructions, registry, text
+from tasks.task_config import TaskSpec
 
 BOS = EOS = 256
 TEXTS = ["a fine film", "dull", "it is , at best , a mixed bag of moments", "wow"]
@@ -73,9 +74,9 @@ def sst2_folder(tmp_path_factory):
 
 
 def _task(folder, **kwargs):
-    args = dict(num_clients=3, batch_size=4, local_steps=2, seed=0, data_dir=folder,
+    args = dict(num_clients=3, batch_size=4, local_steps=2, seed=0, data_dir=folder, partition="iid",
                 backbone="gpt2_tiny", rank=2)
-    return registry.build_task("sst2_instruct", **{**args, **kwargs})
+    return registry.build_task(TaskSpec().with_changes(task="sst2_instruct", **{**args, **kwargs}))
 
 
 def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2_folder):
@@ -144,8 +145,8 @@ def test_bad_values_are_one_line_errors(sst2_folder, kwargs, message):
 
 def test_the_review_domains_need_their_folder():
     with pytest.raises(ValueError, match="data_dir is needed: task 'reviews_instruct'"):
-        registry.build_task("reviews_instruct", num_clients=5, batch_size=4, local_steps=1,
-                            seed=0, backbone="gpt2_tiny")
+        registry.build_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
+            batch_size=4, local_steps=1, seed=0, backbone="gpt2_tiny", partition="iid"))
 
 
 def test_the_decoders_lora_targets_are_their_layers_own():
@@ -159,8 +160,8 @@ def test_the_decoders_lora_targets_are_their_layers_own():
 
 def test_the_review_domains_are_natural_clients_of_the_instruction_task(sample_data):
     """Reviews longer than the decoder's 1,024 positions lose their start, not their answer."""
-    task = registry.build_task("reviews_instruct", num_clients=5, batch_size=4, local_steps=1,
-                               seed=0, data_dir=sample_data, backbone="gpt2_tiny", rank=2)
+    task = registry.build_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
+        batch_size=4, local_steps=1, seed=0, data_dir=sample_data, backbone="gpt2_tiny", rank=2, partition="iid"))
     assert "L=up to 1024 tokens" in task.description
     assert task.client_ids == ["airline", "books", "dvd", "electronics", "kitchen"]
     ((x, y),) = list(task.client_dataset_fn("books", 1))

@@ -1,7 +1,5 @@
-"""tasks/instructions.py: sentiment data as instructions, Alpaca JSON files written here, and the
-packed prompt/response/padding layout."""
-
-import json
+"""tasks/instructions.py: sentiment data as instructions and the packed prompt/response/padding
+layout (Alpaca files: tests/tasks/test_data_files.py)."""
 
 import numpy as np
 import pytest
@@ -24,39 +22,6 @@ def test_sentiment_examples_become_review_prompts_with_their_labels():
     assert got.subset([1]).responses == (" negative",)
     with pytest.raises(ValueError, match="label 2 of example 1 is not 0 or 1"):
         instructions.from_texts(["a", "b"], [0, 2])
-
-
-def test_alpaca_json_written_here_uses_both_templates(tmp_path):
-    path = tmp_path / "data.json"
-    path.write_text(json.dumps([
-        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
-        {"instruction": "Name a colour.", "input": "", "output": "Blue"},
-        {"instruction": "Say hi.", "output": "Hi"}]))
-    got = instructions.load_alpaca_json(path)
-    assert got.prompts[0] == (
-        "Below is an instruction that describes a task, paired with an input that provides "
-        "further context. Write a response that appropriately completes the request.\n\n"
-        "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:")
-    assert got.prompts[1] == (
-        "Below is an instruction that describes a task. Write a response that appropriately "
-        "completes the request.\n\n### Instruction:\nName a colour.\n\n### Response:")
-    assert got.prompts[2].endswith("### Instruction:\nSay hi.\n\n### Response:")
-    assert got.responses == ("5", "Blue", "Hi") and got.labels is None
-
-
-@pytest.mark.parametrize("content, message", [
-    ('[{"instruction": "x", "input": ""}]', r"row 0 has no string 'output' \(keys: input, "),
-    ('[{"instruction": "x", "output": "y"}, 3]', "row 1 is a int, not an object"),
-    ('{"instruction": "x"}', "expected a JSON list of objects, got dict"),
-    ("[{", "not JSON"),
-    (None, "cannot read it .*FileNotFoundError"),
-])
-def test_a_malformed_alpaca_file_is_one_error_naming_the_row(tmp_path, content, message):
-    path = tmp_path / "bad.json"
-    if content is not None:   # None: the file is missing
-        path.write_text(content)
-    with pytest.raises(ValueError, match=message):
-        instructions.load_alpaca_json(path)
 
 
 def test_pack_lays_out_prompt_response_padding_and_cuts_the_prompt_start():
@@ -113,3 +78,11 @@ def test_dirichlet_clients_get_their_own_packed_examples_with_response_targets()
         for row, i in zip(tokens, idx):
             prompt = _chars(examples.prompts[i])
             assert row[:len(prompt)].tolist() == prompt
+
+
+def test_pack_puts_the_start_token_first_and_keeps_it_when_the_prompt_is_cut():
+    examples = instructions.InstructionExamples(("abcdefgh",), ("z",))
+    batch = instructions.pack(examples, _chars, sequence_length=6, end_id=1, start_id=2)
+    # start + the prompt's last 3 characters + "z" + end.
+    assert batch["token_ids"].tolist() == [[2, 102, 103, 104, 122, 1]]
+    assert batch["response_mask"].tolist() == [[0, 0, 0, 0, 1, 1]]

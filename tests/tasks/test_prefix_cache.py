@@ -61,7 +61,8 @@ def setup():
     # BERT's 0.02 init makes a tiny encoder nearly the identity, which would hide a wrong layer:
     # frozen matrices of std 0.3 make every layer count.
     values = (trainable, [v * 15 if v.ndim >= 2 else v for v in values[1]])
-    cached = prefix_cache.split_for_cache(_full_model, lambda: values, LORA, 2, seed=0,
+    cached = prefix_cache.split_for_cache(_full_model, lambda: values,
+                                          prefix_cache.ClassifierLayout(LORA, 2, seed=0),
                                           label_spec=FULL_SPEC[1])
     with tf.Graph().as_default():
         positions = prefix_lib.matching_positions(_full_model(), cached.keras_model_fn())
@@ -69,8 +70,8 @@ def setup():
 
 
 def _rounds(cache=None, storage_dir=None):
-    return prefix_cache.TextRounds(_clients(), K_STEPS, BATCH, seed=3, cache=cache,
-                                   storage_dir=storage_dir)
+    return prefix_cache.TextRounds(_clients(), prefix_cache.RoundDraw(K_STEPS, BATCH, seed=3),
+                                   cache=cache, storage_dir=storage_dir)
 
 
 def _build(algorithm, model_fn, spec, values, trainable_positions, non_trainable, **kwargs):
@@ -151,7 +152,7 @@ def test_bucketed_and_padded_batches_give_the_same_per_example_loss():
     padded, labels = examples.batch(ids, trim=False)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     whole = loss(labels, model(dict(padded))).numpy()
-    rounds = prefix_cache.TextRounds({"1": examples}, 1, 3, seed=0)
+    rounds = prefix_cache.TextRounds({"1": examples}, prefix_cache.RoundDraw(1, 3, seed=0))
     got = np.zeros_like(whole)
     for batch_ids in prefix_cache.batching.length_bucketed(ids, examples.lengths, 3, seed=0):
         features, y = examples.batch(batch_ids, trim=True)
@@ -164,8 +165,8 @@ def test_bucketed_and_padded_batches_give_the_same_per_example_loss():
 def test_classic_path_keeps_the_tf_data_pipelines_batches():
     """Without bucketing, a round is the tf.data pipeline the text tasks always used."""
     examples = _clients()["2"]
-    rounds = prefix_cache.TextRounds({"a": examples, "b": examples}, K_STEPS, BATCH, seed=5,
-                                     bucket_by_length=False)
+    rounds = prefix_cache.TextRounds({"a": examples, "b": examples}, prefix_cache.RoundDraw(
+        K_STEPS, BATCH, seed=5, bucket_by_length=False))
     shuffle_seed, _ = rounds._seeds("b", 4)
     pipeline = (tf.data.Dataset.from_tensor_slices((dict(examples.features), examples.labels))
                 .shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=False)
@@ -181,7 +182,7 @@ def test_classic_path_keeps_the_tf_data_pipelines_batches():
 
 def test_text_rounds_bad_input_is_one_clear_error():
     with pytest.raises(ValueError, match="needs client_ids"):
-        prefix_cache.TextRounds(lambda cid: None, K_STEPS, BATCH, seed=0)
+        prefix_cache.TextRounds(lambda cid: None, prefix_cache.RoundDraw(K_STEPS, BATCH, seed=0))
     with pytest.raises(ValueError, match="need a 'padding_mask'"):
         prefix_cache.ClientExamples({"token_ids": np.ones((2, 3), np.int32)}, np.zeros(2))
 
@@ -265,6 +266,7 @@ def test_text_rounds_loads_a_client_once_when_two_threads_ask_at_once():
         time.sleep(0.2)  # without the lock the second thread would load the client again
         return clients[cid]
 
-    rounds = prefix_cache.TextRounds(slow_load, K_STEPS, BATCH, seed=0, client_ids=["0", "2"])
+    rounds = prefix_cache.TextRounds(slow_load, prefix_cache.RoundDraw(K_STEPS, BATCH, seed=0),
+                                     client_ids=["0", "2"])
     first, second = _at_once([lambda: rounds.examples("2"), lambda: rounds.examples("2")])
     assert loads == ["2"] and first is second is clients["2"]

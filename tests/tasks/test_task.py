@@ -43,8 +43,9 @@ def test_build_task_iid_and_dirichlet_and_model_slot():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 4)).astype(np.float32)
     y = np.arange(300) % 3
-    t = task_lib.build_task("toy", x, y, x[:90], y[:90], 3, num_clients=5, scheme="dirichlet",
-                            alpha=0.2, seed=3)
+    t = task_lib.build_task("toy", task_lib.Examples(x, y), task_lib.Examples(x[:90], y[:90]),
+                            task_lib.Partitioning(3, num_clients=5, scheme="dirichlet",
+                                                  options={"alpha": 0.2}, seed=3))
     assert t.info["alpha"] == 0.2 and t.info["scheme"] == "dirichlet"
     assert sum(t.info["train_sizes"].values()) == 300
     counts = t.info["train_label_counts"]
@@ -58,7 +59,8 @@ def test_build_task_iid_and_dirichlet_and_model_slot():
     (bx, _), = t.train_data.create_tf_dataset_for_client("client_000").batch(1000)
     assert model(bx).shape == (len(bx), 3)
     with pytest.raises(ValueError, match="needs num_clients"):
-        task_lib.build_task("toy", x, y, x, y, 3)
+        task_lib.build_task("toy", task_lib.Examples(x, y), task_lib.Examples(x, y),
+                            task_lib.Partitioning(3))
 
 
 def test_build_task_natural_groups():
@@ -66,13 +68,15 @@ def test_build_task_natural_groups():
     y = np.arange(12) % 2
     groups = np.array(["a"] * 4 + ["b"] * 8)
     test_groups = np.array(["b"] * 6 + ["a"] * 6)
-    t = task_lib.build_task("g", x, y, x, y, 2, train_groups=groups, test_groups=test_groups)
+    t = task_lib.build_task("g", task_lib.Examples(x, y, groups),
+                            task_lib.Examples(x, y, test_groups), task_lib.Partitioning(2))
     assert t.train_data.client_ids == ["a", "b"]
     xs = [float(v[0]) for v, _ in t.test_data.create_tf_dataset_for_client("a")]
     assert xs == [6, 7, 8, 9, 10, 11]
     with pytest.raises(ValueError, match="train groups give clients"):
-        task_lib.build_task("g", x, y, x, y, 2, train_groups=groups,
-                            test_groups=np.array(["c"] * 12))
+        task_lib.build_task("g", task_lib.Examples(x, y, groups),
+                            task_lib.Examples(x, y, np.array(["c"] * 12)),
+                            task_lib.Partitioning(2))
 
 
 def test_mnist_csv_task(shared_data):
