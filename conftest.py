@@ -49,7 +49,7 @@ def _world(tmp_dir) -> dict:
         client_ids=["a", "b"], client_datasets=datasets(1), datasets=datasets(1),
         other_datasets=datasets(2),
         process=lora_fl.build_lora_process("rolora", model_fn, input_spec,
-                                           client_learning_rate=0.1),
+                                           client_optimizer=0.1),
         xs=xs, ys=ys,
         data=[collections.OrderedDict(x=x, y=y) for x, y in zip(xs, ys)],
         run_dir=tmp_dir,

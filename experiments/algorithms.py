@@ -1,7 +1,8 @@
 """Algorithm names -> tffl processes, optimizers, participation samplers and evaluators.
 
-`build_algorithm("rolora", task, ...)` is what `--algorithm=rolora` (with the optimizer and
-schedule flags) becomes, for a `tasks.registry.RunTask`; `build_sampler` is `--participation`.
+`build_algorithm("rolora", task, config)` is what `--algorithm=rolora` (with the optimizer and
+schedule flags of the `RunConfig`) becomes, for a `tasks.run_task.RunTask`; `build_sampler` is
+`--participation`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tasks.registry import RunTask
+from experiments.run_config import RunConfig
+from tasks.run_task import RunTask
+from tffl.algorithms import lora_ranks
 from tffl.algorithms import registry
+from tffl.algorithms.adaptpfl import AdaptPflConfig
+from tffl.algorithms.flute import FluteConfig
+from tffl.algorithms.lora_plans import LoraConfig
+from tffl.algorithms.personalized_builders import PersonalizedConfig
+from tffl.engine.federated_model import ModelSource
 from tffl.simulation import evaluation
 from tffl.simulation import participation
-from tffl.algorithms import personalized
 from tffl.simulation import srpfl
 
 
@@ -53,16 +60,11 @@ OPTIMIZERS = ("sgd", "sgdm", "adam")
 
 def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
     """A `tff.learning.optimizers` optimizer: `sgd` (with `momentum` > 0: SGD with momentum),
-    `sgdm` (SGD with momentum; `momentum` must be > 0, e.g. 0.5 as SRPFL's and FLUTE's code) or
-    `adam` (β = 0.9, 0.999; `momentum` must be 0)."""
+    `sgdm` (SGD with momentum) or `adam` (β = 0.9, 0.999; `momentum` must be 0). The values
+    come from a checked `RunConfig` (`experiments.train_options.check`: a learning rate > 0, a
+    momentum in [0, 1), > 0 for sgdm)."""
     import tensorflow_federated as tff
 
-    if not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning rate {learning_rate} must be > 0")
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum {momentum} must be in [0, 1)")
-    if name == "sgdm" and not momentum > 0:
-        raise ValueError("the sgdm optimizer needs a momentum > 0 (e.g. 0.5, SRPFL's code)")
     if name in ("sgd", "sgdm"):
         return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum or None)
     if name == "adam":
@@ -72,66 +74,77 @@ def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
-def build_algorithm(
-    name: str,
-    task: RunTask,
-    client_learning_rate,
-    server_learning_rate: float = 1.0,
-    communication_rounds: int = 1,
-    rolora_fraction: float = 0.5,
-    representation: str = "mlp",
-    local_epochs: int = 1,
-    head_epochs: int | None = 1,
-    representation_epochs: int = 1,
-    representation_blocks: int = 1,
-    finetune_epochs: int | None = None,
-    shortcut_epochs: int = 1,
-    flute: personalized.FluteConfig | None = None,
-    adaptpfl: personalized.AdaptPflConfig | None = None,
-    server_optimizer=None,
-    weight_decay: float = 0.0,
-    frozen_dir=None,
-    client_ranks=None,
-    averaging_error: bool = True,
-    initial_weights=None,
-):
-    """The process of algorithm `name` on `task`'s model. `client_learning_rate` is an SGD step
-    or a `tff.learning.optimizers` optimizer; `server_optimizer` (default SGD with
-    `server_learning_rate`) applies the mean delta. The task's pretrained frozen weights, if
-    any, go into the process's frozen-weights file (they never enter the server state).
-    `client_ranks` (flexlora, flora): `{client id: rank}` (`tffl.algorithms.lora_ranks`).
-    `averaging_error` (fedavg_lora): log ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F /
-    ‖mean(A_iB_i) − A·B‖_F per round (`finalizer/averaging_error`, a simulation-only diagnostic
-    whose extra aggregation is not counted in the bytes; `tffl.algorithms.lora_fl`).
-    `initial_weights`: `(trainable, non_trainable)` the model starts from instead of its own
-    draw and the task's pretrained weights (e.g. `models.peft_export.initial_weights_with_adapters`)."""
-    import tensorflow_federated as tff
-
-    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
-        float(server_learning_rate))
+def model_source(task: RunTask, frozen_dir=None, initial_weights=None) -> ModelSource:
+    """`task`'s model as the algorithms take it: its function and input spec, starting from the
+    task's pretrained frozen weights if it has any, or from `initial_weights`
+    (`(trainable, non_trainable)`, e.g. `models.peft_export.initial_weights_with_adapters`);
+    the frozen-weights file goes to `frozen_dir`."""
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
-    model = dict(initial_non_trainable=pretrained, frozen_dir=frozen_dir)
-    if initial_weights is not None:
-        model.update(initial_trainable=initial_weights[0], initial_non_trainable=initial_weights[1])
-    entry = registry.get(name)
-    if entry.family == "personalized":
-        config = dict(
-            local_epochs=local_epochs, head_epochs=head_epochs,
-            representation_epochs=representation_epochs, finetune_epochs=finetune_epochs,
-            representation_blocks=representation_blocks,
-            shortcut_epochs=shortcut_epochs, flute=flute if name == "flute" else None,
-            adaptpfl=adaptpfl if name == "adaptpfl" else None,
-            lora_schedule="alternating" if representation == "lora_alternating" else "joint",
-            server_optimizer=server_optimizer, weight_decay=weight_decay)
-    else:
-        config = registry.LoraConfig(
-            server_optimizer=server_optimizer, weight_decay=weight_decay,
-            rolora_fraction=rolora_fraction, total_rounds=communication_rounds,
-            client_ranks=client_ranks,
-            averaging_error=(name == "fedavg_lora" and averaging_error
-                             and client_ranks is None))
-    return entry.build(task.keras_model_fn, task.input_spec, client_learning_rate, config,
-                       **model)
+    trainable, non_trainable = initial_weights or (None, pretrained)
+    return ModelSource(task.keras_model_fn, task.input_spec, initial_trainable=trainable,
+                       initial_non_trainable=non_trainable, frozen_dir=frozen_dir)
+
+
+def adaptpfl_config(config: RunConfig) -> AdaptPflConfig:
+    """The `tffl.algorithms.adaptpfl.AdaptPflConfig` of the run's AdaptPFL fields."""
+    a = config.algorithm
+    return AdaptPflConfig(
+        variant=a.adaptpfl_variant, order=a.adaptpfl_order, shortcut_ridge=a.shortcut_ridge,
+        project_shortcut=a.project_shortcut, shortcut_damping=a.shortcut_damping,
+        head_damping=a.head_damping)
+
+
+def flute_config(config: RunConfig) -> FluteConfig:
+    """The `tffl.algorithms.flute.FluteConfig` of the run's FLUTE fields."""
+    a = config.algorithm
+    return FluteConfig(
+        feature_penalty=a.flute_feature_penalty, head_penalty=a.flute_head_penalty,
+        nc_penalty=a.flute_nc_penalty, nc_step=a.flute_nc_step,
+        feature_reduction=a.flute_feature_reduction, variant=a.flute_variant,
+        final_head_epochs=a.flute_final_head_epochs)
+
+
+def algorithm_config(name: str, source: ModelSource, client_ids, config: RunConfig):
+    """The family configuration (`tffl.algorithms.registry.CONFIGS`) of algorithm `name` on the
+    model `source`, from the run's algorithm and model sections: its client and server
+    optimizers (`build_optimizer`), local work and the family's own options; `client_ids`
+    (the task's clients) take `config.model.client_ranks` (`tffl.algorithms.lora_ranks`)."""
+    a, m = config.algorithm, config.model
+    client_optimizer = build_optimizer(a.client_optimizer, a.learning_rate, a.client_momentum)
+    server_optimizer = build_optimizer(a.server_optimizer, a.server_learning_rate,
+                                       a.server_momentum)
+    if registry.get(name).family == "personalized":
+        return PersonalizedConfig(
+            local_epochs=a.local_epochs,
+            head_epochs=(None if name == "flute" and a.flute_variant == "plain"
+                         else a.head_epochs),
+            representation_epochs=a.representation_epochs,
+            representation_blocks=a.representation_blocks, finetune_epochs=a.finetune_epochs,
+            shortcut_epochs=a.shortcut_epochs,
+            flute=flute_config(config) if name == "flute" else None,
+            adaptpfl=adaptpfl_config(config) if name == "adaptpfl" else None,
+            lora_schedule="alternating" if m.representation == "lora_alternating" else "joint",
+            server_optimizer=server_optimizer, weight_decay=a.weight_decay, model=source,
+            client_optimizer=client_optimizer)
+    client_ranks = (lora_ranks.assign_ranks(client_ids, list(m.client_ranks))
+                    if m.client_ranks else None)
+    return LoraConfig(
+        source, client_optimizer, server_optimizer=server_optimizer,
+        weight_decay=a.weight_decay, rolora_fraction=a.rolora_fraction, total_rounds=a.rounds,
+        client_ranks=client_ranks,
+        averaging_error=(name == "fedavg_lora" and a.averaging_error and client_ranks is None))
+
+
+def build_algorithm(name: str, task: RunTask, config: RunConfig, initial_weights=None):
+    """The process of algorithm `name` on `task`'s model, configured by `config`
+    (`algorithm_config`; `initial_weights` as `model_source`). The task's pretrained frozen
+    weights, if any, go into the process's frozen-weights file (they never enter the server
+    state). `config.algorithm.averaging_error` (fedavg_lora): log
+    ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F per round
+    (`finalizer/averaging_error`, a simulation-only diagnostic whose extra aggregation is not
+    counted in the bytes; `tffl.algorithms.lora_fl`)."""
+    source = model_source(task, config.model.frozen_dir, initial_weights)
+    return registry.get(name).build(algorithm_config(name, source, task.client_ids, config))
 
 
 def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",

@@ -1,13 +1,15 @@
 """What scripts/train.py reports at the end: the comparison of several algorithms
 (comparison.csv / .md / .png) and each run's final evaluation in words.
 
-The held-out split is named for what it is: SST-2's dev set (GLUE's test labels are not public;
---eval_test adds the labeled test split of --data_dir beside it), every other task's test split.
+Each evaluation is named by its split, as the run's task reported it (`summary.json`'s
+`eval_split`: SST-2's dev set, whose labeled test split --eval_test adds beside it; a user's dev
+file; the review domains' test split; ...); summaries from before that field fall back to
+`held_out_name`.
 A column no run has a value for (personalized accuracy of global-model runs, simulated time
 without SRPFL) is left out; a run without a value in a kept column has a blank cell.
 
->>> held_out_name("sst2"), held_out_name("mnist")
-('dev', 'test')
+>>> held_out_name("sst2"), held_out_name("mnist"), eval_split([{"eval_split": "validation"}], "x")
+('dev', 'test', 'validation')
 >>> final_eval({"eval_loss": 0.4, "eval_accuracy": 0.8154, "eval_test_accuracy": 0.8221}, "dev")
 'dev loss 0.4000, dev accuracy 0.8154; labeled test accuracy 0.8221'
 """
@@ -26,8 +28,16 @@ NUM_CLASSES = {"digits": 10, "mnist": 10, "sst2": 2, "reviews": 2}
 
 
 def held_out_name(task: str) -> str:
-    """The split `task` evaluates on: "dev" for SST-2, "test" otherwise."""
-    return "dev" if task == "sst2" else "test"
+    """The split `task` evaluated on before runs recorded it: "dev" for SST-2 (and its
+    instruction form), "test" otherwise."""
+    return "dev" if task in ("sst2", "sst2_instruct") else "test"
+
+
+def eval_split(summaries: Sequence[Mapping[str, Any]], task: str) -> str:
+    """The evaluated split's name the runs' summaries record (`held_out_name(task)` for
+    summaries without it)."""
+    return next((s["eval_split"] for s in summaries if s.get("eval_split")),
+                held_out_name(task))
 
 
 def table_columns(held_out: str, eval_test: bool) -> tuple[tuple[str, str, str], ...]:
@@ -104,9 +114,11 @@ def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, 
                  if (output_dir / run.CONFIG_FILE).exists() else "")
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
-    held_out = held_out_name(task)
+    held_out = eval_split(summaries, task)
+    num_classes = next((s["num_classes"] for s in summaries if s.get("num_classes")),
+                       NUM_CLASSES.get(task))
     plots.save_comparison_plot(output_dir / "comparison.png", runs, title=task, held_out=held_out,
-                               num_classes=NUM_CLASSES.get(task))
+                               num_classes=num_classes)
     rows = comparison_rows(summaries)
     return cli.write_table(output_dir, "comparison", rows,
                            present_columns(rows, table_columns(held_out, eval_test)),

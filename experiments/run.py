@@ -229,20 +229,21 @@ def execute(config: RunConfig, script: str = "train.py") -> int:
 def report(config: RunConfig, summaries: list[dict]) -> None:
     """The comparison table of several algorithms, and one line per algorithm."""
     from experiments import comparison
-    from tasks import registry
+    from tasks.run_task import counted
 
     output_dir, task = pathlib.Path(config.output.output_dir), config.task.task
     if len(summaries) > 1:
         table = comparison.write_comparison(output_dir, summaries, task, config.output.eval_test)
         print("\n" + table + "\n", flush=True)
+    held_out = comparison.eval_split(summaries, task)
     for summary in summaries:
         final = summary["final"]
         print(
             "done: {} {}; train loss {:.4f}; {}; {:.1f} s.".format(
                 summary["algorithm"],
-                registry.counted(summary["communication_rounds"], "communication round"),
+                counted(summary["communication_rounds"], "communication round"),
                 final.get("train_loss", float("nan")),
-                comparison.final_eval(final, comparison.held_out_name(task)),
+                comparison.final_eval(final, held_out),
                 summary["wall_seconds_this_run"],
             ),
             flush=True,

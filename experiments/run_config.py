@@ -1,4 +1,5 @@
-"""A training run's choices, typed: `RunConfig`, six dataclasses of one job each.
+"""A training run's choices, typed: `RunConfig`, six dataclasses of one job each (the task's
+and the model's are `tasks.task_config`'s `TaskConfig` and `ModelConfig`).
 
 `scripts/train.py`'s flags fill a `RunConfig` (each field is the flag of the same name), the
 experiments build one in Python, and `experiments.run.run(config)` runs it in this process. Its
@@ -27,49 +28,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-DEFAULT_RANK = 16  # the adapters' rank when neither --rank nor --client_ranks is given
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-    """The data and how it is split into clients and batches (`tasks.registry.build_task`)."""
-
-    task: str = "digits"
-    data_dir: str | None = None
-    partition: str = "shards"
-    classes_per_client: int = 2
-    dirichlet_alpha: float = 0.5
-    num_clients: int = 5
-    batch_size: int = 16
-    sequence_length: int | None = None
-    bucket_by_length: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The model: backbone, classifier, representation and LoRA adapters.
-
-    `rank` None: the largest of `client_ranks`, else `DEFAULT_RANK` (`adapter_rank`)."""
-
-    backbone: str = "tiny"
-    pooling: str | None = None
-    head: str = "linear"
-    representation: str = "mlp"
-    rank: int | None = None
-    client_ranks: tuple[int, ...] | None = None
-    lora_targets: tuple[str, ...] = ("query", "value")
-    lora_layers: tuple[int, ...] | None = None
-    lora_alpha: float | None = None
-    prefix_cache: bool = True
-    frozen_dir: str | None = None
-    init_adapters: str | None = None  # a PEFT adapter folder the run starts from
-
-    @property
-    def adapter_rank(self) -> int:
-        """The adapters' rank: `rank`, else the largest client rank, else `DEFAULT_RANK`."""
-        if self.rank is not None:
-            return self.rank
-        return max(self.client_ranks) if self.client_ranks else DEFAULT_RANK
+from tasks.task_config import DEFAULT_RANK
+from tasks.task_config import ModelConfig
+from tasks.task_config import TaskConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +122,8 @@ SECTIONS = {"task": TaskConfig, "model": ModelConfig, "algorithm": AlgorithmConf
 SECTION_OF = {f.name: section for section, cls in SECTIONS.items()
               for f in dataclasses.fields(cls)}
 # Fields held as tuples (flags: comma-separated lists); of integers for the second set.
-_TUPLES = {"algorithm", "lora_targets", "worker_addresses", "lora_layers", "client_ranks"}
+_TUPLES = {"algorithm", "lora_targets", "worker_addresses", "lora_layers", "client_ranks",
+           "tfds_splits"}
 _INT_TUPLES = {"lora_layers", "client_ranks"}
 
 
@@ -210,10 +172,17 @@ class RunConfig:
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> RunConfig:
         """The inverse of `to_dict`; a missing field takes its default, an unknown section or
         field raises `ValueError` naming it."""
-        for section, fields in data.items():
+        for section in data:
             if section not in SECTIONS:
-                raise ValueError(f"run configuration: unknown section {section!r}; expected "
-                                 f"{', '.join(SECTIONS)}")
+                where = (f"; field {section!r} belongs in section {SECTION_OF[section]!r}"
+                         if section in SECTION_OF else "")
+                raise ValueError(f"run configuration: unknown section {section!r}{where}; "
+                                 f"expected {', '.join(SECTIONS)}, each mapping its fields to "
+                                 "values")
+        for section, fields in data.items():
+            if not isinstance(fields, Mapping):
+                raise ValueError(f"run configuration: section {section!r} must map its fields "
+                                 f"to values, got a {type(fields).__name__}")
             for name in fields:
                 if SECTION_OF.get(name) != section:
                     raise ValueError(f"run configuration: unknown field {section}.{name}")

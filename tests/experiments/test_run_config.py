@@ -70,6 +70,15 @@ def test_unknown_fields_are_refused_by_name():
         RunConfig.from_dict({"model": {"rounds": 3}})
     with pytest.raises(ValueError, match="unknown section 'optim'"):
         RunConfig.from_dict({"optim": {}})
+    # A flat file of flags, not of sections: the unknown name is named, not a list's item.
+    with pytest.raises(ValueError, match="unknown section 'no_such_field'; expected task"):
+        RunConfig.from_dict({"algorithm": ["rolora"], "no_such_field": 1})
+    with pytest.raises(ValueError, match="unknown section 'rounds'; field 'rounds' belongs in "
+                                         "section 'algorithm'"):
+        RunConfig.from_dict({"rounds": 3})
+    with pytest.raises(ValueError, match="section 'algorithm' must map its fields to values, "
+                                         "got a list"):
+        RunConfig.from_dict({"algorithm": ["rolora"]})
 
 
 def test_resolve_checks_like_the_command_line_and_makes_the_folder(tmp_path):

@@ -6,6 +6,7 @@ must match them.
 Everything runs in this process but the import-isolation test, which needs a fresh interpreter.
 """
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -79,6 +80,27 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
       "--clients_per_round=7"], "flag --num_clients=7: the review task splits each of its 5"),
     (["--task=sst2", "--algorithm=fedavg", "--eval_test"],
      "flag --eval_test=True: TFDS's SST-2 test split is unlabelled"),
+    (["--task=text", "--algorithm=rolora"],
+     "flag --task=text: give your rows as --train_file=<file> (CSV, TSV, JSON Lines) or a TFDS "
+     "dataset as --tfds_name=<name>, one of the two"),
+    (["--task=text", "--algorithm=rolora", "--train_file=no/such.csv"],
+     "flag --train_file=no/such.csv: no such file"),
+    (["--task=text", "--algorithm=rolora", "--train_file=rows.xlsx"],
+     "flag --train_file=rows.xlsx: a .csv, .tsv, .jsonl, .ndjson file, by its suffix"),
+    (["--algorithm=rolora", "--train_file=rows.csv"],
+     "flag --train_file: names your own data, for --task=text or --task=instruct, not "
+     "--task=digits"),
+    (["--task=text", "--algorithm=rolora", "--tfds_name=imdb_reviews", "--dev_file=d.csv"],
+     "flag --dev_file: does not apply to --task=text with --tfds_name=imdb_reviews"),
+    (["--task=text", "--algorithm=rolora", "--tfds_name=imdb_reviews", "--tfds_splits=train"],
+     "flag --tfds_splits=train: give the training and dev splits"),
+    (["--task=text", "--algorithm=rolora", "--tfds_name=imdb_reviews", "--eval_test"],
+     "flag --eval_test: give the held-out test split as --test_file=<file>"),
+    (["--task=instruct", "--backbone=gpt2_tiny", "--algorithm=rolora"],
+     "flag --task=instruct: give your instructions as --train_file=<Alpaca JSON or JSON Lines "
+     "file>"),
+    (["--task=text", "--backbone=gpt2_tiny", "--algorithm=rolora", "--tfds_name=x"],
+     "for a decoder pass --task=instruct"),
     (["--algorithm=nope"], "flag --algorithm=nope: unknown nope; choose from fedrep"),
     (["--rounds=x"], "flag --rounds=x: "),   # absl's own error for a malformed value
     (["--task=cifar"], "flag --task=cifar: "),
@@ -87,6 +109,23 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
 def test_a_value_that_cannot_work_is_one_line_naming_the_flag(args, message, tmp_path, capsys):
     line = _refused([*args, f"--output_dir={tmp_path}"], capsys)
     assert line.startswith("train.py: error: ") and message in line, line
+
+
+def test_the_users_rows_and_how_they_become_clients_are_checked_together(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a", "response": "b", "user": "u"}\n')
+    for args, message in (
+            (["--task=instruct", "--partition=shards"],
+             "flag --partition=shards: instruction rows have no labels to split by; use "
+             "--partition=iid or --client_column=<column>"),
+            (["--task=instruct", "--client_column=user", "--num_clients=3"],
+             "flag --num_clients=3: the clients come from --client_column=user; drop one of the "
+             "two"),
+            (["--task=instruct", "--text_column=x"], "flag --text_column: does not apply to "
+             "--task=instruct")):
+        line = _refused([*args, "--backbone=gpt2_tiny", "--algorithm=rolora",
+                         f"--train_file={rows}", f"--output_dir={tmp_path / 'run'}"], capsys)
+        assert message in line, line
 
 
 @pytest.mark.parametrize("args", [
@@ -140,16 +179,27 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     from experiments import algorithms
     from models import classifier_options
     from models import decoders
+    from tasks import data_files
+    from tasks import instruct_run_task
     from tasks import registry
+    from tasks import task_config
+    from tasks import text_run_task
+    from tasks.task_config import TaskConfig
 
     for name in ("ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
                  "STRAGGLER_MODELS", "OPTIMIZERS"):
         assert getattr(train_options, name) == getattr(algorithms, name), name
-    for name in ("TASKS", "TEXT_TASKS", "INSTRUCT_TASKS", "BACKBONES", "PARTITIONS"):
+    for name in ("TASKS", "BACKBONES", "PARTITIONS"):
         assert getattr(train_options, name) == getattr(registry, name), name
+    assert train_options.TEXT_TASKS == text_run_task.TEXT_TASKS
+    assert train_options.INSTRUCT_TASKS == instruct_run_task.INSTRUCT_TASKS
+    assert train_options.FILE_TASKS == task_config.FILE_TASKS
+    assert set(train_options.INSTRUCTION_SUFFIXES) == set(data_files.FORMATS)
+    assert set(train_options.TEXT_SUFFIXES) == set(data_files.FORMATS) - {".json"}
+    assert set(train_options.FILE_FLAGS) <= {f.name for f in dataclasses.fields(TaskConfig)}
     assert train_options.DECODERS == decoders.DECODERS
-    assert train_options.INPUT_WIDTHS.keys() == (set(registry.TASKS) - set(registry.TEXT_TASKS)
-                                                 - set(registry.INSTRUCT_TASKS))
+    assert train_options.INPUT_WIDTHS.keys() == (set(registry.TASKS) - set(text_run_task.TEXT_TASKS)
+                                                 - set(instruct_run_task.INSTRUCT_TASKS))
     specs = {f.name: f for f in train_flags.SPECS}
     assert specs["pooling"].choices == classifier_options.POOLINGS
     assert specs["head"].choices == classifier_options.HEADS

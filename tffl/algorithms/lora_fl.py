@@ -59,7 +59,7 @@ RoLoRA→FFA switches once, so it has no periodic `next`: its `next` is `next_ro
 
 Example:
 
->>> process = build_lora_process("rolora", model_fn, input_spec, client_learning_rate=0.1)
+>>> process = build_lora_process("rolora", model_fn, input_spec, client_optimizer=0.1)
 >>> with runtime.local_runtime():
 ...     state = process.initialize()
 ...     state = process.next_round(state, client_datasets).state   # a B round
@@ -71,95 +71,51 @@ Example:
 
 from __future__ import annotations
 
-from tffl.engine import communication
-from tffl.engine import rounds as engine
-from tffl.algorithms import lora_plans
+import dataclasses
+
 from tffl.algorithms import lora_ranks
+from tffl.algorithms.lora_plans import ALGORITHMS
+from tffl.algorithms.lora_plans import LoraConfig
+from tffl.algorithms.lora_plans import lora_pairs
+from tffl.algorithms.lora_plans import plan_schedule
+from tffl.engine import communication
 from tffl.engine import composition
 from tffl.engine import process as process_lib
-from tffl.engine import roles
+from tffl.engine import rounds as engine
 from tffl.engine import switch_round as switching
-from tffl.algorithms.lora_plans import SchedulePlan, lora_pairs, plan_schedule  # noqa: F401  (public here)
-from tffl.engine.federated_model import check_weights_shapes  # noqa: F401  (public here since 0.1)
-from tffl.engine.server_steps import flora_a_init  # noqa: F401  (public here since 0.1)
+from tffl.engine.federated_model import ModelSource
 
-ALGORITHMS = lora_plans.ALGORITHMS
 # What every client uploads besides its update: float32 loss sum, correct and example counts,
 # and the float32 weight n_i of the aggregation.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
-LoraLearningProcess = process_lib.Process
+# `ModelSource`'s fields besides the model function and input spec: the keyword options of the
+# builders below that describe the model rather than its federation.
+_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelSource)
+                       if f.name not in ("model_fn", "input_spec"))
 
 
-def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
-                   loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
-                   server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
-                   frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                   initial_trainable=None, jit_compile: bool = False, client_ranks=None,
-                   averaging_error: bool = False) -> process_lib.Process:
-    """The process of `algorithm` (one of `ALGORITHMS` or "rolora_ffa" with `switch_round`).
+def build_schedule(algorithm: str, config: LoraConfig) -> process_lib.Process:
+    """The process of `algorithm` (one of `ALGORITHMS`, or "rolora_ffa", which needs
+    `config.total_rounds`) on `config`'s model (`tffl.algorithms.lora_plans.LoraConfig`).
 
-    Args:
-      keras_model_fn: no-arg function returning a fresh, uncompiled Keras model whose variables
-        carry `tffl.engine.roles` (at least one `lora_a` and one `lora_b`).
-      input_spec: element spec `(x, y)` (or `{"x", "y"}`) of a client's batched dataset.
-      client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`;
-        local steps = batches in the dataset.
-      loss_fn: no-arg function returning the batch loss `(y_true, y_pred) -> scalar` (default:
-        sparse categorical cross-entropy on logits).
-      aggregator: a `tff.aggregators` factory for the uploaded deltas, weighted (weights =
-        examples) or unweighted (default `tff.aggregators.MeanFactory()`).
-      extra_roles: roles trained and aggregated with the factors in every round (default: `head`).
-      client_device: a TensorFlow device for each client's model and loop, e.g. "/GPU:0".
-      server_optimizer: a `tff.learning.optimizers.Optimizer` applied to the mean delta
-        (default SGD η_s = 1: the plain mean).
-      weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
-      initial_non_trainable: values of `model.non_trainable_variables` to start from (e.g. a
-        pretrained backbone); default: the model's own initializers.
-      initial_trainable: likewise for `model.trainable_variables` (e.g. FFA-LoRA's fixed A).
-      jit_compile: mark each client step for XLA (`tf.function(jit_compile=True)`). Only a
-        TensorFlow runtime with XLA compiles it: TFF 0.87's `worker_binary` has none and runs the
-        step as it is (same results, same time; docs/PERFORMANCE.md, "XLA").
-      frozen_dir: where the frozen weights file goes (`tffl.engine.frozen.default_directory()`).
-      seed: FLoRA's seed for the fresh A of every round.
-      switch_round: rolora_ffa: the communication round from which only B rounds run.
-      client_ranks: flexlora and flora: each client's rank (`{client id: rank}` or a function
-        of the client id, each in [1, the model's LoRA rank]); the process is then a
-        personalized `Process` (the rank is the clients' personal state).
-      averaging_error: fedavg_lora only: also report, in every round's metrics under
-        `finalizer/averaging_error` (a `metrics.csv` column of `tffl.simulation.driver`),
-        ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F over all adapters
-        (`tffl.engine.factor_aggregation`; the means with the aggregator's weights p_i, A, B the
-        round's starting factors). A simulation-only diagnostic: its second aggregation of the
-        clients' ΔA_i, ΔB_i is not counted in `traffic` (the algorithm's own upload), and TFF
-        can then compile the round to MapReduceForm only.
+    With `config.client_ranks` (flexlora, flora) the process is a personalized `Process` whose
+    personal state is each client's rank (`tffl.algorithms.lora_ranks`).
 
     Raises:
-      ValueError: the model has no `lora_a`/`lora_b` variables, the learning rate is not > 0,
+      ValueError: the model has no `lora_a`/`lora_b` variables, the client step is not > 0,
         or `averaging_error` for another algorithm.
     """
-    if averaging_error and algorithm != "fedavg_lora":
+    if config.averaging_error and algorithm != "fedavg_lora":
         raise ValueError(f"averaging_error is FedAvg-LoRA's measurement (fedavg_lora), not "
                          f"{algorithm!r}'s: one factor a round (RoLoRA, FFA-LoRA) makes it 0, "
                          "and FlexLoRA and FLoRA aggregate the products themselves")
-    if client_ranks is not None:
-        return lora_ranks.build_heterogeneous_rank_process(
-            algorithm, keras_model_fn, input_spec, client_learning_rate, client_ranks,
-            loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
-            client_device=client_device, server_optimizer=server_optimizer,
-            weight_decay=weight_decay, initial_non_trainable=initial_non_trainable,
-            frozen_dir=frozen_dir, seed=seed, initial_trainable=initial_trainable,
-            jit_compile=jit_compile)
-    plan = plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
-                         loss_fn=loss_fn, aggregator=aggregator, extra_roles=extra_roles,
-                         client_device=client_device, server_optimizer=server_optimizer,
-                         weight_decay=weight_decay,
-                         initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir,
-                         seed=seed, switch_round=switch_round,
-                         initial_trainable=initial_trainable, jit_compile=jit_compile)
+    if config.client_ranks is not None:
+        return lora_ranks.build_heterogeneous_rank_process(algorithm, config)
+    plan = plan_schedule(algorithm, config)
     pieces = [switching.build_round(plan.model, s, plan.client, plan.aggregator,
                                        plan.server_optimizer) for s in plan.round_specs]
     traffic_rounds = None
-    if averaging_error:
+    if config.averaging_error:
         plain, pairs = pieces, lora_pairs(plan.model.spec)
         pieces = [engine.with_averaging_error(plan.model, s, p, pairs, plan.aggregator)
                   for s, p in zip(plan.round_specs, plain)]
@@ -170,77 +126,89 @@ def build_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_r
                                      traffic_rounds=traffic_rounds)
 
 
-def build_fedavg_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
-    """FedAvg-LoRA (FedIT): clients train A and B; the server sets A ← mean A_i, B ← mean B_i.
-    Keyword arguments as `build_schedule` (`averaging_error=True`: also measure
-    ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F each round)."""
-    return build_schedule("fedavg_lora", keras_model_fn, input_spec, client_learning_rate,
-                          **kwargs)
+def lora_config(keras_model_fn, input_spec, client_optimizer, **options) -> LoraConfig:
+    """A `LoraConfig` from keyword options: those of `ModelSource` (`loss_fn`,
+    `initial_trainable`, `initial_non_trainable`, `frozen_dir`, `client_device`) go to its
+    model, the others are `LoraConfig`'s fields.
+
+    >>> config = lora_config(model_fn, input_spec, 0.1, frozen_dir="/tmp/f", seed=3)
+    >>> config.model.frozen_dir, config.seed, config.client_optimizer
+    ('/tmp/f', 3, 0.1)
+    """
+    model = {k: options.pop(k) for k in _MODEL_OPTIONS if k in options}
+    return LoraConfig(ModelSource(keras_model_fn, input_spec, **model), client_optimizer,
+                      **options)
 
 
-def build_ffa_lora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
-    """FFA-LoRA: A stays at its (common) initial value and never travels; clients train B;
-    B ← mean B_i. Keyword arguments as `build_schedule`."""
-    return build_schedule("ffa_lora", keras_model_fn, input_spec, client_learning_rate,
-                          **kwargs)
-
-
-def build_rolora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
-    """RoLoRA: communication rounds alternate a B round (A frozen, B ← mean B_i) and an A round
-    (B frozen, A ← mean A_i), starting with B; each round kind has its own aggregator and
-    server-optimizer state. Keyword arguments as `build_schedule`."""
-    return build_schedule("rolora", keras_model_fn, input_spec, client_learning_rate, **kwargs)
-
-
-def build_flexlora(keras_model_fn, input_spec, client_learning_rate, **kwargs):
-    """FlexLoRA: clients train A and B and upload A_i, B_i; the stacking aggregation gives
-    P = Σ_i p_i A_iB_i and the server sets A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ from P's rank-r
-    truncated SVD. `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and aggregates the
-    `extra_roles` deltas. Keyword arguments as `build_schedule`."""
-    return build_schedule("flexlora", keras_model_fn, input_spec, client_learning_rate,
-                          **kwargs)
-
-
-def build_flora(keras_model_fn, input_spec, client_learning_rate, seed: int = 0, **kwargs):
-    """FLoRA: clients train A, B from (A, B = 0) and upload A_i, B_i; the server merges
-    W0 ← W0 + scale·Σ_i p_i·A_i·B_i (stacking) and restarts the adapter (A ← `flora_a_init` with
-    `seed` and the round number, B ← 0). Every `lora_a` must be linked to its frozen kernel
-    (`tffl.engine.roles.link_lora`); `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and
-    aggregates the `extra_roles` deltas. Keyword arguments as `build_schedule`."""
-    return build_schedule("flora", keras_model_fn, input_spec, client_learning_rate,
-                          seed=seed, **kwargs)
-
-
-def build_lora_process(name: str, keras_model_fn, input_spec, client_learning_rate, **kwargs
+def build_lora_process(name: str, keras_model_fn, input_spec, client_optimizer, **options
                        ) -> process_lib.Process:
-    """The process of algorithm `name` (one of `ALGORITHMS`); `kwargs` go to `build_schedule`.
+    """The process of algorithm `name` (one of `ALGORITHMS`) on a Keras model: `client_optimizer`
+    a local SGD step η > 0 or a `tff.learning.optimizers.Optimizer`, `options` as `lora_config`
+    takes them.
 
     Raises:
-      ValueError: for an unknown name.
+      ValueError: for an unknown name (and as `build_schedule`).
     """
     if name not in ALGORITHMS:
         raise ValueError(
             f"unknown LoRA algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
-    return build_schedule(name, keras_model_fn, input_spec, client_learning_rate, **kwargs)
+    return build_schedule(name, lora_config(keras_model_fn, input_spec, client_optimizer,
+                                            **options))
+
+
+def build_fedavg_lora(keras_model_fn, input_spec, client_optimizer, **options):
+    """FedAvg-LoRA (FedIT): clients train A and B; the server sets A ← mean A_i, B ← mean B_i.
+    Options as `lora_config` (`averaging_error=True`: also measure
+    ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F each round)."""
+    return build_lora_process("fedavg_lora", keras_model_fn, input_spec, client_optimizer,
+                              **options)
+
+
+def build_ffa_lora(keras_model_fn, input_spec, client_optimizer, **options):
+    """FFA-LoRA: A stays at its (common) initial value and never travels; clients train B;
+    B ← mean B_i. Options as `lora_config`."""
+    return build_lora_process("ffa_lora", keras_model_fn, input_spec, client_optimizer,
+                              **options)
+
+
+def build_rolora(keras_model_fn, input_spec, client_optimizer, **options):
+    """RoLoRA: communication rounds alternate a B round (A frozen, B ← mean B_i) and an A round
+    (B frozen, A ← mean A_i), starting with B; each round kind has its own aggregator and
+    server-optimizer state. Options as `lora_config`."""
+    return build_lora_process("rolora", keras_model_fn, input_spec, client_optimizer, **options)
+
+
+def build_flexlora(keras_model_fn, input_spec, client_optimizer, **options):
+    """FlexLoRA: clients train A and B and upload A_i, B_i; the stacking aggregation gives
+    P = Σ_i p_i A_iB_i and the server sets A = U_r S_r^{1/2}, B = S_r^{1/2} V_rᵀ from P's rank-r
+    truncated SVD. `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and aggregates the
+    `extra_roles` deltas. Options as `lora_config`."""
+    return build_lora_process("flexlora", keras_model_fn, input_spec, client_optimizer,
+                              **options)
+
+
+def build_flora(keras_model_fn, input_spec, client_optimizer, **options):
+    """FLoRA: clients train A, B from (A, B = 0) and upload A_i, B_i; the server merges
+    W0 ← W0 + scale·Σ_i p_i·A_i·B_i (stacking) and restarts the adapter (A ← `flora_a_init` with
+    `seed` and the round number, B ← 0). Every `lora_a` must be linked to its frozen kernel
+    (`tffl.engine.roles.link_lora`); `aggregator` sets p_i (weighted: n_i/Σn, unweighted: 1/N) and
+    aggregates the `extra_roles` deltas. Options as `lora_config`."""
+    return build_lora_process("flora", keras_model_fn, input_spec, client_optimizer, **options)
 
 
 def build_rolora_then_ffa(rolora_fraction: float, total_communication_rounds: int,
-                          keras_model_fn, input_spec, client_learning_rate, **kwargs
+                          keras_model_fn, input_spec, client_optimizer, **options
                           ) -> process_lib.Process:
     """"x% RoLoRA + (100−x)% FFA-LoRA" (`rolora.md` §1.3 (ii)): RoLoRA's alternation for the
     first round(x·T) communication rounds, then only B rounds (x = `rolora_fraction`,
-    T = `total_communication_rounds`); `kwargs` as `build_schedule`.
+    T = `total_communication_rounds`); options as `lora_config`.
 
     Raises:
       ValueError: x outside [0, 1] or T < 1 (and as `build_rolora`).
     """
-    if not 0.0 <= rolora_fraction <= 1.0:
-        raise ValueError(f"rolora_fraction={rolora_fraction} must be in [0, 1]")
-    if total_communication_rounds < 1:
-        raise ValueError(f"total_communication_rounds={total_communication_rounds} must be >= 1")
-    return build_schedule("rolora_ffa", keras_model_fn, input_spec, client_learning_rate,
-                          switch_round=round(rolora_fraction * total_communication_rounds),
-                          **kwargs)
+    return build_schedule("rolora_ffa", lora_config(
+        keras_model_fn, input_spec, client_optimizer, rolora_fraction=rolora_fraction,
+        total_rounds=total_communication_rounds, **options))
 
 
 def upload_bytes_per_communication_round(process) -> dict[str, int]:
@@ -256,8 +224,8 @@ def traffic_per_communication_round(process) -> dict[str, communication.RoundTra
 
 
 __all__ = [
-    "ALGORITHMS", "METRIC_UPLOAD_BYTES", "build_fedavg_lora", "build_ffa_lora", "build_flexlora",
+    "METRIC_UPLOAD_BYTES", "build_fedavg_lora", "build_ffa_lora", "build_flexlora",
     "build_flora", "build_lora_process", "build_rolora", "build_rolora_then_ffa",
-    "build_schedule", "flora_a_init", "lora_pairs", "traffic_per_communication_round",
+    "build_schedule", "lora_config", "traffic_per_communication_round",
     "upload_bytes_per_communication_round",
 ]

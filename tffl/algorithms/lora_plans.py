@@ -1,6 +1,7 @@
-"""Federated LoRA algorithms before composition: the model's LoRA factors, each algorithm's
-round kinds and schedule (`plan_schedule`), shared by `tffl.algorithms.lora_fl` (equal ranks) and
-`tffl.algorithms.lora_ranks` (per-client ranks), which compose them.
+"""Federated LoRA algorithms before composition: their configuration (`LoraConfig`), the model's
+LoRA factors, each algorithm's round kinds and schedule (`plan_schedule`), shared by
+`tffl.algorithms.lora_fl` (equal ranks) and `tffl.algorithms.lora_ranks` (per-client ranks),
+which compose them.
 
 | algorithm    | round kinds (roles trained; upload; server step)            | schedule          |
 |--------------|-------------------------------------------------------------|-------------------|
@@ -26,6 +27,68 @@ from tffl.engine import rounds as engine
 from tffl.engine import roles
 from tffl.engine import schedules
 from tffl.engine import switch_round as switching
+from tffl.engine.federated_model import ModelSource
+from tffl.engine.federated_model import build_federated_model
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """How a federated-LoRA algorithm runs (PEFT's `LoraConfig` holds the adapter; this holds its
+    federation). Defaults: the paper's plain mean and SGD server step with η_s = 1.
+
+    Attributes:
+      model: the Keras model (`tffl.engine.federated_model.ModelSource`), whose variables carry
+        `tffl.engine.roles` (at least one `lora_a` and one `lora_b`).
+      client_optimizer: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`; local
+        steps = batches in the dataset.
+      aggregator: a `tff.aggregators` factory for the uploads, weighted (weights = examples) or
+        unweighted (default `MeanFactory()`).
+      server_optimizer: a `tff.learning.optimizers.Optimizer` on the mean delta (default SGD
+        η_s = 1: the plain mean).
+      extra_roles: roles trained and aggregated with the factors every round (default `head`).
+      weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ).
+      seed: FLoRA's seed for the fresh A of every round.
+      rolora_fraction, total_rounds: rolora_ffa: RoLoRA for round(x·T) communication rounds of
+        T, then FFA-LoRA's B rounds.
+      client_ranks: flexlora, flora: each client's rank (`{client id: rank}` or a function of
+        the client id, each in [1, the model's LoRA rank]); the process is then a personalized
+        `Process` (the rank is the clients' personal state, `tffl.algorithms.lora_ranks`).
+      averaging_error: fedavg_lora only: also report, in every round's metrics under
+        `finalizer/averaging_error`, ‖mean(A_i)·mean(B_i) − mean(A_iB_i)‖_F /
+        ‖mean(A_iB_i) − A·B‖_F over all adapters (`tffl.engine.factor_aggregation`; the means
+        with the aggregator's weights p_i, A, B the round's starting factors). A
+        simulation-only diagnostic: its second aggregation of the clients' ΔA_i, ΔB_i is not
+        counted in `traffic` (the algorithm's own upload), and TFF can then compile the round
+        to MapReduceForm only.
+      jit_compile: mark each client step for XLA (`tf.function(jit_compile=True)`). Only a
+        TensorFlow runtime with XLA compiles it: TFF 0.87's `worker_binary` has none and runs
+        the step as it is (same results, same time; docs/PERFORMANCE.md, "XLA").
+    """
+
+    model: ModelSource
+    client_optimizer: Any
+    aggregator: Any = None
+    server_optimizer: Any = None
+    extra_roles: tuple[str, ...] = (roles.HEAD,)
+    weight_decay: float = 0.0
+    seed: int = 0
+    rolora_fraction: float = 0.5
+    total_rounds: int | None = None
+    client_ranks: Any = None
+    averaging_error: bool = False
+    jit_compile: bool = False
+
+    def switch_round(self) -> int:
+        """rolora_ffa's switch: the communication round round(x·T) from which only B rounds
+        run (ValueError without T, or for x outside [0, 1] or T < 1)."""
+        if self.total_rounds is None:
+            raise ValueError("rolora_ffa needs LoraConfig(total_rounds=T): it switches to "
+                             "FFA-LoRA after round(rolora_fraction·T) communication rounds")
+        if not 0.0 <= self.rolora_fraction <= 1.0:
+            raise ValueError(f"rolora_fraction={self.rolora_fraction} must be in [0, 1]")
+        if self.total_rounds < 1:
+            raise ValueError(f"total_rounds={self.total_rounds} must be >= 1")
+        return round(self.rolora_fraction * self.total_rounds)
 
 
 
@@ -51,12 +114,12 @@ def lora_pairs(spec: client_training.ModelSpec) -> list[tuple[int, int]]:
     return pairs
 
 
-def _inspect(keras_model_fn, input_spec, extra_roles) -> client_training.ModelSpec:
+def _inspect(source: ModelSource, extra_roles) -> client_training.ModelSpec:
     for role in extra_roles:
         if role not in roles.ROLES or role in (roles.LORA_A, roles.LORA_B, roles.FROZEN):
             raise ValueError(f"extra_roles may hold {roles.HEAD!r}, {roles.SHARED!r} or "
                              f"{roles.SHORTCUT!r}, got {role!r}")
-    spec = client_training.inspect_model(keras_model_fn, input_spec)
+    spec = source.spec()
     found = {v.role for v in spec.trainable}
     if roles.LORA_A not in found or roles.LORA_B not in found:
         names = ", ".join(f"{v.name}:{v.role}" for v in spec.trainable) or "none"
@@ -163,34 +226,31 @@ ROUND_BUILDERS: dict[str, Callable[..., Rounds]] = {
 ALGORITHMS = tuple(name for name in ROUND_BUILDERS if name != "rolora_ffa")
 
 
-def plan_schedule(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
-                  loss_fn=None, aggregator=None, extra_roles=(roles.HEAD,), client_device=None,
-                  server_optimizer=None, weight_decay: float = 0.0, initial_non_trainable=None,
-                  frozen_dir=None, seed: int = 0, switch_round: int | None = None,
-                  initial_trainable=None, jit_compile: bool = False) -> SchedulePlan:
-    """`build_schedule`'s plan (same arguments) before its rounds are built and composed."""
-    try:
-        client_training.as_optimizer(client_learning_rate)
-    except ValueError:
-        raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
-                         "> 0 (or a tff.learning.optimizers.Optimizer)") from None
-    extra_roles = tuple(extra_roles)
+def plan_schedule(algorithm: str, config: LoraConfig) -> SchedulePlan:
+    """`algorithm`'s plan (one of `ROUND_BUILDERS`) on `config`'s model, before its rounds are
+    built and composed.
+
+    Raises:
+      ValueError: an unknown algorithm; a model without `lora_a`/`lora_b` variables, or with a
+        trainable variable no round trains; a client step that is not a finite number > 0.
+    """
+    optimizer = client_training.as_optimizer(config.client_optimizer)
+    extra_roles = tuple(config.extra_roles)
     if algorithm not in ROUND_BUILDERS:
         raise ValueError(f"unknown LoRA algorithm {algorithm!r}; expected one of "
                          f"{', '.join(ROUND_BUILDERS)}")
-    spec = _inspect(keras_model_fn, input_spec, extra_roles)
-    rounds = ROUND_BUILDERS[algorithm](spec, extra_roles, seed=int(seed),
+    spec = _inspect(config.model, extra_roles)
+    switch_round = config.switch_round() if algorithm == "rolora_ffa" else None
+    rounds = ROUND_BUILDERS[algorithm](spec, extra_roles, seed=int(config.seed),
                                        switch_round=switch_round)
     specs, schedule, federated_nt = rounds.specs, rounds.schedule, rounds.federated_non_trainable
     federated = {k for s in specs for p in s.phases for k in p.train_indices}
     _check_all_trained(spec, federated, algorithm, extra_roles)
     federated |= set(rounds.federated_trainable)
-    model = engine.build_federated_model(
-        keras_model_fn, input_spec, sorted(federated), federated_nt,
-        initial_non_trainable=initial_non_trainable, frozen_dir=frozen_dir, loss_fn=loss_fn,
-        client_device=client_device, spec=spec, initial_trainable=initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, weight_decay, jit_compile=jit_compile)
-    return SchedulePlan(model, tuple(specs), schedule, client, aggregator, server_optimizer)
+    model = build_federated_model(config.model, sorted(federated), federated_nt, spec=spec)
+    client = engine.ClientConfig(optimizer, config.weight_decay, jit_compile=config.jit_compile)
+    return SchedulePlan(model, tuple(specs), schedule, client, config.aggregator,
+                        config.server_optimizer)
 
 
 def _check_all_trained(spec, trained, algorithm, extra_roles) -> None:

@@ -30,8 +30,10 @@ bytes a rank-r_i client needs are `traffic_at_rank`.
 
 Example:
 
->>> process = build_heterogeneous_rank_process("flexlora", model_fn, input_spec, 0.1,
-...                                            client_ranks={"a": 1, "b": 2})  # adapters: r = 2
+>>> from tffl.algorithms.lora_plans import LoraConfig
+>>> from tffl.engine.federated_model import ModelSource
+>>> config = LoraConfig(ModelSource(model_fn, input_spec), 0.1, client_ranks={"a": 1, "b": 2})
+>>> process = build_heterogeneous_rank_process("flexlora", config)  # adapters: r = 2
 >>> personal = [process.initialize_personal(c) for c in ("a", "b")]
 >>> [int(np.asarray(p).reshape(-1)[0]) for p in personal]
 [1, 2]
@@ -131,14 +133,13 @@ def _rank_lookup(client_ranks) -> Callable[[str], int]:
                      f"(4, 8, 16))) or be a function of the client id, got {type(client_ranks)}")
 
 
-def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
-                                     client_learning_rate, client_ranks, **kwargs
+def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.LoraConfig
                                      ) -> process_lib.Process:
-    """FlexLoRA or FLoRA (`algorithm`) with per-client ranks: `client_ranks` maps a client id to
-    its rank (a `Mapping` or a function), each between 1 and the model's LoRA rank; `kwargs` as
-    `tffl.algorithms.lora_fl.build_schedule`. The process's personal state is each client's
-    rank, `process.config` the `ClientRanks`, and `client_traffic` the bytes at the clients'
-    ranks.
+    """FlexLoRA or FLoRA (`algorithm`) with per-client ranks: `config.client_ranks` maps a client
+    id to its rank (a `Mapping` or a function), each between 1 and the model's LoRA rank; the
+    rest of `config` as `tffl.algorithms.lora_fl.build_schedule` takes it. The process's
+    personal state is each client's rank, `process.config` the `ClientRanks`, and
+    `client_traffic` the bytes at the clients' ranks.
 
     Raises:
       ValueError: another algorithm, a rank outside [1, r] in a mapping, or as `build_schedule`.
@@ -146,9 +147,9 @@ def build_heterogeneous_rank_process(algorithm: str, keras_model_fn, input_spec,
     if algorithm not in ALGORITHMS:
         raise ValueError(f"heterogeneous client ranks need {' or '.join(ALGORITHMS)} (they "
                          f"aggregate adapters of different ranks), got {algorithm!r}")
+    client_ranks = config.client_ranks
     lookup = _rank_lookup(client_ranks)
-    plan = lora_plans.plan_schedule(algorithm, keras_model_fn, input_spec, client_learning_rate,
-                                    **kwargs)
+    plan = lora_plans.plan_schedule(algorithm, config)
     spec = plan.model.spec
     pairs = lora_plans.lora_pairs(spec)
     max_rank = max(spec.trainable[a].shape[1] for a, _ in pairs)

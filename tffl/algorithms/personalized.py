@@ -94,9 +94,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -104,6 +104,8 @@ from tffl.engine import client_training
 from tffl.engine import rounds as engine
 from tffl.engine import composition
 from tffl.engine import process as process_lib
+from tffl.engine.federated_model import ModelSource
+from tffl.engine.federated_model import build_federated_model
 from tffl.algorithms.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
 from tffl.algorithms.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
 from tffl.algorithms.personalized_builders import (  # noqa: F401  (public here)
@@ -115,70 +117,80 @@ assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "f
                       "adaptpfl", "fedsa_lora")
 # What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
 METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
+# `ModelSource`'s fields that `build_personalized_process` takes as keyword options.
+_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelSource)
+                       if f.name not in ("model_fn", "input_spec"))
+
+
+def build_personalized(algorithm: str, config: PersonalizedConfig) -> process_lib.Process:
+    """FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE, AdaptPFL or FedSA-LoRA (module
+    docstring) on `config.model`, with `config.client_optimizer` (its fields documented at
+    `PersonalizedConfig`). The model's personal variables carry the role `head` and its
+    representation `shared` / `lora_a` / `lora_b`.
+
+    Raises:
+      ValueError: unknown algorithm or schedule; an epoch count ≤ 0; a client step that is not
+        a finite number > 0; a split that leaves the personal (`head`) or the representation
+        role empty; "alternating" without LoRA; no model or client optimizer in `config`.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown personalized algorithm {algorithm!r}; expected one of "
+                         f"{', '.join(ALGORITHMS)}")
+    if config.model is None or config.client_optimizer is None:
+        raise ValueError(f"{algorithm} needs PersonalizedConfig(model=ModelSource(...), "
+                         "client_optimizer=<SGD step or tff.learning.optimizers optimizer>)")
+    config = config.resolved(algorithm)
+    spec = config.model.spec()
+    plan = BUILDERS[algorithm](algorithm, Split.of(spec), config, config.model.input_spec)
+    return _build_process(algorithm, config, spec, plan)
 
 
 def build_personalized_process(
     algorithm: str,
     keras_model_fn: Callable[[], tf.keras.Model],
     input_spec,
-    client_learning_rate,
+    client_optimizer,
     *,
     config: PersonalizedConfig | None = None,
     **options,
 ) -> process_lib.Process:
-    """Builds FedRep, FedPer, LG-FedAvg, FedAvg, FedAvg-FT, FLUTE, AdaptPFL or FedSA-LoRA (module
-    docstring).
+    """`build_personalized` on a Keras model function and the clients' input spec.
 
     Args:
       algorithm: one of `ALGORITHMS`.
       keras_model_fn: no-arg function returning a fresh Keras model whose personal variables carry
         the role `head` and whose representation carries `shared` / `lora_a` / `lora_b`.
       input_spec: element spec `(x, y)` of a client's batched dataset.
-      client_learning_rate: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`.
+      client_optimizer: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`.
       config: the options as a `PersonalizedConfig` (its fields and defaults are documented
         there); or pass them as keywords instead, not both.
-      **options: the fields of `PersonalizedConfig` (local_epochs, head_epochs,
-        representation_epochs, shortcut_epochs, representation_blocks, finetune_epochs, flute,
-        adaptpfl, lora_schedule, loss_fn, aggregator, server_learning_rate, server_optimizer,
-        weight_decay, initial_non_trainable, frozen_dir, client_device, initial_trainable,
-        jit_compile).
+      **options: the fields of `PersonalizedConfig`, and of the model's `ModelSource`
+        (`loss_fn`, `initial_trainable`, `initial_non_trainable`, `frozen_dir`,
+        `client_device`).
 
     Raises:
-      ValueError: unknown algorithm or schedule; an epoch count ≤ 0; η ≤ 0; a split that leaves
-        the personal (`head`) or the representation role empty; "alternating" without LoRA.
       TypeError: both `config` and keyword options, or an unknown option.
+      ValueError: as `build_personalized`.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown personalized algorithm {algorithm!r}; expected one of "
-                         f"{', '.join(ALGORITHMS)}")
     if config is not None and options:
         raise TypeError(f"pass the options either as config= or as keywords, not both (got "
                         f"config and {', '.join(sorted(options))})")
-    if not isinstance(client_learning_rate, tff.learning.optimizers.Optimizer) and not (
-            np.isfinite(client_learning_rate) and client_learning_rate > 0):
-        raise ValueError(f"client_learning_rate={client_learning_rate} must be a finite number "
-                         "> 0")
-    config = (PersonalizedConfig(**options) if config is None else config).resolved(algorithm)
-    spec = client_training.inspect_model(keras_model_fn, input_spec)
-    plan = BUILDERS[algorithm](algorithm, Split.of(spec), config, input_spec)
-    return _build_process(algorithm, keras_model_fn, input_spec, client_learning_rate, config,
-                          spec, plan)
+    model_options = {k: options.pop(k) for k in _MODEL_OPTIONS if k in options}
+    config = PersonalizedConfig(**options) if config is None else config
+    return build_personalized(algorithm, dataclasses.replace(
+        config, model=ModelSource(keras_model_fn, input_spec, **model_options),
+        client_optimizer=client_optimizer))
 
 
-def _build_process(algorithm: str, keras_model_fn, input_spec, client_learning_rate,
-                   config: PersonalizedConfig, spec: client_training.ModelSpec,
+def _build_process(algorithm: str, config: PersonalizedConfig, spec: client_training.ModelSpec,
                    plan: Plan) -> process_lib.Process:
     """The engine's rounds, the evaluation computations and the process for `plan`: the
     federated weights are the variables some round trains, minus the personal ones."""
     trained = {k for s in plan.round_specs for p in s.phases for k in p.train_indices}
     federated = sorted(trained - set(plan.personal))
-    model = engine.build_federated_model(
-        keras_model_fn, input_spec, federated, personal=plan.personal,
-        initial_non_trainable=config.initial_non_trainable, frozen_dir=config.frozen_dir,
-        loss_fn=config.loss_fn, client_device=config.client_device, spec=spec,
-        initial_trainable=config.initial_trainable)
-    client = engine.ClientConfig(client_learning_rate, config.weight_decay, plan.hook,
-                                 config.jit_compile)
+    model = build_federated_model(config.model, federated, personal=plan.personal, spec=spec)
+    client = engine.ClientConfig(client_training.as_optimizer(config.client_optimizer),
+                                 config.weight_decay, plan.hook, config.jit_compile)
     server_optimizer = config.server_optimizer or tff.learning.optimizers.build_sgdm(
         float(config.server_learning_rate))
     pieces = [engine.build_round(model, s, client, config.aggregator, server_optimizer)
@@ -205,6 +217,5 @@ def personal_state_type(process) -> tff.Type:
     return engine.personal_type(process.model, process.hook)
 
 
-__all__ = ["ALGORITHMS", "AdaptPflConfig", "BUILDERS", "FluteConfig", "LORA_SCHEDULES",
-           "METRIC_UPLOAD_BYTES", "PersonalizedConfig", "build_personalized_process", "neural_collapse",
-           "personal_state_type"]
+__all__ = ["ALGORITHMS", "METRIC_UPLOAD_BYTES", "build_personalized",
+           "build_personalized_process", "personal_state_type"]

@@ -28,11 +28,12 @@ import numpy as np
 from tffl.algorithms import adaptpfl as adaptpfl_phases
 from tffl.engine import client_training
 from tffl.engine import rounds as engine
-from tffl.algorithms import lora_fl
+from tffl.algorithms import lora_plans
 from tffl.engine import roles
 from tffl.engine import schedules
 from tffl.algorithms.adaptpfl import AdaptPflConfig
 from tffl.algorithms.flute import FluteConfig, FluteHook
+from tffl.engine.federated_model import ModelSource
 
 REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
 PERSONAL_ROLES = (roles.HEAD,)
@@ -70,19 +71,17 @@ class PersonalizedConfig:
         values) for `flute`; only for `algorithm="flute"`.
       adaptpfl: AdaptPFL's variant and ablation switches; default None, i.e. `AdaptPflConfig()`
         (variant A, `tffl.algorithms.adaptpfl`) for `adaptpfl`; only for `algorithm="adaptpfl"`.
-      loss_fn: no-arg function returning `(y_true, y_pred) -> scalar`; default None, sparse
-        categorical cross-entropy on logits.
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ). Default 0.
       jit_compile: mark each local step for XLA (`tffl.engine.rounds.ClientConfig`). Default False.
-      client_device: as `tffl.algorithms.lora_fl.build_schedule` (default None).
       aggregator: a `tff.aggregators` factory for the deltas; default None, `MeanFactory()`.
       server_learning_rate: η_s > 0 of the default server optimizer, φ ← φ + η_s·agg(Δ_i).
         Default 1.
       server_optimizer: a `tff.learning.optimizers.Optimizer` instead of SGD with η_s (default
         None).
-      initial_trainable, initial_non_trainable, frozen_dir: the initial trainable weights, the
-        initial (e.g. pretrained) non-trainable weights and the directory of the frozen-weights
-        file, as `tffl.algorithms.lora_fl.build_schedule` (default None each).
+      model: the Keras model (`tffl.engine.federated_model.ModelSource`: its function, input
+        spec, loss and starting weights); needed to build (`build_personalized`).
+      client_optimizer: local SGD step η > 0, or a `tff.learning.optimizers.Optimizer`; needed to
+        build.
     """
 
     local_epochs: int = 1
@@ -94,16 +93,13 @@ class PersonalizedConfig:
     lora_schedule: str = "joint"
     flute: FluteConfig | None = None
     adaptpfl: AdaptPflConfig | None = None
-    loss_fn: Callable[[], client_training.LossFn] | None = None
     weight_decay: float = 0.0
     jit_compile: bool = False
-    client_device: str | None = None
     aggregator: Any = None
     server_learning_rate: float = 1.0
     server_optimizer: Any = None
-    initial_trainable: Any = None
-    initial_non_trainable: Any = None
-    frozen_dir: Any = None
+    model: ModelSource | None = None
+    client_optimizer: Any = None
 
     def __post_init__(self):
         if self.lora_schedule not in LORA_SCHEDULES:
@@ -212,7 +208,7 @@ def _alternating_rounds(split: Split, representation: Indices):
     if not a_idx or not b_idx:
         raise ValueError("lora_schedule='alternating' alternates the LoRA factors, but the "
                          f"model has no trainable lora_a/lora_b variables: {split.layout}")
-    lora_fl.lora_pairs(split.spec)
+    lora_plans.lora_pairs(split.spec)
     others = tuple(k for k in representation if k not in a_idx + b_idx)
     rep_sets = {"b_round": tuple(sorted(others + b_idx)), "a_round": tuple(sorted(others + a_idx))}
     return rep_sets, schedules.alternating("b_round", "a_round")

@@ -1,27 +1,29 @@
-"""`ALGORITHMS`: the one registry of tffl's Keras-model algorithms, name -> `Algorithm`.
+"""`ALGORITHMS`: the one registry of tffl's algorithms, name -> `Algorithm`.
 
-Each entry says its family and builds its process from a Keras model function, the clients'
-input spec, the client learning rate (or a `tff.learning.optimizers.Optimizer`) and the
-family's typed configuration:
+Each entry says its family and builds its process from the family's typed configuration, with
+one signature for every family, `build(config)`:
 
 | family         | algorithms                                              | config          |
 |----------------|---------------------------------------------------------|-----------------|
-| `lora`         | rolora, fedavg_lora, ffa_lora, flexlora, flora, rolora_ffa | `LoraConfig` |
-| `personalized` | fedrep, fedper, lg_fedavg, fedavg, fedavg_ft, flute, adaptpfl, fedsa_lora | keyword options of `tffl.algorithms.personalized.build_personalized_process` |
+| `lora`         | rolora, fedavg_lora, ffa_lora, flexlora, flora, rolora_ffa | `tffl.algorithms.lora_plans.LoraConfig` |
+| `personalized` | fedrep, fedper, lg_fedavg, fedavg, fedavg_ft, flute, adaptpfl, fedsa_lora | `tffl.algorithms.personalized_builders.PersonalizedConfig` |
 | `linear`       | fedrep_linear, flute_linear, adaptpfl_linear, rolora_linear | `LinearConfig` |
 
-The `linear` family has no Keras model: `build(LinearConfig(dim, rank, learning_rate, ...))`
-returns the algorithm's `tffl.engine.process.Process` (stateless, a TFF `LearningProcess`, for
-`fedrep_linear` and `rolora_linear`; with declared personal state for `flute_linear` and
-`adaptpfl_linear`), its hyperparameters in `process.config`.
+The Keras families' configurations carry the model (`tffl.engine.federated_model.ModelSource`)
+and the client optimizer; the `linear` family has no Keras model: `LinearConfig(dim, rank,
+learning_rate, ...)` gives the problem size. Each returns the algorithm's
+`tffl.engine.process.Process` (stateless, a TFF `LearningProcess`, or with declared personal
+state).
 
-The names come from the families' own builder tables (`tffl.algorithms.lora_plans.ROUND_BUILDERS`: each
-algorithm's round kinds and schedule; `tffl.algorithms.personalized.ALGORITHMS`), so this mapping is the
-single list every CLI and experiment reads.
+The names come from the families' own builder tables (`tffl.algorithms.lora_plans.ROUND_BUILDERS`:
+each algorithm's round kinds and schedule; `tffl.algorithms.personalized.ALGORITHMS`), so this
+mapping is the single list every CLI and experiment reads.
 
 >>> sorted(name for name, a in ALGORITHMS.items() if a.family == "lora")
 ['fedavg_lora', 'ffa_lora', 'flexlora', 'flora', 'rolora', 'rolora_ffa']
->>> process = ALGORITHMS["rolora"].build(model_fn, input_spec, 0.1, LoraConfig())
+>>> from tffl.algorithms.lora_plans import LoraConfig
+>>> from tffl.engine.federated_model import ModelSource
+>>> process = ALGORITHMS["rolora"].build(LoraConfig(ModelSource(model_fn, input_spec), 0.1))
 >>> process.data_names                         # `next`: a B round then an A round
 ('b_round', 'a_round')
 """
@@ -38,51 +40,8 @@ from tffl.algorithms import flute_linear
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
-from tffl.engine import roles
 from tffl.algorithms import rolora_linear
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """How a federated-LoRA algorithm runs (PEFT's `LoraConfig` holds the adapter; this holds
-    its federation). Defaults: the paper's plain mean and SGD server step with η_s = 1.
-
-    Attributes:
-      aggregator: a `tff.aggregators` factory for the uploads (default `MeanFactory()`).
-      server_optimizer: a `tff.learning.optimizers.Optimizer` on the mean delta (default SGD 1).
-      extra_roles: roles trained and aggregated with the factors every round (default `head`).
-      weight_decay: λ ≥ 0, the clients' coupled L2.
-      seed: FLoRA's seed for the fresh A of every round.
-      rolora_fraction, total_rounds: rolora_ffa: RoLoRA for round(x·T) communication rounds of
-        T, then FFA-LoRA's B rounds.
-      client_ranks: flexlora, flora: each client's rank (`{client id: rank}` or a function).
-      averaging_error: fedavg_lora: report ‖Ā·B̄ − mean(A_iB_i)‖_F / ‖mean(A_iB_i) − A·B‖_F.
-      jit_compile: mark each client step for XLA.
-    """
-
-    aggregator: Any = None
-    server_optimizer: Any = None
-    extra_roles: tuple[str, ...] = (roles.HEAD,)
-    weight_decay: float = 0.0
-    seed: int = 0
-    rolora_fraction: float = 0.5
-    total_rounds: int | None = None
-    client_ranks: Any = None
-    averaging_error: bool = False
-    jit_compile: bool = False
-
-    def options(self, name: str) -> dict[str, Any]:
-        """`tffl.algorithms.lora_fl.build_schedule`'s keyword arguments for algorithm `name`."""
-        options = dict(aggregator=self.aggregator, server_optimizer=self.server_optimizer,
-                       extra_roles=tuple(self.extra_roles), weight_decay=self.weight_decay,
-                       jit_compile=self.jit_compile)
-        if name == "flora":
-            options["seed"] = self.seed
-        if self.client_ranks is not None:
-            options["client_ranks"] = self.client_ranks
-        if self.averaging_error:
-            options["averaging_error"] = True
-        return options
+from tffl.algorithms.personalized_builders import PersonalizedConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,42 +78,38 @@ LINEAR_BUILDERS: Mapping[str, Callable[..., Any]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One registry entry: `build(keras_model_fn, input_spec, client_learning_rate, config=None,
-    **model)` returns the process; `model` takes the model's own options (`loss_fn`,
-    `initial_non_trainable`, `initial_trainable`, `frozen_dir`, `client_device`)."""
+    """One registry entry: `build(config)` returns the process, `config` the family's
+    configuration (`CONFIGS[family]`)."""
 
     name: str
     family: str
-    build: Callable[..., Any]
+    build: Callable[[Any], Any]
 
 
-def _lora_builder(name: str) -> Callable[..., Any]:
-    def build(keras_model_fn, input_spec, client_learning_rate, config: LoraConfig | None = None,
-              **model):
-        config = config or LoraConfig()
-        if not isinstance(config, LoraConfig):
-            raise TypeError(f"{name} takes a tffl.algorithms.registry.LoraConfig, got "
-                            f"{type(config).__name__}")
-        options = {**config.options(name), **model}
-        if name == "rolora_ffa":
-            if config.total_rounds is None:
-                raise ValueError("rolora_ffa needs LoraConfig(total_rounds=T): it switches to "
-                                 "FFA-LoRA after round(rolora_fraction·T) communication rounds")
-            return lora_fl.build_rolora_then_ffa(config.rolora_fraction, config.total_rounds,
-                                                 keras_model_fn, input_spec,
-                                                 client_learning_rate, **options)
-        return lora_fl.build_schedule(name, keras_model_fn, input_spec, client_learning_rate,
-                                      **options)
+# Each family's configuration class.
+CONFIGS = {"lora": lora_plans.LoraConfig, "personalized": PersonalizedConfig,
+           "linear": LinearConfig}
+
+
+def _checked(name: str, family: str, config) -> None:
+    expected = CONFIGS[family]
+    if not isinstance(config, expected):
+        raise TypeError(f"{name} takes a {expected.__module__}.{expected.__name__}, got "
+                        f"{type(config).__name__}")
+
+
+def _lora_builder(name: str) -> Callable[[Any], Any]:
+    def build(config: lora_plans.LoraConfig):
+        _checked(name, "lora", config)
+        return lora_fl.build_schedule(name, config)
 
     return build
 
 
-def _personalized_builder(name: str) -> Callable[..., Any]:
-    def build(keras_model_fn, input_spec, client_learning_rate, config: Mapping | None = None,
-              **model):
-        return personalized.build_personalized_process(
-            name, keras_model_fn, input_spec, client_learning_rate, **dict(config or {}),
-            **model)
+def _personalized_builder(name: str) -> Callable[[Any], Any]:
+    def build(config: PersonalizedConfig):
+        _checked(name, "personalized", config)
+        return personalized.build_personalized(name, config)
 
     return build
 
@@ -163,9 +118,7 @@ def _linear_builder(name: str) -> Callable[..., Any]:
     builder = LINEAR_BUILDERS[name]
 
     def build(config: LinearConfig):
-        if not isinstance(config, LinearConfig):
-            raise TypeError(f"{name} takes a tffl.algorithms.registry.LinearConfig, got "
-                            f"{type(config).__name__}")
+        _checked(name, "linear", config)
         if name == "rolora_linear":
             if config.rank != 1:
                 raise ValueError(f"rolora_linear is RoLoRA's rank-1 Alt-min-GD: rank="
@@ -200,4 +153,4 @@ def get(name: str) -> Algorithm:
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LINEAR_BUILDERS", "LinearConfig", "LoraConfig", "get"]
+__all__ = ["ALGORITHMS", "Algorithm", "CONFIGS", "LINEAR_BUILDERS", "LinearConfig", "get"]

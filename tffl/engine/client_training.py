@@ -66,7 +66,8 @@ def as_optimizer(learning_rate) -> tff.learning.optimizers.Optimizer:
     if isinstance(learning_rate, tff.learning.optimizers.Optimizer):
         return learning_rate
     if not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning rate {learning_rate} must be a finite number > 0")
+        raise ValueError(f"client_optimizer={learning_rate} must be a finite number > 0 (an SGD "
+                         "step) or a tff.learning.optimizers.Optimizer")
     return tff.learning.optimizers.build_sgdm(learning_rate=float(learning_rate))
 
 

@@ -1,11 +1,14 @@
 """The federated model: a role-tagged Keras model split into federated and base weights.
 
-`build_federated_model` draws the model's initial weights once, keeps the federated part (the
-variables an algorithm trains and aggregates) as the server's initial state and writes the base
-part (frozen backbone, never-trained variables, initial personal values) to its fingerprinted
-file (`tffl.engine.frozen`), which every client computation restores.
+`ModelSource` is a Keras model as an algorithm takes it (its function, the clients' input spec,
+its loss and starting weights). `build_federated_model` draws the model's initial weights once,
+keeps the federated part (the variables an algorithm trains and aggregates) as the server's
+initial state and writes the base part (frozen backbone, never-trained variables, initial
+personal values) to its fingerprinted file (`tffl.engine.frozen`), which every client
+computation restores.
 
->>> model = build_federated_model(model_fn, input_spec, federated=spec.indices(["lora_b", "head"]))
+>>> source = ModelSource(model_fn, input_spec)
+>>> model = build_federated_model(source, federated=spec.indices(["lora_b", "head"]))
 >>> [v.shape for v in model.initial_global.trainable]       # B (2×8) and the head (8×3, 3)
 [(2, 8), (8, 3), (3,)]
 """
@@ -27,6 +30,37 @@ from tffl.engine.client_hooks import ClientHook
 
 def _default_loss() -> tf.keras.losses.Loss:
     return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A Keras model as an algorithm takes it.
+
+    Attributes:
+      model_fn: no-arg function returning a fresh, uncompiled Keras model whose variables carry
+        `tffl.engine.roles`.
+      input_spec: element spec `(x, y)` (or `{"x", "y"}`) of a client's batched dataset.
+      loss_fn: no-arg function returning the batch loss `(y_true, y_pred) -> scalar` (default:
+        sparse categorical cross-entropy on logits).
+      initial_trainable: values of `model.trainable_variables` to start from (e.g. a given LoRA
+        A that FFA-LoRA keeps fixed); default the model's own initializers.
+      initial_non_trainable: likewise for `model.non_trainable_variables` (e.g. a pretrained
+        backbone).
+      frozen_dir: where the frozen-weights file goes (`tffl.engine.frozen.default_directory()`).
+      client_device: a TensorFlow device for each client's model and loop, e.g. "/GPU:0".
+    """
+
+    model_fn: Callable[[], tf.keras.Model]
+    input_spec: Any
+    loss_fn: Callable[[], Any] | None = None
+    initial_trainable: Any = None
+    initial_non_trainable: Any = None
+    frozen_dir: Any = None
+    client_device: str | None = None
+
+    def spec(self) -> client_training.ModelSpec:
+        """The model's variables, roles and shapes (`client_training.inspect_model`)."""
+        return client_training.inspect_model(self.model_fn, self.input_spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,28 +150,24 @@ def check_weights_shapes(spec, weights) -> None:
     check_infos((spec.trainable, spec.non_trainable), groups, "set_model_weights")
 
 
-def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
+def build_federated_model(source: ModelSource, federated: Sequence[int],
                           federated_non_trainable: Sequence[int] = (),
-                          personal: Sequence[int] = (), initial_non_trainable=None,
-                          frozen_dir=None, loss_fn=None, client_device=None,
-                          spec: client_training.ModelSpec | None = None,
-                          initial_trainable=None) -> FederatedModel:
-    """Draws the model's initial weights once, writes the base part to its fingerprinted file.
+                          personal: Sequence[int] = (),
+                          spec: client_training.ModelSpec | None = None) -> FederatedModel:
+    """Draws `source`'s initial weights once (its own initializers, or its `initial_*` values),
+    writes the base part to its fingerprinted file.
 
     Args:
+      source: the Keras model and its starting weights.
       federated / federated_non_trainable / personal: positions (`tffl.engine.frozen.Layout`).
-      initial_non_trainable: values replacing the model's own initial non-trainable weights, in
-        `model.non_trainable_variables` order (e.g. a pretrained backbone).
-      initial_trainable: likewise for `model.trainable_variables` (e.g. a given LoRA A that an
-        algorithm keeps frozen, like FFA-LoRA's).
-      frozen_dir: where the base weights file goes (default `tffl.engine.frozen.default_directory()`).
+      spec: `source.spec()`, when the caller has it already.
 
     Raises:
-      ValueError: `initial_non_trainable` does not fit the model.
+      ValueError: `initial_non_trainable` or `initial_trainable` does not fit the model.
     """
-    spec = spec or client_training.inspect_model(keras_model_fn, input_spec)
+    spec = spec or source.spec()
     layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
-    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
+    trainable, non_trainable = frozen_lib.initial_values(source.model_fn, source.input_spec)
 
     def replaced(values, infos, kind):
         given = [np.asarray(v) for v in values]
@@ -148,17 +178,17 @@ def build_federated_model(keras_model_fn, input_spec, federated: Sequence[int],
                              f"{expected[:3]}...")
         return [v.astype(info.dtype) for v, info in zip(given, infos)]
 
-    if initial_non_trainable is not None:
-        non_trainable = replaced(initial_non_trainable, spec.non_trainable, "frozen")
-    if initial_trainable is not None:
-        trainable = replaced(initial_trainable, spec.trainable, "trainable")
+    if source.initial_non_trainable is not None:
+        non_trainable = replaced(source.initial_non_trainable, spec.non_trainable, "frozen")
+    if source.initial_trainable is not None:
+        trainable = replaced(source.initial_trainable, spec.trainable, "trainable")
     return FederatedModel(
-        keras_model_fn=keras_model_fn, input_spec=input_spec, layout=layout,
+        keras_model_fn=source.model_fn, input_spec=source.input_spec, layout=layout,
         frozen=frozen_lib.FrozenWeights.write(layout.base_values(trainable, non_trainable),
-                                              frozen_dir),
+                                              source.frozen_dir),
         initial_global=layout.global_values(trainable, non_trainable),
         initial_personal=tuple(trainable[k] for k in layout.personal),
-        loss_fn=loss_fn or _default_loss, client_device=client_device)
+        loss_fn=source.loss_fn or _default_loss, client_device=source.client_device)
 
 
 def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:

@@ -31,7 +31,8 @@ schedule is a function t ↦ round kind and `next` runs one communication round 
 
 Example:
 
->>> model = build_federated_model(model_fn, input_spec,
+>>> from tffl.engine.federated_model import ModelSource
+>>> model = build_federated_model(ModelSource(model_fn, input_spec),
 ...                               federated=spec.indices(["lora_a", "lora_b", "head"]))
 >>> b_round = RoundSpec("b_round", (client_training.Phase(spec.indices(["lora_b", "head"])),))
 >>> pieces = build_round(model, b_round, ClientConfig(optimizer=client_training.as_optimizer(0.1)))

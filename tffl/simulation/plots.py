@@ -30,6 +30,10 @@ from typing import Any
 import numpy as np
 
 ACCURACY_KEYS = ("eval_accuracy", "eval_personal_accuracy")
+# Markers of runs with fewer than `FEW_POINTS` evaluations each: distinct, hollow and of
+# decreasing size, so that runs at the same point do not hide one another.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FEW_POINTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +105,29 @@ def plot_data(runs: Mapping[str, Sequence], num_classes: int | None = None) -> d
     """What `save_comparison_plot` draws, for `{name: metrics rows, or one list of rows per
     seed}`: `curves` per name (labelled with the seed count when several), `chance`
     (1/`num_classes`, None without it), `round_ticks` (integers from 0 to the last round),
-    `round_limits`, `upload_limits` (MiB) and `accuracy_limits` ((0, 1))."""
+    `round_limits`, `upload_limits` (MiB), `accuracy_limits` ((0, 1)) and `styles` (each
+    name's marker, marker size and fill: when every run has fewer than `FEW_POINTS`
+    evaluations, distinct hollow markers, each larger than the next, so that equal points stay
+    visible).
+
+    >>> row = {"round": 1, "communication_rounds": 1, "bytes_up_per_client": 1.0,
+    ...        "eval_accuracy": 0.5}
+    >>> styles = plot_data({"a": [row], "b": [row]})["styles"]
+    >>> styles["a"]["marker"] != styles["b"]["marker"], styles["a"]["fillstyle"]
+    (True, 'none')
+    """
     curves = {name: _curves(run) for name, run in runs.items()}
     last = max((max(c.communication_rounds) for c in curves.values() if c.communication_rounds),
                default=1)
     step = max(1, math.ceil(last / 10))
     labels = {name: f"{name} ({c.seeds} seeds: mean, min–max)" if c.seeds > 1 else name
               for name, c in curves.items()}
-    return {"curves": curves, "labels": labels,
+    few = all(len(c.accuracy) < FEW_POINTS for c in curves.values())
+    styles = {name: ({"marker": MARKERS[i % len(MARKERS)], "fillstyle": "none",
+                      "markersize": 4 + 3 * (len(curves) - 1 - i)} if few else
+                     {"marker": "o", "fillstyle": "full", "markersize": 4})
+              for i, name in enumerate(curves)}
+    return {"curves": curves, "labels": labels, "styles": styles,
             "chance": 1.0 / num_classes if num_classes else None,
             "round_ticks": list(range(0, last + step, step)),
             "round_limits": (0, last + 0.5 * step), "accuracy_limits": (0.0, 1.0),
@@ -133,7 +152,8 @@ def save_comparison_plot(path: os.PathLike | str, runs: Mapping[str, Sequence],
     for name, c in data["curves"].items():
         for ax, x in ((axes[0], c.communication_rounds),
                       (axes[1], [b / 2**20 for b in c.uploaded_bytes])):
-            line, = ax.plot(x, c.accuracy, "-o", markersize=4, label=data["labels"][name])
+            line, = ax.plot(x, c.accuracy, "-", label=data["labels"][name],
+                            **data["styles"][name])
             if c.low is not None:
                 ax.fill_between(x, c.low, c.high, color=line.get_color(), alpha=0.2,
                                 linewidth=0)
@@ -160,5 +180,5 @@ def save_comparison_plot(path: os.PathLike | str, runs: Mapping[str, Sequence],
     return path
 
 
-__all__ = ["ACCURACY_KEYS", "Curves", "accuracy_curves", "plot_data", "save_comparison_plot",
+__all__ = ["ACCURACY_KEYS", "Curves", "FEW_POINTS", "MARKERS", "accuracy_curves", "plot_data", "save_comparison_plot",
            "seed_band"]

@@ -11,6 +11,9 @@ from models.paper_models import build_rolora_mnist_net
 from tffl.algorithms import registry as algorithms
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
+from tffl.algorithms.lora_plans import LoraConfig
+from tffl.algorithms.personalized_builders import PersonalizedConfig
+from tffl.engine.federated_model import ModelSource
 from tffl.engine.process import Process
 
 _D, _CLASSES = 8, 3
@@ -44,16 +47,22 @@ def test_the_registry_is_the_one_list_of_names():
         algorithms.get("fedprox")
 
 
-def test_lora_config_becomes_the_builders_options():
-    config = algorithms.LoraConfig(seed=3, averaging_error=True, weight_decay=0.1)
-    assert config.options("flora")["seed"] == 3
-    assert "seed" not in config.options("rolora")
-    assert config.options("fedavg_lora")["averaging_error"] is True
-    assert config.options("fedavg_lora")["weight_decay"] == 0.1
+def _source():
+    return ModelSource(_model_fn, _SPEC)
+
+
+def test_every_family_builds_from_its_one_config():
     with pytest.raises(ValueError, match=r"rolora_ffa needs LoraConfig\(total_rounds=T\)"):
-        algorithms.get("rolora_ffa").build(_model_fn, _SPEC, 0.1)
-    with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LoraConfig, got dict"):
-        algorithms.get("rolora").build(_model_fn, _SPEC, 0.1, {"seed": 1})
+        algorithms.get("rolora_ffa").build(LoraConfig(_source(), 0.1))
+    with pytest.raises(TypeError, match="takes a tffl.algorithms.lora_plans.LoraConfig, got dict"):
+        algorithms.get("rolora").build({"seed": 1})
+    with pytest.raises(TypeError, match="fedrep takes a tffl.algorithms.personalized_builders."
+                                        "PersonalizedConfig, got LoraConfig"):
+        algorithms.get("fedrep").build(LoraConfig(_source(), 0.1))
+    with pytest.raises(ValueError, match=r"fedrep needs PersonalizedConfig\(model=ModelSource"):
+        algorithms.get("fedrep").build(PersonalizedConfig())
+    with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LinearConfig"):
+        algorithms.get("fedrep_linear").build(LoraConfig(_source(), 0.1))
 
 
 def _flat(weights):
@@ -63,8 +72,9 @@ def _flat(weights):
 @pytest.mark.parametrize("name", _ON_THIS_MODEL)
 def test_every_entry_builds_and_runs_two_rounds(name, tff_runtime):
     entry = algorithms.get(name)
-    config = (algorithms.LoraConfig(total_rounds=4) if entry.family == "lora" else None)
-    process = entry.build(_model_fn, _SPEC, 0.1, config)
+    config = (LoraConfig(_source(), 0.1, total_rounds=4) if entry.family == "lora"
+              else PersonalizedConfig(model=_source(), client_optimizer=0.1))
+    process = entry.build(config)
     state = process.initialize()
     start = _flat(process.get_model_weights(state))
     personal = ([process.initialize_personal(c) for c in ("a", "b")]

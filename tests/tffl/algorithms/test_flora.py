@@ -197,7 +197,7 @@ def test_flora_trains_the_relu_toy_net_through_its_base_kernel(tff_runtime):
                                       b_stddev=0.1, base_kernel=True)
 
     spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
-    process = lora_fl.build_flora(model_fn, spec, client_learning_rate=0.5)
+    process = lora_fl.build_flora(model_fn, spec, client_optimizer=0.5)
     rng = np.random.default_rng(0)
     datasets = [tf.data.Dataset.from_tensor_slices(
         (rng.normal(size=(8, 12)).astype(np.float32), rng.integers(0, 4, size=8).astype(np.int32))

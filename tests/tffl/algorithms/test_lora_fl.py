@@ -245,7 +245,7 @@ def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
     driven by `tffl.simulation.driver.run_rounds` (metrics, checkpoints, resume): one row per
     communication round (B, A, B, A, ...), and the state's `round_num` counts them."""
     spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
-    process = lora_fl.build_rolora(_lora_with_head, spec, client_learning_rate=0.5)
+    process = lora_fl.build_rolora(_lora_with_head, spec, client_optimizer=0.5)
     head_bytes = (6 * 3 + 3) * 4
     metric_bytes = 3 * 4 + 4   # three float32 metric sums and the float32 weight n_i
     up = {"b_round": 2 * 6 * 4 + head_bytes + metric_bytes,
@@ -303,7 +303,7 @@ def test_model_without_lora_variables_is_rejected():
 def test_unknown_algorithm_and_bad_learning_rate():
     with pytest.raises(ValueError, match="unknown LoRA algorithm 'fedsgd'"):
         lora_fl.build_lora_process("fedsgd", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
-    with pytest.raises(ValueError, match="client_learning_rate=0 must be a finite number > 0"):
+    with pytest.raises(ValueError, match="client_optimizer=0 must be a finite number > 0"):
         lora_fl.build_lora_process("rolora", _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0)
     with pytest.raises(ValueError, match="extra_roles may hold"):
         lora_fl.build_ffa_lora(_model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1,

@@ -19,6 +19,7 @@ from tests.tffl.algorithms.lora_linear import _LinearLora, _local_sgd, _weighted
 from tests.tiers import tiered
 from tffl.engine import frozen
 from tffl.algorithms import lora_fl
+from tffl.algorithms import lora_plans
 from tffl.simulation import participation
 from tffl.algorithms import personalized
 from tffl.simulation import driver as simulation
@@ -115,7 +116,7 @@ def _broadcast_shapes(computation):
 
 
 # Fast tier: RoLoRA's two round kinds and FLoRA's extra kernel; large: the others.
-@pytest.mark.parametrize("algorithm", tiered([*lora_fl.ALGORITHMS, "rolora_ffa"],
+@pytest.mark.parametrize("algorithm", tiered([*lora_plans.ALGORITHMS, "rolora_ffa"],
                                              fast=["rolora", "flora"]))
 def test_no_frozen_variable_is_broadcast(algorithm):
     """The broadcast (MapReduceForm `prepare`'s result) of every round holds exactly the

@@ -41,6 +41,7 @@ from tffl.algorithms import adaptpfl_linear  # noqa: E402
 from tffl.algorithms import fedrep_linear  # noqa: E402
 from tffl.algorithms import flute_linear  # noqa: E402
 from tffl.algorithms import lora_fl  # noqa: E402
+from tffl.algorithms import lora_plans  # noqa: E402
 from tffl.algorithms import personalized  # noqa: E402
 from tffl.algorithms import rolora_linear as rolora_linear_module  # noqa: E402
 
@@ -120,7 +121,7 @@ def _linear(name):
 
 
 CASES = {
-    **{name: (lambda n=name: _lora(n)) for name in (*lora_fl.ALGORITHMS, "rolora_ffa")},
+    **{name: (lambda n=name: _lora(n)) for name in (*lora_plans.ALGORITHMS, "rolora_ffa")},
     **{name: (lambda n=name: _personalized(n)) for name in (*personalized.ALGORITHMS,
                                                              "fedrep_rolora")},
     **{name: (lambda n=name: _linear(n)) for name in ("fedrep_linear", "flute_linear",

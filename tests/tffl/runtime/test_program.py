@@ -14,6 +14,7 @@ import tensorflow_federated as tff
 from models.paper_models import build_rolora_mnist_net
 from tffl.algorithms import fedrep_linear
 from tffl.algorithms import lora_fl
+from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
 from tffl.algorithms import rolora_linear
 from tffl import runtime
@@ -207,7 +208,7 @@ def _process(algorithm):
 
 # The fast tier: RoLoRA (two round kinds); the large tier every algorithm.
 @pytest.mark.parametrize("algorithm", tiered(
-    (*lora_fl.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED), fast=["rolora"]))
+    (*lora_plans.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED), fast=["rolora"]))
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)
