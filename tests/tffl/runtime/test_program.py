@@ -96,6 +96,33 @@ def test_client_data_source_serves_one_choice_per_round_of_a_cycle():
         runtime.ClientDataSource("bad", [tf.data.Dataset.range(1)], data_names=("x", "x"))
 
 
+def test_next_clients_names_the_clients_the_next_select_serves():
+    """Positions in the population, recomputed from the seed: round r takes
+    sorted(default_rng([seed, r]).choice(N, k)); with `data_names` one list per round of the
+    call. Asking does not serve: the iterator's position stays."""
+    sizes = (10, 20, 30, 40)
+    source = runtime.ClientDataSource("ids", [tf.data.Dataset.range(n) for n in sizes], seed=3)
+    cycle = runtime.ClientDataSource("ids_cycle", [tf.data.Dataset.range(n) for n in sizes],
+                                     seed=3, data_names=("b_round", "a_round"))
+    iterator, cycle_iterator = source.iterator(), cycle.iterator()
+
+    def expected(round_num):
+        rng = np.random.default_rng([3, round_num])
+        return sorted(int(i) for i in rng.choice(len(sizes), size=2, replace=False))
+
+    for call in range(1, 5):
+        chosen = iterator.next_clients(2)
+        assert chosen == iterator.next_clients(2) == expected(call)
+        assert iterator.rounds_served == call - 1
+        assert [int(d.cardinality()) for d in iterator.select(2)] == [sizes[i] for i in chosen]
+        assert cycle_iterator.next_clients(2) == {"b_round": expected(2 * call - 1),
+                                                  "a_round": expected(2 * call)}
+        cycle_iterator.select(2)
+    assert iterator.next_clients(None) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="k=5 clients requested from a population of 4"):
+        iterator.next_clients(5)
+
+
 def test_client_data_source_fresh_data_per_round_and_restore_errors():
     source = runtime.ClientDataSource(
         "fresh", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(3)], seed=0)
