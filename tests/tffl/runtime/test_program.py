@@ -335,16 +335,14 @@ def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm,
     assert runtime.running_workers() == []
 
 
-def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, capsys):
-    """docs/engine.md's "Inside TFF's own programs" block, executed on two clients of 6
-    examples: 2 RoLoRA iterations, each a B round and an A round on both clients (24 examples)."""
+def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/engine.md's "Inside TFF's own programs" block, executed as written (in a temporary
+    working directory, its run directory): 2 RoLoRA iterations, each a B round and an A round on
+    both clients of 6 examples (24 examples)."""
     text = (pathlib.Path(__file__).parents[3] / "docs" / "engine.md").read_text()
     block = text.split("## Inside TFF's own programs")[1].split("```python\n")[1].split("```")[0]
-    rng = np.random.default_rng(3)
-    datasets = [tf.data.Dataset.from_tensor_slices(
-        (rng.normal(size=(6, _D)).astype(np.float32),
-         rng.integers(0, _CLASSES, size=6).astype(np.int32))).batch(_BATCH) for _ in range(2)]
-    exec(block, dict(model_fn=_model_fn, input_spec=_SPEC, client_datasets=datasets,
-                     run_dir=str(tmp_path)))
+    monkeypatch.chdir(tmp_path)
+    exec(block, {"__name__": "docs_engine_md"})
     assert capsys.readouterr().out.strip().endswith("24.0 [b'b_round' b'a_round']")
+    assert (tmp_path / "runs" / "rolora" / "state" / "program_state_2").is_dir()
     assert runtime.running_workers() == []
