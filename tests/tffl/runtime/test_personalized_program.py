@@ -1,5 +1,6 @@
 """tffl.runtime.personalized_program: FedRep in a TFF program (program state with every client's
-personal state, TFF's release managers), resumed exactly, leaving no worker; and TFF's own
+personal state, TFF's release managers), resumed exactly, leaving no worker; linear AdaptPFL
+(tensor client data, keyed personal states) resumed exactly (large tier); and TFF's own
 `train_model` refusing a personalized process before it saves any program state.
 
 The model is the linear f(x) = x·W·h of tests/tffl/algorithms/personalized_models.py (W the
@@ -9,16 +10,19 @@ recomputed here from the source's seed: round r takes sorted(default_rng([seed, 
 """
 
 import asyncio
+import collections
 import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.tffl.algorithms.personalized_models import (build, full_batch_datasets,
                                                        initial_weights, linear_clients,
                                                        numpy_round)
 from tffl import runtime
+from tffl.algorithms import adaptpfl_linear
 from tffl.runtime import personalized_program
 
 _SIZES, _SEED, _PER_ROUND = (5, 8, 3), 7, 2
@@ -164,3 +168,32 @@ def test_bad_arguments_raise_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="periodicity=0 must be an int >= 1"):
         personalized_program.EvaluationConfig([], [], tff.program.MemoryReleaseManager(), 0)
     assert os.listdir(tmp_path) == []   # refused before any program state
+
+
+@pytest.mark.large
+def test_linear_adaptpfl_with_keyed_personal_states_resumes_exactly(tmp_path):
+    """Linear AdaptPFL: tensor client data `{x, y}`, a keyed personal state (head, shortcut).
+    Stopped after round 2 and started again to 3, it ends as the uninterrupted 3 rounds."""
+    rng = np.random.default_rng(0)
+    clients = [collections.OrderedDict(x=rng.normal(size=(n, 6)).astype(np.float32),
+                                       y=rng.normal(size=n).astype(np.float32))
+               for n in (5, 7, 9)]
+
+    def run(state_dir, total_rounds):
+        models = tff.program.MemoryReleaseManager()
+        with runtime.program_runtime():
+            asyncio.run(personalized_program.train_personalized_model(
+                train_process=adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1),
+                train_data_source=runtime.ClientDataSource("linear", clients, seed=1),
+                train_config=personalized_program.TrainConfig(2, total_rounds),
+                program_state_manager=tff.program.FileProgramStateManager(str(state_dir)),
+                model_output_manager=models))
+        assert runtime.running_workers() == []
+        final = models.values()[f"training_checkpoint_round_{total_rounds}"]
+        return [np.asarray(v) for v in tf.nest.flatten((final.state, final.personal_states))]
+
+    whole = run(tmp_path / "whole", 3)
+    halfway = run(tmp_path / "split", 2)
+    assert any(not np.allclose(a, b) for a, b in zip(halfway, whole))   # round 3 trains
+    for got, want in zip(run(tmp_path / "split", 3), whole, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
