@@ -17,6 +17,14 @@ time gets `process.initialize_personal(client_id)`), after the round it writes b
 returned; clients that did not take part keep theirs unchanged. The store is saved with every
 checkpoint and restored on resume.
 
+Inside a TFF program (the current context a `tff.program.FederatedContext`), TFF's own program
+logic (`tff.learning.programs.train_model`) would call `initialize` and then `next` with two
+arguments, dropping the personal states. A personalized process's `initialize` therefore
+refuses to run in a program context (`check_program_carries_personal_states`) unless the
+program logic carries the personal states (`carried_by_program()`, which
+`tffl.runtime.personalized_program.train_personalized_model` enters): TFF's `train_model` stops
+with one line naming that program logic, before it saves any program state.
+
 A personalized process is a `tffl.engine.process.Process` whose `personal` (a `PersonalSpec`)
 declares one client's personal state, with
 
@@ -39,11 +47,45 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
+
+# True while a program logic that carries the clients' personal states runs (`carried_by_program`).
+_CARRIED_BY_PROGRAM = contextvars.ContextVar("personal_states_carried_by_program", default=False)
+
+
+@contextlib.contextmanager
+def carried_by_program() -> Iterator[None]:
+    """Marks the block (a program logic's coroutine, or code it calls) as carrying every
+    client's personal state from round to round, so that a personalized process's `initialize`
+    runs in the TFF program context there (`check_program_carries_personal_states`)."""
+    token = _CARRIED_BY_PROGRAM.set(True)
+    try:
+        yield
+    finally:
+        _CARRIED_BY_PROGRAM.reset(token)
+
+
+def check_program_carries_personal_states(algorithm: str) -> None:
+    """TypeError if the current TFF context is a program's (`tff.program.FederatedContext`) and
+    the caller is not inside `carried_by_program()`: TFF's own program logic would drop the
+    personal states of `algorithm`'s clients.
+
+    >>> check_program_carries_personal_states("fedrep")   # TFF's default context: no program
+    """
+    in_program = isinstance(tff.framework.get_context_stack().current,
+                            tff.program.FederatedContext)
+    if in_program and not _CARRIED_BY_PROGRAM.get():
+        raise TypeError(
+            f"{algorithm} keeps a personal state per client, which TFF's program logic "
+            "(tff.learning.programs.train_model) cannot carry: run it with "
+            "tffl.runtime.personalized_program.train_personalized_model")
 
 
 class PersonalizedOutput(NamedTuple):

@@ -13,7 +13,8 @@ rounds done). Its contract is TFF's:
   personal state): the same class and methods, with `next` the stateful-clients computation
   `(S@SERVER, {D*}@CLIENTS, P@CLIENTS) -> PersonalizedOutput(S@SERVER, P@CLIENTS,
   metrics@SERVER)` (`tffl.engine.personal_state`), checked here; TFF's two-argument checks
-  do not apply to it, so TFF's training program does not take it.
+  do not apply to it, and its `initialize` refuses TFF's training program (one line naming
+  `tffl.runtime.personalized_program`, the program logic that carries the personal states).
 
 `next` runs one cycle of the schedule: the round itself for one kind, else the cycle composed by
 `tffl.engine.schedules` (RoLoRA: the B round then the A round, each on its own data,
@@ -49,7 +50,7 @@ import tensorflow_federated as tff
 
 from tffl.engine import communication
 from tffl.engine import schedules
-from tffl.engine.personal_state import PersonalizedOutput
+from tffl.engine.personal_state import PersonalizedOutput, check_program_carries_personal_states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +224,9 @@ class Process(tff.learning.templates.LearningProcess):
         if personal is None:
             super().__init__(initialize, next_fn, get_model_weights, checked_set)
             return
-        tff.templates.IterativeProcess.__init__(self, initialize, next_fn)
+        refusing = CheckedComputation(  # TFF's train_model would drop the personal states
+            initialize, lambda: check_program_carries_personal_states(algorithm))
+        tff.templates.IterativeProcess.__init__(self, refusing, next_fn)
         _personalized_next(next_fn, personal)
         self._get_model_weights, self._set_model_weights = get_model_weights, checked_set
         self._get_hparams_fn = self._set_hparams_fn = None

@@ -38,7 +38,8 @@ and builds TFF's own execution contexts on top of them:
 - for TFF's program layer (`tff.learning.programs.train_model`, `tff.program` state and release
   managers), `program_runtime()`: TFF's `tff.program.NativeFederatedContext` over either of the
   above (`program_context`), with `ClientDataSource` for seeded, resumable client data
-  (tffl/runtime/program.py).
+  (tffl/runtime/program.py); a personalized process runs there under the program logic of
+  tffl/runtime/personalized_program.py, which keeps every client's personal state.
 
 Faults: when a worker dies, or stops answering, the computation raises `WorkerError` naming the
 worker (its number, pid or address and log file) instead of TFF's endless retries of a gRPC

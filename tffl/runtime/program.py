@@ -7,11 +7,16 @@ asynchronous execution context. This module gives
 
 - `program_context(context)`: that `NativeFederatedContext` over any of tffl's synchronous
   contexts (one worker, several, or remote ones), so that the workers' fault handling (a
-  `WorkerError` naming a lost worker, the restart of a crashed one) carries over;
+  `WorkerError` naming a lost worker, the restart of a crashed one) carries over; as a
+  simulation's context (`SimulationFederatedContext`) it also runs computations that return
+  CLIENTS-placed values (a personalized process's `next`, whose personal states the program
+  logic of `tffl.runtime.personalized_program` keeps);
 - `ClientDataSource`: a `tff.program.FederatedDataSource` serving seeded per-round client
   datasets (or tensor values, e.g. the linear algorithms' `{x, y}` batches), whose iterator can be deep-copied and saved in the program state (TFF 0.87's
   `DatasetDataSource` iterator cannot be deep-copied, which `train_model` does every round, and it
-  samples with the unseeded `random` module, so a resumed run would differ).
+  samples with the unseeded `random` module, so a resumed run would differ); its iterator also
+  names the clients a call chooses (`ClientDataIterator.next_clients`), their positions in the
+  population, which key their personal states.
 
 `tffl.runtime.program_runtime()` starts the workers and installs the context for a block.
 """
@@ -19,6 +24,7 @@ asynchronous execution context. This module gives
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import collections.abc
 import json
@@ -75,9 +81,39 @@ def _clients_first(value, value_type):
     return value
 
 
-def program_context(context: context_base.SyncContext) -> tff.program.NativeFederatedContext:
+class SimulationFederatedContext(tff.program.NativeFederatedContext):
+    """TFF's `NativeFederatedContext` over a synchronous context, for a simulation.
+
+    TFF's context refuses a computation whose result holds CLIENTS-placed values: on a deployed
+    platform those stay on the devices. A simulation holds them: a personalized process's
+    `next: (S@SERVER, D@CLIENTS, P@CLIENTS) -> <S@SERVER, P@CLIENTS, metrics@SERVER>` returns the
+    clients' new personal states, which the program keeps for their next rounds. This context
+    runs such a computation too: its whole result is one `tff.program.NativeValueReference`,
+    which materializes to the computation's value (CLIENTS-placed parts as lists in client
+    order); its CLIENTS-placed arguments are given one entry per client (or column-first, as
+    `ClientDataIterator.select` serves data). Every other computation runs exactly as in TFF's
+    context (value references per tensor), so TFF's own program logic runs unchanged.
+    """
+
+    def __init__(self, context: context_base.SyncContext):
+        self._blocking_context = _BlockingAsyncContext(context)
+        super().__init__(self._blocking_context)
+
+    def invoke(self, comp, arg):
+        result_type = comp.type_signature.result
+        if tff.program.contains_only_server_placed_data(result_type):
+            return super().invoke(comp, arg)
+
+        async def run():
+            value = await tff.program.materialize_value(arg)
+            return await self._blocking_context.invoke(comp, value)
+
+        return tff.program.NativeValueReference(asyncio.create_task(run()), result_type)
+
+
+def program_context(context: context_base.SyncContext) -> SimulationFederatedContext:
     """TFF's `NativeFederatedContext` running its computations on `context` (e.g. the one
-    `local_runtime()` or `remote_runtime()` yields).
+    `local_runtime()` or `remote_runtime()` yields), as a `SimulationFederatedContext`.
 
     Invoked computations return `tff.program.MaterializableValueReference`s, as in any TFF
     program; awaiting one (`tff.program.materialize_value`) runs the computation. Install it with
@@ -87,7 +123,7 @@ def program_context(context: context_base.SyncContext) -> tff.program.NativeFede
     ...     with runtime.installed(runtime.program_context(context)):
     ...         asyncio.run(tff.learning.programs.train_model(...))
     """
-    return tff.program.NativeFederatedContext(_BlockingAsyncContext(context))
+    return SimulationFederatedContext(context)
 
 
 # Live sources by name: a saved iterator records its source's name and finds it again on load.
@@ -203,18 +239,44 @@ class ClientDataIterator(tff.program.FederatedDataSourceIterator):
         self.rounds_served = calls
         return chosen
 
+    def next_clients(self, k: int | None = None):
+        """The clients the next `select(k)` serves, without serving them: their positions in the
+        population (in population order), a list of ints, or, with `data_names`,
+        `OrderedDict(name_e=[positions])`. A position is the client's identity across rounds
+        (round r's data of client i is `population(r)[i]`), e.g. the key of its personal state.
+
+        >>> source = ClientDataSource("ids", [tf.data.Dataset.range(n) for n in (10, 20, 30)],
+        ...                           seed=1)
+        >>> iterator = source.iterator()
+        >>> iterator.next_clients(2)                  # round 1 will serve clients 0 and 1 ...
+        [0, 1]
+        >>> [int(d.cardinality()) for d in iterator.select(2)]     # ... of 10 and 20 examples
+        [10, 20]
+        """
+        calls = self.rounds_served + 1
+        names = self.source.data_names
+
+        def indices(round_num: int) -> list[int]:
+            return self._indices(round_num, k, len(self.source.population(round_num)))
+
+        if names is None:
+            return indices(calls)
+        first = len(names) * (calls - 1) + 1
+        return collections.OrderedDict((n, indices(first + e)) for e, n in enumerate(names))
+
+    def _indices(self, round_num: int, k: int | None, size: int) -> list[int]:
+        if k is None:
+            k = size
+        if not 0 < k <= size:
+            raise ValueError(f"k={k} clients requested from a population of {size}")
+        if k == size:
+            return list(range(k))
+        rng = np.random.default_rng([self.source.seed, round_num])
+        return [int(i) for i in sorted(rng.choice(size, size=k, replace=False))]
+
     def _choose(self, round_num: int, k: int | None) -> list[tf.data.Dataset]:
         population = self.source.population(round_num)
-        if k is None:
-            k = len(population)
-        if not 0 < k <= len(population):
-            raise ValueError(f"k={k} clients requested from a population of {len(population)}")
-        if k == len(population):
-            chosen = range(k)
-        else:
-            rng = np.random.default_rng([self.source.seed, round_num])
-            chosen = sorted(rng.choice(len(population), size=k, replace=False))
-        return [population[i] for i in chosen]
+        return [population[i] for i in self._indices(round_num, k, len(population))]
 
     def to_bytes(self) -> bytes:
         return json.dumps({"source": self.source.name, "seed": self.source.seed,

@@ -97,6 +97,33 @@ def test_client_data_source_serves_one_choice_per_round_of_a_cycle():
         runtime.ClientDataSource("bad", [tf.data.Dataset.range(1)], data_names=("x", "x"))
 
 
+def test_next_clients_names_the_clients_the_next_select_serves():
+    """Positions in the population, recomputed from the seed: round r takes
+    sorted(default_rng([seed, r]).choice(N, k)); with `data_names` one list per round of the
+    call. Asking does not serve: the iterator's position stays."""
+    sizes = (10, 20, 30, 40)
+    source = runtime.ClientDataSource("ids", [tf.data.Dataset.range(n) for n in sizes], seed=3)
+    cycle = runtime.ClientDataSource("ids_cycle", [tf.data.Dataset.range(n) for n in sizes],
+                                     seed=3, data_names=("b_round", "a_round"))
+    iterator, cycle_iterator = source.iterator(), cycle.iterator()
+
+    def expected(round_num):
+        rng = np.random.default_rng([3, round_num])
+        return sorted(int(i) for i in rng.choice(len(sizes), size=2, replace=False))
+
+    for call in range(1, 5):
+        chosen = iterator.next_clients(2)
+        assert chosen == iterator.next_clients(2) == expected(call)
+        assert iterator.rounds_served == call - 1
+        assert [int(d.cardinality()) for d in iterator.select(2)] == [sizes[i] for i in chosen]
+        assert cycle_iterator.next_clients(2) == {"b_round": expected(2 * call - 1),
+                                                  "a_round": expected(2 * call)}
+        cycle_iterator.select(2)
+    assert iterator.next_clients(None) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="k=5 clients requested from a population of 4"):
+        iterator.next_clients(5)
+
+
 def test_client_data_source_fresh_data_per_round_and_restore_errors():
     source = runtime.ClientDataSource(
         "fresh", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(3)], seed=0)
@@ -309,16 +336,14 @@ def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm,
     assert runtime.running_workers() == []
 
 
-def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, capsys):
-    """docs/engine.md's "Inside TFF's own programs" block, executed on two clients of 6
-    examples: 2 RoLoRA iterations, each a B round and an A round on both clients (24 examples)."""
+def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/engine.md's "Inside TFF's own programs" block, executed as written (in a temporary
+    working directory, its run directory): 2 RoLoRA iterations, each a B round and an A round on
+    both clients of 6 examples (24 examples)."""
     text = (pathlib.Path(__file__).parents[3] / "docs" / "engine.md").read_text()
     block = text.split("## Inside TFF's own programs")[1].split("```python\n")[1].split("```")[0]
-    rng = np.random.default_rng(3)
-    datasets = [tf.data.Dataset.from_tensor_slices(
-        (rng.normal(size=(6, _D)).astype(np.float32),
-         rng.integers(0, _CLASSES, size=6).astype(np.int32))).batch(_BATCH) for _ in range(2)]
-    exec(block, dict(model_fn=_model_fn, input_spec=_SPEC, client_datasets=datasets,
-                     run_dir=str(tmp_path)))
+    monkeypatch.chdir(tmp_path)
+    exec(block, {"__name__": "docs_engine_md"})
     assert capsys.readouterr().out.strip().endswith("24.0 [b'b_round' b'a_round']")
+    assert (tmp_path / "runs" / "rolora" / "state" / "program_state_2").is_dir()
     assert runtime.running_workers() == []

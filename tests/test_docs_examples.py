@@ -1,0 +1,155 @@
+"""Every ```python block of README.md and docs/*.md runs as written.
+
+Each block runs in a fresh Python (`sys.executable`, the uv environment's), in a temporary working
+directory, with the repository on `PYTHONPATH`, and must exit with status 0 within the timeout.
+HTML comments right above a block's fence (blank lines between are allowed) say more:
+
+- `<!-- docs-example: skip (reason) -->`: the block is not run; the test reports a skip with the
+  reason (for blocks that need data this checkout does not have, a download, or hours);
+- `<!-- docs-example: prints TEXT -->`: what the block prints; its output must contain TEXT;
+- `<!-- docs-example: continues -->`: the block goes on from the file's previous block (its
+  names are that block's), so it runs after that block's code, in the same fresh Python.
+
+Any other `docs-example:` comment is an error, so a typo cannot silently turn a check off.
+The examples train small models on the TFF worker, several seconds each, so they run in the
+`large` tier; the parsing of the markers is checked in the fast tier.
+"""
+
+import dataclasses
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TIMEOUT_S = 600
+
+_FENCE = re.compile(r"^(\s*)```python\s*$")
+_CLOSE = re.compile(r"^\s*```\s*$")
+_COMMENT = re.compile(r"^\s*<!--\s*docs-example:(.*?)-->\s*$")
+_MARKER = re.compile(r"^\s*(?:skip\s+\((?P<reason>.+)\)|prints\s+(?P<prints>\S.*?)|"
+                     r"(?P<continues>continues))\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One ```python block: where it is (`path:line`, the fence's line), its code and markers."""
+
+    path: str
+    line: int
+    code: str
+    skip: str | None = None
+    prints: tuple[str, ...] = ()
+    continues: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def _markers(lines: list[str], fence: int, where: str) -> dict:
+    """The markers of the block whose fence is `lines[fence]`: the comments above it."""
+    found = dict(skip=None, prints=(), continues=False)
+    i = fence - 1
+    while i >= 0 and (not lines[i].strip() or _COMMENT.match(lines[i])):
+        comment = _COMMENT.match(lines[i])
+        if comment:
+            marker = _MARKER.match(comment.group(1))
+            if marker is None:
+                raise ValueError(f"{where}:{i + 1}: unknown docs-example marker "
+                                 f"{comment.group(1).strip()!r}: use skip (reason), prints "
+                                 "TEXT or continues")
+            if marker.group("reason"):
+                found["skip"] = marker.group("reason").strip()
+            elif marker.group("prints"):
+                found["prints"] = (marker.group("prints"), *found["prints"])
+            else:
+                found["continues"] = True
+        i -= 1
+    return found
+
+
+def examples(path: pathlib.Path) -> list[Example]:
+    """The ```python blocks of one markdown file, in order."""
+    lines = path.read_text().splitlines()
+    where = str(path.relative_to(ROOT))
+    found, i = [], 0
+    while i < len(lines):
+        if _FENCE.match(lines[i]):
+            end = i + 1
+            while end < len(lines) and not _CLOSE.match(lines[end]):
+                end += 1
+            if end == len(lines):
+                raise ValueError(f"{where}:{i + 1}: the ```python block is never closed")
+            code = textwrap.dedent("\n".join(lines[i + 1:end])) + "\n"
+            found.append(Example(where, i + 1, code, **_markers(lines, i, where)))
+            i = end
+        i += 1
+    for first, example in zip(found, found[1:]):
+        if example.continues and first.skip and not example.skip:
+            raise ValueError(f"{example.name} continues {first.name}, which is skipped")
+    if found and found[0].continues:
+        raise ValueError(f"{found[0].name} continues, but no block comes before it")
+    return found
+
+
+def _all_examples() -> list[Example]:
+    return [e for path in DOCUMENTS for e in examples(path)]
+
+
+def _program(example: Example, previous: list[Example]) -> str:
+    """The code that runs: the chain of blocks `example` continues, then `example`'s own."""
+    chain = [example]
+    for earlier in reversed(previous):
+        if not chain[0].continues:
+            break
+        chain.insert(0, earlier)
+    return "".join(e.code for e in chain)
+
+
+def test_the_docs_examples_are_found_and_their_markers_are_well_formed():
+    found = _all_examples()
+    assert len(found) >= 12
+    assert {e.path for e in found} >= {"README.md", "docs/engine.md", "docs/personalization.md",
+                                       "docs/runtime.md", "docs/tasks.md"}
+    for e in found:
+        compile(_program(e, [p for p in found if p.path == e.path and p.line < e.line]),
+                e.name, "exec")   # every block (after the ones it continues) is Python
+        assert e.skip is None or len(e.skip) > 10, f"{e.name}: say why it is skipped"
+
+    sample = ["text", "<!-- docs-example: prints 7 -->", "", "<!-- docs-example: continues -->",
+              "```python", "print(3 + 4)", "```"]
+    assert _markers(sample, 4, "sample") == dict(skip=None, prints=("7",), continues=True)
+    with pytest.raises(ValueError, match="sample:1: unknown docs-example marker 'skip'"):
+        _markers(["<!-- docs-example: skip -->", "```python"], 1, "sample")
+
+
+def _params():
+    found = _all_examples()
+    return [pytest.param(e, [p for p in found if p.path == e.path and p.line < e.line],
+                         id=e.name, marks=pytest.mark.large) for e in found]
+
+
+@pytest.mark.parametrize("example, previous", _params())
+def test_the_docs_example_runs_as_written(example, previous, tmp_path):
+    if example.skip:
+        pytest.skip(f"{example.name}: {example.skip}")
+    script = tmp_path / "example.py"
+    script.write_text(_program(example, previous))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{example.name} did not finish within {TIMEOUT_S} s")
+    assert done.returncode == 0, (
+        f"{example.name} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    for text in example.prints:
+        assert text in done.stdout, f"{example.name} should print {text!r}; it printed:\n" + (
+            done.stdout[-2000:])
