@@ -1,6 +1,7 @@
 """PEFT LoRA export / import (models.peft_export) and HF weight names (models.hf_weights).
 
-The reference is a numpy implementation of what Hugging Face computes: PEFT's LoRA formula
+The reference is a numpy implementation of what Hugging Face computes (tests/models/
+bert_reference.py): PEFT's LoRA formula
 y = x·Wᵀ + b + (lora_alpha/r)·x·Aᵀ·Bᵀ on torch-convention weights, and a whole
 BertForSequenceClassification / RobertaForSequenceClassification forward pass over the exported
 base weights with the adapters merged as PEFT merges them (W + (α/r)·B·A); for the classifiers
@@ -11,7 +12,6 @@ merged, then the sentence-transformers Pooling and Dense modules the folder's mo
 
 import functools
 import json
-import math
 
 import keras_nlp
 import numpy as np
@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from models import backbones, hf_bert, hf_weights, peft_export
 from models.lora_targets import LoraConfig, apply_lora, lora_layers
+from tests.models.bert_reference import hidden_states, merged, recipe_logits
 
 RANK, ALPHA = 2, 3.0
 TINY = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
@@ -175,72 +176,9 @@ def test_import_refuses_another_placement(tmp_path):
 # -- the whole model, as Hugging Face computes it -------------------------------------------
 
 
-def _layer_norm(x, g, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * g + b
-
-
-def _gelu(x, act):
-    if act == "gelu":
-        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _merged(t, adapters, config):
-    """PEFT's merge: W ← W + (lora_alpha/r)·B·A for every adapted module."""
-    t = dict(t)
-    scale = config["lora_alpha"] / config["r"]
-    for key, a in adapters.items():
-        if key.endswith(".lora_A.weight"):
-            module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-            b = adapters[key.replace("lora_A", "lora_B")]
-            t[module + ".weight"] = t[module + ".weight"] + scale * b @ a
-    for key, v in adapters.items():
-        if "lora_" not in key:
-            t[key.removeprefix("base_model.model.")] = v
-    return {k: v.astype(np.float64) for k, v in t.items()}
-
-
-def _hf_hidden(t, hf_config, prefix, ids, mask):
-    """HF BertModel / RobertaModel's last hidden state (numpy) over the tensors `t` named
-    `<prefix>embeddings...`, for token ids right-padded where `mask` is 0: HF adds the dtype's
-    minimum to the attention scores of padded keys (a padded query's state is read by nobody)."""
-    eps, act = hf_config["layer_norm_eps"], hf_config["hidden_act"]
-    heads, p = hf_config["num_attention_heads"], prefix
-    seq = ids.shape[1]
-    # RoBERTa numbers real tokens from padding_idx + 1 = 2.
-    positions = np.arange(seq) + (2 if hf_config.get("model_type") == "roberta" else 0)
-    x = (t[p + "embeddings.word_embeddings.weight"][ids]
-         + t[p + "embeddings.position_embeddings.weight"][positions]
-         + t[p + "embeddings.token_type_embeddings.weight"][0])
-    x = _layer_norm(x, t[p + "embeddings.LayerNorm.weight"], t[p + "embeddings.LayerNorm.bias"], eps)
-    key_bias = np.where(mask[:, None, None, :] > 0, 0.0, np.finfo(np.float32).min)
-
-    def linear(h, name):
-        return h @ t[name + ".weight"].T + t[name + ".bias"]
-
-    for i in range(hf_config["num_hidden_layers"]):
-        q = p + f"encoder.layer.{i}."
-        split = [linear(x, q + f"attention.self.{n}").reshape(*x.shape[:2], heads, -1)
-                 for n in ("query", "key", "value")]
-        scores = np.einsum("bqhd,bkhd->bhqk", split[0], split[1]) / math.sqrt(split[0].shape[-1])
-        scores = scores + key_bias
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        ctx = np.einsum("bhqk,bkhd->bqhd", probs, split[2]).reshape(x.shape)
-        x = _layer_norm(linear(ctx, q + "attention.output.dense") + x,
-                        t[q + "attention.output.LayerNorm.weight"],
-                        t[q + "attention.output.LayerNorm.bias"], eps)
-        h = _gelu(linear(x, q + "intermediate.dense"), act)
-        x = _layer_norm(linear(h, q + "output.dense") + x, t[q + "output.LayerNorm.weight"],
-                        t[q + "output.LayerNorm.bias"], eps)
-    return x
-
-
 def _hf_forward(t, hf_config, family, ids):
     """HF Bert/RobertaForSequenceClassification logits (numpy; no padding in `ids`)."""
-    x = _hf_hidden(t, hf_config | {"model_type": family}, family + ".", ids, np.ones_like(ids))
+    x = hidden_states(t, hf_config | {"model_type": family}, family + ".", ids, np.ones_like(ids))
 
     def linear(h, name):
         return h @ t[name + ".weight"].T + t[name + ".bias"]
@@ -260,8 +198,8 @@ def test_whole_model_logits_match_hf_with_peft_merged(family, tmp_path):
     config, adapters = peft_export.read_peft(tmp_path / "adapter")
     inputs = _inputs(family)
     ours = model(inputs).numpy()
-    expected = _hf_forward(_merged(base, adapters, config), hf_config, family, inputs["token_ids"])
-    without_lora = _hf_forward(_merged(base, {k: v for k, v in adapters.items()
+    expected = _hf_forward(merged(base, adapters, config), hf_config, family, inputs["token_ids"])
+    without_lora = _hf_forward(merged(base, {k: v for k, v in adapters.items()
                                               if "lora_" not in k}, config),
                                hf_config, family, inputs["token_ids"])
     assert np.abs(expected - without_lora).max() > 1e-3  # the adapters change the logits
@@ -336,9 +274,6 @@ TINY_TEXT = dict(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=64,
 TEXT_TARGETS = ("query", "value", "ffn_out")   # `output.dense`: target_modules is a regex
 # Three right-padded sentences of 11, 5 and 2 tokens in a batch of 12 positions.
 LENGTHS, SEQ = (11, 5, 2), 12
-# sentence-transformers' Dense activations, by the torch class its config names.
-ST_ACTIVATIONS = {"torch.nn.modules.linear.Identity": lambda x: x,
-                  "torch.nn.modules.activation.Tanh": np.tanh}
 
 
 def _text_classifier(family, pooling, head, seed=0):
@@ -363,43 +298,6 @@ def _padded_inputs(vocabulary_size, family="bert", seed=3):
     return x | ({"segment_ids": np.zeros_like(ids)} if family == "bert" else {})
 
 
-def _recipe_logits(folder, base, ids, mask, *, lora=True, hidden_act=None):
-    """docs/models.md's recipe, in numpy, from the files alone: the base model as `AutoModel`
-    loads it (the base checkpoint's `model.safetensors` and `config.json`; transformers drops a
-    `bert.` / `roberta.` prefix when it loads a base model), PEFT's adapters merged as PEFT
-    merges them (W + (lora_alpha/r)·B·A), its last hidden state, then the sentence-transformers
-    pipeline of `modules.json`: the Pooling module's mode (masked mean or CLS) and each Dense
-    module's act(x·Wᵀ + b). `lora=False` leaves the adapters out, `hidden_act` replaces the
-    checkpoint's activation (to show that the comparison sees them)."""
-    hf_config = json.loads((base / "config.json").read_text())
-    hf_config["hidden_act"] = hidden_act or hf_config["hidden_act"]
-    prefix = hf_config["model_type"] + "."
-    tensors = {k.removeprefix(prefix): v for k, v in
-               safetensors.numpy.load_file(str(base / "model.safetensors")).items()}
-    config = json.loads((folder / "adapter_config.json").read_text())
-    adapters = safetensors.numpy.load_file(str(folder / "adapter_model.safetensors"))
-    x = _hf_hidden(_merged(tensors, adapters if lora else {}, config), hf_config, "", ids, mask)
-    modules = json.loads((folder / "modules.json").read_text())
-    assert [m["type"].rsplit(".", 1)[1] for m in modules[:2]] == ["Transformer", "Pooling"]
-    assert modules[0]["path"] == ""    # the Transformer module is the adapter folder itself
-    for module in modules[1:]:
-        path = folder / module["path"]
-        module_config = json.loads((path / "config.json").read_text())
-        if module["type"].endswith("Pooling"):
-            modes = [k for k, v in module_config.items() if k.startswith("pooling_mode_") and v]
-            assert len(modes) == 1 and module_config["word_embedding_dimension"] == x.shape[-1]
-            m = mask[..., None].astype(np.float64)
-            x = {"pooling_mode_mean_tokens": (x * m).sum(1) / m.sum(1),
-                 "pooling_mode_cls_token": x[:, 0]}[modes[0]]
-        else:
-            assert module["type"].endswith("Dense")
-            dense = safetensors.numpy.load_file(str(path / "model.safetensors"))
-            w, b = dense["linear.weight"], dense["linear.bias"]
-            assert w.shape == (module_config["out_features"], module_config["in_features"])
-            x = ST_ACTIVATIONS[module_config["activation_function"]](x @ w.T + b)
-    return x
-
-
 @pytest.mark.parametrize("family,pooling,head,task_type", [
     ("bert", "mean", "linear", None),            # the text tasks' default (all-MiniLM-L6-v2's)
     ("bert", "mean", "dense_tanh", None),
@@ -418,15 +316,15 @@ def test_the_recipe_rebuilds_the_logits_from_the_exported_files(family, pooling,
     inputs = _padded_inputs(TINY_TEXT["vocabulary_size"], family)
     ids, mask = inputs["token_ids"], inputs["padding_mask"]
     ours = model(inputs).numpy()
-    expected = _recipe_logits(folder, base, ids, mask)
+    expected = recipe_logits(folder, base, ids, mask)
     np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
     # The comparison sees the adapters, the padding and the checkpoint's GELU (KerasNLP's BERT:
     # tanh-approximated, HF's gelu_new; RoBERTa: exact).
-    assert np.abs(expected - _recipe_logits(folder, base, ids, mask, lora=False)).max() > 1e-3
-    assert np.abs(expected - _recipe_logits(folder, base, ids, np.ones_like(mask))).max() > 1e-3
+    assert np.abs(expected - recipe_logits(folder, base, ids, mask, lora=False)).max() > 1e-3
+    assert np.abs(expected - recipe_logits(folder, base, ids, np.ones_like(mask))).max() > 1e-3
     other = {"gelu": "gelu_new", "gelu_new": "gelu"}[
         json.loads((base / "config.json").read_text())["hidden_act"]]
-    assert np.abs(expected - _recipe_logits(folder, base, ids, mask, hidden_act=other)).max() > 1e-5
+    assert np.abs(expected - recipe_logits(folder, base, ids, mask, hidden_act=other)).max() > 1e-5
 
 
 def test_the_feature_extraction_files_say_what_the_recipe_reads(tmp_path):
@@ -554,6 +452,6 @@ def test_the_recipe_rebuilds_a_minilm_classifier_from_the_hub_checkpoint(tmp_pat
         "FEATURE_EXTRACTION")
     inputs = _padded_inputs(30522)
     ids, mask = inputs["token_ids"], inputs["padding_mask"]
-    expected = _recipe_logits(tmp_path, base, ids, mask)
+    expected = recipe_logits(tmp_path, base, ids, mask)
     np.testing.assert_allclose(model(inputs).numpy(), expected, atol=1e-5, rtol=0)
-    assert np.abs(expected - _recipe_logits(tmp_path, base, ids, mask, lora=False)).max() > 1e-3
+    assert np.abs(expected - recipe_logits(tmp_path, base, ids, mask, lora=False)).max() > 1e-3
