@@ -20,14 +20,47 @@ google/gemma-3-270m's modules, no head); a wrapper's layer index and target are 
 `transformer_layer_<i>_<target>_lora` (what `apply_lora` names it), so a prefix-cached suffix
 model exports the same way as the whole one.
 
-The trained classifier head is exported as PEFT's `modules_to_save` (saved without PEFT's
-`modules_to_save.default` infix, as PEFT itself saves them): a linear head as `classifier`
-(`base_model.model.classifier.{weight,bias}`, BertForSequenceClassification's name), a
-dense_tanh head as `classifier.dense` + `classifier.out_proj` (RobertaForSequenceClassification's
-head), a trained BERT pooler as `<family>.pooler.dense`. HF's sequence classifiers read the CLS
-token (BERT through its pooler): only pooling="pooler" + head="linear" on BERT and
-pooling="cls" + head="dense_tanh" on RoBERTa are the same function in HF. `tffl_head.json`
-records the pooling, head and whether HF computes the same thing (`hf_equivalent`).
+An encoder classifier exports in the one of two forms (PEFT task types) that computes its logits
+(`export_task_type`):
+
+- SEQ_CLS, when HF's sequence classifier is the same function (`HF_EQUIVALENT`: BERT's
+  pooler + a linear head, `BertForSequenceClassification`; RoBERTa's CLS token + the dense_tanh
+  head, `RobertaForSequenceClassification`). The adapters are that model's modules
+  (`bert.encoder.layer.<i>...`) and the trained head is PEFT's `modules_to_save` (saved without
+  PEFT's `modules_to_save.default` infix, as PEFT itself saves them): a linear head as
+  `classifier` (`base_model.model.classifier.{weight,bias}`), a dense_tanh head as
+  `classifier.dense` + `classifier.out_proj`, a trained BERT pooler as `<family>.pooler.dense`.
+- FEATURE_EXTRACTION, for every other pooling and head (the padding-masked mean that
+  sentence-transformers checkpoints such as all-MiniLM-L6-v2 were trained with, the CLS token
+  with a linear head, ...) and for an encoder without a head. The adapters are the base model's
+  modules (HF `BertModel` / `RobertaModel`: `encoder.layer.<i>...`), and the pooling and head are
+  sentence-transformers modules beside them (`models.sentence_modules`): `modules.json`,
+  `1_Pooling/config.json`, one `<k>_Dense/` per head layer (W (out, in), b, Identity or Tanh;
+  a trained pooler is CLS pooling then a Tanh Dense). The logits are
+
+      h = AutoModel(base) + the adapters, last_hidden_state (batch, seq, hidden)
+      x = Σ_t m_t h_t / Σ_t m_t  (mean; h_0 for cls),  then x ← act_k(x·W_kᵀ + b_k) per Dense k
+
+A form that would compute other logits is refused (`ValueError` naming the pooling, the head and
+the form to use). `tffl_head.json` records the task type, family, pooling, head, number of
+labels and the HF class that computes the same (`hf_equivalent`, SEQ_CLS only).
+
+Example:
+
+>>> import keras_nlp
+>>> from models import backbones
+>>> from models.lora_targets import LoraConfig, apply_lora
+>>> backbone = keras_nlp.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2,
+...     hidden_dim=8, intermediate_dim=16, max_sequence_length=8)
+>>> _ = apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+>>> model = backbones.build_classifier(backbone, num_classes=2, pooling="mean")
+>>> export_task_type(model)
+'FEATURE_EXTRACTION'
+>>> folder = export_peft(model, run_dir / "mean_adapters", base_model_name_or_path="/abs/base")
+>>> sorted(p.name for p in folder.iterdir())
+['1_Pooling', '2_Dense', 'adapter_config.json', 'adapter_model.safetensors', 'modules.json', 'sentence_bert_config.json', 'tffl_head.json']
+>>> sorted(read_peft(folder)[1])[:2]
+['base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight', 'base_model.model.bert.encoder.layer.0.attention.self.query.lora_B.weight']
 """
 
 from __future__ import annotations
@@ -42,7 +75,9 @@ import tensorflow as tf
 
 from models import peft_names
 from models.lora_targets import ALL_TARGETS, lora_layers
-from models.peft_names import PREFIX, module_path
+from models.peft_names import CAUSAL_LM, FEATURE_EXTRACTION, PREFIX, SEQ_CLS, module_path
+from models.sentence_modules import MODULES_FILE, DenseModule, read_modules, write_modules
+from models.sentence_modules import write_tokenizer
 from tffl.engine import roles
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -104,6 +139,38 @@ def head_description(model: tf.keras.Model, family: str) -> dict:
             "hf_equivalent": HF_EQUIVALENT.get((family, pooling, head))}
 
 
+def head_chain(family: str, pooling: str, head: str) -> list[tuple[str, str]]:
+    """(HF module name, activation) of each Dense layer the pooled features pass, in order: a
+    trained pooler (tanh), then the head's (`models.backbones.classifier_head`).
+
+    >>> head_chain("bert", "pooler", "dense_tanh")
+    [('bert.pooler.dense', 'tanh'), ('classifier.dense', 'tanh'), ('classifier.out_proj', 'identity')]
+    """
+    chain = [(f"{family}.pooler.dense", "tanh")] if pooling == "pooler" else []
+    if head == "dense_tanh":
+        return chain + [("classifier.dense", "tanh"), ("classifier.out_proj", "identity")]
+    return chain + [("classifier", "identity")]
+
+
+def _activation(dense: tf.keras.layers.Dense) -> str:
+    name = tf.keras.activations.serialize(dense.activation)
+    return {"linear": "identity"}.get(name, name) if isinstance(name, str) else str(name)
+
+
+def _check_head(model: tf.keras.Model, family: str, description: dict) -> None:
+    """A one-line ValueError when a head layer is not the Dense its chain says (`head_chain`:
+    another activation, no bias): no export form computes such a head."""
+    modules = head_modules(model, family)
+    for name, activation in head_chain(family, description["pooling"], description["head"]):
+        dense = modules[name]
+        if _activation(dense) != activation or not dense.use_bias:
+            raise ValueError(
+                f"head={description['head']!r} (pooling={description['pooling']!r}): its layer "
+                f"{dense.name!r} applies {_activation(dense)}"
+                f"{'' if dense.use_bias else ' without a bias'}, where a {description['head']} "
+                f"head applies {activation} with a bias; no PEFT form reproduces these logits")
+
+
 def _family(model: tf.keras.Model, family: str | None) -> str:
     if family is not None:
         peft_names.modules_of(family)   # ValueError naming the families
@@ -111,27 +178,98 @@ def _family(model: tf.keras.Model, family: str | None) -> str:
     return peft_names.family_of(model)
 
 
-def peft_tensors(model: tf.keras.Model, family: str | None = None) -> dict[str, np.ndarray]:
-    """The PEFT state dict of `model`'s adapters and trained head (float32, contiguous)."""
+def export_task_type(model: tf.keras.Model, family: str | None = None,
+                     task_type: str | None = None) -> str:
+    """The PEFT task type `model` exports as: `task_type` when that form reproduces the model's
+    outputs, else a one-line `ValueError` naming the pooling and head and the form to use;
+    without `task_type`, the form that does (module docstring):
+
+    - CAUSAL_LM for a Gemma 3 decoder LM;
+    - SEQ_CLS for an encoder classifier HF's sequence classifier computes (`HF_EQUIVALENT`);
+    - FEATURE_EXTRACTION for any other encoder classifier (mean or CLS pooling or a trained
+      pooler; a linear or dense_tanh head) and for an encoder without a head.
+
+    A head layer that is not the Dense its head names (`head_chain`) is refused in every form.
+
+    Example:
+
+    >>> import keras_nlp
+    >>> from models import backbones
+    >>> from models.lora_targets import LoraConfig, apply_lora
+    >>> def classifier(pooling):
+    ...     backbone = keras_nlp.models.BertBackbone(vocabulary_size=30, num_layers=1,
+    ...         num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=8)
+    ...     apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+    ...     return backbones.build_classifier(backbone, num_classes=2, pooling=pooling)
+    >>> export_task_type(classifier("pooler"))
+    'SEQ_CLS'
+    >>> model = classifier("mean")
+    >>> export_task_type(model)
+    'FEATURE_EXTRACTION'
+    >>> export_task_type(model, task_type="SEQ_CLS")
+    Traceback (most recent call last):
+    ...
+    ValueError: task_type=SEQ_CLS: pooling='mean' with head='linear' is not what HF's BertForSequenceClassification computes (the pooler of the CLS token, then a linear classifier), so its logits would differ; export it as FEATURE_EXTRACTION (the adapters of BertModel, with sentence-transformers' pooling and head modules)
+    """
     family = _family(model, family)
+    if family == "gemma3":
+        if task_type not in (None, CAUSAL_LM):
+            raise ValueError(f"task_type={task_type}: a Gemma 3 decoder LM exports as "
+                             f"{CAUSAL_LM} (its adapters; the LM head is the tied embedding)")
+        return CAUSAL_LM
+    description = head_description(model, family)
+    if description["head"] is not None:
+        _check_head(model, family, description)
+    if task_type is None:
+        return SEQ_CLS if description["hf_equivalent"] else FEATURE_EXTRACTION
+    if task_type == FEATURE_EXTRACTION:
+        return task_type
+    base = {"bert": "BertModel", "roberta": "RobertaModel"}[family]
+    form = (f"export it as {FEATURE_EXTRACTION} (the adapters of {base}, with "
+            "sentence-transformers' pooling and head modules)")
+    if task_type != SEQ_CLS:
+        raise ValueError(f"task_type={task_type}: a {family} encoder exports as {SEQ_CLS} or "
+                         f"{FEATURE_EXTRACTION}; {form}")
+    if description["head"] is None:
+        raise ValueError(f"task_type={SEQ_CLS}: {model.name!r} has no classifier head, so "
+                         f"a sequence classifier would add an untrained one; {form}")
+    if description["hf_equivalent"] is None:
+        hf_class = {"bert": "BertForSequenceClassification",
+                    "roberta": "RobertaForSequenceClassification"}[family]
+        reads = {"bert": "the pooler of the CLS token, then a linear classifier",
+                 "roberta": "the CLS token through a dense + tanh + out_proj head"}[family]
+        raise ValueError(f"task_type={SEQ_CLS}: pooling={description['pooling']!r} with "
+                         f"head={description['head']!r} is not what HF's {hf_class} computes "
+                         f"({reads}), so its logits would differ; {form}")
+    return task_type
+
+
+def peft_tensors(model: tf.keras.Model, family: str | None = None,
+                 task_type: str | None = None) -> dict[str, np.ndarray]:
+    """The PEFT state dict (float32, contiguous) of `model`'s adapters, at their module paths in
+    the model PEFT wraps for the task type (`export_task_type`), and for SEQ_CLS of its trained
+    head (`modules_to_save`)."""
+    family = _family(model, family)
+    task_type = export_task_type(model, family, task_type)
     tensors = {}
     for layer, target, wrapper in adapter_sites(model):
-        path = PREFIX + module_path(family, layer, target)
+        path = PREFIX + module_path(family, layer, target, task_type)
         tensors[f"{path}.lora_A.weight"] = wrapper.lora_a.numpy().T
         tensors[f"{path}.lora_B.weight"] = wrapper.lora_b.numpy().T
-    for name, dense in head_modules(model, family).items():
-        tensors[f"{PREFIX}{name}.weight"] = dense.kernel.numpy().T
-        tensors[f"{PREFIX}{name}.bias"] = dense.bias.numpy()
+    if task_type == SEQ_CLS:
+        for name, dense in head_modules(model, family).items():
+            tensors[f"{PREFIX}{name}.weight"] = dense.kernel.numpy().T
+            tensors[f"{PREFIX}{name}.bias"] = dense.bias.numpy()
     return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
 
 
 def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = None,
                 family: str | None = None, task_type: str | None = None) -> dict:
     """`adapter_config.json` for `model`'s adapters (one rank and α for all: PEFT's r and
-    lora_alpha; a `ValueError` otherwise); `task_type` defaults to the family's
-    (`peft_names.TASK_TYPES`)."""
+    lora_alpha; a `ValueError` otherwise); `task_type` defaults to the form that reproduces the
+    model (`export_task_type`, which refuses one that does not)."""
     family = _family(model, family)
-    task_type = task_type or peft_names.TASK_TYPES[family]
+    task_type = export_task_type(model, family, task_type)
     sites = adapter_sites(model)
     ranks = {w.rank for _, _, w in sites}
     alphas = {w.alpha for _, _, w in sites}
@@ -141,8 +279,8 @@ def peft_config(model: tf.keras.Model, base_model_name_or_path: str | None = Non
     if any(w.merged for _, _, w in sites):
         raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
     target_modules = peft_names.target_modules(family, [(i, t) for i, t, _ in sites],
-                                               peft_names.num_layers(model))
-    heads = head_modules(model, family)
+                                               peft_names.num_layers(model), task_type)
+    heads = head_modules(model, family) if task_type == SEQ_CLS else {}
     modules_to_save = (["classifier"] if any(n.startswith("classifier") for n in heads) else [])
     modules_to_save += ["pooler"] if f"{family}.pooler.dense" in heads else []
     return {
@@ -160,27 +298,92 @@ def _has_backbone(model) -> bool:
     return peft_names.num_layers(model) is not None
 
 
+def _dense_modules(model: tf.keras.Model, family: str, description: dict) -> list[DenseModule]:
+    """The pooler and head of `model` as sentence-transformers Dense modules (`head_chain`)."""
+    modules = head_modules(model, family)
+    return [DenseModule(modules[name].kernel.numpy().T, modules[name].bias.numpy(), activation)
+            for name, activation in head_chain(family, description["pooling"],
+                                               description["head"])]
+
+
 def export_peft(model: tf.keras.Model, output_dir: str | pathlib.Path,
                 base_model_name_or_path: str | None = None, family: str | None = None,
-                task_type: str | None = None) -> pathlib.Path:
-    """Writes `adapter_model.safetensors`, `adapter_config.json` and `tffl_head.json` of
-    `model` (a KerasNLP BERT / RoBERTa classifier or a Gemma 3 decoder LM with `apply_lora`
-    adapters) into `output_dir`; `task_type` defaults to the family's."""
+                task_type: str | None = None, vocabulary: str | pathlib.Path | None = None,
+                max_seq_length: int | None = None) -> pathlib.Path:
+    """Writes `model`'s adapters (a KerasNLP BERT / RoBERTa classifier or encoder, or a Gemma 3
+    decoder LM, with `apply_lora` adapters) into `output_dir` in the PEFT form that reproduces
+    it (`export_task_type`; `task_type` asks for one, and a form that would compute other
+    logits is a `ValueError`, with nothing written):
+
+    - `adapter_model.safetensors`, `adapter_config.json` (`peft_tensors`, `peft_config`; its
+      `base_model_name_or_path` is `base_model_name_or_path`: a hub name or an absolute path,
+      which PEFT and sentence-transformers load the base from);
+    - `tffl_head.json`: task type, family, pooling, head, num_labels, hf_equivalent;
+    - FEATURE_EXTRACTION classifiers: the sentence-transformers modules of the pooling and head
+      (`models.sentence_modules.write_modules`; `sentence_bert_config.json` with
+      `max_seq_length`), and with `vocabulary` (a WordPiece `vocab.txt`) the tokenizer files, so
+      that `SentenceTransformer(output_dir)` loads the folder whole.
+    """
     family = _family(model, family)
+    task_type = export_task_type(model, family, task_type)
     config = peft_config(model, base_model_name_or_path, family, task_type)
-    tensors = peft_tensors(model, family)
+    tensors = peft_tensors(model, family, task_type)
+    head = head_description(model, family)
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     safetensors.numpy.save_file(tensors, str(output_dir / ADAPTER_WEIGHTS),
                                 metadata={"format": "pt"})
     (output_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
-    head = head_description(model, family) | {"family": family}
+    if task_type == FEATURE_EXTRACTION and head["head"] is not None:
+        pooling = "mean" if head["pooling"] == "mean" else "cls"   # a pooler: CLS, then a Dense
+        hidden = head_modules(model, family)[head_chain(family, head["pooling"],
+                                                        head["head"])[0][0]].kernel.shape[0]
+        write_modules(output_dir, pooling, _dense_modules(model, family, head), int(hidden),
+                      max_seq_length)
+        if vocabulary is not None:
+            write_tokenizer(output_dir, vocabulary, model_max_length=max_seq_length)
+    head = head | {"family": family, "task_type": task_type}
     (output_dir / HEAD_FILE).write_text(json.dumps(head, indent=2, sort_keys=True))
     return output_dir
 
 
-def read_peft(folder: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """`(adapter_config, tensors)` of a PEFT LoRA folder."""
+def _seq_cls_names(folder: pathlib.Path, config: dict, tensors: dict,
+                   family: str | None) -> dict[str, np.ndarray]:
+    """A FEATURE_EXTRACTION folder's tensors under the names a SEQ_CLS folder gives them: the
+    adapters with their family's prefix, the sentence-transformers Dense modules (when the
+    folder has them) as the head modules `tffl_head.json`'s pooling and head say they are."""
+    head = (json.loads((folder / HEAD_FILE).read_text())
+            if (folder / HEAD_FILE).is_file() else {})
+    family = head.get("family") or family
+    if family is None:
+        raise ValueError(f"{folder}: a {config['task_type']} folder's adapters are a base "
+                         f"model's; no {HEAD_FILE} says whose (pass family=)")
+    renamed = {PREFIX + family + "." + k[len(PREFIX):]
+               if k.startswith(PREFIX + "encoder.layer.") else k: v for k, v in tensors.items()}
+    if not (folder / MODULES_FILE).is_file():
+        return renamed
+    if head.get("head") is None:
+        raise ValueError(f"{folder}: it has sentence-transformers modules but no {HEAD_FILE} "
+                         "naming the head they are")
+    chain = head_chain(family, head["pooling"], head["head"])
+    pooling, dense = read_modules(folder)
+    wanted = ("mean" if head["pooling"] == "mean" else "cls", [a for _, a in chain])
+    if (pooling, [d.activation for d in dense]) != wanted:
+        raise ValueError(f"{folder}: its modules pool by {pooling} through Dense "
+                         f"{[d.activation for d in dense]}, not the {head['pooling']} pooling "
+                         f"and {head['head']} head its {HEAD_FILE} names")
+    for (name, _), module in zip(chain, dense):
+        renamed[f"{PREFIX}{name}.weight"] = module.weight
+        renamed[f"{PREFIX}{name}.bias"] = module.bias
+    return renamed
+
+
+def read_peft(folder: str | pathlib.Path,
+              family: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """`(adapter_config, tensors)` of a PEFT LoRA folder, the tensors named as in a SEQ_CLS or
+    CAUSAL_LM folder whatever its form: a FEATURE_EXTRACTION folder's adapter keys get their
+    family's prefix (its `tffl_head.json`'s family, else `family`) and its sentence-transformers
+    Dense modules the names of the head modules they are (`head_chain`)."""
     folder = pathlib.Path(folder)
     config = json.loads((folder / ADAPTER_CONFIG).read_text())
     if config.get("peft_type") != "LORA":
@@ -188,7 +391,10 @@ def read_peft(folder: str | pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
     for key, wanted in (("fan_in_fan_out", False), ("use_dora", False), ("use_rslora", False)):
         if config.get(key, wanted) != wanted:
             raise ValueError(f"{folder}: {key}={config[key]!r} is not supported.")
-    return config, safetensors.numpy.load_file(str(folder / ADAPTER_WEIGHTS))
+    tensors = safetensors.numpy.load_file(str(folder / ADAPTER_WEIGHTS))
+    if config.get("task_type") == FEATURE_EXTRACTION:
+        tensors = _seq_cls_names(folder, config, tensors, family)
+    return config, tensors
 
 
 def _planned_assignments(model, family, config, tensors) -> list[tuple[tf.Variable, np.ndarray]]:
@@ -227,7 +433,7 @@ def import_peft(model: tf.keras.Model, folder: str | pathlib.Path,
     adapters must sit where the file's are (same layers, targets and rank). Nothing is assigned
     when anything does not fit (`ValueError`)."""
     family = _family(model, family)
-    config, tensors = read_peft(folder)
+    config, tensors = read_peft(folder, family)
     sites = adapter_sites(model)
     if any(w.merged for _, _, w in sites):
         raise ValueError("Adapters are merged into their kernels; unmerge_lora first.")
@@ -290,6 +496,18 @@ def _check_folder(model, where: str, config: dict, tensors: dict, family: str | 
     return family
 
 
+def _check_pooling(model, where: str, folder: pathlib.Path, family: str) -> None:
+    """A ValueError naming `pooling` when the folder's classifier (its `tffl_head.json`) pools
+    otherwise than `model`'s: the same head weights would read other features."""
+    if not (folder / HEAD_FILE).is_file():
+        return
+    theirs = json.loads((folder / HEAD_FILE).read_text()).get("pooling")
+    ours = head_description(model, family)["pooling"]
+    if theirs is not None and ours is not None and theirs != ours:
+        raise ValueError(f"{where}: its classifier pools by {theirs}, this run's by {ours}: "
+                         f"set pooling={theirs}")
+
+
 def init_adapters(model: tf.keras.Model, folder: str | pathlib.Path,
                   family: str | None = None) -> list[str]:
     """Sets `model`'s LoRA adapters, and its head when the folder holds one (PEFT's
@@ -315,8 +533,10 @@ def init_adapters(model: tf.keras.Model, folder: str | pathlib.Path,
             raise ValueError(f"{where}: no {name} there (a folder written by "
                              "scripts/export_adapters.py or models.peft_export.export_peft)")
     try:
-        config, tensors = read_peft(folder)
+        config, tensors = read_peft(
+            folder, family or (peft_names.family_of(model) if _has_backbone(model) else None))
         family = _check_folder(model, where, config, tensors, family)
+        _check_pooling(model, where, folder, family)
         plan = _planned_assignments(model, family, config, tensors)
     except ValueError as e:
         message = str(e)

@@ -8,8 +8,11 @@ HF module path is
     gemma3 (our Gemma 3 decoder, `models.gemma3_backbone`; HF Gemma3ForCausalLM):
         model.layers.<i>.<DECODER_MODULES[target]>              e.g. model.layers.14.self_attn.q_proj
 
-and PEFT stores its factors as `base_model.model.<path>.lora_{A,B}.weight`. Gemma 3's GGUF
-tensors (what `models.gguf_checkpoint` loads) are HF's, renamed without any permutation
+and PEFT stores its factors as `base_model.model.<path>.lora_{A,B}.weight`. Those are the paths
+inside the model PEFT wraps for the SEQ_CLS and CAUSAL_LM task types (HF
+`BertForSequenceClassification`, `Gemma3ForCausalLM`); FEATURE_EXTRACTION adapters wrap the
+encoder's base model (HF `BertModel` / `RobertaModel`, what `AutoModel` loads), whose paths lack
+the family prefix: `encoder.layer.<i>.<module>`. Gemma 3's GGUF tensors (what `models.gguf_checkpoint` loads) are HF's, renamed without any permutation
 (llama.cpp's converter shifts only the norms), so `blk.<i>.attn_q` is `model.layers.<i>.
 self_attn.q_proj.weight`: the adapters export to HF's google/gemma-3-270m.
 
@@ -17,6 +20,8 @@ self_attn.q_proj.weight`: the adapters export to HF's google/gemma-3-270m.
 'bert.encoder.layer.0.attention.self.value'
 >>> module_path("gemma3", 14, "ffn_gate")
 'model.layers.14.mlp.gate_proj'
+>>> module_path("bert", 0, "value", task_type=FEATURE_EXTRACTION)
+'encoder.layer.0.attention.self.value'
 >>> parse_lora_key("base_model.model.model.layers.3.self_attn.v_proj.lora_A.weight")
 ('gemma3', 3, 'value')
 """
@@ -47,8 +52,10 @@ DECODER_MODULES = {
     "ffn_in": "mlp.up_proj",
     "ffn_out": "mlp.down_proj",
 }
-# PEFT's task type of each family's models, and the HF checkpoint its pretrained weights are.
-TASK_TYPES = {"bert": "SEQ_CLS", "roberta": "SEQ_CLS", "gemma3": "CAUSAL_LM"}
+# PEFT's task types: what model its adapters wrap (a sequence classifier, an encoder's base model,
+# a causal LM), and the task type each family's models export as unless told otherwise.
+SEQ_CLS, FEATURE_EXTRACTION, CAUSAL_LM = "SEQ_CLS", "FEATURE_EXTRACTION", "CAUSAL_LM"
+TASK_TYPES = {"bert": SEQ_CLS, "roberta": SEQ_CLS, "gemma3": CAUSAL_LM}
 GEMMA3_270M_HUB_NAME = "google/gemma-3-270m"
 
 
@@ -59,15 +66,19 @@ def modules_of(family: str) -> dict[str, str]:
     return DECODER_MODULES if family == "gemma3" else ENCODER_MODULES
 
 
-def module_path(family: str, layer: int, target: str) -> str:
-    """The HF module path of `target` in transformer layer `layer` of a `family` model."""
+def module_path(family: str, layer: int, target: str, task_type: str | None = None) -> str:
+    """The HF module path of `target` in transformer layer `layer` of a `family` model, inside
+    the model PEFT wraps for `task_type` (default the family's, `TASK_TYPES`): an encoder's
+    `<family>.encoder.layer.<i>.<module>` in its sequence classifier, `encoder.layer.<i>.<module>`
+    in its base model (FEATURE_EXTRACTION)."""
     modules = modules_of(family)
     if target not in modules:
         raise ValueError(f"{family} has no {target!r} module; its targets are "
                          f"{', '.join(modules)}.")
     if family == "gemma3":
         return f"model.layers.{layer}.{modules[target]}"
-    return f"{family}.encoder.layer.{layer}.{modules[target]}"
+    path = f"encoder.layer.{layer}.{modules[target]}"
+    return path if task_type == FEATURE_EXTRACTION else f"{family}.{path}"
 
 
 def _key_pattern() -> re.Pattern:
@@ -129,12 +140,13 @@ def num_layers(model: tf.keras.Model) -> int | None:
     return None
 
 
-def target_modules(family: str, sites: list[tuple[int, str]], layers_in_model: int | None
-                   ) -> list[str] | str:
+def target_modules(family: str, sites: list[tuple[int, str]], layers_in_model: int | None,
+                   task_type: str | None = None) -> list[str] | str:
     """PEFT's `target_modules` for adapters at `sites` ((layer, target) pairs): the modules'
     last names when every one of the model's `layers_in_model` layers carries the same targets
     and each such name is one module's (PEFT matches names as suffixes: BERT's `dense` is
-    three), else a regex that fullmatches exactly the adapted modules' paths."""
+    three), else a regex that fullmatches exactly the adapted modules' paths (`module_path` for
+    `task_type`)."""
     modules = modules_of(family)
     targets = sorted({t for _, t in sites}, key=list(modules).index)
     layers = sorted({i for i, _ in sites})
@@ -143,5 +155,5 @@ def target_modules(family: str, sites: list[tuple[int, str]], layers_in_model: i
     if (len(sites) == len(targets) * len(layers) and unique == targets
             and layers_in_model is not None and layers == list(range(layers_in_model))):
         return [last[t] for t in targets]
-    paths = [module_path(family, i, t) for i, t in sites]
+    paths = [module_path(family, i, t, task_type) for i, t in sites]
     return "(?:.*\\.)?(?:" + "|".join(re.escape(p) for p in paths) + ")"

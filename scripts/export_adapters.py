@@ -1,4 +1,5 @@
-r"""Exports a training run's LoRA adapters (and trained head) in Hugging Face PEFT's format.
+r"""Exports a training run's LoRA adapters (and trained head) in Hugging Face PEFT's format, in
+the form that computes the run's logits outside tffl.
 
     uv run python scripts/export_adapters.py --run_dir=runs/sst2-rolora --output_dir=adapters/
     uv run python scripts/export_adapters.py --run_dir=... --output_dir=... --data_dir=../shared/data
@@ -6,21 +7,31 @@ r"""Exports a training run's LoRA adapters (and trained head) in Hugging Face PE
 Reads the newest checkpoint of --run_dir (`checkpoints/round_xxxxxx/`, `tffl.simulation.checkpoint`)
 and the run's configuration (its `config.json`; for runs from before it, the identity its
 `meta.json` recorded, `experiments.training.run_identity`), rebuilds the task and the
-algorithm's process from it exactly as `scripts/train.py` does (`experiments.training`), loads the state into it, sets the client model to
-`process.model_weights(state)` and writes `models.peft_export.export_peft`'s folder:
-`adapter_model.safetensors`, `adapter_config.json`, `tffl_head.json`, and `export.json` (run,
-round, flags). For the random tiny backbone, `base/` holds the frozen backbone as a HF
-`BertModel` checkpoint (`config.json`, `model.safetensors`, `vocab.txt`; with the prefix cache, assembled from
-the prefix model's embeddings and lower encoders and the client model's upper ones), the base it
-has nowhere else; adapter_config.json then names "base" (relative to the folder).
+algorithm's process from it exactly as `scripts/train.py` does (`experiments.training`), loads
+the state into it, sets the client model to `process.model_weights(state)` and writes
+`models.peft_export.export_peft`'s folder, plus `export.json` (run, round, flags, task type).
+
+The form (PEFT task type) is the one that reproduces the classifier (`export_task_type`;
+docs/models.md): SEQ_CLS for `--pooling=pooler --head=linear` (HF's
+`BertForSequenceClassification`); FEATURE_EXTRACTION for every other text classifier, e.g. the
+default mean pooling: the adapters of `BertModel`, the pooling and head as sentence-transformers
+modules (`modules.json`, `1_Pooling/`, `2_Dense/`) and the tokenizer files; CAUSAL_LM for the
+instruction tasks (sst2_instruct, reviews_instruct) on --backbone=gemma3_270m, adapters of
+`google/gemma-3-270m`'s modules, trained on the weights dequantized from its Q4_K_M GGUF.
+--task_type asks for a form; one that would compute other logits (SEQ_CLS for mean pooling) is
+refused with one line on stderr (exit status 2), and nothing is written.
+
+`adapter_config.json` names the base model as an absolute path or a hub name: all-MiniLM-L6-v2's
+`sentence-transformers/all-MiniLM-L6-v2`, Gemma 3's `google/gemma-3-270m`; the random tiny
+backbone has no other home than `<output_dir>/base/`, a HF `BertModel` checkpoint
+(`config.json`, `model.safetensors`, `vocab.txt`; with the prefix cache, assembled from the
+prefix model's embeddings and lower encoders and the client model's upper ones), named by its
+absolute path (moving the folder means editing `base_model_name_or_path`, or exporting again
+with --base_model_name_or_path).
 
 --data_dir and --frozen_dir replace the recorded ones (runs from before config.json did not
-record them). The text tasks (sst2, reviews: KerasNLP BERT backbones with `apply_lora`) export
-as SEQ_CLS adapters; the instruction tasks (sst2_instruct, reviews_instruct) on
---backbone=gemma3_270m as CAUSAL_LM adapters of `google/gemma-3-270m`'s modules
-(`model.layers.<i>.self_attn.q_proj`, ...; `models.peft_names`), trained on the weights
-dequantized from its Q4_K_M GGUF (docs/models.md). The gpt2_tiny decoder is a random byte-level
-toy with no Hugging Face counterpart, so its runs do not export.
+record them). The gpt2_tiny decoder is a random byte-level toy with no Hugging Face
+counterpart, so its runs do not export.
 """
 
 from __future__ import annotations
@@ -28,7 +39,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import sys
 
 from absl import app
 from absl import flags
@@ -45,8 +55,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("frozen_dir", None, "--frozen_dir the run was trained with.", **where)
     flags.DEFINE_string(
         "base_model_name_or_path", None, "adapter_config.json's base model (default: "
-        "sentence-transformers/all-MiniLM-L6-v2 for --backbone=minilm runs, else the exported "
-        "base/)", **where)
+        "sentence-transformers/all-MiniLM-L6-v2 for --backbone=minilm runs, google/gemma-3-270m "
+        "for gemma3_270m, else the absolute path of the exported base/)", **where)
+    flags.DEFINE_enum(
+        "task_type", None, ["SEQ_CLS", "FEATURE_EXTRACTION", "CAUSAL_LM"],
+        "The PEFT form (default: the one that reproduces the run's logits, "
+        "models.peft_export.export_task_type); a form that would not is refused", **where)
 
 
 MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -200,27 +214,42 @@ def save_base(task, model, folder: pathlib.Path) -> None:
                                 metadata={"format": "pt"})
 
 
-def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=None) -> dict:
+def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=None,
+               task_type=None) -> dict:
     """Writes the PEFT folder of `run_dir`'s newest checkpoint to `output_dir` (and, for a
-    random backbone, its frozen base to `output_dir/base`); returns `export.json`'s record."""
+    random backbone, its frozen base to `output_dir/base`, named by its absolute path); returns
+    `export.json`'s record. A `task_type` that would not reproduce the run's logits is a
+    `ValueError`, raised before anything is written."""
     from models import peft_export
 
     run_dir, output_dir = pathlib.Path(run_dir), pathlib.Path(output_dir)
     model, meta, config, task = trained_model(run_dir, data_dir, frozen_dir)
     decoder = DECODER_HUB_NAMES.get(config.model.backbone)
+    family = "gemma3" if decoder else "bert"
+    task_type = peft_export.export_task_type(model, family, task_type)
     export_base = config.model.backbone != "minilm" and decoder is None
     if base_model is None:
-        base_model = decoder or (MINILM_HUB_NAME if not export_base else "base")
-    peft_export.export_peft(model, output_dir, base_model_name_or_path=base_model,
-                            family="gemma3" if decoder else "bert")
-    if export_base:
+        base_model = decoder or (MINILM_HUB_NAME if not export_base
+                                 else str((output_dir / "base").resolve()))
+    vocabulary = max_length = None
+    if decoder is None:
         from models import checkpoints
+        from tasks import text_run_task
 
+        # The text tasks tokenize with all-MiniLM-L6-v2's WordPiece vocabulary, tiny included.
+        folder = checkpoints.fetch_minilm()
+        vocabulary = folder / "vocab.txt"
+        max_length = (config.task.sequence_length
+                      or text_run_task.default_max_length(config.model.backbone, folder))
+    peft_export.export_peft(model, output_dir, base_model_name_or_path=base_model,
+                            family=family, task_type=task_type, vocabulary=vocabulary,
+                            max_seq_length=max_length)
+    if export_base:
         save_base(task, model, output_dir / "base")
-        # The tiny backbone tokenizes with all-MiniLM-L6-v2's WordPiece vocabulary.
-        shutil.copy(checkpoints.fetch_minilm() / "vocab.txt", output_dir / "base" / "vocab.txt")
+        shutil.copy(vocabulary, output_dir / "base" / "vocab.txt")
     record = {"run_dir": str(run_dir), "round": meta["round"], "flags": meta["config"],
-              "base_model_name_or_path": base_model, "base_exported": export_base}
+              "base_model_name_or_path": base_model, "base_exported": export_base,
+              "task_type": task_type}
     (output_dir / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     return record
 
@@ -235,20 +264,36 @@ def _has_backbone(model) -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    from experiments import cli
+
     del argv
-    f = flags.FLAGS
+    f = flag_values
     if not f.run_dir or not f.output_dir:
-        print("export_adapters: --run_dir and --output_dir are required", file=sys.stderr)
-        return 2
+        return cli.error_exit("export_adapters.py", ValueError(
+            "--run_dir and --output_dir are required"), 2)
     try:
         record = export_run(f.run_dir, f.output_dir, f.data_dir, f.frozen_dir,
-                            f.base_model_name_or_path)
+                            f.base_model_name_or_path, f.task_type)
     except ValueError as e:
-        print(f"export_adapters: {e}", file=sys.stderr)
-        return 2
-    print(f"exported round {record['round']} of {record['run_dir']} to {f.output_dir}")
+        return cli.error_exit("export_adapters.py", e, 2)
+    print(f"exported round {record['round']} of {record['run_dir']} to {f.output_dir} as "
+          f"{record['task_type']}")
     return 0
+
+
+def run_command_line(argv: list[str]) -> int:
+    """`export_adapters.py <argv[1:]>` in this process, with flags of its own (absl's global
+    ones stay untouched); returns the exit status."""
+    flag_values = flags.FlagValues()
+    define_flags(flag_values)
+    try:
+        flag_values(argv)
+    except flags.Error as e:
+        from experiments import cli
+
+        return cli.error_exit("export_adapters.py", e, 2)
+    return main(argv, flag_values)
 
 
 if __name__ == "__main__":

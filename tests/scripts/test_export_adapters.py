@@ -77,7 +77,9 @@ def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(exported_run, sample_
     run, out, vocab = exported_run
     config = json.loads((out / "adapter_config.json").read_text())
     head = json.loads((out / "tffl_head.json").read_text())
-    assert config["base_model_name_or_path"] == "base" and (out / "base" / "vocab.txt").is_file()
+    assert config["base_model_name_or_path"] == str((out / "base").resolve())
+    assert (out / "base" / "vocab.txt").is_file()
+    assert config["task_type"] == head["task_type"] == "FEATURE_EXTRACTION"  # mean pooling
 
     backbone, _ = hf_bert.load_hf_bert(out / "base")
     apply_lora(backbone, LoraConfig(rank=config["r"], alpha=config["lora_alpha"],
@@ -92,6 +94,13 @@ def test_export_of_a_tiny_sst2_run_rebuilds_its_classifier(exported_run, sample_
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
     summary = json.loads((run / "summary.json").read_text())
     assert float(loss) == pytest.approx(summary["final"]["eval_loss"], rel=1e-5, abs=1e-6)
+    # docs/models.md's recipe over the exported files alone (numpy: tests/models/
+    # bert_reference.py) computes the same logits, on the base/ the export assembled.
+    from tests.models.bert_reference import recipe_logits
+
+    x = text_lib.bert_packer(vocab, 16)(tf.constant(texts))
+    recipe = recipe_logits(out, out / "base", x["token_ids"].numpy(), x["padding_mask"].numpy())
+    np.testing.assert_allclose(recipe, logits, atol=1e-5, rtol=0)
 
 
 @pytest.mark.large
@@ -167,3 +176,75 @@ def test_a_gemma3_run_exports_causal_lm_adapters_of_the_hub_model(tmp_path, monk
         r"(?:.*\.)?(?:model\.layers\.1\.self_attn\.q_proj|model\.layers\.1\.self_attn\.v_proj)")
     assert record["base_exported"] is False and not (tmp_path / "out" / "base").exists()
     assert json.loads((tmp_path / "out" / "export.json").read_text())["round"] == 7
+
+
+def _stub_run(monkeypatch, backbone_name, pooling="mean"):
+    """export_run's rebuilt run stubbed by a tiny BERT classifier (`pooling`, a linear head) of a
+    run on --backbone=`backbone_name` (the export's values are checked against numpy in
+    tests/models/test_peft_export.py)."""
+    import types
+
+    from models import backbones, checkpoints
+    from models.lora_targets import LoraConfig, apply_lora
+
+    try:
+        checkpoints.fetch_minilm()   # the text tasks' vocabulary, which the export ships
+    except checkpoints.CheckpointUnavailableError as e:
+        pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable offline: {e}")
+    backbone = backbones.build_bert_backbone(vocabulary_size=30, num_layers=2, num_heads=2,
+                                             hidden_dim=8, intermediate_dim=16,
+                                             max_sequence_length=16)
+    apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+    model = backbones.build_classifier(backbone, num_classes=2, pooling=pooling)
+    meta = {"round": 3, "config": {"task": "sst2", "backbone": backbone_name}}
+    run = types.SimpleNamespace(model=types.SimpleNamespace(backbone=backbone_name),
+                                task=types.SimpleNamespace(sequence_length=16))
+    monkeypatch.setattr(export_adapters, "trained_model", lambda *args: (model, meta, run, None))
+
+
+def test_a_tiny_run_names_its_exported_base_by_its_absolute_path(tmp_path, monkeypatch):
+    """PEFT and sentence-transformers resolve a relative base against the working directory;
+    the export, asked for a relative folder, names base/ by its absolute path."""
+    _stub_run(monkeypatch, "tiny")
+    monkeypatch.chdir(tmp_path)
+    record = export_adapters.export_run("run", "out")
+    out = tmp_path / "out"
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((out / "base").resolve()) == record[
+        "base_model_name_or_path"]
+    assert pathlib.Path(config["base_model_name_or_path"]).is_absolute()
+    assert {p.name for p in (out / "base").iterdir()} == {"config.json", "model.safetensors",
+                                                          "vocab.txt"}
+    assert config["task_type"] == record["task_type"] == "FEATURE_EXTRACTION"
+    # The folder loads whole in sentence-transformers: its tokenizer and pipeline are there.
+    for name in ("vocab.txt", "tokenizer_config.json", "modules.json", "1_Pooling/config.json",
+                 "2_Dense/model.safetensors"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 16
+
+
+def test_a_minilm_run_names_the_hub_model(tmp_path, monkeypatch):
+    _stub_run(monkeypatch, "minilm")
+    record = export_adapters.export_run(tmp_path / "run", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert record["base_exported"] is False and not (tmp_path / "out" / "base").exists()
+
+
+def test_a_form_that_would_not_reproduce_the_run_is_one_line_and_status_2(tmp_path, monkeypatch,
+                                                                          capsys):
+    _stub_run(monkeypatch, "tiny")
+    out = tmp_path / "out"
+    assert export_adapters.run_command_line(
+        ["export_adapters.py", f"--run_dir={tmp_path}", f"--output_dir={out}",
+         "--task_type=SEQ_CLS"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("export_adapters.py: error: task_type=SEQ_CLS: pooling='mean' with "
+                          "head='linear' is not what HF's BertForSequenceClassification computes")
+    assert "export it as FEATURE_EXTRACTION" in err and err.count("\n") == 1
+    assert not out.exists()
+    _stub_run(monkeypatch, "tiny", pooling="pooler")   # HF's own function: SEQ_CLS by default
+    assert export_adapters.run_command_line(
+        ["export_adapters.py", f"--run_dir={tmp_path}", f"--output_dir={out}"]) == 0
+    assert json.loads((out / "adapter_config.json").read_text())["task_type"] == "SEQ_CLS"
+    assert "as SEQ_CLS" in capsys.readouterr().out
