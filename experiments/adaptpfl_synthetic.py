@@ -57,10 +57,11 @@ def _run(process, data: list, label: str, rounds: int, evaluate, run_dir: pathli
     with cli.run_directory(run_dir, prefix="adaptpfl_synthetic_") as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
-            output_dir, evaluate_fn=lambda state, store=None: evaluate(
-                state, None if store is None else store.lookup(ids)),
-            checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round,
-            initial_state=initial_state)
+            output_dir, simulation.RunOptions(
+                evaluate_fn=lambda state, store=None: evaluate(
+                    state, None if store is None else store.lookup(ids)),
+                checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round,
+                initial_state=initial_state))
     return result.history[-1]
 
 

@@ -11,8 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from experiments.run_config import ParticipationConfig
 from experiments.run_config import RunConfig
 from tasks.run_task import RunTask
+from tasks.run_task import counted
 from tffl.algorithms import lora_ranks
 from tffl.algorithms import registry
 from tffl.algorithms.adaptpfl import AdaptPflConfig
@@ -147,15 +149,24 @@ def build_algorithm(name: str, task: RunTask, config: RunConfig, initial_weights
     return registry.get(name).build(algorithm_config(name, source, task.client_ids, config))
 
 
-def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = "uniform",
-                  initial_participants: int = 1, stage_rounds: int | str = 10,
-                  straggler: str = "fixed", communication_cost: float = 0.0,
-                  pool: int | None = None):
-    """`uniform`: `clients_per_round` clients drawn per round; `full`: every client every round,
-    with the simulated wall-clock of the straggler model (FedRep's baseline clock); `srpfl`: of
-    all clients, the fastest n take part, n0 = `initial_participants` doubling after each stage
-    of `stage_rounds` rounds (an int or "lemma_b1"). `pool`: N of the clients drawn at random
-    each round first (srpfl and full; default all)."""
+def build_sampler(task: RunTask, participation_config: ParticipationConfig, seed: int):
+    """The sampler of `participation_config.participation`: `uniform`: `clients_per_round`
+    clients drawn per round; `full`: every client every round, with the simulated wall-clock of
+    the straggler model (FedRep's baseline clock); `srpfl`: of all clients, the fastest n take
+    part, n0 = `initial_participants` doubling after each stage of `stage_rounds` rounds (an
+    int or "lemma_b1"). `srpfl_pool`: N of the clients drawn at random each round first (srpfl
+    and full; 0: all).
+
+    Raises:
+      ValueError: an unknown participation or straggler model, or more clients per round than
+        the task has.
+    """
+    p = participation_config
+    kind, straggler, pool = p.participation, p.straggler, p.srpfl_pool or None
+    clients_per_round, communication_cost = p.clients_per_round, p.communication_cost
+    if kind == "uniform" and clients_per_round > len(task.client_ids):
+        raise ValueError(f"clients_per_round={clients_per_round}: the task has "
+                         f"{counted(len(task.client_ids), 'client')}; pass at most that")
     if kind == "uniform":
         return participation.UniformSampler(task.client_ids, clients_per_round, seed)
     if straggler not in STRAGGLER_MODELS:
@@ -167,9 +178,9 @@ def build_sampler(task: RunTask, clients_per_round: int, seed: int, kind: str = 
         return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost,
                                             pool=pool)
     if kind == "srpfl":
-        return srpfl.SrpflSampler(task.client_ids, initial_participants, seed, times,
-                                  stage_rounds=stage_rounds, communication_cost=communication_cost,
-                                  pool=pool)
+        return srpfl.SrpflSampler(task.client_ids, p.initial_participants, seed, times,
+                                  stage_rounds=p.stage_rounds,
+                                  communication_cost=communication_cost, pool=pool)
     raise ValueError(f"unknown participation {kind!r}; choose one of {', '.join(PARTICIPATIONS)}")
 
 

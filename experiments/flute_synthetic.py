@@ -80,8 +80,10 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
     with cli.run_directory(run_dir, prefix="flute_synthetic_") as output_dir:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
-            output_dir, evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
-            tensorboard=False, after_round=after_round, initial_state=initial_state)
+            output_dir,
+            simulation.RunOptions(
+                evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
+                tensorboard=False, after_round=after_round, initial_state=initial_state))
     return {row["round"]: row["eval_error"] for row in result.history if "eval_error" in row}
 
 

@@ -157,9 +157,10 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
     with tempfile.TemporaryDirectory() as tmp:
         result = simulation.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, t: datasets[cid],
-            rounds=config.rounds, output_dir=output_dir or tmp, evaluate_fn=evaluate,
-            eval_every=1, checkpoint_every=max(1, config.rounds // 4), log=None,
-            tensorboard=False, resume=output_dir is not None, initial_state=start)
+            config.rounds, output_dir or tmp,
+            simulation.RunOptions(
+                evaluate_fn=evaluate, eval_every=1, checkpoint_every=max(1, config.rounds // 4),
+                log=None, tensorboard=False, resume=output_dir is not None, initial_state=start))
     angles = [sin_theta(a0, problem.a_star)] + [r["eval_sin_theta"] for r in result.history]
     losses = [_global_loss(problem, a0, np.zeros(config.dim))] + [
         r["eval_loss"] for r in result.history]

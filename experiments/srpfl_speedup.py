@@ -174,13 +174,14 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
 
         with cli.run_directory(output_dir / method) as run_dir:
             result = simulation.run_rounds(
-                process, sampler, client_data, rounds=rounds, output_dir=run_dir,
-                evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
-                checkpoint_every=rounds,
-                config=dataclasses.asdict(config) | dict(num_clients=num_clients, repeat=repeat,
-                                                         method=method),
-                log=None, tensorboard=False, after_round=progress, initial_state=state0,
-                until=None if target is None else (lambda row: row["eval_distance"] <= target))
+                process, sampler, client_data, rounds, run_dir, simulation.RunOptions(
+                    evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
+                    checkpoint_every=rounds,
+                    config=dataclasses.asdict(config) | dict(num_clients=num_clients,
+                                                             repeat=repeat, method=method),
+                    log=None, tensorboard=False, after_round=progress, initial_state=state0,
+                    until=None if target is None else (
+                        lambda row: row["eval_distance"] <= target)))
         return result.history, time.perf_counter() - started
 
     # FedRep: all N clients, a fixed number of rounds (its end defines the floor).

@@ -44,7 +44,9 @@ LATER_RUN_FLAGS = ("srpfl_pool", "flute_variant", "flute_feature_reduction",
                    "representation_blocks", "client_ranks", "flute_final_head_epochs",
                    "eval_test", "eval_per_client", "adaptpfl_variant", "adaptpfl_order",
                    "shortcut_ridge", "project_shortcut", "shortcut_damping", "head_damping",
-                   "init_adapters")
+                   "init_adapters", "train_file", "dev_file", "test_file", "tfds_name",
+                   "tfds_splits", "text_column", "text_pair_column", "label_column",
+                   "client_column")
 
 
 def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:
@@ -203,12 +205,10 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
     if config.output.evaluate_only:
         return evaluate_checkpoint(process, output_dir, evaluate_fn, identity, algorithm,
                                    started)
-    p = config.participation
-    sampler = algorithms.build_sampler(
-        task, p.clients_per_round, config.algorithm.seed, kind=p.participation,
-        initial_participants=p.initial_participants, stage_rounds=p.stage_rounds,
-        straggler=p.straggler, communication_cost=p.communication_cost,
-        pool=p.srpfl_pool or None)
+    try:
+        sampler = algorithms.build_sampler(task, config.participation, config.algorithm.seed)
+    except ValueError as e:
+        raise _as_usage_error(e, config) from None
     machine.read_sittings(output_dir)  # a damaged record stops the run here, before any round
     sitting_recorded = []
 
@@ -221,11 +221,12 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
             sitting_recorded.append(row["round"])
 
     result = simulation.run_rounds(
-        process, sampler=sampler, client_dataset_fn=task.client_dataset_fn, rounds=rounds,
-        output_dir=output_dir, evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
-        checkpoint_every=config.output.checkpoint_every, config=identity,
-        resume=config.output.resume, log=lambda line: print(line, flush=True),
-        after_round=record_sitting)
+        process, sampler, task.client_dataset_fn, rounds, output_dir,
+        simulation.RunOptions(
+            evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
+            checkpoint_every=config.output.checkpoint_every, config=identity,
+            resume=config.output.resume, log=lambda line: print(line, flush=True),
+            after_round=record_sitting))
     summary = _summary(algorithm, result.history, identity | {"rounds": rounds}, output_dir,
                        started)
     summary.update(eval_split=task.eval_split, num_classes=task.num_classes,
@@ -291,9 +292,9 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
                          "first (the same flags without --evaluate_only)")
     done = found[0]
     try:
-        result = simulation.run_rounds(process, sampler=None, client_dataset_fn=None,
-                                       rounds=done, output_dir=output_dir, config=config,
-                                       resume=True, log=None, tensorboard=False)
+        result = simulation.run_rounds(
+            process, None, None, done, output_dir,
+            simulation.RunOptions(config=config, resume=True, log=None, tensorboard=False))
     except (simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
         raise UsageError(f"flag --evaluate_only: {e}; pass the flags the run was trained "
                          "with") from e

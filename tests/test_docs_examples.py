@@ -2,6 +2,9 @@
 
 Each block runs in a fresh Python (`sys.executable`, the uv environment's), in a temporary working
 directory, with the repository on `PYTHONPATH`, and must exit with status 0 within the timeout.
+As the docs' commands do from the checkout's root, a block reads the shared data as
+`../shared/data`: the working directory has that folder beside it (a link to the one beside the
+checkout); a block that names it is skipped, with the reason, where the folder is absent.
 HTML comments right above a block's fence (blank lines between are allowed) say more:
 
 - `<!-- docs-example: skip (reason) -->`: the block is not run; the test reports a skip with the
@@ -139,12 +142,20 @@ def _params():
 def test_the_docs_example_runs_as_written(example, previous, tmp_path):
     if example.skip:
         pytest.skip(f"{example.name}: {example.skip}")
+    program = _program(example, previous)
+    shared = ROOT.parent / "shared"
+    if "../shared" in program and not shared.is_dir():
+        pytest.skip(f"{example.name} reads {shared}, which is absent")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    if shared.is_dir():
+        (tmp_path / "shared").symlink_to(shared)
     script = tmp_path / "example.py"
-    script.write_text(_program(example, previous))
+    script.write_text(program)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     try:
-        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+        done = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{example.name} did not finish within {TIMEOUT_S} s")

@@ -95,7 +95,7 @@ from tensorflow_federated.proto.v0 import computation_pb2
 
 from tffl.engine import schedules
 from tffl.engine.personal_state import PersonalizedOutput
-from tffl.engine.process import PersonalSpec, Process
+from tffl.engine.process import PersonalSpec, Process, ProcessParts
 
 _MANIFEST = "manifest.json"
 _BROADCAST_AFTER_AGGREGATE = "broadcast dependent on aggregate"
@@ -227,12 +227,12 @@ def load_process(directory, initial_personal: Callable[[str], Any] | None = None
 
     rounds = collections.OrderedDict(
         (name, load(filename)) for name, filename in manifest["rounds"])
-    return Process(
+    return Process(ProcessParts(
         manifest["algorithm"], load(manifest["initialize"]), rounds,
         get_model_weights=load(manifest["get_model_weights"]),
         set_model_weights=load(manifest["set_model_weights"]),
         schedule=_schedule(manifest["cycle"]), personal=personal,
-        shared_cycle_data=manifest.get("shared_cycle_data", False))
+        shared_cycle_data=manifest.get("shared_cycle_data", False)))
 
 
 def _personal_spec(manifest: Mapping[str, Any], initial_personal) -> PersonalSpec | None:

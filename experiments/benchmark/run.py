@@ -112,13 +112,15 @@ def _run_tff_rounds(built: Built, rounds: BenchmarkRounds, num_clients: int, con
 
     total = config.rounds * rounds.per_round
     result = simulation.run_rounds(
-        built.process, participation.FullParticipation(rounds.client_ids),
-        rounds.client_dataset, rounds=total, output_dir=run_dir, checkpoint_every=total,
-        config=dataclasses.asdict(config) | dict(backbone=built.backbone.name,
-                                                 algorithm=built.algorithm,
-                                                 clients_per_round=num_clients),
-        log=None, tensorboard=False, after_round=rounds.after_round, initial_state=state,
-        prefetch=False)  # the datasets are pre-built; a round's first request starts its span
+        built.process, participation.FullParticipation(rounds.client_ids), rounds.client_dataset,
+        total, run_dir, simulation.RunOptions(
+            checkpoint_every=total,
+            config=dataclasses.asdict(config) | dict(backbone=built.backbone.name,
+                                                     algorithm=built.algorithm,
+                                                     clients_per_round=num_clients),
+            log=None, tensorboard=False, after_round=rounds.after_round, initial_state=state,
+            # the datasets are pre-built; a round's first request starts its span
+            prefetch=False))
     tff_times = rounds.measured.tff_times
     if len(result.history) != total or len(tff_times) != config.rounds:
         raise RuntimeError(f"{stem}: run_rounds ran {len(result.history)} communication "

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from experiments import algorithms
+from experiments.run_config import ParticipationConfig
 from experiments.run_config import RunConfig
 from tasks import registry
 from tasks.task_config import TaskSpec
@@ -40,16 +41,21 @@ def test_optimizers_by_name():
 def test_samplers_by_name():
     task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=8, batch_size=4,
         local_steps=1, seed=0, partition="iid"))
-    srpfl = algorithms.build_sampler(task, 8, 0, kind="srpfl", initial_participants=2,
-                                   stage_rounds=3)
+    def sampler(**changes):
+        return algorithms.build_sampler(task, ParticipationConfig(**changes), 0)
+
+    srpfl = sampler(clients_per_round=8, participation="srpfl", initial_participants=2,
+                    stage_rounds=3)
     assert [len(srpfl.sample(t).client_ids) for t in (1, 3, 4, 7)] == [2, 2, 4, 8]
-    full = algorithms.build_sampler(task, 3, 0, kind="full", straggler="dynamic")
+    full = sampler(clients_per_round=3, participation="full", straggler="dynamic")
     assert len(full.sample(1).client_ids) == 8 and full.sample(2).info["simulated_time"] > 0
-    assert len(algorithms.build_sampler(task, 3, 0).sample(1).client_ids) == 3
+    assert len(sampler(clients_per_round=3).sample(1).client_ids) == 3
     with pytest.raises(ValueError, match="unknown participation 'some'"):
-        algorithms.build_sampler(task, 3, 0, kind="some")
+        sampler(clients_per_round=3, participation="some")
     with pytest.raises(ValueError, match="unknown straggler model 'slow'"):
-        algorithms.build_sampler(task, 3, 0, kind="full", straggler="slow")
+        sampler(clients_per_round=3, participation="full", straggler="slow")
+    with pytest.raises(ValueError, match="clients_per_round=9: the task has 8 clients"):
+        sampler(clients_per_round=9)
 
 
 @pytest.mark.large
@@ -75,8 +81,9 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
             process = algorithms.build_algorithm(
                 name, task, RunConfig().with_changes(learning_rate=0.5, head_epochs=1))
             result = simulation.run_rounds(
-                process, algorithms.build_sampler(task, 3, 0), task.client_dataset_fn, rounds=1,
-                output_dir=tmp_path / name, log=None, tensorboard=False)
+                process, algorithms.build_sampler(task, ParticipationConfig(clients_per_round=3), 0),
+                task.client_dataset_fn, 1,
+                tmp_path / name, simulation.RunOptions(log=None, tensorboard=False))
             store = result.personal_store
             one_pass = algorithms.personalized_evaluator(task, process)(result.state, store)
             personal = algorithms.per_client_evaluator(task, process, True)(result.state, store)

@@ -232,8 +232,11 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
     get_weights, set_weights = _weights_computations(initialize.type_signature.result.member,
                                                      weights_type)
     return process_lib.Process(
-        "rolora_linear", initialize, rounds, get_model_weights=get_weights,
-        set_model_weights=set_weights, schedule=schedules.alternating(B_ROUND, A_ROUND),
-        shared_cycle_data=True, declared_traffic={p.name: p.traffic for p in pieces},
-        check_data=linear_engine.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
-        config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed)))
+        process_lib.ProcessParts(
+            "rolora_linear", initialize, rounds, get_model_weights=get_weights,
+            set_model_weights=set_weights, schedule=schedules.alternating(B_ROUND, A_ROUND),
+            shared_cycle_data=True),
+        process_lib.ProcessSupport(
+            declared_traffic={p.name: p.traffic for p in pieces},
+            check_data=linear_engine.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
+            config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed))))

@@ -340,14 +340,16 @@ def build_process(algorithm: str, model: engine.FederatedModel,
                   **options) -> process_lib.Process:
     """A Keras algorithm's `Process`: its round kinds (`pieces`) composed with one shared state
     (`compose_rounds`), run by `schedule`; `personalized`: the clients keep `personal` (default
-    `personal_spec(model, hook)`). `options`: `Process`'s other keywords (evaluation,
+    `personal_spec(model, hook)`). `options`: `ProcessSupport`'s other fields (evaluation,
     traffic_rounds, client_traffic, config)."""
     initialize, rounds = compose_rounds(model, pieces, personal=personalized, hook=hook)
     get_weights, set_weights = weights_computations(initialize)
     if personalized and personal is None:
         personal = personal_spec(model, hook)
     return process_lib.Process(
-        algorithm, initialize, rounds, get_model_weights=get_weights,
-        set_model_weights=set_weights, schedule=schedule,
-        personal=personal if personalized else None,
-        declared_traffic={p.name: p.traffic for p in pieces}, model=model, hook=hook, **options)
+        process_lib.ProcessParts(
+            algorithm, initialize, rounds, get_model_weights=get_weights,
+            set_model_weights=set_weights, schedule=schedule,
+            personal=personal if personalized else None),
+        process_lib.ProcessSupport(declared_traffic={p.name: p.traffic for p in pieces},
+                                   model=model, hook=hook, **options))

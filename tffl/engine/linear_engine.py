@@ -368,10 +368,13 @@ def build_process(algorithm: str, initialize: tff.Computation, next_computation:
     `next_round`, `personal` (None: stateless, a TFF `LearningProcess`), the declared bytes per
     client `traffic` (used where TFF's forms cannot hold the round) and its typed `config`."""
     return process_lib.Process(
-        algorithm, initialize, {ROUND: next_computation}, get_model_weights=get_model_weights,
-        set_model_weights=set_model_weights, personal=personal,
-        declared_traffic=None if traffic is None else {ROUND: traffic},
-        check_data=check_data, config=config)
+        process_lib.ProcessParts(
+            algorithm, initialize, {ROUND: next_computation},
+            get_model_weights=get_model_weights, set_model_weights=set_model_weights,
+            personal=personal),
+        process_lib.ProcessSupport(
+            declared_traffic=None if traffic is None else {ROUND: traffic},
+            check_data=check_data, config=config))
 
 
 def get_representation(state) -> np.ndarray:

@@ -172,63 +172,90 @@ def _check_against_type(value, value_type: tff.Type, path: str) -> None:
             _check_against_type(item, member, f"{path}/{name or i}")
 
 
-class Process(tff.learning.templates.LearningProcess):
-    """An algorithm's round kinds and schedule (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class ProcessParts:
+    """The TFF computations and schedule a `Process` is made of.
 
-    Args:
-      algorithm: the algorithm's name (as in `tffl.algorithms.ALGORITHMS`).
+    Attributes:
+      algorithm: the algorithm's name (as in `tffl.algorithms.registry.ALGORITHMS`).
       initialize: `() -> S@SERVER`.
       rounds: {round kind: one communication round}, each of `next`'s form (one cycle of a
         schedule with several kinds is composed from them).
       get_model_weights, set_model_weights: `S -> W` and `<S, W> -> S`.
       schedule: `t ↦ round kind` (`tffl.engine.schedules`); default: the one kind.
       personal: the declared personal state (None: stateless).
+      shared_cycle_data: `next` gives every round of its cycle the same clients and data,
+        `next(S, {D}@CLIENTS)` (`data_names` None); default each round its own.
+    """
+
+    algorithm: str
+    initialize: tff.Computation
+    rounds: Mapping[str, tff.Computation]
+    get_model_weights: tff.Computation
+    set_model_weights: tff.Computation
+    schedule: Any = None
+    personal: PersonalSpec | None = None
+    shared_cycle_data: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSupport:
+    """What a `Process` reads beside its computations.
+
+    Attributes:
       declared_traffic: {round kind: `RoundTraffic`} for rounds TFF's forms cannot hold.
-      traffic_rounds: `() -> {round kind: computation}` that `traffic` sizes (default
-        `rounds`), e.g. the rounds without a simulation-only diagnostic.
+      traffic_rounds: `() -> {round kind: computation}` that `traffic` sizes (default the
+        process's rounds), e.g. the rounds without a simulation-only diagnostic.
       client_traffic: `(round kind, client id) -> RoundTraffic` when clients differ.
       model: the `tffl.engine.federated_model.FederatedModel` (Keras algorithms), else None.
       evaluation: how the process is evaluated (`Evaluation`), else None.
       check_data: `client_data -> None`, raising ValueError on malformed client data.
       hook: the Keras client work's `tffl.engine.client_hooks.ClientHook`, else None.
       config: the algorithm's typed configuration, for the record.
-      shared_cycle_data: `next` gives every round of its cycle the same clients and data,
-        `next(S, {D}@CLIENTS)` (`data_names` None); default each round its own.
     """
 
-    def __init__(self, algorithm: str, initialize: tff.Computation,
-                 rounds: Mapping[str, tff.Computation], *, get_model_weights: tff.Computation,
-                 set_model_weights: tff.Computation, schedule=None,
-                 personal: PersonalSpec | None = None,
-                 declared_traffic: Mapping[str, communication.RoundTraffic] | None = None,
-                 traffic_rounds=None, client_traffic=None, model=None,
-                 evaluation: Evaluation | None = None, check_data=None, hook=None, config=None,
-                 shared_cycle_data: bool = False):
-        self.algorithm, self.model, self.personal = algorithm, model, personal
-        self.evaluation, self.hook, self.config = evaluation, hook, config
-        self.rounds = collections.OrderedDict(rounds)
-        self.schedule = schedule or schedules.constant(next(iter(self.rounds)))
-        self.declared_traffic = collections.OrderedDict(declared_traffic or {})
-        self._traffic_rounds, self._traffic, self._client_traffic = traffic_rounds, None, client_traffic
-        self._check_data = check_data or (lambda data: None)
+    declared_traffic: Mapping[str, communication.RoundTraffic] | None = None
+    traffic_rounds: Any = None
+    client_traffic: Any = None
+    model: Any = None
+    evaluation: Evaluation | None = None
+    check_data: Any = None
+    hook: Any = None
+    config: Any = None
+
+
+class Process(tff.learning.templates.LearningProcess):
+    """An algorithm's round kinds and schedule (see the module docstring), built from its
+    `ProcessParts` and what it reads beside them (`ProcessSupport`)."""
+
+    def __init__(self, parts: ProcessParts, support: ProcessSupport = ProcessSupport()):
+        self.algorithm, self.personal = parts.algorithm, parts.personal
+        self.model, self.evaluation = support.model, support.evaluation
+        self.hook, self.config = support.hook, support.config
+        self.rounds = collections.OrderedDict(parts.rounds)
+        self.schedule = parts.schedule or schedules.constant(next(iter(self.rounds)))
+        self.declared_traffic = collections.OrderedDict(support.declared_traffic or {})
+        self._traffic_rounds, self._traffic = support.traffic_rounds, None
+        self._client_traffic = support.client_traffic
+        self._check_data = support.check_data or (lambda data: None)
         self.cycle = schedules.cycle_of(self.schedule)
         if self.cycle is None and len(self.rounds) > 1:
-            raise ValueError(f"{algorithm}: {len(self.rounds)} round kinds need a periodic "
+            raise ValueError(f"{self.algorithm}: {len(self.rounds)} round kinds need a periodic "
                              "schedule (`tffl.engine.schedules.alternating`) to form `next`")
-        self.shared_cycle_data = shared_cycle_data
-        self.data_names = (None if len(self.rounds) == 1 or shared_cycle_data
+        self.shared_cycle_data = parts.shared_cycle_data
+        self.data_names = (None if len(self.rounds) == 1 or self.shared_cycle_data
                            else tuple(schedules.cycle_data_names(self.cycle)))
         next_fn = self._compose_next()
-        checked_set = CheckedComputation(set_model_weights,
+        checked_set = CheckedComputation(parts.set_model_weights,
                                          lambda state, weights: self.check_model_weights(weights))
-        if personal is None:
-            super().__init__(initialize, next_fn, get_model_weights, checked_set)
+        if self.personal is None:
+            super().__init__(parts.initialize, next_fn, parts.get_model_weights, checked_set)
             return
         refusing = CheckedComputation(  # TFF's train_model would drop the personal states
-            initialize, lambda: check_program_carries_personal_states(algorithm))
+            parts.initialize, lambda: check_program_carries_personal_states(self.algorithm))
         tff.templates.IterativeProcess.__init__(self, refusing, next_fn)
-        _personalized_next(next_fn, personal)
-        self._get_model_weights, self._set_model_weights = get_model_weights, checked_set
+        _personalized_next(next_fn, self.personal)
+        self._get_model_weights, self._set_model_weights = parts.get_model_weights, checked_set
         self._get_hparams_fn = self._set_hparams_fn = None
 
     def _compose_next(self) -> tff.Computation:

@@ -39,8 +39,8 @@ Example:
 ...     return datasets[client_ids.index(client_id)]
 >>> with runtime.local_runtime():
 ...     result = run_rounds(process, participation.FullParticipation(client_ids),
-...                         client_dataset_fn, rounds=4, output_dir=run_dir / "sim", log=None,
-...                         tensorboard=False)
+...                         client_dataset_fn, 4, run_dir / "sim",
+...                         RunOptions(log=None, tensorboard=False))
 >>> [(row["round"], row["bytes_up_per_client"]) for row in result.history]  # B round, A round
 [(1, 188), (2, 188), (3, 188), (4, 188)]
 """
@@ -169,37 +169,11 @@ class _RoundData:
             self._pending = None
 
 
-def run_rounds(
-    process: Any,
-    sampler: Sampler,
-    client_dataset_fn: Callable[[str, int], tf.data.Dataset],
-    rounds: int,
-    output_dir: os.PathLike | str,
-    evaluate_fn: Callable[..., Mapping[str, float]] | None = None,
-    eval_every: int = 0,
-    checkpoint_every: int = 1,
-    config: Mapping[str, Any] | None = None,
-    resume: bool = False,
-    log: Callable[[str], None] | None = print,
-    tensorboard: bool = True,
-    until: Callable[[Mapping[str, Any]], bool] | None = None,
-    after_round: Callable[[Mapping[str, Any], Any], None] | None = None,
-    initial_state: Any = None,
-    prefetch: bool = True,
-    divergence_factor: float | None = metrics_log.DIVERGENCE_FACTOR,
-) -> SimulationResult:
-    """Runs `rounds` rounds of `process` (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How `run_rounds` evaluates, records, checkpoints and resumes a run.
 
-    Args:
-      process: a `tffl.engine.process.Process` (its `next_round` runs each communication
-        round; a personalized one, `process.personal` declared, also takes and returns the
-        clients' personal states), or any other process with `initialize()` and
-        `next(state, client_datasets)` returning a `tff.learning.templates.
-        LearningProcessOutput` or a `(state, metrics)` pair (e.g. `tff.learning.algorithms`').
-      sampler: picks each round's clients (`UniformSampler`, `FullParticipation`, SRPFL, ...).
-      client_dataset_fn: `(client_id, round_num) -> tf.data.Dataset` for that client's round.
-      rounds: total rounds of the run (a resumed run stops at the same total).
-      output_dir: where `metrics.csv` and `checkpoints/` go.
+    Attributes:
       evaluate_fn: `state -> {name: value}` (`(state, personal_store) -> ...` for a personalized
         process); reported as `eval_<name>`.
       eval_every: evaluate every this many rounds (0: only after the last round).
@@ -220,10 +194,48 @@ def run_rounds(
         method-of-moments initialization; it must have `initialize()`'s structure (it is the
         template checkpoints are loaded into).
       prefetch: build round t + 1's datasets on a background thread while round t runs (step
-        2 above). `client_dataset_fn` must then be safe to call from another thread while
-        `process.next` and `evaluate_fn` run (the text tasks' `tasks.prefix_cache` is).
+        2 of the module docstring). `client_dataset_fn` must then be safe to call from another
+        thread while `process.next` and `evaluate_fn` run (the text tasks' `tasks.prefix_cache`
+        is).
       divergence_factor: stop (`LossDivergedError`) at a finite training loss above this many
         times max(1, the run's first-round training loss); None: never.
+    """
+
+    evaluate_fn: Callable[..., Mapping[str, float]] | None = None
+    eval_every: int = 0
+    checkpoint_every: int = 1
+    config: Mapping[str, Any] | None = None
+    resume: bool = False
+    log: Callable[[str], None] | None = print
+    tensorboard: bool = True
+    until: Callable[[Mapping[str, Any]], bool] | None = None
+    after_round: Callable[[Mapping[str, Any], Any], None] | None = None
+    initial_state: Any = None
+    prefetch: bool = True
+    divergence_factor: float | None = metrics_log.DIVERGENCE_FACTOR
+
+
+def run_rounds(
+    process: Any,
+    sampler: Sampler,
+    client_dataset_fn: Callable[[str, int], tf.data.Dataset],
+    rounds: int,
+    output_dir: os.PathLike | str,
+    options: RunOptions = RunOptions(),
+) -> SimulationResult:
+    """Runs `rounds` rounds of `process` (see the module docstring).
+
+    Args:
+      process: a `tffl.engine.process.Process` (its `next_round` runs each communication
+        round; a personalized one, `process.personal` declared, also takes and returns the
+        clients' personal states), or any other process with `initialize()` and
+        `next(state, client_datasets)` returning a `tff.learning.templates.
+        LearningProcessOutput` or a `(state, metrics)` pair (e.g. `tff.learning.algorithms`').
+      sampler: picks each round's clients (`UniformSampler`, `FullParticipation`, SRPFL, ...).
+      client_dataset_fn: `(client_id, round_num) -> tf.data.Dataset` for that client's round.
+      rounds: total rounds of the run (a resumed run stops at the same total).
+      output_dir: where `metrics.csv` and `checkpoints/` go.
+      options: evaluation, checkpoints, resuming and logging (`RunOptions`).
 
     Returns:
       A `SimulationResult` with the final state and every round's metrics row (resumed runs
@@ -234,19 +246,21 @@ def run_rounds(
         raise ValueError(f"rounds={rounds} must be at least 1")
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    config = dict(config or {})
-    say = log or (lambda _: None)
-    state = process.initialize() if initial_state is None else initial_state
+    o = options
+    config = dict(o.config or {})
+    say = o.log or (lambda _: None)
+    state = process.initialize() if o.initial_state is None else o.initial_state
     ours = isinstance(process, process_lib.Process)
     fingerprint = process.frozen_fingerprint if ours else None
     personalized = ours and process.personal is not None
     store = personal_state.PersonalStore(process.initialize_personal) if personalized else None
-    run = _Run(process, rounds, output_dir, config, say, fingerprint, store, evaluate_fn,
-               eval_every, checkpoint_every, until, after_round, divergence_factor, started)
-    state, history, first_round, complete = _resume(run, state, resume)
+    run = _Run(process, rounds, output_dir, config, say, fingerprint, store, o.evaluate_fn,
+               o.eval_every, o.checkpoint_every, o.until, o.after_round, o.divergence_factor,
+               started)
+    state, history, first_round, complete = _resume(run, state, o.resume)
     if not complete:
-        state = _run_loop(run, state, history, first_round, sampler, client_dataset_fn, prefetch,
-                          tensorboard)
+        state = _run_loop(run, state, history, first_round, sampler, client_dataset_fn,
+                          o.prefetch, o.tensorboard)
     return SimulationResult(state, history, first_round, store)
 
 

@@ -120,9 +120,9 @@ def test_fedavg_lora_averaging_error_against_numpy(tff_runtime, tmp_path):
     datasets = _datasets(clients, _BATCH)
     ids = ["c0", "c1"]
     result = simulation.run_rounds(
-        measured, participation.FullParticipation(ids),
-        lambda cid, t: datasets[ids.index(cid)], rounds=2, output_dir=tmp_path, log=None,
-        tensorboard=False, initial_state=_start(measured))
+        measured, participation.FullParticipation(ids), lambda cid, t: datasets[ids.index(cid)], 2,
+        tmp_path,
+        simulation.RunOptions(log=None, tensorboard=False, initial_state=_start(measured)))
     rows = simulation.read_metrics(tmp_path / simulation.METRICS_FILE)
     state = _start(plain)
     for row in rows:
@@ -260,8 +260,8 @@ def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
         return tf.data.Dataset.from_tensor_slices(data[client_id]).batch(4)
 
     sampler = participation.FullParticipation(sorted(data))
-    first = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=4,
-                                  output_dir=tmp_path, log=None)
+    first = simulation.run_rounds(
+        process, sampler, client_dataset_fn, 4, tmp_path, simulation.RunOptions(log=None))
     assert process.round_num(first.state) == 4
     weights = process.get_model_weights(first.state).trainable
     for whole, federated in zip(process.model_weights(first.state).trainable, weights):
@@ -284,8 +284,9 @@ def test_rolora_with_a_head_runs_in_the_simulation_loop(tff_runtime, tmp_path):
     assert np.isfinite(rows[-1]["a_round/client_work/train/loss"])
     assert rows[-1]["train_loss"] == rows[-1]["a_round/client_work/train/loss"]   # the last round's
     assert rows[3]["a_round/client_work/train/loss"] < rows[0]["b_round/client_work/train/loss"]
-    resumed = simulation.run_rounds(process, sampler, client_dataset_fn, rounds=6,
-                                    output_dir=tmp_path, resume=True, log=None)
+    resumed = simulation.run_rounds(
+        process, sampler, client_dataset_fn, 6, tmp_path,
+        simulation.RunOptions(resume=True, log=None))
     assert resumed.first_round == 5 and process.round_num(resumed.state) == 6
     assert [row["communication_rounds"] for row in resumed.history] == [1, 2, 3, 4, 5, 6]
 

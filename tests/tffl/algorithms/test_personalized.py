@@ -230,9 +230,8 @@ _SCHEDULE = [("a", "b"), ("b", "c"), ("a", "c"), ("b",)]
 def _run(process, tmp_path, rounds, resume=False, name="run"):
     data = dict(zip("abc", linear_clients(sizes=(4, 6, 5), seed=7)))
     return simulation.run_rounds(
-        process, _Scripted(_SCHEDULE), lambda cid, t: full_batch_datasets([data[cid]])[0],
-        rounds=rounds,
-        output_dir=tmp_path / name, config={"test": 1}, resume=resume, log=None)
+        process, _Scripted(_SCHEDULE), lambda cid, t: full_batch_datasets([data[cid]])[0], rounds,
+        tmp_path / name, simulation.RunOptions(config={"test": 1}, resume=resume, log=None))
 
 
 def test_heads_survive_rounds_without_their_client(tff_runtime, tmp_path):

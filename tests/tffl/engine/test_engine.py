@@ -159,8 +159,9 @@ def test_rolora_b_and_a_rounds_train_on_different_batches(tff_runtime, tmp_path)
         seen.append((cid, round_num))
         return tf.data.Dataset.from_tensor_slices(data[cid, round_num]).batch(_BATCH)
 
-    result = simulation.run_rounds(process, participation.FullParticipation(ids),
-                                   client_dataset_fn, rounds=2, output_dir=tmp_path, log=None)
+    result = simulation.run_rounds(
+        process, participation.FullParticipation(ids), client_dataset_fn, 2, tmp_path,
+        simulation.RunOptions(log=None))
     assert seen == [(c, 1) for c in ids] + [(c, 2) for c in ids]
     assert [r["communication_rounds"] for r in result.history] == [1, 2]
     assert "b_round/client_work/train/loss" in result.history[0]
@@ -257,8 +258,8 @@ def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
         process = lora_fl.build_rolora(_lora_model(w0), _SPEC, _LR,
                                        loss_fn=tf.keras.losses.MeanSquaredError)
         return process, simulation.run_rounds(
-            process, participation.FullParticipation(ids), client_dataset_fn, rounds=rounds,
-            output_dir=tmp_path, resume=resume, log=None)
+            process, participation.FullParticipation(ids), client_dataset_fn, rounds, tmp_path,
+            simulation.RunOptions(resume=resume, log=None))
 
     first, _ = run(_W0, 1, False)
     with pytest.raises(simulation.ResumeError, match=rf"frozen weights {first.frozen_fingerprint}"

@@ -43,8 +43,8 @@ def test_the_distribute_runtime_names_the_client_devices_once_per_round_kind(tmp
     caplog.set_level(logging.INFO, logger="tffl")
     with runtime.distribute_runtime("CPU:0") as context:
         result = simulation.run_rounds(
-            _ClientStepsProcess(), participation.FullParticipation(["a", "b"]), data, rounds=3,
-            output_dir=tmp_path, log=None, tensorboard=False)
+            _ClientStepsProcess(), participation.FullParticipation(["a", "b"]), data, 3, tmp_path,
+            simulation.RunOptions(log=None, tensorboard=False))
     assert float(result.state["total"]) == 2.0 * 2 * 3  # round 3: two clients, 2 × 3 each
     device = context.devices[0]
     assert device.endswith("device:CPU:0")

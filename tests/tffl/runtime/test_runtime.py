@@ -191,8 +191,7 @@ _ROUNDS = 3
 def _run(process, output_dir, resume=False):
     return simulation.run_rounds(
         process, participation.UniformSampler(sorted(_CLIENT_DATA), 4, seed=1), _client_dataset,
-        rounds=_ROUNDS, output_dir=output_dir, resume=resume, log=None,
-    )
+        _ROUNDS, output_dir, simulation.RunOptions(resume=resume, log=None))
 
 
 def _rows(output_dir):

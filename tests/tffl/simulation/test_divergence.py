@@ -36,9 +36,10 @@ def _data(cid, round_num):
 def _run(tmp_path, losses, rounds=None, **kw):
     return simulation.run_rounds(
         _LossProcess(losses), participation.FullParticipation(_CLIENTS), _data,
-        rounds=rounds or len(losses), output_dir=tmp_path,
-        config={"learning_rate": 1000000.0, "server_learning_rate": 1.0, "seed": 0},
-        log=None, tensorboard=False, **kw)
+        rounds or len(losses), tmp_path,
+        simulation.RunOptions(
+            config={"learning_rate": 1000000.0, "server_learning_rate": 1.0, "seed": 0}, log=None,
+            tensorboard=False, **kw))
 
 
 def test_a_blown_up_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -77,9 +77,8 @@ class _Count:
 
 def test_every_row_records_the_peaks_and_resume_comparisons_ignore_them(tmp_path):
     result = simulation.run_rounds(
-        _Count(), participation.FullParticipation(["a"]),
-        lambda cid, t: tf.data.Dataset.from_tensor_slices([1.0]), rounds=2,
-        output_dir=tmp_path, log=None)
+        _Count(), participation.FullParticipation(["a"]), lambda cid,
+        t: tf.data.Dataset.from_tensor_slices([1.0]), 2, tmp_path, simulation.RunOptions(log=None))
     rows = simulation.read_metrics(tmp_path / "metrics.csv")
     assert all(r["peak_rss_mb"] > 10 for r in rows)
     assert rows[1]["peak_rss_mb"] >= rows[0]["peak_rss_mb"]   # a high-water mark

@@ -26,9 +26,9 @@ def _data(cid, round_num):
 
 def _lines(output_dir, rounds, resume=False):
     lines = []
-    simulation.run_rounds(_Process(), participation.FullParticipation(["a"]), _data,
-                          rounds=rounds, output_dir=output_dir, resume=resume,
-                          log=lines.append, tensorboard=False)
+    simulation.run_rounds(
+        _Process(), participation.FullParticipation(["a"]), _data, rounds, output_dir,
+        simulation.RunOptions(resume=resume, log=lines.append, tensorboard=False))
     return [line for line in lines if line.startswith("round")]
 
 

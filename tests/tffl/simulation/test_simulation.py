@@ -44,16 +44,9 @@ def _data(cid, round_num):
 
 def _run(tmp_path, rounds, resume=False, process=None, config=None, **kw):
     return simulation.run_rounds(
-        process or _SumProcess(),
-        participation.UniformSampler(_CLIENTS, 3, seed=1),
-        _data,
-        rounds=rounds,
-        output_dir=tmp_path,
-        config=config or {"seed": 1},
-        resume=resume,
-        log=None,
-        **kw,
-    )
+        process or _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), _data, rounds,
+        tmp_path,
+        simulation.RunOptions(config=config or {"seed": 1}, resume=resume, log=None, **kw))
 
 
 def _expected_state(rounds):
@@ -240,8 +233,8 @@ class _WaitsForTheNextRound(_SumProcess):
 def test_the_next_rounds_datasets_are_built_while_a_round_runs(tmp_path):
     process = _WaitsForTheNextRound(rounds=4)
     result = simulation.run_rounds(
-        process, participation.UniformSampler(_CLIENTS, 3, seed=1), process.data, rounds=4,
-        output_dir=tmp_path, log=None, tensorboard=False)
+        process, participation.UniformSampler(_CLIENTS, 3, seed=1), process.data, 4, tmp_path,
+        simulation.RunOptions(log=None, tensorboard=False))
     assert process.overlapped == [True, True, True]
     assert 5 not in process.asked  # nothing is built beyond the last round
     np.testing.assert_allclose(result.state["s"], _expected_state(4))
@@ -258,10 +251,12 @@ def test_prefetch_gives_the_same_run_as_building_each_round_in_turn(tmp_path):
             return _data(cid, round_num)
 
         results[prefetch] = simulation.run_rounds(
-            _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, rounds=5,
-            output_dir=tmp_path / str(prefetch), log=None, tensorboard=False,
-            evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
-            prefetch=prefetch)
+            _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, 5,
+            tmp_path / str(prefetch),
+            simulation.RunOptions(
+                log=None, tensorboard=False,
+                evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
+                prefetch=prefetch))
     assert calls[True] == calls[False]  # the same clients' datasets, in the same order
     drop = set(simulation.MACHINE_COLUMNS)
     assert ([{k: v for k, v in r.items() if k not in drop} for r in results[True].history]
@@ -287,8 +282,9 @@ def test_each_round_is_sampled_once_in_order_and_a_stopped_run_leaves_no_build_b
         built.append(round_num)
         return _data(cid, round_num)
 
-    simulation.run_rounds(_SumProcess(), sampler, slow_data, rounds=6, output_dir=tmp_path,
-                          log=None, tensorboard=False, until=lambda row: row["round"] == 2)
+    simulation.run_rounds(
+        _SumProcess(), sampler, slow_data, 6, tmp_path,
+        simulation.RunOptions(log=None, tensorboard=False, until=lambda row: row["round"] == 2))
     assert sampler.asked == [1, 2, 3]
     assert built == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # round 3's build finished before the return
 
@@ -300,8 +296,9 @@ def test_a_failed_build_of_the_next_round_surfaces_when_that_round_starts(tmp_pa
         return _data(cid, round_num)
 
     with pytest.raises(FileNotFoundError, match="round-3 file is missing"):
-        simulation.run_rounds(_SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1),
-                              data, rounds=5, output_dir=tmp_path, log=None, tensorboard=False)
+        simulation.run_rounds(
+            _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, 5, tmp_path,
+            simulation.RunOptions(log=None, tensorboard=False))
     rows = simulation.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2]  # rounds 1 and 2 are kept, and checkpointed
     assert checkpoint.latest(tmp_path / "checkpoints")[0] == 2
