@@ -34,6 +34,7 @@ Example:
 [[2, 5, 7, 3, 0, 0], [2, 6, 3, 0, 0, 0]]
 """
 
+import collections
 import os
 from collections.abc import Callable, Sequence
 
@@ -146,7 +147,8 @@ def tokenize(
       batch_size: texts per preprocessor call.
 
     Returns:
-      dict name -> int32 array (n, L) (the keys of the preprocessor's output); batches of
+      `OrderedDict` name -> int32 array (n, L), its keys (the preprocessor's) sorted, the form
+      TFF serializes a dataset's named elements in; batches of
       different widths (a trimming packer's) are padded to the widest, with the preprocessor's
       `pad_id` (default 0) for `token_ids` and 0 elsewhere.
 
@@ -172,8 +174,9 @@ def tokenize(
     if not chunks:
         raise ValueError("tokenize got no texts")
     pad_id = getattr(preprocessor, "pad_id", 0)
-    return {key: _concatenate_padded(value, pad_id if key == "token_ids" else 0)
-            for key, value in chunks.items()}
+    return collections.OrderedDict(
+        (key, _concatenate_padded(chunks[key], pad_id if key == "token_ids" else 0))
+        for key in sorted(chunks))
 
 
 def _concatenate_padded(chunks: list[np.ndarray], pad_value: int) -> np.ndarray:

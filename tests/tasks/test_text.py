@@ -1,5 +1,6 @@
 """Tests for tasks.text: hand-computed ids, segments, truncation, padding; real SST-2 batch."""
 
+import collections
 import re
 import sys
 
@@ -34,6 +35,10 @@ def test_single_segment_ids_and_padding(text):
     np.testing.assert_array_equal(out["segment_ids"], np.zeros((3, 7)))
     for v in out.values():
         assert v.dtype == np.int32 and v.shape == (3, 7)
+    # An OrderedDict of sorted keys: the form TFF serializes a dataset's named elements in, so
+    # a ClientData built on it runs in a federated computation as it is.
+    assert isinstance(out, collections.OrderedDict)
+    assert list(out) == ["padding_mask", "segment_ids", "token_ids"]
 
 
 def test_pair_segments_and_round_robin_truncation(text):
