@@ -1,6 +1,6 @@
 """The layout's rules (docs/engine.md), read off the source with `ast`: federated computations are
-assembled only in `tffl/engine/`, no module is over 400 lines, no function over 80, and the
-import graph of tffl's modules (function-level imports included) has no cycle."""
+assembled only in `tffl/engine/`, and the import graph of tffl's modules (function-level imports
+included) has no cycle. (A module is one job, whatever its length: no size limit.)"""
 
 import ast
 import pathlib
@@ -20,19 +20,6 @@ def test_federated_computations_are_assembled_in_the_engine_only():
     users = [str(p.relative_to(TFFL)) for p in _modules().values()
              if "tff.federated_computation" in p.read_text()]
     assert users and all(u.startswith("engine/") for u in users), users
-
-
-def test_modules_and_functions_fit_their_limits():
-    too_long = []
-    for name, path in _modules().items():
-        text = path.read_text()
-        if len(text.splitlines()) > 400:
-            too_long.append((name, len(text.splitlines())))
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if node.end_lineno - node.lineno + 1 > 80:
-                    too_long.append((f"{name}.{node.name}", node.end_lineno - node.lineno + 1))
-    assert not too_long
 
 
 def _imports(module: str, path: pathlib.Path, modules) -> set[str]:
