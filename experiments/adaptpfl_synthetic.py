@@ -75,8 +75,9 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
 
     d, k, eta = config["dim"], config["rank"], config["learning_rate"]
     problem = synthetic.adaptpfl_linear(
-        config["num_clients"], num_samples, d, k, alpha=config["data_alpha"],
-        shortcut_norm=config["shortcut_norm"], orthogonal_to_heads=config["orthogonal_to_heads"],
+        config["num_clients"], num_samples, d, k, shortcuts=synthetic.ShortcutTruth(
+            alpha=config["data_alpha"], shortcut_norm=config["shortcut_norm"],
+            orthogonal_to_heads=config["orthogonal_to_heads"]),
         noise_std=config["noise_std"], seed=seed)
     data = [collections.OrderedDict(x=x.astype(np.float32), y=y.astype(np.float32))
             for x, y in zip(problem.features, problem.targets)]

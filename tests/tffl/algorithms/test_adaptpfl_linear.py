@@ -14,6 +14,7 @@ import collections
 import numpy as np
 import pytest
 
+from tasks.synthetic import ShortcutTruth
 from tasks.synthetic import adaptpfl_linear as synthetic_adaptpfl_linear
 from tffl.algorithms import adaptpfl_linear
 from tffl.algorithms.adaptpfl_linear import AdaptPFLLinearConfig
@@ -191,8 +192,9 @@ def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
     m=20 samples, the same B⁰ and schedule (τ_w=10, τ_s=10, τ_b=1, η=0.1, 40 rounds): AdaptPFL
     (α=0.3) ends with a lower mean ‖θ_i − θ_i*‖ than FedRep (its α=0). FedRep cannot express the
     shortcut: its error stays near the shortcut's size 0.3. Observed: 0.15 against 0.36."""
-    problem = synthetic_adaptpfl_linear(num_clients=20, num_samples=20, dim=10, rank=2, alpha=0.3,
-                                        noise_std=0.05, seed=1)
+    problem = synthetic_adaptpfl_linear(num_clients=20, num_samples=20, dim=10, rank=2,
+                                        shortcuts=ShortcutTruth(alpha=0.3), noise_std=0.05,
+                                        seed=1)
     data = _data(problem.features, problem.targets)
     b0 = np.linalg.qr(problem.b_star + 0.3 * np.random.default_rng(5).normal(size=(10, 2)))[0]
     errors = {}
