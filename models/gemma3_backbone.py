@@ -9,9 +9,9 @@ Inputs `{"token_ids": (B, T) int32, "padding_mask": (B, T) int32}`, output `hidd
 The architecture is one `Gemma3BackboneConfig`. Decoder layer i is global (RoPE base
 `global_rope_base`, full causal attention) iff (i + 1) % `global_layer_every` == 0, otherwise
 local (RoPE base `local_rope_base`, window `sliding_window`); Gemma 3 has five local layers per
-global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output embedding is the
-input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights); the sqrt(H)
-scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
+global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output
+embedding is the input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights);
+the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
 
 `gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`).
 
