@@ -64,12 +64,11 @@ shape checks) are `tffl.engine.linear_engine`'s averaging round (no QR); this mo
 the client update, step 2. Metrics (TFF's structure, `client_work/train`): `loss` = mean over
 clients of f_i (without the ridge) at the start of the round; `num_clients`.
 
-`build_adaptpfl_linear(config)` takes an `AdaptPFLLinearConfig` (d, k, α, the steps and step
-sizes, β, the seed, the variant and its switches) and returns a personalized
+`build_adaptpfl_linear(config)` (an `AdaptPFLLinearConfig`) returns a personalized
 `tffl.engine.process.Process` whose model weights are B (`set_model_weights` stores B as is in
-variant A, orthonormalized in variant B); its `config` is that `AdaptPFLLinearConfig` with the
-defaults filled in. Functions: `predictors(process, state, personal_states)`,
-`get_representation(state)`, `set_representation(process, state, b)` (shape-checked).
+variant A, orthonormalized in variant B); its `config` is `config`, defaults filled in.
+Functions: `predictors(process, state, personal_states)`, `get_representation(state)`,
+`set_representation(process, state, b)` (shape-checked).
 
 Example:
 
@@ -149,24 +148,20 @@ class AdaptPFLLinearConfig:
     filled in) a process's `config`.
 
     Attributes:
-      dim: d >= 1.
-      rank: k, 1 <= k <= d.
+      dim, rank: d >= 1 and k, 1 <= k <= d.
       alpha: α in [0, 1] (0: FedRep with gradient heads; 1: local regression on s).
       learning_rate: η_b > 0, the step of the representation phase (and the default of the
         other two).
-      head_steps: τ_w >= 0 gradient steps on the head per round.
-      shortcut_steps: τ_s >= 0 gradient steps on the shortcut per round.
-      representation_steps: τ_b >= 0 local gradient steps on B per round.
-      head_learning_rate: η_w > 0 (None: η_b; the draft uses one η).
-      shortcut_learning_rate: η_s > 0 (None: η_b).
+      head_steps, shortcut_steps, representation_steps: τ_w, τ_s, τ_b >= 0, the gradient steps
+        per round on the head, on the shortcut and (local steps) on B.
+      head_learning_rate, shortcut_learning_rate: η_w, η_s > 0 (None: η_b; the draft has one η).
       shortcut_ridge: β >= 0, weight decay (β/2)‖s‖² in the shortcut phase (the draft's β of
         eq. 2, per client; 0 by default as in Algorithm 1).
       seed: seed of `initialize`'s random orthonormal B.
       variant: "a" (Algorithm 1 repaired) or "b" (the analysed iteration (2)–(8),
         `variant_b_update`). Variant B's ablation switches (ignored by A):
       project_shortcut: (3), s̄ = (I − B̂B̂ᵀ) s̃ (default on).
-      shortcut_damping: λ_S in (0, 1], (4).
-      head_damping: λ_W in (0, 1], (6) (the draft's γ taken equal to λ_W).
+      shortcut_damping, head_damping: λ_S, λ_W in (0, 1] of (4) and (6) (the draft's γ = λ_W).
       order: "sw" (the analysis: shortcut, then head) or "ws" (Algorithm 1's order).
 
     Variant B's representation step is one gradient step (η = `learning_rate`) then QR; its
@@ -225,12 +220,10 @@ def _process(server, next_fn, client_update, config: AdaptPFLLinearConfig) -> pr
 def build_adaptpfl_linear(config: AdaptPFLLinearConfig) -> process_lib.Process:
     """Linear AdaptPFL: θ_i = (1 − α) B w_i + α s_i; variant A (Algorithm 1 repaired, the module
     docstring) or variant B (the draft's analysed iteration, `variant_b_update`), as `config`
-    says (`AdaptPFLLinearConfig`: d, k, α, the steps and step sizes, β, the seed, the variant and
-    its switches).
+    (`AdaptPFLLinearConfig`) says.
 
     Returns:
-      The personalized `Process` (module docstring); its `config` is `config` with the defaults
-      filled in (`AdaptPFLLinearConfig`).
+      The personalized `Process` (module docstring); its `config`: `config`, defaults filled in.
 
     Raises:
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
@@ -263,8 +256,7 @@ def _checked(config: AdaptPFLLinearConfig) -> AdaptPFLLinearConfig:
         shortcut_steps=_nonnegative_int("shortcut_steps", config.shortcut_steps),
         representation_steps=_nonnegative_int("representation_steps",
                                               config.representation_steps),
-        shortcut_ridge=check_rate("shortcut_ridge", config.shortcut_ridge, allow_zero=True),
-        seed=int(config.seed))
+        shortcut_ridge=check_rate("shortcut_ridge", config.shortcut_ridge, allow_zero=True))
     if config.variant not in VARIANTS:
         raise ValueError(f"variant={config.variant!r} must be one of {', '.join(VARIANTS)}")
     return checked
@@ -276,8 +268,7 @@ def _build_variant_a(config: AdaptPFLLinearConfig) -> process_lib.Process:
     alpha, beta = config.alpha, config.shortcut_ridge
     eta_b, eta_w = config.learning_rate, config.head_learning_rate
     eta_s = config.shortcut_learning_rate
-    tau_w, tau_s = config.head_steps, config.shortcut_steps
-    tau_b = config.representation_steps
+    tau_w, tau_s, tau_b = config.head_steps, config.shortcut_steps, config.representation_steps
     server, personal_type = _server(config.dim, config.rank, config.seed, orthonormal=False)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
@@ -331,15 +322,14 @@ def variant_b_update(x64, y64, b64, w0, s0, config: AdaptPFLLinearConfig):
     Example (one client, m = 8, d = 4, k = 2; undamped and projected, s' ⟂ span(B̂)):
 
     >>> rng = np.random.default_rng(0)
-    >>> x, y = tf.constant(rng.normal(size=(8, 4))), tf.constant(rng.normal(size=8))
-    >>> b = tf.constant(np.linalg.qr(rng.normal(size=(4, 2)))[0])
-    >>> config = AdaptPFLLinearConfig(dim=4, rank=2, alpha=0.3, learning_rate=0.1,
-    ...                               shortcut_ridge=0.05, variant="b")
-    >>> w, s, grad = variant_b_update(x, y, b, tf.zeros(2, tf.float64), tf.zeros(4, tf.float64),
-    ...                               config)
+    >>> x, y, b = rng.normal(size=(8, 4)), rng.normal(size=8), rng.normal(size=(4, 2))
+    >>> b = np.linalg.qr(b)[0]                                # B̂: orthonormal columns
+    >>> config = AdaptPFLLinearConfig(4, 2, alpha=0.3, learning_rate=0.1, shortcut_ridge=0.05,
+    ...                               variant="b")
+    >>> w, s, grad = variant_b_update(x, y, b, np.zeros(2), np.zeros(4), config)
     >>> w.shape, s.shape, grad.shape
     (TensorShape([2]), TensorShape([4]), TensorShape([4, 2]))
-    >>> bool(np.allclose(tf.linalg.matvec(b, s, transpose_a=True), 0.0))
+    >>> bool(np.allclose(b.T @ s.numpy(), 0.0))
     True
     """
     alpha, beta, order = config.alpha, config.shortcut_ridge, config.order
