@@ -27,8 +27,8 @@ def _world(tmp_dir) -> dict:
     from tffl.engine import roles
 
     def model_fn():
-        return paper_models.build_rolora_mnist_net(input_dim=8, rank=2, num_classes=3,
-                                                   b_stddev=0.1, trainable_head=True)
+        return paper_models.build_rolora_mnist_net(paper_models.RoloraMnistNetConfig(
+            input_dim=8, rank=2, num_classes=3, b_stddev=0.1, trainable_head=True))
 
     input_spec = (tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32))
     rng = np.random.default_rng(0)

@@ -76,8 +76,9 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
 
     d, k, eta = config["dim"], config["rank"], config["learning_rate"]
     problem = synthetic.adaptpfl_linear(
-        config["num_clients"], num_samples, d, k, alpha=config["data_alpha"],
-        shortcut_norm=config["shortcut_norm"], orthogonal_to_heads=config["orthogonal_to_heads"],
+        config["num_clients"], num_samples, d, k, shortcuts=synthetic.ShortcutTruth(
+            alpha=config["data_alpha"], shortcut_norm=config["shortcut_norm"],
+            orthogonal_to_heads=config["orthogonal_to_heads"]),
         noise_std=config["noise_std"], seed=seed)
     data = [collections.OrderedDict(x=x.astype(np.float32), y=y.astype(np.float32))
             for x, y in zip(problem.features, problem.targets)]
@@ -122,7 +123,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
         [("adaptpfl", a) for a in config["alphas"]] if "adaptpfl" in config["methods"] else [])
     for method, alpha in runs:
         started = time.perf_counter()
-        process = adaptpfl_linear.build_adaptpfl_linear(
+        process = adaptpfl_linear.build_adaptpfl_linear(adaptpfl_linear.AdaptPFLLinearConfig(
             d, k, alpha=alpha, learning_rate=eta, head_steps=config["head_steps"],
             shortcut_steps=config["shortcut_steps"],
             representation_steps=config["representation_steps"],
@@ -130,7 +131,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
             variant="a" if method == "fedrep_gd" else config["adaptpfl_variant"],
             project_shortcut=config["project_shortcut"],
             shortcut_damping=config["shortcut_damping"],
-            head_damping=config["head_damping"], order=config["adaptpfl_order"])
+            head_damping=config["head_damping"], order=config["adaptpfl_order"]))
         last = _run(
             process, data, f"{tag} {method} α={alpha:g}", config["rounds"],
             lambda state, personal, process=process: evaluation(

@@ -1,8 +1,8 @@
 """Experiment 2, `rolora_mnist`: RoLoRA's MNIST toy (rolora.md §2.5).
 
-`run_toy` runs RoLoRA, FedAvg-LoRA and FFA-LoRA for each setting (N clients × K labels) and
-learning rate, one training run (`experiments.running.run_training`) per (setting, learning
-rate) in
+`run_toy(root, ToySweep(...))` runs RoLoRA, FedAvg-LoRA and FFA-LoRA for each setting (N
+clients × K labels) and learning rate of the sweep, one training run
+(`experiments.running.run_training`) per (setting, learning rate) in
 `<root>/toy_<N>x<K>_lr<lr>/`, and writes `results.csv` and `results.md` (the best final test
 accuracy per method). `scripts/rolora_mnist_toy.py` is its command line; `run_rolora_mnist` is
 `scripts/reproduce.py --experiment=rolora_mnist`.
@@ -11,11 +11,12 @@ accuracy per method). `scripts/rolora_mnist_toy.py` is its command line; `run_ro
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import pathlib
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from experiments.report import Column, Panel, Series, Table
 from experiments.run_config import RunConfig
@@ -45,20 +46,41 @@ def parse_setting(text: str) -> tuple[int, int]:
     return n, k
 
 
-def toy_config(n: int, k: int, lr: str, run_dir: pathlib.Path, rounds: int, local_steps: int,
-               data_dir: str | None) -> RunConfig:
-    """The training run of one setting (N clients × K labels) and learning rate: the three
-    algorithms on MNIST, all clients every round, rank 16, batch 64."""
+@dataclasses.dataclass(frozen=True)
+class ToySweep:
+    """The toy runs' grid and schedule (`scripts/rolora_mnist_toy.py`'s flags of the same names).
+
+    Attributes:
+      settings: "NxK" texts (N clients × K labels each, `parse_setting`).
+      learning_rates: the client learning rates tried, as texts (they name the run folders).
+      rounds: communication rounds of every run.
+      local_steps: local SGD steps per communication round.
+      data_dir: the MNIST-5k folder (None: the default).
+    """
+
+    settings: tuple[str, ...]
+    learning_rates: tuple[str, ...]
+    rounds: int
+    local_steps: int
+    data_dir: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "settings", tuple(self.settings))
+        object.__setattr__(self, "learning_rates", tuple(self.learning_rates))
+
+
+def toy_config(n: int, k: int, lr: str, run_dir: pathlib.Path, sweep: ToySweep) -> RunConfig:
+    """The training run of one setting (N clients × K labels) and learning rate of `sweep`: the
+    three algorithms on MNIST, all clients every round, rank 16, batch 64."""
     config = RunConfig().with_changes(
         task="mnist", algorithm=TOY_ALGORITHMS, num_clients=n, clients_per_round=n,
-        classes_per_client=k, rank=16, batch_size=64, local_steps=local_steps, rounds=rounds,
-        eval_every=10, learning_rate=float(lr), output_dir=str(run_dir))
-    return config.with_changes(data_dir=data_dir) if data_dir else config
+        classes_per_client=k, rank=16, batch_size=64, local_steps=sweep.local_steps,
+        rounds=sweep.rounds, eval_every=10, learning_rate=float(lr), output_dir=str(run_dir))
+    return config.with_changes(data_dir=sweep.data_dir) if sweep.data_dir else config
 
 
-def _toy_run(n: int, k: int, lr: str, root: pathlib.Path, rounds: int, local_steps: int,
-             data_dir: str | None, resume: bool, log: Callable[[str], None],
-             isolate: bool = False) -> list[dict]:
+def _toy_run(n: int, k: int, lr: str, root: pathlib.Path, sweep: ToySweep, resume: bool,
+             log: Callable[[str], None], isolate: bool = False) -> list[dict]:
     """One setting and learning rate: a training run of the three algorithms (reused when
     complete; with `resume`, a run stopped mid-way is rerun from scratch)."""
     run_dir = root / f"toy_{n}x{k}_lr{lr}"
@@ -67,26 +89,24 @@ def _toy_run(n: int, k: int, lr: str, root: pathlib.Path, rounds: int, local_ste
         log(f"resume: {run_dir.name} was stopped mid-way; rerunning it")
         shutil.rmtree(run_dir)
     # A complete run is resumed: it reloads the last checkpoint and stops.
-    config = toy_config(n, k, lr, run_dir, rounds, local_steps, data_dir).with_changes(
-        resume=complete)
+    config = toy_config(n, k, lr, run_dir, sweep).with_changes(resume=complete)
     log(f"== {n} clients x {k} labels, learning rate {lr} -> {run_dir}")
     run_training(config, f"training ({n}x{k}, lr {lr})", isolate)
     return [json.loads((run_dir / a / "summary.json").read_text()) for a in TOY_ALGORITHMS]
 
 
-def run_toy(root: pathlib.Path, settings: Sequence[str], learning_rates: Sequence[str],
-            rounds: int, local_steps: int, data_dir: str | None = None, resume: bool = True,
+def run_toy(root: pathlib.Path, sweep: ToySweep, resume: bool = True,
             log: Callable[[str], None] = print, isolate: bool = False) -> str:
-    """Runs every setting × learning rate (`isolate`: each run in a child process); writes
-    `results.csv` and `results.md` to `root` and returns the table (the best final test
+    """Runs every setting × learning rate of `sweep` (`isolate`: each run in a child process);
+    writes `results.csv` and `results.md` to `root` and returns the table (the best final test
     accuracy of each method over the learning rates)."""
+    settings, learning_rates = sweep.settings, sweep.learning_rates
     parsed = [parse_setting(s) for s in settings]
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, k in parsed:
         for lr in learning_rates:
-            for summary in _toy_run(n, k, lr, root, rounds, local_steps, data_dir, resume, log,
-                                    isolate):
+            for summary in _toy_run(n, k, lr, root, sweep, resume, log, isolate):
                 final = summary["final"]
                 rows.append({
                     "setting": f"{n} clients x {k} labels",
@@ -115,8 +135,8 @@ def run_toy(root: pathlib.Path, settings: Sequence[str], learning_rates: Sequenc
                 f"{best['final_test_accuracy']:.4f} | {best['best_test_accuracy']:.4f} |"
             )
     table = "\n".join(lines)
-    command = (f"uv run python scripts/rolora_mnist_toy.py --rounds={rounds} "
-               f"--local_steps={local_steps} --learning_rates={','.join(learning_rates)} "
+    command = (f"uv run python scripts/rolora_mnist_toy.py --rounds={sweep.rounds} "
+               f"--local_steps={sweep.local_steps} --learning_rates={','.join(learning_rates)} "
                f"--settings={','.join(settings)}")
     (root / "results.md").write_text(
         f"{command}\n\n{table}\n\nLearning rates tried: {', '.join(learning_rates)}; "
@@ -151,8 +171,9 @@ def run_rolora_mnist(ctx: Context) -> Result:
     need_data(ctx, "mnist/mnist_5k.csv.gz")
     cfg = MNIST_SCALES[ctx.scale]
     toy_dir = ctx.output_dir / "toy"
-    run_toy(toy_dir, MNIST_SETTINGS, cfg["learning_rates"], cfg["rounds"], cfg["local_steps"],
-            str(ctx.data_dir), resume=ctx.resume, log=ctx.log, isolate=ctx.isolate)
+    run_toy(toy_dir, ToySweep(MNIST_SETTINGS, cfg["learning_rates"], cfg["rounds"],
+                              cfg["local_steps"], str(ctx.data_dir)),
+            resume=ctx.resume, log=ctx.log, isolate=ctx.isolate)
     results = read_csv(toy_dir / "results.csv")
     rows, panels = [], []
     for setting_flag in MNIST_SETTINGS:

@@ -96,7 +96,7 @@ def _gemma3_270m() -> Decoder:
 
     return Decoder(
         "gemma3_270m", "Gemma 3 270M (pretrained, dequantized from Q4_K_M)",
-        lambda: gemma3_backbone.Gemma3Backbone(**config, initializer="zeros"),
+        lambda: gemma3_backbone.Gemma3Backbone(config, initializer="zeros"),
         lambda: gguf_checkpoint.load_gemma3(path)[0],
         lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,

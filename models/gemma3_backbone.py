@@ -6,47 +6,98 @@
     logits = hidden · Eᵀ                              `token_embedding(hidden, reverse=True)`
 
 Inputs `{"token_ids": (B, T) int32, "padding_mask": (B, T) int32}`, output `hidden` (B, T, H).
-Decoder layer i is global (RoPE base `global_rope_base`, full causal attention) iff
-(i + 1) % `global_layer_every` == 0, otherwise local (RoPE base `local_rope_base`, window
-`sliding_window`); Gemma 3 has five local layers per global one. The output embedding is the
-input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights); the sqrt(H)
-scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
+The architecture is one `Gemma3BackboneConfig`. Decoder layer i is global (RoPE base
+`global_rope_base`, full causal attention) iff (i + 1) % `global_layer_every` == 0, otherwise
+local (RoPE base `local_rope_base`, window `sliding_window`); Gemma 3 has five local layers per
+global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output
+embedding is the input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights);
+the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
 
 `gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`).
 
 Example (a tiny random model):
 
 >>> import numpy as np
->>> backbone = Gemma3Backbone(vocabulary_size=32, num_layers=2, num_query_heads=2,
+>>> config = Gemma3BackboneConfig(vocabulary_size=32, num_layers=2, num_query_heads=2,
 ...     num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
 ...     sliding_window=3, global_layer_every=2)
+>>> backbone = Gemma3Backbone(config)
 >>> ids = np.array([[2, 5, 7, 9]], np.int32)
 >>> hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
 >>> hidden.shape, backbone.token_embedding(hidden, reverse=True).shape
 (TensorShape([1, 4, 8]), TensorShape([1, 4, 32]))
->>> [layer.sliding_window for layer in backbone.transformer_layers]
+>>> [layer.config.sliding_window for layer in backbone.transformer_layers]
 [3, None]
+>>> Gemma3Backbone.from_config(backbone.get_config()).config == config
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras_nlp
 import tensorflow as tf
 
-from models.gemma3_decoder import Gemma3Decoder, Gemma3RMSNorm
+from models.gemma3_decoder import Gemma3Decoder, Gemma3DecoderConfig, Gemma3RMSNorm
 
 
-def gemma3_270m_config() -> dict:
-    """The `Gemma3Backbone` arguments of Gemma 3 270M (268,098,176 parameters: 167,772,160 in
-    the tied embedding, 100,326,016 in the 18 decoder layers and the final norm)."""
-    return {
-        "vocabulary_size": 262_144, "num_layers": 18, "num_query_heads": 4,
-        "num_key_value_heads": 1, "hidden_dim": 640, "intermediate_dim": 2048, "head_dim": 256,
-        "layer_norm_epsilon": 1e-6, "global_rope_base": 1e6, "local_rope_base": 1e4,
-        "sliding_window": 512, "global_layer_every": 6, "query_scale": 256 ** -0.5,
-    }
+@dataclasses.dataclass(frozen=True)
+class Gemma3BackboneConfig:
+    """The architecture of a `Gemma3Backbone` (module doc); `get_config()` holds it as a dict.
+
+    Attributes:
+      vocabulary_size, num_layers, hidden_dim, intermediate_dim: V, L, H, F.
+      num_query_heads, num_key_value_heads, head_dim: N, K, D of every attention block.
+      layer_norm_epsilon: ε of every RMSNorm.
+      global_rope_base, local_rope_base: RoPE bases of the global and local layers.
+      sliding_window: W of the local layers.
+      global_layer_every: layer i is global iff (i + 1) % global_layer_every == 0.
+      query_scale: multiplies the queries; None: D^-1/2 (filled in, as a float).
+    """
+
+    vocabulary_size: int
+    num_layers: int
+    num_query_heads: int
+    num_key_value_heads: int
+    hidden_dim: int
+    intermediate_dim: int
+    head_dim: int
+    layer_norm_epsilon: float = 1e-6
+    global_rope_base: float = 1e6
+    local_rope_base: float = 1e4
+    sliding_window: int = 512
+    global_layer_every: int = 6
+    query_scale: float | None = None
+
+    def __post_init__(self):
+        scale = self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
+        object.__setattr__(self, "query_scale", float(scale))
+        object.__setattr__(self, "global_rope_base", float(self.global_rope_base))
+        object.__setattr__(self, "local_rope_base", float(self.local_rope_base))
+
+    def layer(self, index: int) -> Gemma3DecoderConfig:
+        """Decoder layer `index`'s architecture (0-based): global (RoPE base `global_rope_base`,
+        no window) or local (`local_rope_base`, window `sliding_window`), `is_global_layer`."""
+        is_global = is_global_layer(index, self.global_layer_every)
+        return Gemma3DecoderConfig(
+            intermediate_dim=self.intermediate_dim, num_query_heads=self.num_query_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            query_scale=self.query_scale,
+            rope_base=self.global_rope_base if is_global else self.local_rope_base,
+            sliding_window=None if is_global else self.sliding_window,
+            layer_norm_epsilon=self.layer_norm_epsilon)
+
+
+def gemma3_270m_config() -> Gemma3BackboneConfig:
+    """The `Gemma3BackboneConfig` of Gemma 3 270M (268,098,176 parameters: 167,772,160 in the
+    tied embedding, 100,326,016 in the 18 decoder layers and the final norm)."""
+    return Gemma3BackboneConfig(
+        vocabulary_size=262_144, num_layers=18, num_query_heads=4, num_key_value_heads=1,
+        hidden_dim=640, intermediate_dim=2048, head_dim=256, layer_norm_epsilon=1e-6,
+        global_rope_base=1e6, local_rope_base=1e4, sliding_window=512, global_layer_every=6,
+        query_scale=256 ** -0.5)
 
 
 def is_global_layer(index: int, global_layer_every: int) -> bool:
@@ -63,72 +114,47 @@ class Gemma3Backbone(tf.keras.Model):
     """Gemma 3's decoder stack (module doc); `get_config()` / `from_config()` round-trip.
 
     Args:
-      vocabulary_size, num_layers, hidden_dim, intermediate_dim: V, L, H, F.
-      num_query_heads, num_key_value_heads, head_dim: N, K, D of every attention block.
-      layer_norm_epsilon: ε of every RMSNorm.
-      global_rope_base, local_rope_base: RoPE bases of the global and local layers.
-      sliding_window: W of the local layers.
-      global_layer_every: layer i is global iff (i + 1) % global_layer_every == 0.
-      query_scale: multiplies the queries; default D^-1/2.
+      config: the architecture (`Gemma3BackboneConfig`).
       initializer: the starting weights of the embedding and every projection: "random"
         (N(0, 0.02²) embedding, Glorot-uniform kernels) or "zeros", for a model whose weights
         a checkpoint replaces (it spares 268M random draws per build).
     """
 
-    def __init__(self, vocabulary_size: int, num_layers: int, num_query_heads: int,
-                 num_key_value_heads: int, hidden_dim: int, intermediate_dim: int, head_dim: int,
-                 layer_norm_epsilon: float = 1e-6, global_rope_base: float = 1e6,
-                 local_rope_base: float = 1e4, sliding_window: int = 512,
-                 global_layer_every: int = 6, query_scale: float | None = None,
-                 initializer: str = "random", **kwargs):
+    def __init__(self, config: Gemma3BackboneConfig, initializer: str = "random", **kwargs):
         if initializer not in ("random", "zeros"):
             raise ValueError(f"initializer={initializer!r}: choose 'random' or 'zeros'")
-        query_scale = float(head_dim ** -0.5 if query_scale is None else query_scale)
         zeros = initializer == "zeros"
         token_ids = tf.keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = tf.keras.Input(shape=(None,), dtype="int32", name="padding_mask")
         token_embedding = keras_nlp.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True,
+            config.vocabulary_size, config.hidden_dim, tie_weights=True,
             embeddings_initializer=("zeros" if zeros
                                     else tf.keras.initializers.RandomNormal(stddev=0.02)),
             name="token_embedding")
         x = token_embedding(token_ids)
-        x = tf.keras.layers.Rescaling(math.sqrt(hidden_dim), name="embedding_scale")(x)
+        x = tf.keras.layers.Rescaling(math.sqrt(config.hidden_dim), name="embedding_scale")(x)
         transformer_layers = []
-        for i in range(num_layers):
-            is_global = is_global_layer(i, global_layer_every)
-            layer = Gemma3Decoder(
-                intermediate_dim=intermediate_dim, num_query_heads=num_query_heads,
-                num_key_value_heads=num_key_value_heads, head_dim=head_dim,
-                query_scale=query_scale,
-                rope_base=global_rope_base if is_global else local_rope_base,
-                sliding_window=None if is_global else sliding_window,
-                layer_norm_epsilon=layer_norm_epsilon,
-                kernel_initializer="zeros" if zeros else "glorot_uniform",
-                name=f"transformer_layer_{i}")
+        for i in range(config.num_layers):
+            layer = Gemma3Decoder(config.layer(i),
+                                  kernel_initializer="zeros" if zeros else "glorot_uniform",
+                                  name=f"transformer_layer_{i}")
             x = layer(x, decoder_padding_mask=padding_mask)
             transformer_layers.append(layer)
-        layer_norm = Gemma3RMSNorm(layer_norm_epsilon, name="sequence_output_layernorm")
+        layer_norm = Gemma3RMSNorm(config.layer_norm_epsilon, name="sequence_output_layernorm")
         hidden = layer_norm(x)
         super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask},
                          outputs=hidden, **kwargs)
         self.token_embedding = token_embedding
         self.transformer_layers = transformer_layers
         self.layer_norm = layer_norm
-        self._gemma3_config = {
-            "vocabulary_size": vocabulary_size, "num_layers": num_layers,
-            "num_query_heads": num_query_heads, "num_key_value_heads": num_key_value_heads,
-            "hidden_dim": hidden_dim, "intermediate_dim": intermediate_dim,
-            "head_dim": head_dim, "layer_norm_epsilon": layer_norm_epsilon,
-            "global_rope_base": float(global_rope_base),
-            "local_rope_base": float(local_rope_base), "sliding_window": sliding_window,
-            "global_layer_every": global_layer_every, "query_scale": query_scale,
-            "initializer": initializer,
-        }
+        self.config = config
+        self.initializer = initializer
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, **self._gemma3_config}
+        return {"name": self.name, "trainable": self.trainable,
+                "config": dataclasses.asdict(self.config), "initializer": self.initializer}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        return cls(**config)
+        config = dict(config)
+        return cls(Gemma3BackboneConfig(**config.pop("config")), **config)

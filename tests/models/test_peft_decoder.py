@@ -17,7 +17,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 from models import gguf_checkpoint, peft_export
-from models.gemma3_backbone import Gemma3Backbone
+from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
 from models.lora_targets import LoraConfig, apply_lora, lora_layers
 from tests.models.gemma3_reference import numpy_logits, random_gguf_tensors
 
@@ -36,7 +36,7 @@ GGUF_NAMES = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, TINY["num_layers"]
 
 def _model(targets=SEVEN, layers=(1, 2), seed=0):
     """(tiny Gemma 3 with random GGUF weights and random non-zero LoRA factors, its tensors)."""
-    backbone = Gemma3Backbone(**TINY)
+    backbone = Gemma3Backbone(Gemma3BackboneConfig(**TINY))
     tensors, _ = random_gguf_tensors(TINY, quantize=False)
     gguf_checkpoint.assign_gguf_weights(backbone, tensors)
     apply_lora(backbone, LoraConfig(rank=RANK, alpha=ALPHA, targets=targets, layers=layers))
@@ -153,7 +153,7 @@ def test_a_run_starts_from_an_exported_decoder_folder(tmp_path):
     peft_export.export_peft(source, tmp_path)
 
     def keras_model_fn():
-        backbone = Gemma3Backbone(**TINY)
+        backbone = Gemma3Backbone(Gemma3BackboneConfig(**TINY))
         apply_lora(backbone, LoraConfig(rank=RANK, alpha=ALPHA, targets=("query", "value"),
                                         layers=(2,)))
         return causal_lm.build_causal_lm(backbone)

@@ -156,12 +156,12 @@ def test_a_gemma3_run_exports_causal_lm_adapters_of_the_hub_model(tmp_path, monk
     import types
 
     from models import causal_lm
-    from models.gemma3_backbone import Gemma3Backbone
+    from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
     from models.lora_targets import LoraConfig, apply_lora
 
-    backbone = Gemma3Backbone(vocabulary_size=32, num_layers=2, num_query_heads=2,
-                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16,
-                              head_dim=4, sliding_window=3, global_layer_every=2)
+    backbone = Gemma3Backbone(Gemma3BackboneConfig(
+        vocabulary_size=32, num_layers=2, num_query_heads=2, num_key_value_heads=1, hidden_dim=8,
+        intermediate_dim=16, head_dim=4, sliding_window=3, global_layer_every=2))
     apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value"), layers=(1,)))
     model = causal_lm.build_causal_lm(backbone)
     meta = {"round": 7, "config": {"task": "sst2_instruct", "backbone": "gemma3_270m"}}

@@ -94,8 +94,10 @@ def test_flute_given_spectrum_and_errors():
 
 @pytest.mark.parametrize("orthogonal", [False, True])
 def test_adaptpfl_shortcuts(orthogonal):
-    p = synthetic.adaptpfl_linear(num_clients=12, num_samples=20, dim=9, rank=3, alpha=0.25,
-                                  shortcut_norm=0.8, orthogonal_to_heads=orthogonal, seed=4)
+    p = synthetic.adaptpfl_linear(
+        num_clients=12, num_samples=20, dim=9, rank=3,
+        shortcuts=synthetic.ShortcutTruth(alpha=0.25, shortcut_norm=0.8,
+                                          orthogonal_to_heads=orthogonal), seed=4)
     np.testing.assert_allclose(p.b_star.T @ p.b_star, np.eye(3), atol=1e-12)
     np.testing.assert_allclose(np.linalg.norm(p.w_stars, axis=1), np.sqrt(3))
     np.testing.assert_allclose(p.s_stars @ p.b_star, 0.0, atol=1e-12)

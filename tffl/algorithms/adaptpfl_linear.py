@@ -64,15 +64,17 @@ shape checks) are `tffl.engine.linear_engine`'s averaging round (no QR); this mo
 the client update, step 2. Metrics (TFF's structure, `client_work/train`): `loss` = mean over
 clients of f_i (without the ridge) at the start of the round; `num_clients`.
 
-`build_adaptpfl_linear` returns a personalized `tffl.engine.process.Process` whose model weights
-are B (`set_model_weights` stores B as is in variant A, orthonormalized in variant B); its
-`config` is an `AdaptPFLLinearConfig`. Functions: `predictors(process, state, personal_states)`,
-`get_representation(state)`, `set_representation(process, state, b)` (shape-checked).
+`build_adaptpfl_linear(config)` (an `AdaptPFLLinearConfig`) returns a personalized
+`tffl.engine.process.Process` whose model weights are B (`set_model_weights` stores B as is in
+variant A, orthonormalized in variant B); its `config` is `config`, defaults filled in.
+Functions: `predictors(process, state, personal_states)`, `get_representation(state)`,
+`set_representation(process, state, b)` (shape-checked).
 
 Example:
 
->>> process = build_adaptpfl_linear(dim=10, rank=2, alpha=0.3, learning_rate=0.1,
-...                                 head_steps=10, shortcut_steps=10, representation_steps=1)
+>>> process = build_adaptpfl_linear(AdaptPFLLinearConfig(
+...     dim=10, rank=2, alpha=0.3, learning_rate=0.1, head_steps=10, shortcut_steps=10,
+...     representation_steps=1))
 >>> personal = [process.initialize_personal(f"client_{i}") for i in range(len(data))]
 >>> with runtime.local_runtime():                     # `data`: 4 clients' (x, y), d = 10
 ...     state = process.initialize()
@@ -142,20 +144,42 @@ def _nonnegative_int(name: str, value: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class AdaptPFLLinearConfig:
-    """Linear AdaptPFL's configuration (a process's `config`): d, k, α; η_b, η_w, η_s; τ_w, τ_s,
-    τ_b (variant A); β; the variant ("a": Algorithm 1 repaired, "b": the analysed iteration
-    (2)–(8)) and variant B's switches (`build_adaptpfl_linear`'s arguments)."""
+    """Linear AdaptPFL's configuration: what `build_adaptpfl_linear` takes, and (with its defaults
+    filled in) a process's `config`.
+
+    Attributes:
+      dim, rank: d >= 1 and k, 1 <= k <= d.
+      alpha: α in [0, 1] (0: FedRep with gradient heads; 1: local regression on s).
+      learning_rate: η_b > 0, the step of the representation phase (and the default of the
+        other two).
+      head_steps, shortcut_steps, representation_steps: τ_w, τ_s, τ_b >= 0, the gradient steps
+        per round on the head, on the shortcut and (local steps) on B.
+      head_learning_rate, shortcut_learning_rate: η_w, η_s > 0 (None: η_b; the draft has one η).
+      shortcut_ridge: β >= 0, weight decay (β/2)‖s‖² in the shortcut phase (the draft's β of
+        eq. 2, per client; 0 by default as in Algorithm 1).
+      seed: seed of `initialize`'s random orthonormal B.
+      variant: "a" (Algorithm 1 repaired) or "b" (the analysed iteration (2)–(8),
+        `variant_b_update`). Variant B's ablation switches (ignored by A):
+      project_shortcut: (3), s̄ = (I − B̂B̂ᵀ) s̃ (default on).
+      shortcut_damping, head_damping: λ_S, λ_W in (0, 1] of (4) and (6) (the draft's γ = λ_W).
+      order: "sw" (the analysis: shortcut, then head) or "ws" (Algorithm 1's order).
+
+    Variant B's representation step is one gradient step (η = `learning_rate`) then QR; its
+    ridge is `shortcut_ridge` (β̃, per client). A process's `config` has η_w and η_s filled in
+    (variant B: η_w = η_s = η_b, τ_w = τ_s = 0, τ_b = 1, the steps it runs).
+    """
 
     dim: int
     rank: int
     alpha: float
     learning_rate: float
-    head_learning_rate: float
-    shortcut_learning_rate: float
-    head_steps: int
-    shortcut_steps: int
-    representation_steps: int
-    shortcut_ridge: float
+    head_steps: int = 10
+    shortcut_steps: int = 10
+    representation_steps: int = 1
+    head_learning_rate: float | None = None
+    shortcut_learning_rate: float | None = None
+    shortcut_ridge: float = 0.0
+    seed: int = 0
     variant: str = "a"
     project_shortcut: bool = True
     shortcut_damping: float = 1.0
@@ -193,99 +217,59 @@ def _process(server, next_fn, client_update, config: AdaptPFLLinearConfig) -> pr
         traffic=linear_engine.averaging_traffic(server, client_update, personal_type))
 
 
-def build_adaptpfl_linear(
-    dim: int,
-    rank: int,
-    alpha: float,
-    learning_rate: float,
-    head_steps: int = 10,
-    shortcut_steps: int = 10,
-    representation_steps: int = 1,
-    head_learning_rate: float | None = None,
-    shortcut_learning_rate: float | None = None,
-    shortcut_ridge: float = 0.0,
-    seed: int = 0,
-    variant: str = "a",
-    project_shortcut: bool = True,
-    shortcut_damping: float = 1.0,
-    head_damping: float = 1.0,
-    order: str = "sw",
-) -> process_lib.Process:
+def build_adaptpfl_linear(config: AdaptPFLLinearConfig) -> process_lib.Process:
     """Linear AdaptPFL: θ_i = (1 − α) B w_i + α s_i; variant A (Algorithm 1 repaired, the module
-    docstring) or variant B (the draft's analysed iteration, `variant_b_update`).
-
-    Args:
-      dim: d >= 1.
-      rank: k, 1 <= k <= d.
-      alpha: α in [0, 1] (0: FedRep with gradient heads; 1: local regression on s).
-      learning_rate: η_b > 0, the step of the representation phase (and the default of the
-        other two).
-      head_steps: τ_w >= 0 gradient steps on the head per round.
-      shortcut_steps: τ_s >= 0 gradient steps on the shortcut per round.
-      representation_steps: τ_b >= 0 local gradient steps on B per round.
-      head_learning_rate: η_w > 0 (default η_b; the draft uses one η).
-      shortcut_learning_rate: η_s > 0 (default η_b).
-      shortcut_ridge: β >= 0, weight decay (β/2)‖s‖² in the shortcut phase (the draft's β of
-        eq. 2, per client; 0 by default as in Algorithm 1).
-      seed: seed of `initialize`'s random orthonormal B.
-      variant: "a" or "b". Variant B's ablation switches (ignored by A):
-        project_shortcut: (3), s̄ = (I − B̂B̂ᵀ) s̃ (default on);
-        shortcut_damping: λ_S in (0, 1], (4);
-        head_damping: λ_W in (0, 1], (6) (the draft's γ taken equal to λ_W);
-        order: "sw" (the analysis: shortcut, then head) or "ws" (Algorithm 1's order).
-      Variant B's representation step is one gradient step (η = `learning_rate`) then QR; its
-      ridge is `shortcut_ridge` (β̃, per client).
+    docstring) or variant B (the draft's analysed iteration, `variant_b_update`), as `config`
+    (`AdaptPFLLinearConfig`) says.
 
     Returns:
-      The personalized `Process` (module docstring); `config` an `AdaptPFLLinearConfig`.
+      The personalized `Process` (module docstring); its `config`: `config`, defaults filled in.
 
     Raises:
       ValueError: d < 1, k outside [1, d], α outside [0, 1], a step size <= 0, a step count that
         is negative or not an integer, β < 0, or a non-finite value; the message names the value.
+        Variant B: α = 1, a damping outside (0, 1], an unknown order.
     """
-    dim, rank = linear_engine.check_dims(dim, rank)
-    fields = _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_steps,
-                      head_learning_rate, shortcut_learning_rate, shortcut_ridge, variant)
-    if variant == "b":
-        return _build_variant_b(dim, rank, fields["alpha"], fields["learning_rate"],
-                                fields["shortcut_ridge"], seed, project_shortcut,
-                                shortcut_damping, head_damping, order)
-    return _build_variant_a(dim, rank, seed, fields)
+    dim, rank = linear_engine.check_dims(config.dim, config.rank)
+    checked = _checked(dataclasses.replace(config, dim=dim, rank=rank))
+    if checked.variant == "b":
+        return _build_variant_b(checked)
+    return _build_variant_a(checked)
 
 
-def _checked(alpha, learning_rate, head_steps, shortcut_steps, representation_steps,
-             head_learning_rate, shortcut_learning_rate, shortcut_ridge, variant) -> dict:
-    """`build_adaptpfl_linear`'s hyperparameters checked (its Raises, in argument order), the
-    defaults η_w = η_s = η_b filled in, as `AdaptPFLLinearConfig`'s fields (variant A's)."""
+def _checked(config: AdaptPFLLinearConfig) -> AdaptPFLLinearConfig:
+    """`config`'s hyperparameters checked (`build_adaptpfl_linear`'s Raises, in field order), the
+    defaults η_w = η_s = η_b filled in."""
     check_rate = linear_engine.check_rate
-    alpha = float(alpha)
+    alpha = float(config.alpha)
     if not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha={alpha} must be in [0, 1]")
-    eta_b = check_rate("learning_rate", learning_rate)
-    eta_w = check_rate("head_learning_rate", eta_b if head_learning_rate is None
-                       else head_learning_rate)
-    eta_s = check_rate("shortcut_learning_rate", eta_b if shortcut_learning_rate is None
-                       else shortcut_learning_rate)
-    fields = dict(
-        alpha=alpha, learning_rate=eta_b, head_learning_rate=eta_w, shortcut_learning_rate=eta_s,
-        head_steps=_nonnegative_int("head_steps", head_steps),
-        shortcut_steps=_nonnegative_int("shortcut_steps", shortcut_steps),
-        representation_steps=_nonnegative_int("representation_steps", representation_steps),
-        shortcut_ridge=check_rate("shortcut_ridge", shortcut_ridge, allow_zero=True))
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} must be one of {', '.join(VARIANTS)}")
-    return fields
+    eta_b = check_rate("learning_rate", config.learning_rate)
+    eta_w = check_rate("head_learning_rate", eta_b if config.head_learning_rate is None
+                       else config.head_learning_rate)
+    eta_s = check_rate("shortcut_learning_rate", eta_b if config.shortcut_learning_rate is None
+                       else config.shortcut_learning_rate)
+    checked = dataclasses.replace(
+        config, alpha=alpha, learning_rate=eta_b, head_learning_rate=eta_w,
+        shortcut_learning_rate=eta_s,
+        head_steps=_nonnegative_int("head_steps", config.head_steps),
+        shortcut_steps=_nonnegative_int("shortcut_steps", config.shortcut_steps),
+        representation_steps=_nonnegative_int("representation_steps",
+                                              config.representation_steps),
+        shortcut_ridge=check_rate("shortcut_ridge", config.shortcut_ridge, allow_zero=True))
+    if config.variant not in VARIANTS:
+        raise ValueError(f"variant={config.variant!r} must be one of {', '.join(VARIANTS)}")
+    return checked
 
 
-def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> process_lib.Process:
+def _build_variant_a(config: AdaptPFLLinearConfig) -> process_lib.Process:
     """Variant A (module docstring, step 2): τ_w head, τ_s shortcut and τ_b representation
-    gradient steps at the client, then the plain mean of the B_i (no QR)."""
-    alpha, beta = fields["alpha"], fields["shortcut_ridge"]
-    eta_b, eta_w = fields["learning_rate"], fields["head_learning_rate"]
-    eta_s = fields["shortcut_learning_rate"]
-    tau_w, tau_s = fields["head_steps"], fields["shortcut_steps"]
-    tau_b = fields["representation_steps"]
-    server, personal_type = _server(dim, rank, seed, orthonormal=False)
+    gradient steps at the client, then the plain mean of the B_i (no QR); `config` checked."""
+    alpha, beta = config.alpha, config.shortcut_ridge
+    eta_b, eta_w = config.learning_rate, config.head_learning_rate
+    eta_s = config.shortcut_learning_rate
+    tau_w, tau_s, tau_b = config.head_steps, config.shortcut_steps, config.representation_steps
+    server, personal_type = _server(config.dim, config.rank, config.seed, orthonormal=False)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
     def client_update(b, data, personal):
@@ -310,22 +294,21 @@ def _build_variant_a(dim: int, rank: int, seed: int, fields: dict) -> process_li
 
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   personal_type=personal_type)
-    return _process(server, next_fn, client_update,
-                    AdaptPFLLinearConfig(dim=dim, rank=rank, **fields))
+    return _process(server, next_fn, client_update, config)
 
 
 VARIANTS = ("a", "b")
 ORDERS = ("sw", "ws")
 
 
-def variant_b_update(x64, y64, b64, w0, s0, alpha: float, beta: float, project: bool,
-                     damping_s: float, damping_w: float, order: str):
+def variant_b_update(x64, y64, b64, w0, s0, config: AdaptPFLLinearConfig):
     """One client's step of the analysed iteration (adaptpfl.md §1.5, per-client form), float64.
 
-    With Π = XᵀX/m and B̂ the broadcast (orthonormal) representation:
+    With Π = XᵀX/m, B̂ the broadcast (orthonormal) representation, and from `config` α = `alpha`,
+    β̃ = `shortcut_ridge`, λ_S = `shortcut_damping`, λ_W = `head_damping`:
 
         (2) s̃ = α (α² Π + β̃ I)⁺ (1/m) Xᵀ (y − (1−α) X B̂ w)         ridge shortcut
-        (3) s̄ = (I − B̂B̂ᵀ) s̃                                      (if `project`)
+        (3) s̄ = (I − B̂B̂ᵀ) s̃                                      (if `project_shortcut`)
         (4) s' = (1−λ_S) s + λ_S s̄
         (5) w̄ = (1/(1−α)) (B̂ᵀΠB̂)⁺ B̂ᵀ (1/m) Xᵀ (y − α X s̄)         least-squares head
         (6) w' = (1−λ_W) w + λ_W w̄
@@ -333,8 +316,24 @@ def variant_b_update(x64, y64, b64, w0, s0, alpha: float, beta: float, project: 
 
     Order "sw" is (2)–(6) as written (the head uses the projected, undamped s̄); "ws" solves the
     head first against the stored s, then the shortcut against the new head. ⁺ is the
-    pseudo-inverse (m < k or α = β̃ = 0 make the matrices singular). Returns (w', s', G).
+    pseudo-inverse (m < k or α = β̃ = 0 make the matrices singular). x64 (m, d), y64 (m,),
+    b64 (d, k), w0 (k,), s0 (d,); returns (w' (k,), s' (d,), G (d, k)).
+
+    Example (one client, m = 8, d = 4, k = 2; undamped and projected, s' ⟂ span(B̂)):
+
+    >>> rng = np.random.default_rng(0)
+    >>> x, y, b = rng.normal(size=(8, 4)), rng.normal(size=8), rng.normal(size=(4, 2))
+    >>> b = np.linalg.qr(b)[0]                                # B̂: orthonormal columns
+    >>> config = AdaptPFLLinearConfig(4, 2, alpha=0.3, learning_rate=0.1, shortcut_ridge=0.05,
+    ...                               variant="b")
+    >>> w, s, grad = variant_b_update(x, y, b, np.zeros(2), np.zeros(4), config)
+    >>> w.shape, s.shape, grad.shape
+    (TensorShape([2]), TensorShape([4]), TensorShape([4, 2]))
+    >>> bool(np.allclose(b.T @ s.numpy(), 0.0))
+    True
     """
+    alpha, beta, order = config.alpha, config.shortcut_ridge, config.order
+    damping_s, damping_w = config.shortcut_damping, config.head_damping
     m = tf.cast(tf.shape(x64)[0], tf.float64)
     d = tf.shape(b64)[0]
     gram = tf.matmul(x64, x64, transpose_a=True) / m                        # Π (d×d)
@@ -344,7 +343,7 @@ def variant_b_update(x64, y64, b64, w0, s0, alpha: float, beta: float, project: 
         rhs = tf.linalg.matvec(x64, target, transpose_a=True) / m
         s_tilde = alpha * tf.linalg.matvec(
             tf.linalg.pinv(alpha**2 * gram + beta * tf.eye(d, dtype=tf.float64)), rhs)
-        if project:
+        if config.project_shortcut:
             s_tilde = s_tilde - tf.linalg.matvec(b64, tf.linalg.matvec(b64, s_tilde,
                                                                        transpose_a=True))
         return s_tilde
@@ -369,16 +368,20 @@ def variant_b_update(x64, y64, b64, w0, s0, alpha: float, beta: float, project: 
     return w_new, s_new, grad
 
 
-def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damping_w, order):
+def _build_variant_b(config: AdaptPFLLinearConfig) -> process_lib.Process:
+    """Variant B (`variant_b_update` at the client; the mean of B̂ − ηG_i, then QR); `config`
+    checked by `_checked`, its switches here."""
+    alpha, eta = config.alpha, config.learning_rate
     if not alpha < 1.0:
         raise ValueError(f"alpha={alpha}: variant B solves the head with a 1/(1−α) factor; "
                          "it needs alpha < 1")
-    for name, value in (("shortcut_damping", damping_s), ("head_damping", damping_w)):
+    for name in ("shortcut_damping", "head_damping"):
+        value = getattr(config, name)
         if not (np.isfinite(value) and 0.0 < value <= 1.0):
             raise ValueError(f"{name}={value} must be in (0, 1]")
-    if order not in ORDERS:
-        raise ValueError(f"order={order!r} must be one of {', '.join(ORDERS)}")
-    server, personal_type = _server(dim, rank, seed, orthonormal=True)
+    if config.order not in ORDERS:
+        raise ValueError(f"order={config.order!r} must be one of {', '.join(ORDERS)}")
+    server, personal_type = _server(config.dim, config.rank, config.seed, orthonormal=True)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type, personal_type)
     def client_update(b, data, personal):
@@ -386,15 +389,12 @@ def _build_variant_b(dim, rank, alpha, eta, beta, seed, project, damping_s, damp
         b64, x64, y64, m, w0, s0 = _client_inputs(b, data, personal)
         theta0 = (1.0 - alpha) * tf.linalg.matvec(b64, w0) + alpha * s0
         loss = tf.reduce_sum((tf.linalg.matvec(x64, theta0) - y64) ** 2) / (2.0 * m)
-        w, s, grad = variant_b_update(x64, y64, b64, w0, s0, alpha, beta, project, damping_s,
-                                      damping_w, order)
+        w, s, grad = variant_b_update(x64, y64, b64, w0, s0, config)
         return _client_output(b64 - eta * grad, w, s, loss)
 
     # (7)–(8): the mean of B̂ − ηG_i is B̂ − η·mean(G_i), one step; then QR.
     next_fn = linear_engine.build_averaging_round(server, client_update,
                                                   personal_type=personal_type)
-    return _process(server, next_fn, client_update, AdaptPFLLinearConfig(
-        dim=dim, rank=rank, alpha=alpha, learning_rate=eta, head_learning_rate=eta,
-        shortcut_learning_rate=eta, head_steps=0, shortcut_steps=0, representation_steps=1,
-        shortcut_ridge=beta, variant="b", project_shortcut=project, shortcut_damping=damping_s,
-        head_damping=damping_w, order=order))
+    return _process(server, next_fn, client_update, dataclasses.replace(
+        config, head_learning_rate=eta, shortcut_learning_rate=eta, head_steps=0,
+        shortcut_steps=0, representation_steps=1))

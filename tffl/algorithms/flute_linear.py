@@ -101,6 +101,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import linear_engine
+from tffl.engine import linear_rounds
 from tffl.engine import process as process_lib
 from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
@@ -219,8 +220,7 @@ def _client_steps(server: linear_engine.LinearServer, personal_type: tff.Type, e
 def _server_steps(server: linear_engine.LinearServer, sums_type: tff.Type, eta_l: float,
                   eta_r: float, g1: float, g2: float) -> dict[str, tff.Computation]:
     """FLUTE's server computations (steps 1, 3, 4 and the `regularizer` metric), as
-    `linear_engine.build_two_exchange_round`'s keyword arguments; `sums_type` is that of
-    (Σ_i ∇_B L_i, G)."""
+    `linear_rounds.TwoExchangePieces`' fields; `sums_type` is that of (Σ_i ∇_B L_i, G)."""
     state_type = server.state_type.member
 
     @tff.tensorflow.computation(state_type)
@@ -268,7 +268,7 @@ def build_flute_linear(
 ) -> process_lib.Process:
     """Linear FLUTE (Algorithm 1): d = `dim`, k = `rank`, η_l, η_r, γ1, γ2, α = `init_scale`.
 
-    A round is `linear_engine.build_two_exchange_round` with personal state (the heads): the
+    A round is `linear_rounds.build_two_exchange_round` with personal state (the heads): the
     first exchange sums (∇_B L_i, w_i w_iᵀ), the server steps B and sends G = WWᵀ, the second
     exchange steps each head (module docstring, steps 1–4).
 
@@ -300,11 +300,12 @@ def build_flute_linear(
     client_statistics, client_head_update = _client_steps(server, personal_type, eta_l, eta_r,
                                                           g1, g2)
     sums_type = client_statistics.type_signature.result["value"]
-    server_steps = _server_steps(server, sums_type, eta_l, eta_r, g1, g2)
-    next_fn = linear_engine.build_two_exchange_round(
-        server.state_type.member, server.data_type, first_update=client_statistics,
-        second_update=client_head_update, personal_type=personal_type, aggregation="sum",
-        **server_steps)
+    pieces = linear_rounds.TwoExchangePieces(
+        first_update=client_statistics, second_update=client_head_update,
+        **_server_steps(server, sums_type, eta_l, eta_r, g1, g2))
+    next_fn = linear_rounds.build_two_exchange_round(
+        server.state_type.member, server.data_type, pieces, personal_type=personal_type,
+        aggregation="sum")
     config = FluteLinearConfig(dim=dim, rank=rank, learning_rate=eta_l,
                                regularizer_learning_rate=eta_r, gamma1=g1, gamma2=g2,
                                init_scale=alpha, seed=int(seed))
@@ -312,6 +313,4 @@ def build_flute_linear(
         "flute_linear", next_fn, config=config,
         personal=linear_engine.personal_spec(personal_shapes(dim, rank),
                                              functools.partial(initial_personal, config)),
-        traffic=linear_engine.two_exchange_traffic(
-            server_steps["broadcast"], client_statistics, client_head_update,
-            server_steps["second_broadcast"]))
+        traffic=linear_rounds.two_exchange_traffic(pieces))

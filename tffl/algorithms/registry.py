@@ -56,7 +56,8 @@ class LinearConfig:
       learning_rate: η > 0, the representation's step.
       seed: the initial representation's seed.
       options: the algorithm's own keyword arguments (e.g. FLUTE's `gamma1`, AdaptPFL's
-        `alpha`), as its builder in `LINEAR_BUILDERS` names them.
+        `alpha`), as its builder in `LINEAR_BUILDERS` names them (AdaptPFL: the fields of its
+        `AdaptPFLLinearConfig`).
     """
 
     dim: int
@@ -125,6 +126,10 @@ def _linear_builder(name: str) -> Callable[..., Any]:
                                  f"{config.rank} must be 1")
             return builder(config.dim, learning_rate=config.learning_rate, seed=config.seed,
                            **config.options)
+        if name == "adaptpfl_linear":
+            return builder(adaptpfl_linear.AdaptPFLLinearConfig(
+                config.dim, config.rank, learning_rate=config.learning_rate, seed=config.seed,
+                **config.options))
         return builder(config.dim, config.rank, learning_rate=config.learning_rate,
                        seed=config.seed, **config.options)
 

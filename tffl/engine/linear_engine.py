@@ -48,13 +48,13 @@ batch gradients need the whole batch at once); the type has shape [None, d], so 
 Inside the `tff.tensorflow.computation`s the algebra runs in float64 (`batch64`); results are
 cast back to float32 at the boundary.
 
-The process (`build_process`, `LinearServer.build_process`) is a `tffl.engine.process.Process`
-with one round kind, `"round"`: stateless ones are TFF `LearningProcess`es whose model weights
-are B (`get_model_weights: S -> float32[d, k]`, `set_model_weights: <S, B> -> S`); personalized
-ones declare the personal state (`personal_spec`; `tffl.engine.personal_state`'s protocol:
-clients that sit out keep theirs). `next_round` checks the client data (`data_checker`) and the
-personal states first. Python-side helpers: `get_representation`, `set_representation` (shape-
-checked), `stack_personal`.
+The process (`LinearServer.build_process`) is a `tffl.engine.process.Process` with one round
+kind, `"round"`: stateless ones are TFF `LearningProcess`es whose model weights are B
+(`get_model_weights: S -> float32[d, k]`, `set_model_weights: <S, B> -> S`); personalized ones
+declare the personal state (`personal_spec`; `tffl.engine.personal_state`'s protocol: clients
+that sit out keep theirs). `next_round` checks the client data (`data_checker`) and the personal
+states first. Python-side helpers: `get_representation`, `set_representation` (shape-checked),
+`stack_personal`.
 
 Example (an averaging round: fixed unit heads w = 1_k, one gradient step on B, QR):
 
@@ -201,13 +201,21 @@ class LinearServer:
         return tff.federated_map(replace, tff.federated_zip((self.initialize(), representation)))
 
     def build_process(self, algorithm: str, next_computation: tff.Computation, *, config,
-                      personal=None, traffic=None) -> process_lib.Process:
-        """`build_process` for this server's round: model weights B, data checked against d."""
-        return build_process(algorithm, self.initialize, next_computation,
-                             get_model_weights=self.get_representation,
-                             set_model_weights=self.set_representation, config=config,
-                             check_data=data_checker(self.dim, algorithm), personal=personal,
-                             traffic=traffic)
+                      personal: process_lib.PersonalSpec | None = None,
+                      traffic: communication.RoundTraffic | None = None) -> process_lib.Process:
+        """A linear algorithm's `Process` on this server: its one round (`ROUND`,
+        `next_computation`), started by `initialize`, model weights B (`get_representation`,
+        `set_representation`), client data checked against d by `next_round`; `personal` (None:
+        stateless, a TFF `LearningProcess`), the declared bytes per client `traffic` (used
+        where TFF's forms cannot hold the round) and its typed `config`."""
+        return process_lib.Process(
+            process_lib.ProcessParts(
+                algorithm, self.initialize, {ROUND: next_computation},
+                get_model_weights=self.get_representation,
+                set_model_weights=self.set_representation, personal=personal),
+            process_lib.ProcessSupport(
+                declared_traffic=None if traffic is None else {ROUND: traffic},
+                check_data=data_checker(self.dim, algorithm), config=config))
 
 
 def representation_of(state) -> tf.Tensor:
@@ -357,25 +365,7 @@ def averaging_traffic(server: LinearServer, client_update: tff.Computation,
         server.representation_type, _round_client(server, client_update, personal_type))
 
 
-# The process and its Python-side helpers.
-
-def build_process(algorithm: str, initialize: tff.Computation, next_computation: tff.Computation,
-                  *, get_model_weights: tff.Computation, set_model_weights: tff.Computation,
-                  config, check_data: Callable[[Any], None],
-                  personal: process_lib.PersonalSpec | None = None,
-                  traffic: communication.RoundTraffic | None = None) -> process_lib.Process:
-    """A linear algorithm's `Process`: its one round (`ROUND`), `check_data` run by
-    `next_round`, `personal` (None: stateless, a TFF `LearningProcess`), the declared bytes per
-    client `traffic` (used where TFF's forms cannot hold the round) and its typed `config`."""
-    return process_lib.Process(
-        process_lib.ProcessParts(
-            algorithm, initialize, {ROUND: next_computation},
-            get_model_weights=get_model_weights, set_model_weights=set_model_weights,
-            personal=personal),
-        process_lib.ProcessSupport(
-            declared_traffic=None if traffic is None else {ROUND: traffic},
-            check_data=check_data, config=config))
-
+# The process's Python-side helpers.
 
 def get_representation(state) -> np.ndarray:
     """B (d×k, float32) of a linear process's state."""

@@ -2,8 +2,8 @@
 metrics (part of the linear engine; `tffl.engine.linear_engine` re-exports all of it).
 
 A *two-exchange round* (`build_two_exchange_round`) over the participating clients I (|I| = n),
-declared by its TensorFlow pieces (each a `tff.tensorflow.computation`; the algorithm writes no
-federated code):
+declared by its TensorFlow pieces (`TwoExchangePieces`, each a `tff.tensorflow.computation`; the
+algorithm writes no federated code):
 
 1. the server broadcasts v = `broadcast`(state);
 2. client i runs `first_update`(v, data_i[, p_i]) and uploads u_i; the server aggregates
@@ -57,8 +57,8 @@ the first means the x_i, the second the squared deviations (x_i − x̄)²; stat
 >>> @tff.tensorflow.computation(state_type, scalar, scalar)
 ... def server_update(state, mean, variance):
 ...     return collections.OrderedDict(mean=mean, variance=variance)
->>> next_fn = build_two_exchange_round(state_type, scalar, broadcast, first, second,
-...                                    server_update)
+>>> pieces = TwoExchangePieces(broadcast, first, second, server_update)
+>>> next_fn = build_two_exchange_round(state_type, scalar, pieces)
 >>> with runtime.local_runtime():
 ...     output = next_fn(collections.OrderedDict(mean=0.0, variance=0.0), [1.0, 2.0, 6.0])
 >>> {k: round(float(v), 4) for k, v in output.state.items()}
@@ -71,6 +71,7 @@ the first means the x_i, the second the squared deviations (x_i − x̄)²; stat
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import tensorflow_federated as tff
@@ -81,6 +82,31 @@ from tffl.engine.personal_state import PersonalizedOutput
 
 _AGGREGATIONS = {"mean": tff.federated_mean, "sum": tff.federated_sum}
 _CLIENT_ENTRIES = ("value", "loss", "personal")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoExchangePieces:
+    """The TensorFlow pieces of a two-exchange round (module docstring, steps 1–5), each a
+    `tff.tensorflow.computation` on unplaced values.
+
+    Attributes:
+      broadcast: state -> v, what the first exchange sends.
+      first_update: (v, data[, personal]) -> u_i, or `OrderedDict(value=u_i[, loss=ℓ_i])`.
+      second_update: (v, r, data[, personal]) -> g_i, or an `OrderedDict` of `value=g_i`
+        (optional), `loss=ℓ_i` (unless the first exchange returns it) and `personal=p_i'`
+        (exactly when the round has personal state).
+      server_update: (state, ū[, ḡ]) -> the new state (ḡ when the second exchange uploads).
+      second_broadcast: ū -> r, what the second exchange sends (None: ū itself).
+      server_metrics: (state, ū[, ḡ]) -> `OrderedDict` of extra metrics, reported under
+        `finalizer` (None: none).
+    """
+
+    broadcast: tff.Computation
+    first_update: tff.Computation
+    second_update: tff.Computation
+    server_update: tff.Computation
+    second_broadcast: tff.Computation | None = None
+    server_metrics: tff.Computation | None = None
 
 
 def count_clients():
@@ -151,27 +177,28 @@ def _select(output, entries: tuple[str, ...]) -> dict:
     return {name: getattr(output, name) for name in entries}
 
 
-def _exchanges(pieces: dict, state, data, personal) -> tuple:
+def _exchanges(pieces: TwoExchangePieces, aggregation: str, entries: tuple, state, data,
+               personal) -> tuple:
     """Steps 1–5 of the round (module docstring) inside a federated computation: (new state@SERVER,
-    personal'@CLIENTS or None, metrics@SERVER)."""
-    aggregate = _AGGREGATIONS[pieces["aggregation"]]
+    personal'@CLIENTS or None, metrics@SERVER). `entries`: the two client results' entries."""
+    aggregate = _AGGREGATIONS[aggregation]
+    first_entries, second_entries = entries
     own = () if personal is None else (personal,)
-    sent = tff.federated_broadcast(tff.federated_map(pieces["broadcast"], state))
-    first = _select(tff.federated_map(pieces["first_update"], (sent, data, *own)),
-                    pieces["first_entries"])
+    sent = tff.federated_broadcast(tff.federated_map(pieces.broadcast, state))
+    first = _select(tff.federated_map(pieces.first_update, (sent, data, *own)), first_entries)
     totals = [aggregate(first["value"])]
-    relayed = (totals[0] if pieces["second_broadcast"] is None
-               else tff.federated_map(pieces["second_broadcast"], totals[0]))
-    second = _select(tff.federated_map(pieces["second_update"],
+    relayed = (totals[0] if pieces.second_broadcast is None
+               else tff.federated_map(pieces.second_broadcast, totals[0]))
+    second = _select(tff.federated_map(pieces.second_update,
                                        (sent, tff.federated_broadcast(relayed), data, *own)),
-                     pieces["second_entries"])
+                     second_entries)
     if "value" in second:
         totals.append(aggregate(second["value"]))
     at_server = tff.federated_zip((state, *totals))
-    new_state = tff.federated_map(pieces["server_update"], at_server)
+    new_state = tff.federated_map(pieces.server_update, at_server)
     extra = {}
-    if pieces["server_metrics"] is not None:
-        values = tff.federated_map(pieces["server_metrics"], at_server)
+    if pieces.server_metrics is not None:
+        values = tff.federated_map(pieces.server_metrics, at_server)
         extra = {name: getattr(values, name)
                  for name in tff.structure.name_list(values.type_signature.member)}
     loss = first["loss"] if "loss" in first else second["loss"]
@@ -179,26 +206,16 @@ def _exchanges(pieces: dict, state, data, personal) -> tuple:
 
 
 def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
-                             broadcast: tff.Computation, first_update: tff.Computation,
-                             second_update: tff.Computation, server_update: tff.Computation,
-                             *, personal_type: tff.Type | None = None, aggregation: str = "mean",
-                             second_broadcast: tff.Computation | None = None,
-                             server_metrics: tff.Computation | None = None) -> tff.Computation:
+                             pieces: TwoExchangePieces, *, personal_type: tff.Type | None = None,
+                             aggregation: str = "mean") -> tff.Computation:
     """The federated `next` of a round with two client exchanges (module docstring, steps 1–5).
 
     Args:
       state_type, data_type: the server state's and one client's data's types (unplaced).
-      broadcast: state -> v, what the first exchange sends.
-      first_update: (v, data[, personal]) -> u_i, or `OrderedDict(value=u_i[, loss=ℓ_i])`.
-      second_update: (v, r, data[, personal]) -> g_i, or an `OrderedDict` of `value=g_i`
-        (optional), `loss=ℓ_i` (unless the first exchange returns it) and `personal=p_i'`
-        (exactly when `personal_type` is given).
-      server_update: (state, ū[, ḡ]) -> the new state (ḡ when the second exchange uploads).
+      pieces: the round's TensorFlow pieces (`TwoExchangePieces`: the two broadcasts, the two
+        client updates, the server update and its metrics).
       personal_type: one client's personal state type, or None for a round without one.
       aggregation: A, "mean" ((1/n) Σ_i, unweighted) or "sum" (Σ_i), for both exchanges.
-      second_broadcast: ū -> r, what the second exchange sends (None: ū itself).
-      server_metrics: (state, ū[, ḡ]) -> `OrderedDict` of extra metrics, placed between `loss`
-        and `num_clients` (None: none).
 
     Returns:
       Without personal state: (state@SERVER, data@CLIENTS) -> `LearningProcessOutput(state,
@@ -209,35 +226,29 @@ def build_two_exchange_round(state_type: tff.Type, data_type: tff.Type,
       ValueError: an unknown `aggregation`, or client results that do not fit the round (no
         upload in the first exchange, `loss` in neither or both, `personal` misplaced).
     """
-    first_entries = _entries(first_update, "first_update")
-    second_entries = _entries(second_update, "second_update")
-    _check_entries(first_entries, second_entries, personal_type is not None, aggregation)
-    pieces = dict(broadcast=broadcast, first_update=first_update, second_update=second_update,
-                  server_update=server_update, aggregation=aggregation,
-                  second_broadcast=second_broadcast, server_metrics=server_metrics,
-                  first_entries=first_entries, second_entries=second_entries)
+    entries = (_entries(pieces.first_update, "first_update"),
+               _entries(pieces.second_update, "second_update"))
+    _check_entries(*entries, personal_type is not None, aggregation)
     state_at_server = tff.FederatedType(state_type, tff.SERVER)
     data_at_clients = tff.FederatedType(data_type, tff.CLIENTS)
 
     if personal_type is None:
         @tff.federated_computation(state_at_server, data_at_clients)
         def next_fn(state, data):
-            new_state, _, metrics = _exchanges(pieces, state, data, None)
+            new_state, _, metrics = _exchanges(pieces, aggregation, entries, state, data, None)
             return tff.learning.templates.LearningProcessOutput(new_state, metrics)
         return next_fn
 
     @tff.federated_computation(state_at_server, data_at_clients,
                                tff.FederatedType(personal_type, tff.CLIENTS))
     def personalized_next_fn(state, data, personal):
-        return PersonalizedOutput(*_exchanges(pieces, state, data, personal))
+        return PersonalizedOutput(*_exchanges(pieces, aggregation, entries, state, data,
+                                              personal))
 
     return personalized_next_fn
 
 
-def two_exchange_traffic(broadcast: tff.Computation, first_update: tff.Computation,
-                         second_update: tff.Computation,
-                         second_broadcast: tff.Computation | None = None
-                         ) -> communication.RoundTraffic:
+def two_exchange_traffic(pieces: TwoExchangePieces) -> communication.RoundTraffic:
     """Bytes per client of `build_two_exchange_round` with these pieces: down v and r; up u_i,
     g_i (if uploaded), ℓ_i and the client count (`client_traffic`)."""
 
@@ -248,9 +259,11 @@ def two_exchange_traffic(broadcast: tff.Computation, first_update: tff.Computati
             return [result]
         return [result[n] for n in entries if n != "personal"]
 
-    first = first_update.type_signature.result
-    upload = first if _entries(first_update, "first_update") == ("value",) else first["value"]
-    relayed = upload if second_broadcast is None else second_broadcast.type_signature.result
-    return client_traffic([broadcast.type_signature.result, relayed],
-                          sent(first_update, "first_update")
-                          + sent(second_update, "second_update"))
+    first = pieces.first_update.type_signature.result
+    upload = (first if _entries(pieces.first_update, "first_update") == ("value",)
+              else first["value"])
+    relayed = (upload if pieces.second_broadcast is None
+               else pieces.second_broadcast.type_signature.result)
+    return client_traffic([pieces.broadcast.type_signature.result, relayed],
+                          sent(pieces.first_update, "first_update")
+                          + sent(pieces.second_update, "second_update"))

@@ -14,8 +14,10 @@ import collections
 import numpy as np
 import pytest
 
+from tasks.synthetic import ShortcutTruth
 from tasks.synthetic import adaptpfl_linear as synthetic_adaptpfl_linear
 from tffl.algorithms import adaptpfl_linear
+from tffl.algorithms.adaptpfl_linear import AdaptPFLLinearConfig
 from tffl.engine import personal_state
 from tests.tffl.algorithms.linear_data import clients as _data
 
@@ -98,9 +100,9 @@ def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
     """α = 0: B and the heads are FedRep's (gradient heads) round after round; the shortcut is
     never read and never moves."""
     eta, tau_w, tau_b = 0.07, 3, 2
-    process = adaptpfl_linear.build_adaptpfl_linear(
+    process = adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(
         _D, _K, alpha=0.0, learning_rate=eta, head_steps=tau_w, shortcut_steps=4,
-        representation_steps=tau_b)
+        representation_steps=tau_b))
     state, personal = _start(process), _personal(_HEADS, _SHORTCUTS)
     b, heads = _B0, _HEADS
     for t in range(4):
@@ -125,10 +127,10 @@ def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
     (0.5, (0, 4, 0), (0.05, 0.05, 0.3), 0.1),
 ])
 def test_rounds_equal_numpy(tff_runtime, alpha, taus, etas, beta):
-    process = adaptpfl_linear.build_adaptpfl_linear(
+    process = adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(
         _D, _K, alpha=alpha, learning_rate=etas[0], head_learning_rate=etas[1],
         shortcut_learning_rate=etas[2], head_steps=taus[0], shortcut_steps=taus[1],
-        representation_steps=taus[2], shortcut_ridge=beta)
+        representation_steps=taus[2], shortcut_ridge=beta))
     state, personal = _start(process), _personal(_HEADS, _SHORTCUTS)
     b, heads, shortcuts = _B0, _HEADS, _SHORTCUTS
     for _ in range(2):
@@ -149,9 +151,9 @@ def test_rounds_equal_numpy(tff_runtime, alpha, taus, etas, beta):
 
 
 def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
-    process = adaptpfl_linear.build_adaptpfl_linear(_D, _K, alpha=1.0, learning_rate=0.1,
-                                                    head_steps=3, shortcut_steps=2,
-                                                    representation_steps=2)
+    process = adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(
+        _D, _K, alpha=1.0, learning_rate=0.1, head_steps=3, shortcut_steps=2,
+        representation_steps=2))
     output = process.next_round(_start(process), _CLIENTS, _personal(_HEADS, _SHORTCUTS))
     # B_i = B for every client; the server's float32 mean of equal values is B up to an ulp.
     np.testing.assert_allclose(adaptpfl_linear.get_representation(output.state), _B0, rtol=3e-7)
@@ -164,7 +166,8 @@ def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
 
 
 def test_initial_states_and_store(tff_runtime):
-    process = adaptpfl_linear.build_adaptpfl_linear(_D, _K, alpha=0.3, learning_rate=0.1, seed=2)
+    process = adaptpfl_linear.build_adaptpfl_linear(
+        AdaptPFLLinearConfig(_D, _K, alpha=0.3, learning_rate=0.1, seed=2))
     b = adaptpfl_linear.get_representation(process.initialize())
     np.testing.assert_allclose(b.T @ b, np.eye(_K), atol=1e-6)
     first = process.initialize_personal("x")
@@ -189,13 +192,15 @@ def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
     m=20 samples, the same B⁰ and schedule (τ_w=10, τ_s=10, τ_b=1, η=0.1, 40 rounds): AdaptPFL
     (α=0.3) ends with a lower mean ‖θ_i − θ_i*‖ than FedRep (its α=0). FedRep cannot express the
     shortcut: its error stays near the shortcut's size 0.3. Observed: 0.15 against 0.36."""
-    problem = synthetic_adaptpfl_linear(num_clients=20, num_samples=20, dim=10, rank=2, alpha=0.3,
-                                        noise_std=0.05, seed=1)
+    problem = synthetic_adaptpfl_linear(num_clients=20, num_samples=20, dim=10, rank=2,
+                                        shortcuts=ShortcutTruth(alpha=0.3), noise_std=0.05,
+                                        seed=1)
     data = _data(problem.features, problem.targets)
     b0 = np.linalg.qr(problem.b_star + 0.3 * np.random.default_rng(5).normal(size=(10, 2)))[0]
     errors = {}
     for alpha in (0.0, 0.3):
-        process = adaptpfl_linear.build_adaptpfl_linear(10, 2, alpha=alpha, learning_rate=0.1)
+        process = adaptpfl_linear.build_adaptpfl_linear(
+            AdaptPFLLinearConfig(10, 2, alpha=alpha, learning_rate=0.1))
         state = adaptpfl_linear.set_representation(process, process.initialize(), b0)
         personal = [process.initialize_personal(i) for i in range(20)]
         for _ in range(40):
@@ -229,11 +234,12 @@ def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
 def test_bad_arguments_raise_naming_the_value(kwargs, message):
     args = dict(dim=6, rank=2, alpha=0.3, learning_rate=0.1) | kwargs
     with pytest.raises(ValueError, match=message):
-        adaptpfl_linear.build_adaptpfl_linear(**args)
+        adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(**args))
 
 
 def test_bad_shapes_raise(tff_runtime):
-    process = adaptpfl_linear.build_adaptpfl_linear(_D, _K, alpha=0.3, learning_rate=0.1)
+    process = adaptpfl_linear.build_adaptpfl_linear(
+        AdaptPFLLinearConfig(_D, _K, alpha=0.3, learning_rate=0.1))
     state = process.initialize()
     personal = _personal(_HEADS, _SHORTCUTS)
     with pytest.raises(ValueError, match="shape"):
@@ -297,9 +303,9 @@ def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order)
     rng = np.random.default_rng(9)
     clients = _data([rng.normal(size=(m, d)) for m in (12, 9, 15)],
                     [rng.normal(size=m) for m in (12, 9, 15)])
-    process = adaptpfl_linear.build_adaptpfl_linear(
+    process = adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(
         d, k, alpha, eta, shortcut_ridge=beta, variant="b", project_shortcut=project,
-        shortcut_damping=lam_s, head_damping=lam_w, order=order, seed=1)
+        shortcut_damping=lam_s, head_damping=lam_w, order=order, seed=1))
     heads = [rng.normal(size=k) for _ in clients]
     shortcuts = [rng.normal(size=d) for _ in clients]
     state = process.initialize()
@@ -323,10 +329,12 @@ def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order)
 
 def test_variant_b_bad_arguments():
     with pytest.raises(ValueError, match="alpha=1.0: variant B"):
-        adaptpfl_linear.build_adaptpfl_linear(6, 2, 1.0, 0.1, variant="b")
+        adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(6, 2, 1.0, 0.1, variant="b"))
     with pytest.raises(ValueError, match=r"shortcut_damping=0.0 must be in \(0, 1\]"):
-        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="b", shortcut_damping=0.0)
+        adaptpfl_linear.build_adaptpfl_linear(
+            AdaptPFLLinearConfig(6, 2, 0.3, 0.1, variant="b", shortcut_damping=0.0))
     with pytest.raises(ValueError, match="order='bw' must be one of sw, ws"):
-        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="b", order="bw")
+        adaptpfl_linear.build_adaptpfl_linear(
+            AdaptPFLLinearConfig(6, 2, 0.3, 0.1, variant="b", order="bw"))
     with pytest.raises(ValueError, match="variant='c' must be one of a, b"):
-        adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1, variant="c")
+        adaptpfl_linear.build_adaptpfl_linear(AdaptPFLLinearConfig(6, 2, 0.3, 0.1, variant="c"))

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from models.paper_models import build_rolora_mnist_net
+from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tffl.algorithms import registry as algorithms
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
@@ -26,8 +26,9 @@ _ON_THIS_MODEL = ("rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora", "rol
 
 
 def _model_fn():
-    return build_rolora_mnist_net(input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1,
-                                  trainable_head=True, base_kernel=True)
+    return build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1, trainable_head=True,
+        base_kernel=True))
 
 
 def _datasets(seed):

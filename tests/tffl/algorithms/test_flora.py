@@ -9,7 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models.lora_layers import LoraEinsumDense
-from models.paper_models import build_rolora_mnist_net
+from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tests.tffl.algorithms.lora_linear import (
     _A0,
     _BATCH,
@@ -193,8 +193,8 @@ def test_flora_trains_the_relu_toy_net_through_its_base_kernel(tff_runtime):
     B ≠ 0 (`b_stddev`): round 1 merges A·B into W0; round 2 starts from B = 0, where
     ReLU(x·W0) ≠ 0 still gives ∇B ≠ 0, so W0 moves again (with W0 = 0 nothing ever would)."""
     def model_fn():
-        return build_rolora_mnist_net(input_dim=12, rank=3, num_classes=4, a_stddev=0.5,
-                                      b_stddev=0.1, base_kernel=True)
+        return build_rolora_mnist_net(RoloraMnistNetConfig(
+            input_dim=12, rank=3, num_classes=4, a_stddev=0.5, b_stddev=0.1, base_kernel=True))
 
     spec = (tf.TensorSpec([None, 12], tf.float32), tf.TensorSpec([None], tf.int32))
     process = lora_fl.build_flora(model_fn, spec, client_optimizer=0.5)

@@ -160,8 +160,8 @@ def test_flute_with_a_lora_representation(tff_runtime):
     from models import paper_models
 
     def model_fn():
-        return paper_models.build_rolora_mnist_net(input_dim=D, rank=2, num_classes=M, seed=0,
-                                                   b_stddev=0.1, trainable_head=True)
+        return paper_models.build_rolora_mnist_net(paper_models.RoloraMnistNetConfig(
+            input_dim=D, rank=2, num_classes=M, seed=0, b_stddev=0.1, trainable_head=True))
 
     process = personalized.build_personalized_process("flute", model_fn, CLASS_SPEC, LR)
     spec = process.spec

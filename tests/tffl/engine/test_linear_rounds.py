@@ -51,9 +51,11 @@ def _server_metrics(state, total):
 
 
 def test_sum_round_with_personal_state_equals_numpy(tff_runtime):
+    pieces = linear_rounds.TwoExchangePieces(
+        _broadcast, _first, _second, _server_update, second_broadcast=_first_entry,
+        server_metrics=_server_metrics)
     next_fn = linear_rounds.build_two_exchange_round(
-        _STATE, _VECTOR, _broadcast, _first, _second, _server_update, personal_type=_PERSONAL,
-        aggregation="sum", second_broadcast=_first_entry, server_metrics=_server_metrics)
+        _STATE, _VECTOR, pieces, personal_type=_PERSONAL, aggregation="sum")
     xs = [np.array([1.0, 2.0], np.float32), np.array([-3.0, 0.5], np.float32)]
     ps = [collections.OrderedDict(p=np.array([0.5, 0.0], np.float32)),
           collections.OrderedDict(p=np.array([0.0, -1.0], np.float32))]
@@ -77,7 +79,7 @@ def test_sum_round_with_personal_state_equals_numpy(tff_runtime):
     assert int(train["num_clients"]) == 2
     # Bytes per client (declared: TFF's forms cannot hold the round): down v and the relayed
     # first entry, up x_i + p_i, ℓ_i and the client count.
-    traffic = linear_rounds.two_exchange_traffic(_broadcast, _first, _second, _first_entry)
+    traffic = linear_rounds.two_exchange_traffic(pieces)
     assert (traffic.down, traffic.up) == (4 * (2 + 1), 4 * (2 + 1 + 1))
 
 
@@ -114,8 +116,9 @@ def _update_two(state, u, g):
 ])
 def test_build_time_checks(first, second, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        linear_rounds.build_two_exchange_round(_STATE, _VECTOR, _broadcast, first, second,
-                                               _update_two, **kwargs)
+        linear_rounds.build_two_exchange_round(
+            _STATE, _VECTOR,
+            linear_rounds.TwoExchangePieces(_broadcast, first, second, _update_two), **kwargs)
 
 
 def test_engine_re_exports_the_rounds():

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from models.paper_models import build_rolora_mnist_net
+from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tffl.algorithms import lora_fl
 from tffl.engine import schedules
 
@@ -22,8 +22,9 @@ _STATELESS = ("fedavg_lora", "ffa_lora", "rolora", "flexlora", "flora")
 
 def _model_fn():
     # base_kernel: a frozen W0 linked to the adapter, which FLoRA merges into.
-    return build_rolora_mnist_net(input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1,
-                                  trainable_head=True, base_kernel=True)
+    return build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1, trainable_head=True,
+        base_kernel=True))
 
 
 def _datasets(seed, sizes):

@@ -116,7 +116,8 @@ def _linear(name):
         process = flute_linear.build_flute_linear(m._D, m._K, learning_rate=0.1)
         return process, lambda: m._CLIENTS, [process.initialize_personal(str(i)) for i in range(3)]
     m = test_adaptpfl_linear
-    process = adaptpfl_linear.build_adaptpfl_linear(m._D, m._K, alpha=0.3, learning_rate=0.1, seed=2)
+    process = adaptpfl_linear.build_adaptpfl_linear(adaptpfl_linear.AdaptPFLLinearConfig(
+        m._D, m._K, alpha=0.3, learning_rate=0.1, seed=2))
     return process, lambda: m._CLIENTS, [process.initialize_personal(str(i)) for i in range(3)]
 
 

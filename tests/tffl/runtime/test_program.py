@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from models.paper_models import build_rolora_mnist_net
+from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tffl.algorithms import fedrep_linear
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_plans
@@ -28,8 +28,9 @@ _PER_ROUND = 2
 
 def _model_fn():
     # base_kernel: a frozen W0 linked to the adapter, which FLoRA merges into.
-    return build_rolora_mnist_net(input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1,
-                                  trainable_head=True, base_kernel=True)
+    return build_rolora_mnist_net(RoloraMnistNetConfig(
+        input_dim=_D, rank=2, num_classes=_CLASSES, b_stddev=0.1, trainable_head=True,
+        base_kernel=True))
 
 
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
