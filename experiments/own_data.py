@@ -13,7 +13,7 @@ An example is a mapping with `text` and `label` (and optionally `text_pair`, for
 pairs), with `prompt` and `response`, or with Alpaca's `instruction`, `input` and `output`; or a
 pair `(text, label)`. Labels may be integers or strings.
 
-A run of RoLoRA on two clients' reviews, in a few lines:
+A run of FedAvg-LoRA on two clients' reviews, in a few lines:
 
 >>> import tensorflow_federated as tff
 >>> from experiments.run import execute
@@ -23,13 +23,13 @@ A run of RoLoRA on two clients' reviews, in a few lines:
 ...     "bob": {"text": ["a waste of time", "warm and witty", "painfully long"],
 ...             "label": ["neg", "pos", "neg"]}})
 >>> config = config_from_client_data(client_data, str(run_dir / "mine"), backbone="tiny",
-...                                  algorithm=["rolora"], rounds=1, local_steps=1)
+...                                  algorithm=["fedavg_lora"], rounds=1, local_steps=1)
 >>> execute(config, script="example")   # doctest: +ELLIPSIS
 tffl: fetching all-MiniLM-L6-v2's vocabulary and weights (downloaded once) ...
 tffl: reading .../mine/data/train.jsonl ...
-tffl: rolora on train.jsonl (5 train examples, 2 clients, 2 classes; tiny random BERT ...
+tffl: fedavg_lora on train.jsonl (5 train examples, 2 clients, 2 classes; tiny random BERT ...
 round 1/1  loss ...
-done: rolora 1 communication round; train loss ...; dev loss ..., dev accuracy ...
+done: fedavg_lora 1 communication round; train loss ...; dev loss ..., dev accuracy ...
 Results in .../mine
 0
 """
