@@ -111,6 +111,26 @@ def build_causal_lm(backbone: tf.keras.Model) -> tf.keras.Model:
     return tf.keras.Model(inputs, logits, name="causal_lm")
 
 
+def backbone_of(model: tf.keras.Model) -> tf.keras.Model:
+    """The decoder backbone inside a `build_causal_lm` model (the same layer object: its
+    weights are the model's), e.g. to generate with a trained causal LM.
+
+    >>> import keras_nlp
+    >>> backbone = keras_nlp.models.GPT2Backbone(vocabulary_size=20, num_layers=1, num_heads=1,
+    ...     hidden_dim=4, intermediate_dim=8, max_sequence_length=8)
+    >>> backbone_of(build_causal_lm(backbone)) is backbone
+    True
+    """
+    logits = [layer for layer in model.layers if isinstance(layer, ResponseLogits)]
+    found = [layer for layer in model.layers if isinstance(layer, tf.keras.Model)
+             and len(logits) == 1 and getattr(layer, "token_embedding", None)
+             is logits[0].embedding]
+    if len(found) != 1:
+        raise ValueError(f"model {model.name!r} is not a causal LM of build_causal_lm (a "
+                         "backbone whose token embedding computes its response logits)")
+    return found[0]
+
+
 def _check_start_layer(backbone: tf.keras.Model, start_layer: int) -> None:
     layers = backbone.transformer_layers
     if not 0 <= start_layer < len(layers):

@@ -14,9 +14,23 @@ weights (what TFF's computations trace), `pretrained_fn()` the same architecture
 checkpoint's weights (None for `gpt2_tiny`), `tokenize(texts)` the token ids of each string
 (no begin-of-text token) and `detokenize(ids)` the text.
 
+Text in, text out, on a backbone of the decoder's (with LoRA or without):
+`generate_text(backbone, decoder, prompts, max_new_tokens)` is each prompt's greedy
+continuation: begin of text and the prompt's tokens (`prompt_ids`), then
+`models.lm_evaluation.generate` in batches, stopping at end of text, detokenized
+(`continuations`, which the instruction tasks' evaluators run on their tokenized prompts).
+
 >>> decoder = build_decoder("gpt2_tiny")
 >>> decoder.tokenize(["hi"]), decoder.detokenize([104, 105]), decoder.bos_id
 ([[104, 105]], 'hi', 256)
+>>> prompt_ids(decoder, ["hi", "hello"])
+[[256, 104, 105], [256, 104, 101, 108, 108, 111]]
+>>> backbone = decoder.backbone_fn()   # random weights
+>>> texts = generate_text(backbone, decoder, ["hi", "hello"], max_new_tokens=3)
+>>> from models import causal_lm   # one prompt at a time, without batching
+>>> texts[1] == decoder.detokenize(causal_lm.greedy_generate(
+...     backbone, [256, 104, 101, 108, 108, 111], 3, stop_ids=[decoder.eos_id]))
+True
 """
 
 from __future__ import annotations
@@ -26,9 +40,13 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from models import lm_evaluation
 from models import lora_targets
 
 DECODERS = ("gpt2_tiny", "gemma3_270m")
+# The decoders with a Hugging Face counterpart: its hub name (the base model their PEFT
+# adapters name, `models.peft_export`).
+HUB_NAMES = {"gemma3_270m": "google/gemma-3-270m"}
 GPT2_TINY_MAX_LENGTH = 1024
 # Gemma 3 270M's context (rotary positions: no table limits it; Google's model card gives 32K).
 GEMMA3_MAX_LENGTH = 32_768
@@ -110,3 +128,38 @@ def build_decoder(name: str) -> Decoder:
     if name not in builders:
         raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
     return builders[name]()
+
+
+def prompt_ids(decoder: Decoder, prompts: Sequence[str], max_new_tokens: int = 0
+               ) -> list[list[int]]:
+    """Each prompt as the decoder reads it: begin of text, then its tokens. A prompt that would
+    leave fewer than `max_new_tokens` of the decoder's positions keeps its last tokens (as the
+    instruction tasks cut their prompts); an empty prompt is a `ValueError`."""
+    room = decoder.max_length - 1 - max_new_tokens
+    if room < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: {decoder.name} has "
+                         f"{decoder.max_length} positions; pass at most {decoder.max_length - 2}")
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} is empty")
+    return [[decoder.bos_id] + ids[-room:] for ids in decoder.tokenize(prompts)]
+
+
+def continuations(backbone: tf.keras.Model, decoder: Decoder, prompts: Sequence[Sequence[int]],
+                  max_new_tokens: int, batch_size: int = 32) -> list[str]:
+    """The greedy continuation of each tokenized prompt (begin of text first: `prompt_ids`) as
+    text: at most `max_new_tokens` tokens, ending before the decoder's end of text
+    (`models.lm_evaluation.generate`, `batch_size` prompts a call), detokenized."""
+    generated = lm_evaluation.generate(backbone, prompts, max_new_tokens,
+                                       stop_ids=[decoder.eos_id], pad_id=decoder.pad_id,
+                                       batch_size=batch_size)
+    return [decoder.detokenize(ids) for ids in generated]
+
+
+def generate_text(backbone: tf.keras.Model, decoder: Decoder, prompts: Sequence[str],
+                  max_new_tokens: int, batch_size: int = 32) -> list[str]:
+    """The greedy continuation (text, at most `max_new_tokens` tokens, stopping at end of text)
+    of each prompt string, by `backbone` (the decoder's architecture: `decoder.backbone_fn()`'s,
+    with any weights and adapters) and `decoder`'s tokenizer (module docstring)."""
+    return continuations(backbone, decoder, prompt_ids(decoder, prompts, max_new_tokens),
+                         max_new_tokens, batch_size)

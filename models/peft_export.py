@@ -74,7 +74,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 from models import peft_names
-from models.lora_targets import ALL_TARGETS, lora_layers
+from models.lora_targets import ALL_TARGETS, LoraConfig, lora_layers
 from models.peft_names import CAUSAL_LM, FEATURE_EXTRACTION, PREFIX, SEQ_CLS, module_path
 from models.sentence_modules import MODULES_FILE, DenseModule, read_modules, write_modules
 from models.sentence_modules import write_tokenizer
@@ -506,6 +506,39 @@ def _check_pooling(model, where: str, folder: pathlib.Path, family: str) -> None
     if theirs is not None and ours is not None and theirs != ours:
         raise ValueError(f"{where}: its classifier pools by {theirs}, this run's by {ours}: "
                          f"set pooling={theirs}")
+
+
+def folder_lora_config(folder: str | pathlib.Path, family: str | None = None) -> LoraConfig:
+    """The `models.lora_targets.LoraConfig` whose `apply_lora` gives a backbone the adapters a
+    PEFT folder holds: its `r` and `lora_alpha`, the targets and layers its tensors adapt (to
+    build the model `import_peft` / `init_adapters` then fill). A folder that does not adapt
+    every one of its targets on every one of its layers (which no one `LoraConfig` builds), or
+    holds no adapters, is a one-line `ValueError` naming the folder.
+
+    >>> import keras_nlp
+    >>> from models.lora_targets import apply_lora
+    >>> backbone = keras_nlp.models.BertBackbone(vocabulary_size=30, num_layers=2, num_heads=2,
+    ...     hidden_dim=8, intermediate_dim=16, max_sequence_length=8)
+    >>> _ = apply_lora(backbone, LoraConfig(rank=2, alpha=4.0, targets=("query", "value"),
+    ...                                     layers=(1,)))
+    >>> config = folder_lora_config(export_peft(backbone, run_dir / "encoder_adapters"))
+    >>> config.rank, config.alpha, config.targets, config.layers
+    (2, 4.0, ('query', 'value'), (1,))
+    """
+    folder = pathlib.Path(folder)
+    config, tensors = read_peft(folder, family)
+    _, sites = _folder_sites(tensors)
+    if not sites:
+        raise ValueError(f"{folder}: no LoRA adapters in {ADAPTER_WEIGHTS}")
+    layers = sorted({i for i, _ in sites})
+    targets = sorted({t for _, t in sites}, key=list(ALL_TARGETS).index)
+    missing = sorted({(i, t) for i in layers for t in targets} - sites)
+    if missing:
+        raise ValueError(f"{folder}: it adapts {_sites_text(sites)} but not {missing[0][1]} of "
+                         f"layer {missing[0][0]}; one LoRA configuration adapts every target "
+                         "of every layer it names")
+    return LoraConfig(rank=int(config["r"]), alpha=float(config["lora_alpha"]),
+                      targets=tuple(targets), layers=tuple(layers))
 
 
 def init_adapters(model: tf.keras.Model, folder: str | pathlib.Path,

@@ -7,9 +7,10 @@ the form that computes the run's logits outside tffl.
 Reads the newest checkpoint of --run_dir (`checkpoints/round_xxxxxx/`, `tffl.simulation.checkpoint`)
 and the run's configuration (its `config.json`; for runs from before it, the identity its
 `meta.json` recorded, `experiments.training.run_identity`), rebuilds the task and the
-algorithm's process from it exactly as `scripts/train.py` does (`experiments.training`), loads
-the state into it, sets the client model to `process.model_weights(state)` and writes
-`models.peft_export.export_peft`'s folder, plus `export.json` (run, round, flags, task type).
+algorithm's process from it exactly as `scripts/train.py` does, loads the state into it and sets
+the client model to `process.model_weights(state)` (`experiments.trained_run.trained_model`),
+then writes `models.peft_export.export_peft`'s folder, plus `export.json` (run, round, flags,
+task type).
 
 The form (PEFT task type) is the one that reproduces the classifier (`export_task_type`;
 docs/models.md): SEQ_CLS for `--pooling=pooler --head=linear` (HF's
@@ -43,6 +44,7 @@ import shutil
 from absl import app
 from absl import flags
 
+from experiments.trained_run import trained_model
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -66,83 +68,20 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 TEXT_TASKS = ("sst2", "reviews")
 INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
-# The decoders whose adapters have a Hugging Face base model: theirs.
-DECODER_HUB_NAMES = {"gemma3_270m": "google/gemma-3-270m"}
-
-
-def run_config(run_dir: pathlib.Path, recorded: dict, data_dir: str | None,
-               frozen_dir: str | None):
-    """The `RunConfig` of the run in `run_dir`: its config.json (runs since it exists), else the
-    identity its checkpoint recorded (`recorded`: `experiments.training.run_identity`) over the
-    defaults; `data_dir` and `frozen_dir`, when given, replace the recorded ones. The global
-    model carries the recorded (largest) rank: no client ranks."""
-    from experiments import run
-    from experiments.run_config import SECTION_OF
-    from experiments.run_config import RunConfig
-
-    if (pathlib.Path(run_dir) / run.CONFIG_FILE).is_file():
-        config = run.read_config(run_dir)
-    else:
-        config = RunConfig().with_changes(**{
-            k: v for k, v in recorded.items()
-            if k in SECTION_OF and k != "algorithm" and v is not None})
-        config = config.with_changes(algorithm=[recorded["algorithm"]])
-    changes = {"rank": config.model.adapter_rank, "client_ranks": None}
-    if data_dir is not None:
-        changes["data_dir"] = str(data_dir)
-    if frozen_dir is not None:
-        changes["frozen_dir"] = str(frozen_dir)
-    return config.with_changes(**changes)
-
-
-def trained_model(run_dir: pathlib.Path, data_dir=None, frozen_dir=None):
-    """`(keras client model holding the newest checkpoint's weights, meta, RunConfig, task)`."""
-    from tffl import runtime
-    from tffl.simulation import checkpoint
-    from tffl.simulation import driver as simulation
-
-    found = checkpoint.latest(run_dir / simulation.CHECKPOINT_DIR)
-    if found is None:
-        raise ValueError(f"run_dir={run_dir}: no checkpoint under {simulation.CHECKPOINT_DIR}/")
-    meta = json.loads((found[1] / "meta.json").read_text())
-    config = meta["config"]
-    _check_exportable(run_dir, config)
-    summary = run_dir / "summary.json"
-    if summary.is_file() and "rounds" in json.loads(summary.read_text()).get("flags", {}):
-        config = config | {"rounds": json.loads(summary.read_text())["flags"]["rounds"]}
-    run = run_config(run_dir, config, data_dir, frozen_dir)
-    import tensorflow as tf
-
-    from experiments import training
-
-    # As experiments.training.run_algorithm: the same seed before the same builds draws the same
-    # random (tiny) backbone; the fingerprint check below proves it.
-    tf.keras.utils.set_random_seed(run.algorithm.seed)
-    with runtime.distribute_runtime():
-        task = training.build_task(config["algorithm"], run)
-        process = training.build_process(config["algorithm"], task, run)
-        if process.frozen_fingerprint != meta.get("frozen_fingerprint"):
-            raise ValueError(
-                f"run_dir={run_dir}: the rebuilt model's frozen weights (fingerprint "
-                f"{process.frozen_fingerprint}) are not the run's ({meta.get('frozen_fingerprint')})"
-                "; pass the run's --data_dir / --frozen_dir")
-        state, _, _ = checkpoint.load(found[1], template=process.initialize())
-        weights = process.model_weights(state)
-    model = task.keras_model_fn()
-    weights.assign_weights_to(model)
-    return model, meta, run, task
 
 
 def _check_exportable(run_dir, config: dict) -> None:
     """A one-line ValueError unless the run's task and backbone have a PEFT counterpart."""
+    from models.decoders import HUB_NAMES
+
     task, backbone = config.get("task"), config.get("backbone")
     if task not in TEXT_TASKS + INSTRUCT_TASKS:
         raise ValueError(f"run_dir={run_dir}: task {task!r} has no LoRA backbone; PEFT export "
                          f"covers {', '.join(TEXT_TASKS + INSTRUCT_TASKS)}")
-    if task in INSTRUCT_TASKS and backbone not in DECODER_HUB_NAMES:
+    if task in INSTRUCT_TASKS and backbone not in HUB_NAMES:
         raise ValueError(f"run_dir={run_dir}: backbone {backbone!r} has no Hugging Face "
                          f"counterpart to adapt; PEFT export covers the decoders "
-                         f"{', '.join(DECODER_HUB_NAMES)}")
+                         f"{', '.join(HUB_NAMES)}")
 
 
 def _named_layers(model) -> dict:
@@ -221,10 +160,12 @@ def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=N
     `export.json`'s record. A `task_type` that would not reproduce the run's logits is a
     `ValueError`, raised before anything is written."""
     from models import peft_export
+    from models.decoders import HUB_NAMES
 
     run_dir, output_dir = pathlib.Path(run_dir), pathlib.Path(output_dir)
-    model, meta, config, task = trained_model(run_dir, data_dir, frozen_dir)
-    decoder = DECODER_HUB_NAMES.get(config.model.backbone)
+    model, meta, config, task = trained_model(
+        run_dir, data_dir, frozen_dir, lambda recorded: _check_exportable(run_dir, recorded))
+    decoder = HUB_NAMES.get(config.model.backbone)
     family = "gemma3" if decoder else "bert"
     task_type = peft_export.export_task_type(model, family, task_type)
     export_base = config.model.backbone != "minilm" and decoder is None

@@ -14,7 +14,8 @@ text for sentence pairs, the label and an optional client column) into `TextRows
 strings; `label_names(rows)` orders them and `encoded_labels(rows, names)` maps a split's labels
 to those indices. `read_instruction_rows(path, client_column)` reads prompt/response pairs:
 Alpaca's `instruction` (+ optional `input`) and `output`, prompted with Alpaca's templates
-(`tasks.instructions`), or `prompt` and `response` as they are.
+(`tasks.instructions`), or `prompt` and `response` as they are (`instruction_form(path)` says
+which); prompts to generate from may come without responses (`require_responses=False`).
 
 Every error is a `ValueError` of one line naming the file, and where one applies the line and the
 column: a missing column, a short row, an empty text, label or client, a label of another split
@@ -320,11 +321,21 @@ def encoded_labels(rows: TextRows, names: tuple[str, ...]) -> np.ndarray:
     return np.array([index[label] for label in rows.labels], np.int32)
 
 
-def read_instruction_rows(path: str | pathlib.Path, client_column: str | None = None
-                          ) -> InstructionRows:
+def _response(path, line: int, row: dict, column: str, required: bool) -> str:
+    """`row[column]` (`_field`), or "" when not `required` and the row has none (or a blank)."""
+    value = row.get(column)
+    if not required and (value is None or (isinstance(value, str) and not value.strip())):
+        return ""
+    return _field(path, line, row, column, column)
+
+
+def read_instruction_rows(path: str | pathlib.Path, client_column: str | None = None,
+                          require_responses: bool = True) -> InstructionRows:
     """The prompt/response pairs of `path`: each row has Alpaca's `instruction` (and an optional
-    `input`) and `output`, prompted with Alpaca's templates, or a `prompt` and a `response`
-    used as they are; `client_column` names each row's client.
+    `input`) and `output`, prompted with Alpaca's templates (`tasks.instructions.alpaca_prompt`),
+    or a `prompt` and a `response` used as they are; `client_column` names each row's client.
+    Without `require_responses` (prompts to generate from), a row may lack its response: it is
+    then "".
 
     Raises:
       FileNotFoundError: no such file.
@@ -336,17 +347,15 @@ def read_instruction_rows(path: str | pathlib.Path, client_column: str | None = 
     for line, row in read_rows(path):
         if "instruction" in row:
             instruction = _field(path, line, row, "instruction", "instruction")
-            response = _field(path, line, row, "output", "output")
+            response = _response(path, line, row, "output", require_responses)
             extra = row.get("input")
             if extra is not None and not isinstance(extra, str):
                 raise ValueError(f"{path}: line {line}, column 'input': a JSON "
                                  f"{type(extra).__name__}, not a string")
-            template = (instructions.ALPACA_PROMPT if extra and extra.strip()
-                        else instructions.ALPACA_PROMPT_NO_INPUT)
-            prompt = template.format(instruction=instruction, input=extra)
+            prompt = instructions.alpaca_prompt(instruction, extra)
         elif "prompt" in row:
             prompt = _field(path, line, row, "prompt", "prompt")
-            response = _field(path, line, row, "response", "response")
+            response = _response(path, line, row, "response", require_responses)
         else:
             raise ValueError(f"{path}: line {line}: neither 'instruction' and 'output' (Alpaca) "
                              f"nor 'prompt' and 'response' (its keys: {', '.join(row)})")
@@ -360,3 +369,13 @@ def read_instruction_rows(path: str | pathlib.Path, client_column: str | None = 
     return InstructionRows(path, tuple(prompts), tuple(responses),
                            np.array(clients, dtype=object) if client_column else None,
                            np.array(lines, np.int64))
+
+
+def instruction_form(path: str | pathlib.Path) -> str:
+    """How the rows of an instruction file are prompted (`read_instruction_rows`): "alpaca" when
+    every row is Alpaca's (`instruction`), "as_written" when every row is a `prompt`, "mixed"
+    when it holds both (`tasks.instructions.PROMPT_STYLES` names the first two)."""
+    forms = {"alpaca" if "instruction" in row else "as_written" for _, row in read_rows(path)}
+    if not forms:
+        raise ValueError(f"{path}: no rows")
+    return forms.pop() if len(forms) == 1 else "mixed"

@@ -48,6 +48,7 @@ from tasks.run_task import counted
 from tasks.run_task import ordered
 from tasks.run_task import starting_values
 from tasks.run_task import train_size
+from tasks.task_config import TaskConfig
 from tasks.task_config import TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
@@ -173,6 +174,7 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
     """`weights -> {"loss", "token_accuracy", "accuracy", "unparseable",
     "likelihood_accuracy"}` on `task`'s evaluated split (module docstring), one model built on
     first call (after TFF has traced its computations)."""
+    from models import decoders
     from models import lm_evaluation
 
     appender = AnswerAppender(answers, decoder.pad_id)
@@ -192,11 +194,9 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
     def evaluate(weights) -> dict[str, float]:
         tokens = answer_tokens(weights)   # assigns `weights` to the model (and its backbone)
         backbone, (prompts, labels) = cache["backbone"], cache["prompts"]
-        generated = lm_evaluation.generate(
-            backbone, prompts, max(len(a) for a in answers) - 1, stop_ids=[decoder.eos_id],
-            pad_id=decoder.pad_id, batch_size=batch_size)
-        matched = instructions.exact_match_accuracy(
-            [decoder.detokenize(g) for g in generated], labels)
+        generated = decoders.continuations(backbone, decoder, prompts,
+                                           max(len(a) for a in answers) - 1, batch_size)
+        matched = instructions.exact_match_accuracy(generated, labels)
         chosen = lm_evaluation.choose(backbone, prompts, [a[:-1] for a in answers],
                                       pad_id=decoder.pad_id, batch_size=batch_size)
         return {"loss": tokens["loss"], "token_accuracy": tokens["accuracy"],
@@ -273,6 +273,21 @@ def _description(spec: TaskSpec, task, decoder, answers: str) -> str:
             "no prefix cache)")
 
 
+def prompt_style(task: TaskConfig) -> str:
+    """How the instruction task's training rows were prompted
+    (`tasks.instructions.PROMPT_STYLES`), so that a bare prompt is prompted alike
+    (`instructions.styled_prompt`): "sentiment" for sst2_instruct and reviews_instruct; for
+    instruct, its `train_file`'s form (`tasks.data_files.instruction_form`): "alpaca",
+    "as_written", or "mixed" for a file of both forms."""
+    from tasks import data_files
+
+    if task.task not in INSTRUCT_TASKS:
+        raise ValueError(f"task={task.task}: not an instruction task ({', '.join(INSTRUCT_TASKS)})")
+    if task.task != "instruct":
+        return "sentiment"
+    return data_files.instruction_form(task.train_file)
+
+
 def instruct_run_task(spec: TaskSpec) -> RunTask:
     """The instruction task of `spec` for the decoder `spec.model.backbone`
     (`models.decoders`) with LoRA on `lora_targets` of `lora_layers` (module docstring)."""
@@ -310,6 +325,7 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
     values = _starting_values(lm_fn, decoder, lora_config, input_spec)
     run.pretrained_non_trainable = (lambda: values()[1]) if decoder.pretrained_fn else None
     run.random_backbone = decoder.pretrained_fn is None
+    run.decoder = decoder
     return run
 
 
@@ -407,7 +423,7 @@ def make_response_evaluator(lm_fn: Callable[[], tuple], rows, packed: dict, deco
     the reference responses' token loss and accuracy, and the exact-match share of greedy
     generations; one model built on first call (after TFF has traced its computations)."""
     from models import causal_lm
-    from models import lm_evaluation
+    from models import decoders
 
     dev = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
         (k, packed[k]) for k in sorted(packed)))
@@ -426,10 +442,9 @@ def make_response_evaluator(lm_fn: Callable[[], tuple], rows, packed: dict, deco
 
     def evaluate(weights) -> dict[str, float]:
         tokens = response_tokens(weights)   # assigns `weights` to the model (and its backbone)
-        generated = lm_evaluation.generate(
-            cache["backbone"], prompts, longest, stop_ids=[decoder.eos_id],
-            pad_id=decoder.pad_id, batch_size=batch_size)
-        matched = [" ".join(decoder.detokenize(g).split()) == " ".join(reference.split())
+        generated = decoders.continuations(cache["backbone"], decoder, prompts, longest,
+                                           batch_size)
+        matched = [" ".join(g.split()) == " ".join(reference.split())
                    for g, reference in zip(generated, rows.responses)]
         return {"loss": tokens["loss"], "token_accuracy": tokens["accuracy"],
                 "accuracy": float(np.mean(matched))}

@@ -6,8 +6,12 @@ Alpaca-style files, which `tasks.data_files` reads), packed into the batches of
   0/1) as `"Review: <text>\\nSentiment:"` → `" negative"` / `" positive"`. The labels are kept, so
   `tasks.partition`'s IID and Dirichlet splits apply as to the classifier's data, and the review
   domains stay natural clients.
-- `ALPACA_PROMPT`, `ALPACA_PROMPT_NO_INPUT`: Stanford Alpaca's two templates, with which
-  `tasks.data_files.read_instruction_rows` prompts `{"instruction", "input", "output"}` rows.
+- `ALPACA_PROMPT`, `ALPACA_PROMPT_NO_INPUT`: Stanford Alpaca's two templates; `alpaca_prompt`
+  picks one and fills it, as `tasks.data_files.read_instruction_rows` prompts
+  `{"instruction", "input", "output"}` rows.
+- `styled_prompt(style, text)`: a bare prompt as a run's training rows were prompted
+  (`PROMPT_STYLES`: the sentiment template, Alpaca's, or as written), to generate from the
+  trained model as it was trained.
 - `pack(examples, tokenize, sequence_length)`: `token_ids`, `padding_mask` and `response_mask`
   (int32, (n, T)): (a start token,) prompt, then response, then right padding; a prompt too long
   loses its start, so that the response (cut at T − 1 tokens) is kept.
@@ -44,6 +48,9 @@ ALPACA_PROMPT = (
 ALPACA_PROMPT_NO_INPUT = (
     "Below is an instruction that describes a task. Write a response that appropriately "
     "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:")
+# How a run's training rows were prompted: SENTIMENT_PROMPT (sst2_instruct, reviews_instruct),
+# Alpaca's templates (Alpaca rows), or the prompt as written (prompt/response rows).
+PROMPT_STYLES = ("sentiment", "alpaca", "as_written")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,42 @@ class InstructionExamples:
         return InstructionExamples(tuple(self.prompts[i] for i in idx),
                                    tuple(self.responses[i] for i in idx),
                                    None if self.labels is None else self.labels[idx])
+
+
+def alpaca_prompt(instruction: str, input_text: str | None = None) -> str:
+    """Stanford Alpaca's prompt of an instruction: `ALPACA_PROMPT` with its input, or
+    `ALPACA_PROMPT_NO_INPUT` when the input is None or blank.
+
+    >>> alpaca_prompt("Add the numbers.", "2 and 3").endswith(
+    ...     "### Instruction:\\nAdd the numbers.\\n\\n### Input:\\n2 and 3\\n\\n### Response:")
+    True
+    >>> alpaca_prompt("Name a color.", " ") == ALPACA_PROMPT_NO_INPUT.format(
+    ...     instruction="Name a color.")
+    True
+    """
+    if input_text is not None and input_text.strip():
+        return ALPACA_PROMPT.format(instruction=instruction, input=input_text)
+    return ALPACA_PROMPT_NO_INPUT.format(instruction=instruction)
+
+
+def styled_prompt(style: str, text: str, input_text: str | None = None) -> str:
+    """`text` prompted in `style` (one of `PROMPT_STYLES`): "sentiment" is `SENTIMENT_PROMPT`
+    around a review, "alpaca" `alpaca_prompt(text, input_text)`, "as_written" `text` itself.
+    An input (non-blank `input_text`) is Alpaca's alone: for another style, a `ValueError`.
+
+    >>> styled_prompt("sentiment", "a fine film")
+    'Review: a fine film\\nSentiment:'
+    >>> styled_prompt("as_written", "2 + 3 =")
+    '2 + 3 ='
+    """
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style {style!r}: choose one of {', '.join(PROMPT_STYLES)}")
+    if style == "alpaca":
+        return alpaca_prompt(text, input_text)
+    if input_text is not None and input_text.strip():
+        raise ValueError(f"input {input_text!r}: an input is part of Alpaca's prompts; "
+                         f"{style} prompts have none")
+    return SENTIMENT_PROMPT.format(text=text) if style == "sentiment" else text
 
 
 def from_texts(texts: Sequence[str], labels: Sequence[int]) -> InstructionExamples:

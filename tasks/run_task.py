@@ -49,6 +49,9 @@ class RunTask:
     random_backbone: bool = False
     # The text tasks' `tasks.prefix_cache.PrefixCache` (None: no cached prefix).
     prefix_cache: Any = None
+    # The instruction tasks' `models.decoders.Decoder` (its tokenizer and special tokens, which
+    # generation from the trained model needs); None for the classifiers.
+    decoder: Any = None
 
 
 def ordered(*element):

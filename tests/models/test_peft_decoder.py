@@ -131,6 +131,26 @@ def test_import_of_the_export_gives_identical_adapters(tmp_path):
         peft_export.init_adapters(elsewhere, tmp_path)
 
 
+def test_the_lora_configuration_of_a_folder_rebuilds_its_adapters(tmp_path):
+    source, _ = _model(targets=("query", "ffn_gate", "value"), layers=(0, 2))
+    peft_export.export_peft(source, tmp_path / "ok")
+    config = peft_export.folder_lora_config(tmp_path / "ok")
+    assert (config.rank, config.alpha, config.targets, config.layers) == (
+        RANK, ALPHA, ("query", "value", "ffn_gate"), (0, 2))
+    target = Gemma3Backbone(**TINY)
+    apply_lora(target, config)
+    peft_export.import_peft(target, tmp_path / "ok")   # every tensor has its place
+    tensors = safetensors.numpy.load_file(str(tmp_path / "ok" / "adapter_model.safetensors"))
+    dropped = {k: v for k, v in tensors.items() if "layers.2.mlp.gate_proj" not in k}
+    (tmp_path / "partial").mkdir()
+    safetensors.numpy.save_file(dropped, str(tmp_path / "partial" / "adapter_model.safetensors"))
+    (tmp_path / "partial" / "adapter_config.json").write_text(
+        (tmp_path / "ok" / "adapter_config.json").read_text())
+    with pytest.raises(ValueError, match=r"partial: it adapts query,value,ffn_gate of layers 0,2 "
+                                         r"but not ffn_gate of layer 2"):
+        peft_export.folder_lora_config(tmp_path / "partial")
+
+
 def test_a_decoder_without_separate_projections_is_one_line(tmp_path):
     import keras_nlp
 

@@ -14,28 +14,6 @@ from tests import forked_python
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_the_run_config_takes_the_recorded_identity_over_the_defaults(tmp_path):
-    """A run from before config.json: its checkpoint's identity over the defaults."""
-    config = export_adapters.run_config(
-        tmp_path, {"task": "sst2", "rank": 4, "lora_targets": ["value"], "algorithm": "fedavg",
-                   "backbone": "tiny", "lora_alpha": None}, data_dir="d", frozen_dir=None)
-    assert (config.task.task, config.model.rank, config.model.lora_targets) == (
-        "sst2", 4, ("value",))
-    assert config.algorithm.algorithm == ("fedavg",)
-    assert config.task.data_dir == "d" and config.model.client_ranks is None
-    assert config.model.lora_alpha is None  # a recorded None keeps the default
-
-
-def test_the_run_config_of_a_run_with_config_json_is_that_file(tmp_path):
-    from experiments.run_config import RunConfig
-
-    saved = RunConfig().with_changes(task="sst2", client_ranks=[2, 8], data_dir="x",
-                                     algorithm=["flora"])
-    (tmp_path / "config.json").write_text(saved.to_json())
-    config = export_adapters.run_config(tmp_path, {}, data_dir=None, frozen_dir=None)
-    assert config == saved.with_changes(rank=8, client_ranks=None)
-
-
 def _script(name, *args):
     return forked_python.run_script(ROOT / "scripts" / name, *args, timeout=900)
 

@@ -155,3 +155,26 @@ def test_a_malformed_instruction_file_is_one_line_naming_the_row(tmp_path, conte
         data_files.read_instruction_rows(path)
     with pytest.raises(FileNotFoundError, match="gone.json: no such file"):
         data_files.read_instruction_rows(tmp_path / "gone.json")
+
+
+def test_prompts_to_generate_from_may_lack_their_responses(tmp_path):
+    path = tmp_path / "ask.jsonl"
+    path.write_text('{"instruction": "Add the numbers.", "input": "2 and 3"}\n'
+                    '{"instruction": "Say hi.", "output": "Hi"}\n'
+                    '{"prompt": "Q: 2+2?", "response": " "}\n')
+    rows = data_files.read_instruction_rows(path, require_responses=False)
+    assert rows.responses == ("", "Hi", "")
+    assert rows.prompts[0].endswith("### Input:\n2 and 3\n\n### Response:")
+    assert rows.prompts[2] == "Q: 2+2?"
+    with pytest.raises(ValueError, match="ask.jsonl: line 1: no output column 'output'"):
+        data_files.read_instruction_rows(path)
+
+
+def test_the_form_of_an_instruction_files_rows(tmp_path):
+    forms = {"alpaca.json": '[{"instruction": "x", "output": "y"}]',
+             "chat.jsonl": '{"prompt": "x", "response": "y"}\n',
+             "both.jsonl": '{"prompt": "x", "response": "y"}\n{"instruction": "x", "output": "y"}\n'}
+    for name, content in forms.items():
+        (tmp_path / name).write_text(content)
+    assert [data_files.instruction_form(tmp_path / n) for n in forms] == [
+        "alpaca", "as_written", "mixed"]

@@ -92,6 +92,7 @@ def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2
         assert set(answers) <= answer_sets
         np.testing.assert_array_equal(y.numpy(), np.concatenate(answers))
     assert "gpt2_tiny" not in task.description and "GPT-2 over bytes" in task.description
+    assert task.decoder.name == "gpt2_tiny" and task.decoder.bos_id == BOS   # for generation
 
 
 @pytest.mark.large
@@ -166,3 +167,19 @@ def test_the_review_domains_are_natural_clients_of_the_instruction_task(sample_d
     assert task.client_ids == ["airline", "books", "dvd", "electronics", "kitchen"]
     ((x, y),) = list(task.client_dataset_fn("books", 1))
     assert x["response_mask"].numpy().sum() == len(y.numpy()) > 0
+
+
+def test_the_prompt_style_of_each_instruction_task(tmp_path):
+    from tasks.task_config import TaskConfig
+
+    (tmp_path / "alpaca.json").write_text('[{"instruction": "x", "output": "y"}]')
+    (tmp_path / "chat.jsonl").write_text('{"prompt": "x", "response": "y"}\n')
+    assert instruct.prompt_style(TaskConfig(task="sst2_instruct")) == "sentiment"
+    assert instruct.prompt_style(TaskConfig(task="reviews_instruct")) == "sentiment"
+    assert instruct.prompt_style(TaskConfig(task="instruct",
+                                            train_file=str(tmp_path / "alpaca.json"))) == "alpaca"
+    assert instruct.prompt_style(TaskConfig(task="instruct",
+                                            train_file=str(tmp_path / "chat.jsonl"))) == (
+        "as_written")
+    with pytest.raises(ValueError, match="task=sst2: not an instruction task"):
+        instruct.prompt_style(TaskConfig(task="sst2"))

@@ -86,3 +86,22 @@ def test_pack_puts_the_start_token_first_and_keeps_it_when_the_prompt_is_cut():
     # start + the prompt's last 3 characters + "z" + end.
     assert batch["token_ids"].tolist() == [[2, 102, 103, 104, 122, 1]]
     assert batch["response_mask"].tolist() == [[0, 0, 0, 0, 1, 1]]
+
+
+def test_a_bare_prompt_in_each_style_is_its_training_rows_prompt():
+    """The templates written out here (Stanford Alpaca's train.py, the sentiment tasks')."""
+    assert instructions.styled_prompt("sentiment", "dull") == "Review: dull\nSentiment:"
+    assert instructions.styled_prompt("alpaca", "Add the numbers.", "2 and 3") == (
+        "Below is an instruction that describes a task, paired with an input that provides "
+        "further context. Write a response that appropriately completes the request.\n\n"
+        "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:")
+    no_input = ("Below is an instruction that describes a task. Write a response that "
+                "appropriately completes the request.\n\n### Instruction:\nName a colour.\n\n"
+                "### Response:")
+    for blank in (None, "", "  "):
+        assert instructions.styled_prompt("alpaca", "Name a colour.", blank) == no_input
+    assert instructions.styled_prompt("as_written", "Q: 2+2?") == "Q: 2+2?"
+    with pytest.raises(ValueError, match="an input is part of Alpaca's prompts; sentiment"):
+        instructions.styled_prompt("sentiment", "dull", "more")
+    with pytest.raises(ValueError, match="prompt style 'chat': choose one of sentiment, alpaca"):
+        instructions.styled_prompt("chat", "hi")
