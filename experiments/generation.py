@@ -222,11 +222,14 @@ def _peft_decoder_name(peft_dir: pathlib.Path, adapter_config: dict) -> str:
 
 
 def _peft_style(peft_dir: pathlib.Path) -> str:
-    """The prompt style of the run a folder was exported from (its `export.json`'s task: the
-    sentiment tasks' template), else "as_written"."""
+    """The prompt style of the run a folder was exported from (its `export.json`'s
+    `prompt_style`; for exports that predate it, the sentiment tasks' template by their task),
+    else "as_written"."""
     record = peft_dir / "export.json"
-    task = (json.loads(record.read_text()).get("flags", {}).get("task")
-            if record.is_file() else None)
+    exported = json.loads(record.read_text()) if record.is_file() else {}
+    if "prompt_style" in exported:
+        return exported["prompt_style"]
+    task = exported.get("flags", {}).get("task")
     return "sentiment" if task in ("sst2_instruct", "reviews_instruct") else "as_written"
 
 

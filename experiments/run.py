@@ -31,12 +31,21 @@ from experiments.run_config import RunConfig
 CONFIG_FILE = "config.json"
 
 
+# The user's data files: recorded as absolute paths, so that a run folder's config.json (what
+# --resume, --config, scripts/export_adapters.py and scripts/generate.py read) names them
+# from any working directory.
+DATA_FILES = ("train_file", "dev_file", "test_file")
+
+
 def resolve(config: RunConfig) -> RunConfig:
     """`config` checked, with its output folder resolved (a fresh runs/<task>-<algorithms>-
-    <time> when unset), created and proved writable; `UsageError` names a bad value."""
+    <time> when unset), created and proved writable, and its data files (`DATA_FILES`) made
+    absolute; `UsageError` names a bad value."""
     values = config.flag_values()
     train_options.check(values, config.changed())
-    return config.with_changes(output_dir=str(train_options.output_dir(values)))
+    files = {name: str(pathlib.Path(config.get(name)).resolve()) for name in DATA_FILES
+             if config.get(name) is not None}
+    return config.with_changes(output_dir=str(train_options.output_dir(values)), **files)
 
 
 def run_folders(config: RunConfig) -> list[tuple[str, pathlib.Path]]:

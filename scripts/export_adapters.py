@@ -16,8 +16,9 @@ The form (PEFT task type) is the one that reproduces the classifier (`export_tas
 docs/models.md): SEQ_CLS for `--pooling=pooler --head=linear` (HF's
 `BertForSequenceClassification`); FEATURE_EXTRACTION for every other text classifier, e.g. the
 default mean pooling: the adapters of `BertModel`, the pooling and head as sentence-transformers
-modules (`modules.json`, `1_Pooling/`, `2_Dense/`) and the tokenizer files; CAUSAL_LM for the
-instruction tasks (sst2_instruct, reviews_instruct) on --backbone=gemma3_270m, adapters of
+modules (`modules.json`, `1_Pooling/`, `2_Dense/`) and the tokenizer files (the text tasks:
+sst2, reviews and a user's `text` run); CAUSAL_LM for the instruction tasks (sst2_instruct,
+reviews_instruct and a user's `instruct` run) on --backbone=gemma3_270m, adapters of
 `google/gemma-3-270m`'s modules, trained on the weights dequantized from its Q4_K_M GGUF.
 --task_type asks for a form; one that would compute other logits (SEQ_CLS for mean pooling) is
 refused with one line on stderr (exit status 2), and nothing is written.
@@ -66,13 +67,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-TEXT_TASKS = ("sst2", "reviews")
-INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct")
-
-
 def _check_exportable(run_dir, config: dict) -> None:
     """A one-line ValueError unless the run's task and backbone have a PEFT counterpart."""
     from models.decoders import HUB_NAMES
+    from tasks.instruct_run_task import INSTRUCT_TASKS
+    from tasks.text_run_task import TEXT_TASKS
 
     task, backbone = config.get("task"), config.get("backbone")
     if task not in TEXT_TASKS + INSTRUCT_TASKS:
@@ -191,6 +190,10 @@ def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=N
     record = {"run_dir": str(run_dir), "round": meta["round"], "flags": meta["config"],
               "base_model_name_or_path": base_model, "base_exported": export_base,
               "task_type": task_type}
+    if decoder is not None:   # how the training rows were prompted, for scripts/generate.py
+        from tasks import instruct_run_task
+
+        record["prompt_style"] = instruct_run_task.prompt_style(config.task)
     (output_dir / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     return record
 
