@@ -89,6 +89,16 @@ def test_resolve_checks_like_the_command_line_and_makes_the_folder(tmp_path):
     assert (tmp_path / "r").is_dir() and resolved.output.output_dir == str(tmp_path / "r")
 
 
+def test_resolve_records_the_users_files_as_absolute_paths(tmp_path, monkeypatch):
+    (tmp_path / "rows.csv").write_text("text,label\na,1\nb,0\n")
+    monkeypatch.chdir(tmp_path)
+    resolved = run.resolve(RunConfig().with_changes(
+        task="text", train_file="rows.csv", dev_file="rows.csv", partition="iid",
+        algorithm=["rolora"], output_dir=str(tmp_path / "r")))
+    assert resolved.task.train_file == resolved.task.dev_file == str(tmp_path / "rows.csv")
+    assert resolved.task.test_file is None
+
+
 def test_config_file_flag_starts_from_the_file_and_flags_change_it(tmp_path):
     saved = CONFIGS[1].with_changes(output_dir=str(tmp_path / "a"))
     path = tmp_path / "config.json"
