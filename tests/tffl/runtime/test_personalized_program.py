@@ -183,7 +183,8 @@ def test_linear_adaptpfl_with_keyed_personal_states_resumes_exactly(tmp_path):
         models = tff.program.MemoryReleaseManager()
         with runtime.program_runtime():
             asyncio.run(personalized_program.train_personalized_model(
-                train_process=adaptpfl_linear.build_adaptpfl_linear(6, 2, 0.3, 0.1),
+                train_process=adaptpfl_linear.build_adaptpfl_linear(
+                    adaptpfl_linear.AdaptPFLLinearConfig(6, 2, 0.3, 0.1)),
                 train_data_source=runtime.ClientDataSource("linear", clients, seed=1),
                 train_config=personalized_program.TrainConfig(2, total_rounds),
                 program_state_manager=tff.program.FileProgramStateManager(str(state_dir)),
