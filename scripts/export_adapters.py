@@ -192,8 +192,11 @@ def export_run(run_dir, output_dir, data_dir=None, frozen_dir=None, base_model=N
               "task_type": task_type}
     if decoder is not None:   # how the training rows were prompted, for scripts/generate.py
         from tasks import instruct_run_task
+        from tasks.task_config import TaskConfig
 
-        record["prompt_style"] = instruct_run_task.prompt_style(config.task)
+        flags = meta["config"]   # the run's identity: its task, and its training file if any
+        record["prompt_style"] = instruct_run_task.prompt_style(
+            TaskConfig(task=flags["task"], train_file=flags.get("train_file")))
     (output_dir / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     return record
 

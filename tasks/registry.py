@@ -27,7 +27,7 @@ import pathlib
 import tensorflow as tf
 
 with contextlib.redirect_stdout(io.StringIO()):  # keras_core prints "Using TensorFlow backend"
-    import keras_nlp  # noqa: F401  (loaded once, quietly, before the task modules use it)
+    import keras_nlp  # noqa: F401  (imported by the tasks' modules below)
 
 from models.decoders import DECODERS
 from tasks import instruct_run_task

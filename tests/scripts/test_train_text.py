@@ -124,7 +124,7 @@ def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, samp
                 "--rounds=2", "--num_clients=2", "--clients_per_round=2", "--local_steps=1",
                 "--batch_size=4", f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    assert "tiny random GPT-2 over bytes, LoRA r=16 on query,value" in proc.stdout
+    assert "tiny random GPT-2 over bytes (a test backbone), LoRA r=16 on query,value" in proc.stdout
     first, second = train_runs.rows(tmp_path)
     assert first["bytes_down_per_client"] == 4 * 2 * 16 * 64 * 4
     assert first["bytes_up_per_client"] == 4 * 16 * 64 * 4 + 16
