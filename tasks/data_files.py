@@ -329,6 +329,19 @@ def _response(path, line: int, row: dict, column: str, required: bool) -> str:
     return _field(path, line, row, column, column)
 
 
+def check_clients_known(held_out, train, client_column: str | None) -> None:
+    """A one-line ValueError naming the file, line and column of the first row of `held_out`
+    (`TextRows` or `InstructionRows` of a dev or test file) whose client has no rows in
+    `train`; nothing when `held_out` has no clients."""
+    if held_out.clients is None:
+        return
+    unknown = sorted(set(held_out.clients.tolist()) - set(train.clients.tolist()))
+    if unknown:
+        line = int(held_out.lines[list(held_out.clients).index(unknown[0])])
+        raise ValueError(f"{held_out.path}: line {line}, column {client_column!r}: client "
+                         f"{unknown[0]!r} has no training rows in {train.path}")
+
+
 def read_instruction_rows(path: str | pathlib.Path, client_column: str | None = None,
                           require_responses: bool = True) -> InstructionRows:
     """The prompt/response pairs of `path`: each row has Alpaca's `instruction` (and an optional

@@ -371,18 +371,14 @@ def _user_instruction_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTas
 
     from models import causal_lm
     from tasks import client_data as client_data_lib
+    from tasks import data_files
     from tasks import partition as partition_lib
     from tasks import prefix_cache as prefix_lib
     from tasks import task as task_lib
 
     t = spec.task
     train, dev, dev_name = _instruction_splits(spec)
-    if dev.clients is not None:
-        unknown = sorted(set(dev.clients.tolist()) - set(train.clients.tolist()))
-        if unknown:
-            line = int(dev.lines[list(dev.clients).index(unknown[0])])
-            raise ValueError(f"{dev.path}: line {line}, column {t.client_column!r}: client "
-                             f"{unknown[0]!r} has no training rows in {train.path}")
+    data_files.check_clients_known(dev, train, t.client_column)
     announce(f"tokenizing {len(train) + len(dev)} instructions")
     train_x, dev_x = (_packed(rows, decoder, t.sequence_length) for rows in (train, dev))
     zeros = np.zeros(len(train), np.int32)

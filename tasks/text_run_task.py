@@ -239,12 +239,7 @@ def _user_text_task(spec: TaskSpec, packer) -> TextData:
         return text_files.TextExamples(rows.texts, data_files.encoded_labels(rows, names),
                                        tuple(c for c in (t.text_column, t.text_pair_column) if c))
 
-    if dev.clients is not None:
-        unknown = sorted(set(dev.clients.tolist()) - set(train.clients.tolist()))
-        if unknown:
-            line = int(dev.lines[list(dev.clients).index(unknown[0])])
-            raise ValueError(f"{dev.path}: line {line}, column {t.client_column!r}: client "
-                             f"{unknown[0]!r} has no training rows in {train.path}")
+    data_files.check_clients_known(dev, train, t.client_column)
     partitioning = task_lib.Partitioning(len(names), t.num_clients, t.partition, spec.seed,
                                          options=scheme_kwargs(t))
     task = task_lib.text_task(pathlib.Path(t.source).name if t.train_file else t.source,

@@ -118,7 +118,7 @@ def _broadcast_shapes(computation):
 # Fast tier: RoLoRA's two round kinds and FLoRA's extra kernel; large: the others.
 @pytest.mark.parametrize("algorithm", tiered([*lora_plans.ALGORITHMS, "rolora_ffa"],
                                              fast=["rolora", "flora"]))
-def test_no_frozen_variable_is_broadcast(algorithm):
+def test_no_frozen_variable_is_broadcast(algorithm, tff_runtime):
     """The broadcast (MapReduceForm `prepare`'s result) of every round holds exactly the
     federated variables: A (6, 2) and/or B (2, 3); FLoRA also the kernel W0 (6, 3) it merges
     into. The frozen Dense kernel (4, 6) and bias (6,) never travel."""
