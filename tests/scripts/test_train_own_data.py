@@ -63,11 +63,11 @@ def test_a_sentence_pair_tsv(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _run(capsys, "--task=text", f"--train_file={tmp_path / 'pairs.tsv'}",
                 "--text_column=premise", "--text_pair_column=hypothesis", "--partition=iid",
-                "--num_clients=3", "--clients_per_round=3", "--algorithm=rolora,ffa_lora",
+                "--num_clients=3", "--clients_per_round=3", "--algorithm=fedavg_lora,ffa_lora",
                 *_FAST, f"--output_dir={out}")
-    _compared(proc, out, ("rolora", "ffa_lora"))
+    _compared(proc, out, ("fedavg_lora", "ffa_lora"))
     assert "sentence pairs, 3 clients, 3 classes" in proc.stdout
-    assert json.loads((out / "rolora" / "labels.json").read_text())["labels"] == [
+    assert json.loads((out / "ffa_lora" / "labels.json").read_text())["labels"] == [
         "contradiction", "entailment", "neutral"]
 
 
@@ -81,10 +81,10 @@ def test_alpaca_json_on_gpt2_tiny(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _run(capsys, "--task=instruct", "--backbone=gpt2_tiny",
                 f"--train_file={tmp_path / 'alpaca.json'}", "--client_column=user",
-                "--algorithm=rolora,fedavg_lora", "--clients_per_round=2", *_FAST,
+                "--algorithm=fedavg_lora,ffa_lora", "--clients_per_round=2", *_FAST,
                 f"--output_dir={out}")
-    _compared(proc, out, ("rolora", "fedavg_lora"))
-    final = json.loads((out / "rolora" / "summary.json").read_text())["final"]
+    _compared(proc, out, ("fedavg_lora", "ffa_lora"))
+    final = json.loads((out / "fedavg_lora" / "summary.json").read_text())["final"]
     assert {"eval_loss", "eval_token_accuracy", "eval_accuracy"} <= set(final)
 
 
@@ -98,7 +98,7 @@ def test_a_tfds_dataset_by_name_with_mock_data(tmp_path, capsys):
         proc = _run(capsys, "--task=text", "--tfds_name=imdb_reviews",
                     "--tfds_splits=train,test", "--partition=iid", "--num_clients=2",
                     "--clients_per_round=2", "--sequence_length=16",
-                    "--algorithm=rolora,fedavg_lora", *_FAST, f"--output_dir={out}")
+                    "--algorithm=fedavg_lora,ffa_lora", *_FAST, f"--output_dir={out}")
     assert proc.returncode == 0, proc.stderr
     assert "tfds:imdb_reviews (" in proc.stdout
     assert "test acc (final)" in proc.stdout   # the split TFDS names the dev rows
