@@ -35,8 +35,9 @@ import shutil
 from collections.abc import Callable
 
 from experiments import machine
+from tffl.simulation.predictions import PREDICTIONS_FILE
 
-KEPT_FILES = ("summary.json", "metrics.csv", machine.SITTINGS_FILE)
+KEPT_FILES = ("summary.json", "metrics.csv", machine.SITTINGS_FILE, PREDICTIONS_FILE)
 CHECKPOINTS = "checkpoints"
 RERUN = "rerun"   # summary.json's record of a rerun (`attach_rerun`)
 RERUN_METRICS = "metrics_rerun.csv"

@@ -93,6 +93,52 @@ def differences(a: Mapping[str, Any] | None,
     return sorted(k for k in set(a) | set(b) if k != "platform" and a.get(k) != b.get(k))
 
 
+# The checkout the code runs from (this file's repository).
+REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
+# The libraries whose versions decide a run's numbers besides TensorFlow's.
+VERSIONED = ("tensorflow", "tensorflow_federated", "keras_nlp", "numpy")
+
+
+def _git(*args: str) -> str | None:
+    """`git <args>` in REPOSITORY, its stripped output; None where git or the checkout is
+    missing (an installed copy)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(REPOSITORY), *args], capture_output=True,
+                              text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def provenance() -> dict[str, Any]:
+    """{"commit", "dirty", "versions", "machine"}: the commit of the code that runs (None outside
+    a git checkout), whether its tracked files differ from that commit, the versions of the
+    libraries that decide the numbers (`VERSIONED`) and the machine (`describe()`). Recorded in
+    every run's `config.json` and `summary.json`, so that runs at different commits can be told
+    apart.
+
+    >>> record = provenance()
+    >>> sorted(record), sorted(record["versions"])
+    (['commit', 'dirty', 'machine', 'versions'], ['keras_nlp', 'numpy', 'tensorflow', 'tensorflow_federated'])
+    >>> record["commit"] is None or len(record["commit"]) == 40
+    True
+    """
+    from importlib import metadata
+
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status),
+            "versions": versions, "machine": describe()}
+
+
 SITTINGS_FILE = "sittings.jsonl"
 
 

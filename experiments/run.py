@@ -17,14 +17,17 @@ A crash-isolating child per run, fed by a config file (what `experiments.running
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
 import sys
 
 from experiments import cli
+from experiments import machine
 from experiments import train_options
 from experiments.cli import UsageError
+from experiments.run_config import PROVENANCE
 from experiments.run_config import SECTION_OF
 from experiments.run_config import RunConfig
 
@@ -57,7 +60,8 @@ def run_folders(config: RunConfig) -> list[tuple[str, pathlib.Path]]:
 
 def write_config(config: RunConfig) -> None:
     """`config.json` in the output folder and, when several algorithms are compared, in each
-    algorithm's folder (its configuration: that algorithm, that folder).
+    algorithm's folder (its configuration: that algorithm, that folder), with the code's and
+    machine's `provenance` beside the sections (`experiments.machine.provenance`).
 
     A folder's existing config.json is kept when the run continues (`resume`, `evaluate_only`)
     or the folder holds checkpoints (the driver then refuses the run): it records how the
@@ -74,7 +78,8 @@ def write_config(config: RunConfig) -> None:
         if path.exists() and (continuing or (folder / simulation.CHECKPOINT_DIR).exists()):
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(folder_config.to_json() + "\n")
+        record = folder_config.to_dict() | {PROVENANCE: machine.provenance()}
+        path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def rerun_command(config: RunConfig) -> str:
@@ -128,6 +133,21 @@ def run(config: RunConfig) -> list[dict]:
         for algorithm, folder in run_folders(config):
             summaries.append(training.run_algorithm(algorithm, folder, config))
     return summaries
+
+
+def evaluate_untrained(config: RunConfig) -> dict:
+    """`config`'s task evaluated on its first algorithm's untrained model (the zero-shot row:
+    `experiments.training.evaluate_untrained`), in this process; returns the summary it writes
+    into the output folder."""
+    from experiments import tensorflow_import
+    from experiments import training
+
+    tensorflow_import.check_eager_context()
+    config = resolve(config)
+    write_config(config)
+    with build_runtime(config):
+        return training.evaluate_untrained(config.algorithm.algorithm[0],
+                                           pathlib.Path(config.output.output_dir), config)
 
 
 def interrupted_message(config: RunConfig) -> str:

@@ -115,6 +115,9 @@ class OutputConfig:
     eval_per_client: bool = False
 
 
+# config.json's record of the code and machine that ran it (`experiments.machine.provenance`):
+# beside the sections, not a part of the configuration.
+PROVENANCE = "provenance"
 SECTIONS = {"task": TaskConfig, "model": ModelConfig, "algorithm": AlgorithmConfig,
             "participation": ParticipationConfig, "runtime": RuntimeConfig,
             "output": OutputConfig}
@@ -171,7 +174,9 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> RunConfig:
         """The inverse of `to_dict`; a missing field takes its default, an unknown section or
-        field raises `ValueError` naming it."""
+        field raises `ValueError` naming it (config.json's `PROVENANCE` record is no section:
+        it is left out)."""
+        data = {k: v for k, v in data.items() if k != PROVENANCE}
         for section in data:
             if section not in SECTIONS:
                 where = (f"; field {section!r} belongs in section {SECTION_OF[section]!r}"

@@ -1,13 +1,21 @@
-"""`sst2_instruct` (issue 54, item 6): RoLoRA, FedAvg-LoRA and FFA-LoRA instruction-tune a decoder
-on SST-2 as "Review: <text>\\nSentiment:" → " positive" / " negative", with N = 3 and N = 20 IID
-clients, all of them every round.
+"""`sst2_instruct`: RoLoRA, FedAvg-LoRA and FFA-LoRA instruction-tune a decoder on SST-2 as
+"Review: <text>\\nSentiment:" → " positive" / " negative", with N = 3 and N = 20 IID clients, all of
+them every round, beside the untuned decoder (the zero-shot row).
 
-Each (method, N) is one training run of `scripts/train.py --task=sst2_instruct`, kept and resumed
-through `experiments.archive` (`--archive_dir`, `--resume`, `--collect`), as the review-domain
-experiment's. The table reports, on the 872 dev sentences, the final generation accuracy (greedy
-answer parsed by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the
-share of unparseable answers, the likelihood accuracy (the likelier of the two answers) and the
-answer tokens' loss, with the upload per client and round.
+Each run is one training run of `scripts/train.py --task=sst2_instruct`, kept and resumed through
+`experiments.archive` (`--archive_dir`, `--resume`, `--collect`). At N = 3, each method's
+learning rate is chosen on the dev split from a small grid (`learning_rates`) at the first seed
+(the final evaluation's generation accuracy; of equals, the smallest rate), and the chosen rate
+runs at every seed (`seeds`); the paired per-seed differences of the methods at N = 3 get their
+verdicts (`experiments.verdicts`). At N = 20, one run per method at `learning_rate`. The
+zero-shot row evaluates the model as every method starts it (LoRA's B = 0: the pretrained base),
+with the same prompts, the same parsing and the same dev sentences
+(`experiments.run.evaluate_untrained`).
+
+The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
+by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
+unparseable answers, the likelihood accuracy (the likelier of the two answers) and the answer
+tokens' loss, with the upload per client and round.
 
 Scales: `small` is the random byte-level GPT-2 (`--backbone=gpt2_tiny`, minutes, a smoke run of
 the protocol); `full` is Gemma 3 270M (`--backbone=gemma3_270m`), its budget chosen from
@@ -16,20 +24,28 @@ the protocol); `full` is Gemma 3 270M (`--backbone=gemma3_270m`), its budget cho
 
 from __future__ import annotations
 
+import pathlib
+
 from experiments import archive
+from experiments import verdicts
 from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, Result, eval_curve, need_data, run_seconds,
-                                 run_training, train_config)
+from experiments.estimate import active_probes
+from experiments.running import (Context, Result, eval_curve, mean_of, mean_std, need_data,
+                                 run_seconds, run_training, train_config)
 
 SST2_INSTRUCT_METHODS = ("rolora", "fedavg_lora", "ffa_lora")
 SST2_INSTRUCT_LABELS = {"rolora": "RoLoRA", "fedavg_lora": "FedAvg-LoRA",
-                        "ffa_lora": "FFA-LoRA"}
+                        "ffa_lora": "FFA-LoRA", "zero_shot": "untuned (zero-shot)"}
 SST2_INSTRUCT_CLIENTS = (3, 20)
+# The N whose cells have a rate grid and several seeds, and their claims.
+SST2_INSTRUCT_SEEDED = 3
 SST2_INSTRUCT_SCALES = {
     "small": dict(backbone="gpt2_tiny", rank=4, lora_layers=None, rounds=6, local_steps=2,
-                  batch_size=8, learning_rate=0.5, evaluations=1),
+                  batch_size=8, learning_rate=0.5, learning_rates=(0.5,), seeds=1,
+                  evaluations=1),
     "full": dict(backbone="gemma3_270m", rank=8, lora_layers="14,15,16,17", rounds=30,
-                 local_steps=2, batch_size=8, learning_rate=0.1, evaluations=1),
+                 local_steps=2, batch_size=8, learning_rate=0.1, learning_rates=(0.03, 0.1, 0.3),
+                 seeds=3, evaluations=1),
 }
 # Full scale: an evaluation of the 872 dev sentences through Gemma 3 270M (answer tokens,
 # generation, both answers' likelihoods) took about 29 s per 40 sentences on the 2 shared cores,
@@ -37,68 +53,150 @@ SST2_INSTRUCT_SCALES = {
 # budgets adapt the top quarter of RoBERTa-Large), so backpropagation stops at layer 14.
 
 
-def _config(ctx: Context, cfg: dict, run_dir, method: str, num_clients: int):
+def _config(ctx: Context, cfg: dict, run_dir, method: str, num_clients: int, seed: int,
+            learning_rate: float):
     layers = dict(lora_layers=cfg["lora_layers"]) if cfg["lora_layers"] else {}
     return train_config(
         ctx, run_dir, task="sst2_instruct", backbone=cfg["backbone"], algorithm=(method,),
         rank=cfg["rank"], lora_targets=("query", "value"), **layers, num_clients=num_clients,
         clients_per_round=num_clients, rounds=cfg["rounds"], local_steps=cfg["local_steps"],
-        batch_size=cfg["batch_size"], learning_rate=cfg["learning_rate"],
-        eval_every=max(1, cfg["rounds"] // cfg["evaluations"]))
+        batch_size=cfg["batch_size"], learning_rate=learning_rate,
+        eval_every=max(1, cfg["rounds"] // cfg["evaluations"])).with_changes(seed=seed)
 
 
-def _row(method: str, num_clients: int, summary: dict, run_dir) -> dict:
-    final = summary["final"]
-    comm = max(1, summary["communication_rounds"])
-    return {"method": SST2_INSTRUCT_LABELS[method], "clients": num_clients,
-            "generation_accuracy": final.get("eval_accuracy"),
-            "unparseable": final.get("eval_unparseable"),
-            "likelihood_accuracy": final.get("eval_likelihood_accuracy"),
-            "answer_loss": final.get("eval_loss"),
-            "upload_kib": summary["upload_bytes_per_client_total"] / comm / 1024,
-            "seconds": run_seconds(run_dir)}
+def _run_dir(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
+             learning_rate: float) -> pathlib.Path:
+    """`N<n>/<method>` for the first seed at `learning_rate` (the layout the first runs were
+    archived in), `N<n>/<method>_seed<s>_lr<r>` for the others."""
+    if seed == ctx.seed and learning_rate == cfg["learning_rate"]:
+        return ctx.output_dir / f"N{num_clients}" / method
+    return ctx.output_dir / f"N{num_clients}" / f"{method}_seed{seed}_lr{learning_rate:g}"
+
+
+def _summary(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
+             learning_rate: float) -> tuple[dict | None, pathlib.Path]:
+    """The run's summary (training it unless --collect; None if unfinished) and its folder."""
+    run_dir = _run_dir(ctx, cfg, method, num_clients, seed, learning_rate)
+    config = _config(ctx, cfg, run_dir, method, num_clients, seed, learning_rate)
+    what = (f"training ({method}, N={num_clients}, seed {seed}, lr {learning_rate:g}, "
+            f"{cfg['backbone']})")
+    summary = archive.train_once(
+        run_dir, cfg["rounds"],
+        None if ctx.collect else lambda resume: run_training(
+            config.with_changes(resume=resume), what, ctx.isolate),
+        ctx.output_dir, ctx.archive_dir)
+    return summary, run_dir
+
+
+def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
+    """The untuned decoder's evaluation (a run of 0 rounds), or None with --collect before it
+    ran (and under --estimate, which times training runs only)."""
+    from experiments import run
+
+    if active_probes() is not None:
+        return None
+    run_dir = ctx.output_dir / "zero_shot"
+    config = _config(ctx, cfg, run_dir, SST2_INSTRUCT_METHODS[0], SST2_INSTRUCT_SEEDED,
+                     ctx.seed, cfg["learning_rate"])
+    return archive.train_once(
+        run_dir, 0, None if ctx.collect else lambda resume: run.evaluate_untrained(
+            config.with_changes(resume=False)), ctx.output_dir, ctx.archive_dir)
+
+
+def _row(label: str, num_clients, summaries: list[dict], run_dirs, **extra) -> dict:
+    finals = [s["final"] for s in summaries]
+
+    def measure(key):
+        values = [f.get(key) for f in finals if f.get(key) is not None]
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else mean_std(values, "{:.4f}")
+
+    comm = max(1, summaries[0]["communication_rounds"])
+    return {"method": label, "clients": num_clients,
+            "generation_accuracy": measure("eval_accuracy"),
+            "unparseable": measure("eval_unparseable"),
+            "likelihood_accuracy": measure("eval_likelihood_accuracy"),
+            "answer_loss": measure("eval_loss"),
+            "upload_kib": summaries[0]["upload_bytes_per_client_total"] / comm / 1024,
+            "seconds": mean_of([run_seconds(d) for d in run_dirs]), **extra}
+
+
+def _claims(methods) -> list[verdicts.Claim]:
+    """The paired differences of RoLoRA and each other method at the seeded N."""
+    n = SST2_INSTRUCT_SEEDED
+    return [verdicts.Claim(label, f"RoLoRA above {SST2_INSTRUCT_LABELS[other]}",
+                           f"RoLoRA − {SST2_INSTRUCT_LABELS[other]} at N = {n}",
+                           ((1, "rolora", n), (-1, other, n)))
+            for label, other in (("(i)", "fedavg_lora"), ("(ii)", "ffa_lora"))
+            if "rolora" in methods and other in methods]
 
 
 def run_sst2_instruct(ctx: Context) -> Result:
-    """Trains (or collects) every (method, N) run and tabulates them."""
+    """Trains (or collects) every run and tabulates them (module docstring)."""
     need_data(ctx, "sst2")
     cfg = SST2_INSTRUCT_SCALES[ctx.scale]
-    rows, series = [], []
+    methods = [m for m in SST2_INSTRUCT_METHODS if ctx.methods is None or m in ctx.methods]
+    seeds = [ctx.seed + s for s in range(cfg["seeds"])]
+    rows, series, cells = [], [], []
+    zero = _zero_shot(ctx, cfg) if ctx.methods is None or "zero_shot" in ctx.methods else None
+    if zero is not None:
+        rows.append(_row(SST2_INSTRUCT_LABELS["zero_shot"], "–", [zero],
+                         [ctx.output_dir / "zero_shot"], learning_rate=None, seeds_done="–"))
     for num_clients in SST2_INSTRUCT_CLIENTS:
-        for method in SST2_INSTRUCT_METHODS:
-            if ctx.methods is not None and method not in ctx.methods:
+        for method in methods:
+            seeded = num_clients == SST2_INSTRUCT_SEEDED
+            rates = sorted(cfg["learning_rates"]) if seeded else [cfg["learning_rate"]]
+            grid = {lr: _summary(ctx, cfg, method, num_clients, seeds[0], lr) for lr in rates}
+            done = {lr: s for lr, (s, _) in grid.items() if s is not None}
+            if len(done) < len(rates):   # the grid is not finished: no choice yet
                 continue
-            run_dir = ctx.output_dir / f"N{num_clients}" / method
-            config = _config(ctx, cfg, run_dir, method, num_clients)
-            what = f"training ({method}, N={num_clients}, {cfg['backbone']})"
-            summary = archive.train_once(
-                run_dir, cfg["rounds"],
-                None if ctx.collect else lambda resume, config=config, what=what: run_training(
-                    config.with_changes(resume=resume), what, ctx.isolate),
-                ctx.output_dir, ctx.archive_dir)
-            if summary is None:  # --collect, not finished yet
-                continue
-            rows.append(_row(method, num_clients, summary, run_dir))
-            x, y = eval_curve(run_dir / "metrics.csv")
+            chosen = max(rates, key=lambda lr: done[lr]["final"].get("eval_accuracy", 0.0))
+            runs = [grid[chosen]] + ([_summary(ctx, cfg, method, num_clients, s, chosen)
+                                      for s in seeds[1:]] if seeded else [])
+            finished = [(s, d) for s, d in runs if s is not None]
+            by_seed = {seed: s["final"].get("eval_accuracy")
+                       for seed, (s, _) in zip(seeds, runs) if s is not None}
+            rows.append(_row(
+                SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
+                [d for _, d in finished], learning_rate=chosen,
+                seeds_done=f"{len(finished)}/{len(runs)}",
+                grid=", ".join(f"{lr:g}: {done[lr]['final'].get('eval_accuracy', 0.0):.4f}"
+                               for lr in rates) if len(rates) > 1 else None))
+            cells.append(dict(key=method, clients=num_clients, by_seed=by_seed,
+                              measure="dev generation"))
+            x, y = eval_curve(grid[chosen][1] / "metrics.csv")
             series.append(Series(f"{SST2_INSTRUCT_LABELS[method]}, N={num_clients}", x, y))
     layers = f"layers {cfg['lora_layers']}" if cfg["lora_layers"] else "every layer"
     title = (
-        f"SST-2 as instructions for a decoder (issue 54): {cfg['backbone']}, LoRA rank "
+        f"SST-2 as instructions for a decoder: {cfg['backbone']}, LoRA rank "
         f"{cfg['rank']} on query and value of {layers}, IID clients all every round, "
         f"{cfg['rounds']} communication rounds of {cfg['local_steps']} local SGD steps of batch "
-        f"{cfg['batch_size']}, learning rate {cfg['learning_rate']:g}, seed {ctx.seed}; the 872 "
-        f"dev sentences, final round.")
+        f"{cfg['batch_size']}; at N = {SST2_INSTRUCT_SEEDED}, each method's learning rate "
+        f"chosen from {', '.join(f'{r:g}' for r in sorted(cfg['learning_rates']))} on the dev "
+        f"generation accuracy at seed {ctx.seed}, then run at {cfg['seeds']} seed(s) (mean ± "
+        f"std, ddof = 1); at N = 20, learning rate {cfg['learning_rate']:g}, seed {ctx.seed}; "
+        "the 872 dev sentences, final round.")
     columns = [Column("method", "method"), Column("N", "clients"),
+               Column("lr", "learning_rate", "{:g}"), Column("seeds done", "seeds_done"),
                Column("generation acc", "generation_accuracy", "{:.4f}"),
                Column("unparseable", "unparseable", "{:.4f}"),
                Column("likelihood acc", "likelihood_accuracy", "{:.4f}"),
                Column("answer-token loss", "answer_loss", "{:.4f}"),
+               Column("lr grid (generation acc, first seed)", "grid"),
                Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
                Column("training seconds", "seconds", "{:.0f}")]
     notes = ["Generation: greedy decoding until end of text (at most the longer answer's "
              "tokens), the first word parsed; an answer naming neither class counts as wrong. "
-             "Likelihood: the answer of higher log p(answer | prompt)."]
+             "Likelihood: the answer of higher log p(answer | prompt). The zero-shot row is "
+             "the decoder before any training (LoRA's B = 0), on the same prompts and parsing."]
     panels = [Panel(f"dev generation accuracy ({cfg['backbone']})", "communication round",
                     "generation accuracy", series)]
+    extra = {}
+    claims = verdicts.claims_table(_claims(methods), cells, (
+        f"Regime: {cfg['backbone']}, {cfg['rounds']} rounds at N = {SST2_INSTRUCT_SEEDED}; the "
+        "measure is the dev generation accuracy (SST-2's labeled test split is not used here)."))
+    if claims is not None:
+        extra["claims"] = claims
     return Result(Table(title, columns, rows, notes), panels,
-                  "Federated instruction tuning of a decoder on SST-2")
+                  "Federated instruction tuning of a decoder on SST-2", extra)

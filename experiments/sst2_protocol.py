@@ -13,6 +13,8 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from experiments import archive
 from experiments.estimate import estimate_progress
 from experiments.report import missing
@@ -80,16 +82,22 @@ SST2_CLAIM_SCALES = {
 # at the largest N, where its collapse is claimed.
 SST2_MEAN_METHODS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora")
 SST2_DIRICHLET_MEAN_METHODS = ("rolora", "fedavg_lora")
+# Their rates are chosen on the mean dev accuracy of the last two evaluations
+# (`select_on="last_two"`), and a cell whose choice is thin (`thin_choice`) runs its runner-up at
+# every seed too (`runner_up=True`), so that each verdict is also read under the runner-up.
 SST2_MEAN_SCALES = {
     "small": dict(SST2_CLAIM_SCALES["small"], pooling="mean", head="linear",
                   sequence_length=None, methods=SST2_MEAN_METHODS,
-                  method_clients={"flexlora": (20,)}),
+                  method_clients={"flexlora": (20,)}, select_on="last_two", runner_up=True),
     "full": dict(backbone="minilm", pooling="mean", head="linear", sequence_length=None,
                  lora_layers="3,4,5", rounds_3=500, local_steps=10, batch_size=16,
                  learning_rates=(0.1, 0.3, 1.0), edge_rates=(0.01, 0.03, 3.0, 10.0), seeds=3,
                  clients=(3, 50), grid_every_n=True, methods=SST2_MEAN_METHODS,
-                 method_clients={"flexlora": (50,)}),
+                 method_clients={"flexlora": (50,)}, select_on="last_two", runner_up=True),
 }
+# SST-2's dev split: a choice won by at most THIN_SENTENCES of its sentences is thin.
+SST2_DEV_SENTENCES = 872
+THIN_SENTENCES = 4
 # metrics.csv's FedAvg-LoRA averaging-error column ends in this (finalizer/averaging_error).
 AVERAGING_ERROR = "averaging_error"
 
@@ -163,6 +171,79 @@ def _rerun_note(summary: dict, key: str) -> str | None:
     return f"dev {final[dev]:.4f} → {rerun[dev]:.4f}" if dev in final and dev in rerun else ""
 
 
+def final_correct(run_dir: pathlib.Path, last_round: int) -> dict[str, np.ndarray] | None:
+    """{split: per-example correctness} of the run's evaluation after its last round
+    (`tffl.simulation.predictions`: "eval" the dev split, "test" the labeled test split), or
+    None for a run that kept no predictions of that round."""
+    from tffl.simulation.predictions import read_predictions
+
+    rounds, labels = read_predictions(run_dir)
+    last = rounds.get(last_round)
+    if last is None:
+        return None
+    return {split: predicted == labels[split] for split, predicted in last.items()}
+
+
+def selection_score(run_dir: pathlib.Path, summary: dict, select_on: str = "final") -> float:
+    """What a grid run is chosen by: its final dev accuracy (`select_on="final"`), or with
+    "last_two" the mean of its last two evaluations' (metrics.csv; the final alone where the run
+    evaluated once, or kept no metrics). A personalized run's measure is its personalized one.
+
+    >>> run = run_dir / "selection_example"; run.mkdir()
+    >>> _ = (run / "metrics.csv").write_text("round,eval_accuracy\\n2,0.80\\n3,\\n4,0.83\\n")
+    >>> round(selection_score(run, {"final": {"eval_accuracy": 0.83}}, "last_two"), 6)
+    0.815
+    """
+    final = claim_accuracy(summary, "eval_accuracy")
+    path = pathlib.Path(run_dir) / "metrics.csv"
+    if select_on != "last_two" or not path.exists():
+        return final
+    name = _claim_name(summary["final"], "eval_accuracy")
+    values = [v for v in (as_float(row.get(name)) for row in read_csv(path))
+              if not math.isnan(v)]
+    return mean_of(values[-2:]) if values else final
+
+
+def thin_choice(grid: Mapping[float, float], sentences: int = SST2_DEV_SENTENCES) -> str | None:
+    """Why a grid's choice (its best score, the smallest rate of equals) is thin, or None: a
+    tie, a win by at most THIN_SENTENCES dev sentences, or the best rate at an edge of the
+    rates tried.
+
+    >>> thin_choice({0.1: 0.80, 0.3: 0.8429, 1.0: 0.8429})
+    'a tie with lr 1'
+    >>> thin_choice({0.1: 0.8165, 0.3: 0.8205, 1.0: 0.5092})
+    'won by 3.5 dev sentences over lr 0.1'
+    >>> thin_choice({0.1: 0.80, 0.3: 0.84, 1.0: 0.85}), thin_choice({0.1: 0.8, 0.3: 0.84, 1: 0.5})
+    ('at the edge of the rates tried', None)
+    """
+    if len(grid) < 2:
+        return None
+    rates = sorted(grid)
+    best = max(rates, key=grid.get)
+    runner = max((r for r in rates if r != best), key=grid.get)
+    margin = (grid[best] - grid[runner]) * sentences
+    if margin <= 1e-9:
+        return f"a tie with lr {runner:g}"
+    if margin <= THIN_SENTENCES + 1e-9:
+        return f"won by {margin:.1f} dev sentences over lr {runner:g}"
+    if best in (rates[0], rates[-1]):
+        return "at the edge of the rates tried"
+    return None
+
+
+def runner_up(grid: Mapping[float, float]) -> float | None:
+    """The rate of the grid's second best score (None for a grid of one rate).
+
+    >>> runner_up({0.1: 0.80, 0.3: 0.8429, 1.0: 0.8429}), runner_up({0.3: 0.8})
+    (1.0, None)
+    """
+    rates = sorted(grid)
+    if len(rates) < 2:
+        return None
+    best = max(rates, key=grid.get)
+    return max((r for r in rates if r != best), key=grid.get)
+
+
 def mean_averaging_error(metrics: Sequence[dict]) -> float | None:
     """The mean over a run's rounds of its metrics.csv column whose name ends in
     `averaging_error` (FedAvg-LoRA's ‖mean(A_i)·mean(B_i) − mean(A_i·B_i)‖_F /
@@ -204,6 +285,9 @@ class Protocol:
         # done. grids[(method, N)]: {rate: dev accuracy at the first seed, None if unfinished}.
         self.chosen: dict[tuple[str, int], float | None] = {}
         self.grids: dict[tuple[str, int], dict] = {}
+        # runner_ups[(method, N)]: (the grid's second best rate, why the choice is thin), for
+        # the cells whose choice is thin (`thin_choice`) under cfg["runner_up"].
+        self.runner_ups: dict[tuple[str, int], tuple[float, str]] = {}
 
     def client_counts(self, method: str) -> list[int]:
         if method == "centralized":
@@ -250,16 +334,18 @@ class Protocol:
             self.ctx.output_dir, self.ctx.archive_dir)
 
     def run_grid(self, method: str, n: int) -> float | None:
-        """The grid's best rate (of equal dev accuracies, the smallest rate); a best rate at an
-        edge of the grid brings in the nearest of cfg["edge_rates"] beyond that edge, until the
-        best is inside or none is left."""
+        """The grid's best rate by `selection_score` at the first seed (cfg["select_on"]; of
+        equal scores, the smallest rate); a best rate at an edge of the grid brings in the
+        nearest of cfg["edge_rates"] beyond that edge, until the best is inside or none is
+        left. With cfg["runner_up"], a thin choice (`thin_choice`) records its runner-up."""
         rates, grid = sorted(self.cfg["learning_rates"]), {}
         while True:
             for lr in rates:
                 if lr not in grid:
-                    summary = self.execute(self.run_of(method, n, self.seeds[0], lr))
-                    grid[lr] = (None if summary is None
-                                else claim_accuracy(summary, "eval_accuracy"))
+                    run = self.run_of(method, n, self.seeds[0], lr)
+                    summary = self.execute(run)
+                    grid[lr] = (None if summary is None else selection_score(
+                        run.run_dir, summary, self.cfg.get("select_on", "final")))
             self.grids[(method, n)] = dict(sorted(grid.items()))
             if any(acc is None for acc in grid.values()):
                 return None
@@ -267,6 +353,9 @@ class Protocol:
             beyond = [r for r in self.cfg.get("edge_rates", ()) if
                       (best == rates[0] and r < best) or (best == rates[-1] and r > best)]
             if not beyond:
+                why = thin_choice(grid)
+                if self.cfg.get("runner_up") and why is not None:
+                    self.runner_ups[(method, n)] = (runner_up(grid), why)
                 return best
             rates = sorted([*rates, min(beyond, key=lambda r: abs(math.log(r / best)))])
 
@@ -275,9 +364,9 @@ class Protocol:
         its most telling cells: per method (RoLoRA, FedAvg-LoRA, the centralized run, FFA-LoRA,
         ...), its learning-rate grid at the smallest N, then its first seed at every other N,
         largest first (its grid there, with cfg["grid_every_n"]); only then the other seeds,
-        method by method. (A grid's run at the chosen rate is that method's first seed at that
-        N.) The centralized run comes right after FedAvg-LoRA, since the two decide whether the
-        budget is large enough."""
+        method by method; then the runner-ups of thin choices at the other seeds. (A grid's run
+        at the chosen rate is that method's first seed at that N.) The centralized run comes
+        right after FedAvg-LoRA, since the two decide whether the budget is large enough."""
         methods = self.methods
 
         def position(method):
@@ -301,12 +390,21 @@ class Protocol:
                 for n in self.client_counts(method):
                     if self.chosen[(method, n)] is not None:
                         self.execute(self.run_of(method, n, seed, self.chosen[(method, n)]))
+        for method in run_order:   # the thin choices' runner-ups, at every seed
+            for n in self.client_counts(method):
+                if (method, n) in self.runner_ups:
+                    for seed in self.seeds[1:]:
+                        self.execute(self.run_of(method, n, seed,
+                                                 self.runner_ups[(method, n)][0]))
 
-    def cell_row(self, method: str, n: int, paper: dict) -> dict:
-        """The table's row of one (method, N) cell, from its finished runs (all of them
-        finished by `run_all`, or with --collect, not run)."""
-        lr, grid = self.chosen[(method, n)], self.grids.get((method, n))
-        tests, devs, uploads, errors, by_seed, reran = [], [], [], [], {}, []
+    def cell_row(self, method: str, n: int, paper: dict, lr: float | None = None) -> dict:
+        """The table's row of one (method, N) cell at its chosen rate (or at `lr`, e.g. its
+        runner-up), from its finished runs (all of them finished by `run_all`, or with
+        --collect, not run)."""
+        grid = self.grids.get((method, n))
+        lr = self.chosen[(method, n)] if lr is None else lr
+        tests, devs, uploads, errors, by_seed, reran, commits = [], [], [], [], {}, [], {}
+        correct = {}
         for seed in self.seeds:
             run = self.run_of(method, n, seed, lr or 0)
             summary = self.execute(run) if lr is not None else None
@@ -319,6 +417,8 @@ class Protocol:
                 reran.append(f"{SST2_CLAIM_NAMES[method]}, N = {n}, seed {seed}"
                              + (f" ({note})" if note else ""))
             by_seed[seed] = (tests[-1], devs[-1], "eval_personal_accuracy" in summary["final"])
+            commits[seed] = summary.get("provenance", {}).get("commit")
+            correct[seed] = final_correct(run.run_dir, summary.get("rounds_completed", -1))
             comm = max(1, summary["communication_rounds"])
             uploads.append(summary["upload_bytes_per_client_total"] / comm / 1024)
             errors.append(_run_averaging_error(run.run_dir))
@@ -336,9 +436,17 @@ class Protocol:
                                 if any(e is not None for e in errors) else None),
             "grid": None if grid is None else ", ".join(
                 f"{r:g}: {'–' if a is None else f'{a:.4f}'}" for r, a in grid.items()),
+            "rates_tried": None if grid is None else len(grid),
+            "thin": self.runner_ups.get((method, n), (None, None))[1],
+            "runner_up": self.runner_ups.get((method, n), (None, None))[0],
             "paper": paper.get((n, method), ""),
             "by_seed": by_seed,
             "reran": reran,
+            # {seed: the commit its run recorded (None: a run from before the record)}.
+            "commits": commits,
+            # {seed: {split: per-example correctness after the last round}} (runs that kept
+            # their predictions).
+            "correct": correct,
         }
 
 
@@ -351,10 +459,15 @@ def _set_measures(rows: list[dict]) -> None:
         seeds_done = [v for r in mine for v in r["by_seed"].values()]
         on_test = all(t is not None for t, _, _ in seeds_done)
         personal = "personalized " if any(p for _, _, p in seeds_done) else ""
+        split = "test" if on_test else "eval"
         for r in mine:
             r["measure"] = None if not r["by_seed"] else (
                 personal + ("test" if on_test else "dev"))
+            r["by_seed_dev"] = {s: d for s, (_, d, _) in r["by_seed"].items()}
             r["by_seed"] = {s: t if on_test else d for s, (t, d, _) in r["by_seed"].items()}
+            # The bootstrap's per-example correctness, for the global models' measure.
+            r["correct_by_seed"] = {} if personal else {
+                s: (c or {}).get(split) for s, c in r.get("correct", {}).items()}
 
 
 def run_protocol(ctx: Context, partition: Mapping[str, Any], clients: Sequence[int],
@@ -372,6 +485,14 @@ def run_protocol(ctx: Context, partition: Mapping[str, Any], clients: Sequence[i
     rows = [protocol.cell_row(method, n, paper)
             for method in protocol.methods for n in protocol.client_counts(method)]
     _set_measures(rows)
+    if protocol.runner_ups:
+        # The same rows with each thin cell at its runner-up rate: the verdicts under them.
+        runner_rows = [protocol.cell_row(m, n, paper, lr=protocol.runner_ups[(m, n)][0])
+                       if (m, n) in protocol.runner_ups else protocol.cell_row(m, n, paper)
+                       for m in protocol.methods for n in protocol.client_counts(m)]
+        _set_measures(runner_rows)
+        for row, runner_row in zip(rows, runner_rows):
+            row["runner_up_row"] = runner_row
     return rows, protocol.chosen, protocol.grids
 
 

@@ -128,7 +128,9 @@ def table2_claims(n: int, alpha: float) -> list[verdicts.Claim]:
     return [verdicts.Claim(
         "(f)", f"RoLoRA more accurate than FedAvg-LoRA under Dirichlet({alpha:g}) label skew",
         f"RoLoRA − FedAvg-LoRA at N = {n}", ((1, "rolora", n), (-1, "fedavg_lora", n)),
-        "MNLI +1.41, QQP +1.56 (Dir(0.5), 10 clients; no SST-2 figure)")]
+        "MNLI +1.41, QQP +1.56 (Dir(0.5), 10 clients; no SST-2 figure)",
+        note="the paper's effect weighed: the smaller of its MNLI and QQP differences, +1.41",
+        effect=1.41)]
 
 
 _BACKBONES = {"minilm": ("all-MiniLM-L6-v2, 6 layers of width 384, 22M parameters", 6),
@@ -226,6 +228,29 @@ def _claim_panels(ctx: Context, cfg: dict, rows, setting: str) -> list[Panel]:
                   + ([("centralized", central[0]["test_mean"])] if central else []))]
 
 
+def mixed_commit_notes(rows: Sequence[dict]) -> list[str]:
+    """One line per cell whose seeds ran at different commits (their summaries' `provenance`;
+    a run from before that record counts as "unrecorded").
+
+    >>> print(mixed_commit_notes([{"method": "RoLoRA", "clients": 3,
+    ...                            "commits": {0: "a" * 40, 1: "b" * 40, 2: "b" * 40}},
+    ...                           {"method": "FFA-LoRA", "clients": 3,
+    ...                            "commits": {0: "c" * 40, 1: "c" * 40}}])[0])
+    RoLoRA, N = 3: its seeds ran at different commits (seed 0: aaaaaaaaaaaa; seeds 1, 2: bbbbbbbbbbbb).
+    """
+    lines = []
+    for r in rows:
+        by_commit = {}
+        for seed, commit in sorted(r.get("commits", {}).items()):
+            by_commit.setdefault(commit[:12] if commit else "unrecorded", []).append(seed)
+        if len(by_commit) > 1:
+            parts = "; ".join(f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}: {c}"
+                              for c, s in by_commit.items())
+            lines.append(f"{r['method']}, N = {r['clients']}: its seeds ran at different "
+                         f"commits ({parts}).")
+    return lines
+
+
 def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
                        paper_column: bool = True, cfg: dict | None = None,
                        claims: Sequence[verdicts.Claim] = (),
@@ -234,6 +259,7 @@ def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
     plot, `drops` (with two N or more) and `claims` (the verdicts of `claims` whose cells ran)."""
     cfg = SST2_CLAIM_SCALES[ctx.scale] if cfg is None else cfg
     notes = [claim, _classifier_note(cfg)]
+    notes += mixed_commit_notes(rows)
     reran = [entry for r in rows for entry in r.get("reran", ())]
     if reran:
         notes.append("Test figures from a rerun with the same flags and seed, the run having "
@@ -247,16 +273,34 @@ def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
                *([Column("averaging error (FedAvg-LoRA; mean over rounds, seeds)",
                          "averaging_error", "{:.4g}")] if averaging_column else []),
                Column("lr grid (dev acc, seed 0)", "grid"),
+               Column("rates tried", "rates_tried"),
+               Column("thin choice: runner-up lr", "runner_up", "{:g}"),
                *([Column("paper SST-2 acc % (RoBERTa-L)", "paper")] if paper_column else [])]
     extra = {}
     drops = _degradation_table(rows)
     if drops:
         extra["drops"] = drops
+    if cfg.get("select_on") == "last_two":
+        notes.append("Each cell's rate is chosen at seed 0 on the mean dev accuracy of its last "
+                     "two evaluations (the final one alone where a run evaluated once).")
+    thin = [f"{r['method']}, N = {r['clients']}: {r['thin']}" for r in rows if r.get("thin")]
+    if thin:
+        notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
+                     "edge of those tried), whose runner-up rate also runs at every seed: "
+                     + "; ".join(thin) + ".")
     verdict_table = verdicts.claims_table(claims, rows, _regime(cfg, rows), [
         "Claims whose methods did not run are left out. The differences are per seed, between "
         "runs of the same seed; each cell at its own chosen learning rate."])
     if verdict_table:
         extra["claims"] = verdict_table
+    runner_rows = [r.get("runner_up_row", r) for r in rows]
+    if any("runner_up_row" in r for r in rows):
+        runner_table = verdicts.claims_table(claims, runner_rows, _regime(cfg, runner_rows), [
+            "The same claims with every thin cell at its runner-up rate (the other cells at "
+            "their chosen rate); a claim whose cells are all at their chosen rate repeats its "
+            "verdict above."])
+        if runner_table:
+            extra["claims_runner_up"] = runner_table
     return Result(Table(_claim_title(cfg, rows, setting), columns, rows, notes),
                   _claim_panels(ctx, cfg, rows, setting), f"SST-2 {setting}: federated LoRA",
                   extra)

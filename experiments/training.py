@@ -137,6 +137,18 @@ def build_evaluator(algorithm: str, task, process, config: RunConfig):
     return evaluate
 
 
+def _saving_predictions(evaluate_fn, log, process, output_dir: pathlib.Path):
+    """`evaluate_fn` that also adds each evaluation's per-example predictions to the run's
+    `predictions.npz` (`tffl.simulation.predictions`), as the round it evaluated."""
+
+    def evaluate(state, store=None):
+        metrics = evaluate_fn(state) if store is None else evaluate_fn(state, store)
+        log.save(output_dir, process.round_num(state))
+        return metrics
+
+    return evaluate
+
+
 def initial_weights(task, config: RunConfig):
     """`(trainable, non_trainable)` the model starts from: its own draw and the task's
     pretrained weights with the LoRA adapters (and head) of the PEFT folder
@@ -202,6 +214,9 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
     announce(f"building {algorithm}'s TFF computations")
     process = build_process(algorithm, task, config)
     evaluate_fn = build_evaluator(algorithm, task, process, config)
+    if (task.prediction_log is not None and not config.output.eval_per_client
+            and algorithm not in algorithms.PERSONALIZED_ALGORITHMS):  # the global model's
+        evaluate_fn = _saving_predictions(evaluate_fn, task.prediction_log, process, output_dir)
     if config.output.evaluate_only:
         return evaluate_checkpoint(process, output_dir, evaluate_fn, identity, algorithm,
                                    started)
@@ -265,11 +280,38 @@ def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
         **{column: max((r[column] for r in history if column in r), default=None)
            for column in ("peak_rss_mb", "worker_peak_rss_mb")},
         "machine": machine.describe(),  # of the sitting that finished the run
+        # The code's commit (and whether its tree was dirty) and the libraries' versions.
+        "provenance": machine.provenance(),
         "sittings": machine.read_sittings(output_dir),  # each sitting's first round and machine
     }
 
 
 EVALUATION_FILE = "evaluation.json"
+
+
+def evaluate_untrained(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -> dict:
+    """The zero-shot row: `config`'s task evaluated on the model as `algorithm`'s process starts
+    it (LoRA's B = 0: the pretrained base itself), nothing trained; written as the summary.json
+    of a run of 0 rounds (`final`: the `eval_*` metrics; `provenance` and `machine` as every
+    run's), and returned. Must run inside a `tffl.runtime` context."""
+    tf.keras.utils.set_random_seed(config.algorithm.seed)
+    task = build_task(algorithm, config)
+    print(f"tffl: {algorithm} untrained on {task.description} -> {output_dir}", flush=True)
+    started = time.perf_counter()
+    process = build_process(algorithm, task, config)
+    metrics = task.evaluate(process.model_weights(process.initialize()))
+    summary = {
+        "algorithm": algorithm, "flags": run_identity(config, algorithm) | {"rounds": 0},
+        "rounds_completed": 0, "communication_rounds": 0,
+        "best_eval_accuracy": metrics.get("accuracy"), "best_personal_accuracy": None,
+        "upload_bytes_per_client_total": 0,
+        "final": {f"eval_{k}": float(v) for k, v in metrics.items()},
+        "wall_seconds_this_run": time.perf_counter() - started,
+        "eval_split": task.eval_split, "num_classes": task.num_classes,
+        "machine": machine.describe(), "provenance": machine.provenance()}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
 
 
 def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: Mapping[str, Any],

@@ -209,7 +209,7 @@ SITTING_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
                    "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS),
                    "sst2_clients_mean": (*sst2_protocol.SST2_MEAN_METHODS, "centralized"),
                    "sst2_dirichlet_mean": sst2_protocol.SST2_DIRICHLET_MEAN_METHODS,
-                   "sst2_instruct": sst2_instruct.SST2_INSTRUCT_METHODS}
+                   "sst2_instruct": (*sst2_instruct.SST2_INSTRUCT_METHODS, "zero_shot")}
 _SITTINGS = ", ".join(SITTING_METHODS)
 _COLLECT = flags.DEFINE_bool(
     "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "

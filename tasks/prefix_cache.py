@@ -254,12 +254,19 @@ class TextRounds:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def one_pass(self, cid: str, batch_size: int) -> tf.data.Dataset:
-        """Every example of `cid` once (evaluation), in batches of similar length."""
+    def pass_order(self, cid: str) -> np.ndarray:
+        """The order in which `one_pass` evaluates `cid`'s examples (their indices): by length
+        with `bucket_by_length`, else as stored."""
         examples = self.examples(cid)
         ids = np.arange(len(examples))
         if self.bucket_by_length:
             ids = ids[np.argsort(examples.lengths, kind="stable")]
+        return ids
+
+    def one_pass(self, cid: str, batch_size: int) -> tf.data.Dataset:
+        """Every example of `cid` once (evaluation), in batches of similar length
+        (`pass_order`)."""
+        ids = self.pass_order(cid)
         batches = self.make_batches(cid, batching.in_order(ids, batch_size))
         folder = None if self.storage_dir is None else self._folder(os.path.join("all", cid))
         return batching.variable_length_dataset(batches, folder)

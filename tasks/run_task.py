@@ -49,6 +49,9 @@ class RunTask:
     random_backbone: bool = False
     # The text tasks' `tasks.prefix_cache.PrefixCache` (None: no cached prefix).
     prefix_cache: Any = None
+    # Every evaluated example's prediction (`tffl.simulation.predictions.PredictionLog`), kept
+    # by the text classification tasks' evaluators; None where a task keeps none.
+    prediction_log: Any = None
     # The instruction tasks' `models.decoders.Decoder` (its tokenizer and special tokens, which
     # generation from the trained model needs); None for the classifiers.
     decoder: Any = None

@@ -39,6 +39,7 @@ from tasks.task_config import TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
 from tffl.simulation.metrics_log import announcing
+from tffl.simulation.predictions import PredictionLog
 
 TEXT_TASKS = ("sst2", "reviews", "text")
 # The share of the training rows held out as the dev split when the user gives no dev file.
@@ -376,12 +377,12 @@ def _text_client_eval_data(task, train_rounds, rounds: Callable, batch_size: int
 
 
 def _with_heldout_test(evaluate: Callable, data: TextData, packer, spec: TaskSpec,
-                       model: _ClientModel, rounds: Callable, client_eval_data: Callable
-                       ) -> tuple[Callable, Callable]:
+                       model: _ClientModel, rounds: Callable, client_eval_data: Callable,
+                       log) -> tuple[Callable, Callable]:
     """The held-out test split beside the evaluated one (SST-2's labeled test split, the user's
     test file or TFDS test split): `evaluate` that also reports the global model's `test_loss`
-    and `test_accuracy` on it, and `client_heldout_data` (as `client_eval_data`, on the split
-    cut per client like the dev split)."""
+    and `test_accuracy` on it (its predictions kept in `log`), and `client_heldout_data` (as
+    `client_eval_data`, on the split cut per client like the dev split)."""
     from tasks import client_data as client_data_lib
     from tasks import prefix_cache as prefix_lib
     from tasks import text as text_lib
@@ -393,8 +394,9 @@ def _with_heldout_test(evaluate: Callable, data: TextData, packer, spec: TaskSpe
         {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(ordered))},
         prefix_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length), cache=model.cache,
         name="heldout_test")
-    on_test = evaluation.make_keras_evaluator(model.keras_model_fn,
-                                              lambda: held_out.one_pass("all", 128))
+    on_test = evaluation.make_keras_evaluator(
+        model.keras_model_fn, lambda: held_out.one_pass("all", 128),
+        on_predictions=log.sink("test", order=lambda: held_out.pass_order("all")))
     drawn = {}
 
     def evaluate_with_test(weights):
@@ -476,12 +478,14 @@ def text_run_task(spec: TaskSpec) -> RunTask:
         {"all": test_examples}, prefix_lib.RoundDraw(1, 128, seed, t.bucket_by_length),
         cache=model.cache, name="global_test")
     client_eval_data = _text_client_eval_data(task, train_rounds, rounds, t.batch_size)
+    log = PredictionLog()
     evaluate = evaluation.make_keras_evaluator(
-        model.keras_model_fn, lambda: global_test.one_pass("all", 128))
+        model.keras_model_fn, lambda: global_test.one_pass("all", 128),
+        on_predictions=log.sink("eval", order=lambda: global_test.pass_order("all")))
     client_heldout_data = None
     if data.heldout is not None:
         evaluate, client_heldout_data = _with_heldout_test(
-            evaluate, data, packer, spec, model, rounds, client_eval_data)
+            evaluate, data, packer, spec, model, rounds, client_eval_data, log)
     run = RunTask(
         description=_text_description(task, spec, pooling, cap, model.how),
         client_ids=list(task.train_data.client_ids),
@@ -499,5 +503,6 @@ def text_run_task(spec: TaskSpec) -> RunTask:
         label_names=data.label_names,
         random_backbone=m.backbone == "tiny",
         prefix_cache=model.cache,
+        prediction_log=log,
     )
     return run

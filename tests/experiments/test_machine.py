@@ -71,3 +71,40 @@ def test_a_damaged_sittings_line_is_one_line_naming_file_and_line(tmp_path):
         f.write('{"started": "2026-11-27"}\n')
     with pytest.raises(ValueError, match=r"sittings.jsonl, line 2: not a recorded sitting"):
         machine.read_sittings(tmp_path)
+
+
+def test_provenance_names_this_checkouts_commit_and_the_libraries_versions():
+    import importlib.metadata
+    import subprocess
+
+    import tensorflow_federated as tff
+
+    record = machine.provenance()
+    head = subprocess.run(["git", "-C", str(machine.REPOSITORY), "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert record["commit"] == (head or None)
+    status = subprocess.run(["git", "-C", str(machine.REPOSITORY), "status", "--porcelain",
+                             "--untracked-files=no"], capture_output=True, text=True).stdout
+    assert record["dirty"] == bool(status.strip())
+    assert record["versions"]["tensorflow"] == tf.__version__
+    assert record["versions"]["tensorflow_federated"] == tff.__version__
+    assert record["versions"]["keras_nlp"] == importlib.metadata.version("keras-nlp")
+    assert record["machine"]["cpus"] == (os.cpu_count() or 1)
+
+
+def test_a_runs_summary_and_config_record_the_commit_and_the_versions(tmp_path):
+    import json
+
+    from experiments import run
+    from experiments.run_config import RunConfig
+
+    config = RunConfig().with_changes(algorithm=["fedavg"], rounds=1, local_steps=1,
+                                      partition="iid", output_dir=str(tmp_path))
+    run.run(config)
+    expected = machine.provenance()
+    for name in ("summary.json", "config.json"):
+        record = json.loads((tmp_path / name).read_text())["provenance"]
+        assert record["commit"] == expected["commit"] and record["dirty"] == expected["dirty"]
+        assert record["versions"] == expected["versions"], name
+    # config.json's provenance is no section of the configuration: it reads back as the config.
+    assert run.read_config(tmp_path) == run.resolve(config)

@@ -6,6 +6,8 @@ would."""
 import json
 import pathlib
 
+import pytest
+
 from experiments import running, sst2_instruct
 
 
@@ -48,3 +50,58 @@ def test_runs_archive_and_collect(tmp_path, monkeypatch):
     configs.clear()
     assert rows(tmp_path / "fresh", archive_dir=archive) == first and configs == []
     assert rows(tmp_path / "empty", collect=True) == [] and configs == []
+
+
+def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_verdicts(
+        tmp_path, monkeypatch):
+    """A scale with a grid (0.1, 0.3) and 2 seeds: at N = 3 each method runs both rates at the
+    first seed and its best (by the final generation accuracy) at the second; N = 20 runs the
+    default rate once. The zero-shot row is the untrained evaluation; the claims pair the
+    methods' seeds: RoLoRA − FFA-LoRA = (0.80 − 0.70, 0.82 − 0.71) = (+10, +11) points."""
+    from experiments import run
+
+    cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], learning_rates=(0.1, 0.3),
+               learning_rate=0.1, seeds=2)
+    monkeypatch.setitem(sst2_instruct.SST2_INSTRUCT_SCALES, "small", cfg)
+    final = {("rolora", 0.1, 0): 0.75, ("rolora", 0.3, 0): 0.80, ("rolora", 0.3, 1): 0.82,
+             ("ffa_lora", 0.1, 0): 0.70, ("ffa_lora", 0.3, 0): 0.60, ("ffa_lora", 0.1, 1): 0.71}
+    trained = []
+
+    def fake_train(config, what, isolate=False):
+        run_dir = pathlib.Path(config.output.output_dir)
+        method, lr, seed = (config.algorithm.algorithm[0], config.algorithm.learning_rate,
+                            config.algorithm.seed)
+        trained.append((method, config.task.num_clients, lr, seed))
+        accuracy = final.get((method, lr, seed), 0.5)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
+            "upload_bytes_per_client_total": 6 * 2048, "final": {"eval_accuracy": accuracy}}))
+
+    def fake_untrained(config):
+        path = pathlib.Path(config.output.output_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        summary = {"rounds_completed": 0, "communication_rounds": 0,
+                   "upload_bytes_per_client_total": 0, "final": {"eval_accuracy": 0.55}}
+        (path / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(sst2_instruct, "run_training", fake_train)
+    monkeypatch.setattr(sst2_instruct, "need_data", lambda ctx, name: None)
+    monkeypatch.setattr(run, "evaluate_untrained", fake_untrained)
+    ctx = running.Context("sst2_instruct", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path)
+    result = sst2_instruct.run_sst2_instruct(ctx)
+    assert trained == [
+        ("rolora", 3, 0.1, 0), ("rolora", 3, 0.3, 0), ("rolora", 3, 0.3, 1),
+        ("fedavg_lora", 3, 0.1, 0), ("fedavg_lora", 3, 0.3, 0), ("fedavg_lora", 3, 0.1, 1),
+        ("ffa_lora", 3, 0.1, 0), ("ffa_lora", 3, 0.3, 0), ("ffa_lora", 3, 0.1, 1),
+        ("rolora", 20, 0.1, 0), ("fedavg_lora", 20, 0.1, 0), ("ffa_lora", 20, 0.1, 0)]
+    rows = {(r["method"], r["clients"]): r for r in result.table.rows}
+    assert rows[("untuned (zero-shot)", "–")]["generation_accuracy"] == 0.55
+    assert rows[("RoLoRA", 3)]["learning_rate"] == 0.3
+    assert rows[("RoLoRA", 3)]["generation_accuracy"] == "0.8100 ± 0.0141"
+    assert rows[("FFA-LoRA", 3)]["grid"] == "0.1: 0.7000, 0.3: 0.6000"
+    claims = {r["claim"][:4]: r for r in result.extra_tables["claims"].rows}
+    assert claims["(ii)"]["per_seed"] == "0: +10.00, 1: +11.00"
+    assert claims["(ii)"]["mean"] == pytest.approx(10.5)

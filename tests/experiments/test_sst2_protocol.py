@@ -6,6 +6,7 @@ import json
 import pathlib
 import shutil
 
+import numpy as np
 import pytest
 
 from experiments import running
@@ -298,3 +299,56 @@ def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
     assert "2 of 4 runs finished" in lines[5]
     assert sorted(p.as_posix() for p in kept.rglob("*")) == before
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["estimate"]
+
+
+def test_the_mean_of_the_last_two_evaluations_chooses_and_a_thin_choice_runs_its_runner_up(
+        tmp_path, monkeypatch):
+    """select_on="last_two": lr 0.3 ends at 0.845 but its last two evaluations average 0.835,
+    lr 1.0 ends at 0.840 averaging 0.841: lr 1.0 is chosen (the final alone would pick 0.3),
+    by (0.841 − 0.835)·872 = 5.2 dev sentences: not thin, but at the grid's top edge, with no
+    edge rate beyond it: thin, so its runner-up lr 0.3 also runs at seeds 1 and 2, after the
+    chosen rate's seeds."""
+    cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.1, 0.3, 1.0), seeds=3,
+               clients=(3,), select_on="last_two", runner_up=True)
+    monkeypatch.setitem(sst2_protocol.SST2_CLAIM_SCALES, "small", cfg)
+    curves = {0.1: (0.70, 0.71), 0.3: (0.825, 0.845), 1.0: (0.842, 0.840)}
+    runs = []
+
+    def fake_train(config, what, isolate=False):
+        run_dir = pathlib.Path(_value(config, "output_dir"))
+        runs.append(run_dir.relative_to(tmp_path).parts[2:])
+        lr, rounds = float(_value(config, "learning_rate")), int(_value(config, "rounds"))
+        before, last = curves[lr]
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.csv").write_text(
+            f"round,eval_accuracy\n1,0.5\n{rounds - 1},{before}\n{rounds},{last}\n")
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": rounds, "communication_rounds": rounds,
+            "upload_bytes_per_client_total": 0,
+            "final": {"eval_accuracy": last, "eval_test_accuracy": last}}))
+
+    monkeypatch.setattr(sst2_protocol, "run_training", fake_train)
+    ctx = running.Context("sst2_clients", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("rolora",))
+    rows, chosen, grids = sst2_protocol.run_protocol(ctx, {"partition": "iid"}, (3,), False)
+    assert chosen == {("rolora", 3): 1.0}
+    assert grids[("rolora", 3)] == {0.1: pytest.approx(0.705), 0.3: pytest.approx(0.835),
+                                    1.0: pytest.approx(0.841)}
+    assert runs == [("seed0", "lr0.1"), ("seed0", "lr0.3"), ("seed0", "lr1"),
+                    ("seed1", "lr1"), ("seed2", "lr1"), ("seed1", "lr0.3"), ("seed2", "lr0.3")]
+    (row,) = rows
+    assert (row["rates_tried"], row["runner_up"], row["thin"]) == (
+        3, 0.3, "at the edge of the rates tried")
+    assert row["runner_up_row"]["learning_rate"] == 0.3
+    assert row["runner_up_row"]["by_seed"] == {0: 0.845, 1: 0.845, 2: 0.845}
+
+
+def test_a_runs_predictions_give_the_cells_per_example_correctness(tmp_path):
+    from tffl.simulation.predictions import PredictionLog
+
+    log = PredictionLog()
+    log.sink("test")(np.array([1, 0, 1, 1]), np.array([1, 1, 1, 0]))
+    log.save(tmp_path, round_num=30)
+    correct = sst2_protocol.final_correct(tmp_path, 30)
+    assert correct["test"].tolist() == [True, False, True, False]
+    assert sst2_protocol.final_correct(tmp_path, 29) is None

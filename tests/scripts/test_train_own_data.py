@@ -137,3 +137,36 @@ def test_a_bad_file_is_one_line_naming_file_line_and_column(files, message, tmp_
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: "), proc.stderr
     assert message in lines[0], lines[0]
+
+
+@pytest.mark.large
+def test_every_evaluated_examples_prediction_is_kept_and_gives_the_reported_accuracy(
+        tmp_path, capsys):
+    """predictions.npz holds each evaluation's predicted class of every dev and test row (in the
+    files' row order, whatever the batches' order), and the labels: their agreement is the
+    accuracy the run reports for that round, and the labels are the files' own, encoded."""
+    from tffl.simulation.predictions import read_predictions
+
+    _reviews(tmp_path / "train.csv", 40, 0)
+    _reviews(tmp_path / "dev.csv", 12, 1)
+    _reviews(tmp_path / "test.csv", 15, 2)
+    out = tmp_path / "run"
+    proc = _run(capsys, "--task=text", f"--train_file={tmp_path / 'train.csv'}",
+                f"--dev_file={tmp_path / 'dev.csv'}", f"--test_file={tmp_path / 'test.csv'}",
+                "--eval_test", "--text_column=review", "--label_column=sentiment",
+                "--client_column=user", "--algorithm=fedavg_lora", "--clients_per_round=2",
+                *_FAST, f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    rounds, labels = read_predictions(out)
+    assert sorted(rounds) == [1, 2]
+    for split, path in (("eval", "dev.csv"), ("test", "test.csv")):
+        rows = (tmp_path / path).read_text().splitlines()[1:]
+        expected = [0 if line.rsplit(",", 2)[1] == "neg" else 1 for line in rows]
+        assert labels[split].tolist() == expected
+    metrics = train_runs.rows(out)
+    for row in metrics:
+        predicted = rounds[row["round"]]
+        assert np.mean(predicted["eval"] == labels["eval"]) == pytest.approx(
+            row["eval_accuracy"], abs=1e-6)
+        assert np.mean(predicted["test"] == labels["test"]) == pytest.approx(
+            row["eval_test_accuracy"], abs=1e-6)

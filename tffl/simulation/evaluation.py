@@ -29,6 +29,7 @@ def make_keras_evaluator(
     dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
     with_count: bool = False,
     graph_per_batch: bool = False,
+    on_predictions: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> Callable[[tff.learning.models.ModelWeights], dict[str, float]]:
     """Returns `weights -> {"loss", "accuracy"}` evaluating one reused Keras model on `dataset`
     (or on the dataset `dataset()` returns, made on the first evaluation); `with_count` adds
@@ -37,6 +38,8 @@ def make_keras_evaluator(
     The loop over batches runs inside one `tf.function`; with `graph_per_batch` it runs in Python
     over one graph per batch (shapes relaxed), for models whose batches vary in shape and
     whose graph the dataset loop would otherwise run eagerly (a decoder LM on bucketed prompts).
+    `on_predictions(predicted, labels)`, if given, receives every evaluation's per-example
+    argmax z(x_n) and y_n (int64, in the dataset's order; one graph per batch then too).
 
     `dataset` yields batched `(x, y)` with integer labels; the model returns logits. The model is
     built on the first call, not here: Keras invalidates models built eagerly before TFF traces a
@@ -56,7 +59,23 @@ def make_keras_evaluator(
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
             return tf.stack([loss_fn(y, logits), correct, tf.cast(tf.shape(y)[0], tf.float32)])
 
-        if graph_per_batch:
+        if on_predictions is not None:
+            @tf.function(reduce_retracing=True)
+            def one_batch(x, y):
+                logits = model(x, training=False)
+                return (batch_totals(x, y), tf.argmax(logits, -1),
+                        tf.cast(tf.reshape(y, [-1]), tf.int64))
+
+            def totals():
+                sums, predicted, labels = np.zeros(3), [], []
+                for x, y in data:
+                    batch, p, t = one_batch(x, y)
+                    sums += batch.numpy().astype("float64")
+                    predicted.append(p.numpy())
+                    labels.append(t.numpy())
+                on_predictions(np.concatenate(predicted), np.concatenate(labels))
+                return sums
+        elif graph_per_batch:
             one_batch = tf.function(batch_totals, reduce_retracing=True)
 
             def totals():
