@@ -202,8 +202,10 @@ def _claim_title(cfg: dict, rows, setting: str) -> str:
         f"total samples for every N)"
         + ("; the centralized run trains one client for R_3 rounds (the same sequential steps "
            "as a client at N = 3)" if any(r["key"] == "centralized" for r in rows) else "")
-        + f". Learning rate per method from a dev-set grid {where} (final dev accuracy, first "
-        f"seed; the `lr grid` column). Test accuracy: the labeled test split (1,821 "
+        + f". Learning rate per method from a dev-set grid {where} ("
+        + ("mean dev accuracy of the last two evaluations" if cfg.get("select_on") == "last_two"
+           else "final dev accuracy")
+        + ", first seed; the `lr grid` column). Test accuracy: the labeled test split (1,821 "
         f"sentences), final round, mean ± std over the seeds done (the sample std, ddof = 1). "
         + ("FedSA-LoRA keeps B personal: its figures are personalized, every sentence scored by "
            "the model of the client whose shard holds it (the dev and test splits are cut per "
@@ -272,7 +274,8 @@ def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
                Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
                *([Column("averaging error (FedAvg-LoRA; mean over rounds, seeds)",
                          "averaging_error", "{:.4g}")] if averaging_column else []),
-               Column("lr grid (dev acc, seed 0)", "grid"),
+               Column("lr grid (dev acc, seed 0" + ("; mean of the last two evaluations)"
+                      if cfg.get("select_on") == "last_two" else ")"), "grid"),
                Column("rates tried", "rates_tried"),
                Column("thin choice: runner-up lr", "runner_up", "{:g}"),
                *([Column("paper SST-2 acc % (RoBERTa-L)", "paper")] if paper_column else [])]
@@ -295,10 +298,11 @@ def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
         extra["claims"] = verdict_table
     runner_rows = [r.get("runner_up_row", r) for r in rows]
     if any("runner_up_row" in r for r in rows):
-        runner_table = verdicts.claims_table(claims, runner_rows, _regime(cfg, runner_rows), [
-            "The same claims with every thin cell at its runner-up rate (the other cells at "
-            "their chosen rate); a claim whose cells are all at their chosen rate repeats its "
-            "verdict above."])
+        runner_table = verdicts.claims_table(
+            claims, runner_rows, _regime(cfg, runner_rows),
+            heading="Under the runner-up rates: the same claims with every thin cell at its "
+                    "runner-up rate (the other cells at their chosen rate; a claim whose cells "
+                    "are all at their chosen rate repeats its verdict above). ")
         if runner_table:
             extra["claims_runner_up"] = runner_table
     return Result(Table(_claim_title(cfg, rows, setting), columns, rows, notes),

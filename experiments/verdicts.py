@@ -250,8 +250,9 @@ def claim_rows(claims: Sequence[Claim], rows: Sequence[dict]) -> list[dict]:
 
 
 def claims_table(claims: Sequence[Claim], rows: Sequence[dict], regime: str,
-                 notes: Sequence[str] = ()) -> Table | None:
-    """The claims table (`claims.csv`, `claims.md`), or None when no claim's cells ran."""
+                 notes: Sequence[str] = (), heading: str = "") -> Table | None:
+    """The claims table (`claims.csv`, `claims.md`), or None when no claim's cells ran; its
+    title opens with `heading` (what sets this table apart, when there are two)."""
     out = claim_rows(claims, rows)
     if not out:
         return None
@@ -271,7 +272,7 @@ def claims_table(claims: Sequence[Claim], rows: Sequence[dict], regime: str,
                Column("paper (RoBERTa-L)", "paper", paper), Column("verdict", "verdict"),
                Column("verdict on dev", "dev_verdict"),
                Column("note", "note")]
-    title = (
+    title = heading + (
         "The paper's claims as paired per-seed differences, each > 0 in the paper's direction "
         "(points of the claim's measure): mean, sample std (ddof = 1) and the 95% Student-t "
         "interval mean ± t(0.975, n − 1)·std/√n over the n seeds finished in every cell the "
