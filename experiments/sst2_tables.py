@@ -206,7 +206,7 @@ def _claim_title(cfg: dict, rows, setting: str) -> str:
         + ("mean dev accuracy of the last two evaluations" if cfg.get("select_on") == "last_two"
            else "final dev accuracy")
         + ", first seed; the `lr grid` column). Test accuracy: the labeled test split (1,821 "
-        f"sentences), final round, mean ± std over the seeds done (the sample std, ddof = 1). "
+        "sentences), final round, mean ± std over the seeds done (the sample std, ddof = 1). "
         + ("FedSA-LoRA keeps B personal: its figures are personalized, every sentence scored by "
            "the model of the client whose shard holds it (the dev and test splits are cut per "
            "client like the training labels). " if any(r["key"] == "fedsa_lora" for r in rows)
