@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable
 
 from experiments.report import Column, Panel, Series, Table
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 from experiments.running import (Context, METHOD_NAMES, Result, as_float, eval_curve, need_data,
                                  read_csv, run_training)
 

@@ -18,7 +18,7 @@ import numpy as np
 from experiments import archive
 from experiments.estimate import estimate_progress
 from experiments.report import missing
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 from experiments.running import (Context, METHOD_NAMES, Probe, as_float, active_probes, mean_of,
                                  mean_std, read_csv, run_training)
 

@@ -6,9 +6,9 @@ the form that computes the run's logits outside tffl.
 
 Reads the newest checkpoint of --run_dir (`checkpoints/round_xxxxxx/`, `tffl.simulation.checkpoint`)
 and the run's configuration (its `config.json`; for runs from before it, the identity its
-`meta.json` recorded, `experiments.training.run_identity`), rebuilds the task and the
+`meta.json` recorded, `runner.training.run_identity`), rebuilds the task and the
 algorithm's process from it exactly as `scripts/train.py` does, loads the state into it and sets
-the client model to `process.model_weights(state)` (`experiments.trained_run.trained_model`),
+the client model to `process.model_weights(state)` (`runner.trained_run.trained_model`),
 then writes `models.peft_export.export_peft`'s folder, plus `export.json` (run, round, flags,
 task type).
 
@@ -45,7 +45,7 @@ import shutil
 from absl import app
 from absl import flags
 
-from experiments.trained_run import trained_model
+from runner.trained_run import trained_model
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -212,7 +212,7 @@ def _has_backbone(model) -> bool:
 
 
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
-    from experiments import cli
+    from runner import cli
 
     del argv
     f = flag_values
@@ -237,14 +237,14 @@ def run_command_line(argv: list[str]) -> int:
     try:
         flag_values(argv)
     except flags.Error as e:
-        from experiments import cli
+        from runner import cli
 
         return cli.error_exit("export_adapters.py", e, 2)
     return main(argv, flag_values)
 
 
 if __name__ == "__main__":
-    from experiments import tensorflow_import
+    from runner import tensorflow_import
 
     tensorflow_import.import_tensorflow()  # before app.run's main, where Keras could not build
     define_flags()

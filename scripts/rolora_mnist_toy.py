@@ -22,9 +22,9 @@ import sys
 from absl import app
 from absl import flags
 
-from experiments import cli
+from runner import cli
 from experiments import rolora_mnist
-from experiments import tensorflow_import
+from runner import tensorflow_import
 from experiments.running import StepError
 
 def define_flags(flag_values: flags.FlagValues) -> None:

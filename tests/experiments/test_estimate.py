@@ -40,7 +40,7 @@ def _files(folder: pathlib.Path) -> dict:
 def probed(monkeypatch):
     """The probe configurations trained, in order; each writes PROBE_METRICS in every
     algorithm's folder."""
-    from experiments import run
+    from runner import run
 
     configs = []
 

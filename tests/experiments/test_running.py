@@ -14,7 +14,7 @@ import time
 import pytest
 
 from experiments import running
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 
 _CHILD = textwrap.dedent("""
     import os, pathlib, signal, sys, time
@@ -98,7 +98,7 @@ def test_a_training_run_goes_in_this_process(tmp_path, monkeypatch):
 
 @pytest.mark.large
 def test_an_isolated_training_run_goes_in_a_child_fed_its_config_file(tmp_path, monkeypatch):
-    """`isolate`: `python -m experiments.run <file>` runs the same configuration; the file is
+    """`isolate`: `python -m runner.run <file>` runs the same configuration; the file is
     gone afterwards (the run folder's config.json stays)."""
     commands = []
     run_command = running._run_command
@@ -108,7 +108,7 @@ def test_an_isolated_training_run_goes_in_a_child_fed_its_config_file(tmp_path, 
     config = _ONE_ROUND.with_changes(output_dir=str(tmp_path / "run"))
     running.run_training(config, "one round", isolate=True)
     ((flag, module, path),) = commands
-    assert (flag, module) == ("-m", "experiments.run") and not pathlib.Path(path).exists()
+    assert (flag, module) == ("-m", "runner.run") and not pathlib.Path(path).exists()
     _check_finished(tmp_path / "run", config)
 
 

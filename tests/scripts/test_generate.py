@@ -85,7 +85,7 @@ def _fake_checkpoint(folder, task, backbone):
 
 
 def test_folders_that_hold_no_decoder_run_are_one_line(tmp_path, capsys):
-    from experiments.run_config import RunConfig
+    from runner.run_config import RunConfig
 
     _one_line_error(capsys, [f"--run_dir={tmp_path / 'gone'}", "--prompt=hi"],
                     f"run_dir={tmp_path / 'gone'}: no such folder")
@@ -111,7 +111,7 @@ def test_folders_that_hold_no_decoder_run_are_one_line(tmp_path, capsys):
 
 def test_a_run_whose_training_file_is_elsewhere_is_one_line(tmp_path, capsys, monkeypatch):
     """The task is rebuilt from --train_file, which config.json records as it was given."""
-    from experiments.run_config import RunConfig
+    from runner.run_config import RunConfig
 
     _fake_checkpoint(tmp_path / "run", "instruct", "gpt2_tiny")
     (tmp_path / "run" / "config.json").write_text(RunConfig().with_changes(
@@ -274,8 +274,8 @@ def checkpoint_model(trained):
     arrays by name."""
     import tensorflow as tf
 
-    from experiments import training
-    from experiments.run_config import RunConfig
+    from runner import training
+    from runner.run_config import RunConfig
     from tffl import runtime
     from tffl.simulation import checkpoint
 

@@ -15,7 +15,7 @@ from experiments import rolora_linear
 from experiments import running
 from experiments import srpfl
 from experiments import sst2_protocol as sst2
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 from scripts import reproduce
 from tests import forked_python
 
