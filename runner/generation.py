@@ -40,6 +40,7 @@ import json
 import pathlib
 
 from runner import trained_run
+from runner.export import EXPORT_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +226,7 @@ def _peft_style(peft_dir: pathlib.Path) -> str:
     """The prompt style of the run a folder was exported from (its `export.json`'s
     `prompt_style`; for exports that predate it, the sentiment tasks' template by their task),
     else "as_written"."""
-    record = peft_dir / "export.json"
+    record = peft_dir / EXPORT_FILE
     exported = json.loads(record.read_text()) if record.is_file() else {}
     if "prompt_style" in exported:
         return exported["prompt_style"]

@@ -178,13 +178,13 @@ def _tiny_gemma_decoder():
 
 def _export_adapted(decoder, folder, monkeypatch):
     """The decoder's pretrained backbone with random LoRA factors on layer 1's query and value,
-    exported as scripts/export_adapters.py exports a gemma3_270m sst2_instruct run; returns the
+    exported as runner.export exports a gemma3_270m sst2_instruct run; returns the
     adapted backbone."""
     import types
 
     from models import causal_lm
     from models.lora_targets import LoraConfig, apply_lora, lora_layers
-    from scripts import export_adapters
+    from runner import export
 
     backbone = decoder.pretrained_fn()
     apply_lora(backbone, LoraConfig(rank=2, alpha=4.0, targets=("query", "value"),
@@ -195,9 +195,9 @@ def _export_adapted(decoder, folder, monkeypatch):
             v.assign(rng.normal(0.0, 0.5, v.shape).astype(np.float32))
     meta = {"round": 4, "config": {"task": "sst2_instruct", "backbone": "gemma3_270m"}}
     run = types.SimpleNamespace(model=types.SimpleNamespace(backbone="gemma3_270m"))
-    monkeypatch.setattr(export_adapters, "trained_model",
+    monkeypatch.setattr(export, "trained_model",
                         lambda *args: (causal_lm.build_causal_lm(backbone), meta, run, None))
-    record = export_adapters.export_run(folder.parent / "run", folder)
+    record = export.export_run(folder.parent / "run", folder)
     assert record["task_type"] == "CAUSAL_LM"
     return backbone
 

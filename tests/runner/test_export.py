@@ -1,5 +1,6 @@
-"""scripts/export_adapters.py: a run folder -> a PEFT adapter folder (+ the tiny run's HF base)
-that rebuilds the trained classifier exactly (its dev loss is the run's recorded eval_loss)."""
+"""runner/export.py (and scripts/export_adapters.py, its command line): a run folder -> a PEFT
+adapter folder (+ the tiny run's HF base) that rebuilds the trained classifier exactly (its dev
+loss is the run's recorded eval_loss)."""
 
 import json
 import pathlib
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from runner import export
 from scripts import export_adapters
 from tests import forked_python
 
@@ -120,12 +122,10 @@ def test_init_adapters_is_refused_for_image_tasks_and_folders_without_adapters(t
 def test_runs_without_a_hugging_face_counterpart_are_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"backbone 'gpt2_tiny' has no Hugging Face counterpart"
                                          r".* covers the decoders gemma3_270m$"):
-        export_adapters._check_exportable(tmp_path, {"task": "sst2_instruct",
-                                                     "backbone": "gpt2_tiny"})
+        export.check_exportable(tmp_path, {"task": "sst2_instruct", "backbone": "gpt2_tiny"})
     with pytest.raises(ValueError, match="task 'mnist' has no LoRA backbone"):
-        export_adapters._check_exportable(tmp_path, {"task": "mnist", "backbone": None})
-    export_adapters._check_exportable(tmp_path, {"task": "reviews_instruct",
-                                                 "backbone": "gemma3_270m"})
+        export.check_exportable(tmp_path, {"task": "mnist", "backbone": None})
+    export.check_exportable(tmp_path, {"task": "reviews_instruct", "backbone": "gemma3_270m"})
 
 
 def test_a_gemma3_run_exports_causal_lm_adapters_of_the_hub_model(tmp_path, monkeypatch):
@@ -144,9 +144,9 @@ def test_a_gemma3_run_exports_causal_lm_adapters_of_the_hub_model(tmp_path, monk
     model = causal_lm.build_causal_lm(backbone)
     meta = {"round": 7, "config": {"task": "sst2_instruct", "backbone": "gemma3_270m"}}
     run = types.SimpleNamespace(model=types.SimpleNamespace(backbone="gemma3_270m"))
-    monkeypatch.setattr(export_adapters, "trained_model",
+    monkeypatch.setattr(export, "trained_model",
                         lambda *args: (model, meta, run, None))
-    record = export_adapters.export_run(tmp_path / "run", tmp_path / "out")
+    record = export.export_run(tmp_path / "run", tmp_path / "out")
     config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
     assert (config["base_model_name_or_path"], config["task_type"]) == (
         "google/gemma-3-270m", "CAUSAL_LM")
@@ -177,7 +177,7 @@ def _stub_run(monkeypatch, backbone_name, pooling="mean"):
     meta = {"round": 3, "config": {"task": "sst2", "backbone": backbone_name}}
     run = types.SimpleNamespace(model=types.SimpleNamespace(backbone=backbone_name),
                                 task=types.SimpleNamespace(sequence_length=16))
-    monkeypatch.setattr(export_adapters, "trained_model", lambda *args: (model, meta, run, None))
+    monkeypatch.setattr(export, "trained_model", lambda *args: (model, meta, run, None))
 
 
 def test_a_tiny_run_names_its_exported_base_by_its_absolute_path(tmp_path, monkeypatch):
@@ -185,7 +185,7 @@ def test_a_tiny_run_names_its_exported_base_by_its_absolute_path(tmp_path, monke
     the export, asked for a relative folder, names base/ by its absolute path."""
     _stub_run(monkeypatch, "tiny")
     monkeypatch.chdir(tmp_path)
-    record = export_adapters.export_run("run", "out")
+    record = export.export_run("run", "out")
     out = tmp_path / "out"
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((out / "base").resolve()) == record[
@@ -203,7 +203,7 @@ def test_a_tiny_run_names_its_exported_base_by_its_absolute_path(tmp_path, monke
 
 def test_a_minilm_run_names_the_hub_model(tmp_path, monkeypatch):
     _stub_run(monkeypatch, "minilm")
-    record = export_adapters.export_run(tmp_path / "run", tmp_path / "out")
+    record = export.export_run(tmp_path / "run", tmp_path / "out")
     config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert record["base_exported"] is False and not (tmp_path / "out" / "base").exists()
