@@ -79,7 +79,7 @@ def build_optimizer(name: str, learning_rate: float, momentum: float = 0.0):
 def model_source(task: RunTask, frozen_dir=None, initial_weights=None) -> ModelSource:
     """`task`'s model as the algorithms take it: its function and input spec, starting from the
     task's pretrained frozen weights if it has any, or from `initial_weights`
-    (`(trainable, non_trainable)`, e.g. `models.peft_export.initial_weights_with_adapters`);
+    (`(trainable, non_trainable)`, e.g. `runner.training.initial_weights_with_adapters`);
     the frozen-weights file goes to `frozen_dir`."""
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
     trainable, non_trainable = initial_weights or (None, pretrained)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from runner import algorithms
@@ -149,6 +150,29 @@ def _saving_predictions(evaluate_fn, log, process, output_dir: pathlib.Path):
     return evaluate
 
 
+def initial_weights_with_adapters(keras_model_fn, input_spec, folder: str | pathlib.Path,
+                                  initial_non_trainable=None, family: str | None = None
+                                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """`(trainable, non_trainable, names)`: a process's starting weights with the adapters (and
+    head) of a PEFT `folder` (`models.peft_export.init_adapters`), for a process builder's
+    `initial_trainable=` and `initial_non_trainable=`. The model's own initial values are drawn
+    once (`tffl.engine.frozen.initial_values`, what the builder would draw);
+    `initial_non_trainable` (e.g. a pretrained backbone) replaces the drawn non-trainable ones."""
+    from models import peft_export
+    from tffl.engine import frozen
+    from tffl.engine.model_spec import build_model
+
+    trainable, non_trainable = frozen.initial_values(keras_model_fn, input_spec)
+    if initial_non_trainable is not None:
+        non_trainable = [np.asarray(v) for v in initial_non_trainable]
+    model = build_model(keras_model_fn, input_spec, zero_init=True)
+    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
+                               trainable + non_trainable, strict=True):
+        variable.assign(value)
+    names = peft_export.init_adapters(model, folder, family)
+    return [v.numpy() for v in model.trainable_variables], non_trainable, names
+
+
 def initial_weights(task, config: RunConfig):
     """`(trainable, non_trainable)` the model starts from: its own draw and the task's
     pretrained weights with the LoRA adapters (and head) of the PEFT folder
@@ -157,11 +181,9 @@ def initial_weights(task, config: RunConfig):
     folder = config.model.init_adapters
     if folder is None:
         return None
-    from models import peft_export
-
     pretrained = task.pretrained_non_trainable() if task.pretrained_non_trainable else None
     try:
-        trainable, non_trainable, names = peft_export.initial_weights_with_adapters(
+        trainable, non_trainable, names = initial_weights_with_adapters(
             task.keras_model_fn, task.input_spec, folder, initial_non_trainable=pretrained)
     except ValueError as e:
         raise _as_usage_error(e, config) from None

@@ -314,10 +314,11 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
     (`models.prefix.trained_start_layer`).
     """
     from models import prefix as prefix_lib
+    from tffl.engine.feature_cache import stochastic_layers
 
     with tf.Graph().as_default():  # configs and positions only; no eager model before TFF's
         full = full_model_fn()
-        start = prefix_lib.trained_start_layer(full)
+        start = prefix_lib.trained_start_layer(full, stochastic_layers)
         if start is None:
             return None
         spec = prefix_lib.SuffixSpec.from_backbone(prefix_lib.find_backbone(full), start,
