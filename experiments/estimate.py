@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from experiments import archive
-from runner.cli import UsageError
 from experiments.report import as_float, missing, read_csv
+from runner.cli import UsageError
 from runner.run_config import RunConfig
 
 

@@ -1,7 +1,7 @@
 """Running an experiment: its context and result, its training runs (`run_training`: a
-`RunConfig` run by `runner.run`, in this process or in a child fed by a config file),
---estimate's probes (`experiments.estimate`, re-exported), reloadable units and the small
-helpers the experiment modules share (reading runs' files, means and standard deviations)."""
+`RunConfig` run by `runner.run`, in this process or in a child fed by a config file; under
+--estimate, its probe, `experiments.estimate`), reloadable units and the small helpers the
+experiment modules share (means and standard deviations, a run's curve and seconds)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments import estimate
+from experiments.report import Panel, Table, as_float, missing, read_csv
 from runner.cli import UsageError
-from experiments.estimate import (  # noqa: F401  (re-exported)
-    ESTIMATE_PROBE_ROUNDS,
-    Probe,
-    active_probes,
-    estimate_experiment,
-    probe_config,
-)
-from experiments.report import Panel, Table, as_float, missing, read_csv  # noqa: F401
 from runner.run_config import RunConfig
 
 

@@ -28,8 +28,8 @@ import pathlib
 
 from experiments import archive
 from experiments import verdicts
-from experiments.report import Column, Panel, Series, Table
 from experiments.estimate import active_probes
+from experiments.report import Column, Panel, Series, Table
 from experiments.running import (Context, Result, eval_curve, mean_of, mean_std, need_data,
                                  run_seconds, run_training, train_config)
 

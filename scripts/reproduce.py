@@ -147,19 +147,19 @@ from collections.abc import Callable
 from absl import app
 from absl import flags
 
+from experiments import estimate
 from experiments import reviews
 from experiments import rolora_linear
 from experiments import rolora_mnist
-from experiments import running
 from experiments import sst2
 from experiments import sst2_instruct
 from experiments import sst2_protocol
 from experiments import srpfl
 from experiments import synthetic
-from runner import tensorflow_import
 from experiments.report import save_plot, write_table
 from experiments.running import Context, StepError
 from runner import cli
+from runner import tensorflow_import
 from runner.cli import UsageError
 
 # TensorFlow is imported once the flags are checked (`parse`); TFF and matplotlib where needed.
@@ -385,7 +385,7 @@ def main(argv: list[str]) -> int:
         try:
             if _ESTIMATE.value:
                 if ctx.experiment in ESTIMABLE:
-                    running.estimate_experiment(ctx, RUNNERS[ctx.experiment])
+                    estimate.estimate_experiment(ctx, RUNNERS[ctx.experiment])
                 else:  # --experiment=all: skip it, estimate the rest
                     ctx.log(f"{ctx.experiment}: not estimated (no training runs to probe); "
                             "docs/REPRODUCE.md has its measured time")

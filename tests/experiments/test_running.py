@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from experiments import estimate
 from experiments import running
 from runner.run_config import RunConfig
 
@@ -139,7 +140,7 @@ def test_estimate_probes_a_run_by_its_config(tmp_path, monkeypatch):
     monkeypatch.setattr(running, "_train", fake_train)
     ctx = running.Context("x", "small", tmp_path, resume=True, seed=3, data_dir=tmp_path,
                           log=lambda line: None)
-    total = running.estimate_experiment(ctx, runner)
+    total = estimate.estimate_experiment(ctx, runner)
     # Probe.predicted_seconds: startup (wall ≈ 0) − 8 − 5 = −13, compile 5 − 1 = 4, first
     # evaluation extra 3 − 2 = 1, 150·1 + 30·2 = 210: 202 plus the probe's wall time.
     assert total == pytest.approx(202, abs=1)
@@ -147,5 +148,5 @@ def test_estimate_probes_a_run_by_its_config(tmp_path, monkeypatch):
     assert (config.algorithm.rounds, config.output.eval_every, config.output.resume,
             config.algorithm.seed) == (4, 2, False, 3)
     assert config.output.output_dir == str(tmp_path / "estimate" / "r")
-    assert running.active_probes() is None
+    assert estimate.active_probes() is None
 
