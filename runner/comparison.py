@@ -100,18 +100,15 @@ def present_columns(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[s
 
 
 def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, Any]],
-                     task: str, eval_test: bool) -> str:
+                     task: str, eval_test: bool, preamble: str = "") -> str:
     """Writes comparison.csv, comparison.md and comparison.png (accuracy vs communication rounds
-    and vs uploaded bytes, with the chance line) of the runs in `output_dir/<algorithm>/`, under
-    the command that reruns them; returns the Markdown table (columns no run has a value for
-    left out)."""
-    from runner import run
+    and vs uploaded bytes, with the chance line) of the runs in `output_dir/<algorithm>/`, the
+    Markdown table under `preamble` (a train.py comparison's: the command that reruns it,
+    `runner.run.report`); returns the Markdown table (columns no run has a value for left
+    out)."""
     from tffl.simulation import plots
     from tffl.simulation import driver as simulation
 
-    # The command that reruns the comparison, from the config.json `runner.run` wrote.
-    flag_line = (f"Rerun: `{run.rerun_command(run.read_config(output_dir))}`"
-                 if (output_dir / run.CONFIG_FILE).exists() else "")
     runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
     held_out = eval_split(summaries, task)
@@ -122,7 +119,7 @@ def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, 
     rows = comparison_rows(summaries)
     return cli.write_table(output_dir, "comparison", rows,
                            present_columns(rows, table_columns(held_out, eval_test)),
-                           preamble=flag_line)
+                           preamble=preamble)
 
 
 def final_eval(final: Mapping[str, float], held_out: str = "test") -> str:

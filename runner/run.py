@@ -262,7 +262,11 @@ def report(config: RunConfig, summaries: list[dict]) -> None:
 
     output_dir, task = pathlib.Path(config.output.output_dir), config.task.task
     if len(summaries) > 1:
-        table = comparison.write_comparison(output_dir, summaries, task, config.output.eval_test)
+        # The command that reruns the comparison, from the folder's config.json (`write_config`).
+        rerun = (f"Rerun: `{rerun_command(read_config(output_dir))}`"
+                 if (output_dir / CONFIG_FILE).exists() else "")
+        table = comparison.write_comparison(output_dir, summaries, task, config.output.eval_test,
+                                            preamble=rerun)
         print("\n" + table + "\n", flush=True)
     held_out = comparison.eval_split(summaries, task)
     for summary in summaries:
