@@ -8,9 +8,11 @@ FedSA-LoRA run at N = 3 and its rerun three days later parted at round 2 (traini
 archived the run (c40c859) gives the rerun's figure, and today's code gives the run's once oneDNN
 is held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the run had met a CPU without AVX-512.
 `describe()` records what decides the kernels, so such a difference can be read off the runs'
-summaries rather than guessed. A run continued in several sittings (`--resume`) may have met
-several machines: `record_sitting` keeps one line per sitting in the run's `sittings.jsonl`
-(the round it began with, when, and `describe()`), which `summary.json` repeats as `sittings`.
+summaries rather than guessed. A run continued with `--resume` is trained in several sittings
+(a sitting: one process's stretch of the run, from its start or a resume to its end) and may
+have met several machines: `record_sitting` keeps one line per sitting in the run's
+`sittings.jsonl` (the round it began with, when, and `describe()`), which `summary.json` repeats
+as `sittings`.
 
 Example:
 

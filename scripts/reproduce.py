@@ -151,6 +151,7 @@ from experiments import estimate
 from experiments import reviews
 from experiments import rolora_linear
 from experiments import rolora_mnist
+from experiments import running
 from experiments import sst2
 from experiments import sst2_instruct
 from experiments import sst2_protocol

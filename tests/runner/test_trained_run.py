@@ -1,6 +1,6 @@
 """runner/trained_run.py: a run's configuration from its folder (config.json, or the
 identity an older checkpoint recorded), and the one-line refusals of folders that hold no run's
-checkpoint. Rebuilding a trained model end to end: tests/scripts/test_export_adapters.py (its
+checkpoint. Rebuilding a trained model end to end: tests/runner/test_export.py (its
 export reproduces the run's recorded dev loss) and tests/scripts/test_generate.py."""
 
 import json
