@@ -226,3 +226,50 @@ def test_a_form_that_would_not_reproduce_the_run_is_one_line_and_status_2(tmp_pa
         ["export_adapters.py", f"--run_dir={tmp_path}", f"--output_dir={out}"]) == 0
     assert json.loads((out / "adapter_config.json").read_text())["task_type"] == "SEQ_CLS"
     assert "as SEQ_CLS" in capsys.readouterr().out
+
+
+def test_a_prefix_cached_run_exports_the_base_assembled_from_its_two_models(tmp_path,
+                                                                           monkeypatch):
+    """A run on the frozen-prefix split trains a suffix classifier with no backbone of its own:
+    the export assembles base/ from the task's prefix model (`PrefixCache.prefix_model`) and
+    the suffix's encoders, and the folder rebuilds the whole classifier's logits."""
+    import types
+
+    from models import backbones, checkpoints, hf_bert, peft_export, prefix
+    from models.lora_targets import LoraConfig, apply_lora
+    from tasks.prefix_cache import PrefixCache
+
+    try:
+        checkpoints.fetch_minilm()   # the text tasks' vocabulary, which the export ships
+    except checkpoints.CheckpointUnavailableError as e:
+        pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable offline: {e}")
+    lora = LoraConfig(rank=2, targets=("query", "value"), layers=(1,))
+    backbone = backbones.build_bert_backbone(vocabulary_size=30, num_layers=2, num_heads=2,
+                                             hidden_dim=8, intermediate_dim=16,
+                                             max_sequence_length=16)
+    apply_lora(backbone, lora)
+    whole = backbones.build_classifier(backbone, num_classes=2, pooling="mean")
+    rng = np.random.default_rng(0)
+    for v in whole.weights:   # every weight away from its initial value
+        v.assign(rng.normal(0.0, 0.3, v.shape).astype(np.float32))
+    suffix = prefix.SuffixSpec.from_backbone(backbone, 1, pooling="mean").build_classifier(
+        lora, num_classes=2)
+    for variable, source in zip(suffix.variables, prefix.matching_variables(whole, suffix)):
+        variable.assign(source)
+    meta = {"round": 3, "config": {"task": "sst2", "backbone": "tiny"}}
+    run = types.SimpleNamespace(model=types.SimpleNamespace(backbone="tiny"),
+                                task=types.SimpleNamespace(sequence_length=16))
+    task = types.SimpleNamespace(
+        prefix_cache=PrefixCache(lambda: prefix.build_prefix_model(backbone, 1)))
+    monkeypatch.setattr(export, "trained_model", lambda *args: (suffix, meta, run, task))
+    out = tmp_path / "out"
+    assert export.export_run(tmp_path / "run", out)["base_exported"]
+
+    rebuilt, _ = hf_bert.load_hf_bert(out / "base")
+    apply_lora(rebuilt, lora)
+    model = backbones.build_classifier(rebuilt, num_classes=2, pooling="mean")
+    peft_export.import_peft(model, out)
+    ids = rng.integers(1, 30, (3, 9)).astype(np.int32)
+    batch = {"token_ids": ids, "padding_mask": np.ones_like(ids),
+             "segment_ids": np.zeros_like(ids)}
+    np.testing.assert_allclose(model(batch).numpy(), whole(batch).numpy(), rtol=0, atol=1e-5)
