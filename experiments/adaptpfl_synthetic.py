@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from experiments import cli
+from runner import cli
 
 
 METHODS = ("fedrep", "fedrep_gd", "adaptpfl", "local")

@@ -5,7 +5,7 @@ The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run in
 tabulated or continued elsewhere:
 
 - a finished run (its `summary.json` says every round was completed): `summary.json`,
-  `metrics.csv` and `sittings.jsonl` (`experiments.machine`), a few KiB;
+  `metrics.csv` and `sittings.jsonl` (`runner.machine`), a few KiB;
 - a run that a sitting stopped: `metrics.csv`, `sittings.jsonl` and its newest complete checkpoint
   (`checkpoints/round_<n>/`, tffl.simulation.checkpoint's layout: the federated variables only, about
   100 KiB for LoRA on MiniLM), dropped once the run finishes.
@@ -34,7 +34,7 @@ import pathlib
 import shutil
 from collections.abc import Callable
 
-from experiments import machine
+from runner import machine
 from tffl.simulation.predictions import PREDICTIONS_FILE
 
 KEPT_FILES = ("summary.json", "metrics.csv", machine.SITTINGS_FILE, PREDICTIONS_FILE)
@@ -182,7 +182,7 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
     metrics both hold}, and the rerun's metrics.csv is kept beside as `metrics_rerun.csv`.
     A rerun on another machine agrees to float rounding, not always bit for bit (FedSA-LoRA's
     SST-2 reruns, three days after their runs: training losses apart by ~1e-7 from round 2,
-    final dev accuracies by up to a few sentences; `experiments.machine`), so the difference is
+    final dev accuracies by up to a few sentences; `runner.machine`), so the difference is
     recorded rather than required to be 0, with the rerun's `machine` beside it.
     `experiments.sst2_protocol.claim_accuracy` takes a figure from `rerun` only when the run's own
     final lacks it.

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from experiments import archive
-from experiments.cli import UsageError
 from experiments.report import as_float, missing, read_csv
-from experiments.run_config import RunConfig
+from runner.cli import UsageError
+from runner.run_config import RunConfig
 
 
 ESTIMATE_PROBE_ROUNDS = 4
@@ -137,11 +137,11 @@ def probe_config(config: RunConfig) -> tuple[RunConfig, int, int]:
 
 def probe_run(config: RunConfig, what: str, train: Callable[[RunConfig], None]) -> None:
     """Records the probe of the training run `config` (`train` runs a configuration): if every
-    algorithm's folder (`experiments.run.run_folders`) finished in the real folders, their files
+    algorithm's folder (`runner.run.run_folders`) finished in the real folders, their files
     are copied (`estimate_progress`) and each gets a finished probe; else `probe_config(config)`
     is trained and timed, one `Probe` per metrics.csv it writes, finished (files copied) or
     counting from the round where that folder's run resumes."""
-    from experiments import run
+    from runner import run
 
     probe, rounds, evaluations = probe_config(config)
     run_dir = pathlib.Path(probe.output.output_dir)

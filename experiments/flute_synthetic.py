@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from experiments import cli
+from runner import cli
 
 
 METHODS = ("flute", "fedrep_ri", "fedrep_mom")

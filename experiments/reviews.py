@@ -6,10 +6,10 @@ import json
 
 from experiments import archive
 from experiments.report import Column, Panel, Series, Table
-from experiments.run_config import RunConfig
 from experiments.running import (Context, METHOD_NAMES, Result, eval_curve, need_data,
                                  run_seconds, run_training, train_config)
 from experiments.sst2_protocol import SST2_CLAIM_NAMES
+from runner.run_config import RunConfig
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import pathlib
 import shutil
 from collections.abc import Callable
 
-from experiments.report import Column, Panel, Series, Table
-from experiments.run_config import RunConfig
-from experiments.running import (Context, METHOD_NAMES, Result, as_float, eval_curve, need_data,
-                                 read_csv, run_training)
+from experiments.report import Column, Panel, Series, Table, as_float, read_csv
+from experiments.running import (Context, METHOD_NAMES, Result, eval_curve, need_data,
+                                 run_training)
+from runner.run_config import RunConfig
 
 TOY_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora")
 TOY_PAPER_CLAIMS = (

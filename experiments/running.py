@@ -1,7 +1,7 @@
 """Running an experiment: its context and result, its training runs (`run_training`: a
-`RunConfig` run by `experiments.run`, in this process or in a child fed by a config file),
---estimate's probes (`experiments.estimate`, re-exported), reloadable units and the small
-helpers the experiment modules share (reading runs' files, means and standard deviations)."""
+`RunConfig` run by `runner.run`, in this process or in a child fed by a config file; under
+--estimate, its probe, `experiments.estimate`), reloadable units and the small helpers the
+experiment modules share (means and standard deviations, a run's curve and seconds)."""
 
 from __future__ import annotations
 
@@ -19,16 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments import estimate
-from experiments.cli import UsageError
-from experiments.estimate import (  # noqa: F401  (re-exported)
-    ESTIMATE_PROBE_ROUNDS,
-    Probe,
-    active_probes,
-    estimate_experiment,
-    probe_config,
-)
-from experiments.report import Panel, Table, as_float, missing, read_csv  # noqa: F401
-from experiments.run_config import RunConfig
+from experiments.report import Panel, Table, as_float, missing, read_csv
+from runner.cli import UsageError
+from runner.run_config import RunConfig
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -69,8 +62,8 @@ class Context:
     # newest checkpoint, are kept (output_dir's layout; experiments.archive), so that a later
     # sitting on a fresh checkout skips or resumes them.
     archive_dir: pathlib.Path | None = None
-    # Each training run in a child process of its own (`python -m experiments.run CONFIG.json`),
-    # so that a crash ends that run only; False: in this process (`experiments.run.run`).
+    # Each training run in a child process of its own (`python -m runner.run CONFIG.json`),
+    # so that a crash ends that run only; False: in this process (`runner.run.run`).
     isolate: bool = False
 
 
@@ -98,8 +91,8 @@ def train_config(ctx: Context, run_dir: pathlib.Path, **fields: Any) -> RunConfi
 
 
 def run_training(config: RunConfig, what: str, isolate: bool = False) -> None:
-    """Runs the training run `config` (`experiments.run.run`): in this process, or with
-    `isolate` in a child (`python -m experiments.run CONFIG.json`, stopped with SIGTERM, then
+    """Runs the training run `config` (`runner.run.run`): in this process, or with
+    `isolate` in a child (`python -m runner.run CONFIG.json`, stopped with SIGTERM, then
     SIGKILL, if we are stopped). A failure raises `StepError` naming `what` in one line;
     Ctrl-C propagates. Under `estimate_experiment` the run is replaced by its probe."""
     if estimate.active_probes() is None:
@@ -115,9 +108,9 @@ def _train(config: RunConfig, what: str, isolate: bool) -> None:
         with tempfile.TemporaryDirectory(prefix="tffl_run_") as folder:
             path = pathlib.Path(folder) / "config.json"
             path.write_text(config.to_json() + "\n")
-            _run_command(["-m", "experiments.run", path], what)
+            _run_command(["-m", "runner.run", path], what)
         return
-    from experiments import run
+    from runner import run
 
     print(f"== {what} -> {config.output.output_dir}", flush=True)
     try:
@@ -131,7 +124,7 @@ def _train(config: RunConfig, what: str, isolate: bool) -> None:
 
 def _one_line(error: BaseException) -> str:
     """The error's message on one line (its type when it has none); flags as flags."""
-    from experiments import run
+    from runner import run
 
     text = " ".join(run.flag_message(error).split())
     return text or type(error).__name__

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from experiments.report import Column, Panel, Series, Table, missing, seed_series
-from experiments.running import (Context, Result, as_float, load_unit, mean_of, mean_std,
-                                 need_data, read_csv, run_training, save_unit, train_config)
+from experiments.report import (Column, Panel, Series, Table, as_float, missing, read_csv,
+                                seed_series)
+from experiments.running import (Context, Result, load_unit, mean_of, mean_std, need_data,
+                                 run_training, save_unit, train_config)
 
 
 # ------------------------------------------------------------------------------------------------

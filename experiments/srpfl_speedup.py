@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from experiments import cli
+from runner import cli
 
 STRAGGLERS = ("iid", "fixed", "dynamic")
 METHODS = ("fedrep", "srpfl")

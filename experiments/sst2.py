@@ -12,9 +12,10 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from experiments.estimate import active_probes
 from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, METHOD_NAMES, ROOT, Result, active_probes, need_data,
-                                 run_seconds, run_training, train_config)
+from experiments.running import (Context, METHOD_NAMES, ROOT, Result, need_data, run_seconds,
+                                 run_training, train_config)
 from experiments.sst2_protocol import (SST2_CLAIM_NAMES, SST2_CLAIM_SCALES,
                                        SST2_DIRICHLET_MEAN_METHODS, SST2_MEAN_SCALES, SST2_PAPER,
                                        paper_mean, run_protocol, sst2_rounds)

@@ -10,7 +10,7 @@ runs at every seed (`seeds`); the paired per-seed differences of the methods at 
 verdicts (`experiments.verdicts`). At N = 20, one run per method at `learning_rate`. The
 zero-shot row evaluates the model as every method starts it (LoRA's B = 0: the pretrained base),
 with the same prompts, the same parsing and the same dev sentences
-(`experiments.run.evaluate_untrained`).
+(`runner.run.evaluate_untrained`).
 
 The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
 by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
@@ -28,8 +28,8 @@ import pathlib
 
 from experiments import archive
 from experiments import verdicts
-from experiments.report import Column, Panel, Series, Table
 from experiments.estimate import active_probes
+from experiments.report import Column, Panel, Series, Table
 from experiments.running import (Context, Result, eval_curve, mean_of, mean_std, need_data,
                                  run_seconds, run_training, train_config)
 
@@ -91,7 +91,7 @@ def _summary(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
 def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
     """The untuned decoder's evaluation (a run of 0 rounds), or None with --collect before it
     ran (and under --estimate, which times training runs only)."""
-    from experiments import run
+    from runner import run
 
     if active_probes() is not None:
         return None

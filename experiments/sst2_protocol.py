@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 
 from experiments import archive
-from experiments.estimate import estimate_progress
-from experiments.report import missing
-from experiments.run_config import RunConfig
-from experiments.running import (Context, METHOD_NAMES, Probe, as_float, active_probes, mean_of,
-                                 mean_std, read_csv, run_training)
+from experiments.estimate import Probe, active_probes, estimate_progress
+from experiments.report import as_float, missing, read_csv
+from experiments.running import Context, METHOD_NAMES, mean_of, mean_std, run_training
+from runner.run_config import RunConfig
 
 
 # rolora.md §3.2, NeurIPS Table 1 (= ICML Tables 1 and 6): SST-2 accuracy (%), RoBERTa-Large,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Callable, Iterable
 
-from experiments.report import Column, Panel, Series, Table
-from experiments.running import Context, Result, as_float, mean_of, mean_std, read_csv
+from experiments.report import Column, Panel, Series, Table, as_float, read_csv
+from experiments.running import Context, Result, mean_of, mean_std
 
 
 # ------------------------------------------------------------------------------------------------

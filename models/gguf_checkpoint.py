@@ -32,6 +32,11 @@ Tensor names (GGUF, llama.cpp; `.weight` dropped) -> `Gemma3Backbone`, per layer
 
 GGUF's Gemma norm weights already include Gemma's "+1" (llama.cpp adds it on conversion), so
 they are assigned as they are.
+
+The same weights under Hugging Face's names (`hf_names`, `hf_tensors`: the norms without the
+"+1", which HF's Gemma 3 adds itself) with `transformers`' config (`hf_config`):
+`save_hf_checkpoint(path, folder)` writes a `Gemma3ForCausalLM` checkpoint of the dequantized
+file (`scripts/peft_crosscheck.py` loads it in PyTorch).
 """
 
 from __future__ import annotations
@@ -285,3 +290,79 @@ def load_gemma3(path_or_reader):
     backbone = Gemma3Backbone(read_gguf_config(reader))
     assign_gguf_weights(backbone, load_gguf_tensors(reader))
     return backbone, gemma3_tokenizer(reader)
+
+
+# ------------------------------------------------------------------------------------------------
+# The same weights in Hugging Face's names (`Gemma3ForCausalLM`)
+
+# The modules of one layer of HF's Gemma 3, each holding one `.weight`.
+HF_LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj",
+                    "mlp.down_proj", "input_layernorm", "post_attention_layernorm",
+                    "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def hf_names(num_layers: int) -> dict[str, str]:
+    """{GGUF tensor name (`.weight` dropped): HF parameter name} of a Gemma 3 of `num_layers`
+    layers, by the `gguf` package's own name map (llama.cpp's: `blk.3.attn_q` is
+    `model.layers.3.self_attn.q_proj`).
+
+    >>> names = hf_names(18)
+    >>> names["blk.3.attn_q"], names["output_norm"], len(names)
+    ('model.layers.3.self_attn.q_proj.weight', 'model.norm.weight', 236)
+    """
+    import gguf
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, num_layers)
+    modules = ["model.embed_tokens", "model.norm"] + [
+        f"model.layers.{i}.{m}" for i in range(num_layers) for m in HF_LAYER_MODULES]
+    return {names.get_name(m): f"{m}.weight" for m in modules}
+
+
+def hf_config(config) -> dict:
+    """transformers' `Gemma3TextConfig` arguments of a `Gemma3BackboneConfig` (float32 logits,
+    no soft-capping, the input embedding tied to the output)."""
+    every = config.global_layer_every
+    return {
+        "vocab_size": config.vocabulary_size, "hidden_size": config.hidden_dim,
+        "intermediate_size": config.intermediate_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_query_heads,
+        "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+        "rms_norm_eps": config.layer_norm_epsilon,
+        "query_pre_attn_scalar": round(config.query_scale ** -2),
+        "sliding_window": config.sliding_window, "max_position_embeddings": 32_768,
+        "layer_types": ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                        for i in range(config.num_layers)],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": config.global_rope_base},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": config.local_rope_base}},
+        "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+        "attn_logit_softcapping": None, "tie_word_embeddings": True}
+
+
+def hf_tensors(path_or_reader) -> dict[str, np.ndarray]:
+    """Every tensor of a Gemma 3 GGUF file (`load_gguf_tensors`) under its HF name (`hf_names`),
+    float32, with llama.cpp's "+1" taken off the norm weights again (HF's Gemma 3 norm computes
+    x·(1 + w) itself)."""
+    reader = open_reader(path_or_reader)
+    names = hf_names(int(metadata_value(reader, "gemma3.block_count")))
+    return {names[k]: np.ascontiguousarray(v - 1.0 if k.endswith("norm") else v, np.float32)
+            for k, v in load_gguf_tensors(reader).items()}
+
+
+def save_hf_checkpoint(path_or_reader, folder: str | os.PathLike) -> pathlib.Path:
+    """Writes a Gemma 3 GGUF file's weights as HF's checkpoint into `folder`: `model.safetensors`
+    (`hf_tensors`) and `config.json` (`hf_config`), for `transformers.Gemma3ForCausalLM`."""
+    import json
+
+    import safetensors.numpy
+
+    reader = open_reader(path_or_reader)
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors.numpy.save_file(hf_tensors(reader), str(folder / "model.safetensors"),
+                                metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_config(read_gguf_config(reader)), indent=1))
+    return folder

@@ -18,6 +18,10 @@ RoBERTa specifics (HF `RobertaModel`):
   embeddings (exact: every position gets it once); exporting writes zeros there.
 - `layer_norm_eps` 1e-5 and exact GELU, as KerasNLP's `RobertaBackbone`.
 
+`save_base(model, folder)` writes a classifier's frozen backbone as a HF checkpoint; a suffix
+classifier of the frozen-prefix split (`models.prefix`) has no backbone of its own, and its base
+is assembled from the prefix model and its encoders (`base_checkpoint_of_parts`).
+
 `load_hf_roberta(folder)` reads a local HF folder (`config.json`, `model.safetensors`, and if
 present `vocab.json` + `merges.txt` for the tokenizer). BERT-family checkpoints load with
 `models.hf_bert.load_hf_bert`.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import keras_nlp
 import numpy as np
@@ -225,6 +230,75 @@ def save_hf_checkpoint(backbone: tf.keras.Model, folder: str | pathlib.Path) -> 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config(backbone), indent=1, sort_keys=True))
     safetensors.numpy.save_file(to_hf_tensors(backbone), str(folder / "model.safetensors"),
+                                metadata={"format": "pt"})
+    return folder
+
+
+def _named_layers(model: tf.keras.Model) -> dict:
+    return {layer.name: layer for layer in model._flatten_layers(include_self=False,
+                                                                  recursive=True)}
+
+
+def base_checkpoint_of_parts(prefix: tf.keras.Model, model: tf.keras.Model
+                             ) -> tuple[dict, dict]:
+    """`(tensors, config)` of a whole frozen BERT backbone split at encoder k (`models.prefix`),
+    as a HF `BertModel`: embeddings and encoders < k from the `prefix` model
+    (`models.prefix.build_prefix_model`), encoders >= k (their frozen kernels) and a trained
+    pooler from the suffix classifier `model`. A pooler the classifier never reads is written as
+    zeros."""
+    layers = _named_layers(prefix)
+    encoders = {n: v for n, v in (layers | _named_layers(model)).items()
+                if re.fullmatch(r"transformer_layer_\d+", n)}
+    encoders = [encoders[f"transformer_layer_{i}"] for i in range(len(encoders))]
+    token = layers["token_embedding"].embeddings.numpy()
+    hidden, heads = token.shape[1], encoders[0].num_heads
+    ln = layers["embeddings_layer_norm"]
+    tensors = {"embeddings.word_embeddings.weight": token,
+               "embeddings.position_embeddings.weight":
+                   layers["position_embedding"].position_embeddings.numpy(),
+               "embeddings.token_type_embeddings.weight":
+                   layers["segment_embedding"].embeddings.numpy(),
+               "embeddings.LayerNorm.weight": ln.gamma.numpy(),
+               "embeddings.LayerNorm.bias": ln.beta.numpy()}
+    for i, encoder in enumerate(encoders):
+        for name, variable, _, to_hf in encoder_pairs(encoder, i, heads, hidden):
+            tensors[name] = to_hf(variable.numpy())
+    pooler = _named_layers(model).get("pooled_dense")
+    tensors["pooler.dense.weight"] = (np.zeros((hidden, hidden)) if pooler is None
+                                      else pooler.kernel.numpy().T)
+    tensors["pooler.dense.bias"] = (np.zeros(hidden) if pooler is None
+                                    else pooler.bias.numpy())
+    holder = type("Encoders", (), {"transformer_layers": encoders})
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": int(hidden),
+              "num_hidden_layers": len(encoders), "num_attention_heads": int(heads),
+              "intermediate_size": int(encoders[0].intermediate_dim),
+              "hidden_act": hidden_act(holder), "vocab_size": int(token.shape[0]),
+              "max_position_embeddings": int(tensors["embeddings.position_embeddings.weight"]
+                                             .shape[0]),
+              "type_vocab_size": int(tensors["embeddings.token_type_embeddings.weight"].shape[0]),
+              "layer_norm_eps": 1e-12, "position_embedding_type": "absolute", "pad_token_id": 0}
+    return ({f"bert.{k}": np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+            config)
+
+
+def save_base(model: tf.keras.Model, folder: str | pathlib.Path,
+              prefix: tf.keras.Model | None = None) -> pathlib.Path:
+    """Writes the frozen backbone of the classifier `model` as a HF checkpoint (`config.json`,
+    `model.safetensors`) into `folder`: its own backbone, or for a suffix classifier (no backbone
+    in it) the BERT assembled with its `prefix` model (`base_checkpoint_of_parts`)."""
+    folder = pathlib.Path(folder)
+    try:
+        backbone = find_backbone(model)
+    except ValueError:
+        if prefix is None:
+            raise ValueError(f"{model.name!r} holds no backbone and no prefix model was given: "
+                             "nothing to assemble the base from") from None
+    else:
+        return save_hf_checkpoint(backbone, folder)
+    tensors, config = base_checkpoint_of_parts(prefix, model)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+    safetensors.numpy.save_file(tensors, str(folder / "model.safetensors"),
                                 metadata={"format": "pt"})
     return folder
 

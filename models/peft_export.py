@@ -578,25 +578,3 @@ def init_adapters(model: tf.keras.Model, folder: str | pathlib.Path,
                          "as in the run that exported it, and its `task`") from None
     import_peft(model, folder, family)
     return [variable.name for variable, _ in plan]
-
-
-def initial_weights_with_adapters(keras_model_fn, input_spec, folder: str | pathlib.Path,
-                                  initial_non_trainable=None, family: str | None = None
-                                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
-    """`(trainable, non_trainable, names)`: a process's starting weights with the adapters (and
-    head) of a PEFT `folder` (`init_adapters`), for a process builder's `initial_trainable=` and
-    `initial_non_trainable=`. The model's own initial values are drawn once
-    (`tffl.engine.frozen.initial_values`, what the builder would draw); `initial_non_trainable`
-    (e.g. a pretrained backbone) replaces the drawn non-trainable ones."""
-    from tffl.engine import client_training
-    from tffl.engine import frozen as frozen_lib
-
-    trainable, non_trainable = frozen_lib.initial_values(keras_model_fn, input_spec)
-    if initial_non_trainable is not None:
-        non_trainable = [np.asarray(v) for v in initial_non_trainable]
-    model = client_training.build_model(keras_model_fn, input_spec, zero_init=True)
-    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
-                               trainable + non_trainable, strict=True):
-        variable.assign(value)
-    names = init_adapters(model, folder, family)
-    return [v.numpy() for v in model.trainable_variables], non_trainable, names

@@ -29,7 +29,8 @@ Example:
 >>> backbone = backbones.build_bert_backbone(vocabulary_size=50, num_layers=2)
 >>> _ = lora_targets.apply_lora(backbone, config)
 >>> model = backbones.build_classifier(backbone, num_classes=2, pooling="mean")
->>> trained_start_layer(model)
+>>> from tffl.engine.feature_cache import stochastic_layers
+>>> trained_start_layer(model, stochastic_layers)
 1
 >>> spec = SuffixSpec.from_backbone(find_backbone(model), start_layer=1, pooling="mean")
 >>> suffix = spec.build_classifier(config, num_classes=2)
@@ -46,12 +47,12 @@ True
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 from models import backbones as backbones_lib
 from models import lora_targets
-from tffl.engine import feature_cache
 from tffl.engine import roles
 
 HIDDEN = "hidden"
@@ -69,11 +70,14 @@ def find_backbone(model: tf.keras.Model) -> tf.keras.Model:
                      "`transformer_layers`); the frozen-prefix cache needs one")
 
 
-def trained_start_layer(model: tf.keras.Model) -> int | None:
+def trained_start_layer(model: tf.keras.Model,
+                        stochastic_layers: Callable[[tf.Module], Sequence[str]]) -> int | None:
     """The lowest encoder index k such that every trainable variable of `model` sits in encoders
     k..L-1 or after the encoders (pooler, head); L if only those train. None when the prefix
     cannot be cached: a trainable embedding variable, or dropout active in the prefix (then h_k
-    would be random in training)."""
+    would be random in training), i.e. a layer below k for which `stochastic_layers(layer)`
+    names a layer whose training-mode call is random or updates state (the engine's rule,
+    `tffl.engine.feature_cache.stochastic_layers`)."""
     backbone = find_backbone(model)
     encoders = backbone.transformer_layers
     trainable = {id(v) for v in model.trainable_variables}
@@ -90,7 +94,7 @@ def trained_start_layer(model: tf.keras.Model) -> int | None:
     prefix_layers = [layer for layer in backbone.layers
                      if layer not in encoders and layer not in _pooler(backbone)]
     below = [*prefix_layers, *encoders[:start]]
-    if any(feature_cache.stochastic_layers(layer) for layer in below):
+    if any(stochastic_layers(layer) for layer in below):
         return None
     return start
 

@@ -43,9 +43,9 @@ import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import cli  # noqa: E402
-from experiments import tensorflow_import  # noqa: E402
-from experiments.cli import UsageError  # noqa: E402
+from runner import cli  # noqa: E402
+from runner import tensorflow_import  # noqa: E402
+from runner.cli import UsageError  # noqa: E402
 
 # TensorFlow, TFF and tffl are imported (by `cli.run_settings`) after the flags are checked, so
 # that a bad flag is reported in a second; `tffl.runtime` (whose exit hook stops any TFF worker)

@@ -12,7 +12,7 @@ metrics, wall time and the largest difference of the metrics both report) and it
 rerun's metrics as `metrics_rerun.csv` (`experiments.archive.attach_rerun`). `reproduce.py`'s
 SST-2 tables take a figure from the rerun only where the run lacks it, and say so in a note.
 A rerun on the run's machine repeats it bit for bit; on a machine with another CPU it agrees to
-float rounding (`experiments.machine`), so the difference is recorded, with the rerun's
+float rounding (`runner.machine`), so the difference is recorded, with the rerun's
 `machine`.
 """
 
@@ -25,8 +25,8 @@ from absl import app
 from absl import flags
 
 from experiments import archive
-from experiments import cli
-from experiments import machine
+from runner import cli
+from runner import machine
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of
@@ -57,7 +57,7 @@ def attach(flag_values: flags.FlagValues) -> int:
     print(json.dumps({"run": flag_values.run, "rerun metrics the run lacks": added,
                       "max_abs_difference_of_shared_metrics":
                           rerun["max_abs_difference_of_shared_metrics"],
-                      # Another CPU rounds differently (experiments.machine).
+                      # Another CPU rounds differently (runner.machine).
                       "machine": "not recorded for both" if differ is None
                       else "the same" if not differ else f"differs in {', '.join(differ)}"},
                      indent=1))

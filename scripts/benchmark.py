@@ -5,7 +5,7 @@ r"""Performance of tffl's TFF processes against a plain TensorFlow loop doing th
         --jit_compile                    # the overhead target's setting
     python scripts/benchmark.py --clients_per_round=10,50,100,200 --algorithms=fedavg_lora
     python scripts/benchmark.py --suite=targets --output_dir=DIR   # the performance targets
-                                         # (experiments/benchmark/targets.py; about 40 min)
+                                         # (benchmarks/targets.py; about 40 min)
 
 docs/PERFORMANCE.md has the figures and what dominates the time.
 
@@ -93,12 +93,12 @@ from collections.abc import Sequence  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import cli  # noqa: E402
-from experiments import tensorflow_import  # noqa: E402
-from experiments.benchmark.config import ALGORITHMS, BACKBONES, XLA_SUFFIX, Config  # noqa: E402
-from experiments.cli import UsageError  # noqa: E402
+from benchmarks.config import ALGORITHMS, BACKBONES, XLA_SUFFIX, Config  # noqa: E402
+from runner import cli  # noqa: E402
+from runner import tensorflow_import  # noqa: E402
+from runner.cli import UsageError  # noqa: E402
 
-# TensorFlow and TFF (through experiments.benchmark.run) are imported by `_parse_flags` once the
+# TensorFlow and TFF (through benchmarks.run) are imported by `_parse_flags` once the
 # flags are valid, so that a bad flag fails in about a second instead of after TFF's import.
 
 
@@ -147,7 +147,7 @@ _MAX_CONCURRENT_CALLS = flags.DEFINE_integer(
 _SUITE = flags.DEFINE_enum(
     "suite", "configurations", ["configurations", "targets"],
     "configurations: the backbones x algorithms x clients-per-round given by the other flags; "
-    "targets: the fixed measurements of the performance targets (experiments/benchmark/targets.py: "
+    "targets: the fixed measurements of the performance targets (benchmarks/targets.py: "
     "real SST-2 on the pretrained MiniLM, the 200-client memory scaling, the RoBERTa-large "
     "shape), which ignore the other flags but --data_dir, --targets_parts, --devices and "
     "--output_dir.", flag_values=FLAGS)
@@ -214,7 +214,7 @@ def _output_dir() -> pathlib.Path:
 
 
 def check(argv: list[str]) -> list[str]:
-    """absl parsing into `FLAGS` (from their defaults; `experiments.cli.parse_flags`) and the
+    """absl parsing into `FLAGS` (from their defaults; `runner.cli.parse_flags`) and the
     checks of `config_from_flags`; a bad value is one line on stderr and exit status 2 (no
     traceback). Imports nothing heavy."""
     name = pathlib.Path(argv[0]).name
@@ -235,7 +235,7 @@ def check(argv: list[str]) -> list[str]:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """`check`, then TensorFlow's import: here, not in `main`, where Keras could not build
-    models (`experiments.tensorflow_import`)."""
+    models (`runner.tensorflow_import`)."""
     return tensorflow_import.importing_tensorflow(check)(argv)
 
 
@@ -243,7 +243,7 @@ def main(argv: list[str]) -> int:
     del argv  # checked by _parse_flags
     config = config_from_flags()
     output_dir = _output_dir()
-    from experiments.benchmark import report, run
+    from benchmarks import report, run
     from tffl import runtime
 
     cli.quiet_python_logs()
@@ -254,12 +254,11 @@ def main(argv: list[str]) -> int:
     command = "python scripts/benchmark.py " + " ".join(sys.argv[1:])
     started = time.perf_counter()
     if _SUITE.value == "targets":
-        from experiments.benchmark import targets as benchmark_targets
+        from benchmarks.config import TargetsConfig
+        from benchmarks.targets import run_targets
 
-        benchmark_targets.run_targets(
-            benchmark_targets.TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
-                                            parts=tuple(_TARGETS_PARTS.value)),
-            output_dir, log=log)
+        run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
+                                  parts=tuple(_TARGETS_PARTS.value)), output_dir, log=log)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
         return 0
     try:

@@ -20,9 +20,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import cli  # noqa: E402
-from experiments import tensorflow_import  # noqa: E402
-from experiments.cli import UsageError  # noqa: E402
+from runner import cli  # noqa: E402
+from runner import tensorflow_import  # noqa: E402
+from runner.cli import UsageError  # noqa: E402
 
 
 def define_flags(flag_values: flags.FlagValues) -> None:

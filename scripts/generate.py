@@ -8,7 +8,7 @@ r"""Greedy text generation from a trained instruction run, or from exported PEFT
 
 --run_dir is a run of --task=instruct, sst2_instruct or reviews_instruct (scripts/train.py's
 --output_dir, or its <algorithm>/ folder when several algorithms were compared): its model is
-rebuilt from the newest checkpoint (`experiments.trained_run`). --peft_dir is a PEFT CAUSAL_LM
+rebuilt from the newest checkpoint (`runner.trained_run`). --peft_dir is a PEFT CAUSAL_LM
 folder of scripts/export_adapters.py: the pretrained decoder its adapter_config.json names
 (google/gemma-3-270m: --backbone=gemma3_270m) with the folder's LoRA adapters.
 
@@ -21,7 +21,7 @@ written for prompt/response rows (a PEFT folder: by the task its export.json rec
 gives the model the prompts as written. Each prompt's continuation (greedy, stopping at end of
 text or after --max_new_tokens) is printed after the text the model read, one block per prompt;
 --output_file writes them as JSON Lines (`prompt`, `continuation`, `reference`).
-`experiments.generation` does the work.
+`runner.generation` does the work.
 
 A bad flag, a folder that is no decoder run or CAUSAL_LM folder, a run without checkpoints, or
 an empty prompt is one line on stderr and exit status 2.
@@ -35,8 +35,8 @@ import sys
 from absl import app
 from absl import flags
 
-from experiments import cli
-from experiments import generation
+from runner import cli
+from runner import generation
 
 SCRIPT = "generate.py"
 
@@ -180,7 +180,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     import os
     import warnings
 
-    from experiments import tensorflow_import
+    from runner import tensorflow_import
 
     rest = cli.parse_flags(argv)
     try:

@@ -114,10 +114,10 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
 15. `sst2_instruct` (issue 54): RoLoRA, FedAvg-LoRA, FFA-LoRA instruction-tune a decoder on SST-2
    with N = 3, 20 (full: Gemma 3 270M; small: byte-level GPT-2; `experiments/sst2_instruct.py`).
 
---resume continues a stopped run in --output_dir: training runs (`experiments.run`) from their
+--resume continues a stopped run in --output_dir: training runs (`runner.run`) from their
 checkpoints; finished units of rolora_linear and srpfl_speedup are reloaded from `units/*.json`;
 the linear synthetic experiments (deterministic, no checkpoints) rerun. Training runs go in this
-process; --isolate_runs runs each in a child (`python -m experiments.run CONFIG.json`): a crash
+process; --isolate_runs runs each in a child (`python -m runner.run CONFIG.json`): a crash
 ends that run only. Every unit is seeded, so a resumed run ends with the same final metrics as an
 uninterrupted one. Without --resume, an --output_dir that already holds a run is refused.
 
@@ -147,6 +147,7 @@ from collections.abc import Callable
 from absl import app
 from absl import flags
 
+from experiments import estimate
 from experiments import reviews
 from experiments import rolora_linear
 from experiments import rolora_mnist
@@ -156,11 +157,11 @@ from experiments import sst2_instruct
 from experiments import sst2_protocol
 from experiments import srpfl
 from experiments import synthetic
-from experiments import tensorflow_import
 from experiments.report import save_plot, write_table
 from experiments.running import Context, StepError
-from experiments import cli
-from experiments.cli import UsageError
+from runner import cli
+from runner import tensorflow_import
+from runner.cli import UsageError
 
 # TensorFlow is imported once the flags are checked (`parse`); TFF and matplotlib where needed.
 DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
@@ -226,7 +227,7 @@ _ARCHIVE_DIR = flags.DEFINE_string(
     "fresh checkout. docs/runs/ holds ours.", flag_values=FLAGS)
 _ISOLATE_RUNS = flags.DEFINE_bool(
     "isolate_runs", False, "Run each training run in a child process of its own (python -m "
-    "experiments.run CONFIG.json, fed its configuration file), so that a crash ends that run "
+    "runner.run CONFIG.json, fed its configuration file), so that a crash ends that run "
     "only; default: in this process.", flag_values=FLAGS)
 flags.mark_flag_as_required("experiment", flag_values=FLAGS)
 _CONTEXTS: list[Context] = []  # the checked flags' contexts, for main
@@ -345,7 +346,7 @@ def run_experiment(ctx: Context, command: str) -> str:
 def parse(argv: list[str]) -> list[Context]:
     """Parses `FLAGS` (from their defaults) and checks them (`contexts_from_flags`; a bad value
     is one line on stderr and `SystemExit(2)`), then imports TensorFlow: here, since inside `main`
-    Keras could not build models (`experiments.tensorflow_import`). The contexts are for `main`."""
+    Keras could not build models (`runner.tensorflow_import`). The contexts are for `main`."""
     FLAGS.unparse_flags()
     cli.parse_flags(argv, FLAGS, __doc__)
     try:
@@ -385,7 +386,7 @@ def main(argv: list[str]) -> int:
         try:
             if _ESTIMATE.value:
                 if ctx.experiment in ESTIMABLE:
-                    running.estimate_experiment(ctx, RUNNERS[ctx.experiment])
+                    estimate.estimate_experiment(ctx, RUNNERS[ctx.experiment])
                 else:  # --experiment=all: skip it, estimate the rest
                     ctx.log(f"{ctx.experiment}: not estimated (no training runs to probe); "
                             "docs/REPRODUCE.md has its measured time")

@@ -22,10 +22,10 @@ import sys
 from absl import app
 from absl import flags
 
-from experiments import cli
 from experiments import rolora_mnist
-from experiments import tensorflow_import
 from experiments.running import StepError
+from runner import cli
+from runner import tensorflow_import
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of

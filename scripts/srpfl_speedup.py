@@ -93,9 +93,9 @@ from collections.abc import Callable  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import cli  # noqa: E402
-from experiments import tensorflow_import  # noqa: E402
-from experiments.cli import UsageError  # noqa: E402
+from runner import cli  # noqa: E402
+from runner import tensorflow_import  # noqa: E402
+from runner.cli import UsageError  # noqa: E402
 
 # TensorFlow, TFF and the tffl/tasks modules (which import them) are imported only after the
 # flags are validated, so that a bad flag fails in about a second.

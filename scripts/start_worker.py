@@ -32,7 +32,7 @@ import tempfile  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from experiments import cli  # noqa: E402
+from runner import cli  # noqa: E402
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of

@@ -21,7 +21,7 @@ Each algorithm writes to --output_dir (default: runs/<task>-<algorithms>-<time>)
                        client, seconds; RoLoRA's rows alternate `b_round/...` and `a_round/...`)
   checkpoints/         the newest server states; --resume continues after the last one
   summary.json         final metrics and the flags used
-  config.json          the run's configuration (`experiments.run_config.RunConfig`):
+  config.json          the run's configuration (`runner.run_config.RunConfig`):
                        `--config=<folder>/config.json` runs it again
   evaluation.json      --evaluate_only's metrics of the newest checkpoint
 and a comparison of several algorithms goes to comparison.csv / comparison.md; the TFF C++
@@ -38,7 +38,7 @@ import warnings
 from absl import app
 from absl import flags
 
-from experiments import train_flags
+from runner import train_flags
 
 train_flags.define(module_name=__name__)
 _RUN: dict = {}
@@ -46,21 +46,21 @@ _RUN: dict = {}
 
 def _import_heavy() -> None:
     """TensorFlow, TFF and the modules that run them, after the flags are checked and before
-    absl's app.run starts `main` (`experiments.tensorflow_import`: imported inside `main`, Keras
+    absl's app.run starts `main` (`runner.tensorflow_import`: imported inside `main`, Keras
     cannot build models)."""
     if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
-    from experiments import tensorflow_import
+    from runner import tensorflow_import
 
     tensorflow_import.import_tensorflow()
-    from experiments import run  # noqa: F401
-    from experiments import training  # noqa: F401
+    from runner import run  # noqa: F401
+    from runner import training  # noqa: F401
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl parsing and every check of the flag values into the run's `RunConfig`
-    (`experiments.train_flags.parse`: a bad one is one line on stderr and exit status 2), then
+    (`runner.train_flags.parse`: a bad one is one line on stderr and exit status 2), then
     the heavy imports; for app.run."""
     _RUN["config"] = train_flags.parse(argv)
     _import_heavy()
@@ -69,7 +69,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     del argv  # `_parse_flags` refused any leftover argument
-    from experiments import run
+    from runner import run
 
     return run.execute(_RUN["config"])
 
@@ -80,7 +80,7 @@ def run_command_line(argv: list[str]) -> int:
 
     For tests and notebooks: what the command line does, without a new interpreter.
     """
-    from experiments import run
+    from runner import run
 
     flag_values = flags.FlagValues()
     train_flags.define(flag_values)

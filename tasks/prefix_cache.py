@@ -111,13 +111,17 @@ class PrefixCache:
         # reads h_k on the main one (`tffl.simulation.driver.run_rounds(prefetch=True)`).
         self._lock = threading.RLock()
 
+    def prefix_model(self) -> tf.keras.Model:
+        """The prefix model (built now, when the cache was given a function that builds it)."""
+        return self._prefix if isinstance(self._prefix, tf.keras.Model) else self._prefix()
+
     def _compute(self, features) -> np.ndarray:
         if self._call is None:
             # Built on first use, and traced once for every batch and sequence length: Keras
             # swaps its layer classes' bases whenever a model is built in a `tf.compat.v1` graph
             # (as TFF does), which breaks later Python calls of an eager model, but not a
             # concrete function traced while the model was valid.
-            prefix = self._prefix if isinstance(self._prefix, tf.keras.Model) else self._prefix()
+            prefix = self.prefix_model()
             spec = {k: tf.TensorSpec([None, None], v.dtype) for k, v in features.items()}
             self._model = prefix
             self._call = tf.function(lambda x: prefix(x, training=False)["hidden"]
@@ -310,10 +314,11 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
     (`models.prefix.trained_start_layer`).
     """
     from models import prefix as prefix_lib
+    from tffl.engine.feature_cache import stochastic_layers
 
     with tf.Graph().as_default():  # configs and positions only; no eager model before TFF's
         full = full_model_fn()
-        start = prefix_lib.trained_start_layer(full)
+        start = prefix_lib.trained_start_layer(full, stochastic_layers)
         if start is None:
             return None
         spec = prefix_lib.SuffixSpec.from_backbone(prefix_lib.find_backbone(full), start,

@@ -2,7 +2,7 @@
 
 `build_task(spec)` is what `--task` (with the data, backbone, partition and batching flags)
 becomes, for a `tasks.task_config.TaskSpec`. The algorithm side (`--algorithm`, optimizers,
-samplers, evaluators) is `experiments/algorithms.py`. Dependencies point one way: tasks ->
+samplers, evaluators) is `runner/algorithms.py`. Dependencies point one way: tasks ->
 models, tasks -> tffl.
 
 Here: the task builders by name, and the flat-feature (image) tasks' models (`MODELS`). `RunTask`

@@ -1,7 +1,7 @@
 """A task's choices, typed: its data and clients (`TaskConfig`), the model trained on it
 (`ModelConfig`), and one run's use of both (`TaskSpec`, what `tasks.registry.build_task` takes).
 
-`TaskConfig` and `ModelConfig` are two sections of the runner's `experiments.run_config.RunConfig`
+`TaskConfig` and `ModelConfig` are two sections of the runner's `runner.run_config.RunConfig`
 (each field is `scripts/train.py`'s flag of the same name); `TaskSpec` adds what the run's other
 sections decide about the task: the local work drawn per round, the seed, the image tasks' model,
 where round data goes and whether a held-out test split is evaluated.

@@ -1,18 +1,18 @@
 """The style rule on signatures: functions take a config object rather than long keyword lists.
 
-No public function or method (`__init__` included) of the packages tffl/, models/, tasks/ and
-experiments/ takes more than `MAX_PARAMETERS` parameters, counting every one: positional,
-keyword-only, `*args` and `**kwargs` one each; a method's `self`/`cls` does not count. Exempt:
-private names (`_name`, not dunders) and the methods of private classes, the methods of
-`@dataclasses.dataclass` classes (a dataclass is the config object), and functions or classes
-nested inside functions. The source is read with `ast`: nothing is imported.
+No public function or method (`__init__` included) of the packages tffl/, models/, tasks/,
+runner/, benchmarks/ and experiments/ takes more than `MAX_PARAMETERS` parameters, counting every
+one: positional, keyword-only, `*args` and `**kwargs` one each; a method's `self`/`cls` does not
+count. Exempt: private names (`_name`, not dunders) and the methods of private classes, the
+methods of `@dataclasses.dataclass` classes (a dataclass is the config object), and functions or
+classes nested inside functions. The source is read with `ast`: nothing is imported.
 """
 
 import ast
 import pathlib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("tffl", "models", "tasks", "experiments")
+PACKAGES = ("tffl", "models", "tasks", "runner", "benchmarks", "experiments")
 MAX_PARAMETERS = 8
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from experiments import archive
-from experiments import machine
+from runner import machine
 
 
 def _finished(folder, marker, mtime):

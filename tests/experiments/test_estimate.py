@@ -10,6 +10,7 @@ import pytest
 
 from experiments import archive
 from experiments import estimate
+from experiments import report
 from experiments import running
 
 # A probe's metrics: 4 rounds (the first 5 s with compile, then 1 s each), evaluated after
@@ -40,7 +41,7 @@ def _files(folder: pathlib.Path) -> dict:
 def probed(monkeypatch):
     """The probe configurations trained, in order; each writes PROBE_METRICS in every
     algorithm's folder."""
-    from experiments import run
+    from runner import run
 
     configs = []
 
@@ -126,7 +127,7 @@ def test_a_finished_runs_files_are_there_for_the_experiment_to_read(tmp_path, pr
             config = running.train_config(ctx, ctx.output_dir / name, rounds=100, eval_every=20,
                                           algorithm=["rolora"])
             running.run_training(config, f"run {name}", ctx.isolate)
-            read[name] = running.read_csv(ctx.output_dir / name / "metrics.csv")
+            read[name] = report.read_csv(ctx.output_dir / name / "metrics.csv")
 
     estimate.estimate_experiment(running.Context(
         "x", "small", out, resume=True, seed=0, data_dir=tmp_path, log=lambda line: None), runner)

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from experiments import estimate
 from experiments import running
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 
 _CHILD = textwrap.dedent("""
     import os, pathlib, signal, sys, time
@@ -98,7 +99,7 @@ def test_a_training_run_goes_in_this_process(tmp_path, monkeypatch):
 
 @pytest.mark.large
 def test_an_isolated_training_run_goes_in_a_child_fed_its_config_file(tmp_path, monkeypatch):
-    """`isolate`: `python -m experiments.run <file>` runs the same configuration; the file is
+    """`isolate`: `python -m runner.run <file>` runs the same configuration; the file is
     gone afterwards (the run folder's config.json stays)."""
     commands = []
     run_command = running._run_command
@@ -108,7 +109,7 @@ def test_an_isolated_training_run_goes_in_a_child_fed_its_config_file(tmp_path, 
     config = _ONE_ROUND.with_changes(output_dir=str(tmp_path / "run"))
     running.run_training(config, "one round", isolate=True)
     ((flag, module, path),) = commands
-    assert (flag, module) == ("-m", "experiments.run") and not pathlib.Path(path).exists()
+    assert (flag, module) == ("-m", "runner.run") and not pathlib.Path(path).exists()
     _check_finished(tmp_path / "run", config)
 
 
@@ -139,7 +140,7 @@ def test_estimate_probes_a_run_by_its_config(tmp_path, monkeypatch):
     monkeypatch.setattr(running, "_train", fake_train)
     ctx = running.Context("x", "small", tmp_path, resume=True, seed=3, data_dir=tmp_path,
                           log=lambda line: None)
-    total = running.estimate_experiment(ctx, runner)
+    total = estimate.estimate_experiment(ctx, runner)
     # Probe.predicted_seconds: startup (wall ≈ 0) − 8 − 5 = −13, compile 5 − 1 = 4, first
     # evaluation extra 3 − 2 = 1, 150·1 + 30·2 = 210: 202 plus the probe's wall time.
     assert total == pytest.approx(202, abs=1)
@@ -147,5 +148,5 @@ def test_estimate_probes_a_run_by_its_config(tmp_path, monkeypatch):
     assert (config.algorithm.rounds, config.output.eval_every, config.output.resume,
             config.algorithm.seed) == (4, 2, False, 3)
     assert config.output.output_dir == str(tmp_path / "estimate" / "r")
-    assert running.active_probes() is None
+    assert estimate.active_probes() is None
 

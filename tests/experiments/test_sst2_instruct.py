@@ -58,7 +58,7 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
     first seed and its best (by the final generation accuracy) at the second; N = 20 runs the
     default rate once. The zero-shot row is the untrained evaluation; the claims pair the
     methods' seeds: RoLoRA − FFA-LoRA = (0.80 − 0.70, 0.82 − 0.71) = (+10, +11) points."""
-    from experiments import run
+    from runner import run
 
     cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], learning_rates=(0.1, 0.3),
                learning_rate=0.1, seeds=2)

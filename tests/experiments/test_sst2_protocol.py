@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+from experiments import estimate
 from experiments import running
 from experiments import sst2_protocol
 
@@ -284,7 +285,7 @@ def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
     ctx = running.Context("sst2_clients", "small", tmp_path / "out", resume=False, seed=0,
                           data_dir=tmp_path, methods=("rolora",), archive_dir=kept,
                           log=lines.append)
-    total = running.estimate_experiment(ctx, lambda c: sst2_protocol.run_protocol(
+    total = estimate.estimate_experiment(ctx, lambda c: sst2_protocol.run_protocol(
         c, {"partition": "iid"}, cfg["clients"], False))
     assert probes == [pathlib.Path("estimate/rolora/N3/seed1/lr0.3")]
     assert lines[1:3] == ["  training (rolora, N=3, seed 0, lr 0.1): finished",

@@ -1,6 +1,6 @@
 """What Hugging Face computes for a BERT / RoBERTa encoder with PEFT LoRA adapters, and what a
 sentence-transformers folder's pipeline computes after it, in numpy (float64), from files alone:
-the reference of tests/models/test_peft_export.py and tests/scripts/test_export_adapters.py.
+the reference of tests/models/test_peft_export.py and tests/runner/test_export.py.
 
 Written from HF's BertModel / RobertaModel (embeddings + LayerNorm; per layer self-attention
 with padded keys masked, output dense + residual + LayerNorm, the feed-forward's GELU, dense +

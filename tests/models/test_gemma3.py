@@ -197,6 +197,32 @@ def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
             backbone, {**tensors, "blk.0.attn_k": np.zeros((32, 32), np.float32)})
 
 
+def test_a_gguf_file_as_a_hugging_face_checkpoint(tmp_path):
+    """`save_hf_checkpoint` (PEFT's cross-check loads it in transformers): every tensor under its
+    HF name with llama.cpp's "+1" taken off the norms, and transformers' config of the file's."""
+    import json
+
+    import safetensors.numpy
+
+    path = tmp_path / "tiny-gemma3.gguf"
+    config, tensors = _write_tiny_gguf(path)
+    folder = gguf_checkpoint.save_hf_checkpoint(path, tmp_path / "hf")
+    hf = safetensors.numpy.load_file(str(folder / "model.safetensors"))
+    names = gguf_checkpoint.hf_names(config["num_layers"])
+    assert sorted(hf) == sorted(names[k] for k in tensors)
+    np.testing.assert_array_equal(hf["model.embed_tokens.weight"], tensors["token_embd"])
+    np.testing.assert_array_equal(hf["model.layers.1.mlp.down_proj.weight"],
+                                  tensors["blk.1.ffn_down"])
+    np.testing.assert_array_equal(hf["model.layers.0.self_attn.q_norm.weight"],
+                                  tensors["blk.0.attn_q_norm"] - 1.0)
+    np.testing.assert_array_equal(hf["model.norm.weight"], tensors["output_norm"] - 1.0)
+    hf_config = json.loads((folder / "config.json").read_text())
+    assert (hf_config["num_hidden_layers"], hf_config["head_dim"], hf_config["vocab_size"]) == (
+        config["num_layers"], config["head_dim"], config["vocabulary_size"])
+    assert hf_config["layer_types"] == ["sliding_attention", "full_attention"]
+    assert hf_config["query_pre_attn_scalar"] == config["head_dim"]   # query_scale = 16^-1/2
+
+
 # ---- Fetching: parts in order, checked, cached -------------------------------------------------
 
 def test_fetch_assembles_checks_and_caches_the_parts(tmp_path, monkeypatch):

@@ -109,12 +109,14 @@ def test_a_folder_without_an_export_is_named(tmp_path):
 
 
 def test_a_process_starts_from_the_folder(exported):
-    """`initial_weights_with_adapters`: the starting weights a process builder takes
-    (`initial_trainable=`, `initial_non_trainable=`), here given the trained model's frozen
+    """`runner.training.initial_weights_with_adapters`: the starting weights a process builder
+    takes (`initial_trainable=`, `initial_non_trainable=`), here given the trained model's frozen
     backbone, rebuild the trained classifier."""
+    from runner import training
+
     trained, folder = exported
     frozen = [v.numpy() for v in trained.non_trainable_variables]
-    trainable, non_trainable, names = peft_export.initial_weights_with_adapters(
+    trainable, non_trainable, names = training.initial_weights_with_adapters(
         _model_fn(), INPUT_SPEC, folder, initial_non_trainable=frozen)
     assert len(names) == len(trainable)
     model = _model_fn()()

@@ -163,11 +163,13 @@ def test_a_decoder_without_separate_projections_is_one_line(tmp_path):
 
 
 def test_a_run_starts_from_an_exported_decoder_folder(tmp_path):
-    """`initial_weights_with_adapters` (train.py --init_adapters) on the causal LM a decoder run
-    trains: its trainable variables are the folder's factors, nothing else changes."""
+    """`runner.training.initial_weights_with_adapters` (train.py --init_adapters) on the causal LM
+    a decoder run trains: its trainable variables are the folder's factors, nothing else
+    changes."""
     import collections
 
     from models import causal_lm
+    from runner import training
 
     source, _ = _model(targets=("query", "value"), layers=(2,))
     peft_export.export_peft(source, tmp_path)
@@ -181,7 +183,7 @@ def test_a_run_starts_from_an_exported_decoder_folder(tmp_path):
     spec = (collections.OrderedDict((k, tf.TensorSpec([None, None], tf.int32))
                                     for k in ("padding_mask", "response_mask", "token_ids")),
             tf.TensorSpec([None], tf.int32))
-    trainable, _, names = peft_export.initial_weights_with_adapters(keras_model_fn, spec,
+    trainable, _, names = training.initial_weights_with_adapters(keras_model_fn, spec,
                                                                     tmp_path)
     expected = [v.numpy() for w in lora_layers(source) for v in (w.lora_a, w.lora_b)]
     assert len(names) == len(trainable) == len(expected) == 4

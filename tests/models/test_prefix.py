@@ -7,6 +7,7 @@ import tensorflow as tf
 from models import backbones
 from models import lora_targets
 from models import prefix
+from tffl.engine.feature_cache import stochastic_layers
 
 
 def _classifier(kind="bert", layers=(2, 3), dropout=0.0, num_layers=4, pooling="mean",
@@ -48,7 +49,7 @@ def test_suffix_of_prefix_is_the_whole_classifier(kind, pooling, head, layers, s
     for v in model.non_trainable_variables + model.trainable_variables:
         if len(v.shape) >= 2:
             v.assign(tf.random.stateless_normal(v.shape, [len(v.name), 7]) * 0.3)
-    assert prefix.trained_start_layer(model) == start
+    assert prefix.trained_start_layer(model, stochastic_layers) == start
     backbone = prefix.find_backbone(model)
     spec = prefix.SuffixSpec.from_backbone(backbone, start, pooling=pooling, head=head)
     suffix = spec.build_classifier(config, num_classes=3, seed=2)
@@ -82,7 +83,7 @@ def test_only_the_head_trained_starts_after_the_last_encoder():
     backbone = prefix.find_backbone(model)
     for encoder in backbone.transformer_layers:
         encoder.trainable = False
-    assert prefix.trained_start_layer(model) == 4
+    assert prefix.trained_start_layer(model, stochastic_layers) == 4
     out = prefix.build_prefix_model(backbone, 4)(_batch(backbone))
     np.testing.assert_allclose(out["hidden"], backbone(_batch(backbone))["sequence_output"],
                                atol=1e-6)
@@ -90,10 +91,10 @@ def test_only_the_head_trained_starts_after_the_last_encoder():
 
 def test_no_cache_with_dropout_below_or_trainable_embeddings():
     model, _ = _classifier(dropout=0.1)
-    assert prefix.trained_start_layer(model) is None
+    assert prefix.trained_start_layer(model, stochastic_layers) is None
     model, _ = _classifier()
     prefix.find_backbone(model).get_layer("token_embedding").trainable = True
-    assert prefix.trained_start_layer(model) is None
+    assert prefix.trained_start_layer(model, stochastic_layers) is None
 
 
 def test_bad_split_points_raise():

@@ -16,9 +16,9 @@ import pathlib
 
 import pytest
 
-from experiments.benchmark import config as benchmark_config
-from experiments.benchmark import report
-from experiments.benchmark import run
+from benchmarks import config as benchmark_config
+from benchmarks import report
+from benchmarks import run
 from scripts import benchmark
 from tffl.algorithms import lora_fl
 from tffl.algorithms import personalized

@@ -1,11 +1,14 @@
-"""experiments/benchmark/targets.py: its plain baseline is the federated round it claims to be, and a
-missing data folder is one line. (The suite itself is a 40-minute measurement, not a test.)"""
+"""benchmarks/targets.py: its plain baseline (benchmarks/plain.py, the benchmark's one plain
+loop) is the federated round it claims to be, and a missing data folder is one line. (The suite
+itself is a 40-minute measurement, not a test.)"""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from experiments.benchmark import targets as benchmark_targets
+from benchmarks import targets
+from benchmarks.config import TARGETS, TargetsConfig
+from benchmarks.plain import PlainLoop, SubRound
 from scripts import benchmark
 
 
@@ -23,7 +26,9 @@ def test_plain_loop_is_sgd_per_client_then_the_weighted_mean():
     inputs = tf.keras.Input((d,))
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(c)(inputs))
     w0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
-    loop = benchmark_targets.PlainLoop(model, w0, [], lr, {"both": (0, 1), "bias": (1,)})
+    loop = PlainLoop(model, lr, [SubRound("both", (((0, 1), 1),), (0, 1)),
+                                 SubRound("bias", (((1,), 1),), (1,))])
+    loop.reset(w0, [])
     clients = []
     for n in (4, 6):
         x = rng.normal(size=(n, d)).astype(np.float32)
@@ -48,13 +53,13 @@ def test_plain_loop_is_sgd_per_client_then_the_weighted_mean():
         return [old + s / total for old, s in zip(weights, sums)]
 
     want = numpy_round(w0, (0, 1))
-    loss = loop.round("both", datasets)
+    loss = loop.round(datasets, "both")
     assert np.isfinite(loss)
-    for got, expected in zip(loop.weights, want):
+    for got, expected in zip(loop.trainable, want):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     want = numpy_round(want, (1,))
-    loop.round("bias", datasets)
-    for got, expected in zip(loop.weights, want):
+    loop.round(datasets, "bias")
+    for got, expected in zip(loop.trainable, want):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -70,13 +75,13 @@ def test_targets_without_sst2_is_one_line(tmp_path, capsys):
 
 def test_targets_parts_are_checked_and_a_subset_formats(tmp_path):
     with pytest.raises(ValueError, match="choose from scaling, main, large"):
-        benchmark_targets.run_targets(benchmark_targets.TargetsConfig(parts=("nope",)), tmp_path)
+        targets.run_targets(TargetsConfig(parts=("nope",)), tmp_path)
     # The table of a main-only run: its keys, the in-process ratio among them, no other part's.
     main_only = {"round_time_vs_previous_path": 0.3, "round_time_vs_plain_uncached": 0.4,
                  "cpu_vs_plain_cached": 1.0, "state_io_seconds": 0.01,
                  "distribute_vs_tff_round_time": 0.9, "main": None}
-    main_only["met"] = {k: main_only[k] <= v for k, v in benchmark_targets.TARGETS.items()
+    main_only["met"] = {k: main_only[k] <= v for k, v in TARGETS.items()
                         if k in main_only}
-    table = benchmark_targets.format_targets(main_only)
+    table = targets.format_targets(main_only)
     assert "| distribute_vs_tff_round_time | 0.900 | reported | |" in table
     assert "memory_200_vs_10" not in table and "large_peak_mb" not in table

@@ -85,7 +85,7 @@ def _fake_checkpoint(folder, task, backbone):
 
 
 def test_folders_that_hold_no_decoder_run_are_one_line(tmp_path, capsys):
-    from experiments.run_config import RunConfig
+    from runner.run_config import RunConfig
 
     _one_line_error(capsys, [f"--run_dir={tmp_path / 'gone'}", "--prompt=hi"],
                     f"run_dir={tmp_path / 'gone'}: no such folder")
@@ -111,7 +111,7 @@ def test_folders_that_hold_no_decoder_run_are_one_line(tmp_path, capsys):
 
 def test_a_run_whose_training_file_is_elsewhere_is_one_line(tmp_path, capsys, monkeypatch):
     """The task is rebuilt from --train_file, which config.json records as it was given."""
-    from experiments.run_config import RunConfig
+    from runner.run_config import RunConfig
 
     _fake_checkpoint(tmp_path / "run", "instruct", "gpt2_tiny")
     (tmp_path / "run" / "config.json").write_text(RunConfig().with_changes(
@@ -178,13 +178,13 @@ def _tiny_gemma_decoder():
 
 def _export_adapted(decoder, folder, monkeypatch):
     """The decoder's pretrained backbone with random LoRA factors on layer 1's query and value,
-    exported as scripts/export_adapters.py exports a gemma3_270m sst2_instruct run; returns the
+    exported as runner.export exports a gemma3_270m sst2_instruct run; returns the
     adapted backbone."""
     import types
 
     from models import causal_lm
     from models.lora_targets import LoraConfig, apply_lora, lora_layers
-    from scripts import export_adapters
+    from runner import export
 
     backbone = decoder.pretrained_fn()
     apply_lora(backbone, LoraConfig(rank=2, alpha=4.0, targets=("query", "value"),
@@ -195,9 +195,9 @@ def _export_adapted(decoder, folder, monkeypatch):
             v.assign(rng.normal(0.0, 0.5, v.shape).astype(np.float32))
     meta = {"round": 4, "config": {"task": "sst2_instruct", "backbone": "gemma3_270m"}}
     run = types.SimpleNamespace(model=types.SimpleNamespace(backbone="gemma3_270m"))
-    monkeypatch.setattr(export_adapters, "trained_model",
+    monkeypatch.setattr(export, "trained_model",
                         lambda *args: (causal_lm.build_causal_lm(backbone), meta, run, None))
-    record = export_adapters.export_run(folder.parent / "run", folder)
+    record = export.export_run(folder.parent / "run", folder)
     assert record["task_type"] == "CAUSAL_LM"
     return backbone
 
@@ -274,8 +274,8 @@ def checkpoint_model(trained):
     arrays by name."""
     import tensorflow as tf
 
-    from experiments import training
-    from experiments.run_config import RunConfig
+    from runner import training
+    from runner.run_config import RunConfig
     from tffl import runtime
     from tffl.simulation import checkpoint
 

@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
+from experiments import estimate
 from experiments import report
 from experiments import rolora_linear
 from experiments import running
 from experiments import srpfl
 from experiments import sst2_protocol as sst2
-from experiments.run_config import RunConfig
+from runner.run_config import RunConfig
 from scripts import reproduce
 from tests import forked_python
 
@@ -205,13 +206,13 @@ def test_estimate_probe_arithmetic():
     """A probe of 4 rounds (1st: 5 s with compile, then 1 s each) and 2 evaluations (3 s, then
     2 s) in 20 s of wall time predicts, for 150 rounds and 30 evaluations:
     startup 20 − 8 − 5 = 7, compile 5 − 1 = 4, first evaluation extra 1, 150·1 + 30·2 = 210."""
-    probe = running.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
+    probe = estimate.Probe("x", 150, 30, 20.0, [5.0, 1.0, 1.0, 1.0], [3.0, 2.0])
     assert probe.predicted_seconds() == pytest.approx(7 + 4 + 1 + 150 + 60)
     config = RunConfig().with_changes(rounds=150, eval_every=5, output_dir="d", resume=True)
-    probe, rounds, evaluations = running.probe_config(config)
+    probe, rounds, evaluations = estimate.probe_config(config)
     assert (rounds, evaluations) == (150, 30)
     assert probe == config.with_changes(rounds=4, eval_every=2, resume=False)
-    assert running.probe_config(config.with_changes(rounds=7))[1:] == (7, 2)
+    assert estimate.probe_config(config.with_changes(rounds=7))[1:] == (7, 2)
 
 
 def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy(tmp_path):

@@ -1,6 +1,6 @@
-"""scripts/train.py's command line before any heavy import: `experiments.train_flags` parses and
+"""scripts/train.py's command line before any heavy import: `runner.train_flags` parses and
 checks the flags (one line on stderr and exit status 2 for a bad one) without TensorFlow, from the
-defaults and choices of `experiments.train_options`, whose copies of the heavy modules' choices
+defaults and choices of `runner.train_options`, whose copies of the heavy modules' choices
 must match them.
 
 Everything runs in this process but the import-isolation test, which needs a fresh interpreter.
@@ -15,9 +15,9 @@ import sys
 import pytest
 from absl import flags
 
-from experiments import train_flags
-from experiments import train_options
-from experiments.run_config import RunConfig
+from runner import train_flags
+from runner import train_options
+from runner.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ def test_values_that_work_pass_and_make_the_run_directory(args, tmp_path):
 def test_importing_train_py_and_its_flags_imports_no_tensorflow():
     """In a fresh interpreter: scripts/train.py's module level (and so --help or a bad flag) needs
     absl and this project's light modules only."""
-    code = ("import sys; from scripts import train; from experiments import train_flags; "
+    code = ("import sys; from scripts import train; from runner import train_flags; "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'tensorflow_federated', 'keras', 'tffl')); "
             "assert not heavy, heavy; print('light')")
@@ -176,7 +176,7 @@ def test_the_script_owns_its_flags_for_helpshort():
 
 def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     """train_options repeats choices of modules that import TensorFlow; they must agree."""
-    from experiments import algorithms
+    from runner import algorithms
     from models import classifier_options
     from models import decoders
     from tasks import data_files
@@ -213,8 +213,8 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
 
 def test_the_lora_models_of_the_rank_check_are_the_algorithms_ones():
     """`train_options` bounds the rank of the algorithms whose model is a LoRA net
-    (`experiments.algorithms.model_for`); the same algorithms, for each representation."""
-    from experiments import algorithms
+    (`runner.algorithms.model_for`); the same algorithms, for each representation."""
+    from runner import algorithms
 
     for representation in train_options.REPRESENTATIONS:
         for algorithm in train_options.ALGORITHMS:

@@ -1,12 +1,12 @@
-"""scripts/train.py's flag errors, in this process (`experiments.train_flags`, which train.py
+"""scripts/train.py's flag errors, in this process (`runner.train_flags`, which train.py
 parses and checks with): one clear line naming the flag."""
 
 import pytest
 from absl import flags
 
-from experiments import train_flags
-from experiments import train_options
-from experiments.cli import UsageError
+from runner import train_flags
+from runner import train_options
+from runner.cli import UsageError
 
 
 def _flag_values() -> flags.FlagValues:
@@ -98,7 +98,7 @@ _VALIDATED = [
     (["--algorithm=flexlora", "--client_ranks=a"], "--client_ranks"),
 ]
 # Found while building the task (after the flags passed the checks), by
-# `experiments.training.run_algorithm`, unless the checks already refuse them (the first two:
+# `runner.training.run_algorithm`, unless the checks already refuse them (the first two:
 # `train_options` makes the library's checks of --rank and --data_dir before TensorFlow).
 _BUILD_ERRORS = [
     (["--algorithm=flora", "--client_ranks=2,65"], "--client_ranks"),
@@ -109,8 +109,8 @@ _BUILD_ERRORS = [
 
 def test_flag_checks_name_the_flag(tmp_path):
     """Both lists, in this process."""
-    from experiments import training
-    from experiments.run_config import RunConfig
+    from runner import training
+    from runner.run_config import RunConfig
 
     for i, (args, flag) in enumerate(_VALIDATED + _BUILD_ERRORS):
         flag_values = _flag_values()

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from experiments import machine
+from runner import machine
 from tests import forked_python
 from tests.scripts import train_runs
 from tffl.simulation import driver as simulation
@@ -92,7 +92,7 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, capsys):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert train_runs.rows(cut) == train_runs.rows(full)
-    # Each sitting's first round and machine (experiments.machine), in the summary too.
+    # Each sitting's first round and machine (runner.machine), in the summary too.
     summary = json.loads((cut / "summary.json").read_text())
     assert [s["first_round"] for s in summary["sittings"]] == [1, int(found.group(1)) + 1]
     assert summary["sittings"][-1]["machine"] == summary["machine"]

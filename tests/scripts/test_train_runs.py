@@ -5,7 +5,7 @@ algorithms and SRPFL participation."""
 import json
 import os
 
-from experiments import machine
+from runner import machine
 from tests.scripts import train_runs
 from tffl.simulation import driver as simulation
 
@@ -20,7 +20,7 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path, capsys):
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert rows[-1]["bytes_up_per_client"] > 0 and "eval_accuracy" in rows[-1]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    # The machine the run ran on (experiments.machine), for tracing a rerun's float differences.
+    # The machine the run ran on (runner.machine), for tracing a rerun's float differences.
     assert summary["machine"]["cpus"] == os.cpu_count() and summary["machine"]["cpu"]
     again = _run(capsys, *train_runs.FAST, "--rounds=3", f"--output_dir={tmp_path}")
     assert again.returncode == 2 and "--resume" in again.stderr

@@ -1,6 +1,6 @@
 """tffl.algorithms.registry: the one registry. Every name in it builds from its family's config and runs
 two communication rounds that change the federated weights. (tests/tffl/runtime/test_distribute.py also
-runs every entry, each on the model `experiments.algorithms.model_for` gives it.)"""
+runs every entry, each on the model `runner.algorithms.model_for` gives it.)"""
 
 import numpy as np
 import pytest

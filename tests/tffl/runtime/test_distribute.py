@@ -69,7 +69,7 @@ def _run(results, algorithm, label):
 
 def test_the_parity_child_covers_every_algorithm_train_py_offers():
     sys.path.insert(0, str(HERE.parents[2]))
-    from experiments import algorithms
+    from runner import algorithms
 
     assert set(algorithms.ALGORITHMS) <= set(ALGORITHMS)
 

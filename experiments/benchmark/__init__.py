@@ -1,9 +1,0 @@
-"""The performance benchmark behind `scripts/benchmark.py` (docs/PERFORMANCE.md).
-
-One module per job: `config` (settings, no TensorFlow), `build` (model, data and the tffl
-process per algorithm), `plain` (the baseline: the engine's client loop without TFF), `measure`
-(memory, CPU, compilation and profile helpers), `rounds` (run_rounds' callbacks that measure a
-configuration's rounds), `run` (TFF and plain rounds, alternating, per configuration), `report`
-(targets, tables, files) and `targets` (`--suite=targets`: its main setting and results, with
-`targets_plain`, its plain loop, and `targets_scale`, its scaling and large parts).
-"""
