@@ -184,7 +184,7 @@ class TensorBoardRelease:
 def announce(step: str) -> None:
     """`<step> ...` on the `tffl` logger (INFO) as a slow setup step starts (tokenizing, building
     a model or computations); train.py shows it as `tffl: <step> ...`
-    (`experiments.cli.show_progress`)."""
+    (`runner.cli.show_progress`)."""
     logging.getLogger("tffl").info("%s ...", step)
 
 
