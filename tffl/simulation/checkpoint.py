@@ -12,8 +12,7 @@ A checkpoint for round `t` is one directory `round_00000t/` holding
   dtypes, the run's configuration and the fingerprint of the frozen weights the state was trained
   against (`tffl.engine.frozen`).
 
-Checkpoints written before the names (arrays `leaf_00000`, `leaf_00001`, ..., no `names` in
-`meta.json`) load as before. It is written to a temporary directory and renamed into place, so
+A checkpoint is written to a temporary directory and renamed into place, so
 an interruption never leaves a half-written checkpoint that looks complete. Loading needs a
 *template* state of the same structure (for example `process.initialize()`) and restores by
 position: leaves are checked against it one by one, and any mismatch (another model, another
@@ -207,11 +206,13 @@ def _stored_names(path: pathlib.Path, meta: dict, template: Any,
                   variable_names: Mapping[str, Sequence[str]] | None) -> list[str]:
     """The array names of the template's leaves in the checkpoint at `path`, in order: the
     saved names, after checking their paths (and variable names, when both sides have them)
-    against the template's; `leaf_00000`, ... for a checkpoint from before the names."""
-    if "names" not in meta:
-        return [f"leaf_{i:05d}" for i in range(meta["num_leaves"])]
+    against the template's."""
+    if "names" not in meta or "paths" not in meta:
+        raise CheckpointMismatchError(
+            f"checkpoint {path} does not name its arrays (written by an earlier tffl): it cannot "
+            f"be checked against this process. Use a fresh --output_dir.")
     names, paths = leaf_names(template, variable_names)
-    saved_names, saved_paths = meta["names"], meta.get("paths", meta["names"])
+    saved_names, saved_paths = meta["names"], meta["paths"]
     for i, (name, saved, saved_name) in enumerate(zip(names, saved_paths, saved_names)):
         named_both = variable_names is not None and saved_name != saved and name != paths[i]
         if saved != paths[i] or (named_both and saved_name != name):
@@ -228,8 +229,7 @@ def load(
     """Loads the checkpoint at `path` into the structure of `template`, by position.
 
     `variable_names` (`variable_names(process)`, as given to `save`) also checks the saved
-    variable names against the template's; the structure paths are checked either way
-    (checkpoints written before the names: count and shapes only).
+    variable names against the template's; the structure paths are checked either way.
 
     Returns:
       `(state, extra, meta)`: the state with `template`'s structure and dtypes, the extra arrays,
@@ -250,9 +250,8 @@ def load(
     for i, (leaf, ref, name) in enumerate(zip(leaves, template_leaves, names)):
         ref = _to_array(ref)
         if leaf.shape != ref.shape:
-            what = f"state tensor {i}" if name.startswith("leaf_") else f"{name} (state tensor {i})"
             raise CheckpointMismatchError(
-                f"checkpoint {path}: {what} has shape {leaf.shape}, this process "
+                f"checkpoint {path}: {name} (state tensor {i}) has shape {leaf.shape}, this process "
                 f"expects {ref.shape}. {_FIX}"
             )
         restored.append(leaf.astype(ref.dtype) if ref.dtype != object else leaf)
