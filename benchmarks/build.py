@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.config import NUM_CLASSES, XLA_SUFFIX, BackboneShape, Config
+from benchmarks.config import NUM_CLASSES, XLA_SUFFIX, BackboneShape, BenchmarkConfig
 from benchmarks.plain import SubRound, lora_sub_rounds
 
 
@@ -64,7 +64,7 @@ def input_spec(sequence_length: int):
     return (x, tf.TensorSpec([None], tf.int32))
 
 
-def client_datasets(num_clients: int, config: Config, vocabulary_size: int
+def client_datasets(num_clients: int, config: BenchmarkConfig, vocabulary_size: int
                     ) -> list[tf.data.Dataset]:
     """Synthetic token data: client i has `local_steps` batches of random token ids in
     [1, vocabulary_size), a full padding mask, segment 0 and random labels in {0, 1}."""
@@ -101,7 +101,7 @@ class Built:
         return bool(self.personal)
 
 
-def build_process(algorithm: str, shape: BackboneShape, config: Config) -> Built:
+def build_process(algorithm: str, shape: BackboneShape, config: BenchmarkConfig) -> Built:
     """The TFF process of `algorithm` on `shape`, its per-client traffic and its sub-rounds."""
     from tffl.algorithms import lora_fl
     from tffl.algorithms import personalized

@@ -1,4 +1,4 @@
-"""The benchmark's settings: backbone shapes, algorithms and `Config`, and `TargetsConfig` of
+"""The benchmark's settings: backbone shapes, algorithms and `BenchmarkConfig`, and `TargetsConfig` of
 `--suite=targets` (no TensorFlow import, so `scripts/benchmark.py` checks its flags before paying
 for TensorFlow)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 
-ALGORITHMS = ("rolora", "fedavg_lora", "fedrep")
+BENCHMARKED_ALGORITHMS = ("rolora", "fedavg_lora", "fedrep")
 # "<algorithm>+xla": the same process with its client step XLA-compiled inside the client
 # computation (`jit_compile=True`), to compare against the plain one in the same run.
 XLA_SUFFIX = "+xla"
@@ -49,12 +49,12 @@ BACKBONES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class BenchmarkConfig:
     """Everything `run_benchmark` needs (the flags, parsed). See the module docstring."""
 
     backbones: tuple[str, ...] = ("tiny",)
     clients_per_round: tuple[int, ...] = (5, 20)
-    algorithms: tuple[str, ...] = ALGORITHMS
+    algorithms: tuple[str, ...] = BENCHMARKED_ALGORITHMS
     local_steps: int = 5
     rounds: int = 3
     batch_size: int = 8

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import pathlib
 
-from benchmarks.config import GOAL_OVERHEAD, TARGET_MEMORY_RATIO, TARGET_OVERHEAD, Config
+from benchmarks.config import GOAL_OVERHEAD, TARGET_MEMORY_RATIO, TARGET_OVERHEAD, BenchmarkConfig
 
 
 def _mb(n: int | float | None) -> float:
     return float("nan") if n is None else n / 2**20
 
 
-def evaluate_targets(rows: list[dict], config: Config) -> dict:
+def evaluate_targets(rows: list[dict], config: BenchmarkConfig) -> dict:
     """Status against the targets, from the rows that bear on each."""
     out: dict = {}
     overhead = [r for r in rows if r["backbone"] == "small" and r["clients_per_round"] == 10

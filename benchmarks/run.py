@@ -17,7 +17,7 @@ import psutil
 import tensorflow as tf
 
 from benchmarks.build import Built, build_process, client_datasets
-from benchmarks.config import BACKBONES, BackboneShape, Config
+from benchmarks.config import BACKBONES, BackboneShape, BenchmarkConfig
 from benchmarks.measure import (CompileCounter, PeakSampler, mean, profile_summary,
                                 profile_text, profile_tff_call, state_round_trip_seconds)
 from benchmarks.plain import PlainLoop
@@ -34,7 +34,7 @@ def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
                      for x, y in zip(a, b, strict=True)))
 
 
-def _plain_loops(built: Built, model: tf.keras.Model, config: Config) -> dict[str, PlainLoop]:
+def _plain_loops(built: Built, model: tf.keras.Model, config: BenchmarkConfig) -> dict[str, PlainLoop]:
     """The plain loops of a configuration: `plain`, `plain_xla` with --jit_compile, and
     `plain_nocache` when a phase runs several epochs."""
     def loop(jit_compile: bool, cache_features: bool = True) -> PlainLoop:
@@ -51,7 +51,7 @@ def _plain_loops(built: Built, model: tf.keras.Model, config: Config) -> dict[st
 
 
 def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data.Dataset],
-                      model: tf.keras.Model, config: Config, sampler: PeakSampler,
+                      model: tf.keras.Model, config: BenchmarkConfig, sampler: PeakSampler,
                       log: Callable[[str], None], output_dir: pathlib.Path | None = None
                       ) -> dict:
     """TFF and plain rounds, alternating, on a fresh TFF worker; returns the configuration's row.
@@ -105,7 +105,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
     return _configuration_row(built, num_clients, config, measured, state_io, diffs, plain)
 
 
-def _run_tff_rounds(built: Built, rounds: BenchmarkRounds, num_clients: int, config: Config,
+def _run_tff_rounds(built: Built, rounds: BenchmarkRounds, num_clients: int, config: BenchmarkConfig,
                     state, stem: str, run_dir):
     """All benchmark rounds through run_rounds, from `state`; returns the final state and (for
     personalized algorithms) the clients' personal states."""
@@ -182,7 +182,7 @@ def _record_worker_hwm(worker: psutil.Process, tff_peak: dict[str, int]) -> None
                 tff_peak["worker_hwm"] = int(line.split()[1]) * 1024
 
 
-def _configuration_row(built: Built, num_clients: int, config: Config, measured: Measurements,
+def _configuration_row(built: Built, num_clients: int, config: BenchmarkConfig, measured: Measurements,
                        state_io: float, diffs: dict[str, float],
                        plain: dict[str, PlainLoop]) -> dict:
     """The configuration's row: the TFF side's figures, then each plain loop's, then the ratios."""
@@ -249,7 +249,7 @@ def _plain_figures(name: str, loop: PlainLoop, measured: Measurements) -> dict:
     }
 
 
-def run_benchmark(config: Config, log: Callable[[str], None] = print,
+def run_benchmark(config: BenchmarkConfig, log: Callable[[str], None] = print,
                   shapes: dict[str, BackboneShape] | None = None,
                   output_dir: pathlib.Path | None = None) -> dict:
     """Builds every process first (TFF traces Keras models in graphs, which invalidates eager

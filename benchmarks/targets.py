@@ -141,7 +141,7 @@ def _build_main_tasks(config: TargetsConfig, log) -> dict:
     tasks = {}
     for name, cached in (("previous", False), ("tff", True)):
         started = time.perf_counter()
-        tasks[name] = registry.build_task(TaskSpec().with_changes(task="sst2",
+        tasks[name] = registry.build_run_task(TaskSpec().with_changes(task="sst2",
             num_clients=config.num_clients, batch_size=config.batch_size,
             local_steps=config.local_steps, seed=config.seed, data_dir=config.data_dir,
             backbone="minilm", rank=config.rank, lora_layers=config.lora_layers,

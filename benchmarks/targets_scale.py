@@ -51,7 +51,7 @@ def scaling_child(n: int, data_dir: str) -> dict:
 
     cli.quiet_python_logs()
     config = TargetsConfig(data_dir=data_dir)
-    task = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=n,
+    task = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=n,
         batch_size=config.batch_size, local_steps=2, seed=config.seed, data_dir=config.data_dir,
         backbone="minilm", rank=config.rank, lora_layers=config.lora_layers,
         sequence_length=config.sequence_length, partition="iid"))

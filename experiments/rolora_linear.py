@@ -20,7 +20,7 @@ LINEAR_METHODS = ("rolora", "ffa_lora", "fedavg_lora")
 
 
 @dataclasses.dataclass(frozen=True)
-class LinearConfig:
+class LinearExperimentConfig:
     dim: int
     num_clients: int
     num_samples: int
@@ -36,14 +36,14 @@ class LinearConfig:
 
 
 LINEAR_SCALES = {
-    "small": LinearConfig(dim=10, num_clients=5, num_samples=1000, local_steps=10,
+    "small": LinearExperimentConfig(dim=10, num_clients=5, num_samples=1000, local_steps=10,
                           learning_rate=0.1, rounds=40, seeds=1),
-    "full": LinearConfig(dim=50, num_clients=10, num_samples=2000, local_steps=10,
+    "full": LinearExperimentConfig(dim=50, num_clients=10, num_samples=2000, local_steps=10,
                          learning_rate=0.1, rounds=100, seeds=5),
 }
 
 
-def lora_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS,
+def lora_processes(config: LinearExperimentConfig, methods: Sequence[str] = LINEAR_METHODS,
                      a0=None) -> dict:
     """The TFF processes of `methods` on f(X) = X·a·bᵀ (a: d×1 `lora_a`, b: 1×d `lora_b`) with
     the paper's loss (1/m)‖Y − X a bᵀ‖²_F per batch, starting from a = `a0` if given (needed
@@ -71,7 +71,7 @@ def lora_processes(config: LinearConfig, methods: Sequence[str] = LINEAR_METHODS
             for m in methods}
 
 
-def linear_problem(config: LinearConfig, setting: str, seed: int):
+def linear_problem(config: LinearExperimentConfig, setting: str, seed: int):
     """The data and a⁰ (a unit vector, the same for every method) of one setting and seed."""
     import numpy as np
 
@@ -119,7 +119,7 @@ def centralized_optimum(problem, a0, iterations: int = 2000):
     return a, b
 
 
-def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str,
+def linear_unit(config: LinearExperimentConfig, processes: dict, setting: str, method: str,
                 seed: int, output_dir: os.PathLike | str | None = None) -> dict:
     """One method on one problem, driven by `tffl.simulation.driver.run_rounds` (its metrics.csv and
     checkpoints go to `output_dir`, default a temporary folder); must run inside
@@ -169,7 +169,7 @@ def linear_unit(config: LinearConfig, processes: dict, setting: str, method: str
             "upload_floats": (2 if method == "fedavg_lora" else 1) * config.dim}
 
 
-def _linear_reference(config: LinearConfig, setting: str, seed: int) -> dict:
+def _linear_reference(config: LinearExperimentConfig, setting: str, seed: int) -> dict:
     import numpy as np
 
     from tasks.subspace import sin_theta

@@ -28,7 +28,7 @@ def run_srpfl_speedup(ctx: Context) -> Result:
     from experiments import srpfl_speedup as sp
     from tffl import runtime
 
-    config = sp.Config(repeats=SRPFL_SCALES[ctx.scale]["repeats"], seed=ctx.seed)
+    config = sp.SpeedupConfig(repeats=SRPFL_SCALES[ctx.scale]["repeats"], seed=ctx.seed)
     rows = []
     todo = []
     for n in config.num_clients:

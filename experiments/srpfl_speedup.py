@@ -39,7 +39,7 @@ _NUM_CLIENTS = "client_work/train/num_clients"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class SpeedupConfig:
     """Everything `run_comparison` needs (the flags, parsed). See the module docstring."""
 
     num_clients: tuple[int, ...] = (100, 1000)
@@ -119,7 +119,7 @@ def theorem_4_6_speedup(num_clients: int, communication_cost: float, target_fact
     return (math.log(num_clients) + 2 * log_c) / (6 * (communication_cost + 1) + 4 * log_c)
 
 
-def _run_one(config: Config, process, num_clients: int, repeat: int,
+def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
              log: Callable[[str], None], output_dir: pathlib.Path) -> list[dict]:
     """Both methods on one problem (one N, one repeat); rows for every C and method.
 
@@ -269,7 +269,7 @@ def _run_one(config: Config, process, num_clients: int, repeat: int,
     return rows
 
 
-def run_comparison(config: Config, log: Callable[[str], None] = print,
+def run_comparison(config: SpeedupConfig, log: Callable[[str], None] = print,
                    output_dir: os.PathLike | str | None = None) -> list[dict]:
     """Runs FedRep and SRPFL for every N and repeat; one row per (N, repeat, C, method).
 
@@ -309,7 +309,7 @@ def _fmt(value, spec="{:.2f}") -> str:
     return spec.format(value)
 
 
-def summarize(config: Config, rows: list[dict]) -> list[dict]:
+def summarize(config: SpeedupConfig, rows: list[dict]) -> list[dict]:
     """Means over repeats per (N, C, method); speedup = mean FedRep time / mean SRPFL time."""
     summary = []
     for num_clients in config.num_clients:
@@ -345,7 +345,7 @@ def summarize(config: Config, rows: list[dict]) -> list[dict]:
     return summary
 
 
-def format_tables(config: Config, rows: list[dict]) -> str:
+def format_tables(config: SpeedupConfig, rows: list[dict]) -> str:
     """The Markdown tables the script prints: the speedup table and the per-repeat details."""
     header = ("| N | C | method | rounds to target | simulated time to target | E[time] of those "
               "rounds | speedup (FedRep / SRPFL) | per-repeat speedups | Thm 4.6 guaranteed "
@@ -388,7 +388,7 @@ _CSV_COLUMNS = ("num_clients", "repeat", "seed", "method", "communication_cost",
                 "rounds_to_target", "simulated_time", "expected_time", "speedup")
 
 
-def write_outputs(output_dir: pathlib.Path, config: Config, rows: list[dict], tables: str,
+def write_outputs(output_dir: pathlib.Path, config: SpeedupConfig, rows: list[dict], tables: str,
                   command: str) -> None:
     with open(output_dir / "srpfl_speedup.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=_CSV_COLUMNS, extrasaction="ignore")

@@ -29,7 +29,7 @@ from tffl.simulation import srpfl
 
 # The Keras-model algorithms of the one list (`tffl.algorithms.registry.ALGORITHMS`; its `linear`
 # family runs in the synthetic experiments, not in train.py).
-ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family != "linear")
+KERAS_ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family != "linear")
 LORA_ALGORITHMS = tuple(n for n, a in registry.ALGORITHMS.items() if a.family == "lora")
 PERSONALIZED_ALGORITHMS = tuple(
     n for n, a in registry.ALGORITHMS.items() if a.family == "personalized")

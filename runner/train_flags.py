@@ -54,7 +54,7 @@ _ALGORITHM_HELP = (
 SPECS = (
     Flag("list", "algorithm", None,
          "Algorithm, or a comma-separated list to compare on the same task: "
-         + ", ".join(train_options.ALGORITHMS) + _ALGORITHM_HELP),
+         + ", ".join(train_options.KERAS_ALGORITHMS) + _ALGORITHM_HELP),
     Flag("enum", "representation", train_options.REPRESENTATIONS,
          "Personalized algorithms: the shared representation is an MLP (mlp), LoRA adapters "
          "averaged jointly (lora), or alternately, RoLoRA-style (lora_alternating: a B round then "

@@ -31,13 +31,13 @@ from runner import cli
 from runner.cli import UsageError
 from runner.run_config import RunConfig
 
-# `runner.algorithms`: ALGORITHMS (the Keras-model ones of `tffl.algorithms.registry`),
+# `runner.algorithms`: KERAS_ALGORITHMS (the Keras-model ones of `tffl.algorithms.registry`),
 # LORA_ALGORITHMS (its `lora` family), REPRESENTATIONS, PARTICIPATIONS, STRAGGLER_MODELS,
 # OPTIMIZERS; `tasks.registry`: TASKS, TEXT_TASKS, INSTRUCT_TASKS, BACKBONES, PARTITIONS;
 # `models.decoders`: DECODERS.
-ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
-              "fedsa_lora", "rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora",
-              "rolora_ffa")
+KERAS_ALGORITHMS = ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute", "adaptpfl",
+                    "fedsa_lora", "rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora",
+                    "rolora_ffa")
 LORA_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora", "flexlora", "flora", "rolora_ffa")
 REPRESENTATIONS = ("mlp", "lora", "lora_alternating")
 PARTICIPATIONS = ("uniform", "full", "srpfl")
@@ -405,11 +405,11 @@ def check(options: Mapping[str, Any], present: Collection[str] = ()) -> None:
     but does nothing for the chosen algorithm).
     """
     algorithm = options["algorithm"]
-    unknown = [a for a in algorithm if a not in ALGORITHMS]
+    unknown = [a for a in algorithm if a not in KERAS_ALGORITHMS]
     if unknown or not algorithm:
         raise UsageError(f"flag --algorithm={','.join(algorithm)}: unknown "
                          f"{', '.join(unknown) or 'empty'}; choose from "
-                         f"{', '.join(ALGORITHMS)}")
+                         f"{', '.join(KERAS_ALGORITHMS)}")
     if len(set(algorithm)) != len(algorithm):
         raise UsageError(f"flag --algorithm={','.join(algorithm)}: names repeat")
     _check_workers(options)

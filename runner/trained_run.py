@@ -8,7 +8,7 @@ its output folder.
 
 `trained_model(run_dir)` rebuilds the run's model from that folder exactly as the run built it:
 the `RunConfig` (`run_config`: config.json, or the identity the checkpoint recorded for runs from
-before it) -> the task and the algorithm's process (`runner.training.build_task`,
+before it) -> the task and the algorithm's process (`runner.training.run_task_for`,
 `build_process`, after the same random seed, so a random test backbone is drawn again as it was;
 the frozen weights' fingerprint proves it) -> the newest checkpoint loaded into the process's
 state -> `process.model_weights(state)` assigned to a fresh `task.keras_model_fn()`. For an
@@ -139,7 +139,7 @@ def trained_model(run_dir: str | pathlib.Path, data_dir: str | None = None,
     # random (tiny) backbone; the fingerprint check below proves it.
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     with runtime.distribute_runtime():
-        task = training.build_task(recorded["algorithm"], config)
+        task = training.run_task_for(recorded["algorithm"], config)
         process = training.build_process(recorded["algorithm"], task, config)
         if process.frozen_fingerprint != meta.get("frozen_fingerprint"):
             raise ValueError(

@@ -94,11 +94,11 @@ def task_spec(algorithm: str, config: RunConfig) -> TaskSpec:
         eval_test=config.output.eval_test)
 
 
-def build_task(algorithm: str, config: RunConfig):
+def run_task_for(algorithm: str, config: RunConfig):
     """The `tasks.registry.RunTask` of `algorithm`'s run of `config` (`UsageError` naming the
     flag of a value the task refuses)."""
     try:
-        return registry.build_task(task_spec(algorithm, config))
+        return registry.build_run_task(task_spec(algorithm, config))
     except ValueError as e:
         raise _as_usage_error(e, config) from None
 
@@ -224,7 +224,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
 
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     identity = run_identity(config, algorithm)
-    task = build_task(algorithm, config)
+    task = run_task_for(algorithm, config)
     rounds = config.algorithm.rounds
     print(f"tffl: {algorithm} on {task.description}; {participants(config)}, "
           f"{counted(rounds, 'communication round')} -> {output_dir}", flush=True)
@@ -317,7 +317,7 @@ def evaluate_untrained(algorithm: str, output_dir: pathlib.Path, config: RunConf
     of a run of 0 rounds (`final`: the `eval_*` metrics; `provenance` and `machine` as every
     run's), and returned. Must run inside a `tffl.runtime` context."""
     tf.keras.utils.set_random_seed(config.algorithm.seed)
-    task = build_task(algorithm, config)
+    task = run_task_for(algorithm, config)
     print(f"tffl: {algorithm} untrained on {task.description} -> {output_dir}", flush=True)
     started = time.perf_counter()
     process = build_process(algorithm, task, config)

@@ -93,7 +93,8 @@ from collections.abc import Sequence  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from benchmarks.config import ALGORITHMS, BACKBONES, XLA_SUFFIX, Config  # noqa: E402
+from benchmarks.config import (  # noqa: E402
+    BACKBONES, BENCHMARKED_ALGORITHMS, XLA_SUFFIX, BenchmarkConfig)
 from runner import cli  # noqa: E402
 from runner import tensorflow_import  # noqa: E402
 from runner.cli import UsageError  # noqa: E402
@@ -103,7 +104,7 @@ from runner.cli import UsageError  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
-# Flags -> Config
+# Flags -> BenchmarkConfig
 
 # The flags live in their own FlagValues, so that this module can be imported beside other
 # scripts that define flags of the same names (e.g. --rank in scripts/srpfl_speedup.py).
@@ -115,7 +116,8 @@ _CLIENTS_PER_ROUND = flags.DEFINE_list(
     "clients_per_round", "5,20", "Clients per round n, a comma-separated list (10,50,100,200 for "
     "the scaling targets).", flag_values=FLAGS)
 _ALGORITHMS = flags.DEFINE_list(
-    "algorithms", ",".join(ALGORITHMS), "Processes to measure: " + ", ".join(ALGORITHMS) + "; "
+    "algorithms", ",".join(BENCHMARKED_ALGORITHMS),
+    "Processes to measure: " + ", ".join(BENCHMARKED_ALGORITHMS) + "; "
     "append +xla (e.g. fedavg_lora+xla) for the process with its client step XLA-compiled.",
     flag_values=FLAGS)
 _LOCAL_STEPS = flags.DEFINE_integer(
@@ -176,10 +178,11 @@ def _names(name: str, allowed: Sequence[str]) -> tuple[str, ...]:
     return values
 
 
-def config_from_flags() -> Config:
+def config_from_flags() -> BenchmarkConfig:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
     backbones = _names("backbones", tuple(BACKBONES))
-    algorithms = _names("algorithms", (*ALGORITHMS, *(a + XLA_SUFFIX for a in ALGORITHMS)))
+    algorithms = _names("algorithms", (*BENCHMARKED_ALGORITHMS,
+                                       *(a + XLA_SUFFIX for a in BENCHMARKED_ALGORITHMS)))
     clients = cli.int_list("clients_per_round", FLAGS["clients_per_round"].value, unique=True)
     for n in clients:
         cli.at_least("clients_per_round", n, 1)
@@ -200,7 +203,7 @@ def config_from_flags() -> Config:
     if not (math.isfinite(_LEARNING_RATE.value) and _LEARNING_RATE.value > 0):
         raise UsageError(f"flag --learning_rate={_LEARNING_RATE.value}: must be a finite number "
                          "> 0")
-    return Config(
+    return BenchmarkConfig(
         backbones=backbones, clients_per_round=tuple(sorted(clients)), algorithms=algorithms,
         local_steps=_LOCAL_STEPS.value, rounds=_ROUNDS.value, batch_size=_BATCH_SIZE.value,
         sequence_length=_SEQUENCE_LENGTH.value, rank=_RANK.value,

@@ -101,7 +101,7 @@ from runner.cli import UsageError  # noqa: E402
 # flags are validated, so that a bad flag fails in about a second.
 
 from experiments.srpfl_speedup import (  # noqa: E402
-    STRAGGLERS, Config, format_tables, run_comparison, write_outputs)
+    STRAGGLERS, SpeedupConfig, format_tables, run_comparison, write_outputs)
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a
@@ -153,7 +153,7 @@ def define_flags(flag_values: flags.FlagValues) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Flags -> Config
+# Flags -> SpeedupConfig
 
 
 def _int_list(fv: flags.FlagValues, name: str) -> tuple[int, ...]:
@@ -167,7 +167,7 @@ def _float_list(fv: flags.FlagValues, name: str) -> tuple[float, ...]:
 _at_least = cli.at_least
 
 
-def config_from_flags(fv: flags.FlagValues) -> Config:
+def config_from_flags(fv: flags.FlagValues) -> SpeedupConfig:
     """Validates the flags together; raises `UsageError` (one line naming the flag)."""
     num_clients = _num_clients(fv)
     n0 = fv.initial_participants
@@ -184,7 +184,7 @@ def config_from_flags(fv: flags.FlagValues) -> Config:
         raise UsageError(f"flag --target_factor={target_factor}: must be > 1 (the target is "
                          "ĉ × the floor, and the floor itself is only reached on average)")
     _check_run_flags(fv)
-    return Config(
+    return SpeedupConfig(
         num_clients=num_clients,
         initial_participants=n0,
         dim=fv.dim,
@@ -294,7 +294,7 @@ def _output_dir(fv: flags.FlagValues) -> pathlib.Path:
 # main
 
 
-def _warn_about_target(config: Config, log: Callable[[str], None]) -> None:
+def _warn_about_target(config: SpeedupConfig, log: Callable[[str], None]) -> None:
     """The paper's fairness condition: ε must need all N clients, ĉ < √(N / n_last)."""
     for n in config.num_clients:
         sizes = [config.initial_participants]
@@ -347,7 +347,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def parse(argv: list[str], flag_values: flags.FlagValues) -> tuple[Config, pathlib.Path]:
+def parse(argv: list[str], flag_values: flags.FlagValues) -> tuple[SpeedupConfig, pathlib.Path]:
     """Parses `argv` into `flag_values` (holding `define_flags`' flags) and checks the values
     together, creating the output folder; returns the config and the folder. A bad flag is one
     line on stderr and `SystemExit(2)`, as on the command line; nothing heavy is imported."""

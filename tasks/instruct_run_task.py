@@ -2,7 +2,7 @@
 with LoRA, from SST-2 or the review domains as sentiment prompts, or from the user's own
 instruction files.
 
-`instruct_run_task(spec)` is what `tasks.registry.build_task` makes of a `TaskSpec` whose task is
+`instruct_run_task(spec)` is what `tasks.registry.build_run_task` makes of a `TaskSpec` whose task is
 "sst2_instruct", "reviews_instruct" or "instruct".
 
 **Sentiment prompts** (`sst2_instruct`, `reviews_instruct`). Every example is

@@ -1,6 +1,6 @@
 """Task names -> `RunTask`s: a model, its clients and their per-round data, and an evaluator.
 
-`build_task(spec)` is what `--task` (with the data, backbone, partition and batching flags)
+`build_run_task(spec)` is what `--task` (with the data, backbone, partition and batching flags)
 becomes, for a `tasks.task_config.TaskSpec`. The algorithm side (`--algorithm`, optimizers,
 samplers, evaluators) is `runner/algorithms.py`. Dependencies point one way: tasks ->
 models, tasks -> tffl.
@@ -11,7 +11,7 @@ and the dataset helpers are `tasks.run_task`; the text classification tasks are
 
 >>> from tasks.task_config import TaskSpec
 >>> spec = TaskSpec().with_changes(task="digits", num_clients=3, partition="iid", local_steps=2)
->>> task = build_task(spec)
+>>> task = build_run_task(spec)
 >>> task.client_ids
 ['client_000', 'client_001', 'client_002']
 >>> task.description
@@ -147,7 +147,7 @@ BACKBONES = (*text_run_task.BACKBONES, *DECODERS)
 PARTITIONS = ("iid", "shards", "dirichlet")
 
 
-def build_task(spec: TaskSpec) -> RunTask:
+def build_run_task(spec: TaskSpec) -> RunTask:
     """The task `spec.task.task` with the model `spec.net` (image tasks), a LoRA classifier on
     `spec.model.backbone` (text classification tasks) or a decoder with LoRA (instruction
     tasks). `spec.task.data_dir`: a folder laid out as ../shared/data (mnist/mnist_5k.csv.gz,

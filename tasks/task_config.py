@@ -1,5 +1,5 @@
 """A task's choices, typed: its data and clients (`TaskConfig`), the model trained on it
-(`ModelConfig`), and one run's use of both (`TaskSpec`, what `tasks.registry.build_task` takes).
+(`ModelConfig`), and one run's use of both (`TaskSpec`, what `tasks.registry.build_run_task` takes).
 
 `TaskConfig` and `ModelConfig` are two sections of the runner's `runner.run_config.RunConfig`
 (each field is `scripts/train.py`'s flag of the same name); `TaskSpec` adds what the run's other

@@ -1,7 +1,7 @@
 """The text classification tasks' `RunTask`s: a LoRA classifier on a BERT over SST-2, the review
 domains, or the user's own labelled text (files or a TFDS dataset).
 
-`text_run_task(spec)` is what `tasks.registry.build_task` makes of a `TaskSpec` whose task is
+`text_run_task(spec)` is what `tasks.registry.build_run_task` makes of a `TaskSpec` whose task is
 "sst2", "reviews" or "text". Its steps, one function each: check the options
 (`_check_text_options`), make the tokenizer (`_tokenizer`), load the tokenized task and its
 held-out test split (`load_text_task`; the user's rows: `_user_text_task`), build the LoRA

@@ -39,7 +39,7 @@ def test_optimizers_by_name():
 
 
 def test_samplers_by_name():
-    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=8, batch_size=4,
+    task = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=8, batch_size=4,
         local_steps=1, seed=0, partition="iid"))
     def sampler(**changes):
         return algorithms.build_sampler(task, ParticipationConfig(**changes), 0)
@@ -71,7 +71,7 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     from tffl import runtime
     from tffl.simulation import driver as simulation
 
-    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=16,
+    task = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=16,
         local_steps=2, seed=1, net="pfl_mlp", partition="iid"))
     ids = task.client_ids
     assert task.global_test_size == sum(

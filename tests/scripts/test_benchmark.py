@@ -30,7 +30,7 @@ SCRIPT = REPO / "scripts" / "benchmark.py"
 
 MICRO = benchmark_config.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
                                 intermediate_dim=16, vocabulary_size=50, max_sequence_length=16)
-CONFIG = benchmark_config.Config(
+CONFIG = benchmark_config.BenchmarkConfig(
     backbones=("micro",), clients_per_round=(1, 2), algorithms=("rolora", "fedrep"),
     local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5,
     head_epochs=2)

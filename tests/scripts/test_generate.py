@@ -286,7 +286,7 @@ def checkpoint_model(trained):
     meta = json.loads((folder / "meta.json").read_text())
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     with runtime.distribute_runtime():
-        task = training.build_task("fedavg_lora", config)
+        task = training.run_task_for("fedavg_lora", config)
         process = training.build_process("fedavg_lora", task, config)
         assert process.frozen_fingerprint == meta["frozen_fingerprint"]
         state, _, _ = checkpoint.load(folder, template=process.initialize())

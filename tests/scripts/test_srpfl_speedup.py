@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "srpfl_speedup.py"
 
 TAU = 2
-CONFIG = srpfl_speedup.Config(
+CONFIG = srpfl_speedup.SpeedupConfig(
     num_clients=(16, 64),
     initial_participants=2,
     dim=6,

@@ -186,7 +186,7 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     from tasks import text_run_task
     from tasks.task_config import TaskConfig
 
-    for name in ("ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
+    for name in ("KERAS_ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
                  "STRAGGLER_MODELS", "OPTIMIZERS"):
         assert getattr(train_options, name) == getattr(algorithms, name), name
     for name in ("TASKS", "BACKBONES", "PARTITIONS"):
@@ -217,7 +217,7 @@ def test_the_lora_models_of_the_rank_check_are_the_algorithms_ones():
     from runner import algorithms
 
     for representation in train_options.REPRESENTATIONS:
-        for algorithm in train_options.ALGORITHMS:
+        for algorithm in train_options.KERAS_ALGORITHMS:
             if algorithm == "adaptpfl" and representation != "mlp":
                 continue  # refused by the checks
             options = dict(train_options.DEFAULTS, algorithm=[algorithm], rank=65,

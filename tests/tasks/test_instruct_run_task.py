@@ -76,7 +76,7 @@ def sst2_folder(tmp_path_factory):
 def _task(folder, **kwargs):
     args = dict(num_clients=3, batch_size=4, local_steps=2, seed=0, data_dir=folder, partition="iid",
                 backbone="gpt2_tiny", rank=2)
-    return registry.build_task(TaskSpec().with_changes(task="sst2_instruct", **{**args, **kwargs}))
+    return registry.build_run_task(TaskSpec().with_changes(task="sst2_instruct", **{**args, **kwargs}))
 
 
 def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2_folder):
@@ -146,7 +146,7 @@ def test_bad_values_are_one_line_errors(sst2_folder, kwargs, message):
 
 def test_the_review_domains_need_their_folder():
     with pytest.raises(ValueError, match="data_dir is needed: task 'reviews_instruct'"):
-        registry.build_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
+        registry.build_run_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
             batch_size=4, local_steps=1, seed=0, backbone="gpt2_tiny", partition="iid"))
 
 
@@ -161,7 +161,7 @@ def test_the_decoders_lora_targets_are_their_layers_own():
 
 def test_the_review_domains_are_natural_clients_of_the_instruction_task(sample_data):
     """Reviews longer than the decoder's 1,024 positions lose their start, not their answer."""
-    task = registry.build_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
+    task = registry.build_run_task(TaskSpec().with_changes(task="reviews_instruct", num_clients=5,
         batch_size=4, local_steps=1, seed=0, data_dir=sample_data, backbone="gpt2_tiny", rank=2, partition="iid"))
     assert "L=up to 1024 tokens" in task.description
     assert task.client_ids == ["airline", "books", "dvd", "electronics", "kitchen"]

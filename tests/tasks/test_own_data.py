@@ -166,7 +166,7 @@ def test_the_users_instructions_are_packed_prompt_then_response_then_end(tmp_pat
                                    train_file=str(tmp_path / "train.jsonl"),
                                    dev_file=str(tmp_path / "dev.jsonl"), client_column="user",
                                    local_steps=1, batch_size=2)
-    task = registry.build_task(spec)
+    task = registry.build_run_task(spec)
     assert task.client_ids == ["ann", "bob"] and task.random_backbone
     ((x, y),) = list(task.client_dataset_fn("ann", 1))
     expected = {r["prompt"]: (1 + len(r["prompt"].encode()),

@@ -12,7 +12,7 @@ def _batches(ds):
 
 
 def test_client_rounds_take_exactly_local_steps_batches_deterministically():
-    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=5, batch_size=7,
+    task = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=5, batch_size=7,
         local_steps=4, seed=3, partition="iid"))
     assert len(task.client_ids) == 5
     cid = task.client_ids[2]
@@ -25,15 +25,15 @@ def test_client_rounds_take_exactly_local_steps_batches_deterministically():
 
 
 def test_description_counts_clients_in_the_singular_and_plural():
-    one = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=1, batch_size=7,
+    one = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=1, batch_size=7,
         local_steps=1, seed=0, partition="iid"))
-    three = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=7,
+    three = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=7,
         local_steps=1, seed=0, partition="iid"))
     assert ", 1 client;" in one.description and ", 3 clients;" in three.description
 
 
 def test_shards_partition_gives_k_classes_per_client():
-    task = registry.build_task(TaskSpec().with_changes(task="digits", num_clients=10,
+    task = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=10,
         batch_size=500, local_steps=1, seed=0, partition="shards", classes_per_client=2))
     for cid in task.client_ids:
         (_, y), = _batches(task.client_dataset_fn(cid, 1))
@@ -41,7 +41,7 @@ def test_shards_partition_gives_k_classes_per_client():
 
 
 def test_mnist_from_shared_data(shared_data):
-    task = registry.build_task(TaskSpec().with_changes(task="mnist", num_clients=20, batch_size=8,
+    task = registry.build_run_task(TaskSpec().with_changes(task="mnist", num_clients=20, batch_size=8,
         local_steps=2, seed=0, data_dir=shared_data, partition="iid"))
     (x, y), _ = _batches(task.client_dataset_fn(task.client_ids[0], 1))
     assert x.shape == (8, 784) and 0.0 <= x.min() and x.max() <= 1.0
@@ -50,13 +50,13 @@ def test_mnist_from_shared_data(shared_data):
 
 def test_unknown_names_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown task 'nope'"):
-        registry.build_task(TaskSpec().with_changes(task="nope", num_clients=2, batch_size=1,
+        registry.build_run_task(TaskSpec().with_changes(task="nope", num_clients=2, batch_size=1,
             local_steps=1, seed=0, partition="iid"))
     with pytest.raises(ValueError, match="unknown partition 'nope'"):
-        registry.build_task(TaskSpec().with_changes(task="digits", num_clients=2, batch_size=1,
+        registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=2, batch_size=1,
             local_steps=1, seed=0, partition="nope"))
     with pytest.raises(FileNotFoundError, match="mnist_5k.csv.gz"):
-        registry.build_task(TaskSpec().with_changes(task="mnist", num_clients=2, batch_size=1,
+        registry.build_run_task(TaskSpec().with_changes(task="mnist", num_clients=2, batch_size=1,
             local_steps=1, seed=0, data_dir=tmp_path, partition="iid"))
 
 
@@ -74,7 +74,7 @@ def test_review_domains_are_clients_with_ordered_text_features(sample_data):
     import collections
 
     _minilm_or_skip()
-    task = registry.build_task(TaskSpec().with_changes(task="reviews", num_clients=10, batch_size=4,
+    task = registry.build_run_task(TaskSpec().with_changes(task="reviews", num_clients=10, batch_size=4,
         local_steps=2, seed=0, data_dir=sample_data, sequence_length=16, prefix_cache=False,
         bucket_by_length=False, partition="iid"))
     assert sorted(task.client_ids) == sorted(
@@ -86,7 +86,7 @@ def test_review_domains_are_clients_with_ordered_text_features(sample_data):
     assert x["token_ids"].shape == (4, 16) and set(np.unique(y.numpy())) <= {0, 1}
     # The default: the tiny BERT adapts every layer, so only the embeddings are cached, and the
     # clients get h_0 (width 64) in batches cut to their longest example.
-    cached = registry.build_task(TaskSpec().with_changes(task="reviews", num_clients=10,
+    cached = registry.build_run_task(TaskSpec().with_changes(task="reviews", num_clients=10,
         batch_size=4, local_steps=2, seed=0, data_dir=sample_data, sequence_length=16, partition="iid"))
     batches = list(cached.client_dataset_fn(task.client_ids[0], 1))
     assert len(batches) == 2
@@ -98,7 +98,7 @@ def test_review_domains_are_clients_with_ordered_text_features(sample_data):
     ids, train, test = task.client_eval_data()
     assert ids == task.client_ids and len(train) == len(test) == 10
     with pytest.raises(ValueError, match="multiple of 5"):
-        registry.build_task(TaskSpec().with_changes(task="reviews", num_clients=7, batch_size=4,
+        registry.build_run_task(TaskSpec().with_changes(task="reviews", num_clients=7, batch_size=4,
             local_steps=1, seed=0, data_dir=sample_data, partition="iid"))
 
 
@@ -112,7 +112,7 @@ def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(samp
     import csv
 
     _minilm_or_skip()
-    task = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=512,
+    task = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=512,
         local_steps=1, seed=0, data_dir=sample_data, sequence_length=8, prefix_cache=False,
         bucket_by_length=False, partition="dirichlet", eval_test=True))
 
@@ -128,7 +128,7 @@ def test_sst2_labeled_test_split_is_cut_per_client_like_the_training_labels(samp
     t, n = label_counts(heldout), label_counts(train)
     np.testing.assert_array_equal(t.sum(axis=0), np.bincount(labels, minlength=2))
     assert np.all(np.abs(t - np.bincount(labels) * n / n.sum(axis=0)) < 1)
-    assert registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
+    assert registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
         local_steps=1, seed=0, data_dir=sample_data, sequence_length=8,
         prefix_cache=False, partition="iid")).client_heldout_data is None
 
@@ -142,7 +142,7 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(sample_data):
     from models import hf_bert
 
     folder = _minilm_or_skip()
-    task = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
+    task = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
         local_steps=1, seed=0, data_dir=sample_data, backbone="minilm", sequence_length=16, rank=2,
         prefix_cache=False, partition="iid"))
     pretrained = task.pretrained_non_trainable()
@@ -158,7 +158,7 @@ def test_minilm_pretrained_weights_fit_the_adapted_architecture(sample_data):
     assert any(p.shape == embeddings.shape and np.array_equal(p, embeddings) for p in pretrained)
     # With the prefix cache (LoRA on layers 3-5), the clients' model starts at layer 3: its
     # frozen weights are the checkpoint's layers 3-5 and pooler, and no embeddings.
-    cached = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
+    cached = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
         local_steps=1, seed=0, data_dir=sample_data, backbone="minilm", sequence_length=16, rank=2,
         lora_layers=(3, 4, 5), partition="iid"))
     assert "embeddings and layers < 3 cached" in cached.description
@@ -178,7 +178,7 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
     which flag it needs."""
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=40):
-        mnist = registry.build_task(TaskSpec().with_changes(task="mnist", num_clients=4,
+        mnist = registry.build_run_task(TaskSpec().with_changes(task="mnist", num_clients=4,
             batch_size=5, local_steps=2, seed=0, partition="iid"))
         (x, _), _ = _batches(mnist.client_dataset_fn(mnist.client_ids[0], 1))
         assert x.shape == (5, 784) and mnist.description.startswith("mnist (")
@@ -188,14 +188,14 @@ def test_mnist_and_sst2_without_a_data_dir_load_through_tfds():
             checkpoints.fetch_minilm()   # the WordPiece vocabulary
         except Exception as e:
             pytest.skip(f"all-MiniLM-L6-v2 vocabulary unavailable: {e}")
-        sst2 = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=2, batch_size=4,
+        sst2 = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=2, batch_size=4,
             local_steps=1, seed=0, sequence_length=16, partition="iid"))
         (x, y), = list(sst2.client_dataset_fn(sst2.client_ids[0], 1))
         assert y.shape == (4,) and set(np.unique(y.numpy())) <= {0, 1}
         assert "padding_mask" in x   # (with the prefix cache, the cached hidden states beside it)
         assert "glue/sst2" in sst2.description or "sst2" in sst2.description
     with pytest.raises(ValueError, match="data_dir is needed: task .reviews."):
-        registry.build_task(TaskSpec().with_changes(task="reviews", num_clients=5, batch_size=4,
+        registry.build_run_task(TaskSpec().with_changes(task="reviews", num_clients=5, batch_size=4,
             local_steps=1, seed=0, partition="iid"))
 
 
@@ -215,7 +215,7 @@ def test_minilm_classifier_pools_by_the_mean_its_checkpoint_declares(sample_data
     assert checkpoints.declared_pooling(folder) == "mean"
     assert text_run_task.default_pooling("minilm", folder) == "mean"
     assert text_run_task.default_pooling("tiny", folder) == "mean"
-    task = registry.build_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
+    task = registry.build_run_task(TaskSpec().with_changes(task="sst2", num_clients=3, batch_size=4,
         local_steps=1, seed=0, data_dir=sample_data, backbone="minilm", rank=2, prefix_cache=False, partition="iid"))
     assert "mean pooling" in task.description and "whole texts up to 256 tokens" in task.description
     model = task.keras_model_fn()
