@@ -1,4 +1,4 @@
-"""Review-domain experiments: `reviews_fedrep_rolora` (4) and issue 19's `reviews_domains` (11)."""
+"""Review-domain experiments: `reviews_fedrep_rolora` (4) and `reviews_domains` (11)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def run_reviews_fedrep_rolora(ctx: Context) -> Result:
 
 
 # ------------------------------------------------------------------------------------------------
-# 11. reviews_domains (issue 19, experiment 3)
+# 11. reviews_domains
 
 
 REVIEW_DOMAIN_NAMES = ("airline", "books", "dvd", "electronics", "kitchen")
@@ -161,7 +161,7 @@ def run_reviews_domains(ctx: Context) -> Result:
         series.append(Series(REVIEWS_DOMAIN_LABELS[method], list(REVIEW_DOMAIN_NAMES),
                              [row[d] for d in REVIEW_DOMAIN_NAMES]))
     title = (
-        f"Five review domains as natural clients (issue 19, experiment 3; no paper ran it): one "
+        f"Five review domains as natural clients (no paper ran it): one "
         f"client per domain, all every round, {cfg['backbone']} backbone, LoRA rank 4 on query "
         f"and value, {cfg['sequence_length']} tokens, {cfg['rounds']} communication rounds of "
         f"{cfg['local_steps']} local SGD steps of batch {cfg['batch_size']}, learning rate "

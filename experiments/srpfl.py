@@ -1,4 +1,4 @@
-"""SRPFL experiments: `srpfl_speedup` (5, linear) and issue 19's `srpfl_mnist` (8, neural; 12 with
+"""SRPFL experiments: `srpfl_speedup` (5, linear) and `srpfl_mnist` (8, neural; 12 with
 Figure 6's dynamic speeds)."""
 
 from __future__ import annotations

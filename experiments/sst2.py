@@ -1,5 +1,5 @@
-"""SST-2 experiments: `sst2_minilm` (3), issue 19's `sst2_clients` / `sst2_dirichlet` (9, 10)
-and issue 51's `sst2_clients_mean` / `sst2_dirichlet_mean` (13, 14), with their verdicts.
+"""SST-2 experiments: `sst2_minilm` (3), `sst2_clients` / `sst2_dirichlet` (9, 10)
+and `sst2_clients_mean` / `sst2_dirichlet_mean` (13, 14), with their verdicts.
 
 The protocol experiments' runs and rows are `experiments.sst2_protocol`'s, their tables
 `experiments.sst2_tables`'."""
@@ -108,8 +108,8 @@ def run_sst2_minilm(ctx: Context) -> Result:
 
 
 # ------------------------------------------------------------------------------------------------
-# 9-10. sst2_clients and sst2_dirichlet (issue 19, experiments 1 and 2), and 13-14.
-# sst2_clients_mean and sst2_dirichlet_mean (issue 51: their decisive cells, corrected classifier)
+# 9-10. sst2_clients and sst2_dirichlet, and 13-14.
+# sst2_clients_mean and sst2_dirichlet_mean (their decisive cells, corrected classifier)
 
 
 IID_PARTITION = {"partition": "iid"}

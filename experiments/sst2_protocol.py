@@ -1,4 +1,4 @@
-"""The SST-2 protocol of issue 19's and issue 51's experiments (`experiments.sst2`): its
+"""The SST-2 protocol of the RoLoRA claim experiments (`experiments.sst2`): its
 settings, one `RunConfig` per (method, N, seed, learning rate) run (`sst2_claim_config`), the run
 order and learning-rate grids (`Protocol`, `run_protocol`) and each (method, N) cell's row.
 
@@ -40,8 +40,8 @@ def sst2_rounds(rounds_3: int, num_clients: int) -> int:
 
 
 
-# 9-10. sst2_clients and sst2_dirichlet (issue 19, experiments 1 and 2), and 13-14.
-# sst2_clients_mean and sst2_dirichlet_mean (issue 51: their decisive cells, corrected classifier)
+# 9-10. sst2_clients and sst2_dirichlet, and 13-14.
+# sst2_clients_mean and sst2_dirichlet_mean (their decisive cells, corrected classifier)
 
 
 # RoLoRA's protocol (rolora.md §3.1): the same local steps per client per round for every N,
@@ -63,8 +63,8 @@ SST2_CLAIM_NAMES = {**METHOD_NAMES, "flora": "FLoRA", "fedsa_lora": "FedSA-LoRA"
 # sst2_clients and sst2_dirichlet: the frozen-pooler protocol. Their archived runs
 # (docs/runs/sst2_clients-full, docs/runs/sst2_dirichlet-full) classified tanh(pooler(h_[CLS]))
 # with BERT's pooler frozen and never trained (for MiniLM a random projection), on sentences cut
-# at 32 tokens. Their configurations set pooling="pooler", sequence_length=32 explicitly; since
-# issue 51 `--pooling=pooler` trains the pooler, so a rerun is not the archived protocol (the
+# at 32 tokens. Their configurations set pooling="pooler", sequence_length=32 explicitly; now
+# `--pooling=pooler` trains the pooler, so a rerun is not the archived protocol (the
 # archives are what they are).
 SST2_CLAIM_SCALES = {
     "small": dict(backbone="tiny", pooling="pooler", sequence_length=32, rounds_3=6,
@@ -73,7 +73,7 @@ SST2_CLAIM_SCALES = {
                  rounds_3=500, local_steps=10, batch_size=16, learning_rates=(0.1, 0.3, 1.0),
                  seeds=3, clients=(3, 20, 50), grid_every_n=True, edge_rates=(0.03, 3.0)),
 }
-# sst2_clients_mean and sst2_dirichlet_mean (issue 51, item 6): the cells the claims rest on,
+# sst2_clients_mean and sst2_dirichlet_mean: the cells the claims rest on,
 # rerun with the corrected classifier: mean pooling (MiniLM's own), a linear head, whole sentences
 # (no sequence_length: the default is the longest tokenized example). A scale's
 # `methods` are the methods the experiment has (default: all of SST2_CLAIM_METHODS) and

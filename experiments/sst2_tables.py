@@ -156,9 +156,9 @@ def _classifier_note(cfg: dict) -> str:
                 "pooler is a random projection), on sentences cut at "
                 f"{cfg.get('sequence_length')} tokens. These are the archived runs' figures. The "
                 "command lines now pass --pooling=pooler --sequence_length="
-                f"{cfg.get('sequence_length')}; since issue 51 --pooling=pooler trains the "
+                f"{cfg.get('sequence_length')}; now --pooling=pooler trains the "
                 "pooler, so running them again is not this protocol.")
-    return ("Corrected classifier (issue 51): "
+    return ("Corrected classifier: "
             + {"mean": "the mean of the last hidden states over each sentence's tokens "
                        "(MiniLM's own pooling)", "cls": "the first token's last hidden state",
                }.get(cfg.get("pooling"), "the checkpoint's own pooling")

@@ -25,7 +25,7 @@ decoder layers k..L-1, h_k (the input of layer k) is a fixed function of the tok
 layers k..L-1, the final norm and the output embedding (the same layer objects, so the same
 weights). The prefix must have no active dropout (checked).
 
-Evaluation (issue 54, item 4), one prompt at a time, without a key/value cache (answers of a few
+Evaluation, one prompt at a time, without a key/value cache (answers of a few
 tokens): `greedy_generate` appends the most likely token until a stop token or a length limit;
 `continuation_log_likelihood` scores a candidate answer, Σ_j log p(c_j | prompt, c_<j), and
 `choose_by_likelihood` picks the most likely of several.

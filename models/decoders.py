@@ -1,5 +1,5 @@
 """The decoder language models a causal-LM task trains, by name: a backbone, its tokenizer and its
-special tokens (issue 54).
+special tokens.
 
 - `gpt2_tiny`: a random 2-layer, 64-wide KerasNLP GPT-2 over UTF-8 bytes (KerasNLP's
   `ByteTokenizer`: ids 0-255 are the bytes, 256 is begin and end of text, 0 pads). Offline and

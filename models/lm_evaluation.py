@@ -1,5 +1,5 @@
 """Evaluating a decoder language model on many prompts at once: greedy generation and
-likelihood scoring in batches (issue 54, item 4).
+likelihood scoring in batches.
 
 `models.causal_lm.greedy_generate` and `continuation_log_likelihood` take one prompt at a time;
 an evaluation over a dev set runs the same computations on batches of right-padded rows:

@@ -57,13 +57,13 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    1 seed; full: the paper's Figure 3 grid M = 15, 30, k = 2, 4, 6, 8, 3 seeds.
 7. `adaptpfl_synthetic` (adaptpfl.md §2.7): `experiments.adaptpfl_synthetic`; small: m = 20, 40,
    α = 0.3, 0.5, 1 seed; full: α = 0.1, 0.3, 0.5, 3 seeds.
-8. `srpfl_mnist` (srpfl.md §2.4, Figs 5-6; issue 19): SRPFL vs FedRep on a neural model,
+8. `srpfl_mnist` (srpfl.md §2.4, Figs 5-6): SRPFL vs FedRep on a neural model,
    training runs on `--task=mnist`, 100 clients × 2 classes, a pool of 20 drawn every round,
    fixed exponential speeds, the code's FedRep (10 head + 1 representation epochs, SGD momentum
    0.5, weight decay 1e-4, lr 0.01, batch 10; 10 fine-tuning epochs at evaluation); simulated
    wall-clock to personalized-accuracy targets 0.90, 0.95, 0.96 and the speedup.
    small: 40 rounds, 1 seed (about 4 min); full: 150 rounds, 3 seeds.
-9. `sst2_clients` (rolora.md §3.1-3.2, Table 1; issue 19): RoLoRA's protocol on SST-2 — the same
+9. `sst2_clients` (rolora.md §3.1-3.2, Table 1): RoLoRA's protocol on SST-2 — the same
    local steps per client per round for every N, R_N = R_3·3/N, all clients every round, IID
    shards — for RoLoRA, FedAvg-LoRA, FFA-LoRA, FlexLoRA, FLoRA, FedSA-LoRA and 20% RoLoRA + 80%
    FFA-LoRA, plus a centralized LoRA fine-tune with the sequential steps of N = 3; each method's
@@ -78,26 +78,26 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    finished so far.
    The frozen-pooler protocol: the archived runs (docs/runs/sst2_clients-full) classified
    BERT's frozen, untrained pooler output on sentences cut at 32 tokens. The command lines pass
-   `--pooling=pooler --sequence_length=32`; since issue 51 `--pooling=pooler` trains the pooler,
+   `--pooling=pooler --sequence_length=32`; now `--pooling=pooler` trains the pooler,
    so rerunning is not the archived protocol (the archives are what they are).
    small: tiny backbone, R_3 = 6 rounds × 5 steps of 16, lr 0.5, N = 3, 20, 1 seed (a pipeline
           check).
    full:  MiniLM-L6, LoRA on layers 3-5, R_3 = 500 rounds × 10 steps of 16 (a client at N = 50
           gets 300 sequential steps), lr grid 0.1, 0.3, 1.0 at every N (0.03 or 3.0 too when
           the best is at an edge; of tied rates the smallest), N = 3, 20, 50, 3 seeds.
-10. `sst2_dirichlet` (RoLoRA's Table 2 setting; issue 19): as `sst2_clients` at N = 20 with
+10. `sst2_dirichlet` (RoLoRA's Table 2 setting): as `sst2_clients` at N = 20 with
    Dirichlet(0.5) label skew, without the centralized run (frozen-pooler protocol too; its claim:
    RoLoRA more accurate than FedAvg-LoRA under label skew).
-11. `reviews_domains` (issue 19, experiment 3): the five review domains as natural clients,
+11. `reviews_domains`: the five review domains as natural clients,
    global RoLoRA, FedAvg-LoRA, FFA-LoRA against personalized FedRep heads over RoLoRA adapters,
    FedSA-LoRA and FLUTE* heads (its NC server step) over RoLoRA adapters; per-domain test
    accuracy (`train.py --eval_per_client`). small: tiny backbone, 6 rounds × 5 steps;
    full: MiniLM-L6 with LoRA on layers 3-5 (as `sst2_clients`; layers 0-2 cached), 64 tokens,
    100 rounds × 10 steps of 16, lr 0.3, 5 head epochs, evaluated at rounds 50 and 100.
-12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6; issue 19): `srpfl_mnist` with dynamic
+12. `srpfl_mnist_dynamic` (srpfl.md §3.2, Figure 6): `srpfl_mnist` with dynamic
    speeds: every client draws λ_i ~ U[1/100, 1] once, then a new compute time T_i ~ Exp(λ_i)
    every round. Same scales.
-13. `sst2_clients_mean` (issue 51, item 6): the cells of `sst2_clients` its claims rest on, with
+13. `sst2_clients_mean`: the cells of `sst2_clients` its claims rest on, with
    the corrected classifier: `--pooling=mean --head=linear` and whole sentences (no
    `--sequence_length`: train.py's default is the longest tokenized example). RoLoRA,
    FedAvg-LoRA and FFA-LoRA at N = 3 and 50, FlexLoRA at N = 50 only, the centralized run;
@@ -108,10 +108,10 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    seeds), `claims.md` its verdicts and, at the full scale, `pooler_era.csv`/`pooler_era.md`
    each cell beside its frozen-pooler figure from docs/runs/sst2_clients-full.
    small: as `sst2_clients`' small scale with the corrected classifier, FlexLoRA at N = 20 only.
-14. `sst2_dirichlet_mean` (issue 51, item 6): `sst2_dirichlet`'s RoLoRA and FedAvg-LoRA with the
+14. `sst2_dirichlet_mean`: `sst2_dirichlet`'s RoLoRA and FedAvg-LoRA with the
    corrected classifier, as `sst2_clients_mean` (N = 20, Dirichlet(0.5)); its pooler-era
    figures come from docs/runs/sst2_dirichlet-full.
-15. `sst2_instruct` (issue 54): RoLoRA, FedAvg-LoRA, FFA-LoRA instruction-tune a decoder on SST-2
+15. `sst2_instruct`: RoLoRA, FedAvg-LoRA, FFA-LoRA instruction-tune a decoder on SST-2
    with N = 3, 20 (full: Gemma 3 270M; small: byte-level GPT-2; `experiments/sst2_instruct.py`).
 
 --resume continues a stopped run in --output_dir: training runs (`runner.run`) from their
@@ -127,7 +127,7 @@ the runs finished so far; `--methods=flexlora,flora` runs (or collects) only tho
 `--archive_dir=DIR` keeps every finished run's summary.json and metrics.csv in DIR (the
 --output_dir layout, a few KiB per run), and the newest checkpoint of a stopped run; a finished
 run found there is copied back, a stopped one resumed from its checkpoint. Commit DIR, and the
-next sitting continues on a fresh checkout. docs/runs/ holds ours (docs/RESULTS.md, issue 19).
+next sitting continues on a fresh checkout. docs/runs/ holds ours (docs/RESULTS.md).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Isolated runs get SIGTERM (and stop their TFF workers) when this

@@ -29,7 +29,7 @@ def _write_summary(folder: pathlib.Path, rounds: int, test: float, dev: float | 
 
 
 # ------------------------------------------------------------------------------------------------
-# sst2_clients_mean and sst2_dirichlet_mean (issue 51, item 6)
+# sst2_clients_mean and sst2_dirichlet_mean
 
 
 def _mean_train(monkeypatch, calls, best=None, errors=None):

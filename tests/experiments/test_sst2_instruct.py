@@ -1,4 +1,4 @@
-"""experiments/sst2_instruct (issue 54, item 6) in sittings: the runs it makes (one per method and
+"""experiments/sst2_instruct in sittings: the runs it makes (one per method and
 N, the decoder task, all clients every round), --methods, --archive_dir and --collect, with the
 training runs replaced by a recorder of their RunConfigs that writes the summary a finished run
 would."""

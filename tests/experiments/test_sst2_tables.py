@@ -239,7 +239,7 @@ def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Verdicts (issue 51, item 5): paired per-seed differences, Student-t intervals, verdict words.
+# Verdicts: paired per-seed differences, Student-t intervals, verdict words.
 
 T_975_1, T_975_2 = 12.706205, 4.302653   # Student's t, 0.975 quantile, 1 and 2 degrees of freedom
 

