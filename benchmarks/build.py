@@ -1,6 +1,6 @@
 """What the benchmark runs: a random BERT-shaped backbone with LoRA and a head (`make_model_fn`),
 token-id client datasets (`client_datasets`) and the tffl process per algorithm
-(`build_process`), with the sub-rounds each `next` runs."""
+(`build_benchmarked`), with the sub-rounds each `next` runs."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class Built:
         return bool(self.personal)
 
 
-def build_process(algorithm: str, shape: BackboneShape, config: BenchmarkConfig) -> Built:
+def build_benchmarked(algorithm: str, shape: BackboneShape, config: BenchmarkConfig) -> Built:
     """The TFF process of `algorithm` on `shape`, its per-client traffic and its sub-rounds."""
     from tffl.algorithms import lora_fl
     from tffl.algorithms import personalized

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import tensorflow as tf
 
-from benchmarks.build import Built, build_process, client_datasets
+from benchmarks.build import Built, build_benchmarked, client_datasets
 from benchmarks.config import BACKBONES, BackboneShape, BenchmarkConfig
 from benchmarks.measure import (CompileCounter, PeakSampler, mean, profile_summary,
                                 profile_text, profile_tff_call, state_round_trip_seconds)
@@ -270,7 +270,7 @@ def _run_benchmark(config, log, shapes, output_dir) -> dict:
     for b in config.backbones:
         for algorithm in config.algorithms:
             log(f"building {algorithm} on {b} ({shapes[b].describe()}) ...")
-            built[b, algorithm] = build_process(algorithm, shapes[b], config)
+            built[b, algorithm] = build_benchmarked(algorithm, shapes[b], config)
             log(f"  built in {built[b, algorithm].build_seconds:.1f} s")
     pool = client_datasets(max(config.clients_per_round), config,
                            min(shapes[b].vocabulary_size for b in config.backbones))

@@ -9,7 +9,7 @@ its output folder.
 `trained_model(run_dir)` rebuilds the run's model from that folder exactly as the run built it:
 the `RunConfig` (`run_config`: config.json, or the identity the checkpoint recorded for runs from
 before it) -> the task and the algorithm's process (`runner.training.run_task_for`,
-`build_process`, after the same random seed, so a random test backbone is drawn again as it was;
+`build_run_process`, after the same random seed, so a random test backbone is drawn again as it was;
 the frozen weights' fingerprint proves it) -> the newest checkpoint loaded into the process's
 state -> `process.model_weights(state)` assigned to a fresh `task.keras_model_fn()`. For an
 instruction task the model is `models.causal_lm.build_causal_lm`'s (its backbone:
@@ -140,7 +140,7 @@ def trained_model(run_dir: str | pathlib.Path, data_dir: str | None = None,
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     with runtime.distribute_runtime():
         task = training.run_task_for(recorded["algorithm"], config)
-        process = training.build_process(recorded["algorithm"], task, config)
+        process = training.build_run_process(recorded["algorithm"], task, config)
         if process.frozen_fingerprint != meta.get("frozen_fingerprint"):
             raise ValueError(
                 f"run_dir={run_dir}: the rebuilt model's frozen weights (fingerprint "

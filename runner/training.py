@@ -116,7 +116,7 @@ def participants(config: RunConfig) -> str:
     }[p.participation]
 
 
-def build_process(algorithm: str, task, config: RunConfig):
+def build_run_process(algorithm: str, task, config: RunConfig):
     """`algorithm`'s process over `task`, with the run's optimizers and local work
     (`runner.algorithms.build_algorithm`), starting from `config.model.init_adapters` when
     given (`initial_weights`)."""
@@ -234,7 +234,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
         write_labels(output_dir, task.label_names)
     started = time.perf_counter()
     announce(f"building {algorithm}'s TFF computations")
-    process = build_process(algorithm, task, config)
+    process = build_run_process(algorithm, task, config)
     evaluate_fn = build_evaluator(algorithm, task, process, config)
     if (task.prediction_log is not None and not config.output.eval_per_client
             and algorithm not in algorithms.PERSONALIZED_ALGORITHMS):  # the global model's
@@ -320,7 +320,7 @@ def evaluate_untrained(algorithm: str, output_dir: pathlib.Path, config: RunConf
     task = run_task_for(algorithm, config)
     print(f"tffl: {algorithm} untrained on {task.description} -> {output_dir}", flush=True)
     started = time.perf_counter()
-    process = build_process(algorithm, task, config)
+    process = build_run_process(algorithm, task, config)
     metrics = task.evaluate(process.model_weights(process.initialize()))
     summary = {
         "algorithm": algorithm, "flags": run_identity(config, algorithm) | {"rounds": 0},

@@ -287,7 +287,7 @@ def checkpoint_model(trained):
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     with runtime.distribute_runtime():
         task = training.run_task_for("fedavg_lora", config)
-        process = training.build_process("fedavg_lora", task, config)
+        process = training.build_run_process("fedavg_lora", task, config)
         assert process.frozen_fingerprint == meta["frozen_fingerprint"]
         state, _, _ = checkpoint.load(folder, template=process.initialize())
         weights = process.model_weights(state)
