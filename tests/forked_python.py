@@ -38,6 +38,7 @@ import time
 
 PRELOAD = ("numpy", "psutil", "tensorflow_federated", "tffl.runtime", "keras_nlp",
            "tensorflow_datasets", "matplotlib.pyplot")
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY_TIMEOUT_S = 900.0  # the zygote's imports, on a loaded machine
 _POLL_S = 0.05
 
@@ -100,10 +101,14 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         self._log = tempfile.TemporaryFile()
+        # The checkout first on the zygote's path, as it is on the test process's (pytest's
+        # rootdir): the children import this checkout's packages, whatever the environment's
+        # editable install points to.
+        path = os.pathsep.join(filter(None, [_CHECKOUT, os.environ.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path))
         theirs.close()
         self._exits: dict[int, int] = {}
         self._lock = threading.Lock()

@@ -1,14 +1,17 @@
 """Every ```python block of README.md and docs/*.md runs as written.
 
-Each block runs in a fresh Python (`sys.executable`, the uv environment's), in a temporary working
-directory, with the repository on `PYTHONPATH`, and must exit with status 0 within the timeout.
+Each block runs as `python example.py` would (the uv environment's Python), in a temporary working
+directory, with the repository on `PYTHONPATH`, and must exit with status 0 within the timeout: a
+child forked from a Python that has imported TensorFlow, TFF and KerasNLP but run no op
+(tests/forked_python.py), so that each block does not spend 10-20 s importing them again.
 As the docs' commands do from the checkout's root, a block reads the shared data as
 `../shared/data`: the working directory has that folder beside it (a link to the one beside the
 checkout); a block that names it is skipped, with the reason, where the folder is absent.
 HTML comments right above a block's fence (blank lines between are allowed) say more:
 
 - `<!-- docs-example: skip (reason) -->`: the block is not run; the test reports a skip with the
-  reason (for blocks that need data this checkout does not have, a download, or hours);
+  reason (for blocks that need data this checkout does not have, a download, or hours, and for a
+  block another test already runs as written, in-process, checking at least as much);
 - `<!-- docs-example: prints TEXT -->`: what the block prints; its output must contain TEXT;
 - `<!-- docs-example: continues -->`: the block goes on from the file's previous block (its
   names are that block's), so it runs after that block's code, in the same fresh Python.
@@ -23,10 +26,11 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests import forked_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -155,8 +159,7 @@ def test_the_docs_example_runs_as_written(example, previous, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     try:
-        done = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = forked_python.run_script(script, cwd=workdir, env=env, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{example.name} did not finish within {TIMEOUT_S} s")
     assert done.returncode == 0, (

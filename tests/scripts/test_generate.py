@@ -324,9 +324,31 @@ def _greedy_bytes(model, prompt, steps):
     return bytes(out).decode("utf-8", "replace")
 
 
+@pytest.fixture(scope="module")
+def rebuilt_once():
+    """generate.py's rebuild of the run (`runner.trained_run.trained_model`: task, TFF process,
+    checkpoint) done by the first generation from a run folder and kept for the module's others:
+    each test checks its prompts and continuations against `checkpoint_model`, which rebuilds
+    the run on its own; building the same process again would check nothing more."""
+    from runner import trained_run
+
+    built = {}
+    trained_model = trained_run.trained_model
+
+    def once(*args):
+        key = tuple(map(str, args))
+        if key not in built:
+            built[key] = trained_model(*args)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trained_run, "trained_model", once)
+        yield built
+
+
 @pytest.mark.large
 def test_a_bare_prompt_of_an_alpaca_run_gets_its_template_and_the_checkpoints_continuation(
-        trained, checkpoint_model, tmp_path, capsys):
+        trained, checkpoint_model, rebuilt_once, tmp_path, capsys):
     run, _ = trained
     status, out, err = _generate(capsys, f"--run_dir={run}", "--prompt=Add the numbers.",
                                  "--input=2 and 3", "--prompt=Name a colour.", "--input=",
@@ -347,7 +369,7 @@ def test_a_bare_prompt_of_an_alpaca_run_gets_its_template_and_the_checkpoints_co
 
 @pytest.mark.large
 def test_a_prompts_file_of_rows_is_prompted_as_training_rows_with_references(
-        trained, checkpoint_model, tmp_path, capsys):
+        trained, checkpoint_model, rebuilt_once, tmp_path, capsys):
     run, _ = trained
     (tmp_path / "ask.jsonl").write_text(
         json.dumps({"instruction": "Add the numbers.", "input": "6 and 2", "output": "8"})

@@ -36,20 +36,44 @@ def _compared(proc, folder, algorithms):
 
 
 @pytest.mark.large
-def test_a_csv_with_a_client_column_compares_rolora_and_fedavg_lora(tmp_path, capsys):
+def test_a_csv_with_a_client_column_compares_rolora_and_fedavg_lora_keeping_every_prediction(
+        tmp_path, capsys):
+    """One comparison on a CSV with a client column, a dev and a labeled test file
+    (--eval_test): the table, the plot, the labels; and each run's predictions.npz holds each
+    evaluation's predicted class of every dev and test row (in the files' row order, whatever
+    the batches' order), and the labels: their agreement is the accuracy the run reports for
+    that round, and the labels are the files' own, encoded."""
+    from tffl.simulation.predictions import read_predictions
+
     _reviews(tmp_path / "train.csv", 40, 0)
     _reviews(tmp_path / "dev.csv", 12, 1)
+    _reviews(tmp_path / "test.csv", 15, 2)
     out = tmp_path / "run"
     proc = _run(capsys, "--task=text", f"--train_file={tmp_path / 'train.csv'}",
-                f"--dev_file={tmp_path / 'dev.csv'}", "--text_column=review",
-                "--label_column=sentiment", "--client_column=user",
-                "--algorithm=rolora,fedavg_lora", "--clients_per_round=2", *_FAST,
-                f"--output_dir={out}")
+                f"--dev_file={tmp_path / 'dev.csv'}", f"--test_file={tmp_path / 'test.csv'}",
+                "--eval_test", "--text_column=review", "--label_column=sentiment",
+                "--client_column=user", "--algorithm=rolora,fedavg_lora",
+                "--clients_per_round=2", *_FAST, f"--output_dir={out}")
     _compared(proc, out, ("rolora", "fedavg_lora"))
     assert "train.csv (40 train examples, 3 clients, 2 classes;" in proc.stdout
     assert proc.stdout.count("--backbone=tiny is a small random network") == 1
     labels = json.loads((out / "rolora" / "labels.json").read_text())["labels"]
     assert labels == ["neg", "pos"]
+    for name in ("rolora", "fedavg_lora"):
+        rounds, labels = read_predictions(out / name)
+        assert sorted(rounds) == [1, 2]
+        for split, path in (("eval", "dev.csv"), ("test", "test.csv")):
+            rows = (tmp_path / path).read_text().splitlines()[1:]
+            expected = [0 if line.rsplit(",", 2)[1] == "neg" else 1 for line in rows]
+            assert labels[split].tolist() == expected
+        metrics = train_runs.rows(out / name)
+        assert [row["round"] for row in metrics] == [1, 2]
+        for row in metrics:
+            predicted = rounds[row["round"]]
+            assert np.mean(predicted["eval"] == labels["eval"]) == pytest.approx(
+                row["eval_accuracy"], abs=1e-6)
+            assert np.mean(predicted["test"] == labels["test"]) == pytest.approx(
+                row["eval_test_accuracy"], abs=1e-6)
 
 
 @pytest.mark.large
@@ -137,36 +161,3 @@ def test_a_bad_file_is_one_line_naming_file_line_and_column(files, message, tmp_
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: "), proc.stderr
     assert message in lines[0], lines[0]
-
-
-@pytest.mark.large
-def test_every_evaluated_examples_prediction_is_kept_and_gives_the_reported_accuracy(
-        tmp_path, capsys):
-    """predictions.npz holds each evaluation's predicted class of every dev and test row (in the
-    files' row order, whatever the batches' order), and the labels: their agreement is the
-    accuracy the run reports for that round, and the labels are the files' own, encoded."""
-    from tffl.simulation.predictions import read_predictions
-
-    _reviews(tmp_path / "train.csv", 40, 0)
-    _reviews(tmp_path / "dev.csv", 12, 1)
-    _reviews(tmp_path / "test.csv", 15, 2)
-    out = tmp_path / "run"
-    proc = _run(capsys, "--task=text", f"--train_file={tmp_path / 'train.csv'}",
-                f"--dev_file={tmp_path / 'dev.csv'}", f"--test_file={tmp_path / 'test.csv'}",
-                "--eval_test", "--text_column=review", "--label_column=sentiment",
-                "--client_column=user", "--algorithm=fedavg_lora", "--clients_per_round=2",
-                *_FAST, f"--output_dir={out}")
-    assert proc.returncode == 0, proc.stderr
-    rounds, labels = read_predictions(out)
-    assert sorted(rounds) == [1, 2]
-    for split, path in (("eval", "dev.csv"), ("test", "test.csv")):
-        rows = (tmp_path / path).read_text().splitlines()[1:]
-        expected = [0 if line.rsplit(",", 2)[1] == "neg" else 1 for line in rows]
-        assert labels[split].tolist() == expected
-    metrics = train_runs.rows(out)
-    for row in metrics:
-        predicted = rounds[row["round"]]
-        assert np.mean(predicted["eval"] == labels["eval"]) == pytest.approx(
-            row["eval_accuracy"], abs=1e-6)
-        assert np.mean(predicted["test"] == labels["test"]) == pytest.approx(
-            row["eval_test_accuracy"], abs=1e-6)
