@@ -69,14 +69,14 @@ class SpeedupConfig:
 
 def straggler_model(name: str):
     """The compute-time model of --straggler (see the module docstring)."""
-    from tffl.simulation import srpfl
+    from tffl.simulation import srpfl_schedule
 
     if name == "iid":
-        return srpfl.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
+        return srpfl_schedule.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
     if name == "fixed":
-        return srpfl.FixedExponentialTimes(rate=1.0)
+        return srpfl_schedule.FixedExponentialTimes(rate=1.0)
     if name == "dynamic":
-        return srpfl.DynamicExponentialTimes()
+        return srpfl_schedule.DynamicExponentialTimes()
     raise ValueError(f"straggler={name!r}: choose from {', '.join(STRAGGLERS)}")
 
 
@@ -132,6 +132,7 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
     from tffl.algorithms import fedrep_linear
     from tffl.simulation import driver as simulation
     from tffl.simulation import srpfl
+    from tffl.simulation import srpfl_schedule
 
     seed = config.seed + repeat
     tag = f"N={num_clients} repeat {repeat + 1}/{config.repeats}"
@@ -240,7 +241,7 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
         + f"; reached the target at round {srpfl_hit} "
         f"({history[-1]['clients']} clients), {seconds:.1f} s")
 
-    expected = {n: srpfl.expected_order_statistic(n, num_clients)
+    expected = {n: srpfl_schedule.expected_order_statistic(n, num_clients)
                 for n in set(schedule.sizes)} if config.straggler != "dynamic" else None
     common = dict(num_clients=num_clients, repeat=repeat, seed=seed, init_distance=init_dist,
                   floor=floor, target=target, contraction_a=a, stages=stages)

@@ -25,6 +25,7 @@ from tffl.engine.federated_model import ModelSource
 from tffl.simulation import evaluation
 from tffl.simulation import participation
 from tffl.simulation import srpfl
+from tffl.simulation import srpfl_schedule
 
 
 # The Keras-model algorithms of the one list (`tffl.algorithms.registry.ALGORITHMS`; its `linear`
@@ -172,8 +173,8 @@ def build_sampler(task: RunTask, participation_config: ParticipationConfig, seed
     if straggler not in STRAGGLER_MODELS:
         raise ValueError(f"unknown straggler model {straggler!r}; choose one of "
                          f"{', '.join(STRAGGLER_MODELS)}")
-    times = (srpfl.FixedExponentialTimes() if straggler == "fixed"
-             else srpfl.DynamicExponentialTimes())
+    times = (srpfl_schedule.FixedExponentialTimes() if straggler == "fixed"
+             else srpfl_schedule.DynamicExponentialTimes())
     if kind == "full":
         return srpfl.FullParticipationClock(task.client_ids, seed, times, communication_cost,
                                             pool=pool)

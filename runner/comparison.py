@@ -106,10 +106,10 @@ def write_comparison(output_dir: pathlib.Path, summaries: Sequence[Mapping[str, 
     Markdown table under `preamble` (a train.py comparison's: the command that reruns it,
     `runner.run.report`); returns the Markdown table (columns no run has a value for left
     out)."""
+    from tffl.simulation import metrics_log
     from tffl.simulation import plots
-    from tffl.simulation import driver as simulation
 
-    runs = {s["algorithm"]: simulation.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
+    runs = {s["algorithm"]: metrics_log.read_metrics(output_dir / s["algorithm"] / "metrics.csv")
             for s in summaries}
     held_out = eval_split(summaries, task)
     num_classes = next((s["num_classes"] for s in summaries if s.get("num_classes")),

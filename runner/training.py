@@ -283,7 +283,7 @@ def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
              output_dir: pathlib.Path, started: float) -> dict:
     """summary.json's content: final and best metrics, bytes, time, peak memory and the
     sittings."""
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import metrics_log
 
     last = history[-1] if history else {}
     evals = [r["eval_accuracy"] for r in history if "eval_accuracy" in r]
@@ -296,7 +296,7 @@ def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
         "best_eval_accuracy": max(evals) if evals else None,
         "best_personal_accuracy": max(personal) if personal else None,
         "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
-        "final": {k: v for k, v in last.items() if k not in simulation.MACHINE_COLUMNS},
+        "final": {k: v for k, v in last.items() if k not in metrics_log.MACHINE_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
         # MB, the largest over every sitting's rounds (`tffl.simulation.memory`); None: unread.
         **{column: max((r[column] for r in history if column in r), default=None)

@@ -126,7 +126,7 @@ def test_the_rerun_command_of_config_json_reproduces_the_first_round(tmp_path, c
     re-run command printed in comparison.md, run again, gives the same first round (every
     metric but the machine's: timings and peak memory), bit for bit."""
     from scripts import train
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import metrics_log
 
     first = tmp_path / "first"
     assert train.run_command_line(["train.py", "--algorithm=fedavg_lora,rolora", "--rounds=1",
@@ -141,7 +141,7 @@ def test_the_rerun_command_of_config_json_reproduces_the_first_round(tmp_path, c
     argv = shlex.split(command)[1:]
     assert argv[0] == "scripts/train.py"
     assert train.run_command_line(["train.py", *argv[1:], f"--output_dir={again}"]) == 0
-    timing = set(simulation.MACHINE_COLUMNS) | {"wall_seconds", "client_seconds"}
+    timing = set(metrics_log.MACHINE_COLUMNS) | {"wall_seconds", "client_seconds"}
     for algorithm in ("fedavg_lora", "rolora"):
         before, after = _metrics(first / algorithm), _metrics(again / algorithm)
         assert before and after

@@ -18,7 +18,7 @@ from absl import flags
 
 from experiments import srpfl_speedup
 from scripts import srpfl_speedup as script
-from tffl.simulation import srpfl
+from tffl.simulation import srpfl_schedule
 from tests import forked_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def _schedule(n, t):
 
 def _times(seed, rounds, n):
     """Per-round compute times of the iid model: i.i.d. Exp(1), redrawn every round."""
-    model = srpfl.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
+    model = srpfl_schedule.DynamicExponentialTimes(rate_low=1.0, rate_high=1.0)
     return np.stack([model.times(seed, t, n) for t in range(1, rounds + 1)])
 
 

@@ -18,6 +18,7 @@ from runner import machine
 from tests import forked_python
 from tests.scripts import train_runs
 from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 
 _run = train_runs.run_child
 
@@ -78,7 +79,7 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, capsys):
     time.sleep(0.5)
     assert not [p for p in workers if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    done = simulation.read_metrics(cut / "metrics.csv")
+    done = metrics_log.read_metrics(cut / "metrics.csv")
     assert 2 <= len(done) < 60
     # Ctrl-C is one line: the last checkpointed round and the command that continues the run.
     lines = stderr.strip().splitlines()

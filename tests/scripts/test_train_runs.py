@@ -7,7 +7,7 @@ import os
 
 from runner import machine
 from tests.scripts import train_runs
-from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 
 _run = train_runs.run_in_process
 
@@ -52,9 +52,9 @@ def test_lora_comparison_reports_exact_upload_bytes(tmp_path, capsys):
     proc = _run(capsys, "--algorithm=rolora,fedavg_lora,ffa_lora", "--rank=4", "--rounds=4",
                 "--local_steps=2", "--eval_every=2", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    rolora = simulation.read_metrics(tmp_path / "rolora" / "metrics.csv")
-    fedavg_lora = simulation.read_metrics(tmp_path / "fedavg_lora" / "metrics.csv")
-    ffa_lora = simulation.read_metrics(tmp_path / "ffa_lora" / "metrics.csv")
+    rolora = metrics_log.read_metrics(tmp_path / "rolora" / "metrics.csv")
+    fedavg_lora = metrics_log.read_metrics(tmp_path / "fedavg_lora" / "metrics.csv")
+    ffa_lora = metrics_log.read_metrics(tmp_path / "ffa_lora" / "metrics.csv")
     assert [row["communication_rounds"] for row in rolora] == [1, 2, 3, 4]
     assert [row["communication_rounds"] for row in fedavg_lora] == [1, 2, 3, 4]
     assert ["b_round/client_work/train/loss" in row for row in rolora] == [True, False] * 2
@@ -81,7 +81,7 @@ def test_flora_with_client_ranks_reports_each_clients_bytes(tmp_path, capsys):
                 "--clients_per_round=4", "--rounds=2", "--local_steps=2", "--eval_every=2",
                 f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     saved = 1.5 * 128 * 4
     assert [row["bytes_up_per_client"] for row in rows] == [2 * 4 * 64 * 4 + 16 - saved] * 2
     assert [row["bytes_down_per_client"] for row in rows] == [

@@ -14,7 +14,7 @@ import pytest
 
 from tests import forked_python
 from tests.scripts import train_runs
-from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 
 pytestmark = pytest.mark.large
 
@@ -88,7 +88,7 @@ def test_killed_worker_stops_the_run_and_resume_completes_it(one_worker_run, tmp
     assert len(err) == 1 and "Traceback" not in stderr, stderr
     assert f"(pid {max(workers)}, localhost:" in err[0] and "killed by SIGKILL" in err[0]
     assert f"log {tmp_path}/tff_worker_" in err[0] and "--resume" in err[0]
-    done = simulation.read_metrics(tmp_path / "metrics.csv")
+    done = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert 2 <= len(done) < 8
 
     proc, stderr, _ = _watched_run(*train_runs.FAST, _WORKER_ROUNDS, "--workers=2",

@@ -8,7 +8,7 @@ import dataclasses
 import pathlib
 import subprocess
 
-from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 from tests import forked_python
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
@@ -44,6 +44,6 @@ def run_child(*args, timeout=300) -> subprocess.CompletedProcess:
 
 def rows(path):
     """metrics.csv of the run in `path`, without its timing columns."""
-    drop = set(simulation.MACHINE_COLUMNS)
+    drop = set(metrics_log.MACHINE_COLUMNS)
     return [{k: v for k, v in r.items() if k not in drop}
-            for r in simulation.read_metrics(path / "metrics.csv")]
+            for r in metrics_log.read_metrics(path / "metrics.csv")]

@@ -97,18 +97,20 @@ from tffl.runtime.program import (  # noqa: F401  (public API)
     ClientDataSource,
     program_context,
 )
-from tffl.runtime.workers import (  # noqa: F401  (public API)
+from tffl.runtime.worker_connection import (  # noqa: F401  (public API)
     DEFAULT_READY_TIMEOUT_S,
-    LocalWorker,
     RemoteWorker,
     WorkerError,
-    _sigterm_raises,
+)
+from tffl.runtime.workers import (  # noqa: F401  (public API)
+    LocalWorker,
+    default_max_concurrent_calls,
     exit_reason,
     running_workers,
+    sigterm_raises,
     stop_all_workers,
     worker_binary_path,
     worker_command,
-    default_max_concurrent_calls,
 )
 
 
@@ -195,7 +197,7 @@ def local_runtime(
     workers = [LocalWorker(log_path=log_path(i), index=i,
                            max_concurrent_computation_calls=max_concurrent_calls)
                for i in range(num_workers)]
-    with _sigterm_raises():
+    with sigterm_raises():
         try:
             for worker in workers:  # all start together, then each must become ready
                 worker.launch()
@@ -236,7 +238,7 @@ def remote_runtime(
         raise ValueError("remote_runtime needs at least one worker address")
     _say_gpu_note()
     workers = [RemoteWorker(address, index=i) for i, address in enumerate(addresses)]
-    with _sigterm_raises():
+    with sigterm_raises():
         try:
             for worker in workers:
                 worker.connect(ready_timeout_s)

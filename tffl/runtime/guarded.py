@@ -25,7 +25,8 @@ from tffl.runtime.tff_internals import (
     value_serialization,
 )
 
-from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, LocalWorker, WorkerError, _Worker
+from tffl.runtime.worker_connection import DEFAULT_READY_TIMEOUT_S, Worker, WorkerError
+from tffl.runtime.workers import LocalWorker
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -38,7 +39,7 @@ class _GuardedStub(remote_executor_stub.RemoteExecutorStub):
     worker hangs the run. `WorkerError` is not retryable: it ends the computation.
     """
 
-    def __init__(self, worker: _Worker, timeout_s: float):
+    def __init__(self, worker: Worker, timeout_s: float):
         if worker.stub is None:
             raise WorkerError(f"{worker.describe()} is not running (it was stopped)")
         self._worker = worker
@@ -165,7 +166,7 @@ class _WorkerExecutorFactory(python_executor_stacks.ResourceManagingExecutorFact
     """TFF's cache of one executor per cardinalities, emptied when the worker is restarted (its
     executors lived in the process that ended)."""
 
-    def __init__(self, worker: _Worker, stack_fn):
+    def __init__(self, worker: Worker, stack_fn):
         super().__init__(stack_fn)
         self._worker = worker
         self._generation = worker.generation
@@ -180,7 +181,7 @@ class _WorkerExecutorFactory(python_executor_stacks.ResourceManagingExecutorFact
 
 
 def rerun_after_a_crash(
-    workers: Sequence[_Worker], ready_timeout_s: float, call: Callable[[], _T]
+    workers: Sequence[Worker], ready_timeout_s: float, call: Callable[[], _T]
 ) -> _T:
     """`call()`; if it fails because a local worker crashed (`LocalWorker.crashed`: SIGSEGV,
     SIGBUS, SIGABRT, SIGILL, SIGFPE), restarts the crashed workers and calls once more.
@@ -210,7 +211,7 @@ def rerun_after_a_crash(
 class _RestartingSyncContext(sync_execution_context.SyncExecutionContext):
     """TFF's synchronous context on one worker, restarting it once if it crashes in a call."""
 
-    def __init__(self, worker: _Worker, ready_timeout_s: float, **kwargs):
+    def __init__(self, worker: Worker, ready_timeout_s: float, **kwargs):
         super().__init__(**kwargs)
         self.workers = [worker]
         self._ready_timeout_s = ready_timeout_s
@@ -221,7 +222,7 @@ class _RestartingSyncContext(sync_execution_context.SyncExecutionContext):
 
 
 def _executor_factory(
-    worker: _Worker, default_num_clients: int, timeout_s: float, threaded: bool = False
+    worker: Worker, default_num_clients: int, timeout_s: float, threaded: bool = False
 ) -> python_executor_stacks.ResourceManagingExecutorFactory:
     """TFF's executor factory over one worker; checks the worker before each new executor.
 
@@ -241,7 +242,7 @@ def _executor_factory(
 
 
 def create_worker_context(
-    worker: _Worker,
+    worker: Worker,
     default_num_clients: int = 0,
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
 ) -> sync_execution_context.SyncExecutionContext:
@@ -258,7 +259,7 @@ def create_worker_context(
 
 
 def _create_async_worker_context(
-    worker: _Worker, default_num_clients: int, ready_timeout_s: float
+    worker: Worker, default_num_clients: int, ready_timeout_s: float
 ) -> async_execution_context.AsyncExecutionContext:
     """TFF's asynchronous execution context on one worker (what the mergeable context drives)."""
     return async_execution_context.AsyncExecutionContext(

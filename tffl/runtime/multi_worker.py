@@ -35,7 +35,7 @@ from tffl.runtime.guarded import (
     create_worker_context,
     rerun_after_a_crash,
 )
-from tffl.runtime.workers import DEFAULT_READY_TIMEOUT_S, _Worker
+from tffl.runtime.worker_connection import DEFAULT_READY_TIMEOUT_S, Worker
 
 _log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class MultiWorkerContext(context_base.SyncContext):
 
     def __init__(
         self,
-        workers: Sequence[_Worker],
+        workers: Sequence[Worker],
         default_num_clients: int = 0,
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
     ):

@@ -1,6 +1,6 @@
 """The gRPC side of a TFF worker: its channel, readiness and loss checks, and remote workers.
 
-`_Worker` is what the contexts need from any worker (a channel with TFF's executor stub, a wait
+`Worker` is what the contexts need from any worker (a channel with TFF's executor stub, a wait
 until it answers, and the check after a failed RPC whether the worker is gone); `RemoteWorker` is
 one started elsewhere that this process only connects to. Starting and stopping local worker
 processes is `tffl.runtime.workers`' job.
@@ -27,7 +27,7 @@ class WorkerError(RuntimeError):
     """A TFF worker could not be started, did not become ready, or died / stopped answering."""
 
 
-class _Worker:
+class Worker:
     """What the contexts need from a worker: a gRPC channel, readiness and fault checks."""
 
     address: str
@@ -113,7 +113,7 @@ class _Worker:
         raise NotImplementedError
 
 
-class RemoteWorker(_Worker):
+class RemoteWorker(Worker):
     """A TFF C++ worker started elsewhere (e.g. `scripts/start_worker.py` on another host), known
     by its `host:port`; this process only connects to it and never stops it.
 

@@ -1,7 +1,7 @@
 """TFF worker processes: started, guarded against outliving Python, and stopped (`tffl.runtime`).
 
 The gRPC side of a worker (its channel, readiness and loss checks) and workers started elsewhere
-(`RemoteWorker`) are in `tffl.runtime.worker_connection`; their names are re-exported here.
+(`RemoteWorker`) are in `tffl.runtime.worker_connection`.
 """
 
 
@@ -25,12 +25,7 @@ import portpicker
 import tensorflow_federated as tff
 
 from tffl.runtime.tff_internals import context_stack_impl, remote_executor_grpc_stub
-from tffl.runtime.worker_connection import (  # noqa: F401  (re-exported)
-    DEFAULT_READY_TIMEOUT_S,
-    RemoteWorker,
-    WorkerError,
-    _Worker,
-)
+from tffl.runtime import worker_connection
 
 
 WORKER_BINARY_NAME = "worker_binary"
@@ -38,7 +33,7 @@ _PR_SET_PDEATHSIG = 1
 # After an RPC fails, how long a local worker may take to be seen as exited.
 _EXIT_GRACE_S = 2.0
 # After a SIGTERM's cleanup, how long Python's shutdown (joining non-daemon threads, atexit) may
-# take before the process exits anyway (`_sigterm_raises`).
+# take before the process exits anyway (`sigterm_raises`).
 SIGTERM_EXIT_DEADLINE_S = 30.0
 # Signals with which a process ends on its own fault (not sent by a user or the OOM killer).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL,
@@ -51,7 +46,7 @@ def worker_binary_path() -> pathlib.Path:
     """Path of the C++ worker shipped in the `tensorflow-federated` wheel."""
     path = pathlib.Path(tff.__file__).resolve().parent / "data" / WORKER_BINARY_NAME
     if not path.is_file():
-        raise WorkerError(
+        raise worker_connection.WorkerError(
             f"TFF worker binary not found at {path}; reinstall tensorflow-federated==0.87.0."
         )
     return path
@@ -98,7 +93,7 @@ def exit_reason(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-class LocalWorker(_Worker):
+class LocalWorker(worker_connection.Worker):
     """One TFF C++ worker process on localhost, owned by this Python process.
 
     The kernel SIGKILLs the worker when the *thread* that launched it exits (`PR_SET_PDEATHSIG`),
@@ -142,7 +137,7 @@ class LocalWorker(_Worker):
     def launch(self) -> "LocalWorker":
         """Starts the worker process without waiting for it to answer (see `wait_ready`)."""
         if self.process is not None:
-            raise WorkerError(f"worker at {self.address} was already started")
+            raise worker_connection.WorkerError(f"worker at {self.address} was already started")
         if self.port is None:
             self.port = portpicker.pick_unused_port()
         args = worker_command(self.port, self.max_concurrent_computation_calls)
@@ -174,8 +169,10 @@ class LocalWorker(_Worker):
             self._open_channel()
         super().wait_ready(timeout_s, recheck)
 
-    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "LocalWorker":
-        """Starts the worker and blocks until it answers, or raises `WorkerError` (and stops it)."""
+    def start(self, ready_timeout_s: float = worker_connection.DEFAULT_READY_TIMEOUT_S
+              ) -> "LocalWorker":
+        """Starts the worker and blocks until it answers, or raises `WorkerError` (and stops
+        it)."""
         self.launch()
         self._ready_or_stop(ready_timeout_s)
         return self
@@ -189,7 +186,8 @@ class LocalWorker(_Worker):
         return process is not None and process.poll() is not None and (
             -process.returncode in CRASH_SIGNALS)
 
-    def restart(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "LocalWorker":
+    def restart(self, ready_timeout_s: float = worker_connection.DEFAULT_READY_TIMEOUT_S
+                ) -> "LocalWorker":
         """Replaces an ended process with a new one on a new port (`generation` + 1) and waits
         until it answers. Call it from the thread that launched the first one (see the class)."""
         self.stop()
@@ -200,9 +198,11 @@ class LocalWorker(_Worker):
     def check_running(self) -> None:
         process = self.process
         if process is None:
-            raise WorkerError(f"{self.describe()} is not running (it was stopped)")
+            raise worker_connection.WorkerError(
+                f"{self.describe()} is not running (it was stopped)")
         if process.poll() is not None:
-            raise WorkerError(f"{self.describe()} {exit_reason(process.returncode)}")
+            raise worker_connection.WorkerError(
+                f"{self.describe()} {exit_reason(process.returncode)}")
 
     def raise_if_lost(self, error: grpc.RpcError, timeout_s: float) -> None:
         # The RPC can fail a moment before the kernel reports the process's exit.
@@ -211,8 +211,8 @@ class LocalWorker(_Worker):
                 self.process.wait(timeout=_EXIT_GRACE_S)
         try:
             super().raise_if_lost(error, timeout_s)
-        except WorkerError as e:
-            raise WorkerError(f"{e} while running a computation") from error
+        except worker_connection.WorkerError as e:
+            raise worker_connection.WorkerError(f"{e} while running a computation") from error
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stops the worker: SIGINT, then SIGKILL if it has not exited after `grace_s`."""
@@ -331,7 +331,7 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def sigterm_raises() -> Iterator[None]:
     """Turns SIGTERM into an exception (main thread only), restoring the old handler after."""
     if threading.current_thread() is not threading.main_thread():
         yield

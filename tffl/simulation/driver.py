@@ -14,13 +14,14 @@ Every algorithm in tffl runs through `run_rounds`. Per round `t = 1..rounds` it
    `<output_dir>/tensorboard` (`tff.program.TensorBoardReleaseManager`, step = round), prints a
    progress line (with the elapsed time and the remaining rounds' ETA), checkpoints the state.
 
-A NaN or infinite training loss (`NonFiniteLossError`) or a diverged one (`LossDivergedError`:
-above `divergence_factor` times max(1, the first round's), `metrics_log.diverged`) stops the run
+A NaN or infinite training loss (`metrics_log.NonFiniteLossError`) or a diverged one
+(`metrics_log.LossDivergedError`: above `divergence_factor` times max(1, the first round's),
+`metrics_log.diverged`) stops the run
 before the round is recorded: the last good checkpoint stays; the message names the `config`'s
 learning rates.
 
-Building the row's columns and writing those records is `tffl.simulation.metrics_log`'s job (its
-`read_metrics`, `flatten_metrics`, `MACHINE_COLUMNS` and loss errors are re-exported here).
+Building the row's columns and writing and reading those records is
+`tffl.simulation.metrics_log`'s job.
 
 Personalized processes (`Process.personal` declared: stateful clients, e.g. FedRep's heads) also get
 the round's clients' personal states, looked up in a store keyed by client id; what `next` returns
@@ -64,14 +65,6 @@ import tensorflow_federated as tff
 
 from tffl.engine import personal_state
 from tffl.engine import process as process_lib
-from tffl.simulation.metrics_log import (  # noqa: F401  (re-exported: simulation.read_metrics, …)
-    MACHINE_COLUMNS,
-    LossDivergedError,
-    NonFiniteLossError,
-    flatten_metrics,
-    read_metrics,
-)
-from tffl.simulation.metrics_log import write_metrics as _write_metrics  # noqa: F401  (re-exported)
 from tffl.simulation.participation import Participation
 from tffl import runtime as _runtime  # its exit hook stops every TFF worker
 
@@ -197,7 +190,7 @@ class RunOptions:
         2 of the module docstring). `client_dataset_fn` must then be safe to call from another
         thread while `process.next` and `evaluate_fn` run (the text tasks' `tasks.prefix_cache`
         is).
-      divergence_factor: stop (`LossDivergedError`) at a finite training loss above this many
+      divergence_factor: stop (`metrics_log.LossDivergedError`) at a finite training loss above this many
         times max(1, the run's first-round training loss); None: never.
     """
 
@@ -301,7 +294,7 @@ def _resume(run: _Run, state: Any,
         run.store.load_arrays(extra)
     history: list[dict[str, Any]] = []
     if run.metrics_path.exists():
-        history = [r for r in read_metrics(run.metrics_path) if r["round"] <= done]
+        history = [r for r in metrics_log.read_metrics(run.metrics_path) if r["round"] <= done]
     first_round = done + 1
     run.say(f"resuming {run.output_dir} after round {done}")
     if first_round > run.rounds or (run.until is not None and history and run.until(history[-1])):
@@ -382,7 +375,7 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
         state, metrics = output.state, output.metrics
     else:
         state, metrics = output
-    flat = flatten_metrics(metrics)
+    flat = metrics_log.flatten_metrics(metrics)
     row: dict[str, Any] = {"round": round_num, "clients": len(participation.client_ids)}
     row.update(metrics_log.summary_metrics(flat))
     row.update(traffic_columns)

@@ -7,7 +7,7 @@ that keeps the latest evaluation's predicted class and label of every example, i
 example order; `save(run_dir, round_num)` adds them to the run's `predictions.npz`
 (`numpy.savez_compressed`: `round_<r>/<split>` the predicted classes after round r,
 `label/<split>` the labels; int16), keeping the rounds the file already held (a resumed run's
-evaluations of rounds after its checkpoint replace those of the stopped sitting).
+evaluations of rounds after its checkpoint replace those the stopped run wrote).
 `read_predictions(run_dir)` reads it back.
 
 >>> log = PredictionLog()

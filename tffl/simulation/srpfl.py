@@ -18,8 +18,8 @@ communication cost 𝒞, so with per-round compute times 𝒯_1^t, …, 𝒯_N^t
 Compute times come from a straggler model (`FixedExponentialTimes`, `DynamicExponentialTimes`)
 and are a pure function of `(seed, round_num)`, so a resumed run reports the same clients and the
 same clock. The models and the stage arithmetic (`stage_sizes`, `lemma_b1_stage_rounds`,
-`expected_order_statistic`) live in `tffl.simulation.srpfl_schedule` and are re-exported here; this module
-is the samplers. `FullParticipationClock` is the FedRep baseline of the same population: all N take
+`expected_order_statistic`) live in `tffl.simulation.srpfl_schedule`; this module is the
+samplers. `FullParticipationClock` is the FedRep baseline of the same population: all N take
 part every round and every round waits for the slowest, 𝒯^t_(N) + 𝒞 (§3.1, "Wall-clock of
 FedRep").
 
@@ -38,15 +38,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tffl.simulation import srpfl_schedule
 from tffl.simulation.participation import Participation
-from tffl.simulation.srpfl_schedule import (  # noqa: F401  (re-exported: srpfl.FixedExponentialTimes, …)
-    DynamicExponentialTimes,
-    FixedExponentialTimes,
-    StragglerModel,
-    expected_order_statistic,
-    lemma_b1_stage_rounds,
-    stage_sizes,
-)
 
 # An extra seed-sequence word, so that pool draws are independent of `UniformSampler`'s
 # `(seed, round_num)` stream and of the compute times' (`tffl.simulation.srpfl_schedule`).
@@ -157,7 +150,7 @@ class SrpflSampler:
         client_ids: Sequence[str],
         initial_participants: int,
         seed: int,
-        straggler_model: StragglerModel | None = None,
+        straggler_model: srpfl_schedule.StragglerModel | None = None,
         stage_rounds: int | Sequence[int] | str = 10,
         communication_cost: float = 0.0,
         lemma_b1_a: float = 0.25,
@@ -170,10 +163,10 @@ class SrpflSampler:
             raise ValueError("SrpflSampler client ids must be distinct")
         self.pool = check_pool(len(self.client_ids), pool)
         num_clients = self.pool
-        self.sizes = stage_sizes(num_clients, initial_participants)
+        self.sizes = srpfl_schedule.stage_sizes(num_clients, initial_participants)
         self.initial_participants = initial_participants
         self.seed = seed
-        self.straggler_model = straggler_model or FixedExponentialTimes()
+        self.straggler_model = straggler_model or srpfl_schedule.FixedExponentialTimes()
         self.communication_cost = _check_communication_cost(communication_cost)
         self.stage_rounds = self._resolve_stage_rounds(stage_rounds, lemma_b1_a)
         # stage_ends[r] = last round of stage r, for every stage but the last.
@@ -188,7 +181,8 @@ class SrpflSampler:
                     f"stage_rounds={stage_rounds!r} must be an int, a sequence of ints or "
                     "'lemma_b1'"
                 )
-            return lemma_b1_stage_rounds(self.pool, self.initial_participants, lemma_b1_a)
+            return srpfl_schedule.lemma_b1_stage_rounds(self.pool, self.initial_participants,
+                                                        lemma_b1_a)
         single = isinstance(stage_rounds, (int, np.integer))
         values = [stage_rounds] * max(finite, 1) if single else list(stage_rounds)
         for tau in values:
@@ -274,7 +268,7 @@ class FullParticipationClock:
         self,
         client_ids: Sequence[str],
         seed: int,
-        straggler_model: StragglerModel | None = None,
+        straggler_model: srpfl_schedule.StragglerModel | None = None,
         communication_cost: float = 0.0,
         pool: int | None = None,
     ):
@@ -283,7 +277,7 @@ class FullParticipationClock:
             raise ValueError("FullParticipationClock needs at least one client id")
         self.pool = check_pool(len(self.client_ids), pool)
         self.seed = seed
-        self.straggler_model = straggler_model or FixedExponentialTimes()
+        self.straggler_model = straggler_model or srpfl_schedule.FixedExponentialTimes()
         self.communication_cost = _check_communication_cost(communication_cost)
         self._clock = _Clock(self.round_wall_clock)
 

@@ -18,6 +18,7 @@ from tffl.algorithms import lora_fl
 from tffl.simulation import participation
 from tffl.engine import roles
 from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 from tests.tiers import tiered
 
 
@@ -123,7 +124,7 @@ def test_fedavg_lora_averaging_error_against_numpy(tff_runtime, tmp_path):
         measured, participation.FullParticipation(ids), lambda cid, t: datasets[ids.index(cid)], 2,
         tmp_path,
         simulation.RunOptions(log=None, tensorboard=False, initial_state=_start(measured)))
-    rows = simulation.read_metrics(tmp_path / simulation.METRICS_FILE)
+    rows = metrics_log.read_metrics(tmp_path / simulation.METRICS_FILE)
     state = _start(plain)
     for row in rows:
         state = plain.next(state, datasets).state

@@ -28,6 +28,7 @@ from tffl.simulation import participation
 from tffl.engine import roles
 from tffl import runtime
 from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 from tests import forked_python
 from tests.tffl.runtime.runtime_helpers import _gone
 
@@ -195,9 +196,9 @@ def _run(process, output_dir, resume=False):
 
 
 def _rows(output_dir):
-    drop = set(simulation.MACHINE_COLUMNS)
+    drop = set(metrics_log.MACHINE_COLUMNS)
     return [{k: v for k, v in row.items() if k not in drop}
-            for row in simulation.read_metrics(output_dir / simulation.METRICS_FILE)]
+            for row in metrics_log.read_metrics(output_dir / simulation.METRICS_FILE)]
 
 
 def _assert_same_run(a, b, rtol=1e-5, atol=1e-6):
@@ -207,7 +208,7 @@ def _assert_same_run(a, b, rtol=1e-5, atol=1e-6):
     assert [r["round"] for r in a.history] == [r["round"] for r in b.history]
     for row_a, row_b in zip(a.history, b.history):
         assert set(row_a) == set(row_b)
-        for key in set(row_a) - set(simulation.MACHINE_COLUMNS):
+        for key in set(row_a) - set(metrics_log.MACHINE_COLUMNS):
             assert row_a[key] == pytest.approx(row_b[key], rel=rtol, abs=atol), key
 
 
@@ -273,7 +274,7 @@ def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path
     assert resumed.first_round == 3
     _assert_same_run(resumed, reference_runs("rolora", 2), rtol=1e-6, atol=1e-7)
     assert _rows(tmp_path / "run") == [
-        {k: v for k, v in r.items() if k not in simulation.MACHINE_COLUMNS}
+        {k: v for k, v in r.items() if k not in metrics_log.MACHINE_COLUMNS}
         for r in reference_runs("rolora", 2).history]
 
 

@@ -1,4 +1,4 @@
-"""tffl.runtime: a SIGTERMed owner (`workers._sigterm_raises`) runs its cleanup once, a second
+"""tffl.runtime: a SIGTERMed owner (`workers.sigterm_raises`) runs its cleanup once, a second
 SIGTERM does not interrupt it, and the process exits although a thread never ends or the first
 SIGTERM was swallowed. The owner that stops its workers on SIGTERM: test_runtime.py.
 
@@ -26,7 +26,7 @@ _BLOCKED_CHILD = textwrap.dedent(
     from tffl.runtime import workers
 
     workers.SIGTERM_EXIT_DEADLINE_S = 1.0
-    with workers._sigterm_raises():
+    with workers.sigterm_raises():
         # A library's non-daemon thread that never ends: Python's shutdown would join it forever.
         threading.Thread(target=threading.Event().wait).start()
         print("READY", flush=True)
@@ -64,7 +64,7 @@ _TWICE_TERMINATED_CHILD = textwrap.dedent(
     import time
     from tffl.runtime import workers
 
-    with workers._sigterm_raises():
+    with workers.sigterm_raises():
         try:
             print("READY", flush=True)
             time.sleep(120)
@@ -92,7 +92,7 @@ _SWALLOWING_CHILD = textwrap.dedent(
     from tffl.runtime import workers
 
     workers.SIGTERM_EXIT_DEADLINE_S = 1.0
-    with workers._sigterm_raises():
+    with workers.sigterm_raises():
         ready = False
         while True:
             try:

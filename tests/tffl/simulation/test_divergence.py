@@ -44,7 +44,7 @@ def _run(tmp_path, losses, rounds=None, **kw):
 
 def test_a_blown_up_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     # train.py --algorithm=rolora --learning_rate=1e6 --rounds=3 reported these losses.
-    with pytest.raises(simulation.LossDivergedError) as raised:
+    with pytest.raises(metrics_log.LossDivergedError) as raised:
         _run(tmp_path, [1.0e3, 1.6e14, 2.0e26])
     message = str(raised.value)
     assert message.startswith("round 2: training loss 1.6e+14 is over 100 times round 1's 1e+03")
@@ -52,7 +52,7 @@ def test_a_blown_up_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert "(round 1) is kept in" in message
     assert isinstance(raised.value, FloatingPointError)  # train.py: one line, exit status 1
     assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 1
-    rows = simulation.read_metrics(tmp_path / simulation.METRICS_FILE)
+    rows = metrics_log.read_metrics(tmp_path / simulation.METRICS_FILE)
     assert [r["round"] for r in rows] == [1]
 
 
@@ -72,7 +72,7 @@ def test_the_run_of_a_slow_loss_completes(tmp_path):
 
 def test_a_resumed_run_compares_with_its_first_round_and_none_disables(tmp_path):
     _run(tmp_path / "cut", [0.5, 0.6, 150.0], rounds=2)
-    with pytest.raises(simulation.LossDivergedError, match="round 3: .* round 1's 0.5"):
+    with pytest.raises(metrics_log.LossDivergedError, match="round 3: .* round 1's 0.5"):
         _run(tmp_path / "cut", [0.5, 0.6, 150.0], rounds=3, resume=True)
     assert checkpoint.latest(tmp_path / "cut" / simulation.CHECKPOINT_DIR)[0] == 2
     result = _run(tmp_path / "free", [0.5, 0.6, 150.0], divergence_factor=None)
@@ -80,6 +80,6 @@ def test_a_resumed_run_compares_with_its_first_round_and_none_disables(tmp_path)
 
 
 def test_a_nan_loss_names_the_learning_rate_too(tmp_path):
-    with pytest.raises(simulation.NonFiniteLossError,
+    with pytest.raises(metrics_log.NonFiniteLossError,
                        match=r"round 2: training loss is nan with learning_rate=1000000.0"):
         _run(tmp_path, [1.0, float("nan")])

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tffl.runtime import workers
 from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 from tffl.simulation import memory
 from tffl.simulation import participation
 
@@ -79,8 +80,8 @@ def test_every_row_records_the_peaks_and_resume_comparisons_ignore_them(tmp_path
     result = simulation.run_rounds(
         _Count(), participation.FullParticipation(["a"]), lambda cid,
         t: tf.data.Dataset.from_tensor_slices([1.0]), 2, tmp_path, simulation.RunOptions(log=None))
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert all(r["peak_rss_mb"] > 10 for r in rows)
     assert rows[1]["peak_rss_mb"] >= rows[0]["peak_rss_mb"]   # a high-water mark
-    assert set(memory.MEMORY_COLUMNS) <= set(simulation.MACHINE_COLUMNS)
+    assert set(memory.MEMORY_COLUMNS) <= set(metrics_log.MACHINE_COLUMNS)
     assert result.history[-1]["peak_rss_mb"] == rows[-1]["peak_rss_mb"]

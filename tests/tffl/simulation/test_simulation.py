@@ -16,6 +16,7 @@ from tffl.simulation import checkpoint
 from tffl.simulation import participation
 from tffl import runtime
 from tffl.simulation import driver as simulation
+from tffl.simulation import metrics_log
 
 
 class _SumProcess:
@@ -62,7 +63,7 @@ def test_state_metrics_and_files(tmp_path):
     result = _run(tmp_path, rounds=4, evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])},
                   eval_every=2)
     np.testing.assert_allclose(result.state["s"], _expected_state(4))
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["train_loss"] == pytest.approx(np.sum(_expected_state(4)))
     assert rows[-1]["train_accuracy"] == 0.5 and rows[0]["clients"] == 3
@@ -77,11 +78,11 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     resumed = _run(tmp_path / "cut", rounds=6, resume=True, process=resumed_process)
     assert resumed.first_round == 4 and resumed_process.calls == 3
     np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
-    drop = set(simulation.MACHINE_COLUMNS)
+    drop = set(metrics_log.MACHINE_COLUMNS)
     a = [{k: v for k, v in r.items() if k not in drop}
-         for r in simulation.read_metrics(tmp_path / "full" / "metrics.csv")]
+         for r in metrics_log.read_metrics(tmp_path / "full" / "metrics.csv")]
     b = [{k: v for k, v in r.items() if k not in drop}
-         for r in simulation.read_metrics(tmp_path / "cut" / "metrics.csv")]
+         for r in metrics_log.read_metrics(tmp_path / "cut" / "metrics.csv")]
     assert a == b
 
 
@@ -92,7 +93,7 @@ def test_rows_after_the_last_checkpoint_are_dropped_on_resume(tmp_path):
     shutil.rmtree(tmp_path / "gone")
     result = _run(tmp_path, rounds=5, resume=True, checkpoint_every=2)
     assert result.first_round == 5
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
 
 
@@ -109,16 +110,16 @@ def test_resume_with_other_config_is_refused(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-    with pytest.raises(simulation.NonFiniteLossError, match="round 3: training loss is nan"):
+    with pytest.raises(metrics_log.NonFiniteLossError, match="round 3: training loss is nan"):
         _run(tmp_path, rounds=5, process=_SumProcess(nan_at=3))
     assert (tmp_path / "checkpoints" / "round_000002").is_dir()
     assert not (tmp_path / "checkpoints" / "round_000003").exists()
 
 
 def test_flatten_metrics():
-    flat = simulation.flatten_metrics({"a": {"b": np.float32(1.5), "c": ()}, "d": [1, 2]})
+    flat = metrics_log.flatten_metrics({"a": {"b": np.float32(1.5), "c": ()}, "d": [1, 2]})
     assert flat == {"a/b": 1.5, "d/0": 1.0, "d/1": 2.0}
-    assert math.isnan(simulation.flatten_metrics({"x": float("nan")})["x"])
+    assert math.isnan(metrics_log.flatten_metrics({"x": float("nan")})["x"])
 
 
 def test_rounds_must_be_positive(tmp_path):
@@ -140,7 +141,7 @@ def _tensorboard_scalars(summary_dir):
 def test_rows_are_released_to_tensorboard(tmp_path):
     _run(tmp_path, rounds=3, evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])},
          eval_every=1)
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     scalars = _tensorboard_scalars(tmp_path / "tensorboard")
     for tag in ("train_loss", "eval_norm", "clients"):
         assert scalars[tag] == pytest.approx({r["round"]: r[tag] for r in rows}), tag
@@ -172,15 +173,15 @@ def test_worker_death_keeps_completed_rounds_and_resume_matches(tmp_path):
     with pytest.raises(runtime.WorkerError, match="killed by SIGKILL"):
         _run(tmp_path / "cut", rounds=6, process=_DiesAt(4))
     assert checkpoint.latest(tmp_path / "cut" / "checkpoints")[0] == 3
-    assert [r["round"] for r in simulation.read_metrics(tmp_path / "cut" / "metrics.csv")] == [
+    assert [r["round"] for r in metrics_log.read_metrics(tmp_path / "cut" / "metrics.csv")] == [
         1, 2, 3]
     resumed = _run(tmp_path / "cut", rounds=6, resume=True)
     assert resumed.first_round == 4
     np.testing.assert_array_equal(resumed.state["s"], full.state["s"])
-    drop = set(simulation.MACHINE_COLUMNS)
+    drop = set(metrics_log.MACHINE_COLUMNS)
     full_rows, resumed_rows = (
         [{k: v for k, v in r.items() if k not in drop}
-         for r in simulation.read_metrics(tmp_path / d / "metrics.csv")]
+         for r in metrics_log.read_metrics(tmp_path / d / "metrics.csv")]
         for d in ("full", "cut"))
     assert full_rows == resumed_rows
 
@@ -238,7 +239,7 @@ def test_the_next_rounds_datasets_are_built_while_a_round_runs(tmp_path):
     assert process.overlapped == [True, True, True]
     assert 5 not in process.asked  # nothing is built beyond the last round
     np.testing.assert_allclose(result.state["s"], _expected_state(4))
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert all(r["data_seconds"] >= 0.0 for r in rows)
 
 
@@ -258,7 +259,7 @@ def test_prefetch_gives_the_same_run_as_building_each_round_in_turn(tmp_path):
                 evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
                 prefetch=prefetch))
     assert calls[True] == calls[False]  # the same clients' datasets, in the same order
-    drop = set(simulation.MACHINE_COLUMNS)
+    drop = set(metrics_log.MACHINE_COLUMNS)
     assert ([{k: v for k, v in r.items() if k not in drop} for r in results[True].history]
             == [{k: v for k, v in r.items() if k not in drop} for r in results[False].history])
     np.testing.assert_array_equal(results[True].state["s"], _expected_state(5))
@@ -299,7 +300,7 @@ def test_a_failed_build_of_the_next_round_surfaces_when_that_round_starts(tmp_pa
         simulation.run_rounds(
             _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, 5, tmp_path,
             simulation.RunOptions(log=None, tensorboard=False))
-    rows = simulation.read_metrics(tmp_path / "metrics.csv")
+    rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2]  # rounds 1 and 2 are kept, and checkpointed
     assert checkpoint.latest(tmp_path / "checkpoints")[0] == 2
 
@@ -310,11 +311,11 @@ def test_metrics_rows_read_back_as_written(tmp_path):
     path = tmp_path / "metrics.csv"
     rows = [{"round": 1, "clients": 3, "bytes_up_per_client": 39960, "train_loss": 0.25,
              "client_work/train/num_examples": 480.0, "eval_accuracy": float("nan")}]
-    simulation._write_metrics(path, rows)
+    metrics_log.write_metrics(path, rows)
     text = path.read_text()
-    back = simulation.read_metrics(path)
+    back = metrics_log.read_metrics(path)
     assert back[0]["bytes_up_per_client"] == 39960
     assert isinstance(back[0]["bytes_up_per_client"], int)
     assert isinstance(back[0]["client_work/train/num_examples"], float)
-    simulation._write_metrics(path, back)
+    metrics_log.write_metrics(path, back)
     assert path.read_text() == text

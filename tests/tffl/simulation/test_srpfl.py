@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tffl.simulation import srpfl
+from tffl.simulation import srpfl, srpfl_schedule
 
 IDS = [f"c{i}" for i in range(20)]
 
@@ -21,7 +21,7 @@ def _harmonic_tail(num_clients, n):
 
 @pytest.mark.parametrize(
     "model",
-    [srpfl.FixedExponentialTimes(rate=2.0), srpfl.DynamicExponentialTimes()],
+    [srpfl_schedule.FixedExponentialTimes(rate=2.0), srpfl_schedule.DynamicExponentialTimes()],
     ids=["fixed", "dynamic"],
 )
 def test_selection_is_the_n_fastest_and_n_doubles_per_stage(model):
@@ -40,15 +40,17 @@ def test_selection_is_the_n_fastest_and_n_doubles_per_stage(model):
 
 
 def test_fixed_times_are_fixed_and_dynamic_times_change():
-    fixed = srpfl.SrpflSampler(IDS, 2, seed=1, straggler_model=srpfl.FixedExponentialTimes())
+    fixed = srpfl.SrpflSampler(IDS, 2, seed=1,
+                               straggler_model=srpfl_schedule.FixedExponentialTimes())
     np.testing.assert_array_equal(fixed.compute_times(1), fixed.compute_times(9))
-    dynamic = srpfl.SrpflSampler(IDS, 2, seed=1, straggler_model=srpfl.DynamicExponentialTimes())
+    dynamic = srpfl.SrpflSampler(IDS, 2, seed=1,
+                                 straggler_model=srpfl_schedule.DynamicExponentialTimes())
     assert not np.array_equal(dynamic.compute_times(1), dynamic.compute_times(2))
 
 
 def test_dynamic_rates_are_uniform_on_one_over_n_to_one_and_times_have_mean_one_over_rate():
     """λ_i ~ U[1/N, 1] (srpfl.md §3.2); 𝒯_i^t ~ Exp(λ_i): mean 1/λ_i, std 1/λ_i."""
-    model = srpfl.DynamicExponentialTimes()
+    model = srpfl_schedule.DynamicExponentialTimes()
     rates = model.rates(seed=3, num_clients=20)
     assert np.all((rates >= 1 / 20) & (rates <= 1))
     rounds = 2000
@@ -62,8 +64,8 @@ def test_doubling_schedule_from_n0_capped_at_n():
     for t in range(1, 151):
         r = (t - 1) // 10
         assert sampler.participants(t) == min(100, 10 * 2**r)  # srpfl.md §2.4: 10,20,40,80,100
-    assert srpfl.stage_sizes(100, 10) == [10, 20, 40, 80, 100]
-    assert srpfl.stage_sizes(5, 5) == [5]
+    assert srpfl_schedule.stage_sizes(100, 10) == [10, 20, 40, 80, 100]
+    assert srpfl_schedule.stage_sizes(5, 5) == [5]
 
 
 def test_per_stage_sequence_of_lengths():
@@ -74,7 +76,8 @@ def test_per_stage_sequence_of_lengths():
 
 def test_cumulative_time_is_numpy_cumsum_of_max_selected_plus_comm_cost():
     cost = 1.5
-    sampler = srpfl.SrpflSampler(IDS, 2, seed=11, straggler_model=srpfl.DynamicExponentialTimes(),
+    sampler = srpfl.SrpflSampler(IDS, 2, seed=11,
+                                 straggler_model=srpfl_schedule.DynamicExponentialTimes(),
                                  stage_rounds=3, communication_cost=cost)
     rounds = 16
     per_round = []
@@ -87,7 +90,7 @@ def test_cumulative_time_is_numpy_cumsum_of_max_selected_plus_comm_cost():
 
 
 def test_full_participation_clock_waits_for_the_slowest():
-    model = srpfl.DynamicExponentialTimes()
+    model = srpfl_schedule.DynamicExponentialTimes()
     clock = srpfl.FullParticipationClock(IDS, seed=4, straggler_model=model, communication_cost=2)
     srp = srpfl.SrpflSampler(IDS, 1, seed=4, straggler_model=model, communication_cost=2)
     per_round = [srp.compute_times(t).max() + 2 for t in range(1, 11)]
@@ -102,7 +105,7 @@ def test_full_participation_clock_waits_for_the_slowest():
 
 @pytest.mark.parametrize(
     "model",
-    [srpfl.FixedExponentialTimes(), srpfl.DynamicExponentialTimes()],
+    [srpfl_schedule.FixedExponentialTimes(), srpfl_schedule.DynamicExponentialTimes()],
     ids=["fixed", "dynamic"],
 )
 def test_deterministic_in_seed_and_round_even_out_of_order(model):
@@ -127,7 +130,7 @@ def test_exponential_order_statistic_closed_form():
     """
     num_clients, n, rate, seeds = 20, 8, 2.0, 3000
     ids = [str(i) for i in range(num_clients)]
-    model = srpfl.FixedExponentialTimes(rate=rate)
+    model = srpfl_schedule.FixedExponentialTimes(rate=rate)
     values = [
         srpfl.SrpflSampler(ids, n, seed=s, straggler_model=model).sample(1).info["round_wall_clock"]
         for s in range(seeds)
@@ -135,11 +138,11 @@ def test_exponential_order_statistic_closed_form():
     mean = _harmonic_tail(num_clients, n) / rate
     var = float(np.sum(1.0 / np.arange(num_clients - n + 1, num_clients + 1) ** 2)) / rate**2
     assert abs(np.mean(values) - mean) < 4 * math.sqrt(var / seeds)
-    assert srpfl.expected_order_statistic(n, num_clients, rate) == pytest.approx(mean)
+    assert srpfl_schedule.expected_order_statistic(n, num_clients, rate) == pytest.approx(mean)
     # srpfl.md §4.7 table for Exp(1), N = 100.
     table = {10: 0.105, 20: 0.222, 40: 0.508, 80: 1.590, 100: 5.187}
     for k, v in table.items():
-        assert srpfl.expected_order_statistic(k, 100) == pytest.approx(v, abs=6e-4)
+        assert srpfl_schedule.expected_order_statistic(k, 100) == pytest.approx(v, abs=6e-4)
 
 
 def _lemma_b1_independent(num_clients, n0, a):
@@ -157,7 +160,7 @@ def _lemma_b1_independent(num_clients, n0, a):
 @pytest.mark.parametrize("num_clients,n0,a", [(100, 10, 0.25), (1000, 10, 0.25), (64, 4, 0.1)])
 def test_lemma_b1_stage_lengths(num_clients, n0, a):
     expected = _lemma_b1_independent(num_clients, n0, a)
-    assert srpfl.lemma_b1_stage_rounds(num_clients, n0, a) == expected
+    assert srpfl_schedule.lemma_b1_stage_rounds(num_clients, n0, a) == expected
     sampler = srpfl.SrpflSampler([str(i) for i in range(num_clients)], n0, seed=0,
                                  stage_rounds="lemma_b1", lemma_b1_a=a)
     ends = np.cumsum(expected)
@@ -168,7 +171,7 @@ def test_lemma_b1_stage_lengths(num_clients, n0, a):
 
 def test_lemma_b1_early_stage_matches_spec_value():
     """srpfl.md §4.5: with a = 1/4, early stages need 2 ln(3√2)/ln(4/3) ≈ 10.0 rounds."""
-    assert srpfl.lemma_b1_stage_rounds(100, 10, 0.25)[0] == math.ceil(10.047)
+    assert srpfl_schedule.lemma_b1_stage_rounds(100, 10, 0.25)[0] == math.ceil(10.047)
 
 
 @pytest.mark.parametrize(
@@ -194,11 +197,11 @@ def test_bad_sampler_arguments(kwargs, match):
 @pytest.mark.parametrize("rate", [0.0, -1.0, float("nan")])
 def test_bad_rates(rate):
     with pytest.raises(ValueError, match="rate="):
-        srpfl.FixedExponentialTimes(rate=rate)
+        srpfl_schedule.FixedExponentialTimes(rate=rate)
     with pytest.raises(ValueError, match="rate_high="):
-        srpfl.DynamicExponentialTimes(rate_high=rate)
+        srpfl_schedule.DynamicExponentialTimes(rate_high=rate)
     with pytest.raises(ValueError, match="rate_low="):
-        srpfl.DynamicExponentialTimes(rate_low=rate)
+        srpfl_schedule.DynamicExponentialTimes(rate_low=rate)
 
 
 def test_other_bad_inputs():
@@ -207,7 +210,7 @@ def test_other_bad_inputs():
     with pytest.raises(ValueError, match="initial_participants=2.5"):
         srpfl.SrpflSampler(IDS, 2.5, seed=0)
     with pytest.raises(ValueError, match="rate_low=2.0"):
-        srpfl.DynamicExponentialTimes(rate_low=2.0, rate_high=1.0)
+        srpfl_schedule.DynamicExponentialTimes(rate_low=2.0, rate_high=1.0)
     with pytest.raises(ValueError, match="communication_cost=-0.5"):
         srpfl.FullParticipationClock(IDS, seed=0, communication_cost=-0.5)
     with pytest.raises(ValueError, match="round_num=0"):
@@ -221,7 +224,7 @@ def test_expected_wall_clock_matches_section_3_1():
     E[T_FedRep] = T (E[𝒯_(N)] + 𝒞), with E[𝒯_(n)] = (1/λ) Σ_{j=N−n+1}^{N} 1/j."""
     num_clients, n0, tau, rate, cost, seeds = 16, 2, 2, 0.5, 0.3, 600
     ids = [str(i) for i in range(num_clients)]
-    model = srpfl.DynamicExponentialTimes(rate_low=rate, rate_high=rate)
+    model = srpfl_schedule.DynamicExponentialTimes(rate_low=rate, rate_high=rate)
     sizes = [2, 2, 4, 4, 8, 8, 16, 16]  # τ = 2 rounds per stage, 8 rounds
     mean = sum(_harmonic_tail(num_clients, n) / rate + cost for n in sizes)
     var = sum(float(np.sum(1.0 / np.arange(num_clients - n + 1, num_clients + 1) ** 2)) / rate**2
@@ -257,7 +260,7 @@ def test_pool_is_n_distinct_clients_redrawn_each_round_uniformly():
 
 def test_srpfl_with_a_pool_takes_the_fastest_of_the_pool_and_stages_end_at_n():
     m, pool = 20, 8
-    model = srpfl.FixedExponentialTimes()
+    model = srpfl_schedule.FixedExponentialTimes()
     sampler = srpfl.SrpflSampler(IDS, initial_participants=2, seed=5, straggler_model=model,
                                  stage_rounds=3, communication_cost=0.5, pool=pool)
     expected_n = [2] * 3 + [4] * 3 + [8] * 6  # n0 = 2 doubling to N = 8, not to M = 20
@@ -278,7 +281,7 @@ def test_srpfl_with_a_pool_takes_the_fastest_of_the_pool_and_stages_end_at_n():
 
 
 def test_fedrep_clock_with_the_same_pool_runs_the_drawn_clients_and_waits_for_their_slowest():
-    model = srpfl.FixedExponentialTimes()
+    model = srpfl_schedule.FixedExponentialTimes()
     fedrep = srpfl.FullParticipationClock(IDS, seed=2, straggler_model=model, pool=5,
                                           communication_cost=1.0)
     for t in (1, 2, 9):
