@@ -22,7 +22,7 @@ def _world(tmp_dir) -> dict:
 
     from models import paper_models
     from tffl import runtime
-    from tffl.engine import client_training
+    from tffl.engine import model_spec
     from tffl.algorithms import lora_fl
     from tffl.engine import roles
 
@@ -45,7 +45,7 @@ def _world(tmp_dir) -> dict:
     return dict(
         np=np, tf=tf, tff=tff, collections=collections, roles=roles, runtime=runtime,
         model_fn=model_fn, input_spec=input_spec,
-        spec=client_training.inspect_model(model_fn, input_spec),
+        spec=model_spec.inspect_model(model_fn, input_spec),
         client_ids=["a", "b"], client_datasets=datasets(1), datasets=datasets(1),
         other_datasets=datasets(2),
         process=lora_fl.build_lora_process("rolora", model_fn, input_spec,

@@ -105,6 +105,7 @@ def build_process(algorithm: str, shape: BackboneShape, config: BenchmarkConfig)
     """The TFF process of `algorithm` on `shape`, its per-client traffic and its sub-rounds."""
     from tffl.algorithms import lora_fl
     from tffl.algorithms import personalized
+    from tffl.algorithms import personalized_builders
     from tffl.engine import roles
 
     calls = Counter()
@@ -119,7 +120,7 @@ def build_process(algorithm: str, shape: BackboneShape, config: BenchmarkConfig)
             representation_epochs=1, jit_compile=jit_compile)
         spec = process.spec
         head = spec.indices([roles.HEAD])
-        rep = spec.indices(personalized.REPRESENTATION_ROLES)
+        rep = spec.indices(personalized_builders.REPRESENTATION_ROLES)
         sub_rounds = (SubRound("round", ((head, config.head_epochs), (rep, 1)), rep),)
         traffic = dict(process.traffic)
         personal = tuple(process.evaluation.personal_indices)

@@ -72,6 +72,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
     from tasks import subspace
     from tasks import synthetic
     from tffl.algorithms import adaptpfl_linear
+    from tffl.engine import linear_engine
     from tffl.algorithms import fedrep_linear
 
     d, k, eta = config["dim"], config["rank"], config["learning_rate"]
@@ -85,7 +86,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
     fedrep = fedrep_linear.build_fedrep_linear(d, k, eta, seed=seed)
     state = (fedrep_linear.initialize_by_moments(fedrep, data) if config["init"] == "moments"
              else fedrep.initialize())
-    b0 = fedrep_linear.get_representation(state)
+    b0 = linear_engine.get_representation(state)
     tag = f"[m={num_samples} seed={seed}]"
     base = dict(num_samples=num_samples, seed=seed)
     rows = []
@@ -110,7 +111,7 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
         started = time.perf_counter()
 
         def fedrep_evaluation(state, _):  # the exact heads for the final B
-            b = fedrep_linear.get_representation(state).astype(np.float64)
+            b = linear_engine.get_representation(state).astype(np.float64)
             heads = np.stack([np.linalg.lstsq(x @ b, y, rcond=None)[0]
                               for x, y in zip(problem.features, problem.targets)])
             return evaluation(heads @ b.T, b)
@@ -136,11 +137,11 @@ def run_setting(num_samples: int, seed: int, config: dict) -> list[dict]:
             process, data, f"{tag} {method} α={alpha:g}", config["rounds"],
             lambda state, personal, process=process: evaluation(
                 adaptpfl_linear.predictors(process, state, personal),
-                adaptpfl_linear.get_representation(state)),
+                linear_engine.get_representation(state)),
             run_dir(method if method == "fedrep_gd" else f"{method}_alpha{alpha:g}"),
             diverged=f"{method} α={alpha:g} diverged (m={num_samples}, seed={seed}); lower "
                      "--learning_rate",
-            initial_state=adaptpfl_linear.set_representation(process, process.initialize(), b0))
+            initial_state=linear_engine.set_representation(process, process.initialize(), b0))
         record(method, alpha, last["eval_error"], last["eval_dist"], started)
 
     if "local" in config["methods"]:

@@ -93,6 +93,7 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
     if `config` has no output_dir)."""
     from tasks import synthetic
     from tffl.algorithms import fedrep_linear
+    from tffl.engine import linear_engine
     from tffl.algorithms import flute_linear
 
     problem = synthetic.flute_linear(num_clients, config["num_samples"], config["dim"],
@@ -105,7 +106,7 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
     flute = flute_linear.build_flute_linear(config["dim"], k, config["learning_rate"],
                                             gamma1=config["gamma1"], gamma2=config["gamma2"],
                                             seed=seed)
-    flute_b0 = flute_linear.get_representation(flute.initialize())
+    flute_b0 = linear_engine.get_representation(flute.initialize())
     tag = f"[M={num_clients} k={k} seed={seed}]"
     print(f"{tag} rank-k optimum (floor) {floor:.4f}", flush=True)
     root = config.get("output_dir")
@@ -133,13 +134,13 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
         for eta in rates:
             fedrep = fedrep_linear.build_fedrep_linear(config["dim"], k, eta, seed=seed)
             if init == "ri":
-                state = fedrep_linear.set_representation(fedrep, fedrep.initialize(), flute_b0)
+                state = linear_engine.set_representation(fedrep, fedrep.initialize(), flute_b0)
             else:
                 state = fedrep_linear.initialize_by_moments(fedrep, data)
             errors = _run(
                 fedrep, data, f"{tag} fedrep_{init} η={eta:g}", config["rounds"], checkpoints,
                 lambda state, _: _mean_error(_fedrep_predictors(
-                    fedrep_linear.get_representation(state), problem), problem.phi),
+                    linear_engine.get_representation(state), problem), problem.phi),
                 run_dir(f"fedrep_{init}", eta), initial_state=state)
             rows.append(base | dict(method=f"fedrep_{init}", learning_rate=eta, errors=errors))
     return rows

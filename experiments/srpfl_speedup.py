@@ -130,6 +130,7 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
     from tasks import subspace
     from tasks import synthetic
     from tffl.algorithms import fedrep_linear
+    from tffl.engine import linear_engine
     from tffl.simulation import driver as simulation
     from tffl.simulation import srpfl
     from tffl.simulation import srpfl_schedule
@@ -153,7 +154,7 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
                                        y=b.targets[i].astype(np.float32))
 
     def dist(state):
-        return subspace.principal_angle_distance(fedrep_linear.get_representation(state),
+        return subspace.principal_angle_distance(linear_engine.get_representation(state),
                                                  problem.b_star)
 
     init_ids = ids[:min(config.init_clients or num_clients, num_clients)]

@@ -94,8 +94,8 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import computation_pb2
 
 from tffl.engine import schedules
-from tffl.engine.personal_state import PersonalizedOutput
-from tffl.engine.process import PersonalSpec, Process, ProcessParts
+from tffl.engine.personal_state import PersonalizedOutput, PersonalSpec
+from tffl.engine.process import Process, ProcessParts
 
 _MANIFEST = "manifest.json"
 _BROADCAST_AFTER_AGGREGATE = "broadcast dependent on aggregate"
@@ -227,7 +227,7 @@ def load_process(directory, initial_personal: Callable[[str], Any] | None = None
 
     rounds = collections.OrderedDict(
         (name, load(filename)) for name, filename in manifest["rounds"])
-    return Process(ProcessParts(
+    return Process.of(ProcessParts(
         manifest["algorithm"], load(manifest["initialize"]), rounds,
         get_model_weights=load(manifest["get_model_weights"]),
         set_model_weights=load(manifest["set_model_weights"]),

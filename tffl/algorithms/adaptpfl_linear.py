@@ -41,12 +41,12 @@ Choices for the draft's inconsistencies (adaptpfl.md §4; numbers are that table
 * #7 α, the step sizes and an optional ridge β on s are explicit hyperparameters; #12 the
   gradients carry the (1 − α) and α factors (the draft's eq. 7 drops (1 − α)).
 * #8 / §1.6: variant A is Algorithm 1 (head → shortcut → representation, τ gradient steps
-  each, no projection, no damping, no QR). Variant B (`variant="b"`, issue 18) is the analysed
+  each, no projection, no damping, no QR). Variant B (`variant="b"`) is the analysed
   iteration (2)–(8): exact ridge / least-squares solves, projection of s onto span(B)^⊥,
   damping λ_S, λ_W, one B step then QR, order S→W; each of these is a switch
   (`variant_b_update`).
 * Initialization (undeclared in the draft): B⁰ a seeded random orthonormal d×k (or any B via
-  `set_representation`, e.g. FedRep's method-of-moments B⁰ from `tffl.algorithms.fedrep_linear`);
+  `tffl.engine.linear_engine.set_representation`, e.g. FedRep's method-of-moments B⁰ from `tffl.algorithms.fedrep_linear`);
   w_i⁰ = 0 and s_i⁰ = 0 (§1.4; s⁰ = 0 is LoRA's zero-initialized branch).
 
 α = 0 is FedRep with gradient heads, exactly: the shortcut gets zero gradient and never moves,
@@ -59,16 +59,17 @@ point — (1 − 0)·Bw + 0·s = Bw — so these are FedRep's iterates, not an a
 Client data: one value per client, `OrderedDict(x=float32[m_i, d], y=float32[m_i])` (a full
 batch; fresh samples per round, as the draft's theory wants, are the caller's). Personal state:
 `OrderedDict(head=float32[k], shortcut=float32[d])`. The algebra runs in float64 inside the
-client computation; results are cast to float32. Steps 1 and 3 (and the state, round counter and
-shape checks) are `tffl.engine.linear_engine`'s averaging round (no QR); this module writes only
-the client update, step 2. Metrics (TFF's structure, `client_work/train`): `loss` = mean over
+client computation; results are cast to float32. Steps 1 and 3 are
+`tffl.engine.linear_engine`'s averaging round (no QR), composed by the engine's one composer;
+this module writes only the client update, step 2. Metrics (TFF's structure, `client_work/train`): `loss` = mean over
 clients of f_i (without the ridge) at the start of the round; `num_clients`.
 
 `build_adaptpfl_linear(config)` (an `AdaptPFLLinearConfig`) returns a personalized
 `tffl.engine.process.Process` whose model weights are B (`set_model_weights` stores B as is in
 variant A, orthonormalized in variant B); its `config` is `config`, defaults filled in.
-Functions: `predictors(process, state, personal_states)`, `get_representation(state)`,
-`set_representation(process, state, b)` (shape-checked).
+Functions: `predictors(process, state, personal_states)`; B itself is read and set by
+`tffl.engine.linear_engine.get_representation(state)` and `set_representation(process, state,
+b)` (shape-checked).
 
 Example:
 
@@ -96,9 +97,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import linear_engine
+from tffl.engine import linear_basics, linear_engine
 from tffl.engine import process as process_lib
-from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
 
 def _gradient_descent(steps: int, value: tf.Tensor, step_fn) -> tf.Tensor:
@@ -115,25 +115,24 @@ def _server(dim: int, rank: int, seed: int, orthonormal: bool):
     """The averaging round's server (B⁰ a seeded random orthonormal d×k; `orthonormal`: QR after
     each mean, variant B) and the personal-state type (w_i, s_i)."""
     server = linear_engine.build_server(
-        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        dim, rank, lambda: linear_basics.orthonormalize(linear_basics.gaussian(dim, rank, seed)),
         orthonormal=orthonormal)
-    return server, linear_engine.personal_type(personal_shapes(dim, rank))
+    return server, linear_basics.personal_type(personal_shapes(dim, rank))
 
 
 def _client_inputs(b, data, personal):
     """(B, X, y, m, w_i, s_i) of one client's round, float64."""
-    x64, y64, m = linear_engine.batch64(data)
+    x64, y64, m = linear_basics.batch64(data)
     return (tf.cast(b, tf.float64), x64, y64, m, tf.cast(personal["head"], tf.float64),
             tf.cast(personal["shortcut"], tf.float64))
 
 
-def _client_output(representation, w, s, loss) -> collections.OrderedDict:
-    """What a client returns to the averaging round: B_i, its new (w_i, s_i), its loss (float32)."""
-    return collections.OrderedDict(
-        representation=tf.cast(representation, tf.float32),
-        personal=collections.OrderedDict(head=tf.cast(w, tf.float32),
-                                         shortcut=tf.cast(s, tf.float32)),
-        loss=tf.cast(loss, tf.float32))
+def _client_output(representation, w, s, loss):
+    """What a client returns to the averaging round (`linear_basics.client_result`): B_i, its
+    loss, its new (w_i, s_i) (float32)."""
+    return linear_basics.client_result(
+        representation, loss, collections.OrderedDict(head=tf.cast(w, tf.float32),
+                                                      shortcut=tf.cast(s, tf.float32)))
 
 
 def _nonnegative_int(name: str, value: int) -> int:
@@ -202,19 +201,21 @@ def initial_personal(config: AdaptPFLLinearConfig, client_id: Any) -> collection
 def predictors(process: process_lib.Process, state, personal_states) -> np.ndarray:
     """θ_i = (1 − α) B w_i + α s_i for every client (N×d, float64; row i is client i's)."""
     alpha = process.config.alpha
-    b = get_representation(state).astype(np.float64)
-    heads = linear_engine.stack_personal(personal_states, "head")
-    shortcuts = linear_engine.stack_personal(personal_states, "shortcut")
+    b = linear_engine.get_representation(state).astype(np.float64)
+    heads = linear_basics.stack_personal(personal_states, "head")
+    shortcuts = linear_basics.stack_personal(personal_states, "shortcut")
     return (1.0 - alpha) * heads @ b.T + alpha * shortcuts
 
 
-def _process(server, next_fn, client_update, config: AdaptPFLLinearConfig) -> process_lib.Process:
-    personal_type = linear_engine.personal_type(personal_shapes(config.dim, config.rank))
-    return server.build_process(
-        "adaptpfl_linear", next_fn, config=config,
-        personal=linear_engine.personal_spec(personal_shapes(config.dim, config.rank),
-                                             functools.partial(initial_personal, config)),
-        traffic=linear_engine.averaging_traffic(server, client_update, personal_type))
+def _process(server, client_update, config: AdaptPFLLinearConfig) -> process_lib.Process:
+    """The process of `server`'s averaging round with `client_update`, personal (w_i, s_i)."""
+    personal = linear_basics.personal_spec(personal_shapes(config.dim, config.rank),
+                                           functools.partial(initial_personal, config))
+    return process_lib.build_process(
+        "adaptpfl_linear", [server.averaging_round(client_update)], server.federated(personal),
+        support=process_lib.ProcessSupport(
+            check_data=linear_basics.data_checker(config.dim, "adaptpfl_linear"),
+            config=config))
 
 
 def build_adaptpfl_linear(config: AdaptPFLLinearConfig) -> process_lib.Process:
@@ -230,7 +231,7 @@ def build_adaptpfl_linear(config: AdaptPFLLinearConfig) -> process_lib.Process:
         is negative or not an integer, β < 0, or a non-finite value; the message names the value.
         Variant B: α = 1, a damping outside (0, 1], an unknown order.
     """
-    dim, rank = linear_engine.check_dims(config.dim, config.rank)
+    dim, rank = linear_basics.check_dims(config.dim, config.rank)
     checked = _checked(dataclasses.replace(config, dim=dim, rank=rank))
     if checked.variant == "b":
         return _build_variant_b(checked)
@@ -240,7 +241,7 @@ def build_adaptpfl_linear(config: AdaptPFLLinearConfig) -> process_lib.Process:
 def _checked(config: AdaptPFLLinearConfig) -> AdaptPFLLinearConfig:
     """`config`'s hyperparameters checked (`build_adaptpfl_linear`'s Raises, in field order), the
     defaults η_w = η_s = η_b filled in."""
-    check_rate = linear_engine.check_rate
+    check_rate = linear_basics.check_rate
     alpha = float(config.alpha)
     if not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha={alpha} must be in [0, 1]")
@@ -292,9 +293,7 @@ def _build_variant_a(config: AdaptPFLLinearConfig) -> process_lib.Process:
                                 * xtr(bb, w, s)[:, tf.newaxis] * w[tf.newaxis, :])
         return _client_output(b_i, w, s, loss)
 
-    next_fn = linear_engine.build_averaging_round(server, client_update,
-                                                  personal_type=personal_type)
-    return _process(server, next_fn, client_update, config)
+    return _process(server, client_update, config)
 
 
 VARIANTS = ("a", "b")
@@ -393,8 +392,6 @@ def _build_variant_b(config: AdaptPFLLinearConfig) -> process_lib.Process:
         return _client_output(b64 - eta * grad, w, s, loss)
 
     # (7)–(8): the mean of B̂ − ηG_i is B̂ − η·mean(G_i), one step; then QR.
-    next_fn = linear_engine.build_averaging_round(server, client_update,
-                                                  personal_type=personal_type)
-    return _process(server, next_fn, client_update, dataclasses.replace(
+    return _process(server, client_update, dataclasses.replace(
         config, head_learning_rate=eta, shortcut_learning_rate=eta, head_steps=0,
         shortcut_steps=0, representation_steps=1))

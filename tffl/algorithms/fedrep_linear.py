@@ -44,8 +44,9 @@ The process. `build_fedrep_linear` returns a `tffl.engine.process.Process`, a TF
 are B: `get_model_weights(state)` is B (float32[d, k]) and `set_model_weights(state, B)`
 orthonormalizes B. Its `config` is a `FedRepLinearConfig` (the hyperparameters, the method of
 moments and the head computations). The module's functions: `initialize_by_moments(process,
-data)`, `head(process, b, data)`, `get_representation(state)`, `set_representation(process,
-state, b)` (shape-checked).
+data)` and `head(process, b, data)`; B itself is read and set by
+`tffl.engine.linear_engine.get_representation(state)` and `set_representation(process, state,
+b)` (shape-checked).
 
 Example:
 
@@ -54,7 +55,7 @@ Example:
 >>> with runtime.local_runtime():
 ...     state = initialize_by_moments(process, data)     # or process.initialize()
 ...     output = process.next_round(state, data)
-...     b = get_representation(output.state)              # float32 (d, k)
+...     b = linear_engine.get_representation(output.state)   # float32 (d, k)
 >>> b.shape, bool(np.allclose(b.T @ b, np.eye(2), atol=1e-5))   # QR: orthonormal columns
 ((10, 2), True)
 >>> isinstance(process, tff.learning.templates.LearningProcess)
@@ -63,16 +64,14 @@ True
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import linear_engine
+from tffl.engine import composition, linear_basics, linear_engine
 from tffl.engine import process as process_lib
-from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
 
 
 def _head(b64: tf.Tensor, x64: tf.Tensor, y64: tf.Tensor) -> tf.Tensor:
@@ -89,7 +88,9 @@ class FedRepLinearConfig:
       dim, rank: d, k.
       learning_rate: η.
       seed: the seed of `initialize`'s random B.
-      moments: (data@CLIENTS) -> state@SERVER, the method of moments (`initialize_by_moments`).
+      client_moments: data -> float32[d, d], one client's P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ.
+      top_eigenvectors: float32[d, d] -> float32[d, k], a symmetric matrix's top-k
+        eigenvectors (the method of moments' B⁰ from (1/N) Σ_i P_i, `initialize_by_moments`).
       head: (float32[d, k], data) -> float32[k], one client's exact head (`head`).
     """
 
@@ -97,15 +98,18 @@ class FedRepLinearConfig:
     rank: int
     learning_rate: float
     seed: int
-    moments: tff.Computation
+    client_moments: tff.Computation
+    top_eigenvectors: tff.Computation
     head: tff.Computation
 
 
 def initialize_by_moments(process: process_lib.Process, client_data):
     """State with B⁰ = top-k eigenvectors of (1/N) Σ_i (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (the
     clients' data checked first), round_num 0."""
-    linear_engine.data_checker(process.config.dim, process.algorithm)(client_data)
-    return process.config.moments(client_data)
+    linear_basics.data_checker(process.config.dim, process.algorithm)(client_data)
+    return composition.initialize_from_clients(
+        process.initialize, process.config.client_moments,
+        process.config.top_eigenvectors)(client_data)
 
 
 def head(process: process_lib.Process, representation, data) -> np.ndarray:
@@ -131,36 +135,34 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
     Raises:
       ValueError: d < 1, k ≤ 0 or k > d, or η ≤ 0 (or not finite).
     """
-    dim, rank = linear_engine.check_dims(dim, rank)
-    eta = linear_engine.check_rate("learning_rate", learning_rate)
+    dim, rank = linear_basics.check_dims(dim, rank)
+    eta = linear_basics.check_rate("learning_rate", learning_rate)
     server = linear_engine.build_server(
-        dim, rank, lambda: linear_engine.orthonormalize(linear_engine.gaussian(dim, rank, seed)),
+        dim, rank, lambda: linear_basics.orthonormalize(linear_basics.gaussian(dim, rank, seed)),
         orthonormal=True)
     b_type, data_type = server.representation_type, server.data_type
 
     @tff.tensorflow.computation(b_type, data_type)
     def exact_head(b, data):
-        x64, y64, _ = linear_engine.batch64(data)
+        x64, y64, _ = linear_basics.batch64(data)
         return tf.cast(_head(tf.cast(b, tf.float64), x64, y64), tf.float32)
 
     @tff.tensorflow.computation(b_type, data_type)
     def client_update(b, data):
-        """(B, {X_i, y_i}) -> {representation: B_i, loss: f̂_i(w_i, B)}."""
+        """(B, {X_i, y_i}) -> B_i and f̂_i(w_i, B), as `linear_basics.client_result`."""
         b64 = tf.cast(b, tf.float64)
-        x64, y64, m = linear_engine.batch64(data)
+        x64, y64, m = linear_basics.batch64(data)
         w = _head(b64, x64, y64)                                    # (k,)
         residual = tf.linalg.matvec(x64 @ b64, w) - y64             # (m,)
         grad = (tf.linalg.matvec(x64, residual, transpose_a=True)[:, tf.newaxis]
                 * w[tf.newaxis, :]) / m                             # (d, k)
-        loss = tf.reduce_sum(residual**2) / (2.0 * m)
-        return collections.OrderedDict(
-            representation=tf.cast(b64 - eta * grad, tf.float32), loss=tf.cast(loss, tf.float32)
-        )
+        return linear_basics.client_result(b64 - eta * grad,
+                                           tf.reduce_sum(residual**2) / (2.0 * m))
 
     @tff.tensorflow.computation(data_type)
     def client_moments(data):
         """P_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ (d×d)."""
-        x64, y64, m = linear_engine.batch64(data)
+        x64, y64, m = linear_basics.batch64(data)
         p = tf.linalg.matmul(x64 * (y64**2)[:, tf.newaxis], x64, transpose_a=True) / m
         return tf.cast(p, tf.float32)
 
@@ -171,9 +173,10 @@ def build_fedrep_linear(dim: int, rank: int, learning_rate: float, seed: int = 0
         _, vectors = tf.linalg.eigh(0.5 * (p64 + tf.transpose(p64)))  # ascending eigenvalues
         return tf.cast(tf.reverse(vectors[:, dim - rank:], axis=[1]), tf.float32)
 
-    moments = linear_engine.build_mean_initializer(server, client_moments, top_eigenvectors)
-
-    next_fn = linear_engine.build_averaging_round(server, client_update)
     config = FedRepLinearConfig(dim=dim, rank=rank, learning_rate=eta, seed=int(seed),
-                                moments=moments, head=exact_head)
-    return server.build_process("fedrep_linear", next_fn, config=config)
+                                client_moments=client_moments,
+                                top_eigenvectors=top_eigenvectors, head=exact_head)
+    return process_lib.build_process(
+        "fedrep_linear", [server.averaging_round(client_update)], server.federated(),
+        support=process_lib.ProcessSupport(
+            check_data=linear_basics.data_checker(dim, "fedrep_linear"), config=config))

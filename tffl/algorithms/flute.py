@@ -1,5 +1,5 @@
 """Deep FLUTE's client side (flute.md §4.2–4.4): its regularizers, class indicator and NC step,
-as a `tffl.engine.rounds.ClientHook` on the engine's client work.
+as a `tffl.engine.client_hooks.ClientHook` on the engine's client work.
 
 Client i's personal state is (its head variables..., u_i) with u_i ∈ {0,1}^m the classes it has
 seen; in a round the hook or-s the round's labels into u_i, adds the penalties to the phases
@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import client_training
-from tffl.engine import rounds as engine
+from tffl.engine import model_spec
+from tffl.engine.client_hooks import ClientHook
 
 
 VARIANTS = ("star", "plain")
@@ -120,7 +120,7 @@ def _class_indicator(previous: tf.Tensor, dataset, num_classes: int) -> tf.Tenso
     """u_i: the classes seen in `dataset`'s labels, or-ed into the `previous` indicator."""
 
     def add(acc, batch):
-        _, y = client_training.split_batch(batch)
+        _, y = model_spec.split_batch(batch)
         labels = tf.cast(tf.reshape(y, [-1]), tf.int32)
         seen = tf.reduce_max(tf.one_hot(labels, num_classes, dtype=acc.dtype), axis=0)
         return tf.maximum(acc, seen)
@@ -157,7 +157,7 @@ def _flute_phases(phases, model, flute: FluteConfig, kernel_index: int, classes,
     return out
 
 
-class FluteHook(engine.ClientHook):
+class FluteHook(ClientHook):
     """FLUTE's client steps: class indicator in the personal state, penalties on the phases, and
     Algorithm 2's NC step on the head kernel H after local training: the gradient of
     (1/|I|)·Σ_i NC_i in H_i is ∇NC_i(H_i)/|I|, so each head's step needs only that head and |I|

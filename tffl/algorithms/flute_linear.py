@@ -55,11 +55,13 @@ seeded by (`seed`, client id), so a client's start does not depend on who else e
 
 Client data: one value per client, `OrderedDict(x=float32[N_i, d], y=float32[N_i])` (the whole
 local dataset: the gradients are full batch). Personal state: `OrderedDict(head=float32[k])`.
-Inside the computations the algebra runs in float64; results are cast back to float32. The
-state, round counter and shape checks are `tffl.engine.linear_engine`'s, and the round is its declared
-two-exchange round with personal state (`build_two_exchange_round`: sums up, server step, G down,
-head step); this module writes only FLUTE's client and server steps (steps 2–4 above) as
-`tff.tensorflow.computation`s.
+Inside the computations the algebra runs in float64; results are cast back to float32. The round
+is one round kind of the engine's composer (`tffl.engine.composition`) with two exchanges: the
+distributor sends B, the client work uploads (∇_B L_i, w_i w_iᵀ), the aggregator sums them
+(`tff.aggregators.SumFactory`), the finalizer takes the server step on B, and the kind's second
+exchange (`tffl.engine.rounds.SecondExchange`) sends G = WWᵀ and steps each head at the old B,
+which the clients still hold from the first exchange. This module writes only FLUTE's client and
+server steps (steps 2–4 above) as `tff.tensorflow.computation`s.
 
 Metrics of a round (at the server, at the old point, in TFF's structure): `client_work/train`
 holds `loss` = (1/|I|) Σ_i L_i(B, w_i) and `num_clients` = |I|; `finalizer/regularizer` = R(B,
@@ -71,8 +73,9 @@ The process. `build_flute_linear` returns a personalized `tffl.engine.process.Pr
 whose model weights are B (`get_model_weights`; `set_model_weights` stores B as is). Its `config`
 is a `FluteLinearConfig` (the hyperparameters). The module's functions: `initial_personal(config,
 client_id)` (what `process.initialize_personal` gives), `heads(personal_states)`,
-`predictors(state, personal_states)`, `get_representation(state)`, `set_representation(process,
-state, b)` (shape-checked).
+`predictors(state, personal_states)`; B itself is read and set by
+`tffl.engine.linear_engine.get_representation(state)` and `set_representation(process, state,
+b)` (shape-checked).
 
 Example:
 
@@ -100,10 +103,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.engine import linear_basics
 from tffl.engine import linear_engine
-from tffl.engine import linear_rounds
 from tffl.engine import process as process_lib
-from tffl.engine.linear_engine import get_representation, set_representation  # noqa: F401
+from tffl.engine import rounds
 
 
 def regularizer_gradients(b64: tf.Tensor, gram64: tf.Tensor, gamma1: float, gamma2: float
@@ -150,20 +153,20 @@ def initial_personal(config: FluteLinearConfig, client_id: Any) -> collections.O
 
 def heads(personal_states) -> np.ndarray:
     """W (k×M) from the clients' personal states (column i = w_i)."""
-    return linear_engine.stack_personal(personal_states, "head").T
+    return linear_basics.stack_personal(personal_states, "head").T
 
 
 def predictors(state, personal_states) -> np.ndarray:
     """The personalized regressors B w_i (M×d, float64; row i is client i's)."""
-    return (get_representation(state).astype(np.float64) @ heads(personal_states)).T
+    return (linear_engine.get_representation(state).astype(np.float64) @ heads(personal_states)).T
 
 
 def _checked(dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2, init_scale
              ) -> tuple[int, int, float, float, float, float, float]:
     """(d, k, η_l, η_r, γ1, γ2, α) checked, with the defaults η_r = η_l and α = 1/(10d) filled in
     (`build_flute_linear`'s Raises)."""
-    check_rate = linear_engine.check_rate
-    dim, rank = linear_engine.check_dims(dim, rank)
+    check_rate = linear_basics.check_rate
+    dim, rank = linear_basics.check_dims(dim, rank)
     eta_l = check_rate("learning_rate", learning_rate)
     eta_r = check_rate("regularizer_learning_rate",
                        eta_l if regularizer_learning_rate is None else regularizer_learning_rate,
@@ -176,7 +179,7 @@ def _checked(dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2
 
 def _data_terms(b64, data, w64):
     """(X, residual X B w − y, m) in float64 for the client's full batch."""
-    x64, y64, m = linear_engine.batch64(data)
+    x64, y64, m = linear_basics.batch64(data)
     residual = tf.linalg.matvec(x64 @ b64, w64) - y64                         # (N,)
     return x64, residual, m
 
@@ -193,13 +196,11 @@ def _client_steps(server: linear_engine.LinearServer, personal_type: tff.Type, e
         b64, w64 = tf.cast(b, tf.float64), tf.cast(personal["head"], tf.float64)
         x64, residual, m = _data_terms(b64, data, w64)
         xtr = tf.linalg.matvec(x64, residual, transpose_a=True) / m           # (d,)
-        return collections.OrderedDict(
-            value=collections.OrderedDict(
-                representation_gradient=tf.cast(xtr[:, tf.newaxis] * w64[tf.newaxis, :],
-                                                tf.float32),
-                head_gram=tf.cast(w64[:, tf.newaxis] * w64[tf.newaxis, :], tf.float32)),
-            loss=tf.cast(tf.reduce_sum(residual**2) / (2.0 * m), tf.float32),
-        )
+        statistics = collections.OrderedDict(
+            representation_gradient=xtr[:, tf.newaxis] * w64[tf.newaxis, :],
+            head_gram=w64[:, tf.newaxis] * w64[tf.newaxis, :])
+        return linear_basics.client_result(statistics, tf.reduce_sum(residual**2) / (2.0 * m),
+                                           personal)
 
     @tff.tensorflow.computation(b_type, gram_type, data_type, personal_type)
     def client_head_update(b, gram, data, personal):
@@ -211,49 +212,48 @@ def _client_steps(server: linear_engine.LinearServer, personal_type: tff.Type, e
         grad_reg = (-2.0 * g1 * tf.linalg.matvec(tf.transpose(b64) @ b64, w64)
                     + 4.0 * g2 * tf.linalg.matvec(g64, w64))
         head = w64 - eta_l * grad_data - eta_r * grad_reg
-        return collections.OrderedDict(
-            personal=collections.OrderedDict(head=tf.cast(head, tf.float32)))
+        return collections.OrderedDict(head=tf.cast(head, tf.float32))
 
     return client_statistics, client_head_update
 
 
-def _server_steps(server: linear_engine.LinearServer, sums_type: tff.Type, eta_l: float,
-                  eta_r: float, g1: float, g2: float) -> dict[str, tff.Computation]:
-    """FLUTE's server computations (steps 1, 3, 4 and the `regularizer` metric), as
-    `linear_rounds.TwoExchangePieces`' fields; `sums_type` is that of (Σ_i ∇_B L_i, G)."""
-    state_type = server.state_type.member
+def _round_pieces(server: linear_engine.LinearServer, client_statistics, client_head_update,
+                  eta_l: float, eta_r: float, g1: float, g2: float) -> rounds.RoundPieces:
+    """FLUTE's round kind (steps 1–4): B broadcast, the statistics summed, the server step on B
+    with the `regularizer` measured, and the second exchange's G = WWᵀ and head step."""
+    b_type = server.representation_type
+    sums_type = client_statistics.type_signature.result[0].update
 
-    @tff.tensorflow.computation(state_type)
-    def broadcast_representation(state):
-        """B, the first exchange's broadcast."""
-        return linear_engine.representation_of(state)
-
-    @tff.tensorflow.computation(state_type, sums_type)
-    def server_step(state, sums):
-        """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W); round_num + 1."""
-        b64 = tf.cast(linear_engine.representation_of(state), tf.float64)
+    def new_representation(b, sums):
+        """B − η_l Σ_i ∇_B L_i − η_r ∇_B R(B, W); round_num + 1 (the finalizer's)."""
+        b64 = tf.cast(b, tf.float64)
         new = (b64 - eta_l * tf.cast(sums["representation_gradient"], tf.float64)
                - eta_r * regularizer_gradients(b64, tf.cast(sums["head_gram"], tf.float64),
                                                g1, g2))
-        return linear_engine.advanced(state, tf.cast(new, tf.float32))
+        return tf.cast(new, tf.float32)
+
+    @tff.tensorflow.computation(b_type, sums_type, np.int32)
+    def regularizer_value(b, sums, round_num):
+        """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
+        del round_num
+        b64, g64 = tf.cast(b, tf.float64), tf.cast(sums["head_gram"], tf.float64)
+        btb = tf.transpose(b64) @ b64
+        value = (-g1 * tf.linalg.trace(btb @ g64)
+                 + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
+        return collections.OrderedDict(regularizer=tf.cast(value, tf.float32))
 
     @tff.tensorflow.computation(sums_type)
     def gram(sums):
         """G = WWᵀ, the second exchange's broadcast."""
         return sums["head_gram"]
 
-    @tff.tensorflow.computation(state_type, sums_type)
-    def regularizer_value(state, sums):
-        """R = −γ1 tr(BᵀB G) + γ2 (‖BᵀB‖² + ‖G‖²) with G = WWᵀ."""
-        b64 = tf.cast(linear_engine.representation_of(state), tf.float64)
-        g64 = tf.cast(sums["head_gram"], tf.float64)
-        btb = tf.transpose(b64) @ b64
-        value = (-g1 * tf.linalg.trace(btb @ g64)
-                 + g2 * (tf.reduce_sum(btb**2) + tf.reduce_sum(g64**2)))
-        return collections.OrderedDict(regularizer=tf.cast(value, tf.float32))
-
-    return dict(broadcast=broadcast_representation, server_update=server_step,
-                second_broadcast=gram, server_metrics=regularizer_value)
+    return rounds.RoundPieces(   # summed (unweighted): no weight goes up
+        linear_engine.ROUND, client_statistics,
+        aggregator=tff.aggregators.SumFactory().create(sums_type),
+        step=linear_engine.WeightsStep(b_type, sums_type, new_representation),
+        measure=regularizer_value,
+        second_exchange=rounds.SecondExchange(gram, client_head_update),
+        finalize_metrics=linear_basics.linear_train_metrics)
 
 
 def build_flute_linear(
@@ -268,8 +268,8 @@ def build_flute_linear(
 ) -> process_lib.Process:
     """Linear FLUTE (Algorithm 1): d = `dim`, k = `rank`, η_l, η_r, γ1, γ2, α = `init_scale`.
 
-    A round is `linear_rounds.build_two_exchange_round` with personal state (the heads): the
-    first exchange sums (∇_B L_i, w_i w_iᵀ), the server steps B and sends G = WWᵀ, the second
+    A round is one round kind with two exchanges and personal state (the heads): the first
+    exchange sums (∇_B L_i, w_i w_iᵀ), the server steps B and sends G = WWᵀ, the second
     exchange steps each head (module docstring, steps 1–4).
 
     Args:
@@ -294,23 +294,16 @@ def build_flute_linear(
     dim, rank, eta_l, eta_r, g1, g2, alpha = _checked(
         dim, rank, learning_rate, regularizer_learning_rate, gamma1, gamma2, init_scale)
     server = linear_engine.build_server(
-        dim, rank, lambda: alpha * linear_engine.gaussian(dim, rank, seed, stream=1),
+        dim, rank, lambda: alpha * linear_basics.gaussian(dim, rank, seed, stream=1),
         orthonormal=False)
-    personal_type = linear_engine.personal_type(personal_shapes(dim, rank))
-    client_statistics, client_head_update = _client_steps(server, personal_type, eta_l, eta_r,
-                                                          g1, g2)
-    sums_type = client_statistics.type_signature.result["value"]
-    pieces = linear_rounds.TwoExchangePieces(
-        first_update=client_statistics, second_update=client_head_update,
-        **_server_steps(server, sums_type, eta_l, eta_r, g1, g2))
-    next_fn = linear_rounds.build_two_exchange_round(
-        server.state_type.member, server.data_type, pieces, personal_type=personal_type,
-        aggregation="sum")
     config = FluteLinearConfig(dim=dim, rank=rank, learning_rate=eta_l,
                                regularizer_learning_rate=eta_r, gamma1=g1, gamma2=g2,
                                init_scale=alpha, seed=int(seed))
-    return server.build_process(
-        "flute_linear", next_fn, config=config,
-        personal=linear_engine.personal_spec(personal_shapes(dim, rank),
-                                             functools.partial(initial_personal, config)),
-        traffic=linear_rounds.two_exchange_traffic(pieces))
+    personal = linear_basics.personal_spec(personal_shapes(dim, rank),
+                                           functools.partial(initial_personal, config))
+    steps = _client_steps(server, personal.type, eta_l, eta_r, g1, g2)
+    return process_lib.build_process(
+        "flute_linear", [_round_pieces(server, *steps, eta_l, eta_r, g1, g2)],
+        server.federated(personal),
+        support=process_lib.ProcessSupport(
+            check_data=linear_basics.data_checker(dim, "flute_linear"), config=config))

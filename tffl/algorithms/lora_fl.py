@@ -73,30 +73,27 @@ from __future__ import annotations
 
 import dataclasses
 
+from tffl.algorithms import lora_plans
 from tffl.algorithms import lora_ranks
-from tffl.algorithms.lora_plans import ALGORITHMS
-from tffl.algorithms.lora_plans import LoraConfig
-from tffl.algorithms.lora_plans import lora_pairs
-from tffl.algorithms.lora_plans import plan_schedule
 from tffl.engine import communication
 from tffl.engine import composition
 from tffl.engine import process as process_lib
-from tffl.engine import rounds as engine
-from tffl.engine import switch_round as switching
+from tffl.engine import rounds
 from tffl.engine.federated_model import ModelSource
 
 # What every client uploads besides its update: float32 loss sum, correct and example counts,
 # and the float32 weight n_i of the aggregation.
-METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
+METRIC_UPLOAD_BYTES = rounds.METRIC_UPLOAD_BYTES + rounds.WEIGHT_UPLOAD_BYTES
 # `ModelSource`'s fields besides the model function and input spec: the keyword options of the
 # builders below that describe the model rather than its federation.
 _MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelSource)
                        if f.name not in ("model_fn", "input_spec"))
 
 
-def build_schedule(algorithm: str, config: LoraConfig) -> process_lib.Process:
-    """The process of `algorithm` (one of `ALGORITHMS`, or "rolora_ffa", which needs
-    `config.total_rounds`) on `config`'s model (`tffl.algorithms.lora_plans.LoraConfig`).
+def build_schedule(algorithm, config: lora_plans.LoraConfig) -> process_lib.Process:
+    """The process of `algorithm` (one of `lora_plans.ALGORITHMS`, "rolora_ffa", which needs
+    `config.total_rounds`, or a round builder, `lora_plans.plan_schedule`'s) on `config`'s
+    model (`tffl.algorithms.lora_plans.LoraConfig`).
 
     With `config.client_ranks` (flexlora, flora) the process is a personalized `Process` whose
     personal state is each client's rank (`tffl.algorithms.lora_ranks`).
@@ -111,22 +108,27 @@ def build_schedule(algorithm: str, config: LoraConfig) -> process_lib.Process:
                          "and FlexLoRA and FLoRA aggregate the products themselves")
     if config.client_ranks is not None:
         return lora_ranks.build_heterogeneous_rank_process(algorithm, config)
-    plan = plan_schedule(algorithm, config)
-    pieces = [switching.build_round(plan.model, s, plan.client, plan.aggregator,
-                                       plan.server_optimizer) for s in plan.round_specs]
+    plan = lora_plans.plan_schedule(algorithm, config)
+    model = plan.model
+    pieces = [rounds.build_round(model, s, plan.client, plan.aggregator, plan.server_optimizer)
+              for s in plan.round_specs]
+    federated = process_lib.Federated(model.initial_weights(), model.data_type())
     traffic_rounds = None
     if config.averaging_error:
-        plain, pairs = pieces, lora_pairs(plan.model.spec)
-        pieces = [engine.with_averaging_error(plan.model, s, p, pairs, plan.aggregator)
+        plain, pairs = pieces, lora_plans.lora_pairs(model.spec)
+        pieces = [rounds.with_averaging_error(model, s, p, pairs, plan.aggregator)
                   for s, p in zip(plan.round_specs, plain)]
 
         def traffic_rounds():   # the algorithm's own rounds: what `traffic` sizes
-            return composition.compose_rounds(plan.model, plain, personal=False)[1]
-    return composition.build_process(algorithm, plan.model, pieces, plan.schedule,
-                                     traffic_rounds=traffic_rounds)
+            return composition.compose_kinds(plain, federated.initial_weights,
+                                             federated.data_type)[1]
+    return process_lib.build_process(
+        lora_plans.algorithm_name(algorithm), pieces, federated, plan.schedule,
+        process_lib.ProcessSupport(model=model, traffic_rounds=traffic_rounds))
 
 
-def lora_config(keras_model_fn, input_spec, client_optimizer, **options) -> LoraConfig:
+def lora_config(keras_model_fn, input_spec, client_optimizer, **options
+                ) -> lora_plans.LoraConfig:
     """A `LoraConfig` from keyword options: those of `ModelSource` (`loss_fn`,
     `initial_trainable`, `initial_non_trainable`, `frozen_dir`, `client_device`) go to its
     model, the others are `LoraConfig`'s fields.
@@ -136,8 +138,8 @@ def lora_config(keras_model_fn, input_spec, client_optimizer, **options) -> Lora
     ('/tmp/f', 3, 0.1)
     """
     model = {k: options.pop(k) for k in _MODEL_OPTIONS if k in options}
-    return LoraConfig(ModelSource(keras_model_fn, input_spec, **model), client_optimizer,
-                      **options)
+    return lora_plans.LoraConfig(ModelSource(keras_model_fn, input_spec, **model),
+                                 client_optimizer, **options)
 
 
 def build_lora_process(name: str, keras_model_fn, input_spec, client_optimizer, **options
@@ -149,9 +151,9 @@ def build_lora_process(name: str, keras_model_fn, input_spec, client_optimizer, 
     Raises:
       ValueError: for an unknown name (and as `build_schedule`).
     """
-    if name not in ALGORITHMS:
-        raise ValueError(
-            f"unknown LoRA algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    if name not in lora_plans.ALGORITHMS:
+        raise ValueError(f"unknown LoRA algorithm {name!r}; expected one of "
+                         f"{', '.join(lora_plans.ALGORITHMS)}")
     return build_schedule(name, lora_config(keras_model_fn, input_spec, client_optimizer,
                                             **options))
 

@@ -12,6 +12,9 @@ which compose them.
 | `flexlora`   | `ab_round`: A, B, extra; factors; SVD of Σ p_i A_iB_i       | constant          |
 | `flora`      | `ab_round`: A, B, extra; factors; merge into W0, fresh A    | constant          |
 
+A new algorithm is one more builder of the same form (`fedavg_lora_momentum`: FedAvg-LoRA with
+a momentum server optimizer), run by `plan_schedule` like the registered ones.
+
 >>> [pair for pair in lora_pairs(spec)]        # (index of A, index of B) in spec.trainable
 [(0, 1)]
 """
@@ -22,13 +25,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import tensorflow_federated as tff
+
 from tffl.engine import client_training
-from tffl.engine import rounds as engine
+from tffl.engine import model_spec
 from tffl.engine import roles
+from tffl.engine import rounds
 from tffl.engine import schedules
-from tffl.engine import switch_round as switching
-from tffl.engine.federated_model import ModelSource
-from tffl.engine.federated_model import build_federated_model
+from tffl.engine.client_hooks import ClientConfig
+from tffl.engine.federated_model import FederatedModel, ModelSource, build_federated_model
+from tffl.engine.switch_round import SwitchRoundSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +98,7 @@ class LoraConfig:
 
 
 
-def lora_pairs(spec: client_training.ModelSpec) -> list[tuple[int, int]]:
+def lora_pairs(spec: model_spec.ModelSpec) -> list[tuple[int, int]]:
     """Pairs (index of A, index of B) in `spec.trainable`: the k-th `lora_a` with the k-th `lora_b`.
 
     Raises:
@@ -114,7 +120,7 @@ def lora_pairs(spec: client_training.ModelSpec) -> list[tuple[int, int]]:
     return pairs
 
 
-def _inspect(source: ModelSource, extra_roles) -> client_training.ModelSpec:
+def _inspect(source: ModelSource, extra_roles) -> model_spec.ModelSpec:
     for role in extra_roles:
         if role not in roles.ROLES or role in (roles.LORA_A, roles.LORA_B, roles.FROZEN):
             raise ValueError(f"extra_roles may hold {roles.HEAD!r}, {roles.SHARED!r} or "
@@ -131,12 +137,12 @@ def _inspect(source: ModelSource, extra_roles) -> client_training.ModelSpec:
     return spec
 
 
-def _round(spec, name, train_roles, **kwargs) -> engine.RoundSpec:
+def _round(spec, name, train_roles, **kwargs) -> rounds.RoundSpec:
     indices = spec.indices(train_roles)
     if not indices:
         raise ValueError(f"round {name!r}: the model has no trainable variables with roles "
                          f"{list(train_roles)}")
-    return engine.RoundSpec(name, (client_training.Phase(indices, 1),), **kwargs)
+    return rounds.RoundSpec(name, (client_training.Phase(indices, 1),), **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,24 +150,26 @@ class SchedulePlan:
     """An algorithm before composition: its model, round kinds, schedule and client/server
     configuration (`build_schedule` composes it; `tffl.algorithms.lora_ranks` adds a client hook)."""
 
-    model: engine.FederatedModel
-    round_specs: tuple[engine.RoundSpec, ...]
+    model: FederatedModel
+    round_specs: tuple[rounds.RoundSpec, ...]
     schedule: Any
-    client: engine.ClientConfig
+    client: ClientConfig
     aggregator: Any
     server_optimizer: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Rounds:
-    """An algorithm on a model: its round kinds, its schedule, and the variables the server
-    holds beyond those the rounds train (FLoRA's base kernels, as indices of the model's
-    non-trainable and trainable variables)."""
+    """An algorithm on a model: its round kinds, its schedule, the variables the server holds
+    beyond those the rounds train (FLoRA's base kernels, as indices of the model's non-trainable
+    and trainable variables), and its own server optimizer (a `tff.learning.optimizers`
+    optimizer; None: `LoraConfig.server_optimizer`'s)."""
 
-    specs: tuple[engine.RoundSpec, ...]
+    specs: tuple[rounds.RoundSpec, ...]
     schedule: Callable[[int], str]
     federated_non_trainable: tuple[int, ...] = ()
     federated_trainable: tuple[int, ...] = ()
+    server_optimizer: Any = None
 
 
 def _fedavg_lora(spec, extra_roles, **_) -> Rounds:
@@ -191,7 +199,7 @@ def _rolora_ffa(spec, extra_roles, switch_round=None, **_) -> Rounds:
                          "only B rounds run")
     kinds = (_round(spec, "b_round", (roles.LORA_B, *extra_roles)),
              _round(spec, "a_round", (roles.LORA_A, *extra_roles)))
-    return Rounds((switching.SwitchRoundSpec("b_or_a_round", kinds, int(switch_round)),),
+    return Rounds((SwitchRoundSpec("b_or_a_round", kinds, int(switch_round)),),
                   schedules.constant("b_or_a_round"))
 
 
@@ -217,6 +225,48 @@ def _flora(spec, extra_roles, seed=0, **_) -> Rounds:
                       link.base_index for link in links if link.base_trainable))
 
 
+def fedavg_lora_momentum(spec, extra_roles, momentum: float = 0.9, **_) -> Rounds:
+    """FedAvg-LoRA with server momentum: clients train A, B (+ extra) as in `fedavg_lora`; the
+    server keeps a momentum buffer m of the clients' mean uploads Δ̄ and steps every factor,
+
+        m ← β·m − Δ̄,   w ← w − m          (`build_sgdm(1.0, momentum=β)` on the gradient −Δ̄).
+
+    Written as a new algorithm's builder is: what the clients train (roles), a schedule, and a
+    `tff.learning.optimizers` server optimizer; `tffl.algorithms.lora_fl.build_schedule` builds
+    its process. Two rounds equal momentum SGD on the mean uploads, which numpy forms here from
+    FedAvg-LoRA's one-client rounds (the same client updates, stepped by SGD with η_s = 1):
+
+    >>> from tffl.algorithms import lora_fl
+    >>> config = LoraConfig(ModelSource(model_fn, input_spec), client_optimizer=0.1)
+    >>> process = lora_fl.build_schedule(fedavg_lora_momentum, config)       # β = 0.9
+    >>> fedavg = lora_fl.build_schedule("fedavg_lora", config)
+    >>> def mean_upload(w):      # Δ̄ = mean_i Δ_i from w (both clients hold 6 examples)
+    ...     def upload(dataset):
+    ...         start = fedavg.set_model_weights(fedavg.initialize(), w)
+    ...         after = fedavg.get_model_weights(fedavg.next_round(start, [dataset]).state)
+    ...         return [a - b for a, b in zip(after.trainable, w.trainable)]
+    ...     return [np.mean(d, axis=0) for d in zip(*map(upload, client_datasets))]
+    >>> with runtime.local_runtime():
+    ...     state = process.initialize()
+    ...     w = process.get_model_weights(state).trainable
+    ...     m = [np.zeros_like(w_k) for w_k in w]                             # m starts at 0
+    ...     for t in range(2):
+    ...         mean = mean_upload(process.get_model_weights(state))
+    ...         m = [0.9 * m_k - d for m_k, d in zip(m, mean)]                # β·m − Δ̄
+    ...         w = [w_k - m_k for w_k, m_k in zip(w, m)]                     # w − m
+    ...         state = process.next_round(state, client_datasets).state
+    >>> all(np.allclose(got, want, atol=1e-6) for got, want in
+    ...     zip(state.global_model_weights.trainable, w))
+    True
+    >>> buffer = state.finalizer["steps"]["ab_round"]["accumulator"]          # the server's m
+    >>> all(np.allclose(got, want, atol=1e-6) for got, want in zip(buffer, m))
+    True
+    """
+    kind = _round(spec, "ab_round", (roles.LORA_A, roles.LORA_B, *extra_roles))
+    return Rounds((kind,), schedules.constant("ab_round"),
+                  server_optimizer=tff.learning.optimizers.build_sgdm(1.0, momentum=momentum))
+
+
 # Every federated-LoRA algorithm: its round kinds and schedule on a model.
 ROUND_BUILDERS: dict[str, Callable[..., Rounds]] = {
     "rolora": _rolora, "fedavg_lora": _fedavg_lora, "ffa_lora": _ffa_lora,
@@ -226,31 +276,43 @@ ROUND_BUILDERS: dict[str, Callable[..., Rounds]] = {
 ALGORITHMS = tuple(name for name in ROUND_BUILDERS if name != "rolora_ffa")
 
 
-def plan_schedule(algorithm: str, config: LoraConfig) -> SchedulePlan:
-    """`algorithm`'s plan (one of `ROUND_BUILDERS`) on `config`'s model, before its rounds are
-    built and composed.
+def plan_schedule(algorithm, config: LoraConfig) -> SchedulePlan:
+    """`algorithm`'s plan on `config`'s model, before its rounds are built and composed:
+    `algorithm` is a name of `ROUND_BUILDERS`, or a round builder itself (`(spec, extra_roles,
+    **options) -> Rounds`, as those are; e.g. `fedavg_lora_momentum`).
 
     Raises:
       ValueError: an unknown algorithm; a model without `lora_a`/`lora_b` variables, or with a
-        trainable variable no round trains; a client step that is not a finite number > 0.
+        trainable variable no round trains; a client step that is not a finite number > 0; a
+        server optimizer both in the builder's `Rounds` and in `config`.
     """
     optimizer = client_training.as_optimizer(config.client_optimizer)
     extra_roles = tuple(config.extra_roles)
-    if algorithm not in ROUND_BUILDERS:
+    if not callable(algorithm) and algorithm not in ROUND_BUILDERS:
         raise ValueError(f"unknown LoRA algorithm {algorithm!r}; expected one of "
                          f"{', '.join(ROUND_BUILDERS)}")
+    builder = algorithm if callable(algorithm) else ROUND_BUILDERS[algorithm]
     spec = _inspect(config.model, extra_roles)
-    switch_round = config.switch_round() if algorithm == "rolora_ffa" else None
-    rounds = ROUND_BUILDERS[algorithm](spec, extra_roles, seed=int(config.seed),
-                                       switch_round=switch_round)
-    specs, schedule, federated_nt = rounds.specs, rounds.schedule, rounds.federated_non_trainable
-    federated = {k for s in specs for p in s.phases for k in p.train_indices}
-    _check_all_trained(spec, federated, algorithm, extra_roles)
-    federated |= set(rounds.federated_trainable)
-    model = build_federated_model(config.model, sorted(federated), federated_nt, spec=spec)
-    client = engine.ClientConfig(optimizer, config.weight_decay, jit_compile=config.jit_compile)
-    return SchedulePlan(model, tuple(specs), schedule, client, config.aggregator,
-                        config.server_optimizer)
+    switch = config.switch_round() if algorithm == "rolora_ffa" else None
+    kinds = builder(spec, extra_roles, seed=int(config.seed), switch_round=switch)
+    if kinds.server_optimizer is not None and config.server_optimizer is not None:
+        raise ValueError(f"{algorithm_name(algorithm)} brings its own server optimizer; "
+                         "LoraConfig.server_optimizer must stay None")
+    federated = {k for s in kinds.specs for p in s.phases for k in p.train_indices}
+    _check_all_trained(spec, federated, algorithm_name(algorithm), extra_roles)
+    federated |= set(kinds.federated_trainable)
+    model = build_federated_model(config.model, sorted(federated),
+                                  kinds.federated_non_trainable, spec=spec)
+    client = ClientConfig(optimizer, config.weight_decay, jit_compile=config.jit_compile)
+    return SchedulePlan(model, tuple(kinds.specs), kinds.schedule, client, config.aggregator,
+                        kinds.server_optimizer or config.server_optimizer)
+
+
+def algorithm_name(algorithm) -> str:
+    """The name of `algorithm` (a name, or a round builder: its function's name)."""
+    if isinstance(algorithm, str):
+        return algorithm
+    return getattr(algorithm, "__name__", None) or algorithm.func.__name__   # or a partial
 
 
 def _check_all_trained(spec, trained, algorithm, extra_roles) -> None:

@@ -50,16 +50,17 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import communication
-from tffl.engine import rounds as engine
 from tffl.algorithms import lora_plans
-from tffl.engine import composition
+from tffl.engine import communication
 from tffl.engine import process as process_lib
+from tffl.engine import rounds
+from tffl.engine.client_hooks import ClientConfig, ClientHook
+from tffl.engine.personal_state import PersonalSpec
 
 ALGORITHMS = ("flexlora", "flora")  # those that aggregate adapters of different ranks
 
 
-class RankTruncation(engine.ClientHook):
+class RankTruncation(ClientHook):
     """The client's start: every (A, B) pair of `pairs` (positions in `spec.trainable`) truncated
     to the rank in the client's personal state; the rank goes back unchanged."""
 
@@ -109,9 +110,9 @@ class ClientRanks:
                              "with the largest client rank)")
         return rank
 
-    def personal_spec(self) -> process_lib.PersonalSpec:
+    def personal_spec(self) -> PersonalSpec:
         """A client's personal state: its rank, an int32 scalar."""
-        return process_lib.PersonalSpec(
+        return PersonalSpec(
             names=("rank",), shapes=((),), dtypes=(np.dtype(np.int32),),
             initial=lambda client_id: [np.array(self(client_id), np.int32)])
 
@@ -154,9 +155,9 @@ def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.LoraConf
     pairs = lora_plans.lora_pairs(spec)
     max_rank = max(spec.trainable[a].shape[1] for a, _ in pairs)
     hook = RankTruncation(pairs)
-    client = engine.ClientConfig(plan.client.optimizer, plan.client.weight_decay, hook=hook,
-                                 jit_compile=plan.client.jit_compile)
-    pieces = [engine.build_round(plan.model, s, client, plan.aggregator, plan.server_optimizer)
+    client = ClientConfig(plan.client.optimizer, plan.client.weight_decay, hook=hook,
+                          jit_compile=plan.client.jit_compile)
+    pieces = [rounds.build_round(plan.model, s, client, plan.aggregator, plan.server_optimizer)
               for s in plan.round_specs]
     ranks = ClientRanks(lookup, max_rank)
     if isinstance(client_ranks, Mapping):
@@ -170,10 +171,11 @@ def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.LoraConf
             at_rank[rank] = traffic_at_rank(process, rank)
         return at_rank[rank][round_name]
 
-    process = composition.build_process(algorithm, plan.model, pieces, plan.schedule,
-                                        personalized=True, hook=hook,
-                                        personal=ranks.personal_spec(),
-                                        client_traffic=client_traffic, config=ranks)
+    process = process_lib.build_process(
+        algorithm, pieces, process_lib.Federated(plan.model.initial_weights(),
+                                                 plan.model.data_type(), ranks.personal_spec()),
+        plan.schedule, process_lib.ProcessSupport(model=plan.model, hook=hook,
+                                                  client_traffic=client_traffic, config=ranks))
     return process
 
 

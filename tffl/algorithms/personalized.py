@@ -73,7 +73,7 @@ state is not traffic (it stays on the device).
 Options and builders (`tffl.algorithms.personalized_builders`): `build_personalized_process` takes its options
 as keywords or as one `PersonalizedConfig` (each field documented there with its default);
 `BUILDERS[algorithm]` turns the model's variables by role into the algorithm's plan: its rounds
-(`engine.RoundSpec`s per `lora_schedule`) and schedule, personal variables and hook. The process
+(`tffl.engine.rounds.RoundSpec`s per `lora_schedule`) and schedule, personal variables and hook. The process
 receives its evaluation when it is built (`tffl.engine.process.Evaluation`: the evaluation
 computation and FLUTE's final fine-tuning round); `process.evaluate(state, train, test,
 personal_states)` runs it.
@@ -100,23 +100,20 @@ from collections.abc import Callable
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.algorithms.personalized_builders import BUILDERS, PersonalizedConfig, Plan, Split
 from tffl.engine import client_training
-from tffl.engine import rounds as engine
-from tffl.engine import composition
+from tffl.engine import model_spec
 from tffl.engine import process as process_lib
-from tffl.engine.federated_model import ModelSource
-from tffl.engine.federated_model import build_federated_model
-from tffl.algorithms.adaptpfl import AdaptPflConfig  # noqa: F401  (public here)
-from tffl.algorithms.flute import FluteConfig, FluteHook, neural_collapse  # noqa: F401  (public here)
-from tffl.algorithms.personalized_builders import (  # noqa: F401  (public here)
-    BUILDERS, LORA_SCHEDULES, PERSONAL_ROLES, REPRESENTATION_ROLES, PersonalizedConfig, Plan,
-    Split)
+from tffl.engine import rounds
+from tffl.engine.client_hooks import ClientConfig
+from tffl.engine.federated_evaluation import build_evaluation
+from tffl.engine.federated_model import ModelSource, build_federated_model, personal_spec
 
 ALGORITHMS = tuple(BUILDERS)
 assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute",
                       "adaptpfl", "fedsa_lora")
 # What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
-METRIC_UPLOAD_BYTES = engine.METRIC_UPLOAD_BYTES + engine.WEIGHT_UPLOAD_BYTES
+METRIC_UPLOAD_BYTES = rounds.METRIC_UPLOAD_BYTES + rounds.WEIGHT_UPLOAD_BYTES
 # `ModelSource`'s fields that `build_personalized_process` takes as keyword options.
 _MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelSource)
                        if f.name not in ("model_fn", "input_spec"))
@@ -182,39 +179,40 @@ def build_personalized_process(
         client_optimizer=client_optimizer))
 
 
-def _build_process(algorithm: str, config: PersonalizedConfig, spec: client_training.ModelSpec,
+def _build_process(algorithm: str, config: PersonalizedConfig, spec: model_spec.ModelSpec,
                    plan: Plan) -> process_lib.Process:
     """The engine's rounds, the evaluation computations and the process for `plan`: the
     federated weights are the variables some round trains, minus the personal ones."""
     trained = {k for s in plan.round_specs for p in s.phases for k in p.train_indices}
     federated = sorted(trained - set(plan.personal))
     model = build_federated_model(config.model, federated, personal=plan.personal, spec=spec)
-    client = engine.ClientConfig(client_training.as_optimizer(config.client_optimizer),
-                                 config.weight_decay, plan.hook, config.jit_compile)
+    client = ClientConfig(client_training.as_optimizer(config.client_optimizer),
+                          config.weight_decay, plan.hook, config.jit_compile)
     server_optimizer = config.server_optimizer or tff.learning.optimizers.build_sgdm(
         float(config.server_learning_rate))
-    pieces = [engine.build_round(model, s, client, config.aggregator, server_optimizer)
+    pieces = [rounds.build_round(model, s, client, config.aggregator, server_optimizer)
               for s in plan.round_specs]
-    stateful = bool(plan.personal) or plan.hook is not None
     finetune = ([client_training.Phase(plan.head, config.finetune_epochs)]
                 if config.finetune_epochs else [])
     final = None
     if config.flute is not None and config.flute.final_head_epochs:
-        final = engine.build_evaluation(
+        final = build_evaluation(
             model, client, [client_training.Phase(plan.head, config.flute.final_head_epochs)],
             plan.hook, finetune_objective=True)
     evaluation = process_lib.Evaluation(
-        engine.build_evaluation(model, client, finetune, plan.hook), final_computation=final,
+        build_evaluation(model, client, finetune, plan.hook), final_computation=final,
         personal_indices=tuple(plan.personal), finetune_epochs=config.finetune_epochs)
-    return composition.build_process(algorithm, model, pieces, plan.schedule,
-                                     personalized=stateful, hook=plan.hook,
-                                     evaluation=evaluation, config=config)
+    return process_lib.build_process(
+        algorithm, pieces, process_lib.Federated(model.initial_weights(), model.data_type(),
+                                                 personal_spec(model, plan.hook)),
+        plan.schedule, process_lib.ProcessSupport(model=model, hook=plan.hook,
+                                                  evaluation=evaluation, config=config))
 
 
 def personal_state_type(process) -> tff.Type:
     """TFF type of one client's personal state of `process` (its personal variables, and for
     FLUTE its float32 class indicator)."""
-    return engine.personal_type(process.model, process.hook)
+    return process.personal.type
 
 
 __all__ = ["ALGORITHMS", "METRIC_UPLOAD_BYTES", "build_personalized",

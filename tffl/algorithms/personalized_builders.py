@@ -25,15 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from tffl.algorithms import adaptpfl as adaptpfl_phases
-from tffl.engine import client_training
-from tffl.engine import rounds as engine
+from tffl.algorithms import adaptpfl
 from tffl.algorithms import lora_plans
-from tffl.engine import roles
-from tffl.engine import schedules
 from tffl.algorithms.adaptpfl import AdaptPflConfig
 from tffl.algorithms.flute import FluteConfig, FluteHook
+from tffl.engine import client_training
+from tffl.engine import model_spec
+from tffl.engine import roles
+from tffl.engine import schedules
 from tffl.engine.federated_model import ModelSource
+from tffl.engine.rounds import RoundSpec
 
 REPRESENTATION_ROLES = (roles.SHARED, roles.LORA_A, roles.LORA_B)
 PERSONAL_ROLES = (roles.HEAD,)
@@ -72,7 +73,7 @@ class PersonalizedConfig:
       adaptpfl: AdaptPFL's variant and ablation switches; default None, i.e. `AdaptPflConfig()`
         (variant A, `tffl.algorithms.adaptpfl`) for `adaptpfl`; only for `algorithm="adaptpfl"`.
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ). Default 0.
-      jit_compile: mark each local step for XLA (`tffl.engine.rounds.ClientConfig`). Default False.
+      jit_compile: mark each local step for XLA (`tffl.engine.client_hooks.ClientConfig`). Default False.
       aggregator: a `tff.aggregators` factory for the deltas; default None, `MeanFactory()`.
       server_learning_rate: η_s > 0 of the default server optimizer, φ ← φ + η_s·agg(Δ_i).
         Default 1.
@@ -154,13 +155,13 @@ class Split:
     """The model's trainable variables by role, as positions in `spec.trainable`: `head` (the
     personal role), `shortcut` (AdaptPFL's) and `representation` (`REPRESENTATION_ROLES`)."""
 
-    spec: client_training.ModelSpec
+    spec: model_spec.ModelSpec
     head: Indices
     shortcut: Indices
     representation: Indices
 
     @classmethod
-    def of(cls, spec: client_training.ModelSpec) -> Split:
+    def of(cls, spec: model_spec.ModelSpec) -> Split:
         return cls(spec, spec.indices(PERSONAL_ROLES), spec.indices([roles.SHORTCUT]),
                    spec.indices(REPRESENTATION_ROLES))
 
@@ -188,11 +189,11 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What a builder decides: the communication rounds (`engine.RoundSpec`s named by
+    """What a builder decides: the communication rounds (`tffl.engine.rounds.RoundSpec`s named by
     `schedule`), the `personal` variables (the clients' state), the `head` that evaluation
     fine-tunes, and the client `hook` (FLUTE's, else None)."""
 
-    round_specs: tuple[engine.RoundSpec, ...]
+    round_specs: tuple[RoundSpec, ...]
     schedule: Callable[[int], str]
     personal: Indices
     head: Indices
@@ -224,7 +225,7 @@ def _plan(split: Split, config: PersonalizedConfig,
           hook: FluteHook | None = None) -> Plan:
     """One round spec per round kind of `config.lora_schedule`, with `phases(representation)`."""
     rep_sets, schedule = LORA_SCHEDULE_ROUNDS[config.lora_schedule](split, split.representation)
-    round_specs = tuple(engine.RoundSpec(name, phases(rep)) for name, rep in rep_sets.items())
+    round_specs = tuple(RoundSpec(name, phases(rep)) for name, rep in rep_sets.items())
     return Plan(round_specs, schedule, tuple(personal), split.head, hook)
 
 
@@ -287,7 +288,7 @@ def build_adaptpfl(algorithm: str, split: Split, config: PersonalizedConfig, inp
             f"{split.layout}")
 
     def phases(rep):
-        return adaptpfl_phases.phases(config.adaptpfl, split.spec, split.head, split.shortcut,
+        return adaptpfl.phases(config.adaptpfl, split.spec, split.head, split.shortcut,
                                       rep, config.head_epochs, config.shortcut_epochs,
                                       config.representation_epochs)
 
@@ -326,7 +327,7 @@ def flute_hook(split: Split, flute: FluteConfig, input_spec) -> FluteHook:
     if num_classes < 2:
         raise ValueError(f"flute's neural-collapse term needs m >= 2 classes, the head "
                          f"kernel {spec.trainable[kernel_index].name} has {num_classes}")
-    y_spec = client_training.split_batch(input_spec)[1]
+    y_spec = model_spec.split_batch(input_spec)[1]
     if not y_spec.dtype.is_integer:
         raise ValueError(f"flute needs integer class labels, got {y_spec.dtype.name}")
     return FluteHook(flute, kernel_index, num_classes, head)

@@ -14,12 +14,12 @@ the B round then the A round, as RoLoRA's Keras rounds (`tffl.algorithms.lora_pl
    a^t = â⁺/‖â⁺‖; b^t = b̄.
 
 Each round kind is TFF's four pieces (broadcast of (a, b), the client computation, the unweighted
-mean `tff.aggregators.UnweightedMeanFactory`, the server step) composed by
-`tffl.engine.composition.compose_kinds`; the schedule alternates them
+mean `tff.aggregators.UnweightedMeanFactory`, the server step) composed by the engine's one
+composer (`tffl.engine.process.build_process`); the schedule alternates them
 (`tffl.engine.schedules.alternating`). TFF's `next` is one iteration, both rounds on the same
 clients' data (`shared_cycle_data`: the A round's gradient is taken on the clients that solved
 b̄, as the algorithm has it); `next_round` runs one communication round, so
-`tffl.simulation.run_rounds(rounds=)` counts 2 per iteration. Run that way, it is Algorithm 2
+`tffl.simulation.driver.run_rounds(rounds=)` counts 2 per iteration. Run that way, it is Algorithm 2
 with full participation and the same data every round; under partial participation the driver
 samples each round anew, as for every algorithm, which Algorithm 2 (all N clients) does not do.
 
@@ -72,11 +72,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import communication
-from tffl.engine import composition
+from tffl.engine import linear_basics
 from tffl.engine import linear_engine
 from tffl.engine import process as process_lib
-from tffl.engine import rounds as engine
+from tffl.engine import rounds
 from tffl.engine import schedules
 
 LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
@@ -129,22 +128,12 @@ def with_a(process: process_lib.Process, state, a) -> LearningAlgorithmState:
     return _with_weights(state, collections.OrderedDict(a=unit, b=get_b(state)))
 
 
-def _weights_computations(state_type, weights_type):
-    """(get_model_weights, set_model_weights): S -> (a, b) and <S, (a, b)> -> S with
-    (a/‖a‖, ‖a‖·b), round_num kept."""
-
-    @tff.tensorflow.computation(state_type)
-    def get_weights(state):
-        return state.global_model_weights
-
-    @tff.tensorflow.computation(state_type, weights_type)
-    def set_weights(state, weights):
-        a, b = tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64)
-        norm = tf.norm(a)
-        return _with_weights(state, collections.OrderedDict(
-            a=tf.cast(a / norm, tf.float32), b=tf.cast(norm * b, tf.float32)))
-
-    return get_weights, set_weights
+def _unit_a(weights):
+    """(a/‖a‖, ‖a‖·b): the same a bᵀ with a unit a, as `set_model_weights` stores it (TF)."""
+    a, b = tf.cast(weights["a"], tf.float64), tf.cast(weights["b"], tf.float64)
+    norm = tf.norm(a)
+    return collections.OrderedDict(a=tf.cast(a / norm, tf.float32),
+                                   b=tf.cast(norm * b, tf.float32))
 
 
 def _loss(x, y, a, b):
@@ -166,7 +155,7 @@ def _client_updates(weights_type, data_type):
         x, y, a, b = unpack(weights, data)
         xa = tf.linalg.matvec(x, a)                                          # X a  (m,)
         b_tilde = tf.linalg.matvec(y, xa, transpose_a=True) / tf.reduce_sum(xa * xa)
-        return linear_engine.client_result(b_tilde, _loss(x, y, a, b))   # Yᵀ X a / ‖Xa‖²
+        return linear_basics.client_result(b_tilde, _loss(x, y, a, b))   # Yᵀ X a / ‖Xa‖²
 
     @tff.tensorflow.computation(weights_type, data_type)
     def gradient_a(weights, data):
@@ -175,7 +164,7 @@ def _client_updates(weights_type, data_type):
         xa = tf.linalg.matvec(x, a)
         grad = (2.0 / m) * (tf.linalg.matvec(x, xa, transpose_a=True) * tf.reduce_sum(b * b)
                             - tf.linalg.matvec(tf.matmul(x, y, transpose_a=True), b))
-        return linear_engine.client_result(grad, _loss(x, y, a, b))
+        return linear_basics.client_result(grad, _loss(x, y, a, b))
 
     return solve_b, gradient_a
 
@@ -193,13 +182,12 @@ def _on_float64(new_weights):
 
 
 def _round_pieces(name, client_update, weights_type, vector, new_weights):
-    factory, _ = engine.weighted_factory(tff.aggregators.UnweightedMeanFactory())
-    return engine.RoundPieces(
+    factory, _ = rounds.weighted_factory(tff.aggregators.UnweightedMeanFactory())
+    return rounds.RoundPieces(
         name, client_update=client_update,
         aggregator=factory.create(vector, tff.TensorType(np.float32)),
         step=linear_engine.WeightsStep(weights_type, vector, _on_float64(new_weights)),
-        traffic=communication.declared_traffic(weights_type, client_update),
-        upload_type=vector, finalize_metrics=linear_engine.linear_train_metrics)
+        finalize_metrics=linear_basics.linear_train_metrics)
 
 
 def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
@@ -210,7 +198,7 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
     dim = int(dim)
     if dim < 1:
         raise ValueError(f"dim={dim} must be >= 1")
-    eta = linear_engine.check_rate("learning_rate", learning_rate)
+    eta = linear_basics.check_rate("learning_rate", learning_rate)
     data_type, weights_type = _data_type(dim), _weights_type(dim)
     vector = tff.TensorType(np.float32, [dim])
 
@@ -227,16 +215,11 @@ def build_rolora_alt_min_gd(dim: int, learning_rate: float, seed: int = 0
     solve_b, gradient_a = _client_updates(weights_type, data_type)
     pieces = [_round_pieces(B_ROUND, solve_b, weights_type, vector, lambda a, b, b_bar: (a, b_bar)),
               _round_pieces(A_ROUND, gradient_a, weights_type, vector, step_a)]
-    initialize, rounds = composition.compose_kinds(pieces, initial_weights, weights_type,
-                                                   data_type)
-    get_weights, set_weights = _weights_computations(initialize.type_signature.result.member,
-                                                     weights_type)
-    return process_lib.Process(
-        process_lib.ProcessParts(
-            "rolora_linear", initialize, rounds, get_model_weights=get_weights,
-            set_model_weights=set_weights, schedule=schedules.alternating(B_ROUND, A_ROUND),
-            shared_cycle_data=True),
+    return process_lib.build_process(
+        "rolora_linear", pieces,
+        process_lib.Federated(initial_weights, data_type, stored=_unit_a),
+        schedules.alternating(B_ROUND, A_ROUND),
         process_lib.ProcessSupport(
-            declared_traffic={p.name: p.traffic for p in pieces},
-            check_data=linear_engine.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
-            config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed))))
+            check_data=linear_basics.data_checker(dim, "RoLoRA Alt-min-GD", target_dims=2),
+            config=AltMinGDConfig(dim=dim, learning_rate=eta, seed=int(seed))),
+        shared_cycle_data=True)

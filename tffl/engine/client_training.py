@@ -12,11 +12,11 @@ over the last phase the sum of n_k·ℓ_k (ℓ_k the batch loss *before* step k,
 the number of correct argmax predictions and Σ n_k.
 
 Reading a model's variables (`inspect_model`, `ModelSpec`, `build_model`, `element_type`,
-`split_batch`) is `tffl.engine.model_spec`'s job; those names are re-exported here.
+`split_batch`) is `tffl.engine.model_spec`'s job.
 
 Example:
 
->>> spec = inspect_model(model_fn, input_spec)    # RoLoRA's net, d = 8, r = 2, 3 classes
+>>> spec = model_spec.inspect_model(model_fn, input_spec)  # RoLoRA's net, d = 8, r = 2, 3 classes
 >>> phase = Phase(spec.indices([roles.LORA_B]), epochs=2)   # 2 passes training B only
 >>> phase.train_indices, phase.epochs
 ((1,), 2)
@@ -34,15 +34,7 @@ import tensorflow_federated as tff
 
 from tffl.engine import feature_cache
 from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
-from tffl.engine.model_spec import (  # noqa: F401  (re-exported: client_training.ModelSpec, …)
-    LinkInfo,
-    ModelSpec,
-    VariableInfo,
-    build_model,
-    element_type,
-    inspect_model,
-    split_batch,
-)
+from tffl.engine import model_spec
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -264,7 +256,7 @@ def _run_phases(weights, dataset, trainable: list, non_trainable: list,
         if splits[p] is None:
             data = dataset.repeat(phase.epochs) if phase.epochs > 1 else dataset
             for batch in iter(data):  # a tf.while_loop; see `build_phased_loop`
-                x, y = split_batch(batch)
+                x, y = model_spec.split_batch(batch)
                 opt_state, loss, n, batch_correct = steps[p](x, y, opt_state)
                 if last:
                     totals = _tally(totals, loss, n, batch_correct)
@@ -296,7 +288,7 @@ def _tally(totals, loss, n, correct):
 
 def _as_pair(*batch):
     """`dataset.map` function: a batch (tuple or mapping) -> `(x, y)`."""
-    return split_batch(batch[0] if len(batch) == 1 else batch)
+    return model_spec.split_batch(batch[0] if len(batch) == 1 else batch)
 
 
 def _same_features(features_model: tf.keras.Model | None, body: tf.keras.Model) -> bool:

@@ -60,15 +60,17 @@ def type_bytes(type_spec: tff.Type) -> int:
 
 
 def declared_traffic(broadcast_type: tff.Type, client_update: tff.Computation,
-                     round_input_bytes: int = 0) -> RoundTraffic:
+                     extra: RoundTraffic | None = None, weighted: bool = True) -> RoundTraffic:
     """A round's bytes per client from the types of its pieces, for rounds neither TFF form can
     hold (personal state returned at CLIENTS): down = `broadcast_type` (what the server sends,
-    e.g. the federated weights), up = the client update's `ClientResult` and metric sums (the
-    first two entries of its result); `round_input_bytes` (e.g. |I| broadcast and echoed) is
-    added to both."""
+    e.g. the federated weights), up = the client update's `ClientResult` (its update, and its
+    weight when the aggregation is `weighted`) and metric sums (the first two entries of its
+    result); `extra` (e.g. the round inputs broadcast beside the weights) is added."""
     result = client_update.type_signature.result
-    return RoundTraffic(down=type_bytes(broadcast_type) + round_input_bytes,
-                        up=type_bytes(result[0]) + type_bytes(result[1]) + round_input_bytes)
+    upload = result[0] if weighted else result[0].update
+    extra = extra or RoundTraffic(down=0, up=0)
+    return RoundTraffic(down=type_bytes(broadcast_type) + extra.down,
+                        up=type_bytes(upload) + type_bytes(result[1]) + extra.up)
 
 
 def round_traffic(next_computation: tff.Computation) -> RoundTraffic:

@@ -1,18 +1,35 @@
-"""Composition: an algorithm's round kinds (`tffl.engine.rounds.RoundPieces`) as federated
-computations sharing one state — for the Keras algorithms and the linear ones alike.
+"""The one composer: an algorithm's round kinds (`tffl.engine.rounds.RoundPieces`) as federated
+computations sharing one state, and the cycle of kinds a process's `next` runs.
 
-Every kind is composed from TFF's four pieces (`compose_kinds`) — `compose_learning_process` for
-stateless clients holding `tf.data` sequences, `compose_round` (its twin, which also takes the
-personal state in and out at CLIENTS, or tensor client data) otherwise — with the aggregator and
-finalizer states keyed by round kind and a `round_num` counter in the finalizer state:
+Every round kind — Keras or linear, stateless or personalized, one exchange or two — is composed
+by `compose_kinds` from TFF's four pieces, as `tff.learning.templates.compose_learning_process`
+composes them: a distributor (TFF's `build_broadcast_process` of the federated weights w), the
+kind's client work, an aggregator (a `tff.templates.AggregationProcess`, weighted or not) and a
+finalizer (a `tff.learning.templates.FinalizerProcess` around the kind's server step). One round
+of kind k over the clients I, with personal states p_i (none when the algorithm declares the
+empty `NO_PERSONAL_STATE`):
+
+    w → clients                                       (distributor, + the round's inputs)
+    (ClientResult_i, sums_i, p_i') = client_update_k(w, data_i[, p_i][, inputs])
+    ū = aggregator_k({update_i}[, {weight_i}])
+    [r = second distributor_k(ū) → clients; p_i' = second client update_k(w, r, data_i, p_i')]
+    w' = step_k(w, ū), measurements = measure_k(w, ū, t)          (finalizer; t + 1)
+
+The aggregator and finalizer states are keyed by round kind and the finalizer counts `round_num`,
+the communication rounds done, so all kinds share one state type and one `initialize`:
 
     LearningAlgorithmState(global_model_weights = w, distributor = (), client_work = (),
                            aggregator = {round: state},
                            finalizer = {round_num, steps: {round: server-step state}})
 
-so all kinds share one state type and one `initialize` (`compose_kinds`; `compose_rounds`
-on a Keras `FederatedModel`), and
-`build_process` makes them one `tffl.engine.process.Process` run by a schedule.
+Its metrics have TFF's structure (`distributor`, `client_work/train`, `aggregator`,
+`finalizer`), and its signature is TFF's `LearningProcess` `next` when the algorithm has no
+personal state, `(S, D) -> LearningProcessOutput(S, metrics)`, else the stateful-clients
+protocol `(S, D, P) -> PersonalizedOutput(S, P, metrics)` (`tffl.engine.personal_state`).
+
+`compose_cycle` makes one federated computation of a cycle of kinds (RoLoRA's `next`: its B
+round then its A round); `weights_computations` and `initialize_from_clients` are the state's
+TF and federated helpers. `tffl.engine.process.build_process` makes a process of them.
 
 >>> rounds, initialize = process.rounds, process.initialize     # RoLoRA's, from `build_process`
 >>> list(rounds), rounds["b_round"].type_signature.parameter[0] == initialize.type_signature.result
@@ -22,21 +39,21 @@ on a Keras `FederatedModel`), and
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import process as process_lib
-from tffl.engine import rounds as engine
-from tffl.engine.personal_state import PersonalizedOutput
+from tffl.engine import schedules
+from tffl.engine.personal_state import NO_PERSONAL_STATE, PersonalizedOutput, PersonalSpec
 
 LearningAlgorithmState = tff.learning.templates.LearningAlgorithmState
 
 
-def _keyed_aggregator(pieces: Sequence[engine.RoundPieces], name: str):
-    """The aggregation of round `name`, with state {round: state} of every round kind."""
+def _keyed_aggregator(pieces: Sequence, name: str) -> tff.templates.AggregationProcess:
+    """The aggregation of round `name` (weighted or not, as its own), with state
+    {round: state} of every round kind."""
     own = next(p for p in pieces if p.name == name)
 
     @tff.federated_computation
@@ -44,31 +61,35 @@ def _keyed_aggregator(pieces: Sequence[engine.RoundPieces], name: str):
         return tff.federated_zip(collections.OrderedDict(
             (p.name, p.aggregator.initialize()) for p in pieces))
 
-    params = own.aggregator.next.type_signature.parameter
-
-    @tff.federated_computation(initialize.type_signature.result, params[1], params[2])
-    def next_fn(state, value, weight):
-        out = own.aggregator.next(state[name], value, weight)
+    def keyed(state, out):
         new = collections.OrderedDict(
             (p.name, out.state if p.name == name else state[p.name]) for p in pieces)
         return tff.templates.MeasuredProcessOutput(tff.federated_zip(new), out.result,
                                                    out.measurements)
 
+    params = own.aggregator.next.type_signature.parameter
+    if own.aggregator.is_weighted:
+        @tff.federated_computation(initialize.type_signature.result, params[1], params[2])
+        def next_fn(state, value, weight):
+            return keyed(state, own.aggregator.next(state[name], value, weight))
+    else:
+        @tff.federated_computation(initialize.type_signature.result, params[1])
+        def next_fn(state, value):
+            return keyed(state, own.aggregator.next(state[name], value))
+
     return tff.templates.AggregationProcess(initialize, next_fn)
 
 
-def _increment():
-    @tff.tensorflow.computation(np.int32)
-    def add_one(n):
-        return n + 1
-
-    return add_one
+@tff.tensorflow.computation(np.int32)
+def _increment(n):
+    return n + 1
 
 
-def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_type):
-    """The server step of round `name`; state {round_num, steps: {round: state}}. With the
-    round's `measure`, the aggregate is (the step's update, a diagnostic) and the measurements
-    are `measure(w, diagnostic)` on the weights w the round started from."""
+def _keyed_finalizer(pieces: Sequence, name: str, weights_type: tff.Type
+                     ) -> tff.learning.templates.FinalizerProcess:
+    """The server step of round `name`; state {round_num, steps: {round: state}}; with the
+    round's `measure`, the measurements are `measure(w, aggregate, round_num)` on the weights w
+    the round started from and the new round_num."""
     own = next(p for p in pieces if p.name == name)
 
     @tff.federated_computation
@@ -85,14 +106,11 @@ def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_ty
                                tff.FederatedType(weights_type, tff.SERVER),
                                tff.FederatedType(update_type, tff.SERVER))
     def next_fn(state, weights, update):
-        round_num = tff.federated_map(_increment(), state.round_num)
+        round_num = tff.federated_map(_increment, state.round_num)
         if own.measure is None:
             measurements = tff.federated_value(collections.OrderedDict(), tff.SERVER)
         else:
-            measurements = tff.federated_map(own.measure, (weights, update[1]))
-            update = update[0]
-        if own.round_measure is not None:
-            measurements = tff.federated_map(own.round_measure, round_num)
+            measurements = tff.federated_map(own.measure, (weights, update, round_num))
         step_state, new_weights = tff.federated_map(
             own.step.apply, (state.steps[name], weights, update, round_num))
         steps = collections.OrderedDict(
@@ -104,203 +122,239 @@ def _keyed_finalizer(pieces: Sequence[engine.RoundPieces], name: str, weights_ty
     return tff.learning.templates.FinalizerProcess(initialize, next_fn)
 
 
-def _client_work(piece: engine.RoundPieces, weights_type, data_type):
-    if piece.round_counter:
-        return _counting_client_work(piece, weights_type, data_type)
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_value((), tff.SERVER)
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(weights_type, tff.CLIENTS),
-                               tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, weights, data):
-        result, sums, _ = tff.federated_map(piece.client_update, (weights, data))
-        return tff.templates.MeasuredProcessOutput(
-            state, result, engine.train_metrics(sums, piece.finalize_metrics))
-
-    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
-
-
-def _counting_client_work(piece: engine.RoundPieces, weights_type, data_type):
-    """Client work whose state is the round number t (int32), broadcast to every client with
-    the weights: `client_update(w, data, t)`; t + 1 after the round."""
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_value(np.int32(0), tff.SERVER)
-
-    @tff.federated_computation(initialize.type_signature.result,
-                               tff.FederatedType(weights_type, tff.CLIENTS),
-                               tff.FederatedType(data_type, tff.CLIENTS))
-    def next_fn(state, weights, data):
-        t = tff.federated_broadcast(state)
-        result, sums, _ = tff.federated_map(piece.client_update, (weights, data, t))
-        return tff.templates.MeasuredProcessOutput(
-            tff.federated_map(_increment(), state), result,
-            engine.train_metrics(sums, piece.finalize_metrics))
-
-    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
-
-
-def _initial_weights_fn(model: engine.FederatedModel):
-    initial = model.initial_global
-
-    @tff.tensorflow.computation
-    def initial_weights():
-        return tff.learning.models.ModelWeights(
-            trainable=[tf.constant(v) for v in initial.trainable],
-            non_trainable=[tf.constant(v) for v in initial.non_trainable])
-
-    return initial_weights
-
-
-@tff.tensorflow.computation(np.float32)
-def _as_round_values(count):
-    return [count]
-
-
-def _initialize(initial_weights_fn, distributor, aggregator, finalizer) -> tff.Computation:
-    """`() -> LearningAlgorithmState@SERVER`, as `compose_learning_process` initializes."""
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(LearningAlgorithmState(
-            tff.federated_eval(initial_weights_fn, tff.SERVER), distributor.initialize(),
-            tff.federated_value((), tff.SERVER), aggregator.initialize(),
-            finalizer.initialize()))
-
-    return initialize
-
-
-def build_initialize(pieces: Sequence[engine.RoundPieces], initial_weights_fn,
-                     weights_type) -> tff.Computation:
-    """The `initialize` `compose_kinds` gives `pieces`, built from their aggregators and server
-    steps alone (their client work may not exist yet: a linear server's state type is needed to
-    write its clients' and server's computations)."""
-    return _initialize(initial_weights_fn,
-                       tff.learning.templates.build_broadcast_process(weights_type),
-                       _keyed_aggregator(pieces, pieces[0].name),
-                       _keyed_finalizer(pieces, pieces[0].name, weights_type))
-
-
-def compose_round(initial_weights_fn, distributor, piece: engine.RoundPieces, aggregator,
-                  finalizer, data_type, personal_type=None, count_clients: bool = False):
-    """`compose_learning_process`'s round, for what it cannot take: personal state in and out at
-    CLIENTS, or client data that are tensors rather than `tf.data` sequences (the linear
-    algorithms' batches). The same state type and metric structure:
-
-        personal_type None: next(state, data@C) -> LearningProcessOutput(state, metrics)
-        otherwise:          next(state, data@C, personal@C)
-                              -> PersonalizedOutput(state, personal@C, metrics)
-
-    `piece.client_update` is `(w, data[, personal][, |I|]) -> (ClientResult, metric sums,
-    personal')`. With `count_clients` (a hook's round input `num_clients`), the round first sums
-    one per client and broadcasts |I| to every client beside the weights."""
-    client_update = piece.client_update
+def _round_values(names: Sequence[str], state, data, data_type: tff.Type):
+    """The round's inputs @CLIENTS (`OrderedDict(name=value)`, broadcast): `round_num`, the
+    finalizer's t, and `num_clients`, |I| (a sum of one per client)."""
 
     @tff.tensorflow.computation(data_type)
     def one(dataset):
         del dataset
         return tf.constant(1.0, tf.float32)
 
-    initialize = _initialize(initial_weights_fn, distributor, aggregator, finalizer)
+    values = collections.OrderedDict()
+    for name in names:
+        values[name] = (state.finalizer.round_num if name == "round_num"
+                        else tff.federated_sum(tff.federated_map(one, data)))
+    return tff.federated_broadcast(tff.federated_zip(values))
 
-    def run(state, data, personal):
+
+def _next_computation(run: Callable, state_type: tff.Type, data_type: tff.Type,
+                      personal: PersonalSpec) -> tff.Computation:
+    """`run(state, data, personal or None) -> (state, personal', metrics)` as a federated
+    computation: TFF's `LearningProcess` `next` without personal state, else the
+    stateful-clients one (`PersonalizedOutput`)."""
+    data_at_clients = tff.FederatedType(data_type, tff.CLIENTS)
+    if not personal:
+        @tff.federated_computation(state_type, data_at_clients)
+        def next_fn(state, data):
+            new_state, _, metrics = run(state, data, None)
+            return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+        return next_fn
+
+    @tff.federated_computation(state_type, data_at_clients,
+                               tff.FederatedType(personal.type, tff.CLIENTS))
+    def personalized_next_fn(state, data, personal_states):
+        return PersonalizedOutput(*run(state, data, personal_states))
+
+    return personalized_next_fn
+
+
+def _compose_kind(piece, pieces: Sequence, initialize: tff.Computation, data_type: tff.Type,
+                  personal: PersonalSpec) -> tff.Computation:
+    """One communication round of kind `piece` (module docstring)."""
+    state_type = initialize.type_signature.result
+    weights_type = state_type.member.global_model_weights
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    aggregator = _keyed_aggregator(pieces, piece.name)
+    finalizer = _keyed_finalizer(pieces, piece.name, weights_type)
+    second = piece.second_exchange
+
+    def run(state, data, personal_states):
         sent = distributor.next(state.distributor, state.global_model_weights)
-        inputs = (sent.result, data) + (() if personal is None else (personal,))
-        if count_clients:
-            count = tff.federated_broadcast(tff.federated_sum(tff.federated_map(one, data)))
-            inputs += (tff.federated_map(_as_round_values, count),)
-        result, sums, new_personal = tff.federated_map(client_update, inputs)
-        aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
+        inputs = (sent.result, data) + (() if personal_states is None else (personal_states,))
+        if piece.round_inputs:
+            inputs += (_round_values(piece.round_inputs, state, data, data_type),)
+        result, sums, new_personal = tff.federated_map(piece.client_update, inputs)
+        if piece.aggregator.is_weighted:
+            aggregated = aggregator.next(state.aggregator, result.update, result.update_weight)
+        else:
+            aggregated = aggregator.next(state.aggregator, result.update)
+        if second is not None:
+            reply = tff.federated_broadcast(tff.federated_map(second.distributor,
+                                                              aggregated.result))
+            new_personal = tff.federated_map(second.client_update,
+                                             (sent.result, reply, data, new_personal))
         final = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
         new_state = tff.federated_zip(LearningAlgorithmState(
             final.result, sent.state, state.client_work, aggregated.state, final.state))
         metrics = tff.federated_zip(collections.OrderedDict(
             distributor=sent.measurements,
-            client_work=engine.train_metrics(sums, piece.finalize_metrics),
+            client_work=_train_metrics(sums, piece.finalize_metrics),
             aggregator=aggregated.measurements, finalizer=final.measurements))
         return new_state, new_personal, metrics
 
-    state_type, data_at_clients = initialize.type_signature.result, tff.FederatedType(
-        data_type, tff.CLIENTS)
-    if personal_type is None:
-        @tff.federated_computation(state_type, data_at_clients)
-        def next_fn(state, data):
-            new_state, _, metrics = run(state, data, None)
-            return tff.learning.templates.LearningProcessOutput(new_state, metrics)
-        return initialize, next_fn
-
-    @tff.federated_computation(state_type, data_at_clients,
-                               tff.FederatedType(personal_type, tff.CLIENTS))
-    def personalized_next_fn(state, data, personal):
-        return PersonalizedOutput(*run(state, data, personal))
-
-    return initialize, personalized_next_fn
+    return _next_computation(run, state_type, data_type, personal)
 
 
-def _is_sequences(data_type: tff.Type) -> bool:
-    """Whether one client's data is a `tf.data` sequence (or a structure of them), as
-    `compose_learning_process` requires."""
-    if isinstance(data_type, tff.SequenceType):
-        return True
-    return (isinstance(data_type, tff.StructType) and len(data_type) > 0
-            and all(_is_sequences(t) for t in data_type))
+def _finalize_metrics(sums):
+    n = sums["num_examples"]
+    return collections.OrderedDict(
+        loss=tf.math.divide_no_nan(sums["loss_sum"], n),
+        accuracy=tf.math.divide_no_nan(sums["num_correct"], n), num_examples=n)
 
 
-def compose_kinds(pieces: Sequence[engine.RoundPieces], initial_weights_fn, weights_type,
-                  data_type, personal_type=None, count_clients: bool = False):
-    """`(initialize, {round kind: next})`: every kind composed from TFF's four pieces with the
-    keyed states — by `tff.learning.templates.compose_learning_process` when the clients are
-    stateless and hold `tf.data` sequences, by its twin `compose_round` otherwise (personal
-    state, or tensor client data).
+def _train_metrics(metric_sums, finalize=None):
+    """`client_work`: `sum_then_finalize` of the clients' metric sums -> `finalize(Σ_i sums_i)`,
+    by default {loss, accuracy, num_examples} of a Keras round."""
+    return tff.federated_zip(collections.OrderedDict(
+        train=tff.learning.metrics.sum_then_finalize(finalize or _finalize_metrics)(
+            metric_sums)))
+
+
+def compose_kinds(pieces: Sequence, initial_weights: tff.Computation, data_type: tff.Type,
+                  personal: PersonalSpec = NO_PERSONAL_STATE
+                  ) -> tuple[tff.Computation, collections.OrderedDict]:
+    """`(initialize, {round kind: next})`: every kind of `pieces` composed with the keyed states
+    (module docstring).
 
     Args:
       pieces: the round kinds (`tffl.engine.rounds.RoundPieces`).
-      initial_weights_fn: `() -> w⁰`, a no-argument TF computation (unplaced).
-      weights_type, data_type: w's and one client's data's types (unplaced).
-      personal_type: one client's personal state type, or None (stateless clients).
-      count_clients: every client also gets |I| (`compose_round`).
+      initial_weights: `() -> w⁰`, a no-argument TF computation (unplaced).
+      data_type: one client's data's type (unplaced).
+      personal: the clients' personal state (`NO_PERSONAL_STATE`: none, the rounds are TFF
+        `LearningProcess` rounds).
+
+    Raises:
+      ValueError: a kind with a second exchange and no personal state (its only output).
     """
-    if len(pieces) > 1 and any(p.round_counter for p in pieces):
-        raise ValueError("a round kind that counts rounds in its client work (a switch round) "
-                         "must be the algorithm's only kind: the kinds share one state type")
-    if personal_type is not None and any(p.round_counter for p in pieces):
-        raise ValueError("a switch round has no personal state")
-    rounds, initialize = collections.OrderedDict(), None
-    for piece in pieces:
-        distributor = tff.learning.templates.build_broadcast_process(weights_type)
-        aggregator = _keyed_aggregator(pieces, piece.name)
-        finalizer = _keyed_finalizer(pieces, piece.name, weights_type)
-        if personal_type is None and (_is_sequences(data_type) or piece.round_counter):
-            composed = tff.learning.templates.compose_learning_process(
-                initial_weights_fn, distributor, _client_work(piece, weights_type, data_type),
-                aggregator, finalizer)
-            init, next_fn = composed.initialize, composed.next
-        else:
-            init, next_fn = compose_round(initial_weights_fn, distributor, piece, aggregator,
-                                          finalizer, data_type, personal_type, count_clients)
-        initialize = initialize or init
-        rounds[piece.name] = next_fn
+    if not personal and any(p.second_exchange is not None for p in pieces):
+        raise ValueError("a round kind with a second exchange returns the clients' personal "
+                         "states: declare them (a PersonalSpec)")
+    weights_type = initial_weights.type_signature.result
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(LearningAlgorithmState(
+            tff.federated_eval(initial_weights, tff.SERVER),
+            tff.learning.templates.build_broadcast_process(weights_type).initialize(),
+            tff.federated_value((), tff.SERVER),
+            _keyed_aggregator(pieces, pieces[0].name).initialize(),
+            _keyed_finalizer(pieces, pieces[0].name, weights_type).initialize()))
+
+    rounds = collections.OrderedDict(
+        (p.name, _compose_kind(p, pieces, initialize, data_type, personal)) for p in pieces)
     return initialize, rounds
 
 
-def compose_rounds(model: engine.FederatedModel, pieces: Sequence[engine.RoundPieces],
-                   personal: bool, hook=None):
-    """`compose_kinds` on a Keras `FederatedModel`: its federated weights, its data, and (if
-    `personal`) its personal state and the hook's round inputs."""
-    return compose_kinds(
-        pieces, _initial_weights_fn(model), model.layout.global_type(), model.data_type(),
-        personal_type=engine.personal_type(model, hook) if personal else None,
-        count_clients=personal and "num_clients" in engine.round_inputs(hook))
+# The cycle: several round kinds in one `next`.
+
+def _nested(value, value_type: tff.Type):
+    """A struct value inside a TF computation as nested OrderedDicts/lists, read off its type."""
+    if not isinstance(value_type, tff.StructType):
+        return value
+    items = [(name, _nested(value[i], t))
+             for i, (name, t) in enumerate(tff.structure.iter_elements(value_type))]
+    if all(name is not None for name, _ in items):   # named, or empty: TFF's `OrderedDict()`
+        return collections.OrderedDict(items)
+    return [v for _, v in items]
 
 
-def weights_computations(initialize):
-    """`(get_model_weights, set_model_weights)` TF computations on the state's federated
-    weights (`global_model_weights`), as `compose_learning_process` builds them."""
-    state_type = initialize.type_signature.result.member
+def _combine_train(trains: Sequence[Mapping]) -> collections.OrderedDict:
+    """One `client_work/train` of a cycle's E rounds: a Keras round's weighted by
+    `num_examples` (which sums: every round's examples); a linear round's (`loss`,
+    `num_clients`: no examples) the mean over the rounds, with `num_clients` the largest
+    round's (the clients of a cycle on shared data, where every round has the same ones)."""
+    train = collections.OrderedDict()
+    if "num_examples" not in trains[0]:
+        for key in trains[0]:
+            values = tf.stack([t[key] for t in trains])
+            train[key] = (tf.reduce_max(values) if key == "num_clients"
+                          else tf.reduce_mean(values))
+        return train
+    total = tf.add_n([t["num_examples"] for t in trains])
+    for key in trains[0]:
+        train[key] = total if key == "num_examples" else tf.math.divide_no_nan(
+            tf.add_n([t[key] * t["num_examples"] for t in trains]), total)
+    return train
+
+
+def _combine_metrics(kinds: Sequence[str], metrics_type: tff.StructType):
+    """TF computation: a cycle's per-round metrics (a struct of E structures of TFF's kind)
+    -> one: `client_work/train` over all rounds (`_combine_train`), the others stacked per
+    round along a new first axis, and `finalizer/round_kind`, the E round kinds."""
+
+    @tff.tensorflow.computation(metrics_type)
+    def combine(metrics):
+        metrics = _nested(metrics, metrics_type)
+        train = _combine_train([m["client_work"]["train"] for m in metrics])
+
+        def stacked(key):
+            return tf.nest.map_structure(lambda *xs: tf.stack(xs), *[m[key] for m in metrics])
+
+        finalizer = collections.OrderedDict(round_kind=tf.constant(list(kinds)))
+        finalizer.update(stacked("finalizer"))
+        return collections.OrderedDict(
+            distributor=stacked("distributor"),
+            client_work=collections.OrderedDict(train=train),
+            aggregator=stacked("aggregator"), finalizer=finalizer)
+
+    return combine
+
+
+def compose_cycle(rounds: Mapping[str, tff.Computation], kinds: Sequence[str],
+                  personal: PersonalSpec = NO_PERSONAL_STATE, shared_data: bool = False
+                  ) -> tff.Computation:
+    """One federated computation running the communication rounds `kinds` in turn, each on its
+    own clients' data, each starting from the state (and personal states) the one before left:
+
+        next(state, {<kind_1=D*, ..., kind_E=D*>}@CLIENTS[, personal@CLIENTS])
+          = rounds[kind_E](... rounds[kind_1](state, data.kind_1[, personal]) ...)
+
+    with TFF's metric structure (`client_work/train`: loss and accuracy over all rounds'
+    examples, or the linear rounds' mean loss; `distributor`, `aggregator`, `finalizer` stacked
+    per round; `finalizer/round_kind`: the kinds, in order). With `shared_data`, `next(state,
+    D@CLIENTS)` gives every round the same clients and data (an algorithm whose exchanges must
+    reach the same clients, as RoLoRA's Alt-min-GD's). The cycle cannot be one MapReduceForm
+    (its second broadcast depends on the first aggregate), so bytes stay per communication
+    round (`Process.traffic`, read off each round's own computation).
+
+    Raises:
+      ValueError: the rounds' metrics differ in structure (they could not be stacked).
+    """
+    data_type = rounds[kinds[0]].type_signature.parameter[1].member
+    names = None if shared_data else schedules.cycle_data_names(kinds)
+    cycle_type = data_type if shared_data else tff.StructType(
+        [(n, data_type) for n in names])
+    metric_types = [rounds[k].type_signature.result.metrics.member for k in kinds]
+    if any(not t.is_equivalent_to(metric_types[0]) for t in metric_types[1:]):
+        raise ValueError(f"round kinds {list(kinds)} report metrics of different structures; a "
+                         "cycle stacks them per round, so they must agree")
+    combine = _combine_metrics(kinds, tff.StructType(metric_types))
+
+    def run(state, data, personal_states):
+        metrics = []
+        for e, kind in enumerate(kinds):
+            own = data if names is None else data[names[e]]
+            if personal_states is None:
+                output = rounds[kind](state, own)
+            else:
+                output = rounds[kind](state, own, personal_states)
+                personal_states = output.personal_states
+            state = output.state
+            metrics.append(output.metrics)
+        return state, personal_states, tff.federated_map(combine, tff.federated_zip(metrics))
+
+    return _next_computation(run, rounds[kinds[0]].type_signature.parameter[0], cycle_type,
+                             personal)
+
+
+# The state's helpers.
+
+def weights_computations(state_type: tff.Type, stored: Callable | None = None
+                         ) -> tuple[tff.Computation, tff.Computation]:
+    """`(get_model_weights, set_model_weights)` TF computations on the (unplaced) state's
+    federated weights (`global_model_weights`), as `compose_learning_process` builds them;
+    `set_model_weights` stores `stored(w)` (a TF function, e.g. a QR) when given, else w."""
 
     @tff.tensorflow.computation(state_type)
     def get_model_weights(state):
@@ -308,48 +362,26 @@ def weights_computations(initialize):
 
     @tff.tensorflow.computation(state_type, state_type.global_model_weights)
     def set_model_weights(state, weights):
-        return LearningAlgorithmState(weights, state.distributor, state.client_work,
-                                      state.aggregator, state.finalizer)
+        return LearningAlgorithmState(weights if stored is None else stored(weights),
+                                      state.distributor, state.client_work, state.aggregator,
+                                      state.finalizer)
 
     return get_model_weights, set_model_weights
 
 
-def personal_spec(model: engine.FederatedModel, hook=None) -> process_lib.PersonalSpec:
-    """One client's personal state on a Keras model: its personal variables (initially the
-    model's, the same for every client) and the hook's zero-initialized extra tensors."""
-    spec = model.spec
-    infos = [spec.trainable[k] for k in model.layout.personal]
-    extra = list(hook.extra_types if hook else ())
-    initial = [np.asarray(v) for v in model.initial_personal] + [
-        np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
-        for t in extra]
+def initialize_from_clients(initialize: tff.Computation, client_statistic: tff.Computation,
+                            weights_from_mean: tff.Computation) -> tff.Computation:
+    """`(data@CLIENTS) -> state@SERVER`: `initialize()`'s state with w⁰ =
+    `weights_from_mean`((1/N) Σ_i s_i), s_i = `client_statistic`(data_i) (e.g. FedRep's method
+    of moments: s_i = (1/m_i) Σ_j y_ij² x_ij x_ijᵀ, w⁰ = its top-k eigenvectors)."""
+    state_type = initialize.type_signature.result.member
+    _, replace = weights_computations(state_type)
 
-    def initialize(client_id):
-        del client_id
-        return [v.copy() for v in initial]
+    @tff.federated_computation(tff.FederatedType(client_statistic.type_signature.parameter,
+                                                 tff.CLIENTS))
+    def initialize_from(data):
+        mean = tff.federated_mean(tff.federated_map(client_statistic, data))
+        weights = tff.federated_map(weights_from_mean, mean)
+        return tff.federated_map(replace, tff.federated_zip((initialize(), weights)))
 
-    return process_lib.PersonalSpec(
-        names=tuple(i.name for i in infos) + tuple(f"extra state {k}" for k in range(len(extra))),
-        shapes=tuple(v.shape for v in initial), dtypes=tuple(v.dtype for v in initial),
-        initial=initialize)
-
-
-def build_process(algorithm: str, model: engine.FederatedModel,
-                  pieces: Sequence[engine.RoundPieces], schedule, *, personalized: bool = False,
-                  hook=None, personal: process_lib.PersonalSpec | None = None,
-                  **options) -> process_lib.Process:
-    """A Keras algorithm's `Process`: its round kinds (`pieces`) composed with one shared state
-    (`compose_rounds`), run by `schedule`; `personalized`: the clients keep `personal` (default
-    `personal_spec(model, hook)`). `options`: `ProcessSupport`'s other fields (evaluation,
-    traffic_rounds, client_traffic, config)."""
-    initialize, rounds = compose_rounds(model, pieces, personal=personalized, hook=hook)
-    get_weights, set_weights = weights_computations(initialize)
-    if personalized and personal is None:
-        personal = personal_spec(model, hook)
-    return process_lib.Process(
-        process_lib.ProcessParts(
-            algorithm, initialize, rounds, get_model_weights=get_weights,
-            set_model_weights=set_weights, schedule=schedule,
-            personal=personal if personalized else None),
-        process_lib.ProcessSupport(declared_traffic={p.name: p.traffic for p in pieces},
-                                   model=model, hook=hook, **options))
+    return initialize_from

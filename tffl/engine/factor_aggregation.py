@@ -161,18 +161,21 @@ def averaging_error_aggregation(inner: tff.templates.AggregationProcess, update_
     return tff.templates.AggregationProcess(inner.initialize, next_fn)
 
 
-def averaging_error_measure(weights_type, pairs: Sequence[tuple[int, int]], sums_type
+def averaging_error_measure(weights_type, pairs: Sequence[tuple[int, int]], aggregate_type
                             ) -> tff.Computation:
-    """`(w, sums) -> {averaging_error}` (module docstring), with A, B = w.trainable[a],
-    w.trainable[b] for each (a, b) of `pairs` (in the order of `sums`' lists), in float64:
+    """`(w, (update, sums), round_num) -> {averaging_error}` (module docstring; `aggregate_type`
+    is `averaging_error_aggregation`'s result), with A, B = w.trainable[a], w.trainable[b] for
+    each (a, b) of `pairs` (in the order of `sums`' lists), in float64:
 
         num² = Σ_adapters ‖mean(ΔA_i)·mean(ΔB_i) − mean(ΔA_iΔB_i)‖²_F,
         den² = Σ_adapters ‖A·mean(ΔB_i) + mean(ΔA_i)·B + mean(ΔA_iΔB_i)‖²_F,
         averaging_error = num/den (0 if den = 0)."""
     pairs = tuple(pairs)
 
-    @tff.tensorflow.computation(weights_type, sums_type)
-    def measure(weights, sums):
+    @tff.tensorflow.computation(weights_type, aggregate_type, np.int32)
+    def measure(weights, aggregate, round_num):
+        del round_num
+        sums = aggregate[1]
         num2 = tf.constant(0.0, tf.float64)
         den2 = tf.constant(0.0, tf.float64)
         for (a, b), da, db, dp in zip(pairs, sums["delta_a"], sums["delta_b"],

@@ -14,9 +14,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import client_training
+from tffl.engine import client_training, model_spec
 from tffl.engine.client_hooks import ClientConfig, ClientHook
-from tffl.engine.federated_model import FederatedModel, personal_type
+from tffl.engine.federated_model import FederatedModel, personal_spec
 
 
 def _build_evaluate_loop(model, loss_fn):
@@ -34,7 +34,7 @@ def _build_evaluate_loop(model, loss_fn):
         num_correct = tf.constant(0.0, tf.float32)
         num_examples = tf.constant(0.0, tf.float32)
         for batch in iter(dataset):
-            x, y = client_training.split_batch(batch)
+            x, y = model_spec.split_batch(batch)
             pred = model(x, training=False)
             n = tf.cast(tf.shape(y)[0], tf.float32)
             loss_sum += tf.cast(loss_fn(y, pred), tf.float32) * n
@@ -53,22 +53,22 @@ def _divide(a, b):
 
 
 def _client_evaluate(model: FederatedModel, client: ClientConfig, finetune, hook,
-                     finetune_objective: bool, has_personal: bool) -> tff.Computation:
-    """One client's `(weights, [personal,] train, test) -> sums` TF computation."""
+                     finetune_objective: bool, personal) -> tff.Computation:
+    """One client's `<weights, [personal,] train, test> -> sums` TF computation (one struct
+    argument; the personal state only when `personal` declares one)."""
     layout = model.layout
-    weights_type, data_type = layout.global_type(), model.data_type()
 
-    def client_eval(weights, personal, train_ds, test_ds):
+    def client_eval(weights, personal_values, train_ds, test_ds):
         with client_training.placed(model.client_device):
-            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
-                                                      zero_init=True)
-            own = list(personal)[: len(layout.personal)]
+            keras_model = model_spec.build_model(model.keras_model_fn, model.input_spec,
+                                                 zero_init=True)
+            own = personal_values[: len(layout.personal)]
             full = layout.assemble(weights, model.frozen.restore(),
                                    own if layout.personal else None)
             if finetune:
                 phases, features_model = finetune, None
                 if finetune_objective and hook is not None:
-                    extra = list(personal)[len(layout.personal):]
+                    extra = personal_values[len(layout.personal):]
                     phases, features_model, _ = hook.prepare(keras_model, extra, train_ds,
                                                              finetune)
                 loop = client_training.build_phased_loop(
@@ -83,15 +83,15 @@ def _client_evaluate(model: FederatedModel, client: ClientConfig, finetune, hook
             loss_sum=loss_sum, num_correct=num_correct, num_examples=num_examples,
             accuracy=tf.math.divide_no_nan(num_correct, num_examples))
 
-    if has_personal:
-        @tff.tensorflow.computation(weights_type, personal_type(model, hook), data_type,
-                                    data_type)
-        def client_evaluate(weights, personal, train_ds, test_ds):
-            return client_eval(weights, personal, train_ds, test_ds)
-    else:
-        @tff.tensorflow.computation(weights_type, data_type, data_type)
-        def client_evaluate(weights, train_ds, test_ds):
-            return client_eval(weights, [], train_ds, test_ds)
+    members = [layout.global_type()] + ([personal.type] if personal else []) + [
+        model.data_type(), model.data_type()]
+
+    @tff.tensorflow.computation(tff.StructType(members))
+    def client_evaluate(args):
+        args = list(args)
+        personal_values = list(args.pop(1)) if personal else []
+        return client_eval(args[0], personal_values, args[1], args[2])
+
     return client_evaluate
 
 
@@ -117,18 +117,18 @@ def build_evaluation(model: FederatedModel, client: ClientConfig,
     tests on its test data. Metrics: example-weighted `loss` and `accuracy` over all clients' test
     examples, `mean_client_accuracy` (the unweighted mean over clients) and `num_examples`.
     """
-    has_personal = bool(model.layout.personal) or hook is not None
+    personal = personal_spec(model, hook)
     client_evaluate = _client_evaluate(model, client, list(finetune), hook, finetune_objective,
-                                       has_personal)
+                                       personal)
     at_server = tff.FederatedType(model.layout.global_type(), tff.SERVER)
     at_clients = tff.FederatedType(model.data_type(), tff.CLIENTS)
-    if has_personal:
-        @tff.federated_computation(at_server,
-                                   tff.FederatedType(personal_type(model, hook),
-                                                     tff.CLIENTS), at_clients, at_clients)
-        def evaluate(weights, personal, train, test):
+    if personal:
+        @tff.federated_computation(at_server, tff.FederatedType(personal.type, tff.CLIENTS),
+                                   at_clients, at_clients)
+        def evaluate(weights, personal_states, train, test):
             sent = tff.federated_broadcast(weights)
-            return _summarize(tff.federated_map(client_evaluate, (sent, personal, train, test)))
+            return _summarize(tff.federated_map(client_evaluate,
+                                                (sent, personal_states, train, test)))
     else:
         @tff.federated_computation(at_server, at_clients, at_clients)
         def evaluate(weights, train, test):

@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import client_training
 from tffl.engine import frozen as frozen_lib
+from tffl.engine import model_spec
 from tffl.engine.client_hooks import ClientHook
+from tffl.engine.personal_state import NO_PERSONAL_STATE, PersonalSpec
 
 
 def _default_loss() -> tf.keras.losses.Loss:
@@ -58,9 +59,9 @@ class ModelSource:
     frozen_dir: Any = None
     client_device: str | None = None
 
-    def spec(self) -> client_training.ModelSpec:
-        """The model's variables, roles and shapes (`client_training.inspect_model`)."""
-        return client_training.inspect_model(self.model_fn, self.input_spec)
+    def spec(self) -> model_spec.ModelSpec:
+        """The model's variables, roles and shapes (`model_spec.inspect_model`)."""
+        return model_spec.inspect_model(self.model_fn, self.input_spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +74,28 @@ class FederatedModel:
     frozen: frozen_lib.FrozenWeights
     initial_global: tff.learning.models.ModelWeights  # numpy
     initial_personal: tuple[np.ndarray, ...]
-    loss_fn: Callable[[], client_training.LossFn]
+    loss_fn: Callable[[], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]
     client_device: str | None = None
 
     @property
-    def spec(self) -> client_training.ModelSpec:
+    def spec(self) -> model_spec.ModelSpec:
         return self.layout.spec
 
     def data_type(self) -> tff.Type:
-        return tff.SequenceType(client_training.element_type(self.input_spec))
+        """One client's data: a sequence of the input spec's batches."""
+        return tff.SequenceType(model_spec.element_type(self.input_spec))
+
+    def initial_weights(self) -> tff.Computation:
+        """`() -> w⁰`, the federated weights' initial values (a TF computation)."""
+        initial = self.initial_global
+
+        @tff.tensorflow.computation
+        def initial_weights():
+            return tff.learning.models.ModelWeights(
+                trainable=[tf.constant(v) for v in initial.trainable],
+                non_trainable=[tf.constant(v) for v in initial.non_trainable])
+
+        return initial_weights
 
     def full_weights(self, global_weights, personal=None) -> tff.learning.models.ModelWeights:
         """The whole model's weights (numpy) from the federated ones (+ a personal state)."""
@@ -153,7 +167,7 @@ def check_weights_shapes(spec, weights) -> None:
 def build_federated_model(source: ModelSource, federated: Sequence[int],
                           federated_non_trainable: Sequence[int] = (),
                           personal: Sequence[int] = (),
-                          spec: client_training.ModelSpec | None = None) -> FederatedModel:
+                          spec: model_spec.ModelSpec | None = None) -> FederatedModel:
     """Draws `source`'s initial weights once (its own initializers, or its `initial_*` values),
     writes the base part to its fingerprinted file.
 
@@ -191,9 +205,24 @@ def build_federated_model(source: ModelSource, federated: Sequence[int],
         loss_fn=source.loss_fn or _default_loss, client_device=source.client_device)
 
 
-def personal_type(model: FederatedModel, hook: ClientHook | None = None) -> tff.Type:
-    """One client's personal state: its personal variables (+ the hook's extra tensors)."""
+def personal_spec(model: FederatedModel, hook: ClientHook | None = None) -> PersonalSpec:
+    """One client's personal state on a Keras model: its personal variables (initially the
+    model's, the same for every client) and the hook's zero-initialized extra tensors;
+    `NO_PERSONAL_STATE` when there are neither."""
     spec = model.spec
-    types = [tff.TensorType(spec.trainable[k].dtype, spec.trainable[k].shape)
-             for k in model.layout.personal]
-    return tff.types.to_type(types + list(hook.extra_types if hook else ()))
+    infos = [spec.trainable[k] for k in model.layout.personal]
+    extra = list(hook.extra_types if hook else ())
+    if not infos and not extra:
+        return NO_PERSONAL_STATE
+    initial = [np.asarray(v) for v in model.initial_personal] + [
+        np.zeros(t.shape, np.dtype(getattr(t.dtype, "as_numpy_dtype", t.dtype)))
+        for t in extra]
+
+    def initialize(client_id):
+        del client_id
+        return [v.copy() for v in initial]
+
+    return PersonalSpec(
+        names=tuple(i.name for i in infos) + tuple(f"extra state {k}" for k in range(len(extra))),
+        shapes=tuple(v.shape for v in initial), dtypes=tuple(v.dtype for v in initial),
+        initial=initialize)

@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import client_training
+from tffl.engine import model_spec
 
 _INDEX_SUFFIX = ".index"
 
@@ -57,7 +57,7 @@ def default_directory() -> pathlib.Path:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Which variables of a `client_training.ModelSpec` are federated; the rest are base.
+    """Which variables of a `model_spec.ModelSpec` are federated; the rest are base.
 
     Attributes:
       spec: the model's variables.
@@ -67,7 +67,7 @@ class Layout:
       personal: positions in `spec.trainable` carried as each client's personal state.
     """
 
-    spec: client_training.ModelSpec
+    spec: model_spec.ModelSpec
     trainable: tuple[int, ...]
     non_trainable: tuple[int, ...] = ()
     personal: tuple[int, ...] = ()
@@ -90,7 +90,7 @@ class Layout:
         return tuple(k for k in range(len(self.spec.non_trainable))
                      if k not in self.non_trainable)
 
-    def base_infos(self) -> list[client_training.VariableInfo]:
+    def base_infos(self) -> list[model_spec.VariableInfo]:
         return ([self.spec.trainable[k] for k in self.base_trainable]
                 + [self.spec.non_trainable[k] for k in self.base_non_trainable])
 
@@ -229,7 +229,7 @@ def initial_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec
     """The model's initial `(trainable, non_trainable)` values, drawn once by its initializers
     in a throw-away graph and session (no eager Keras model is created, see `tffl.algorithms.lora_fl`)."""
     with tf.Graph().as_default() as graph:
-        model = client_training.build_model(keras_model_fn, input_spec)
+        model = model_spec.build_model(keras_model_fn, input_spec)
         trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
         with tf.compat.v1.Session(graph=graph) as session:
             session.run([v.initializer for v in model.variables])

@@ -1,7 +1,7 @@
-"""The linear algorithms' basics, re-exported by `tffl.engine.linear_engine` (read it for the
-model, the rounds and the process): argument checks at build time, the float64 algebra inside
-their `tff.tensorflow.computation`s, the round kinds' client results and train metrics, their
-client data and personal-state types, and the Python side of the personal state.
+"""The linear algorithms' basics (`tffl.engine.linear_engine` has the model, the server and the
+averaging round): argument checks at build time, the float64 algebra inside their
+`tff.tensorflow.computation`s, the round kinds' client results and train metrics, their client
+data and personal-state types, and the Python side of the personal state.
 
 >>> check_dims(10, 2), check_rate("learning_rate", 0.5)
 ((10, 2), 0.5)
@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import process as process_lib
+from tffl.engine.personal_state import PersonalSpec
 
 
 # Argument checks (Python, at build time).
@@ -86,10 +86,12 @@ def batch64(data) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 # The round kinds' client results and metrics (inside their TF computations).
 
 def client_result(upload, loss, personal=None):
-    """A linear client's output as `tffl.engine.composition`'s client work returns it:
-    (`ClientResult(upload, 1)` (float32), metric sums {loss_sum: ℓ_i, num_clients: 1}, the new
-    personal state, or [] for a process without one). Inside a TF computation."""
-    result = tff.learning.templates.ClientResult(update=tf.cast(upload, tf.float32),
+    """A linear client's output as the engine's client work returns it (`tffl.engine.rounds.
+    RoundPieces.client_update`): (`ClientResult(upload, 1)` (float32; `upload` any structure),
+    metric sums {loss_sum: ℓ_i, num_clients: 1}, the new personal state, or [] for a process
+    without one). Inside a TF computation."""
+    upload = tf.nest.map_structure(lambda v: tf.cast(v, tf.float32), upload)
+    result = tff.learning.templates.ClientResult(update=upload,
                                                  update_weight=tf.constant(1.0, tf.float32))
     sums = collections.OrderedDict(loss_sum=tf.cast(loss, tf.float32),
                                    num_clients=tf.constant(1, tf.int32))
@@ -125,10 +127,10 @@ def personal_type(shapes: Mapping[str, Sequence[int]]) -> tff.StructWithPythonTy
 # The personal state, Python side.
 
 def personal_spec(shapes: Mapping[str, Sequence[int]],
-                  initial: Callable[[str], Any]) -> process_lib.PersonalSpec:
+                  initial: Callable[[str], Any]) -> PersonalSpec:
     """One client's personal state `OrderedDict(name=float32[shape], …)` (`personal_type`'s),
     starting at `initial(client_id)`."""
-    return process_lib.PersonalSpec(
+    return PersonalSpec(
         names=tuple(shapes), shapes=tuple(tuple(s) for s in shapes.values()),
         dtypes=(np.float32,) * len(shapes), initial=initial, keyed=True)
 

@@ -3,8 +3,7 @@
 `inspect_model` builds the model once in a throw-away graph and records its variables (shapes,
 dtypes, `tffl.engine.roles` roles and `tffl.engine.roles.link_lora` links) as a `ModelSpec`, so that TFF types
 (`ModelSpec.weights_type`, `element_type`) can be built without creating an eager Keras model.
-`build_model` is how every client computation builds the model itself. (These names are
-re-exported by `tffl.engine.client_training`.)
+`build_model` is how every client computation builds the model itself.
 
 Example:
 

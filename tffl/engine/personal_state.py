@@ -1,21 +1,25 @@
-"""Stateful clients: the personalized-process template and the per-client state store.
+"""Stateful clients: the declared personal state (`PersonalSpec`), the protocol of a process
+whose clients keep one, and the per-client state store.
 
 TFF clients are stateless: a client computation sees only what the round passes in. Personalized
 algorithms (FedRep's heads, LG-FedAvg's local layers, AdaptPFL's shortcuts, FLUTE's heads) keep
-*personal variables* that never leave the client. Their processes therefore take and return the
-personal state as a CLIENTS-placed value:
+*personal variables* that never leave the client. Every process declares its clients' personal
+state as a `PersonalSpec` (the names, shapes and dtypes of one client's tensors and its initial
+value per client id); an algorithm without one declares `NO_PERSONAL_STATE`, the empty spec, so
+the engine's composer, cycle, client computations and process builder have one form for both.
+A process with a non-empty spec takes and returns the personal state as a CLIENTS-placed value:
 
     next: (state@SERVER, data@CLIENTS, personal@CLIENTS)
           -> PersonalizedOutput(state@SERVER, personal@CLIENTS, metrics@SERVER)
 
-This is a `tff.templates.IterativeProcess`-style process, not a plain
-`tff.learning.templates.LearningProcess`: its `next` has a third argument and a third result.
-In simulation the CLIENTS-placed values are Python lists, one entry per participating client, in
-the order of `data`. The driver (`tffl.simulation.driver.run_rounds`) keeps a `PersonalStore` keyed by
-client id: before a round it looks up the sampled clients' entries (a client seen for the first
-time gets `process.initialize_personal(client_id)`), after the round it writes back what `next`
-returned; clients that did not take part keep theirs unchanged. The store is saved with every
-checkpoint and restored on resume.
+This is a `tff.templates.IterativeProcess`, not a `tff.learning.templates.LearningProcess`: its
+`next` has a third argument and a third result, which TFF's `LearningProcess` constructor refuses
+(`tffl.engine.process`). In simulation the CLIENTS-placed values are Python lists, one entry per
+participating client, in the order of `data`. The driver (`tffl.simulation.driver.run_rounds`)
+keeps a `PersonalStore` keyed by client id: before a round it looks up the sampled clients'
+entries (a client seen for the first time gets `process.initialize_personal(client_id)`), after
+the round it writes back what `next` returned; clients that did not take part keep theirs
+unchanged. The store is saved with every checkpoint and restored on resume.
 
 Inside a TFF program (the current context a `tff.program.FederatedContext`), TFF's own program
 logic (`tff.learning.programs.train_model`) would call `initialize` and then `next` with two
@@ -24,13 +28,6 @@ refuses to run in a program context (`check_program_carries_personal_states`) un
 program logic carries the personal states (`carried_by_program()`, which
 `tffl.runtime.personalized_program.train_personalized_model` enters): TFF's `train_model` stops
 with one line naming that program logic, before it saves any program state.
-
-A personalized process is a `tffl.engine.process.Process` whose `personal` (a `PersonalSpec`)
-declares one client's personal state, with
-
-- `initialize() -> state` (server state),
-- `initialize_personal(client_id) -> personal` (a structure of numpy arrays, one client's start),
-- `next(state, client_data, personal_states) -> PersonalizedOutput` (a `tff.Computation`).
 
 Example:
 
@@ -41,20 +38,92 @@ Example:
 ...     state = process.initialize()
 ...     output = process.next(state, datasets, store.lookup(client_ids))
 >>> store.update(client_ids, output.personal_states)
->>> store.client_ids(), len(store)
-(['a', 'b'], 2)
+>>> store.client_ids(), len(store), process.personal.names
+(['a', 'b'], 2, ('head/kernel:0', 'head/bias:0'))
+>>> bool(NO_PERSONAL_STATE), str(NO_PERSONAL_STATE.type)          # an algorithm without one
+(False, '<>')
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+@dataclasses.dataclass(frozen=True)
+class PersonalSpec:
+    """One client's personal state, declared: tensor `names`, their `shapes` and `dtypes`, and
+    `initial(client_id)`, a client's state before it first trains. `keyed`: the value is an
+    `OrderedDict(name=array)` (else a list in `names`' order). A spec is true when it declares
+    a tensor; the empty one (`NO_PERSONAL_STATE`) is an algorithm without personal state."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+    initial: Callable[[str], Any]
+    keyed: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    @property
+    def type(self) -> tff.Type:
+        """The TFF type of one client's personal state (`P` of `next`; `<>` when empty)."""
+        tensors = [tff.TensorType(d, s) for d, s in zip(self.dtypes, self.shapes)]
+        if self.keyed:
+            return tff.StructWithPythonType(list(zip(self.names, tensors)),
+                                            collections.OrderedDict)
+        return tff.types.to_type(tensors)
+
+    def values(self, personal) -> list:
+        """The tensors of one personal state, in `names`' order."""
+        return [personal[n] for n in self.names] if self.keyed else list(personal)
+
+    def initialize(self, client_id: str) -> Any:
+        """Client `client_id`'s initial personal state (checked against the declaration)."""
+        personal = self.initial(client_id)
+        self.check([personal], what=f"initial personal state of client {client_id!r}")
+        return personal
+
+    def check(self, personal_states: Sequence[Any], count: int | None = None,
+              what: str = "personal state") -> None:
+        """ValueError naming the client and tensor unless there are `count` states (when given),
+        each with this declaration's tensors and shapes."""
+        personal_states = list(personal_states)
+        if count is not None and len(personal_states) != count:
+            raise ValueError(f"{count} client datasets but {len(personal_states)} personal "
+                             "states: pass one personal state per client, in order")
+        for i, personal in enumerate(personal_states):
+            try:
+                values = self.values(personal)
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{what} {i}: expected tensors {list(self.names)}, got "
+                                 f"{type(personal).__name__} ({e})") from None
+            if len(values) != len(self.names):
+                raise ValueError(f"{what} {i} has {len(values)} tensors; this process's has "
+                                 f"{len(self.names)} ({', '.join(self.names)})")
+            for name, shape, value in zip(self.names, self.shapes, values):
+                if tuple(np.shape(value)) != tuple(shape):
+                    raise ValueError(f"{what} {i}: {name} must have shape {tuple(shape)}, got "
+                                     f"{tuple(np.shape(value))}")
+
+
+def _no_personal_state(client_id: str) -> list:
+    del client_id
+    return []
+
+
+# The personal state of an algorithm whose clients keep none.
+NO_PERSONAL_STATE = PersonalSpec(names=(), shapes=(), dtypes=(), initial=_no_personal_state)
+
 
 # True while a program logic that carries the clients' personal states runs (`carried_by_program`).
 _CARRIED_BY_PROGRAM = contextvars.ContextVar("personal_states_carried_by_program", default=False)

@@ -1,27 +1,34 @@
-"""`Process`: the one process class of every algorithm, Keras or linear, stateless or personalized.
+"""`Process`: the one process class of every algorithm, Keras or linear, stateless or
+personalized, and `build_process`, its one builder.
 
 A process is an algorithm's round kinds (`rounds`: {name: federated computation of one
-communication round}, all of one state type) and a schedule `t ↦ round kind` (t = communication
-rounds done). Its contract is TFF's:
+communication round}, all of one state type, composed by `tffl.engine.composition`) and a
+schedule `t ↦ round kind` (t = communication rounds done). Every process declares its clients'
+personal state (a `tffl.engine.personal_state.PersonalSpec`, `NO_PERSONAL_STATE` when there is
+none), and what it claims to be follows from it:
 
-- **stateless** (`personal is None`): a `tff.learning.templates.LearningProcess`, checked by
-  TFF's own constructor: `initialize: () -> S@SERVER`, `next: (S@SERVER, {D*}@CLIENTS) ->
+- **stateless** (the empty spec; `personal` is None): a `StatelessProcess`, which is a
+  `tff.learning.templates.LearningProcess` built through that class's constructor (so TFF
+  checks it): `initialize: () -> S@SERVER`, `next: (S@SERVER, {D*}@CLIENTS) ->
   LearningProcessOutput(S@SERVER, metrics@SERVER)`, `get_model_weights: S -> W`,
   `set_model_weights: <S, W> -> S`, all `tff.Computation`s, so `tff.learning.programs.
   train_model` runs it unchanged;
-- **personalized** (`personal` a `PersonalSpec`, the named declaration of one client's
-  personal state): the same class and methods, with `next` the stateful-clients computation
-  `(S@SERVER, {D*}@CLIENTS, P@CLIENTS) -> PersonalizedOutput(S@SERVER, P@CLIENTS,
-  metrics@SERVER)` (`tffl.engine.personal_state`), checked here; TFF's two-argument checks
-  do not apply to it, and its `initialize` refuses TFF's training program (one line naming
+- **personalized** (a non-empty spec, `personal`): a `Process`, a `tff.templates.IterativeProcess`
+  built through `IterativeProcess`'s constructor, whose `next` is the stateful-clients
+  computation `(S@SERVER, {D*}@CLIENTS, P@CLIENTS) -> PersonalizedOutput(S@SERVER,
+  P@CLIENTS, metrics@SERVER)` (`tffl.engine.personal_state`). It is not a `LearningProcess`:
+  TFF's `LearningProcess` constructor requires a two-argument `next` returning a
+  `LearningProcessOutput`, which cannot carry the personal states back. It has the same
+  `get_model_weights`/`set_model_weights` computations and every other method of the class,
+  and its `initialize` refuses TFF's training program (one line naming
   `tffl.runtime.personalized_program`, the program logic that carries the personal states).
 
 `next` runs one cycle of the schedule: the round itself for one kind, else the cycle composed by
-`tffl.engine.schedules` (RoLoRA: the B round then the A round, each on its own data,
-`data_names`; with `shared_cycle_data`, every round on the same clients' data, as RoLoRA's
-Alt-min-GD needs). `next_round(state, data[, personal])` runs the single
-communication round `round_name(state)` names, after checking the data and personal states in
-Python (one-line errors), and is what `tffl.simulation.driver.run_rounds` calls.
+`tffl.engine.composition.compose_cycle` (RoLoRA: the B round then the A round, each on its own
+data, `data_names`; with `shared_cycle_data`, every round on the same clients' data, as RoLoRA's
+Alt-min-GD needs). `next_round(state, data[, personal])` runs the single communication round
+`round_name(state)` names, after checking the data and personal states in Python (one-line
+errors), and is what `tffl.simulation.driver.run_rounds` calls.
 
 Bytes per client: `traffic` ({round kind: `RoundTraffic`}, read off TFF's forms where they hold
 the round, else the declared figures) and `client_traffic(round_name, client_ids)`, the mean over
@@ -36,6 +43,8 @@ Example:
 ...     second = process.round_name(state)
 >>> first, second, process.personal is None
 ('b_round', 'a_round', True)
+>>> isinstance(process, tff.learning.templates.LearningProcess)
+True
 """
 
 from __future__ import annotations
@@ -49,62 +58,10 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tffl.engine import communication
+from tffl.engine import composition
 from tffl.engine import schedules
-from tffl.engine.personal_state import PersonalizedOutput, check_program_carries_personal_states
-
-
-@dataclasses.dataclass(frozen=True)
-class PersonalSpec:
-    """One client's personal state, declared: tensor `names`, their `shapes` and `dtypes`, and
-    `initial(client_id)`, a client's state before it first trains. `keyed`: the value is an
-    `OrderedDict(name=array)` (else a list in `names`' order)."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[Any, ...]
-    initial: Callable[[str], Any]
-    keyed: bool = False
-
-    @property
-    def type(self) -> tff.Type:
-        """The TFF type of one client's personal state (`P` of `next`)."""
-        tensors = [tff.TensorType(d, s) for d, s in zip(self.dtypes, self.shapes)]
-        if self.keyed:
-            return tff.StructWithPythonType(list(zip(self.names, tensors)),
-                                            collections.OrderedDict)
-        return tff.types.to_type(tensors)
-
-    def values(self, personal) -> list:
-        """The tensors of one personal state, in `names`' order."""
-        return [personal[n] for n in self.names] if self.keyed else list(personal)
-
-    def initialize(self, client_id: str) -> Any:
-        """Client `client_id`'s initial personal state (checked against the declaration)."""
-        personal = self.initial(client_id)
-        self.check([personal], what=f"initial personal state of client {client_id!r}")
-        return personal
-
-    def check(self, personal_states: Sequence[Any], count: int | None = None,
-              what: str = "personal state") -> None:
-        """ValueError naming the client and tensor unless there are `count` states (when given),
-        each with this declaration's tensors and shapes."""
-        personal_states = list(personal_states)
-        if count is not None and len(personal_states) != count:
-            raise ValueError(f"{count} client datasets but {len(personal_states)} personal "
-                             "states: pass one personal state per client, in order")
-        for i, personal in enumerate(personal_states):
-            try:
-                values = self.values(personal)
-            except (KeyError, TypeError) as e:
-                raise ValueError(f"{what} {i}: expected tensors {list(self.names)}, got "
-                                 f"{type(personal).__name__} ({e})") from None
-            if len(values) != len(self.names):
-                raise ValueError(f"{what} {i} has {len(values)} tensors; this process's has "
-                                 f"{len(self.names)} ({', '.join(self.names)})")
-            for name, shape, value in zip(self.names, self.shapes, values):
-                if tuple(np.shape(value)) != tuple(shape):
-                    raise ValueError(f"{what} {i}: {name} must have shape {tuple(shape)}, got "
-                                     f"{tuple(np.shape(value))}")
+from tffl.engine.personal_state import (
+    NO_PERSONAL_STATE, PersonalizedOutput, PersonalSpec, check_program_carries_personal_states)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +140,7 @@ class ProcessParts:
         schedule with several kinds is composed from them).
       get_model_weights, set_model_weights: `S -> W` and `<S, W> -> S`.
       schedule: `t ↦ round kind` (`tffl.engine.schedules`); default: the one kind.
-      personal: the declared personal state (None: stateless).
+      personal: the clients' declared personal state (`NO_PERSONAL_STATE`, or None: none).
       shared_cycle_data: `next` gives every round of its cycle the same clients and data,
         `next(S, {D}@CLIENTS)` (`data_names` None); default each round its own.
     """
@@ -194,7 +151,7 @@ class ProcessParts:
     get_model_weights: tff.Computation
     set_model_weights: tff.Computation
     schedule: Any = None
-    personal: PersonalSpec | None = None
+    personal: PersonalSpec | None = NO_PERSONAL_STATE
     shared_cycle_data: bool = False
 
 
@@ -224,12 +181,35 @@ class ProcessSupport:
     config: Any = None
 
 
-class Process(tff.learning.templates.LearningProcess):
+class Process(tff.templates.IterativeProcess):
     """An algorithm's round kinds and schedule (see the module docstring), built from its
-    `ProcessParts` and what it reads beside them (`ProcessSupport`)."""
+    `ProcessParts` and what it reads beside them (`ProcessSupport`).
+
+    Constructed, this class is a personalized process: a `tff.templates.IterativeProcess` built
+    through `IterativeProcess`'s constructor, with a three-argument `next`. A process without
+    personal state is a `StatelessProcess` (a TFF `LearningProcess`); `Process.of(parts,
+    support)` builds whichever `parts.personal` asks for."""
 
     def __init__(self, parts: ProcessParts, support: ProcessSupport = ProcessSupport()):
-        self.algorithm, self.personal = parts.algorithm, parts.personal
+        if not parts.personal:
+            raise TypeError(f"{parts.algorithm} keeps no personal state: build it as a "
+                            "StatelessProcess (a TFF LearningProcess), e.g. with Process.of")
+        next_fn = self._assemble(parts, support)
+        refusing = CheckedComputation(  # TFF's train_model would drop the personal states
+            parts.initialize, lambda: check_program_carries_personal_states(self.algorithm))
+        super().__init__(refusing, next_fn)
+        _personalized_next(next_fn, self.personal)
+
+    @classmethod
+    def of(cls, parts: ProcessParts, support: ProcessSupport = ProcessSupport()) -> Process:
+        """The process of `parts`: a `StatelessProcess` when it declares no personal state,
+        else a (personalized) `Process`."""
+        return (Process if parts.personal else StatelessProcess)(parts, support)
+
+    def _assemble(self, parts: ProcessParts, support: ProcessSupport) -> tff.Computation:
+        """Sets what every process holds; returns `next` (one cycle of the schedule)."""
+        self.algorithm = parts.algorithm
+        self.personal = parts.personal or None   # None: no personal state
         self.model, self.evaluation = support.model, support.evaluation
         self.hook, self.config = support.hook, support.config
         self.rounds = collections.OrderedDict(parts.rounds)
@@ -245,26 +225,25 @@ class Process(tff.learning.templates.LearningProcess):
         self.shared_cycle_data = parts.shared_cycle_data
         self.data_names = (None if len(self.rounds) == 1 or self.shared_cycle_data
                            else tuple(schedules.cycle_data_names(self.cycle)))
-        next_fn = self._compose_next()
-        checked_set = CheckedComputation(parts.set_model_weights,
-                                         lambda state, weights: self.check_model_weights(weights))
-        if self.personal is None:
-            super().__init__(parts.initialize, next_fn, parts.get_model_weights, checked_set)
-            return
-        refusing = CheckedComputation(  # TFF's train_model would drop the personal states
-            parts.initialize, lambda: check_program_carries_personal_states(self.algorithm))
-        tff.templates.IterativeProcess.__init__(self, refusing, next_fn)
-        _personalized_next(next_fn, self.personal)
-        self._get_model_weights, self._set_model_weights = parts.get_model_weights, checked_set
-        self._get_hparams_fn = self._set_hparams_fn = None
-
-    def _compose_next(self) -> tff.Computation:
+        self._weights = (parts.get_model_weights, CheckedComputation(
+            parts.set_model_weights, lambda state, weights: self.check_model_weights(weights)))
+        self._store_weights = parts.set_model_weights   # unchecked: `with_model_weights` checks
         if len(self.rounds) == 1:
             return next(iter(self.rounds.values()))
-        if self.personal is None:
-            return schedules.compose_cycle(self.rounds, self.cycle, self.shared_cycle_data)
-        return schedules.compose_personalized_cycle(self.rounds, self.cycle,
-                                                    self.shared_cycle_data)
+        return composition.compose_cycle(self.rounds, self.cycle,
+                                         parts.personal or NO_PERSONAL_STATE,
+                                         self.shared_cycle_data)
+
+    @property
+    def get_model_weights(self) -> tff.Computation:
+        """`S -> W`: the state's model weights (a TF computation)."""
+        return self._weights[0]
+
+    @property
+    def set_model_weights(self) -> tff.Computation:
+        """`<S, W> -> S` with those model weights (checked first: one line naming the
+        variable)."""
+        return self._weights[1]
 
     # The schedule.
 
@@ -383,7 +362,7 @@ class Process(tff.learning.templates.LearningProcess):
         `FederatedModel.global_from_full` checks them)."""
         if self.model is None:
             return self.set_model_weights(state, weights)
-        return self._set_model_weights(state, self.model.global_from_full(weights))
+        return self._store_weights(state, self.model.global_from_full(weights))
 
     def evaluate(self, state, train_data, test_data, personal_states=None) -> dict[str, float]:
         """Test metrics over the given clients (`Evaluation.computation`); a personalized
@@ -417,3 +396,70 @@ class Process(tff.learning.templates.LearningProcess):
             self.personal.check(list(personal_states or ()), count=len(train_data))
             metrics = computation(weights, list(personal_states), train_data, test_data)
         return {k: float(v) for k, v in metrics.items()}
+
+
+class StatelessProcess(Process, tff.learning.templates.LearningProcess):
+    """A process without personal state: a `tff.learning.templates.LearningProcess` built
+    through that class's constructor (TFF checks its four computations), with every method of
+    `Process`."""
+
+    def __init__(self, parts: ProcessParts, support: ProcessSupport = ProcessSupport()):
+        if parts.personal:
+            raise TypeError(f"{parts.algorithm} keeps a personal state per client: a "
+                            "StatelessProcess cannot carry it (build a Process)")
+        next_fn = self._assemble(parts, support)
+        tff.learning.templates.LearningProcess.__init__(
+            self, parts.initialize, next_fn, self.get_model_weights, self.set_model_weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class Federated:
+    """What every round kind of an algorithm shares beside its pieces.
+
+    Attributes:
+      initial_weights: `() -> w⁰`, the federated weights' initial value (a no-argument TF
+        computation; its result type is w's).
+      data_type: one client's data's type (unplaced): a `tf.data` sequence of batches, or the
+        linear algorithms' tensors.
+      personal: the clients' personal state (`NO_PERSONAL_STATE`: none).
+      stored: `w -> w`, a TF function `set_model_weights` applies (e.g. FedRep's QR); None:
+        w is stored as given.
+    """
+
+    initial_weights: tff.Computation
+    data_type: tff.Type
+    personal: PersonalSpec = NO_PERSONAL_STATE
+    stored: Callable | None = None
+
+
+def build_process(algorithm: str, pieces: Sequence, federated: Federated, schedule=None,
+                  support: ProcessSupport = ProcessSupport(),
+                  shared_cycle_data: bool = False) -> Process:
+    """The one process builder: `algorithm`'s round kinds (`pieces`,
+    `tffl.engine.rounds.RoundPieces`) composed with one shared state by
+    `tffl.engine.composition.compose_kinds`, run by `schedule` (default: the one kind).
+
+    Args:
+      algorithm: the algorithm's name.
+      pieces: its round kinds' pieces.
+      federated: the weights, data and personal state the kinds share (`Federated`).
+      schedule: `t ↦ round kind` (`tffl.engine.schedules`); several kinds need a periodic one.
+      support: what the process reads beside its computations (`ProcessSupport`); its
+        `declared_traffic` defaults to the pieces' own.
+      shared_cycle_data: `next` gives every round of its cycle the same clients' data.
+
+    Returns:
+      A `StatelessProcess` (a TFF `LearningProcess`) when `federated.personal` is empty, else a
+      personalized `Process`.
+    """
+    initialize, rounds = composition.compose_kinds(pieces, federated.initial_weights,
+                                                   federated.data_type, federated.personal)
+    get_weights, set_weights = composition.weights_computations(
+        initialize.type_signature.result.member, federated.stored)
+    if support.declared_traffic is None:
+        support = dataclasses.replace(
+            support, declared_traffic={p.name: p.traffic for p in pieces})
+    return Process.of(ProcessParts(
+        algorithm, initialize, rounds, get_model_weights=get_weights,
+        set_model_weights=set_weights, schedule=schedule, personal=federated.personal,
+        shared_cycle_data=shared_cycle_data), support)

@@ -39,12 +39,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 
-def _specs(weights_type, positions):
+def tensor_specs(weights_type, positions):
+    """The `tf.TensorSpec`s of `weights_type.trainable[positions]` (a server optimizer's state)."""
     return [tf.TensorSpec(weights_type.trainable[k].shape, weights_type.trainable[k].dtype)
             for k in positions]
 
 
-def _optimizer_apply(optimizer, state, trainable: list, positions, deltas):
+def optimizer_apply(optimizer, state, trainable: list, positions, deltas):
     """`optimizer.next` on `trainable[positions]` with gradient −Δ (in place on the list)."""
     if not positions:
         return state
@@ -63,14 +64,14 @@ def _build_step(optimizer, weights_type, positions: Sequence[int], update_type, 
 
     @tff.tensorflow.computation
     def initialize():
-        return optimizer.initialize(_specs(weights_type, positions))
+        return optimizer.initialize(tensor_specs(weights_type, positions))
 
     @tff.tensorflow.computation(initialize.type_signature.result, weights_type, update_type,
                                 np.int32)
     def apply(state, weights, update, round_num):
         trainable, non_trainable = list(weights.trainable), list(weights.non_trainable)
         deltas = body(trainable, non_trainable, update, round_num)
-        state = _optimizer_apply(optimizer, state, trainable, positions, deltas)
+        state = optimizer_apply(optimizer, state, trainable, positions, deltas)
         return state, tff.learning.models.ModelWeights(trainable=trainable,
                                                        non_trainable=non_trainable)
 

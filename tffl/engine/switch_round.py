@@ -7,8 +7,9 @@ round t (0-based) is
 
     kind(t) = a_round  if t < switch and t is odd,  else b_round
 
-- the client work's state is t itself (int32 at SERVER, broadcast, +1 per round); each client
-  runs the chosen kind's phases (`tf.cond` between the kinds' phased loops on one Keras model);
+- the server broadcasts t (the finalizer's `round_num`, a round input) with the weights; each
+  client runs the chosen kind's phases (`tf.cond` between the kinds' phased loops on one Keras
+  model), in the engine's one client computation (`tffl.engine.rounds.build_client_computation`);
 - a client uploads the chosen kind's deltas flattened into one float32 vector of length
   L = max_k |uploaded_k| (zero-padded): for RoLoRA's square adapters L = |A| + |extra| = |B| +
   |extra|, the bytes of one RoLoRA round, so the switch costs no extra upload;
@@ -16,6 +17,9 @@ round t (0-based) is
   (`SwitchStep`) unpacks the chosen kind's deltas and applies the server optimizer to them, with
   one optimizer state per kind (as RoLoRA's keyed states);
 - the finalizer reports `round_kind`, the kind that ran.
+
+`SwitchRoundSpec` follows the round-kind protocol of `tffl.engine.rounds.RoundSpec`, so
+`tffl.engine.rounds.build_round` builds its pieces.
 
 >>> kinds = ("b_round", "a_round")
 >>> [kinds[int(chosen_kind(t, switch=3))] for t in range(6)]
@@ -32,8 +36,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import client_training
-from tffl.engine import communication
-from tffl.engine import rounds as engine
+from tffl.engine import rounds
 from tffl.engine import server_steps
 
 
@@ -44,13 +47,66 @@ class SwitchRoundSpec:
     Both kinds upload deltas ("delta") and use the server optimizer ("optimizer")."""
 
     name: str
-    kinds: tuple[engine.RoundSpec, engine.RoundSpec]
+    kinds: tuple[rounds.RoundSpec, rounds.RoundSpec]
     switch: int
+
+    # The round-kind protocol (`tffl.engine.rounds.RoundSpec`).
+
+    upload = "delta"
+    round_inputs = ("round_num",)
 
     @property
     def phases(self) -> tuple[client_training.Phase, ...]:
         """Every phase of either kind (what the round may train)."""
         return tuple(p for kind in self.kinds for p in kind.phases)
+
+    @property
+    def alternatives(self) -> tuple[rounds.RoundSpec, rounds.RoundSpec]:
+        return self.kinds
+
+    def check(self, client) -> None:
+        """ValueError unless both kinds upload deltas to the server optimizer, the switch is
+        >= 0, and no client hook is given."""
+        if client.hook is not None:
+            raise ValueError(f"round {self.name!r}: a switch round takes no client hook")
+        for kind in self.kinds:
+            if kind.upload != "delta" or kind.server_step != "optimizer":
+                raise ValueError(f"round {self.name!r}: kind {kind.name!r} must upload "
+                                 "\"delta\" and use the \"optimizer\" server step")
+        if self.switch < 0:
+            raise ValueError(f"switch={self.switch} must be >= 0")
+
+    def train(self, loops, weights, dataset, values):
+        """The chosen kind's phased loop (`tf.cond` on t)."""
+        second = tf.cast(chosen_kind(values["round_num"], self.switch), tf.bool)
+        return tf.cond(second, lambda: loops[1](weights, dataset),
+                       lambda: loops[0](weights, dataset))
+
+    def update(self, model, trained, old, values):
+        """The chosen kind's deltas, packed into one vector of the longer kind's length."""
+        uploaded = self._uploaded(model)
+        length = max(sum(_sizes(model, up)) for up in uploaded)
+        packed = [_packed([trained[k] - old[k] for k in up], length) for up in uploaded]
+        second = tf.cast(chosen_kind(values["round_num"], self.switch), tf.bool)
+        return tf.where(second, packed[1], packed[0])
+
+    def build_server_step(self, model, optimizer, update_type):
+        return SwitchStep(optimizer, model, self._uploaded(model), self.switch, update_type)
+
+    def measure(self, model):
+        """`(w, aggregate, round_num) -> {round_kind}`: the kind that ran (t = round_num − 1)."""
+        del model
+        names = [kind.name for kind in self.kinds]
+
+        def round_kind(weights, aggregate, round_num):
+            del weights, aggregate
+            kind = chosen_kind(round_num - 1, self.switch)
+            return collections.OrderedDict(round_kind=tf.gather(tf.constant(names), kind))
+
+        return round_kind
+
+    def _uploaded(self, model) -> list[tuple[int, ...]]:
+        return [rounds.uploaded_positions(model, kind) for kind in self.kinds]
 
 
 def chosen_kind(t, switch: int):
@@ -58,17 +114,6 @@ def chosen_kind(t, switch: int):
     t = tf.convert_to_tensor(t, tf.int32)
     return tf.cast(tf.logical_and(tf.less(t, switch), tf.equal(tf.math.floormod(t, 2), 1)),
                    tf.int32)
-
-
-def _check(round_spec: SwitchRoundSpec, client: engine.ClientConfig) -> None:
-    if client.hook is not None:
-        raise ValueError(f"round {round_spec.name!r}: a switch round takes no client hook")
-    for kind in round_spec.kinds:
-        if kind.upload != "delta" or kind.server_step != "optimizer":
-            raise ValueError(f"round {round_spec.name!r}: kind {kind.name!r} must upload "
-                             "\"delta\" and use the \"optimizer\" server step")
-    if round_spec.switch < 0:
-        raise ValueError(f"switch={round_spec.switch} must be >= 0")
 
 
 def _sizes(model, uploaded) -> list[int]:
@@ -89,38 +134,6 @@ def _unpacked(vector, model, uploaded):
     return values
 
 
-def build_switch_client(model: engine.FederatedModel, round_spec: SwitchRoundSpec,
-                        client: engine.ClientConfig, uploaded, length: int) -> tff.Computation:
-    """`(w, data, t) -> (ClientResult(float32[L], n_i), metric sums, [])`: the chosen kind's
-    phases on one Keras model, its deltas packed into the upload vector."""
-    layout, switch = model.layout, round_spec.switch
-
-    @tff.tensorflow.computation(layout.global_type(), model.data_type(), np.int32)
-    def client_update(weights, dataset, t):
-        with client_training.placed(model.client_device):
-            keras_model = client_training.build_model(model.keras_model_fn, model.input_spec,
-                                                      zero_init=True)
-            full = layout.assemble(weights, model.frozen.restore())
-            loops = [client_training.build_phased_loop(
-                keras_model, model.loss_fn(), client.optimizer, kind.phases,
-                device=model.client_device, weight_decay=client.weight_decay,
-                jit_compile=client.jit_compile) for kind in round_spec.kinds]
-            second = tf.cast(chosen_kind(t, switch), tf.bool)
-            out = tf.cond(second, lambda: loops[1](full, dataset),
-                          lambda: loops[0](full, dataset))
-        trained, old = list(out["trainable"]), full.trainable
-        packed = [_packed([trained[k] - old[k] for k in up], length) for up in uploaded]
-        update = tf.where(second, packed[1], packed[0])
-        result = tff.learning.templates.ClientResult(update=update,
-                                                     update_weight=out["num_examples"])
-        metrics = collections.OrderedDict(loss_sum=out["loss_sum"],
-                                          num_correct=out["num_correct"],
-                                          num_examples=out["num_examples"])
-        return result, metrics, []
-
-    return client_update
-
-
 class SwitchStep:
     """The server step of a switch round: `apply(state, w, v̄, round_num)` unpacks the chosen
     kind's mean deltas Δ̄ from v̄ and takes the server optimizer's step on that kind's variables
@@ -132,13 +145,13 @@ class SwitchStep:
 
         @tff.tensorflow.computation
         def initialize():
-            return tuple(optimizer.initialize(server_steps._specs(weights_type, p))
+            return tuple(optimizer.initialize(server_steps.tensor_specs(weights_type, p))
                          for p in positions)
 
         def branch(k, state, weights, update):
             trainable = list(weights.trainable)
             states = list(state)
-            states[k] = server_steps._optimizer_apply(
+            states[k] = server_steps.optimizer_apply(
                 optimizer, states[k], trainable, positions[k],
                 _unpacked(update, model, uploaded[k]))
             return tuple(states), trainable
@@ -153,46 +166,3 @@ class SwitchStep:
                 trainable=trainable, non_trainable=list(weights.non_trainable))
 
         self.initialize, self.apply = initialize, apply
-
-
-def _round_kind_measure(round_spec: SwitchRoundSpec) -> tff.Computation:
-    names = [kind.name for kind in round_spec.kinds]
-
-    @tff.tensorflow.computation(np.int32)
-    def measure(round_num):
-        kind = chosen_kind(round_num - 1, round_spec.switch)
-        return collections.OrderedDict(round_kind=tf.gather(tf.constant(names), kind))
-
-    return measure
-
-
-def build_switch_round(model: engine.FederatedModel, round_spec: SwitchRoundSpec,
-                       client: engine.ClientConfig, aggregator=None,
-                       server_optimizer=None) -> engine.RoundPieces:
-    """The pieces of a switch round (see the module docstring); `aggregator` and
-    `server_optimizer` as `engine.build_round`'s."""
-    _check(round_spec, client)
-    factory, _ = engine.weighted_factory(aggregator or tff.aggregators.MeanFactory())
-    server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
-    uploaded = [engine._uploaded(model, kind) for kind in round_spec.kinds]
-    length = max(sum(_sizes(model, up)) for up in uploaded)
-    client_update = build_switch_client(model, round_spec, client, uploaded, length)
-    result_type = client_update.type_signature.result[0]
-    aggregation = factory.create(result_type.update, result_type.update_weight)
-    step = SwitchStep(server_optimizer, model, uploaded, round_spec.switch,
-                      aggregation.next.type_signature.result.result.member)
-    # Down: the weights and the round number t.
-    traffic = communication.declared_traffic(
-        tff.StructType([model.layout.global_type(), tff.TensorType(np.int32)]), client_update)
-    return engine.RoundPieces(round_spec.name, client_update, aggregation, step, traffic,
-                              result_type, round_counter=True,
-                              round_measure=_round_kind_measure(round_spec))
-
-
-def build_round(model: engine.FederatedModel, round_spec, client: engine.ClientConfig,
-                aggregator=None, server_optimizer=None) -> engine.RoundPieces:
-    """The pieces of a round of either kind: `engine.build_round` for an `engine.RoundSpec`,
-    `build_switch_round` for a `SwitchRoundSpec`."""
-    build = (build_switch_round if isinstance(round_spec, SwitchRoundSpec)
-             else engine.build_round)
-    return build(model, round_spec, client, aggregator, server_optimizer)

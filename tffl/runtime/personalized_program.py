@@ -67,7 +67,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import personal_state
-from tffl.engine.process import PersonalSpec, Process
+from tffl.engine.personal_state import PersonalSpec
+from tffl.engine.process import Process
 from tffl.runtime import program
 
 MODEL_RELEASE_PERIOD = 10  # the model is released every 10 rounds and after the last (train_model)

@@ -10,7 +10,7 @@ from tests.tffl.algorithms.personalized_models import (CLASS_SPEC, LR, D, K, M, 
                                                        classifier, full_batch_datasets,
                                                        numeric_grad)
 from tffl.algorithms import adaptpfl
-from tffl.engine import client_training
+from tffl.engine import model_spec
 from tffl.algorithms import personalized
 from tffl.engine import roles
 
@@ -107,7 +107,7 @@ def test_variant_a_with_a_shortcut_ridge_equals_numpy(tff_runtime):
 
 
 def test_phases_and_bad_input():
-    spec = client_training.inspect_model(lambda: classifier(shortcut_alpha=ALPHA), CLASS_SPEC)
+    spec = model_spec.inspect_model(lambda: classifier(shortcut_alpha=ALPHA), CLASS_SPEC)
     head, shortcut, rep = (1, 2), (3,), (0,)
     a = adaptpfl.phases(adaptpfl.AdaptPflConfig(), spec, head, shortcut, rep, 2, 3, 4)
     assert [(p.train_indices, p.epochs, p.after) for p in a] == [
@@ -128,8 +128,8 @@ def test_phases_and_bad_input():
     with pytest.raises(ValueError, match="damping is variant B's step"):
         adaptpfl.AdaptPflConfig("a", shortcut_damping=0.5)
     def kernels(*shapes):
-        return client_training.ModelSpec(tuple(
-            client_training.VariableInfo(f"v{i}", shape, np.float32, "shared")
+        return model_spec.ModelSpec(tuple(
+            model_spec.VariableInfo(f"v{i}", shape, np.float32, "shared")
             for i, shape in enumerate(shapes)), ())
 
     with pytest.raises(ValueError, match="kernel is 4×5: its span is all of R\\^4"):

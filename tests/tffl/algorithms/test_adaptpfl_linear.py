@@ -17,6 +17,7 @@ import pytest
 from tasks.synthetic import ShortcutTruth
 from tasks.synthetic import adaptpfl_linear as synthetic_adaptpfl_linear
 from tffl.algorithms import adaptpfl_linear
+from tffl.engine import linear_engine
 from tffl.algorithms.adaptpfl_linear import AdaptPFLLinearConfig
 from tffl.engine import personal_state
 from tests.tffl.algorithms.linear_data import clients as _data
@@ -88,7 +89,7 @@ _SHORTCUTS = [_f32(_RNG.normal(size=_D)) for _ in range(3)]
 
 
 def _start(process):
-    return adaptpfl_linear.set_representation(process, process.initialize(), _B0)
+    return linear_engine.set_representation(process, process.initialize(), _B0)
 
 
 def _train(metrics):
@@ -111,7 +112,7 @@ def test_alpha_zero_reproduces_fedrep_iterates(tff_runtime):
         b, heads, loss = _numpy_fedrep_round(b, heads, _CLIENTS, eta, tau_w, tau_b)
         state, personal = output.state, output.personal_states
         assert process.round_num(state) == t + 1
-        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+        np.testing.assert_allclose(linear_engine.get_representation(state), b,
                                    rtol=1e-6, atol=1e-7)
         for p, w, s in zip(personal, heads, _SHORTCUTS):
             np.testing.assert_allclose(p["head"], w, rtol=1e-6, atol=1e-7)
@@ -138,7 +139,7 @@ def test_rounds_equal_numpy(tff_runtime, alpha, taus, etas, beta):
         b, heads, shortcuts, loss = _numpy_adaptpfl_round(b, heads, shortcuts, _CLIENTS, alpha,
                                                           etas, taus, beta)
         state, personal = output.state, output.personal_states
-        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+        np.testing.assert_allclose(linear_engine.get_representation(state), b,
                                    rtol=1e-5, atol=1e-6)
         for p, w, s in zip(personal, heads, shortcuts):
             np.testing.assert_allclose(p["head"], w, rtol=1e-5, atol=1e-6)
@@ -156,7 +157,7 @@ def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
         representation_steps=2))
     output = process.next_round(_start(process), _CLIENTS, _personal(_HEADS, _SHORTCUTS))
     # B_i = B for every client; the server's float32 mean of equal values is B up to an ulp.
-    np.testing.assert_allclose(adaptpfl_linear.get_representation(output.state), _B0, rtol=3e-7)
+    np.testing.assert_allclose(linear_engine.get_representation(output.state), _B0, rtol=3e-7)
     for p, w, s, item in zip(output.personal_states, _HEADS, _SHORTCUTS, _CLIENTS):
         np.testing.assert_array_equal(p["head"], np.float32(w))
         x, y = item["x"].astype(np.float64), item["y"].astype(np.float64)
@@ -168,7 +169,7 @@ def test_alpha_one_is_local_regression_on_the_shortcut(tff_runtime):
 def test_initial_states_and_store(tff_runtime):
     process = adaptpfl_linear.build_adaptpfl_linear(
         AdaptPFLLinearConfig(_D, _K, alpha=0.3, learning_rate=0.1, seed=2))
-    b = adaptpfl_linear.get_representation(process.initialize())
+    b = linear_engine.get_representation(process.initialize())
     np.testing.assert_allclose(b.T @ b, np.eye(_K), atol=1e-6)
     first = process.initialize_personal("x")
     np.testing.assert_array_equal(first["head"], np.zeros(_K, np.float32))
@@ -201,7 +202,7 @@ def test_shortcut_lowers_personalized_error_on_shortcut_data(tff_runtime):
     for alpha in (0.0, 0.3):
         process = adaptpfl_linear.build_adaptpfl_linear(
             AdaptPFLLinearConfig(10, 2, alpha=alpha, learning_rate=0.1))
-        state = adaptpfl_linear.set_representation(process, process.initialize(), b0)
+        state = linear_engine.set_representation(process, process.initialize(), b0)
         personal = [process.initialize_personal(i) for i in range(20)]
         for _ in range(40):
             output = process.next_round(state, data, personal)
@@ -250,7 +251,7 @@ def test_bad_shapes_raise(tff_runtime):
     with pytest.raises(ValueError, match="shortcut"):
         process.next_round(state, _CLIENTS, _personal(_HEADS, [np.zeros(_D - 1)] * 3))
     with pytest.raises(ValueError, match="shape"):
-        adaptpfl_linear.set_representation(process, state, np.zeros((_D + 1, _K)))
+        linear_engine.set_representation(process, state, np.zeros((_D + 1, _K)))
 
 
 # --- Variant B: the draft's analysed iteration (2)–(8), adaptpfl.md §1.5 -----------------------
@@ -309,7 +310,7 @@ def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order)
     heads = [rng.normal(size=k) for _ in clients]
     shortcuts = [rng.normal(size=d) for _ in clients]
     state = process.initialize()
-    b = adaptpfl_linear.get_representation(state).astype(np.float64)
+    b = linear_engine.get_representation(state).astype(np.float64)
     np.testing.assert_allclose(b.T @ b, np.eye(k), atol=1e-6)   # B̂⁰ orthonormal
     personal = _personal(heads, shortcuts)
     for _ in range(2):
@@ -318,7 +319,7 @@ def test_variant_b_rounds_equal_numpy(tff_runtime, project, lam_s, lam_w, order)
         state, personal = out.state, out.personal_states
         b, heads, shortcuts = _numpy_variant_b_round(b, clients, heads, shortcuts, alpha, beta,
                                                      eta, project, lam_s, lam_w, order)
-        np.testing.assert_allclose(adaptpfl_linear.get_representation(state), b,
+        np.testing.assert_allclose(linear_engine.get_representation(state), b,
                                    rtol=1e-4, atol=1e-5)
         for got, w, s in zip(personal, heads, shortcuts):
             np.testing.assert_allclose(got["head"], w, rtol=1e-4, atol=1e-5)

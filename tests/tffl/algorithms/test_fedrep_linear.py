@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 from tasks.subspace import principal_angle_distance
 from tasks.synthetic import fedrep_linear as synthetic_fedrep_linear
 from tffl.algorithms import fedrep_linear
+from tffl.engine import linear_engine
 from tests.tffl.algorithms.linear_data import clients as _data
 
 
@@ -56,15 +57,15 @@ def _train(metrics):
 
 def test_one_round_equals_numpy(tff_runtime):
     process = fedrep_linear.build_fedrep_linear(_D, _K, learning_rate=0.3)
-    state = fedrep_linear.set_representation(process, process.initialize(), _B0)
-    np.testing.assert_allclose(_projection(fedrep_linear.get_representation(state)),
+    state = linear_engine.set_representation(process, process.initialize(), _B0)
+    np.testing.assert_allclose(_projection(linear_engine.get_representation(state)),
                                _projection(_B0), atol=1e-6)
     b = _B0
     for t in range(3):
         output = process.next_round(state, _CLIENTS)
         b, loss = _numpy_round(b, _CLIENTS, 0.3)
         state = output.state
-        got = fedrep_linear.get_representation(state)
+        got = linear_engine.get_representation(state)
         assert got.shape == (_D, _K) and got.dtype == np.float32
         np.testing.assert_allclose(got.T @ got, np.eye(_K), atol=1e-5)
         np.testing.assert_allclose(_projection(got), _projection(b), atol=1e-5)
@@ -79,7 +80,7 @@ def test_is_a_tff_learning_process_with_b_as_its_model_weights(tff_runtime):
     assert process.personal is None
     state = process.set_model_weights(process.initialize(), _B0.astype(np.float32))
     np.testing.assert_allclose(process.get_model_weights(state),
-                               fedrep_linear.get_representation(state))
+                               linear_engine.get_representation(state))
     output = process.next(state, _CLIENTS)          # TFF's own next: the raw computation
     assert isinstance(output, tff.learning.templates.LearningProcessOutput)
     assert set(output.metrics) == {"distributor", "client_work", "aggregator", "finalizer"}
@@ -96,9 +97,9 @@ def test_heads_are_exact_least_squares(tff_runtime):
 
 
 def test_initialize_is_seeded_and_orthonormal(tff_runtime):
-    b1 = fedrep_linear.get_representation(
+    b1 = linear_engine.get_representation(
         fedrep_linear.build_fedrep_linear(_D, _K, 0.1, seed=3).initialize())
-    b2 = fedrep_linear.get_representation(
+    b2 = linear_engine.get_representation(
         fedrep_linear.build_fedrep_linear(_D, _K, 0.1, seed=3).initialize())
     np.testing.assert_array_equal(b1, b2)
     np.testing.assert_allclose(b1.T @ b1, np.eye(_K), atol=1e-6)
@@ -109,7 +110,7 @@ def test_method_of_moments_equals_numpy(tff_runtime):
     clients = _data(problem.features, problem.targets)
     process = fedrep_linear.build_fedrep_linear(20, 2, learning_rate=0.5)
     state = fedrep_linear.initialize_by_moments(process, clients)
-    b0 = fedrep_linear.get_representation(state)
+    b0 = linear_engine.get_representation(state)
     np.testing.assert_allclose(b0.T @ b0, np.eye(2), atol=1e-5)
     np.testing.assert_allclose(_projection(b0), _projection(_numpy_moments(clients, 2)),
                                atol=1e-4)
@@ -127,7 +128,7 @@ def test_recovers_b_star_to_the_noise_floor(tff_runtime, noise_std, floor):
                                       noise_std=noise_std, seed=0)
     process = fedrep_linear.build_fedrep_linear(20, 2, learning_rate=0.5)
     state = fedrep_linear.initialize_by_moments(process, _data(problem.features, problem.targets))
-    distances = [principal_angle_distance(fedrep_linear.get_representation(state),
+    distances = [principal_angle_distance(linear_engine.get_representation(state),
                                           problem.b_star)]
     losses = []
     for t in range(30):
@@ -135,7 +136,7 @@ def test_recovers_b_star_to_the_noise_floor(tff_runtime, noise_std, floor):
         output = process.next_round(state, _data(fresh.features, fresh.targets))
         state = output.state
         losses.append(float(_train(output.metrics)["loss"]))
-        distances.append(principal_angle_distance(fedrep_linear.get_representation(state),
+        distances.append(principal_angle_distance(linear_engine.get_representation(state),
                                                   problem.b_star))
     assert distances[0] < 0.9
     assert distances[-1] < floor, distances
@@ -170,4 +171,4 @@ def test_bad_shapes_raise(tff_runtime):
     with pytest.raises(ValueError, match="shape"):
         fedrep_linear.initialize_by_moments(process, bad)
     with pytest.raises(ValueError, match="shape"):
-        fedrep_linear.set_representation(process, state, np.zeros((_D, _K + 1)))
+        linear_engine.set_representation(process, state, np.zeros((_D, _K + 1)))

@@ -10,6 +10,7 @@ from tests.tffl.algorithms.personalized_models import (CLASS_SPEC, LR, D, M, SPE
                                                        classifier, full_batch_datasets,
                                                        linear_model, numeric_grad, numpy_nc)
 from tffl.algorithms import personalized
+from tffl.algorithms import flute
 from tffl.engine import roles
 
 
@@ -17,15 +18,15 @@ def test_neural_collapse_matches_numpy_vanishes_at_the_etf_and_has_the_right_gra
     rng = np.random.default_rng(0)
     h = rng.normal(size=(4, M))
     u = np.array([1.0, 0.0, 1.0])
-    assert float(personalized.neural_collapse(h, u)) == pytest.approx(numpy_nc(h, u), rel=1e-10)
+    assert float(flute.neural_collapse(h, u)) == pytest.approx(numpy_nc(h, u), rel=1e-10)
     # A 3-class simplex ETF (120° apart) with every class present is a zero of NC.
     angles = 2 * np.pi * np.arange(M) / M
     etf = np.stack([np.cos(angles), np.sin(angles)])
-    assert float(personalized.neural_collapse(etf, np.ones(M))) < 1e-5
+    assert float(flute.neural_collapse(etf, np.ones(M))) < 1e-5
     # Gradient against central finite differences of the numpy formula.
     var = tf.Variable(h)
     with tf.GradientTape() as tape:
-        value = personalized.neural_collapse(var, u)
+        value = flute.neural_collapse(var, u)
     grad = tape.gradient(value, var).numpy()
     eps, numeric = 1e-6, np.zeros_like(h)
     for idx in np.ndindex(*h.shape):
@@ -41,7 +42,7 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction, tff_runt
     round's heads, mean of W) against numpy, with every gradient taken by central finite
     differences of the numpy objectives; then the code's final round: every client fine-tunes
     its head for 2 epochs on the FLUTE objective (W fixed) and is tested."""
-    cfg = personalized.FluteConfig(feature_penalty=0.05, head_penalty=0.02, nc_penalty=0.3,
+    cfg = flute.FluteConfig(feature_penalty=0.05, head_penalty=0.02, nc_penalty=0.3,
                                    nc_step=0.4, variant=variant, feature_reduction=reduction,
                                    final_head_epochs=2)
     tests = class_clients(seed=12, sizes=(4, 7))
@@ -133,12 +134,12 @@ def test_flute_round_equals_finite_difference_numpy(variant, reduction, tff_runt
 
 def test_flute_bad_input():
     with pytest.raises(ValueError, match="nc_penalty=-1"):
-        personalized.FluteConfig(nc_penalty=-1.0)
+        flute.FluteConfig(nc_penalty=-1.0)
     with pytest.raises(ValueError, match="feature_penalty=nan"):
-        personalized.FluteConfig(feature_penalty=float("nan"))
+        flute.FluteConfig(feature_penalty=float("nan"))
     with pytest.raises(ValueError, match="apply only to 'flute'"):
         personalized.build_personalized_process("fedrep", classifier, CLASS_SPEC, LR,
-                                                flute=personalized.FluteConfig())
+                                                flute=flute.FluteConfig())
     with pytest.raises(ValueError, match="m >= 2 classes"):
         personalized.build_personalized_process("flute", linear_model, SPEC, LR)
     float_labels = (CLASS_SPEC[0], tf.TensorSpec([None], tf.float32))
@@ -147,11 +148,11 @@ def test_flute_bad_input():
     with pytest.raises(ValueError, match="head_epochs=2: plain FLUTE"):
         personalized.build_personalized_process(
             "flute", classifier, CLASS_SPEC, LR, head_epochs=2,
-            flute=personalized.FluteConfig(variant="plain"))
+            flute=flute.FluteConfig(variant="plain"))
     with pytest.raises(ValueError, match="variant='both' must be one of star, plain"):
-        personalized.FluteConfig(variant="both")
+        flute.FluteConfig(variant="both")
     with pytest.raises(ValueError, match="feature_reduction='max'"):
-        personalized.FluteConfig(feature_reduction="max")
+        flute.FluteConfig(feature_reduction="max")
 
 
 def test_flute_with_a_lora_representation(tff_runtime):
@@ -179,7 +180,7 @@ def test_flute_with_a_lora_representation(tff_runtime):
     # The numbers, against numpy with finite-difference gradients: logits = ReLU(x·A·B)·H + b,
     # features ψ = ReLU(x·A·B); a head epoch, a joint epoch (A, B, H, b; + λ1·mean‖ψ‖²), the
     # server's NC step (η_r on the mean NC of the two heads), A and B averaged by examples.
-    cfg = personalized.FluteConfig()
+    cfg = flute.FluteConfig()
     a0, b0, h0, c0 = (np.asarray(v, np.float64) for v in process.model_weights(state).trainable)
 
     def objective(p, x, y, u, features_term):

@@ -15,6 +15,7 @@ import pytest
 
 from tasks.synthetic import flute_linear as synthetic_flute_linear
 from tffl.algorithms import flute_linear
+from tffl.engine import linear_engine
 from tffl.engine import personal_state
 from tffl.engine.communication import RoundTraffic
 from tests.tffl.algorithms.linear_data import clients as _data
@@ -59,7 +60,7 @@ _W0 = _RNG.normal(size=(_K, 3))
 
 
 def _start(process, b=_B0):
-    return flute_linear.set_representation(process, process.initialize(), b)
+    return linear_engine.set_representation(process, process.initialize(), b)
 
 
 def _train(metrics):
@@ -82,7 +83,7 @@ def test_two_rounds_equal_numpy(tff_runtime, g1, g2, eta_r):
         b, w, loss, reg = _numpy_round(b, w, _CLIENTS, eta_l, eta_r, g1, g2)
         state, personal = output.state, output.personal_states
         assert len(personal) == 3 and process.round_num(state) == t + 1
-        np.testing.assert_allclose(flute_linear.get_representation(state), b, rtol=1e-5,
+        np.testing.assert_allclose(linear_engine.get_representation(state), b, rtol=1e-5,
                                    atol=1e-6)
         np.testing.assert_allclose(flute_linear.heads(personal), w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(_train(output.metrics)["loss"], loss, rtol=1e-5)
@@ -111,7 +112,7 @@ def test_regularizer_step_matches_finite_differences(tff_runtime, g1, g2):
                                               gamma2=g2)
     zero = _data([np.zeros((2, _D))] * 3, [np.zeros(2)] * 3)
     output = process.next_round(_start(process), zero, _personal(_W0))
-    step_b = (_B0 - flute_linear.get_representation(output.state)) / eta_r
+    step_b = (_B0 - linear_engine.get_representation(output.state)) / eta_r
     step_w = (_W0 - flute_linear.heads(output.personal_states)) / eta_r
     fd_b = _finite_difference(lambda b: _regularizer(b, _W0, g1, g2), _B0)
     fd_w = _finite_difference(lambda w: _regularizer(_B0, w, g1, g2), _W0)
@@ -138,7 +139,7 @@ def test_balanced_regularizer_identity(tff_runtime):
     output = process.next_round(_start(process), zero, _personal(_W0))
     np.testing.assert_allclose(output.metrics["finalizer"]["regularizer"], expected, rtol=1e-5)
     diff = _B0.T @ _B0 - _W0 @ _W0.T
-    np.testing.assert_allclose(flute_linear.get_representation(output.state),
+    np.testing.assert_allclose(linear_engine.get_representation(output.state),
                                _B0 - eta_r * 4 * g2 * _B0 @ diff, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(flute_linear.heads(output.personal_states),
                                _W0 + eta_r * 4 * g2 * diff @ _W0, rtol=1e-5, atol=1e-6)
@@ -147,11 +148,11 @@ def test_balanced_regularizer_identity(tff_runtime):
 def test_initialization_is_small_seeded_and_per_client(tff_runtime):
     process = flute_linear.build_flute_linear(10, 3, learning_rate=0.03, seed=4)
     assert process.config.init_scale == pytest.approx(0.01)  # 1/(10d)
-    b = flute_linear.get_representation(process.initialize())
+    b = linear_engine.get_representation(process.initialize())
     assert b.shape == (10, 3) and b.dtype == np.float32
     assert 0.003 < b.std() < 0.03 and np.all(b != 0)
     np.testing.assert_array_equal(
-        b, flute_linear.get_representation(
+        b, linear_engine.get_representation(
             flute_linear.build_flute_linear(10, 3, 0.03, seed=4).initialize()))
     h1, h2 = process.initialize_personal("client_01"), process.initialize_personal("client_02")
     assert h1["head"].shape == (3,) and h1["head"].dtype == np.float32
@@ -239,4 +240,4 @@ def test_bad_shapes_raise(tff_runtime):
         process.next_round(state, _CLIENTS,
                            [collections.OrderedDict(head=np.zeros(_K + 1))] * 3)
     with pytest.raises(ValueError, match="shape"):
-        flute_linear.set_representation(process, state, np.zeros((_D, _K + 1)))
+        linear_engine.set_representation(process, state, np.zeros((_D, _K + 1)))

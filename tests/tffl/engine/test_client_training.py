@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tffl.engine import client_training
+from tffl.engine import client_training, model_spec
 
 
 def _linear_model_fn():
@@ -33,7 +33,7 @@ def _mse(y, pred):
 
 
 def test_phased_loop_equals_numpy_sgd_phase_by_phase():
-    model = client_training.build_model(_linear_model_fn, INPUT_SPEC)
+    model = model_spec.build_model(_linear_model_fn, INPUT_SPEC)
     rng = np.random.default_rng(1)
     w0 = rng.normal(size=(3, 2)).astype(np.float32)
     v0 = rng.normal(size=(2, 1)).astype(np.float32)
@@ -63,7 +63,7 @@ def test_phased_loop_equals_numpy_sgd_phase_by_phase():
 
 
 def test_phased_loop_is_a_while_loop_not_a_dataset_reduce():
-    model = client_training.build_model(_linear_model_fn, INPUT_SPEC)
+    model = model_spec.build_model(_linear_model_fn, INPUT_SPEC)
     loop = client_training.build_phased_loop(model, _mse, 0.1, [client_training.Phase((0, 1))])
     _, _, dataset = _batches()
     weights = tff.learning.models.ModelWeights(
@@ -76,8 +76,8 @@ def test_phased_loop_is_a_while_loop_not_a_dataset_reduce():
 
 def test_zero_init_builds_zeros_and_the_default_keeps_the_initializer():
     with tf.Graph().as_default():
-        zeros = client_training.build_model(_linear_model_fn, INPUT_SPEC, zero_init=True)
-        random = client_training.build_model(_linear_model_fn, INPUT_SPEC)
+        zeros = model_spec.build_model(_linear_model_fn, INPUT_SPEC, zero_init=True)
+        random = model_spec.build_model(_linear_model_fn, INPUT_SPEC)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             zero_values = session.run(zeros.trainable_variables)
@@ -89,7 +89,7 @@ def test_zero_init_builds_zeros_and_the_default_keeps_the_initializer():
 
 def test_element_type_sorts_plain_dict_keys():
     spec = {"y": tf.TensorSpec([None], tf.int32), "x": tf.TensorSpec([None, 2], tf.float32)}
-    element = client_training.element_type(spec)
+    element = model_spec.element_type(spec)
     assert [name for name, _ in tff.structure.iter_elements(element)] == ["x", "y"]
 
 
@@ -98,7 +98,7 @@ import numpy as np, tensorflow as tf, tensorflow_federated as tff
 (cpu,) = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tests.tffl.engine import test_client_training as t
-from tffl.engine import client_training
+from tffl.engine import client_training, model_spec
 
 x, y, dataset = t._batches()
 weights = tff.learning.models.ModelWeights(
@@ -107,7 +107,7 @@ weights = tff.learning.models.ModelWeights(
 results = {}
 for device in ("/device:CPU:0", "/device:CPU:1"):
     with client_training.placed(device):
-        model = client_training.build_model(t._linear_model_fn, t.INPUT_SPEC)
+        model = model_spec.build_model(t._linear_model_fn, t.INPUT_SPEC)
     loop = client_training.build_phased_loop(model, t._mse, 0.1, [client_training.Phase((0, 1))],
                                              device=device)
     out = loop(weights, dataset)

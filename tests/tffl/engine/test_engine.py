@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 from tests.tffl.algorithms.lora_linear import _LinearLora, _local_sgd, _weighted_mean
 from tests.tiers import tiered
 from tffl.engine import frozen
+from tffl.engine import model_spec
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_plans
 from tffl.simulation import participation
@@ -271,7 +272,7 @@ def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
 
 def test_layout_assembles_the_whole_model():
     """`Layout.assemble` puts federated, base and personal values back at their positions."""
-    spec = personalized.client_training.inspect_model(_lora_model(), _SPEC)
+    spec = model_spec.inspect_model(_lora_model(), _SPEC)
     layout = frozen.Layout.from_spec(spec, trainable=(1,), personal=(0,))
     a, b, w0 = np.full((4, 2), 1.0), np.full((2, 3), 2.0), np.full((4, 3), 3.0)
     base = layout.base_values([a, b], [w0])

@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import client_training
+from tffl.engine import model_spec
 from tffl.engine import feature_cache
 
 D, Z, C = 3, 2, 3  # input, feature and class dimensions
@@ -73,7 +74,7 @@ def _numpy_head_sgd(x, y, w, h, b, lr=0.5):
 
 @pytest.mark.parametrize("mapping", [False, True])
 def test_cached_head_phase_equals_numpy_and_runs_the_body_once_per_batch(mapping):
-    model = client_training.build_model(_model, (tf.TensorSpec([None, D]),
+    model = model_spec.build_model(_model, (tf.TensorSpec([None, D]),
                                                  tf.TensorSpec([None], tf.int32)))
     x, y, dataset = _data(mapping)
     (w, h, b), out, calls = _run(model, dataset)
@@ -90,7 +91,7 @@ def test_cached_head_phase_equals_numpy_and_runs_the_body_once_per_batch(mapping
 @pytest.mark.parametrize("dropout,cache_features", [(0.5, True), (0.0, False)])
 def test_a_stochastic_body_or_an_opt_out_runs_the_whole_model_every_epoch(dropout,
                                                                          cache_features):
-    model = client_training.build_model(lambda: _model(dropout),
+    model = model_spec.build_model(lambda: _model(dropout),
                                         (tf.TensorSpec([None, D]), tf.TensorSpec([None], tf.int32)))
     _, _, dataset = _data()
     _, _, calls = _run(model, dataset, cache_features)
@@ -120,7 +121,7 @@ def _bn_model():
 
 
 def test_a_frozen_batch_norm_is_a_fixed_affine_map_and_its_body_is_cached():
-    model = client_training.build_model(_bn_model, (tf.TensorSpec([None, D]),
+    model = model_spec.build_model(_bn_model, (tf.TensorSpec([None, D]),
                                                     tf.TensorSpec([None], tf.int32)))
     assert feature_cache.stochastic_layers(model) == []
     bn_stats = {"gamma": [1.5, -0.5], "beta": [0.2, -1.0], "moving_mean": [0.3, -0.7],

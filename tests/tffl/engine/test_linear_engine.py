@@ -1,5 +1,5 @@
-"""The linear averaging round on the one engine: TFF's four pieces composed by
-`tffl.engine.composition`, with the Keras processes' state, a replaceable `tff.aggregators`
+"""The linear averaging round on the one engine: TFF's four pieces composed by the one composer
+(`tffl.engine.process.build_process`), with the Keras processes' state, a replaceable `tff.aggregators`
 factory and bytes per client from TFF's forms (checked against numpy and the types' sizes)."""
 
 import collections
@@ -11,7 +11,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl import runtime
-from tffl.engine import linear_engine
+from tffl.engine import linear_basics, linear_engine
+from tffl.engine import process as process_lib
 
 _D, _K, _STEP = 6, 2, 0.1
 
@@ -25,21 +26,20 @@ def _clients(seed=0, sizes=(5, 3, 8)):
 def _process(orthonormal: bool, aggregator=None):
     """One gradient step on B with unit heads w = 1_k (the module docstring's round)."""
     server = linear_engine.build_server(
-        _D, _K, lambda: linear_engine.gaussian(_D, _K, seed=3), orthonormal=orthonormal,
+        _D, _K, lambda: linear_basics.gaussian(_D, _K, seed=3), orthonormal=orthonormal,
         aggregator=aggregator)
 
     @tff.tensorflow.computation(server.representation_type, server.data_type)
     def client_update(b, data):
-        x64, y64, m = linear_engine.batch64(data)
+        x64, y64, m = linear_basics.batch64(data)
         residual = tf.reduce_sum(x64 @ tf.cast(b, tf.float64), axis=1) - y64
         step = tf.linalg.matvec(x64, residual, transpose_a=True)[:, None] / m
-        return collections.OrderedDict(
-            representation=tf.cast(tf.cast(b, tf.float64) - _STEP * step, tf.float32),
-            loss=tf.cast(tf.reduce_sum(residual**2) / (2.0 * m), tf.float32))
+        return linear_basics.client_result(tf.cast(b, tf.float64) - _STEP * step,
+                                           tf.reduce_sum(residual**2) / (2.0 * m))
 
-    next_fn = linear_engine.build_averaging_round(server, client_update)
-    return server.build_process("unit_heads", next_fn,
-                                config=types.SimpleNamespace(dim=_D, rank=_K))
+    return process_lib.build_process(
+        "unit_heads", [server.averaging_round(client_update)], server.federated(),
+        support=process_lib.ProcessSupport(config=types.SimpleNamespace(dim=_D, rank=_K)))
 
 
 def _numpy_client(b, client):

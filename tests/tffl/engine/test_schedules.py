@@ -1,4 +1,5 @@
-"""tffl.engine.schedules: periodic schedules and the cycle that is a Process's `next`.
+"""tffl.engine.schedules and tffl.engine.composition.compose_cycle: periodic schedules and the
+cycle that is a Process's `next`.
 
 RoLoRA's `next` (one `tff.Computation`: its B round, then its A round, each on its own client
 data) must equal two communication rounds run one at a time (`next_round`), and its metrics must
@@ -13,7 +14,7 @@ import tensorflow_federated as tff
 
 from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tffl.algorithms import lora_fl
-from tffl.engine import schedules
+from tffl.engine import composition, schedules
 
 _D, _CLASSES = 8, 3
 _SPEC = (tf.TensorSpec([None, _D], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -129,7 +130,7 @@ def test_a_cycle_of_rounds_with_different_metrics_is_an_error():
     one = _round_reporting(collections.OrderedDict(a=1.0))
     other = _round_reporting(collections.OrderedDict(b=1))
     with pytest.raises(ValueError, match=r"round kinds \['one', 'other'\] report metrics"):
-        schedules.compose_cycle({"one": one, "other": other}, ("one", "other"))
+        composition.compose_cycle({"one": one, "other": other}, ("one", "other"))
 
 
 def test_personalized_next_is_the_cycle_with_personal_state_threaded(tff_runtime):
