@@ -26,6 +26,7 @@ from benchmarks.rounds import BenchmarkRounds, Measurements, merge_peaks
 from runner import cli
 from runner import machine
 from tffl import runtime
+from tffl.runtime import workers
 
 
 def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
@@ -77,7 +78,7 @@ def run_configuration(built: Built, num_clients: int, datasets: Sequence[tf.data
             log_dir=output_dir, max_concurrent_calls=config.max_concurrent_calls) as context, \
             cli.run_directory(None if output_dir is None else output_dir / "tff_runs" / stem,
                               prefix=f"benchmark_{stem}_") as run_dir:
-        pids = runtime.running_workers()
+        pids = workers.running_workers()
         worker = psutil.Process(pids[0]) if pids else None
         sampler.watch("worker", pids[0] if pids else None)
         sampler.take()
@@ -110,12 +111,12 @@ def _run_tff_rounds(built: Built, rounds: BenchmarkRounds, num_clients: int, con
     """All benchmark rounds through run_rounds, from `state`; returns the final state and (for
     personalized algorithms) the clients' personal states."""
     from tffl.simulation import participation
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     total = config.rounds * rounds.per_round
-    result = simulation.run_rounds(
+    result = driver.run_rounds(
         built.process, participation.FullParticipation(rounds.client_ids), rounds.client_dataset,
-        total, run_dir, simulation.RunOptions(
+        total, run_dir, driver.RunOptions(
             checkpoint_every=total,
             config=dataclasses.asdict(config) | dict(backbone=built.backbone.name,
                                                      algorithm=built.algorithm,

@@ -34,9 +34,9 @@ backbone (random weights) runs 2 RoLoRA rounds of 2 clients × 2 steps, LoRA on 
 layers 18-23 (RoLoRA's P2 budget for SST-2), through the default path and the uncached one.
 
 **In-process runtime** (`distribute` path): the `tff` path's process and data run by
-`tffl.runtime.DistributeContext` (the same computations in this process under a tf.distribute
-strategy, `TargetsConfig.devices`) instead of the TFF worker; `distribute_vs_tff_round_time` is
-its mean round time over the worker's.
+`tffl.runtime.distribute.DistributeContext` (the same computations in this process under a
+tf.distribute strategy, `TargetsConfig.devices`) instead of the TFF worker;
+`distribute_vs_tff_round_time` is its mean round time over the worker's.
 
 Top-level keys of benchmark.json: `round_time_vs_previous_path`, `round_time_vs_plain_uncached`,
 `cpu_vs_plain_cached`, `state_io_seconds`, `distribute_vs_tff_round_time` (each the worse of the
@@ -110,15 +110,16 @@ def run_main(config: TargetsConfig, log) -> dict:
 
     from benchmarks import measure
     from tffl import runtime
+    from tffl.runtime import distribute, workers
 
     tasks = _build_main_tasks(config, log)
     out = {"setting": dataclasses.asdict(config), "algorithms": {}}
     prefix_all = []  # h_3 computations of every round: the cache is shared by the algorithms
     # The in-process runtime runs the "tff" path's process on the same data; one
     # context for all rounds, so that its compiled computations are reused as the worker's are.
-    in_process = runtime.DistributeContext(runtime.build_strategy(config.devices))
+    in_process = distribute.DistributeContext(distribute.build_strategy(config.devices))
     with measure.PeakSampler() as sampler, runtime.local_runtime():
-        pids = runtime.running_workers()
+        pids = workers.running_workers()
         worker = psutil.Process(pids[0]) if pids else None
         sampler.watch("worker", pids[0] if pids else None)
         meter = measure.Meter(sampler, worker)

@@ -48,6 +48,7 @@ def scaling_child(n: int, data_dir: str) -> dict:
     from tasks import registry
     from tasks.task_config import TaskSpec
     from tffl import runtime
+    from tffl.runtime import workers
 
     cli.quiet_python_logs()
     config = TargetsConfig(data_dir=data_dir)
@@ -58,7 +59,7 @@ def scaling_child(n: int, data_dir: str) -> dict:
     process = algorithms.build_algorithm(
         "fedavg_lora", task, RunConfig().with_changes(learning_rate=config.learning_rate))
     with measure.PeakSampler() as sampler, runtime.local_runtime():
-        pids = runtime.running_workers()
+        pids = workers.running_workers()
         sampler.watch("worker", pids[0] if pids else None)
         meter = measure.Meter(sampler, None)
         state = process.initialize()
@@ -189,9 +190,10 @@ def _run_large_path(path: str, config: TargetsConfig, model_fn, lora, spec, valu
     """2 rounds of one path on a fresh worker: build and round seconds, peak memory."""
     from benchmarks import measure
     from tffl import runtime
+    from tffl.runtime import workers
 
     with measure.PeakSampler() as sampler, runtime.local_runtime():
-        pids = runtime.running_workers()
+        pids = workers.running_workers()
         sampler.watch("worker", pids[0] if pids else None)
         meter = measure.Meter(sampler, None)
         started = time.perf_counter()

@@ -42,7 +42,7 @@ def _run(process, data: list, label: str, rounds: int, evaluate, run_dir: pathli
     first round whose loss is not finite (None: no check); `initial_state`: where round 1 starts
     (default `process.initialize()`)."""
     from tffl.simulation import participation
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id = dict(zip(ids, data))
@@ -55,9 +55,9 @@ def _run(process, data: list, label: str, rounds: int, evaluate, run_dir: pathli
             print(f"  {label}: round {t}/{rounds}, loss {loss:.4f}", flush=True)
 
     with cli.run_directory(run_dir, prefix="adaptpfl_synthetic_") as output_dir:
-        result = simulation.run_rounds(
+        result = driver.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
-            output_dir, simulation.RunOptions(
+            output_dir, driver.RunOptions(
                 evaluate_fn=lambda state, store=None: evaluate(
                     state, None if store is None else store.lookup(ids)),
                 checkpoint_every=rounds, log=None, tensorboard=False, after_round=after_round,

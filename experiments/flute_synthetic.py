@@ -60,7 +60,7 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
     the FloatingPointError raised at the first round whose loss is not finite (None: no check);
     `initial_state`: where round 1 starts (default `process.initialize()`)."""
     from tffl.simulation import participation
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id, started = dict(zip(ids, data)), time.perf_counter()
@@ -78,10 +78,10 @@ def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], e
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
 
     with cli.run_directory(run_dir, prefix="flute_synthetic_") as output_dir:
-        result = simulation.run_rounds(
+        result = driver.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, _: by_id[cid], rounds,
             output_dir,
-            simulation.RunOptions(
+            driver.RunOptions(
                 evaluate_fn=evaluate, eval_every=1, checkpoint_every=rounds, log=None,
                 tensorboard=False, after_round=after_round, initial_state=initial_state))
     return {row["round"]: row["eval_error"] for row in result.history if "eval_error" in row}

@@ -132,7 +132,7 @@ def linear_unit(config: LinearExperimentConfig, processes: dict, setting: str, m
 
     from tasks.subspace import sin_theta
     from tffl.simulation import participation
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     problem, a0 = linear_problem(config, setting, seed)
     m = config.num_samples
@@ -155,10 +155,10 @@ def linear_unit(config: LinearExperimentConfig, processes: dict, setting: str, m
         return {"sin_theta": sin_theta(a, problem.a_star), "loss": _global_loss(problem, a, b)}
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = simulation.run_rounds(
+        result = driver.run_rounds(
             process, participation.FullParticipation(ids), lambda cid, t: datasets[cid],
             config.rounds, output_dir or tmp,
-            simulation.RunOptions(
+            driver.RunOptions(
                 evaluate_fn=evaluate, eval_every=1, checkpoint_every=max(1, config.rounds // 4),
                 log=None, tensorboard=False, resume=output_dir is not None, initial_state=start))
     angles = [sin_theta(a0, problem.a_star)] + [r["eval_sin_theta"] for r in result.history]

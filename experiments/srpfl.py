@@ -25,10 +25,10 @@ SRPFL_RECORDED = {
 
 
 def run_srpfl_speedup(ctx: Context) -> Result:
-    from experiments import srpfl_speedup as sp
+    from experiments import srpfl_speedup
     from tffl import runtime
 
-    config = sp.SpeedupConfig(repeats=SRPFL_SCALES[ctx.scale]["repeats"], seed=ctx.seed)
+    config = srpfl_speedup.SpeedupConfig(repeats=SRPFL_SCALES[ctx.scale]["repeats"], seed=ctx.seed)
     rows = []
     todo = []
     for n in config.num_clients:
@@ -40,15 +40,15 @@ def run_srpfl_speedup(ctx: Context) -> Result:
     if todo:
         with runtime.local_runtime(log_dir=ctx.output_dir):
             for n in todo:
-                unit = sp.run_comparison(dataclasses.replace(config, num_clients=(n,)),
+                unit = srpfl_speedup.run_comparison(dataclasses.replace(config, num_clients=(n,)),
                                          log=ctx.log)
                 save_unit(ctx, f"srpfl-N{n}", unit)
                 rows.extend(unit)
     rows.sort(key=lambda r: config.num_clients.index(r["num_clients"]))
-    details = sp.format_tables(config, rows)
+    details = srpfl_speedup.format_tables(config, rows)
     (ctx.output_dir / "srpfl_details.md").write_text(details + "\n")
     table_rows = []
-    for s in sp.summarize(config, rows):
+    for s in srpfl_speedup.summarize(config, rows):
         srpfl_row = s["method"] == "srpfl"
         recorded = SRPFL_RECORDED.get((s["num_clients"], float(s["communication_cost"])))
         table_rows.append({

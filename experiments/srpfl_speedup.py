@@ -131,7 +131,7 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
     from tasks import synthetic
     from tffl.algorithms import fedrep_linear
     from tffl.engine import linear_engine
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
     from tffl.simulation import srpfl
     from tffl.simulation import srpfl_schedule
 
@@ -175,8 +175,8 @@ def _run_one(config: SpeedupConfig, process, num_clients: int, repeat: int,
                     f"{time.perf_counter() - started:.1f} s")
 
         with cli.run_directory(output_dir / method) as run_dir:
-            result = simulation.run_rounds(
-                process, sampler, client_data, rounds, run_dir, simulation.RunOptions(
+            result = driver.run_rounds(
+                process, sampler, client_data, rounds, run_dir, driver.RunOptions(
                     evaluate_fn=lambda state: {"distance": dist(state)}, eval_every=1,
                     checkpoint_every=rounds,
                     config=dataclasses.asdict(config) | dict(num_clients=num_clients,

@@ -14,13 +14,27 @@ from typing import Any
 
 from experiments.estimate import active_probes
 from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, METHOD_NAMES, ROOT, Result, need_data, run_seconds,
-                                 run_training, train_config)
-from experiments.sst2_protocol import (SST2_CLAIM_NAMES, SST2_CLAIM_SCALES,
-                                       SST2_DIRICHLET_MEAN_METHODS, SST2_MEAN_SCALES, SST2_PAPER,
-                                       paper_mean, run_protocol, sst2_rounds)
+from experiments.running import (
+    METHOD_NAMES,
+    ROOT,
+    Context,
+    Result,
+    need_data,
+    run_seconds,
+    run_training,
+    train_config,
+)
+from experiments.sst2_protocol import (
+    SST2_CLAIM_NAMES,
+    SST2_CLAIM_SCALES,
+    SST2_DIRICHLET_MEAN_METHODS,
+    SST2_MEAN_SCALES,
+    SST2_PAPER,
+    paper_mean,
+    run_protocol,
+    sst2_rounds,
+)
 from experiments.sst2_tables import TABLE2_CLAIM, claim_result, iid_claims, table2_claims
-
 
 # ------------------------------------------------------------------------------------------------
 # 3. sst2_minilm
@@ -191,11 +205,11 @@ def label_mix_accuracy(sst2_dir: pathlib.Path, num_clients: int, alpha: float,
     `--partition=dirichlet` run with this seed cuts: the model-free reference for FedSA-LoRA's
     personalized figures under label skew."""
     from tasks import partition as partition_lib
-    from tasks import text_files
+    from tasks import partition_schemes, text_files
 
     data = text_files.load_glue_tsv(sst2_dir, "sst2", splits=("train", "dev", "test-labeled"))
     train = data["train"].labels
-    parts = partition_lib.partition(train, num_clients, "dirichlet", seed, alpha=alpha)
+    parts = partition_schemes.partition(train, num_clients, "dirichlet", seed, alpha=alpha)
     return tuple(partition_lib.majority_label_accuracy(
         train, parts, data[split].labels,
         partition_lib.split_test_like_train(train, parts, data[split].labels, seed))

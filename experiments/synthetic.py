@@ -51,16 +51,17 @@ def _run_grid(out: pathlib.Path, config: dict, settings: Iterable[tuple],
 
 
 def run_flute_synthetic(ctx: Context) -> Result:
-    from experiments import flute_synthetic as fs
+    from experiments import flute_synthetic
 
     cfg = FLUTE_SCALES[ctx.scale]
     out = ctx.output_dir / "flute_synthetic"
     if not (ctx.resume and (out / "results.csv").exists()):
-        config = dict(fs.DEFAULTS, ks=_ints(cfg["ks"]), num_clients=_ints(cfg["num_clients"]),
+        config = dict(flute_synthetic.DEFAULTS, ks=_ints(cfg["ks"]),
+                      num_clients=_ints(cfg["num_clients"]),
                       seeds=_ints(_seed_list(ctx, cfg["seeds"])), output_dir=out)
         _run_grid(out, config, [(m, k, seed) for m in config["num_clients"]
                                 for k in config["ks"] for seed in config["seeds"]],
-                  fs.run_setting, fs.write_results)
+                  flute_synthetic.run_setting, flute_synthetic.write_results)
     results = read_csv(out / "results.csv")
     error_keys = [k for k in results[0] if k.startswith("error_round_")]
     rounds = [int(k.rsplit("_", 1)[1]) for k in error_keys]
@@ -109,17 +110,17 @@ ADAPTPFL_NAMES = {"fedrep": "FedRep (exact heads, QR)", "fedrep_gd": "FedRep (gr
 
 
 def run_adaptpfl_synthetic(ctx: Context) -> Result:
-    from experiments import adaptpfl_synthetic as ap
+    from experiments import adaptpfl_synthetic
 
     cfg = ADAPTPFL_SCALES[ctx.scale]
     out = ctx.output_dir / "adaptpfl_synthetic"
     if not (ctx.resume and (out / "results.csv").exists()):
-        config = dict(ap.DEFAULTS, num_samples=_ints(cfg["num_samples"]),
+        config = dict(adaptpfl_synthetic.DEFAULTS, num_samples=_ints(cfg["num_samples"]),
                       alphas=[float(a) for a in cfg["alphas"].split(",")],
                       seeds=_ints(_seed_list(ctx, cfg["seeds"])), output_dir=out)
         _run_grid(out, config, [(m, seed) for m in config["num_samples"]
                                 for seed in config["seeds"]],
-                  ap.run_setting, ap.write_results)
+                  adaptpfl_synthetic.run_setting, adaptpfl_synthetic.write_results)
     results = read_csv(out / "results.csv")
     rows = []
     sizes = list(dict.fromkeys(int(r["num_samples"]) for r in results))

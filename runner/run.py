@@ -23,13 +23,9 @@ import pathlib
 import re
 import sys
 
-from runner import cli
-from runner import machine
-from runner import train_options
+from runner import cli, machine, train_options
 from runner.cli import UsageError
-from runner.run_config import PROVENANCE
-from runner.run_config import SECTION_OF
-from runner.run_config import RunConfig
+from runner.run_config import PROVENANCE, SECTION_OF, RunConfig
 
 CONFIG_FILE = "config.json"
 
@@ -66,7 +62,7 @@ def write_config(config: RunConfig) -> None:
     A folder's existing config.json is kept when the run continues (`resume`, `evaluate_only`)
     or the folder holds checkpoints (the driver then refuses the run): it records how the
     folder's rounds were trained."""
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     output_dir = pathlib.Path(config.output.output_dir)
     folders = [(output_dir, config)] + [
@@ -75,7 +71,7 @@ def write_config(config: RunConfig) -> None:
     continuing = config.output.resume or config.output.evaluate_only
     for folder, folder_config in folders:
         path = folder / CONFIG_FILE
-        if path.exists() and (continuing or (folder / simulation.CHECKPOINT_DIR).exists()):
+        if path.exists() and (continuing or (folder / driver.CHECKPOINT_DIR).exists()):
             continue
         folder.mkdir(parents=True, exist_ok=True)
         record = folder_config.to_dict() | {PROVENANCE: machine.provenance()}
@@ -104,16 +100,17 @@ def build_runtime(config: RunConfig):
     (runtime="distribute"), else TFF workers at `worker_addresses`, else `workers` local ones
     (logging to the output folder)."""
     from tffl import runtime
+    from tffl.runtime import distribute
 
     r = config.runtime
     if r.runtime == "distribute":
         try:
             if r.logical_cpus:
-                runtime.configure_logical_cpus(r.logical_cpus)
-            strategy = runtime.build_strategy(r.devices)
-        except runtime.DeviceError as e:
+                distribute.configure_logical_cpus(r.logical_cpus)
+            strategy = distribute.build_strategy(r.devices)
+        except distribute.DeviceError as e:
             raise UsageError(str(e)) from None
-        return runtime.distribute_runtime(strategy=strategy)
+        return distribute.distribute_runtime(strategy=strategy)
     if r.worker_addresses:
         return runtime.remote_runtime(list(r.worker_addresses), ready_timeout_s=r.worker_timeout)
     return runtime.local_runtime(log_dir=pathlib.Path(config.output.output_dir),
@@ -122,8 +119,7 @@ def build_runtime(config: RunConfig):
 
 def run(config: RunConfig) -> list[dict]:
     """Runs every algorithm of `config` (see the module docstring); returns their summaries."""
-    from runner import tensorflow_import
-    from runner import training
+    from runner import tensorflow_import, training
 
     tensorflow_import.check_eager_context()
     config = resolve(config)
@@ -139,8 +135,7 @@ def evaluate_untrained(config: RunConfig) -> dict:
     """`config`'s task evaluated on its first algorithm's untrained model (the zero-shot row:
     `runner.training.evaluate_untrained`), in this process; returns the summary it writes
     into the output folder."""
-    from runner import tensorflow_import
-    from runner import training
+    from runner import tensorflow_import, training
 
     tensorflow_import.check_eager_context()
     config = resolve(config)
@@ -153,14 +148,13 @@ def evaluate_untrained(config: RunConfig) -> dict:
 def interrupted_message(config: RunConfig) -> str:
     """One line for Ctrl-C: the last checkpointed round of each algorithm and the command that
     continues the run."""
-    from tffl.simulation import checkpoint
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import checkpoint, driver
 
     if config.output.output_dir is None:
         return "interrupted before the run started; nothing to resume"
     output_dir = pathlib.Path(config.output.output_dir)
     done = []
-    for folder in sorted(output_dir.rglob(simulation.CHECKPOINT_DIR)):
+    for folder in sorted(output_dir.rglob(driver.CHECKPOINT_DIR)):
         found = checkpoint.latest(folder)
         if found is not None:
             name = folder.parent.name if folder.parent != output_dir else ""
@@ -185,10 +179,10 @@ def exit_after_interrupt(status: int) -> None:
     import gc
     import logging
 
-    from tffl import runtime
+    from tffl.runtime import workers
 
     gc.collect()
-    runtime.stop_all_workers()
+    workers.stop_all_workers()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -225,24 +219,23 @@ def execute(config: RunConfig, script: str = "train.py") -> int:
     of several algorithms and one line per algorithm. Ctrl-C ends the process (status 130) after
     one line naming the command that continues the run."""
     from models.checkpoints import CheckpointUnavailableError
-    from tffl import runtime
-    from tffl.simulation import checkpoint
-    from tffl.simulation import driver as simulation
+    from tffl.runtime import worker_connection
+    from tffl.simulation import checkpoint, driver
 
     try:
         cli.quiet_python_logs()
         config = resolve(config)
         summaries = run(config)
-    except (UsageError, simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
+    except (UsageError, driver.ResumeError, checkpoint.CheckpointMismatchError) as e:
         return cli.error_exit(script, e, 2, flag_message(e))
     except (ValueError, FloatingPointError, OSError, CheckpointUnavailableError) as e:
         # CheckpointUnavailableError: a pretrained backbone (MiniLM, Gemma 3) could not be
         # downloaded or extracted; its message names the package.
         return cli.error_exit(script, e, 1, flag_message(e))
-    except runtime.WorkerError as e:
+    except worker_connection.WorkerError as e:
         output_dir = config.output.output_dir
         resumable = output_dir is not None and any(
-            pathlib.Path(output_dir).rglob(simulation.CHECKPOINT_DIR))
+            pathlib.Path(output_dir).rglob(driver.CHECKPOINT_DIR))
         return cli.error_exit(script, e, 3, f"{e}" + (
             f"; the completed rounds are checkpointed in {output_dir}: rerun with the same flags "
             "and --resume to continue" if resumable else ""))

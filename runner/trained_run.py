@@ -119,7 +119,7 @@ def trained_model(run_dir: str | pathlib.Path, data_dir: str | None = None,
       ValueError: one line, from `newest_checkpoint`, from `check`, or when the rebuilt model's
         frozen weights are not the run's (pass its --data_dir / --frozen_dir).
     """
-    from tffl import runtime
+    from tffl.runtime import distribute
     from tffl.simulation import checkpoint
 
     run_dir = pathlib.Path(run_dir)
@@ -138,7 +138,7 @@ def trained_model(run_dir: str | pathlib.Path, data_dir: str | None = None,
     # As runner.training.run_algorithm: the same seed before the same builds draws the same
     # random (tiny) backbone; the fingerprint check below proves it.
     tf.keras.utils.set_random_seed(config.algorithm.seed)
-    with runtime.distribute_runtime():
+    with distribute.distribute_runtime():
         task = training.run_task_for(recorded["algorithm"], config)
         process = training.build_run_process(recorded["algorithm"], task, config)
         if process.frozen_fingerprint != meta.get("frozen_fingerprint"):

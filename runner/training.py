@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from runner import algorithms
-from runner import machine
+from runner import algorithms, machine
 from runner.cli import UsageError
 from runner.run_config import RunConfig
 from tasks import registry
@@ -220,7 +219,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
 
     Must run inside a `tffl.runtime` context. A value that cannot work raises `UsageError`.
     """
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     tf.keras.utils.set_random_seed(config.algorithm.seed)
     identity = run_identity(config, algorithm)
@@ -257,9 +256,9 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
             machine.record_sitting(output_dir, row["round"])
             sitting_recorded.append(row["round"])
 
-    result = simulation.run_rounds(
+    result = driver.run_rounds(
         process, sampler, task.client_dataset_fn, rounds, output_dir,
-        simulation.RunOptions(
+        driver.RunOptions(
             evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
             checkpoint_every=config.output.checkpoint_every, config=identity,
             resume=config.output.resume, log=lambda line: print(line, flush=True),
@@ -347,19 +346,18 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
     added) are added to it and listed under `evaluated_later`, with the largest difference
     between a metric it already held and its recomputed value (0 when the checkpoint restores
     the run exactly). Returns that summary, or for an unfinished run one of the evaluation."""
-    from tffl.simulation import checkpoint
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import checkpoint, driver
 
-    found = checkpoint.latest(output_dir / simulation.CHECKPOINT_DIR)
+    found = checkpoint.latest(output_dir / driver.CHECKPOINT_DIR)
     if found is None:
         raise UsageError(f"flag --evaluate_only: {output_dir} holds no checkpoint; train the run "
                          "first (the same flags without --evaluate_only)")
     done = found[0]
     try:
-        result = simulation.run_rounds(
+        result = driver.run_rounds(
             process, None, None, done, output_dir,
-            simulation.RunOptions(config=config, resume=True, log=None, tensorboard=False))
-    except (simulation.ResumeError, checkpoint.CheckpointMismatchError) as e:
+            driver.RunOptions(config=config, resume=True, log=None, tensorboard=False))
+    except (driver.ResumeError, checkpoint.CheckpointMismatchError) as e:
         raise UsageError(f"flag --evaluate_only: {e}; pass the flags the run was trained "
                          "with") from e
     store = result.personal_store

@@ -247,7 +247,7 @@ def main(argv: list[str]) -> int:
     config = config_from_flags()
     output_dir = _output_dir()
     from benchmarks import report, run
-    from tffl import runtime
+    from tffl.runtime import worker_connection
 
     cli.quiet_python_logs()
 
@@ -266,7 +266,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         result = run.run_benchmark(config, log=log, output_dir=output_dir)
-    except (ValueError, OSError, FloatingPointError, runtime.WorkerError) as e:
+    except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError) as e:
         # FloatingPointError: run_rounds' NonFiniteLossError (a NaN or infinite training loss).
         return cli.error_exit("benchmark.py", e, 1)
     table = report.format_table(result)

@@ -93,13 +93,13 @@ def main(argv: list[str]) -> int:
     fv = flags.FLAGS
     log_file = pathlib.Path(
         fv.log_file or pathlib.Path(tempfile.gettempdir()) / f"tff_worker_{fv.port}.log")
-    from tffl import runtime
+    from tffl.runtime import worker_connection, workers
 
     def stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    worker = runtime.LocalWorker(
+    worker = workers.LocalWorker(
         log_path=log_file, port=fv.port,
         max_concurrent_computation_calls=fv.max_concurrent_computation_calls)
     try:
@@ -107,10 +107,10 @@ def main(argv: list[str]) -> int:
         print(f"TFF worker ready: {socket.gethostname()}:{fv.port} (pid {worker.pid}, log "
               f"{log_file})", flush=True)
         code = worker.process.wait()
-        sys.stderr.write(f"start_worker.py: error: the worker {runtime.exit_reason(code)}; "
+        sys.stderr.write(f"start_worker.py: error: the worker {workers.exit_reason(code)}; "
                          f"see {log_file}\n")
         return 1
-    except runtime.WorkerError as e:
+    except worker_connection.WorkerError as e:
         sys.stderr.write(f"start_worker.py: error: {e}\n")
         return 1
     except KeyboardInterrupt:

@@ -16,9 +16,8 @@ import os
 import time
 
 from tasks import client_data as client_data_lib
-from tasks import partition as partition_lib
+from tasks import partition_schemes, text_files
 from tasks import text as text_lib
-from tasks import text_files
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -64,7 +63,7 @@ def measure(
     features = text_lib.tokenize(train.segments, packer)
     lap("tokenize")
     kwargs = {"alpha": alpha} if scheme == "dirichlet" else {}
-    parts = partition_lib.partition(train.labels, num_clients, scheme, seed, **kwargs)
+    parts = partition_schemes.partition(train.labels, num_clients, scheme, seed, **kwargs)
     lap("partition")
     data = client_data_lib.ArrayClientData(features, train.labels, parts)
     lap("client_data")

@@ -43,13 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import instructions
-from tasks.run_task import RunTask
-from tasks.run_task import counted
-from tasks.run_task import ordered
-from tasks.run_task import starting_values
-from tasks.run_task import train_size
-from tasks.task_config import TaskConfig
-from tasks.task_config import TaskSpec
+from tasks.run_task import RunTask, counted, ordered, starting_values, train_size
+from tasks.task_config import TaskConfig, TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
 
@@ -141,12 +136,11 @@ def _check_lengths(sequence_length: int | None, decoder, answer_width: int) -> i
 def _lm_builder(decoder, lora_config) -> Callable[[], tuple]:
     """`() -> (backbone, causal LM)`: the decoder with LoRA (`lora_config`) and the response
     logits on top, freshly built (random backbone weights)."""
-    from models import causal_lm
-    from models import lora_targets as targets_lib
+    from models import causal_lm, lora_targets
 
     def build():
         backbone = decoder.backbone_fn()
-        targets_lib.apply_lora(backbone, lora_config)
+        lora_targets.apply_lora(backbone, lora_config)
         return backbone, causal_lm.build_causal_lm(backbone)
 
     return build
@@ -174,8 +168,7 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
     """`weights -> {"loss", "token_accuracy", "accuracy", "unparseable",
     "likelihood_accuracy"}` on `task`'s evaluated split (module docstring), one model built on
     first call (after TFF has traced its computations)."""
-    from models import decoders
-    from models import lm_evaluation
+    from models import decoders, lm_evaluation
 
     appender = AnswerAppender(answers, decoder.pad_id)
     cache = {}
@@ -211,11 +204,10 @@ def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tu
     with the checkpoint's backbone for a pretrained decoder."""
 
     def pretrained():
-        from models import causal_lm
-        from models import lora_targets as targets_lib
+        from models import causal_lm, lora_targets
 
         backbone = decoder.pretrained_fn()
-        targets_lib.apply_lora(backbone, lora_config)
+        lora_targets.apply_lora(backbone, lora_config)
         return [v.numpy() for v in causal_lm.build_causal_lm(backbone).non_trainable_variables]
 
     return starting_values(lambda: lm_fn()[1], input_spec,
@@ -231,8 +223,7 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
     examples are batched with neighbours in length (`tasks.batching`), else in drawn order."""
     import dataclasses
 
-    from tasks import prefix_cache as prefix_lib
-    from tasks import text_run_task
+    from tasks import prefix_cache, text_run_task
 
     t = spec.task
     answers = _answers(decoder)
@@ -244,10 +235,10 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
         spec, task=dataclasses.replace(t, task=t.task.removesuffix("_instruct"))), packer)
     task = data.task
     appender = AnswerAppender(answers, decoder.pad_id)
-    rounds = prefix_lib.TextRounds(
-        lambda cid: prefix_lib.ClientExamples.from_dataset(
+    rounds = prefix_cache.TextRounds(
+        lambda cid: prefix_cache.ClientExamples.from_dataset(
             task.train_data.create_tf_dataset_for_client(cid).map(ordered)),
-        prefix_lib.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
+        prefix_cache.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
         client_ids=task.train_data.client_ids, name="train")
     return RunTask(
         description=_description(spec, task, decoder, "answers " + "/".join(
@@ -291,8 +282,7 @@ def prompt_style(task: TaskConfig) -> str:
 def instruct_run_task(spec: TaskSpec) -> RunTask:
     """The instruction task of `spec` for the decoder `spec.model.backbone`
     (`models.decoders`) with LoRA on `lora_targets` of `lora_layers` (module docstring)."""
-    from models import decoders
-    from models import lora_targets as targets_lib
+    from models import decoders, lora_targets
 
     t, m = spec.task, spec.model
     if t.data_dir is None and t.task == "reviews_instruct":
@@ -308,7 +298,7 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
     if m.backbone not in decoders.DECODERS:
         raise ValueError(f"backbone={m.backbone}: task {t.task!r} trains a decoder language "
                          f"model; choose one of {', '.join(decoders.DECODERS)}")
-    lora_config = targets_lib.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
+    lora_config = lora_targets.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
                                          targets=m.lora_targets, layers=m.lora_layers,
                                          seed=spec.seed)
     announce(f"building the {m.backbone} decoder and its tokenizer")
@@ -371,9 +361,7 @@ def _user_instruction_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTas
 
     from models import causal_lm
     from tasks import client_data as client_data_lib
-    from tasks import data_files
-    from tasks import partition as partition_lib
-    from tasks import prefix_cache as prefix_lib
+    from tasks import data_files, partition_schemes, prefix_cache
     from tasks import task as task_lib
 
     t = spec.task
@@ -383,19 +371,19 @@ def _user_instruction_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTas
     train_x, dev_x = (_packed(rows, decoder, t.sequence_length) for rows in (train, dev))
     zeros = np.zeros(len(train), np.int32)
     if train.clients is not None:
-        parts = partition_lib.by_group(train.clients, 1, spec.seed)
+        parts = partition_schemes.by_group(train.clients, 1, spec.seed)
     else:
-        parts = partition_lib.partition(zeros, t.num_clients, "iid", spec.seed)
+        parts = partition_schemes.partition(zeros, t.num_clients, "iid", spec.seed)
     train_data = client_data_lib.ArrayClientData(train_x, zeros, parts)
     dev_y = np.zeros(len(dev), np.int32)
     task = task_lib.Task(pathlib.Path(t.train_file).name, train_data, None,
                          client_data_lib.tensor_dataset(dev_x, dev_y),
                          train_data.element_type_structure, 0,
                          info={"train_sizes": {c: len(i) for c, i in parts.items()}})
-    rounds = prefix_lib.TextRounds(
-        lambda cid: prefix_lib.ClientExamples.from_dataset(
+    rounds = prefix_cache.TextRounds(
+        lambda cid: prefix_cache.ClientExamples.from_dataset(
             train_data.create_tf_dataset_for_client(cid).map(ordered)),
-        prefix_lib.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
+        prefix_cache.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
         client_ids=train_data.client_ids, name="train")
 
     def targets(x, labels):
@@ -418,8 +406,7 @@ def make_response_evaluator(lm_fn: Callable[[], tuple], rows, packed: dict, deco
     """`weights -> {"loss", "token_accuracy", "accuracy"}` on the dev rows (module docstring):
     the reference responses' token loss and accuracy, and the exact-match share of greedy
     generations; one model built on first call (after TFF has traced its computations)."""
-    from models import causal_lm
-    from models import decoders
+    from models import causal_lm, decoders
 
     dev = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
         (k, packed[k]) for k in sorted(packed)))

@@ -1,6 +1,6 @@
 """Client partitioning of labelled numpy data: IID, k classes per client, Dirichlet, natural groups.
 
-The schemes themselves are in `tasks.partition_schemes` and re-exported here; this module adds
+The schemes themselves are in `tasks.partition_schemes`; this module adds
 what is computed from a partition: label counts, per-client test sets, the majority-label
 baseline and the partition check.
 
@@ -29,6 +29,7 @@ proportion to their training counts of c, with largest-remainder rounding).
 
 Example:
 
+>>> from tasks.partition_schemes import shards
 >>> labels = np.repeat(np.arange(10), 20)
 >>> parts = shards(labels, num_clients=5, classes_per_client=2, seed=0)
 >>> sorted(len(np.unique(labels[idx])) for idx in parts.values())
@@ -39,22 +40,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tasks.partition_schemes import (  # re-exported (`__all__`): partition.iid, …
-    SCHEMES,
-    Partition,
-    _as_labels,
-    by_group,
-    client_ids,
-    dirichlet,
-    iid,
-    partition,
-    shards,
-)
+from tasks.partition_schemes import Partition, as_labels
 
 
 def label_counts(labels, parts: Mapping[str, np.ndarray], num_classes: int) -> np.ndarray:
     """Array (N, C): entry (i, c) = number of examples of class c at client i."""
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     return np.stack(
         [np.bincount(labels[idx], minlength=num_classes)[:num_classes] for idx in parts.values()]
     )
@@ -98,8 +89,8 @@ def split_test_like_train(
     >>> {k: np.unique(y[v]).tolist() for k, v in split_test_like_train(y, parts, y).items()}
     {'a': [0], 'b': [1]}
     """
-    train_labels = _as_labels(train_labels)
-    test_labels = _as_labels(test_labels)
+    train_labels = as_labels(train_labels)
+    test_labels = as_labels(test_labels)
     ids = list(train_parts)
     rng = np.random.default_rng(seed)
     members: list[list[np.ndarray]] = [[] for _ in ids]
@@ -138,8 +129,8 @@ def majority_label_accuracy(
     >>> majority_label_accuracy(y, train, y, test)   # a scores 2 of 3, b 2 of 3
     0.6666666666666666
     """
-    train_labels = _as_labels(train_labels)
-    test_labels = _as_labels(test_labels)
+    train_labels = as_labels(train_labels)
+    test_labels = as_labels(test_labels)
     if list(train_parts) != list(test_parts):
         raise ValueError(f"train clients {list(train_parts)} and test clients "
                          f"{list(test_parts)} differ")
@@ -169,16 +160,8 @@ def check_partition(parts: Mapping[str, np.ndarray], num_examples: int) -> None:
 
 
 __all__: Sequence[str] = (
-    "Partition",
-    "SCHEMES",
-    "by_group",
     "check_partition",
-    "client_ids",
-    "dirichlet",
-    "iid",
     "label_counts",
     "majority_label_accuracy",
-    "partition",
-    "shards",
     "split_test_like_train",
 )

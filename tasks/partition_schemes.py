@@ -5,8 +5,8 @@ client's examples: disjoint, every client non-empty, and the same seed always gi
 The schemes (C classes, N clients): `iid` (a random permutation cut into N near-equal parts),
 `shards` (k distinct classes per client, FedRep/SRPFL style), `dirichlet` (label skew with shares
 p_c ~ Dir(α·1_N)), `by_group` (natural groups, e.g. domains), and `partition`, which picks a
-label-based one by name. `tasks.partition` re-exports them beside what is computed from a
-partition (label counts, per-client test sets, checks).
+label-based one by name. `tasks.partition` computes from a partition (label counts, per-client
+test sets, checks).
 
 Example:
 
@@ -38,7 +38,7 @@ def _check_counts(num_examples: int, num_clients: int) -> None:
         )
 
 
-def _as_labels(labels) -> np.ndarray:
+def as_labels(labels) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"labels must be a 1-D array, got shape {labels.shape}")
@@ -95,7 +95,7 @@ def shards(labels, num_clients: int, classes_per_client: int, seed: int = 0) -> 
     >>> [len(v) for v in parts.values()]
     [6, 6, 6, 6]
     """
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     _check_counts(len(labels), num_clients)
     classes = np.unique(labels)
     num_classes = len(classes)
@@ -159,7 +159,7 @@ def dirichlet(
     >>> sum(len(v) for v in parts.values())
     150
     """
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     _check_counts(len(labels), num_clients)
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
@@ -217,7 +217,7 @@ def by_group(groups, clients_per_group: int = 1, seed: int = 0) -> Partition:
     >>> list(by_group(np.array(["b", "a", "b", "a"]), clients_per_group=1))
     ['a', 'b']
     """
-    groups = _as_labels(groups)
+    groups = as_labels(groups)
     if len(groups) == 0:
         raise ValueError("by_group needs at least one example")
     out: Partition = {}

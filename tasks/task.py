@@ -36,6 +36,7 @@ import tensorflow_federated as tff
 from tasks import client_data as client_data_lib
 from tasks import images
 from tasks import partition as partition_lib
+from tasks import partition_schemes
 from tasks import text as text_lib
 from tasks import text_files
 from tasks.text_files import TextExamples
@@ -105,7 +106,7 @@ class Partitioning:
     Without training groups, the label scheme `scheme` ("iid", "shards", "dirichlet"; see
     `tasks.partition`, with `options` such as `classes_per_client` or `alpha`) cuts the training
     examples into `num_clients`, and the test examples follow each client's label shares
-    (`split_test_like_train`). With training groups, `partition.by_group` makes one client per
+    (`split_test_like_train`). With training groups, `partition_schemes.by_group` makes one client per
     group (or `clients_per_group` per group); test examples with groups go to their group's
     client, test examples without follow the label shares.
 
@@ -146,12 +147,12 @@ def build_task(name: str, train: Examples, test: Examples, partitioning: Partiti
     test_y = np.asarray(test.y)
     scheme = p.scheme
     if train.groups is not None:
-        train_parts = partition_lib.by_group(train.groups, p.clients_per_group, p.seed)
+        train_parts = partition_schemes.by_group(train.groups, p.clients_per_group, p.seed)
         scheme = "by_group"
     elif p.num_clients is None:
         raise ValueError(f"scheme {scheme!r} needs num_clients")
     else:
-        train_parts = partition_lib.partition(train_y, p.num_clients, scheme, p.seed,
+        train_parts = partition_schemes.partition(train_y, p.num_clients, scheme, p.seed,
                                               **p.options)
     if test.groups is not None and train.groups is not None:
         test_parts = _test_parts_by_group(train_parts, test.groups, p)
@@ -182,9 +183,9 @@ def build_task(name: str, train: Examples, test: Examples, partitioning: Partiti
 
 
 def _test_parts_by_group(train_parts, test_groups, p: Partitioning):
-    """Natural partitions of the test split (`partition.by_group`): its clients must be among
+    """Natural partitions of the test split (`partition_schemes.by_group`): its clients must be among
     the training clients; a training client without test examples gets none."""
-    test_parts = partition_lib.by_group(test_groups, p.clients_per_group, p.seed)
+    test_parts = partition_schemes.by_group(test_groups, p.clients_per_group, p.seed)
     unknown = [cid for cid in test_parts if cid not in train_parts]
     if unknown:
         raise ValueError(f"test groups give clients {unknown} that the train groups do not "

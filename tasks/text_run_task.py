@@ -28,17 +28,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.run_task import RunTask
-from tasks.run_task import counted
-from tasks.run_task import ordered
-from tasks.run_task import scheme_kwargs
-from tasks.run_task import split_like_clients
-from tasks.run_task import starting_values
-from tasks.run_task import train_size
+from tasks.run_task import (
+    RunTask,
+    counted,
+    ordered,
+    scheme_kwargs,
+    split_like_clients,
+    starting_values,
+    train_size,
+)
 from tasks.task_config import TaskSpec
 from tffl.simulation import evaluation
-from tffl.simulation.metrics_log import announce
-from tffl.simulation.metrics_log import announcing
+from tffl.simulation.metrics_log import announce, announcing
 from tffl.simulation.predictions import PredictionLog
 
 TEXT_TASKS = ("sst2", "reviews", "text")
@@ -66,8 +67,7 @@ def default_pooling(backbone: str, folder: pathlib.Path) -> str:
 def default_max_length(backbone: str, folder: pathlib.Path) -> int:
     """The most tokens a text keeps unless told: the checkpoint's training limit for minilm
     (`checkpoints.declared_max_length`, 256, else its position embeddings), 512 for tiny."""
-    from models import checkpoints
-    from models import hf_bert
+    from models import checkpoints, hf_bert
 
     if backbone != "minilm":
         return RANDOM_BACKBONE_MAX_LENGTH
@@ -220,9 +220,8 @@ def _read_user_splits(spec: TaskSpec) -> tuple[Any, Any, Any, str]:
 def _user_text_task(spec: TaskSpec, packer) -> TextData:
     """The user's rows tokenized and cut into clients: by `client_column` (natural clients; a
     dev row goes to its own client, whose id must occur in training), else by `partition`."""
-    from tasks import data_files
+    from tasks import data_files, text_files
     from tasks import task as task_lib
-    from tasks import text_files
 
     t = spec.task
     train, dev, test, dev_name = _read_user_splits(spec)
@@ -269,8 +268,7 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
     starting weights are a random draw, with the checkpoint's backbone (in `folder`) for
     minilm."""
     from models import backbones as backbones_lib
-    from models import hf_bert
-    from models import lora_targets as targets_lib
+    from models import hf_bert, lora_targets
 
     def backbone_fn():
         if backbone == "minilm":
@@ -280,7 +278,7 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
             intermediate_dim=128, max_sequence_length=max(cap, 8))
 
     def adapted(bb):
-        targets_lib.apply_lora(bb, layout.lora_config)
+        lora_targets.apply_lora(bb, layout.lora_config)
         return backbones_lib.build_classifier(bb, layout.num_classes, seed=layout.seed,
                                               pooling=layout.pooling, head=layout.head)
 
@@ -319,12 +317,12 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, layout) -> _Clien
     """With `prefix_cache`, the classifier from its lowest LoRA layer k up, on h_k computed once
     per example (`tasks.prefix_cache.split_for_cache`; None there: nothing to cache); else the
     whole classifier on token features."""
-    from tasks import prefix_cache as prefix_lib
+    from tasks import prefix_cache as prefix_cache_lib
 
     cached = None
     if prefix_cache:
         announce("building the KerasNLP backbone and splitting it at its lowest LoRA layer")
-        cached = prefix_lib.split_for_cache(classifier.keras_model_fn, classifier.values, layout,
+        cached = prefix_cache_lib.split_for_cache(classifier.keras_model_fn, classifier.values, layout,
                                             classifier.input_spec[1])
     if cached is None:
         return _ClientModel(classifier.keras_model_fn, classifier.input_spec,
@@ -344,16 +342,16 @@ def _round_maker(spec: TaskSpec, cache) -> Callable:
     (`local_steps` of `batch_size`), bucketed by length or not, on `cache`'s h_k if any. h_k
     batches are large (hidden floats per token): with `rounds_on_disk` they go to the TFF worker
     as files it streams, not inside each call."""
-    from tasks import prefix_cache as prefix_lib
+    from tasks import prefix_cache as prefix_cache_lib
 
     storage = _round_storage() if cache is not None and spec.rounds_on_disk else None
     t = spec.task
 
     def rounds(client_data, name, steps=spec.local_steps, size=t.batch_size):
-        return prefix_lib.TextRounds(
-            lambda cid: prefix_lib.ClientExamples.from_dataset(
+        return prefix_cache_lib.TextRounds(
+            lambda cid: prefix_cache_lib.ClientExamples.from_dataset(
                 client_data.create_tf_dataset_for_client(cid).map(ordered)),
-            prefix_lib.RoundDraw(steps, size, spec.seed, t.bucket_by_length), cache=cache,
+            prefix_cache_lib.RoundDraw(steps, size, spec.seed, t.bucket_by_length), cache=cache,
             client_ids=client_data.client_ids, name=name, storage_dir=storage)
 
     return rounds
@@ -384,15 +382,15 @@ def _with_heldout_test(evaluate: Callable, data: TextData, packer, spec: TaskSpe
     and `test_accuracy` on it (its predictions kept in `log`), and `client_heldout_data` (as
     `client_eval_data`, on the split cut per client like the dev split)."""
     from tasks import client_data as client_data_lib
-    from tasks import prefix_cache as prefix_lib
+    from tasks import prefix_cache as prefix_cache_lib
     from tasks import text as text_lib
 
     test = data.heldout
     test_data_x = text_lib.tokenize(test.segments, packer)
     test_data = client_data_lib.tensor_dataset(test_data_x, test.labels)
-    held_out = prefix_lib.TextRounds(
-        {"all": prefix_lib.ClientExamples.from_dataset(test_data.map(ordered))},
-        prefix_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length), cache=model.cache,
+    held_out = prefix_cache_lib.TextRounds(
+        {"all": prefix_cache_lib.ClientExamples.from_dataset(test_data.map(ordered))},
+        prefix_cache_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length), cache=model.cache,
         name="heldout_test")
     on_test = evaluation.make_keras_evaluator(
         model.keras_model_fn, lambda: held_out.one_pass("all", 128),
@@ -455,9 +453,8 @@ def text_run_task(spec: TaskSpec) -> RunTask:
     chosen on the dev set is reported on held-out data."""
     import keras_nlp  # noqa: F401  (registers the layers)
 
-    from models import hf_bert
-    from models import lora_targets as targets_lib
-    from tasks import prefix_cache as prefix_lib
+    from models import hf_bert, lora_targets
+    from tasks import prefix_cache as prefix_cache_lib
 
     _check_text_options(spec)
     m, t, seed = spec.model, spec.task, spec.seed
@@ -465,17 +462,17 @@ def text_run_task(spec: TaskSpec) -> RunTask:
     data = load_text_task(spec, packer)
     task = data.task
     hf_config = hf_bert.read_hf_config(folder)
-    lora_config = targets_lib.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
+    lora_config = lora_targets.LoraConfig(rank=m.adapter_rank, alpha=m.lora_alpha,
                                          targets=m.lora_targets, layers=m.lora_layers, seed=seed)
-    layout = prefix_lib.ClassifierLayout(lora_config, task.num_classes, seed, pooling, m.head)
+    layout = prefix_cache_lib.ClassifierLayout(lora_config, task.num_classes, seed, pooling, m.head)
     model = _cached_model(
         _lora_classifier(m.backbone, folder, hf_config, cap, layout, task.element_spec),
         m.prefix_cache, layout)
     rounds = _round_maker(spec, model.cache)
     train_rounds = rounds(task.train_data, "train")
-    test_examples = prefix_lib.ClientExamples.from_dataset(task.global_test_data.map(ordered))
-    global_test = prefix_lib.TextRounds(   # evaluated in this process
-        {"all": test_examples}, prefix_lib.RoundDraw(1, 128, seed, t.bucket_by_length),
+    test_examples = prefix_cache_lib.ClientExamples.from_dataset(task.global_test_data.map(ordered))
+    global_test = prefix_cache_lib.TextRounds(   # evaluated in this process
+        {"all": test_examples}, prefix_cache_lib.RoundDraw(1, 128, seed, t.bucket_by_length),
         cache=model.cache, name="global_test")
     client_eval_data = _text_client_eval_data(task, train_rounds, rounds, t.batch_size)
     log = PredictionLog()

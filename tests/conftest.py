@@ -74,10 +74,11 @@ def tff_runtime():
     context sits on TFF's context stack while it is open, and other modules (tffl/runtime's tests,
     the in-process runs of scripts) install contexts of their own and check that no worker runs."""
     from tffl import runtime
+    from tffl.runtime import workers
 
     with runtime.local_runtime() as context:
         yield context
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []
 
 
 def pytest_addoption(parser):

@@ -8,10 +8,7 @@ import pathlib
 
 import pytest
 
-from experiments import running
-from experiments import sst2
-from experiments import sst2_protocol
-from experiments import sst2_tables
+from experiments import running, sst2, sst2_protocol, sst2_tables
 
 
 def _value(config, flag):
@@ -152,7 +149,7 @@ def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
 
     import numpy as np
 
-    from tasks import partition
+    from tasks import partition, partition_schemes
 
     cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=2, clients=(3, 20))
     monkeypatch.setitem(sst2_protocol.SST2_CLAIM_SCALES, "small", cfg)
@@ -184,7 +181,7 @@ def test_dirichlet_table_states_table_2s_claim_and_prints_no_table_1_figures(
     assert len(calls) == 2 * len(sst2_protocol.SST2_CLAIM_METHODS)
     assert "paper" not in [c.key for c in result.table.columns]
     for seed in (0, 1):
-        parts = partition.partition(labels["train"], 20, "dirichlet", seed, alpha=0.5)
+        parts = partition_schemes.partition(labels["train"], 20, "dirichlet", seed, alpha=0.5)
         scores = []
         for split in ("dev", "test-labeled"):
             shards = partition.split_test_like_train(labels["train"], parts, labels[split], seed)
@@ -207,7 +204,7 @@ def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
     and the test shards of `run_task.split_like_clients` (train.py --eval_test)."""
     import numpy as np
 
-    from tasks import partition, run_task
+    from tasks import partition, partition_schemes, run_task
     from tasks import task as task_lib
 
     rng = np.random.default_rng(5)
@@ -221,7 +218,7 @@ def test_label_mix_accuracy_cuts_the_shards_the_run_builds(tmp_path):
             "sst2", task_lib.Examples(np.zeros((300, 1)), train),
             task_lib.Examples(np.zeros((50, 1)), dev),
             task_lib.Partitioning(2, 20, "dirichlet", seed, options={"alpha": 0.5}))
-        parts = partition.partition(train, 20, "dirichlet", seed, alpha=0.5)
+        parts = partition_schemes.partition(train, 20, "dirichlet", seed, alpha=0.5)
         for cid, idx in parts.items():
             np.testing.assert_array_equal(np.sort(built.train_data.client_labels(cid)),
                                           np.sort(train[idx]))

@@ -69,7 +69,7 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
     import dataclasses
 
     from tffl import runtime
-    from tffl.simulation import driver as simulation
+    from tffl.simulation import driver
 
     task = registry.build_run_task(TaskSpec().with_changes(task="digits", num_clients=3, batch_size=16,
         local_steps=2, seed=1, net="pfl_mlp", partition="iid"))
@@ -80,10 +80,10 @@ def test_per_client_evaluation_pools_to_the_one_pass_metrics(tmp_path):
         for name in ("fedrep", "fedavg"):
             process = algorithms.build_algorithm(
                 name, task, RunConfig().with_changes(learning_rate=0.5, head_epochs=1))
-            result = simulation.run_rounds(
+            result = driver.run_rounds(
                 process, algorithms.build_sampler(task, ParticipationConfig(clients_per_round=3), 0),
                 task.client_dataset_fn, 1,
-                tmp_path / name, simulation.RunOptions(log=None, tensorboard=False))
+                tmp_path / name, driver.RunOptions(log=None, tensorboard=False))
             store = result.personal_store
             one_pass = algorithms.personalized_evaluator(task, process)(result.state, store)
             personal = algorithms.per_client_evaluator(task, process, True)(result.state, store)

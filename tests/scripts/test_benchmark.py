@@ -16,32 +16,32 @@ import pathlib
 
 import pytest
 
-from benchmarks import config as benchmark_config
+from benchmarks import config
 from benchmarks import report
 from benchmarks import run
 from scripts import benchmark
 from tffl.algorithms import lora_fl
 from tffl.algorithms import personalized
-from tffl import runtime
+from tffl.runtime import workers
 from tests import forked_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark.py"
 
-MICRO = benchmark_config.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
+MICRO = config.BackboneShape("micro", num_layers=1, num_heads=2, hidden_dim=8,
                                 intermediate_dim=16, vocabulary_size=50, max_sequence_length=16)
-CONFIG = benchmark_config.BenchmarkConfig(
+CONFIG = config.BenchmarkConfig(
     backbones=("micro",), clients_per_round=(1, 2), algorithms=("rolora", "fedrep"),
     local_steps=1, rounds=3, batch_size=2, sequence_length=8, rank=2, learning_rate=0.5,
     head_epochs=2)
-CLASSES = benchmark_config.NUM_CLASSES
+CLASSES = config.NUM_CLASSES
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = run.run_benchmark(CONFIG, log=lambda line: None, shapes={"micro": MICRO},
                                   output_dir=tmp_path_factory.mktemp("bench"))
-    assert runtime.running_workers() == []  # every configuration stopped its worker
+    assert workers.running_workers() == []  # every configuration stopped its worker
     return out
 
 
@@ -51,7 +51,7 @@ def _row(result, algorithm, n):
     return row
 
 
-def _parameters(shape: benchmark_config.BackboneShape, rank: int) -> dict[str, int]:
+def _parameters(shape: config.BackboneShape, rank: int) -> dict[str, int]:
     """Float counts of the classifier, written out from KerasNLP's BERT: embeddings (token,
     position, segment, LayerNorm), per layer q/k/v/output projections with biases, two LayerNorms
     and the feed-forward pair, the pooler, the Dense(2) head; LoRA A (h×r) and B (r×h) on every

@@ -276,7 +276,7 @@ def checkpoint_model(trained):
 
     from runner import training
     from runner.run_config import RunConfig
-    from tffl import runtime
+    from tffl.runtime import distribute
     from tffl.simulation import checkpoint
 
     run, _ = trained
@@ -285,7 +285,7 @@ def checkpoint_model(trained):
     assert folder.name == "round_000002"
     meta = json.loads((folder / "meta.json").read_text())
     tf.keras.utils.set_random_seed(config.algorithm.seed)
-    with runtime.distribute_runtime():
+    with distribute.distribute_runtime():
         task = training.run_task_for("fedavg_lora", config)
         process = training.build_run_process("fedavg_lora", task, config)
         assert process.frozen_fingerprint == meta["frozen_fingerprint"]

@@ -15,7 +15,7 @@ from experiments import report
 from experiments import rolora_linear
 from experiments import running
 from experiments import srpfl
-from experiments import sst2_protocol as sst2
+from experiments import sst2_protocol
 from runner.run_config import RunConfig
 from scripts import reproduce
 from tests import forked_python
@@ -143,9 +143,9 @@ def test_units_are_reloaded_only_when_resuming(tmp_path):
 
 def test_sst2_rounds_keep_the_sample_budget():
     # The paper's schedule (rolora.md §3.1): 500 rounds for 3 clients -> 75 (20) -> 30 (50).
-    assert [sst2.sst2_rounds(500, n) for n in (3, 20, 50)] == [500, 75, 30]
-    assert [sst2.sst2_rounds(10, n) for n in (3, 20, 50)] == [10, 2, 1]
-    assert sst2.sst2_rounds(1, 1000) == 1
+    assert [sst2_protocol.sst2_rounds(500, n) for n in (3, 20, 50)] == [500, 75, 30]
+    assert [sst2_protocol.sst2_rounds(10, n) for n in (3, 20, 50)] == [10, 2, 1]
+    assert sst2_protocol.sst2_rounds(1, 1000) == 1
 
 
 def _doc_rows(section: str, header_cell: str) -> tuple[list[str], list[list[str]]]:
@@ -218,26 +218,26 @@ def test_estimate_probe_arithmetic():
 def test_sst2_protocol_runs_share_the_sample_budget_and_report_held_out_accuracy(tmp_path):
     """Every SST-2 claim run evaluates on the labeled test split; R_N keeps R_3·3 client-rounds;
     FedSA-LoRA's personalized accuracy is a dev figure, never passed off as a test one."""
-    cfg = sst2.SST2_CLAIM_SCALES["full"]
-    run = sst2.Sst2Run("rolora_ffa", 50, 2, 0.3, sst2.sst2_rounds(cfg["rounds_3"], 50),
-                            tmp_path / "r")
-    config = sst2.sst2_claim_config(cfg, run, {"partition": "iid"}, "/d")
+    cfg = sst2_protocol.SST2_CLAIM_SCALES["full"]
+    run = sst2_protocol.Sst2Run("rolora_ffa", 50, 2, 0.3,
+                                sst2_protocol.sst2_rounds(cfg["rounds_3"], 50), tmp_path / "r")
+    config = sst2_protocol.sst2_claim_config(cfg, run, {"partition": "iid"}, "/d")
     assert config.output.eval_test and config.algorithm.rounds == 30
     assert config.algorithm.rolora_fraction == 0.2
     assert config.task.num_clients == 50 and config.participation.clients_per_round == 50
-    central = sst2.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
-    config = sst2.sst2_claim_config(cfg, central, {"partition": "iid"}, "/d")
+    central = sst2_protocol.Sst2Run("centralized", 1, 0, 0.3, cfg["rounds_3"], tmp_path / "c")
+    config = sst2_protocol.sst2_claim_config(cfg, central, {"partition": "iid"}, "/d")
     assert config.algorithm.algorithm == ("fedavg_lora",) and config.task.num_clients == 1
     assert config.algorithm.rounds == cfg["rounds_3"]
     # The frozen-pooler protocol, stated in the configuration: the pooler, 32 tokens, no head.
     assert config.model.pooling == "pooler" and config.task.sequence_length == 32
     assert "head" not in config.changed()
     personal = {"final": {"eval_personal_accuracy": 0.8}}
-    assert sst2.claim_accuracy(personal, "eval_accuracy") == 0.8
-    assert sst2.claim_accuracy(personal, "eval_test_accuracy") is None
+    assert sst2_protocol.claim_accuracy(personal, "eval_accuracy") == 0.8
+    assert sst2_protocol.claim_accuracy(personal, "eval_test_accuracy") is None
     both = {"final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.75}}
-    assert sst2.claim_accuracy(both, "eval_test_accuracy") == 0.75
-    assert sst2.run_finished(run) is None
+    assert sst2_protocol.claim_accuracy(both, "eval_test_accuracy") == 0.75
+    assert sst2_protocol.run_finished(run) is None
 
 
 @pytest.mark.parametrize("experiment", ["sst2_clients_mean", "sst2_dirichlet_mean"])

@@ -17,7 +17,7 @@ import pytest
 from absl import flags
 
 from experiments import srpfl_speedup
-from scripts import srpfl_speedup as script
+from scripts import srpfl_speedup as srpfl_speedup_lib
 from tffl.simulation import srpfl_schedule
 from tests import forked_python
 
@@ -177,14 +177,15 @@ BAD_FLAGS = [
 
 def _flag_values() -> flags.FlagValues:
     flag_values = flags.FlagValues()
-    script.define_flags(flag_values)
+    srpfl_speedup_lib.define_flags(flag_values)
     return flag_values
 
 
 @pytest.mark.parametrize("args, flag", BAD_FLAGS)
 def test_bad_flags_are_one_line_and_exit_2(args, flag, tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
-        script.parse(["srpfl_speedup.py", *args, f"--output_dir={tmp_path}"], _flag_values())
+        srpfl_speedup_lib.parse(["srpfl_speedup.py", *args, f"--output_dir={tmp_path}"],
+                                _flag_values())
     out, stderr = capsys.readouterr()
     assert exited.value.code == 2, stderr
     err = stderr.strip().splitlines()
@@ -206,7 +207,7 @@ def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
 
 
 def test_good_flags_give_the_config(tmp_path):
-    config, output_dir = script.parse(
+    config, output_dir = srpfl_speedup_lib.parse(
         ["srpfl_speedup.py", "--num_clients=8,16", "--initial_participants=2",
          f"--output_dir={tmp_path / 'out'}"], _flag_values())
     assert config.num_clients == (8, 16) and config.initial_participants == 2
@@ -216,7 +217,8 @@ def test_good_flags_give_the_config(tmp_path):
 def test_the_script_owns_its_flags_for_helpshort():
     """Defined by the script's module, the flags are its key flags, which absl's --helpshort
     lists for the script run."""
-    key_flags = {f.name for f in _flag_values().get_key_flags_for_module(script.__name__)}
+    key_flags = {f.name for f in
+                 _flag_values().get_key_flags_for_module(srpfl_speedup_lib.__name__)}
     assert key_flags == {
         "num_clients", "initial_participants", "dim", "rank", "samples_per_client", "noise_std",
         "learning_rate", "stage_rounds", "contraction", "straggler", "communication_cost",

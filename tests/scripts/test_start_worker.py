@@ -15,7 +15,8 @@ from absl import flags
 from scripts import start_worker
 
 from tests import forked_python
-from tests.tffl.runtime.runtime_helpers import _gone, _mean  # the same federated mean and exit wait
+# the same federated mean and exit wait
+from tests.tffl.runtime.runtime_helpers import federated_mean, gone
 from tffl import runtime
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "start_worker.py"
@@ -51,10 +52,10 @@ def test_worker_serves_remote_runs_and_stops_on_sigterm(tmp_path, capsys):
         for _ in range(2):  # a worker serves one run after another
             with runtime.remote_runtime([f"localhost:{port}", f"127.0.0.1:{port}"],
                                         ready_timeout_s=30):
-                assert _mean([1.0, 2.0, 6.0, 3.0]) == pytest.approx(3.0)
+                assert federated_mean([1.0, 2.0, 6.0, 3.0]) == pytest.approx(3.0)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert _gone(worker_pid)
+        assert gone(worker_pid)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -2,8 +2,7 @@
 and its last good checkpoint kept (`tffl.simulation.driver.LossDivergedError`), in this process."""
 
 from tests.scripts import train_runs
-from tffl.simulation import checkpoint
-from tffl.simulation import driver as simulation
+from tffl.simulation import checkpoint, driver
 
 
 def test_a_diverging_learning_rate_stops_the_run_in_one_line(tmp_path, capsys):
@@ -16,5 +15,5 @@ def test_a_diverging_learning_rate_stops_the_run_in_one_line(tmp_path, capsys):
     assert "the run diverged with --learning_rate=1000000.0" in lines[0], lines
     assert "last good checkpoint (round 1) is kept" in lines[0], lines
     assert "round 1/3" in run.stdout and "round 2/3" not in run.stdout
-    assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 1
+    assert checkpoint.latest(tmp_path / driver.CHECKPOINT_DIR)[0] == 1
     assert [r["round"] for r in train_runs.rows(tmp_path)] == [1]

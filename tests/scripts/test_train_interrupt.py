@@ -17,8 +17,7 @@ import pytest
 from runner import machine
 from tests import forked_python
 from tests.scripts import train_runs
-from tffl.simulation import driver as simulation
-from tffl.simulation import metrics_log
+from tffl.simulation import driver, metrics_log
 
 _run = train_runs.run_child
 
@@ -107,7 +106,7 @@ def _tensorboard_steps(output_dir, tag):
     import tensorflow as tf
 
     steps = set()
-    for events in (output_dir / simulation.TENSORBOARD_DIR).glob("events*"):
+    for events in (output_dir / driver.TENSORBOARD_DIR).glob("events*"):
         for event in tf.data.TFRecordDataset(str(events)).as_numpy_iterator():
             parsed = tf.compat.v1.Event.FromString(event)
             steps |= {parsed.step for value in parsed.summary.value if value.tag == tag}

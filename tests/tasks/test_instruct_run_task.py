@@ -11,8 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models import causal_lm, decoders
-from tasks import instruct_run_task as instruct
-from tasks import instructions, registry, text
+from tasks import instruct_run_task, instructions, registry, text
 from tasks.task_config import TaskSpec
 
 BOS = EOS = 256
@@ -32,10 +31,10 @@ def _answers():
 def _packed_batch(max_prompt=None):
     import keras_nlp
 
-    packer = instruct.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False), BOS, 0,
+    packer = instruct_run_task.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False), BOS, 0,
                                    max_prompt)
     x = text.tokenize((np.array(TEXTS, object),), packer)
-    return instruct.AnswerAppender(_answers(), 0)(x, LABELS)
+    return instruct_run_task.AnswerAppender(_answers(), 0)(x, LABELS)
 
 
 def test_answers_appended_in_the_graph_equal_instructions_pack():
@@ -174,12 +173,12 @@ def test_the_prompt_style_of_each_instruction_task(tmp_path):
 
     (tmp_path / "alpaca.json").write_text('[{"instruction": "x", "output": "y"}]')
     (tmp_path / "chat.jsonl").write_text('{"prompt": "x", "response": "y"}\n')
-    assert instruct.prompt_style(TaskConfig(task="sst2_instruct")) == "sentiment"
-    assert instruct.prompt_style(TaskConfig(task="reviews_instruct")) == "sentiment"
-    assert instruct.prompt_style(TaskConfig(task="instruct",
+    assert instruct_run_task.prompt_style(TaskConfig(task="sst2_instruct")) == "sentiment"
+    assert instruct_run_task.prompt_style(TaskConfig(task="reviews_instruct")) == "sentiment"
+    assert instruct_run_task.prompt_style(TaskConfig(task="instruct",
                                             train_file=str(tmp_path / "alpaca.json"))) == "alpaca"
-    assert instruct.prompt_style(TaskConfig(task="instruct",
+    assert instruct_run_task.prompt_style(TaskConfig(task="instruct",
                                             train_file=str(tmp_path / "chat.jsonl"))) == (
         "as_written")
     with pytest.raises(ValueError, match="task=sst2: not an instruction task"):
-        instruct.prompt_style(TaskConfig(task="sst2"))
+        instruct_run_task.prompt_style(TaskConfig(task="sst2"))

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from tasks import partition
+from tasks import partition, partition_schemes
 
 LABELS = np.repeat(np.arange(10), 60)  # 600 examples, 60 per class
 
@@ -18,7 +18,7 @@ def _assert_disjoint_cover(parts, n):
 
 
 def test_iid_sizes_and_cover():
-    parts = partition.iid(LABELS, num_clients=7, seed=3)
+    parts = partition_schemes.iid(LABELS, num_clients=7, seed=3)
     _assert_disjoint_cover(parts, 600)
     sizes = sorted(len(v) for v in parts.values())
     # 600 = 7 * 85 + 5: five clients of 86, two of 85.
@@ -28,7 +28,7 @@ def test_iid_sizes_and_cover():
 
 def test_iid_is_roughly_label_balanced():
     labels = np.repeat(np.arange(2), 5000)
-    parts = partition.iid(labels, 4, seed=0)
+    parts = partition_schemes.iid(labels, 4, seed=0)
     for idx in parts.values():
         # Hypergeometric: sd of the positive fraction ~ sqrt(.25/2500) = 0.01.
         assert abs(labels[idx].mean() - 0.5) < 0.05
@@ -36,7 +36,7 @@ def test_iid_is_roughly_label_balanced():
 
 @pytest.mark.parametrize("num_clients,k", [(20, 2), (10, 3), (7, 10), (5, 1)])
 def test_shards_give_exactly_k_classes(num_clients, k):
-    parts = partition.shards(LABELS, num_clients, classes_per_client=k, seed=1)
+    parts = partition_schemes.shards(LABELS, num_clients, classes_per_client=k, seed=1)
     counts = partition.label_counts(LABELS, parts, 10)
     used = np.flatnonzero(counts.sum(axis=0) > 0)
     assert len(used) == min(10, num_clients * k)
@@ -57,16 +57,16 @@ def test_shards_give_exactly_k_classes(num_clients, k):
 def test_shards_fedrep_layout_equal_client_sizes():
     # FedRep: 100 clients, 5 shards each, 10 classes with 500 examples -> 50 shards of 10 per class.
     labels = np.repeat(np.arange(10), 500)
-    parts = partition.shards(labels, 100, 5, seed=0)
+    parts = partition_schemes.shards(labels, 100, 5, seed=0)
     assert {len(v) for v in parts.values()} == {50}
 
 
 def test_shards_errors():
     with pytest.raises(ValueError, match="classes_per_client=11"):
-        partition.shards(LABELS, 5, classes_per_client=11)
+        partition_schemes.shards(LABELS, 5, classes_per_client=11)
     tiny = np.array([0, 0, 1, 1])
     with pytest.raises(ValueError, match="class 0 has 2 examples but must be cut into 3 shards"):
-        partition.shards(tiny, 3, classes_per_client=2)
+        partition_schemes.shards(tiny, 3, classes_per_client=2)
 
 
 def _client_distributions(labels, parts, num_classes):
@@ -76,7 +76,7 @@ def _client_distributions(labels, parts, num_classes):
 
 def test_dirichlet_small_alpha_concentrates_each_class_on_one_client():
     labels = np.repeat(np.arange(10), 200)
-    parts = partition.dirichlet(labels, num_clients=10, alpha=1e-3, seed=0)
+    parts = partition_schemes.dirichlet(labels, num_clients=10, alpha=1e-3, seed=0)
     _assert_disjoint_cover(parts, 2000)
     counts = partition.label_counts(labels, parts, 10)
     # Share of each class held by its largest client -> 1 as alpha -> 0 (min_size fix-up moves
@@ -87,7 +87,7 @@ def test_dirichlet_small_alpha_concentrates_each_class_on_one_client():
 
 def test_dirichlet_large_alpha_matches_global_distribution():
     labels = np.repeat(np.arange(5), 2000)
-    parts = partition.dirichlet(labels, num_clients=5, alpha=1e4, seed=0)
+    parts = partition_schemes.dirichlet(labels, num_clients=5, alpha=1e4, seed=0)
     dist = _client_distributions(labels, parts, 5)
     # Dir(1e4 * 1_N) shares have sd ~ sqrt((1/5)(4/5)/5e4) = 0.0018 around 1/5.
     np.testing.assert_allclose(dist, 0.2, atol=0.02)
@@ -100,7 +100,7 @@ def test_dirichlet_heterogeneity_decreases_with_alpha():
     global_dist = np.full(10, 0.1)
 
     def mean_tv(alpha):
-        dist = _client_distributions(labels, partition.dirichlet(labels, 20, alpha, seed=2), 10)
+        dist = _client_distributions(labels, partition_schemes.dirichlet(labels, 20, alpha, seed=2), 10)
         return 0.5 * np.abs(dist - global_dist).sum(axis=1).mean()
 
     tvs = [mean_tv(a) for a in (0.01, 0.1, 1.0, 10.0, 1000.0)]
@@ -109,7 +109,7 @@ def test_dirichlet_heterogeneity_decreases_with_alpha():
 
 def test_dirichlet_min_size_respected():
     labels = np.repeat(np.arange(2), 50)
-    parts = partition.dirichlet(labels, num_clients=30, alpha=0.01, seed=4, min_size=3)
+    parts = partition_schemes.dirichlet(labels, num_clients=30, alpha=0.01, seed=4, min_size=3)
     _assert_disjoint_cover(parts, 100)
     assert min(len(v) for v in parts.values()) >= 3
 
@@ -117,9 +117,9 @@ def test_dirichlet_min_size_respected():
 @pytest.mark.parametrize(
     "fn,kwargs",
     [
-        (partition.iid, {}),
-        (partition.shards, {"classes_per_client": 2}),
-        (partition.dirichlet, {"alpha": 0.3}),
+        (partition_schemes.iid, {}),
+        (partition_schemes.shards, {"classes_per_client": 2}),
+        (partition_schemes.dirichlet, {"alpha": 0.3}),
     ],
 )
 def test_same_seed_same_split_and_other_seed_differs(fn, kwargs):
@@ -134,35 +134,35 @@ def test_same_seed_same_split_and_other_seed_differs(fn, kwargs):
 
 def test_more_clients_than_examples_fails_clearly():
     with pytest.raises(ValueError, match="cannot partition 5 examples among 6 clients"):
-        partition.iid(np.arange(5), 6)
+        partition_schemes.iid(np.arange(5), 6)
     with pytest.raises(ValueError, match="cannot partition 5 examples among 6 clients"):
-        partition.dirichlet(np.zeros(5, int), 6, alpha=1.0)
+        partition_schemes.dirichlet(np.zeros(5, int), 6, alpha=1.0)
     with pytest.raises(ValueError, match="cannot partition"):
-        partition.partition(np.zeros(3, int), 4, "shards", classes_per_client=1)
+        partition_schemes.partition(np.zeros(3, int), 4, "shards", classes_per_client=1)
 
 
 def test_partition_dispatch_and_unknown_scheme():
-    a = partition.partition(LABELS, 4, "dirichlet", seed=1, alpha=0.5)
-    b = partition.dirichlet(LABELS, 4, 0.5, seed=1)
+    a = partition_schemes.partition(LABELS, 4, "dirichlet", seed=1, alpha=0.5)
+    b = partition_schemes.dirichlet(LABELS, 4, 0.5, seed=1)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
     with pytest.raises(ValueError, match="unknown partition scheme 'zipf'"):
-        partition.partition(LABELS, 4, "zipf")
+        partition_schemes.partition(LABELS, 4, "zipf")
 
 
 def test_by_group_one_client_per_group_and_split_groups():
     groups = np.array(["dvd"] * 5 + ["books"] * 7 + ["dvd"] * 3)
-    parts = partition.by_group(groups)
+    parts = partition_schemes.by_group(groups)
     assert list(parts) == ["books", "dvd"]
     np.testing.assert_array_equal(parts["books"], np.arange(5, 12))
     np.testing.assert_array_equal(parts["dvd"], [0, 1, 2, 3, 4, 12, 13, 14])
-    split = partition.by_group(groups, clients_per_group=2, seed=0)
+    split = partition_schemes.by_group(groups, clients_per_group=2, seed=0)
     assert list(split) == ["books_0", "books_1", "dvd_0", "dvd_1"]
     _assert_disjoint_cover(split, 15)
     assert sorted(len(v) for v in split.values()) == [3, 4, 4, 4]
     assert set(groups[split["dvd_1"]]) == {"dvd"}
     with pytest.raises(ValueError, match="group 'books' has 7 examples"):
-        partition.by_group(groups, clients_per_group=8)
+        partition_schemes.by_group(groups, clients_per_group=8)
 
 
 def test_split_test_like_train_follows_client_label_distribution():
@@ -186,7 +186,7 @@ def test_split_test_like_train_follows_client_label_distribution():
 
 def test_split_test_like_train_rounding_sums_to_class_total():
     train = np.repeat(np.arange(3), 30)
-    parts = partition.iid(train, 7, seed=0)
+    parts = partition_schemes.iid(train, 7, seed=0)
     test = np.repeat(np.arange(3), 11)
     out = partition.split_test_like_train(train, parts, test, seed=0)
     counts = partition.label_counts(test, out, 3)
@@ -213,7 +213,7 @@ def test_majority_label_accuracy_matches_a_per_example_count():
 
     rng = np.random.default_rng(3)
     train = rng.integers(0, 3, 600)
-    parts = partition.dirichlet(train, 12, alpha=0.3, seed=1)
+    parts = partition_schemes.dirichlet(train, 12, alpha=0.3, seed=1)
     test = rng.integers(0, 3, 40)   # small: some clients get no test example
     shards = partition.split_test_like_train(train, parts, test, seed=2)
     assert any(len(v) == 0 for v in shards.values())

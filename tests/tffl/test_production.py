@@ -14,8 +14,14 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.tffl.algorithms.lora_linear import _A0, _BATCH, _CLIENTS, _D_IN, _D_OUT, _LR, _W0
-from tests.tffl.algorithms.lora_linear import _datasets, _model_fn, _small_process, _spec, _start
+from tests.tffl.algorithms.lora_linear import A0, BATCH, CLIENTS, D_IN, D_OUT, LR, W0
+from tests.tffl.algorithms.lora_linear import (
+    client_datasets,
+    linear_model_fn,
+    linear_spec,
+    small_process,
+    start,
+)
 from tests.tffl.algorithms import personalized_models
 from tffl.algorithms import lora_fl
 from tffl import production
@@ -32,13 +38,13 @@ MAP_REDUCE_PIECES = ("prepare", "work", "zero", "accumulate", "merge", "report",
 def _process(name):
     if name == "flora":  # FLoRA merges A·B into the kernel it is linked to
         return lora_fl.build_lora_process(
-            name, _model_fn([(_W0, _A0)], link=True), _spec(_D_IN, _D_OUT), _LR,
+            name, linear_model_fn([(W0, A0)], link=True), linear_spec(D_IN, D_OUT), LR,
             loss_fn=tf.keras.losses.MeanSquaredError)
     if name == "rolora_ffa":   # one switch round kind: B or A chosen in-graph by round number
         return lora_fl.build_rolora_then_ffa(
-            0.5, 4, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
+            0.5, 4, linear_model_fn([(W0, A0)]), linear_spec(D_IN, D_OUT), LR,
             loss_fn=tf.keras.losses.MeanSquaredError)
-    return _small_process(name)
+    return small_process(name)
 
 
 @functools.cache
@@ -141,7 +147,7 @@ def test_serialized_computations_run_the_same(name, tff_runtime):
     process = _process(name)
     initialize = _round_trip(process.initialize)
     _assert_same(initialize(), process.initialize())
-    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    state, datasets = start(process), client_datasets(CLIENTS, BATCH)
     first = process.rounds[process.round_name(state)]
     output = _round_trip(first)(state, datasets)
     assert list(output) == ["state", "metrics"]
@@ -161,7 +167,7 @@ def test_map_reduce_pieces_compute_the_round(name, tff_runtime):
     Python (`_run_map_reduce`), give the state and metrics of the round computation: an
     independent check that the compiled form computes what the process does."""
     process = _process(name)
-    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    state, datasets = start(process), client_datasets(CLIENTS, BATCH)
     for round_name, form in _map_reduce_forms(name).items():
         pieces = {piece: _round_trip(getattr(form, piece)) for piece in MAP_REDUCE_PIECES}
         expected = process.rounds[round_name](state, datasets)
@@ -173,7 +179,7 @@ def test_distribute_aggregate_form_recomposes_the_round(name, tff_runtime):
     """The round rebuilt from its DistributeAggregateForm's five pieces, serialized and back,
     gives the process's state and metrics."""
     process = _process(name)
-    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    state, datasets = start(process), client_datasets(CLIENTS, BATCH)
     for round_name, form in _distribute_aggregate_forms(name).items():
         rebuilt = tff.backends.mapreduce.get_computation_for_distribute_aggregate_form(form)
         expected = process.rounds[round_name](state, datasets)
@@ -200,7 +206,7 @@ def test_saved_rolora_loads_and_its_rounds_follow_the_schedule(tmp_path, tff_run
     assert saved.next.type_signature.is_equivalent_to(process.next.type_signature)  # B, then A
     _assert_same(saved.initialize(), process.initialize())
 
-    state, datasets = _start(process), _datasets(_CLIENTS, _BATCH)
+    state, datasets = start(process), client_datasets(CLIENTS, BATCH)
     first = process.next_round(state, datasets)
     second = process.next_round(first.state, datasets)
     b_out = saved.rounds["b_round"](state, datasets)
@@ -224,8 +230,8 @@ def test_loaded_process_is_a_learning_process_with_the_same_rounds(tmp_path, tff
     process = _process("rolora")
     saved = production.load_process(production.save_process(process, tmp_path))
     assert isinstance(saved, tff.learning.templates.LearningProcess)
-    original = loaded = _start(process)
-    datasets = _datasets(_CLIENTS, _BATCH)
+    original = loaded = start(process)
+    datasets = client_datasets(CLIENTS, BATCH)
     for kind in ("b_round", "a_round", "b_round"):
         assert saved.round_name(loaded) == process.round_name(original) == kind
         original = process.next_round(original, datasets).state

@@ -33,7 +33,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import feature_cache
-from tffl import runtime as _runtime  # noqa: F401  (its exit hook stops every TFF worker)
+from tffl import runtime  # noqa: F401  (its exit hook stops every TFF worker)
 from tffl.engine import model_spec
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

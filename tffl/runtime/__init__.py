@@ -58,9 +58,10 @@ logger (`gpu_note`), naming `--runtime=distribute` (`distribute_runtime`), which
 Example:
 
 >>> from tffl import runtime
+>>> from tffl.runtime import workers
 >>> with runtime.local_runtime(num_workers=2):   # `process`: RoLoRA on two clients
 ...     state = process.next_round(process.initialize(), client_datasets).state  # a B round
->>> runtime.running_workers()
+>>> workers.running_workers()
 []
 """
 
@@ -77,41 +78,11 @@ import tensorflow_federated as tff
 
 from tffl.runtime.tff_internals import context_base, context_stack_impl
 
-from tffl.runtime.distribute import (  # noqa: F401  (public API)
-    DeviceError,
-    DistributeContext,
-    build_strategy,
-    configure_logical_cpus,
-    distribute_runtime,
-    report_round_devices,
-)
 from tffl.runtime.guarded import create_worker_context
-from tffl.runtime.multi_worker import (  # noqa: F401  (public API)
-    MultiWorkerContext,
-    compile_to_mergeable_stages,
-    split_at_aggregation_layers,
-    split_clients,
-)
-from tffl.runtime.program import (  # noqa: F401  (public API)
-    ClientDataIterator,
-    ClientDataSource,
-    program_context,
-)
-from tffl.runtime.worker_connection import (  # noqa: F401  (public API)
-    DEFAULT_READY_TIMEOUT_S,
-    RemoteWorker,
-    WorkerError,
-)
-from tffl.runtime.workers import (  # noqa: F401  (public API)
-    LocalWorker,
-    default_max_concurrent_calls,
-    exit_reason,
-    running_workers,
-    sigterm_raises,
-    stop_all_workers,
-    worker_binary_path,
-    worker_command,
-)
+from tffl.runtime.multi_worker import MultiWorkerContext
+from tffl.runtime.program import program_context
+from tffl.runtime.worker_connection import DEFAULT_READY_TIMEOUT_S, RemoteWorker
+from tffl.runtime.workers import LocalWorker, sigterm_raises
 
 
 def gpu_note(gpus: Sequence | None = None) -> str | None:
@@ -270,13 +241,14 @@ def program_runtime(
 
     >>> with runtime.program_runtime(log_dir="runs/x"):  # doctest: +SKIP
     ...     asyncio.run(tff.learning.programs.train_model(
-    ...         train_process=process, train_data_source=runtime.ClientDataSource("train", ds),
+    ...         train_process=process, train_data_source=program.ClientDataSource("train", ds),
     ...         train_per_round_clients=2, train_total_rounds=4,
     ...         program_state_manager=tff.program.FileProgramStateManager("runs/x/state"),
     ...         model_output_manager=tff.program.MemoryReleaseManager(),
     ...         train_metrics_manager=tff.program.MemoryReleaseManager(),
     ...         evaluation_manager=None, evaluation_periodicity=1))
-    >>> runtime.running_workers()
+    >>> from tffl.runtime import workers
+    >>> workers.running_workers()
     []
     """
     with local_runtime(log_dir, ready_timeout_s, default_num_clients, num_workers,

@@ -35,8 +35,7 @@ TensorFlow on an accelerator).
 
 Example:
 
->>> from tffl import runtime
->>> with runtime.distribute_runtime("CPU:0") as context:
+>>> with distribute_runtime("CPU:0") as context:
 ...     context.strategy.num_replicas_in_sync
 1
 """

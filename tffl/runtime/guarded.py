@@ -258,7 +258,7 @@ def create_worker_context(
     )
 
 
-def _create_async_worker_context(
+def create_async_worker_context(
     worker: Worker, default_num_clients: int, ready_timeout_s: float
 ) -> async_execution_context.AsyncExecutionContext:
     """TFF's asynchronous execution context on one worker (what the mergeable context drives)."""

@@ -10,8 +10,8 @@ evaluates that tree in this Python process:
 - a SERVER-placed value is a value on the server device (`devices[0]`); a CLIENTS-placed value is
   a `ClientValues`, one member per client, client i living on the device of its replica;
 - clients are cut into contiguous groups, one per replica (`replica_groups`, as
-  `tffl.runtime.split_clients` cuts them over TFF workers), and `run_replicas` runs every
-  replica's clients at once, each on its own device; within a replica, `clients_in_parallel`
+  `tffl.runtime.multi_worker.split_clients` cuts them over TFF workers), and `run_replicas` runs
+  every replica's clients at once, each on its own device; within a replica, `clients_in_parallel`
   clients train at a time (threads with their own copies of the functions);
 - the intrinsics the compiler leaves are evaluated by their TFF definition
   (`federated_broadcast`, `federated_map`, `federated_apply`, `federated_zip_*`,

@@ -31,7 +31,7 @@ from tffl.runtime.tff_internals import (
 )
 
 from tffl.runtime.guarded import (
-    _create_async_worker_context,
+    create_async_worker_context,
     create_worker_context,
     rerun_after_a_crash,
 )
@@ -259,7 +259,7 @@ class MultiWorkerContext(context_base.SyncContext):
         self._ready_timeout_s = ready_timeout_s
         self.whole = create_worker_context(workers[0], default_num_clients, ready_timeout_s)
         self.async_contexts = [
-            _create_async_worker_context(w, default_num_clients, ready_timeout_s)
+            create_async_worker_context(w, default_num_clients, ready_timeout_s)
             for w in workers
         ]
         self._runner = async_utils.AsyncThreadRunner()

@@ -44,7 +44,7 @@ FedRep on two clients (`model_fn`: a LoRA net with a personal head), one client 
 >>> with runtime.program_runtime():
 ...     asyncio.run(train_personalized_model(
 ...         train_process=process,
-...         train_data_source=runtime.ClientDataSource("doctest", datasets, seed=0),
+...         train_data_source=program.ClientDataSource("doctest", datasets, seed=0),
 ...         train_config=TrainConfig(per_round_clients=1, total_rounds=2),
 ...         program_state_manager=states,
 ...         model_output_manager=models))

@@ -120,7 +120,7 @@ def program_context(context: context_base.SyncContext) -> SimulationFederatedCon
     `runtime.installed(...)`, or use `runtime.program_runtime()`, which does both.
 
     >>> with runtime.remote_runtime(["hostA:8000"]) as context:  # doctest: +SKIP
-    ...     with runtime.installed(runtime.program_context(context)):
+    ...     with runtime.installed(program_context(context)):
     ...         asyncio.run(tff.learning.programs.train_model(...))
     """
     return SimulationFederatedContext(context)

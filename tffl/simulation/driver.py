@@ -66,7 +66,7 @@ import tensorflow_federated as tff
 from tffl.engine import personal_state
 from tffl.engine import process as process_lib
 from tffl.simulation.participation import Participation
-from tffl import runtime as _runtime  # its exit hook stops every TFF worker
+from tffl.runtime import distribute  # tffl.runtime's exit hook stops every TFF worker
 
 METRICS_FILE = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
@@ -369,7 +369,7 @@ def _train_round(run: _Run, state: Any, traffic: metrics_log.Traffic, round_data
     else:
         output = step(state, datasets)
     seconds = time.perf_counter() - start
-    _runtime.report_round_devices(kind)  # under --runtime=distribute, once per round kind
+    distribute.report_round_devices(kind)  # under --runtime=distribute, once per round kind
     if isinstance(output, (tff.learning.templates.LearningProcessOutput,
                            personal_state.PersonalizedOutput)):
         state, metrics = output.state, output.metrics

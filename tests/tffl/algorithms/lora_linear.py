@@ -15,7 +15,7 @@ from tffl.algorithms import lora_fl
 from tffl.engine import roles
 
 
-class _LinearLora(tf.keras.layers.Layer):
+class LinearLora(tf.keras.layers.Layer):
     """y = x·W0 + x·A·B with W0 (d_in×d_out, frozen), A (d_in×r, lora_a), B (r×d_out, lora_b)."""
 
     def __init__(self, w0, a0, scale=1.0, link=False, **kwargs):
@@ -41,28 +41,28 @@ class _LinearLora(tf.keras.layers.Layer):
                                                                   self.lora_b)
 
 
-def _model_fn(layers, **kwargs):
-    """Builder of a stack of `_LinearLora` layers given as [(w0, a0), ...]; `kwargs` go to each."""
+def linear_model_fn(layers, **kwargs):
+    """Builder of a stack of `LinearLora` layers given as [(w0, a0), ...]; `kwargs` go to each."""
 
     def build():
         x = tf.keras.Input((layers[0][0].shape[0],))
         y = x
         for k, (w0, a0) in enumerate(layers):
-            y = _LinearLora(w0, a0, name=f"lora_{k}", **kwargs)(y)
+            y = LinearLora(w0, a0, name=f"lora_{k}", **kwargs)(y)
         return tf.keras.Model(x, y)
 
     return build
 
 
-def _spec(d_in, d_out):
+def linear_spec(d_in, d_out):
     return (tf.TensorSpec([None, d_in], tf.float32), tf.TensorSpec([None, d_out], tf.float32))
 
 
-def _datasets(clients, batch_size):
+def client_datasets(clients, batch_size):
     return [tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size) for x, y in clients]
 
 
-def _local_sgd(a, b, w0, x, y, lr, batch_size, train, scale=1.0):
+def local_sgd(a, b, w0, x, y, lr, batch_size, train, scale=1.0):
     """Independent numpy replica of one client's pass: SGD on the factors named in `train`, for
     ŷ = x·W0 + scale·x·A·B."""
     a, b = a.astype(np.float64).copy(), b.astype(np.float64).copy()
@@ -77,48 +77,48 @@ def _local_sgd(a, b, w0, x, y, lr, batch_size, train, scale=1.0):
     return a, b
 
 
-def _weighted_mean(values, counts):
+def weighted_mean(values, counts):
     counts = np.asarray(counts, np.float64)
     return sum(c * v for c, v in zip(counts, values)) / counts.sum()
 
 
 # A small problem shared by the exactness tests: d_in=4, d_out=3, r=2, three clients of unequal size
 # (4, 6, 2 examples; batch 2, so 2, 3 and 1 local steps), weighted mean by examples.
-_RNG = np.random.default_rng(0)
-_D_IN, _D_OUT, _R = 4, 3, 2
-_W0 = _RNG.normal(size=(_D_IN, _D_OUT)).astype(np.float32)
-_A0 = _RNG.normal(size=(_D_IN, _R)).astype(np.float32)
-_B0 = (0.5 * _RNG.normal(size=(_R, _D_OUT))).astype(np.float32)  # set as a non-zero start
-_CLIENTS = [(_RNG.normal(size=(n, _D_IN)).astype(np.float32),
-             _RNG.normal(size=(n, _D_OUT)).astype(np.float32)) for n in (4, 6, 2)]
-_COUNTS = [len(x) for x, _ in _CLIENTS]
-_LR, _BATCH = 0.1, 2
+RNG = np.random.default_rng(0)
+D_IN, D_OUT, R = 4, 3, 2
+W0 = RNG.normal(size=(D_IN, D_OUT)).astype(np.float32)
+A0 = RNG.normal(size=(D_IN, R)).astype(np.float32)
+B0 = (0.5 * RNG.normal(size=(R, D_OUT))).astype(np.float32)  # set as a non-zero start
+CLIENTS = [(RNG.normal(size=(n, D_IN)).astype(np.float32),
+             RNG.normal(size=(n, D_OUT)).astype(np.float32)) for n in (4, 6, 2)]
+COUNTS = [len(x) for x, _ in CLIENTS]
+LR, BATCH = 0.1, 2
 
 
-def _small_process(name, **kwargs):
+def small_process(name, **kwargs):
     return lora_fl.build_lora_process(
-        name, _model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
+        name, linear_model_fn([(W0, A0)]), linear_spec(D_IN, D_OUT), LR,
         loss_fn=tf.keras.losses.MeanSquaredError, **kwargs)
 
 
-def _start(process, b0=_B0):
+def start(process, b0=B0):
     """Initial state with B set to `b0` (tests `with_model_weights` and a non-zero B start)."""
     state = process.initialize()
     weights = process.model_weights(state)   # the whole model: [A, B] trainable, [W0] frozen
-    np.testing.assert_array_equal(weights.trainable[0], _A0)
-    np.testing.assert_array_equal(weights.trainable[1], np.zeros((_R, _D_OUT)))
-    np.testing.assert_array_equal(weights.non_trainable[0], _W0)
+    np.testing.assert_array_equal(weights.trainable[0], A0)
+    np.testing.assert_array_equal(weights.trainable[1], np.zeros((R, D_OUT)))
+    np.testing.assert_array_equal(weights.non_trainable[0], W0)
     weights = tff.learning.models.ModelWeights(
         trainable=[weights.trainable[0], b0], non_trainable=weights.non_trainable)
     state = process.with_model_weights(state, weights)
     set_weights = process.model_weights(state)
     np.testing.assert_array_equal(set_weights.trainable[1], b0)
-    np.testing.assert_array_equal(set_weights.trainable[0], _A0)
-    np.testing.assert_array_equal(set_weights.non_trainable[0], _W0)
+    np.testing.assert_array_equal(set_weights.trainable[0], A0)
+    np.testing.assert_array_equal(set_weights.non_trainable[0], W0)
     return state
 
 
-def _run(process, state, datasets, calls):
+def run(process, state, datasets, calls):
     """`calls` calls of `next` (one communication round each) on the same `datasets`; returns the
     last state and the list of each call's metrics."""
     metrics = []
@@ -160,15 +160,15 @@ def check_flexlora_round(a, b, factors, counts, a_new, b_new, atol=1e-6):
     return s
 
 
-def _two_layer(d_in, d_hidden, d_out, r, seed=0):
+def two_layer(d_in, d_hidden, d_out, r, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.normal(size=(d_in, d_hidden)), rng.normal(size=(d_in, r))),
             (rng.normal(size=(d_hidden, d_out)), rng.normal(size=(d_hidden, r)))]
 
-def _row_mse():
+def row_mse():
     return lambda y, p: tf.reduce_mean(tf.reduce_sum(tf.square(y - p), axis=-1))
 
-def _lora_with_head():
+def lora_with_head():
     """x (12) → LowRankDense(6, rank 2) [A: lora_a, B: lora_b] → Dense(3) logits [role head]."""
     x = tf.keras.Input((12,))
     head = tf.keras.layers.Dense(3, name="head")

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
-from tffl.algorithms import registry as algorithms
+from tffl.algorithms import registry
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
 from tffl.algorithms.lora_plans import LoraConfig
@@ -39,13 +39,13 @@ def _datasets(seed):
 
 
 def test_the_registry_is_the_one_list_of_names():
-    assert list(algorithms.ALGORITHMS) == [*personalized.ALGORITHMS, *lora_plans.ROUND_BUILDERS,
-                                           *algorithms.LINEAR_BUILDERS]
-    assert {a.family for a in algorithms.ALGORITHMS.values()} == {"lora", "personalized",
+    assert list(registry.ALGORITHMS) == [*personalized.ALGORITHMS, *lora_plans.ROUND_BUILDERS,
+                                           *registry.LINEAR_BUILDERS]
+    assert {a.family for a in registry.ALGORITHMS.values()} == {"lora", "personalized",
                                                                   "linear"}
-    assert all(name == entry.name for name, entry in algorithms.ALGORITHMS.items())
+    assert all(name == entry.name for name, entry in registry.ALGORITHMS.items())
     with pytest.raises(ValueError, match="unknown algorithm 'fedprox'; choose one of fedrep"):
-        algorithms.get("fedprox")
+        registry.get("fedprox")
 
 
 def _source():
@@ -54,16 +54,16 @@ def _source():
 
 def test_every_family_builds_from_its_one_config():
     with pytest.raises(ValueError, match=r"rolora_ffa needs LoraConfig\(total_rounds=T\)"):
-        algorithms.get("rolora_ffa").build(LoraConfig(_source(), 0.1))
+        registry.get("rolora_ffa").build(LoraConfig(_source(), 0.1))
     with pytest.raises(TypeError, match="takes a tffl.algorithms.lora_plans.LoraConfig, got dict"):
-        algorithms.get("rolora").build({"seed": 1})
+        registry.get("rolora").build({"seed": 1})
     with pytest.raises(TypeError, match="fedrep takes a tffl.algorithms.personalized_builders."
                                         "PersonalizedConfig, got LoraConfig"):
-        algorithms.get("fedrep").build(LoraConfig(_source(), 0.1))
+        registry.get("fedrep").build(LoraConfig(_source(), 0.1))
     with pytest.raises(ValueError, match=r"fedrep needs PersonalizedConfig\(model=ModelSource"):
-        algorithms.get("fedrep").build(PersonalizedConfig())
+        registry.get("fedrep").build(PersonalizedConfig())
     with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LinearConfig"):
-        algorithms.get("fedrep_linear").build(LoraConfig(_source(), 0.1))
+        registry.get("fedrep_linear").build(LoraConfig(_source(), 0.1))
 
 
 def _flat(weights):
@@ -72,7 +72,7 @@ def _flat(weights):
 
 @pytest.mark.parametrize("name", _ON_THIS_MODEL)
 def test_every_entry_builds_and_runs_two_rounds(name, tff_runtime):
-    entry = algorithms.get(name)
+    entry = registry.get(name)
     config = (LoraConfig(_source(), 0.1, total_rounds=4) if entry.family == "lora"
               else PersonalizedConfig(model=_source(), client_optimizer=0.1))
     process = entry.build(config)
@@ -111,12 +111,12 @@ def _leaves(value):
     return [np.asarray(v) for v in tf.nest.flatten(value)]
 
 
-@pytest.mark.parametrize("name", list(algorithms.LINEAR_BUILDERS))
+@pytest.mark.parametrize("name", list(registry.LINEAR_BUILDERS))
 def test_every_linear_entry_builds_and_runs_two_rounds(name, tff_runtime):
     rank = 1 if name == "rolora_linear" else 2
-    entry = algorithms.get(name)
+    entry = registry.get(name)
     assert entry.family == "linear"
-    process = entry.build(algorithms.LinearConfig(
+    process = entry.build(registry.LinearConfig(
         dim=5, rank=rank, learning_rate=0.1, seed=1, options=_LINEAR_OPTIONS.get(name, {})))
     # The one process class: the stateless ones pass TFF's LearningProcess checks; the
     # personalized ones declare their personal state.
@@ -144,6 +144,6 @@ def test_every_linear_entry_builds_and_runs_two_rounds(name, tff_runtime):
 
 def test_linear_config_is_checked():
     with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LinearConfig, got dict"):
-        algorithms.get("fedrep_linear").build({"dim": 5})
+        registry.get("fedrep_linear").build({"dim": 5})
     with pytest.raises(ValueError, match="rank=2 must be 1"):
-        algorithms.get("rolora_linear").build(algorithms.LinearConfig(5, 2, 0.1))
+        registry.get("rolora_linear").build(registry.LinearConfig(5, 2, 0.1))

@@ -11,22 +11,22 @@ import tensorflow_federated as tff
 from models.lora_layers import LoraEinsumDense
 from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tests.tffl.algorithms.lora_linear import (
-    _A0,
-    _BATCH,
-    _CLIENTS,
-    _COUNTS,
-    _D_IN,
-    _D_OUT,
-    _LR,
-    _R,
-    _RNG,
-    _W0,
-    _datasets,
-    _LinearLora,
-    _local_sgd,
-    _model_fn,
-    _spec,
-    _weighted_mean,
+    A0,
+    BATCH,
+    CLIENTS,
+    COUNTS,
+    D_IN,
+    D_OUT,
+    LR,
+    RNG,
+    W0,
+    LinearLora,
+    R,
+    client_datasets,
+    linear_model_fn,
+    linear_spec,
+    local_sgd,
+    weighted_mean,
 )
 from tffl.algorithms import lora_fl
 from tffl.engine import roles
@@ -55,7 +55,7 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
         return tf.keras.Model(x, lora(x))
 
     spec = (tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None, 2, 3], tf.float32))
-    process = lora_fl.build_lora_process("flora", model_fn, spec, _LR, seed=seed,
+    process = lora_fl.build_lora_process("flora", model_fn, spec, LR, seed=seed,
                                          loss_fn=tf.keras.losses.MeanSquaredError)
     factor_bytes = (4 * 2 + 2 * 6) * 4
     metric_sums, weight = 3 * 4, 4   # float32 loss sum, correct and example counts; float32 n_i
@@ -74,15 +74,15 @@ def test_flora_merges_the_stacked_product_into_the_base_kernel(tff_runtime):
     clients = [(rng.normal(size=(n, 4)).astype(np.float32),
                 rng.normal(size=(n, 2, 3)).astype(np.float32)) for n in (4, 6, 2)]
     counts = [n for n in (4, 6, 2)]
-    datasets = [tf.data.Dataset.from_tensor_slices(c).batch(_BATCH) for c in clients]
+    datasets = [tf.data.Dataset.from_tensor_slices(c).batch(BATCH) for c in clients]
     state = process.initialize()
     kernel, a = w0.reshape(4, 6).astype(np.float64), a0
     for t in (1, 2):
         state = process.next_round(state, datasets).state
         (a_new, b_new), (kernel_new,) = process.get_model_weights(state)
-        local = [_local_sgd(a, np.zeros((2, 6)), kernel, x, y.reshape(-1, 6), _LR, _BATCH, "ab",
+        local = [local_sgd(a, np.zeros((2, 6)), kernel, x, y.reshape(-1, 6), LR, BATCH, "ab",
                             scale) for x, y in clients]
-        kernel = kernel + scale * _weighted_mean([ai @ bi for ai, bi in local], counts)
+        kernel = kernel + scale * weighted_mean([ai @ bi for ai, bi in local], counts)
         np.testing.assert_allclose(kernel_new, kernel.reshape(4, 2, 3), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(b_new, np.zeros((2, 6)))
         a = tf.random.stateless_uniform((4, 2), seed=[seed, t], minval=-0.5, maxval=0.5).numpy()
@@ -98,43 +98,43 @@ def test_flora_unweighted_two_adapters(tff_runtime):
     cannot build a DistributeAggregateForm for it). The upload is the four factors + the metric
     sums + the float32 weight (ignored by the unweighted stacking, but part of the client's
     result); no deltas, so no second aggregator and no client count."""
-    w1, w2 = _W0[:, :3], _RNG.normal(size=(3, 3)).astype(np.float32)
-    a1, a2 = _A0, _RNG.normal(size=(3, 2)).astype(np.float32)
+    w1, w2 = W0[:, :3], RNG.normal(size=(3, 3)).astype(np.float32)
+    a1, a2 = A0, RNG.normal(size=(3, 2)).astype(np.float32)
     process = lora_fl.build_flora(
-        _model_fn([(w1, a1), (w2, a2)], scale=2.0, link=True), _spec(_D_IN, 3), _LR,
+        linear_model_fn([(w1, a1), (w2, a2)], scale=2.0, link=True), linear_spec(D_IN, 3), LR,
         loss_fn=tf.keras.losses.MeanSquaredError,
         aggregator=tff.aggregators.UnweightedMeanFactory())
     with pytest.raises(Exception):  # why the fallback exists; if TFF learns it, drop the fallback
         tff.backends.mapreduce.get_distribute_aggregate_form_for_computation(process.next)
-    factor_bytes = (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3) * 4
+    factor_bytes = (D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3) * 4
     metric_sums, weight = 3 * 4, 4
     upload = factor_bytes + metric_sums + weight
     assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload}
     traffic = lora_fl.traffic_per_communication_round(process)["ab_round"]
     assert traffic.up == upload
-    assert traffic.down == (_D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3 + _D_IN * 3 + 3 * 3) * 4
+    assert traffic.down == (D_IN * 2 + 2 * 3 + 3 * 2 + 2 * 3 + D_IN * 3 + 3 * 3) * 4
     assert process.next is process.rounds["ab_round"]   # the round `traffic` sized
-    output = process.next_round(process.initialize(), _datasets(_CLIENTS, _BATCH))
+    output = process.next_round(process.initialize(), client_datasets(CLIENTS, BATCH))
     (new_a1, new_b1, new_a2, new_b2), (new_w1, new_w2) = process.get_model_weights(output.state)
 
     products = [[], []]
-    for x, y in _CLIENTS:   # one client's joint SGD on (A1, B1, A2, B2), numpy, float64
+    for x, y in CLIENTS:   # one client's joint SGD on (A1, B1, A2, B2), numpy, float64
         f = [m.astype(np.float64) for m in (a1, np.zeros((2, 3)), a2, np.zeros((2, 3)))]
-        for s in range(0, len(x), _BATCH):
-            xb, yb = x[s:s + _BATCH].astype(np.float64), y[s:s + _BATCH].astype(np.float64)
+        for s in range(0, len(x), BATCH):
+            xb, yb = x[s:s + BATCH].astype(np.float64), y[s:s + BATCH].astype(np.float64)
             h = xb @ w1 + 2.0 * xb @ f[0] @ f[1]
             g = 2.0 / yb.size * (h @ w2 + 2.0 * h @ f[2] @ f[3] - yb)
             gh = g @ (w2 + 2.0 * f[2] @ f[3]).T
             grads = [2.0 * xb.T @ gh @ f[1].T, 2.0 * (xb @ f[0]).T @ gh,
                      2.0 * h.T @ g @ f[3].T, 2.0 * (h @ f[2]).T @ g]
-            f = [v - _LR * gv for v, gv in zip(f, grads)]
+            f = [v - LR * gv for v, gv in zip(f, grads)]
         products[0].append(f[0] @ f[1])
         products[1].append(f[2] @ f[3])
     np.testing.assert_allclose(new_w1, w1 + 2.0 * np.mean(products[0], axis=0), rtol=1e-5,
                                atol=1e-5)
     np.testing.assert_allclose(new_w2, w2 + 2.0 * np.mean(products[1], axis=0), rtol=1e-5,
                                atol=1e-5)
-    for k, (a, b, d_in) in enumerate([(new_a1, new_b1, _D_IN), (new_a2, new_b2, 3)]):
+    for k, (a, b, d_in) in enumerate([(new_a1, new_b1, D_IN), (new_a2, new_b2, 3)]):
         bound = 1.0 / np.sqrt(d_in)
         np.testing.assert_array_equal(a, tf.random.stateless_uniform(
             (d_in, 2), seed=[0, 1 * 2 + k], minval=-bound, maxval=bound).numpy())
@@ -145,47 +145,47 @@ def test_flora_with_a_head(tff_runtime):
     """FLoRA with a trained `head` (extra role): ŷ = (x·W0 + ½·x·A·B)·H + c, MSE, weighted mean.
     The head is aggregated as deltas by the aggregator (H ← Σ p_i H_i, c ← Σ p_i c_i) while the
     factors are stacked into W0 (numpy backprop). Upload = A, B, H, c + 16 bytes."""
-    h0 = _RNG.normal(size=(_D_OUT, 2)).astype(np.float32)
-    c0 = _RNG.normal(size=2).astype(np.float32)
+    h0 = RNG.normal(size=(D_OUT, 2)).astype(np.float32)
+    c0 = RNG.normal(size=2).astype(np.float32)
 
     def model_fn():
-        x = tf.keras.Input((_D_IN,))
+        x = tf.keras.Input((D_IN,))
         head = tf.keras.layers.Dense(2, kernel_initializer=tf.constant_initializer(h0),
                                      bias_initializer=tf.constant_initializer(c0))
-        y = head(_LinearLora(_W0, _A0, scale=0.5, link=True, name="lora")(x))
+        y = head(LinearLora(W0, A0, scale=0.5, link=True, name="lora")(x))
         roles.tag_layer(head, roles.HEAD)
         return tf.keras.Model(x, y)
 
-    process = lora_fl.build_flora(model_fn, _spec(_D_IN, 2), _LR,
+    process = lora_fl.build_flora(model_fn, linear_spec(D_IN, 2), LR,
                                   loss_fn=tf.keras.losses.MeanSquaredError)
-    upload = (_D_IN * _R + _R * _D_OUT + _D_OUT * 2 + 2) * 4 + 3 * 4 + 4   # + sums, n_i
+    upload = (D_IN * R + R * D_OUT + D_OUT * 2 + 2) * 4 + 3 * 4 + 4   # + sums, n_i
     assert process.declared_traffic["ab_round"].up == upload
     # TFF's sizing: the head's `MeanFactory` carries its own copy of n_i (4 more bytes).
     assert lora_fl.upload_bytes_per_communication_round(process) == {"ab_round": upload + 4}
     # TFF's MapReduceForm: n_i once more (the stacking aggregate and the head's mean each sum it).
     assert process.next is process.rounds["ab_round"]   # the round `traffic` sized
-    clients = [(x, _RNG.normal(size=(len(x), 2)).astype(np.float32)) for x, _ in _CLIENTS]
-    output = process.next_round(process.initialize(), _datasets(clients, _BATCH))
+    clients = [(x, RNG.normal(size=(len(x), 2)).astype(np.float32)) for x, _ in CLIENTS]
+    output = process.next_round(process.initialize(), client_datasets(clients, BATCH))
     (_, b_new, h_new, c_new), (w_new,) = process.get_model_weights(output.state)
 
     products, heads, biases = [], [], []
     for x, y in clients:
-        a, b, h, c = (m.astype(np.float64) for m in (_A0, np.zeros((_R, _D_OUT)), h0, c0))
-        for s in range(0, len(x), _BATCH):
-            xb, yb = x[s:s + _BATCH].astype(np.float64), y[s:s + _BATCH].astype(np.float64)
-            z = xb @ _W0 + 0.5 * xb @ a @ b
+        a, b, h, c = (m.astype(np.float64) for m in (A0, np.zeros((R, D_OUT)), h0, c0))
+        for s in range(0, len(x), BATCH):
+            xb, yb = x[s:s + BATCH].astype(np.float64), y[s:s + BATCH].astype(np.float64)
+            z = xb @ W0 + 0.5 * xb @ a @ b
             g = 2.0 / yb.size * (z @ h + c - yb)
             gz = g @ h.T
-            a, b, h, c = (a - _LR * 0.5 * xb.T @ gz @ b.T, b - _LR * 0.5 * (xb @ a).T @ gz,
-                          h - _LR * z.T @ g, c - _LR * g.sum(0))
+            a, b, h, c = (a - LR * 0.5 * xb.T @ gz @ b.T, b - LR * 0.5 * (xb @ a).T @ gz,
+                          h - LR * z.T @ g, c - LR * g.sum(0))
         products.append(a @ b)
         heads.append(h)
         biases.append(c)
-    np.testing.assert_allclose(w_new, _W0 + 0.5 * _weighted_mean(products, _COUNTS), rtol=1e-5,
+    np.testing.assert_allclose(w_new, W0 + 0.5 * weighted_mean(products, COUNTS), rtol=1e-5,
                                atol=1e-5)
-    np.testing.assert_allclose(h_new, _weighted_mean(heads, _COUNTS), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(c_new, _weighted_mean(biases, _COUNTS), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(b_new, np.zeros((_R, _D_OUT)))
+    np.testing.assert_allclose(h_new, weighted_mean(heads, COUNTS), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c_new, weighted_mean(biases, COUNTS), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(b_new, np.zeros((R, D_OUT)))
 
 
 def test_flora_trains_the_relu_toy_net_through_its_base_kernel(tff_runtime):
@@ -216,4 +216,4 @@ def test_flora_trains_the_relu_toy_net_through_its_base_kernel(tff_runtime):
 
 def test_flora_needs_linked_adapters():
     with pytest.raises(ValueError, match="link_lora.*unlinked: lora_0/lora_a"):
-        lora_fl.build_flora(_model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), 0.1)
+        lora_fl.build_flora(linear_model_fn([(W0, A0)]), linear_spec(D_IN, D_OUT), 0.1)

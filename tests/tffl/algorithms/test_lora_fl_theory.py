@@ -11,11 +11,11 @@ import tensorflow_federated as tff
 from tasks.subspace import sin_theta
 from tasks.synthetic import rolora_linear
 from tests.tffl.algorithms.lora_linear import (
-    _datasets,
-    _model_fn,
-    _row_mse,
-    _spec,
-    _two_layer,
+    client_datasets,
+    linear_model_fn,
+    linear_spec,
+    row_mse,
+    two_layer,
 )
 from tffl.algorithms import lora_fl
 
@@ -32,9 +32,9 @@ def test_upload_per_communication_round(dims):
     Square matrices: RoLoRA and FFA-LoRA upload half of FedAvg-LoRA."""
     d_in, d_hidden, d_out = dims
     r = 2
-    layers = _two_layer(d_in, d_hidden, d_out, r)
+    layers = two_layer(d_in, d_hidden, d_out, r)
     matrices = [(d_in, d_hidden), (d_hidden, d_out)]
-    spec = _spec(d_in, d_out)
+    spec = linear_spec(d_in, d_out)
     metric_sums, weight, client_count = 3 * 4, 4, 4
     metric = metric_sums + weight
     assert lora_fl.METRIC_UPLOAD_BYTES == metric == 16
@@ -42,7 +42,7 @@ def test_upload_per_communication_round(dims):
     a_bytes = sum(r * i * 4 for i, _ in matrices)
     up, down = {}, {}
     for name in ("fedavg_lora", "ffa_lora", "rolora"):
-        process = lora_fl.build_lora_process(name, _model_fn(layers), spec, 0.1,
+        process = lora_fl.build_lora_process(name, linear_model_fn(layers), spec, 0.1,
                                              loss_fn=tf.keras.losses.MeanSquaredError)
         up[name] = lora_fl.upload_bytes_per_communication_round(process)
         traffic = lora_fl.traffic_per_communication_round(process)
@@ -57,7 +57,7 @@ def test_upload_per_communication_round(dims):
     assert down["rolora"] == {"b_round": a_bytes + b_bytes, "a_round": a_bytes + b_bytes}
     # RoLoRA→FFA: one switch round kind; a client uploads the chosen factor's deltas packed
     # into max(|A|, |B|) floats, and gets the round number (int32) beside the weights.
-    switching = lora_fl.build_rolora_then_ffa(0.5, 4, _model_fn(layers), spec, 0.1,
+    switching = lora_fl.build_rolora_then_ffa(0.5, 4, linear_model_fn(layers), spec, 0.1,
                                               loss_fn=tf.keras.losses.MeanSquaredError)
     traffic = lora_fl.traffic_per_communication_round(switching)
     assert {k: (t.down, t.up) for k, t in traffic.items()} == {
@@ -71,13 +71,13 @@ def test_upload_per_communication_round(dims):
 
     # Other aggregators: `traffic` is TFF's sizing of what they really move; the declared
     # figure (from the client work's result type) keeps counting n_i.
-    summed = lora_fl.build_rolora(_model_fn(layers), spec, 0.1,
+    summed = lora_fl.build_rolora(linear_model_fn(layers), spec, 0.1,
                                   aggregator=tff.aggregators.SumFactory(),
                                   loss_fn=tf.keras.losses.MeanSquaredError)
     assert {k: t.up for k, t in summed.declared_traffic.items()} == up["rolora"]
     assert lora_fl.upload_bytes_per_communication_round(summed) == {
         "b_round": b_bytes + metric_sums, "a_round": a_bytes + metric_sums}
-    unweighted = lora_fl.build_rolora(_model_fn(layers), spec, 0.1,
+    unweighted = lora_fl.build_rolora(linear_model_fn(layers), spec, 0.1,
                                       aggregator=tff.aggregators.UnweightedMeanFactory(),
                                       loss_fn=tf.keras.losses.MeanSquaredError)
     assert lora_fl.upload_bytes_per_communication_round(unweighted) == {
@@ -100,9 +100,9 @@ def test_linear_theory_rolora_recovers_a_star_ffa_does_not(tff_runtime):
     layers = [(np.zeros((d, d)), a0)]
     clients = [(problem.features[i].astype(np.float32), problem.targets[i].astype(np.float32))
                for i in range(n)]
-    datasets = [ds.repeat(10) for ds in _datasets(clients, m)]   # 10 full-batch local steps
-    processes = {name: lora_fl.build_lora_process(name, _model_fn(layers), _spec(d, d), 0.1,
-                                                  loss_fn=_row_mse)
+    datasets = [ds.repeat(10) for ds in client_datasets(clients, m)]   # 10 full-batch local steps
+    processes = {name: lora_fl.build_lora_process(name, linear_model_fn(layers), linear_spec(d, d),
+                                                  0.1, loss_fn=row_mse)
                  for name in ("rolora", "ffa_lora")}
     angles = {}
     calls = {"rolora": 22, "ffa_lora": 15}   # communication rounds, one per `next`
@@ -132,8 +132,8 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
     rng = np.random.default_rng(2)
     a0 = rng.normal(size=(d, 1))
     a0 /= np.linalg.norm(a0)
-    processes = {name: lora_fl.build_lora_process(name, _model_fn([(np.zeros((d, d)), a0)]),
-                                                  _spec(d, d), 0.1, loss_fn=_row_mse)
+    processes = {name: lora_fl.build_lora_process(name, linear_model_fn([(np.zeros((d, d)), a0)]),
+                                                  linear_spec(d, d), 0.1, loss_fn=row_mse)
                  for name in ("rolora", "ffa_lora")}
     final = {}
     # Communication rounds (one per `next`): RoLoRA 24 (12 B and 12 A rounds), FFA-LoRA 2.
@@ -141,7 +141,7 @@ def test_linear_theory_heterogeneous_clients(tff_runtime):
         problem = rolora_linear(num_clients=n, num_samples=m, dim=d, heterogeneity=gamma, seed=4)
         clients = [(problem.features[i].astype(np.float32),
                     problem.targets[i].astype(np.float32)) for i in range(n)]
-        datasets = [ds.repeat(10) for ds in _datasets(clients, m)]   # 10 full-batch GD steps
+        datasets = [ds.repeat(10) for ds in client_datasets(clients, m)]   # 10 full-batch GD steps
         process = processes[name]
         state = process.initialize()
         for _ in range(nexts):

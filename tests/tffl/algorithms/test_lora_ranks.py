@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.tffl.algorithms.test_lora_fl import _local_sgd, _model_fn, _spec, _weighted_mean
-from tests.tffl.algorithms.test_lora_fl import check_flexlora_round, client_factors_by_fedavg
+from tests.tffl.algorithms.lora_linear import local_sgd, linear_model_fn, linear_spec, weighted_mean
+from tests.tffl.algorithms.lora_linear import check_flexlora_round, client_factors_by_fedavg
 from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_ranks
 
@@ -33,8 +33,8 @@ def _datasets():
 
 def _process(algorithm, ranks, **kwargs):
     return lora_fl.build_lora_process(
-        algorithm, _model_fn([(_W0, _A0)], **kwargs.pop("layer", {})), _spec(_D_IN, _D_OUT),
-        _LR, loss_fn=tf.keras.losses.MeanSquaredError,
+        algorithm, linear_model_fn([(_W0, _A0)], **kwargs.pop("layer", {})),
+        linear_spec(_D_IN, _D_OUT), _LR, loss_fn=tf.keras.losses.MeanSquaredError,
         client_ranks=lora_ranks.assign_ranks(_IDS, ranks), **kwargs)
 
 
@@ -63,10 +63,10 @@ def test_flexlora_clients_train_their_rank_truncation(tff_runtime):
         output = process.next(state, _datasets(), personal)
         state = output.state
         assert [int(np.asarray(p[0])) for p in output.personal_states] == list(ranks)
-        local = [_local_sgd(a[:, :r], b[:r], _W0, x, y, _LR, _BATCH, "ab")
+        local = [local_sgd(a[:, :r], b[:r], _W0, x, y, _LR, _BATCH, "ab")
                  for r, (x, y) in zip(ranks, _CLIENTS)]
         assert [f[0].shape[1] for f in local] == list(ranks)
-        u, s, vt = np.linalg.svd(_weighted_mean([ai @ bi for ai, bi in local], _COUNTS))
+        u, s, vt = np.linalg.svd(weighted_mean([ai @ bi for ai, bi in local], _COUNTS))
         a_new, b_new = (np.asarray(v, np.float64)
                         for v in process.get_model_weights(state).trainable)
         for k in (1, 2, 3):
@@ -75,7 +75,7 @@ def test_flexlora_clients_train_their_rank_truncation(tff_runtime):
         a, b = a_new, b_new
     # Equal ranks at r: the same numbers as FlexLoRA without client ranks.
     full = _process("flexlora", (3, 3, 3))
-    plain = lora_fl.build_flexlora(_model_fn([(_W0, _A0)]), _spec(_D_IN, _D_OUT), _LR,
+    plain = lora_fl.build_flexlora(linear_model_fn([(_W0, _A0)]), linear_spec(_D_IN, _D_OUT), _LR,
                                    loss_fn=tf.keras.losses.MeanSquaredError)
     out_full = full.next(full.initialize(), _datasets(),
                          [full.initialize_personal(c) for c in _IDS])
@@ -98,9 +98,9 @@ def test_flora_stacks_adapters_of_different_ranks(tff_runtime):
     for t in (1, 2):
         state = process.next(state, _datasets(), personal).state
         (a_new, b_new), (kernel_new,) = process.get_model_weights(state)
-        local = [_local_sgd(a[:, :r], np.zeros((r, _D_OUT)), kernel, x, y, _LR, _BATCH, "ab",
+        local = [local_sgd(a[:, :r], np.zeros((r, _D_OUT)), kernel, x, y, _LR, _BATCH, "ab",
                             scale) for r, (x, y) in zip(ranks, _CLIENTS)]
-        kernel = kernel + scale * _weighted_mean([ai @ bi for ai, bi in local], _COUNTS)
+        kernel = kernel + scale * weighted_mean([ai @ bi for ai, bi in local], _COUNTS)
         np.testing.assert_allclose(kernel_new, kernel, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(b_new, np.zeros((_R, _D_OUT)))
         bound = 1.0 / np.sqrt(_D_IN)
@@ -139,11 +139,11 @@ def test_flexlora_ranks_one_and_two_follow_the_product_formula(tff_runtime):
     ranks, r = (1, 2, 1), 2
     a0, b0 = _A0[:, :r], _B0[:r]
     process = lora_fl.build_lora_process(
-        "flexlora", _model_fn([(_W0, a0)]), _spec(_D_IN, _D_OUT), _LR,
+        "flexlora", linear_model_fn([(_W0, a0)]), linear_spec(_D_IN, _D_OUT), _LR,
         loss_fn=tf.keras.losses.MeanSquaredError,
         client_ranks=lora_ranks.assign_ranks(_IDS, (1, 2)))
-    fedavg = lora_fl.build_lora_process("fedavg_lora", _model_fn([(_W0, a0)]),
-                                        _spec(_D_IN, _D_OUT), _LR,
+    fedavg = lora_fl.build_lora_process("fedavg_lora", linear_model_fn([(_W0, a0)]),
+                                        linear_spec(_D_IN, _D_OUT), _LR,
                                         loss_fn=tf.keras.losses.MeanSquaredError)
     assert process.traffic["ab_round"].up == (_D_IN * r + r * _D_OUT) * 4 + 3 * 4 + 4
     personal = [process.initialize_personal(c) for c in _IDS]
@@ -162,7 +162,7 @@ def test_flexlora_ranks_one_and_two_follow_the_product_formula(tff_runtime):
             (ai, bi), = client_factors_by_fedavg(fedavg, a * mask, mask[:, None] * b, [dataset])
             np.testing.assert_array_equal(ai[:, rank:], 0.0)
             np.testing.assert_array_equal(bi[rank:], 0.0)
-            sgd_a, sgd_b = _local_sgd(a[:, :rank], b[:rank], _W0, x, y, _LR, _BATCH, "ab")
+            sgd_a, sgd_b = local_sgd(a[:, :rank], b[:rank], _W0, x, y, _LR, _BATCH, "ab")
             np.testing.assert_allclose(ai[:, :rank], sgd_a, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(bi[:rank], sgd_b, rtol=1e-5, atol=1e-5)
             factors.append((ai, bi))

@@ -20,7 +20,7 @@ from tffl.algorithms import personalized
 from tffl.engine import personal_state
 from tffl.engine import roles
 from tffl.simulation import checkpoint
-from tffl.simulation import driver as simulation
+from tffl.simulation import driver
 from tffl.simulation import participation
 
 
@@ -229,9 +229,9 @@ _SCHEDULE = [("a", "b"), ("b", "c"), ("a", "c"), ("b",)]
 
 def _run(process, tmp_path, rounds, resume=False, name="run"):
     data = dict(zip("abc", linear_clients(sizes=(4, 6, 5), seed=7)))
-    return simulation.run_rounds(
+    return driver.run_rounds(
         process, _Scripted(_SCHEDULE), lambda cid, t: full_batch_datasets([data[cid]])[0], rounds,
-        tmp_path / name, simulation.RunOptions(config={"test": 1}, resume=resume, log=None))
+        tmp_path / name, driver.RunOptions(config={"test": 1}, resume=resume, log=None))
 
 
 def test_heads_survive_rounds_without_their_client(tff_runtime, tmp_path):

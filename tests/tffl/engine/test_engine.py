@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.tffl.algorithms.lora_linear import _LinearLora, _local_sgd, _weighted_mean
+from tests.tffl.algorithms.lora_linear import LinearLora, local_sgd, weighted_mean
 from tests.tiers import tiered
 from tffl.engine import frozen
 from tffl.engine import model_spec
@@ -23,7 +23,7 @@ from tffl.algorithms import lora_fl
 from tffl.algorithms import lora_plans
 from tffl.simulation import participation
 from tffl.algorithms import personalized
-from tffl.simulation import driver as simulation
+from tffl.simulation import driver
 
 _RNG = np.random.default_rng(11)
 _D_IN, _D_OUT, _R = 4, 3, 2
@@ -39,7 +39,7 @@ _SPEC = (tf.TensorSpec([None, _D_IN], tf.float32), tf.TensorSpec([None, _D_OUT],
 def _lora_model(w0=_W0, link=False):
     def build():
         x = tf.keras.Input((_D_IN,))
-        return tf.keras.Model(x, _LinearLora(w0, _A0, link=link, name="lora_0")(x))
+        return tf.keras.Model(x, LinearLora(w0, _A0, link=link, name="lora_0")(x))
 
     return build
 
@@ -105,7 +105,7 @@ def _frozen_below_lora(link):
     def build():
         x = tf.keras.Input((_D_IN,))
         dense = tf.keras.layers.Dense(6, trainable=False)
-        return tf.keras.Model(x, _LinearLora(w0, a0, link=link, name="lora")(dense(x)))
+        return tf.keras.Model(x, LinearLora(w0, a0, link=link, name="lora")(dense(x)))
 
     return build
 
@@ -160,9 +160,9 @@ def test_rolora_b_and_a_rounds_train_on_different_batches(tff_runtime, tmp_path)
         seen.append((cid, round_num))
         return tf.data.Dataset.from_tensor_slices(data[cid, round_num]).batch(_BATCH)
 
-    result = simulation.run_rounds(
+    result = driver.run_rounds(
         process, participation.FullParticipation(ids), client_dataset_fn, 2, tmp_path,
-        simulation.RunOptions(log=None))
+        driver.RunOptions(log=None))
     assert seen == [(c, 1) for c in ids] + [(c, 2) for c in ids]
     assert [r["communication_rounds"] for r in result.history] == [1, 2]
     assert "b_round/client_work/train/loss" in result.history[0]
@@ -171,13 +171,13 @@ def test_rolora_b_and_a_rounds_train_on_different_batches(tff_runtime, tmp_path)
     assert result.history[1]["worker_peak_rss_mb"] > 10 < result.history[1]["peak_rss_mb"]
     a_new, b_new = process.model_weights(result.state).trainable
     zeros = np.zeros((_R, _D_OUT))
-    b_bar = _weighted_mean([_local_sgd(_A0, zeros, _W0, *data[c, 1], _LR, _BATCH, "b")[1]
+    b_bar = weighted_mean([local_sgd(_A0, zeros, _W0, *data[c, 1], _LR, _BATCH, "b")[1]
                             for c in ids], [4, 4, 4])
     np.testing.assert_allclose(b_new, b_bar, rtol=1e-5, atol=1e-6)
-    a_bar = _weighted_mean([_local_sgd(_A0, b_bar, _W0, *data[c, 2], _LR, _BATCH, "a")[0]
+    a_bar = weighted_mean([local_sgd(_A0, b_bar, _W0, *data[c, 2], _LR, _BATCH, "a")[0]
                             for c in ids], [4, 4, 4])
     np.testing.assert_allclose(a_new, a_bar, rtol=1e-5, atol=1e-5)
-    same_data = _weighted_mean([_local_sgd(_A0, b_bar, _W0, *data[c, 1], _LR, _BATCH, "a")[0]
+    same_data = weighted_mean([local_sgd(_A0, b_bar, _W0, *data[c, 1], _LR, _BATCH, "a")[0]
                                 for c in ids], [4, 4, 4])
     assert np.abs(same_data - a_bar).max() > 1e-3
 
@@ -225,11 +225,11 @@ def test_server_sgd_step_scales_the_mean_delta(tff_runtime):
         server_optimizer=tff.learning.optimizers.build_sgdm(0.5))
     a_new, b_new = process.model_weights(
         process.next_round(process.initialize(), _datasets(_CLIENTS)).state).trainable
-    local = [_local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, _BATCH, "ab")
+    local = [local_sgd(_A0, np.zeros((_R, _D_OUT)), _W0, x, y, _LR, _BATCH, "ab")
              for x, y in _CLIENTS]
-    np.testing.assert_allclose(a_new, _A0 + 0.5 * (_weighted_mean([a for a, _ in local], _COUNTS)
+    np.testing.assert_allclose(a_new, _A0 + 0.5 * (weighted_mean([a for a, _ in local], _COUNTS)
                                                    - _A0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(b_new, 0.5 * _weighted_mean([b for _, b in local], _COUNTS),
+    np.testing.assert_allclose(b_new, 0.5 * weighted_mean([b for _, b in local], _COUNTS),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -258,12 +258,12 @@ def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
     def run(w0, rounds, resume):
         process = lora_fl.build_rolora(_lora_model(w0), _SPEC, _LR,
                                        loss_fn=tf.keras.losses.MeanSquaredError)
-        return process, simulation.run_rounds(
+        return process, driver.run_rounds(
             process, participation.FullParticipation(ids), client_dataset_fn, rounds, tmp_path,
-            simulation.RunOptions(resume=resume, log=None))
+            driver.RunOptions(resume=resume, log=None))
 
     first, _ = run(_W0, 1, False)
-    with pytest.raises(simulation.ResumeError, match=rf"frozen weights {first.frozen_fingerprint}"
+    with pytest.raises(driver.ResumeError, match=rf"frozen weights {first.frozen_fingerprint}"
                                                       r", this model's are \w+"):
         run(_W0 + 1.0, 2, True)
     _, resumed = run(_W0, 2, True)   # the original frozen weights resume

@@ -28,8 +28,9 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
 from tffl import runtime  # noqa: E402
+from tffl.runtime import distribute
 
-DEVICES = runtime.configure_logical_cpus(4)
+DEVICES = distribute.configure_logical_cpus(4)
 
 import test_adaptpfl_linear  # noqa: E402
 import test_flute_linear  # noqa: E402
@@ -43,7 +44,7 @@ from tffl.algorithms import flute_linear  # noqa: E402
 from tffl.algorithms import lora_fl  # noqa: E402
 from tffl.algorithms import lora_plans  # noqa: E402
 from tffl.algorithms import personalized  # noqa: E402
-from tffl.algorithms import rolora_linear as rolora_linear_module  # noqa: E402
+from tffl.algorithms import rolora_linear as rolora_linear_lib  # noqa: E402
 
 ROUNDS = 2
 
@@ -107,7 +108,7 @@ def _linear(name):
         problem = rolora_linear(num_clients=3, num_samples=12, dim=5, heterogeneity=0.5, seed=0)
         clients = [dict(x=problem.features[i].astype(np.float32),
                         y=problem.targets[i].astype(np.float32)) for i in range(3)]
-        return rolora_linear_module.build_rolora_alt_min_gd(5, 0.3), lambda: clients, None
+        return rolora_linear_lib.build_rolora_alt_min_gd(5, 0.3), lambda: clients, None
     if name == "fedrep_linear":
         process = fedrep_linear.build_fedrep_linear(test_fedrep_linear._D, test_fedrep_linear._K, 0.3)
         return process, lambda: test_fedrep_linear._CLIENTS, None
@@ -186,7 +187,7 @@ def _parity(name: str) -> dict[str, np.ndarray]:
     for label, count, parallel in STRATEGIES:
         strategy = tf.distribute.MirroredStrategy(
             DEVICES[:count], cross_device_ops=tf.distribute.ReductionToOneDevice())
-        with runtime.distribute_runtime(strategy=strategy,
+        with distribute.distribute_runtime(strategy=strategy,
                                         clients_in_parallel=parallel) as context:
             got = _two_rounds(*built)
         results[f"{name}/{label}:clients_per_device"] = np.array(

@@ -9,11 +9,11 @@ import tensorflow_federated as tff
 
 
 @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
-def _mean(values):
+def federated_mean(values):
     return tff.federated_mean(values)
 
 
-def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

@@ -10,8 +10,7 @@ import tensorflow_federated as tff
 
 from tffl import runtime
 from tffl.runtime import distribute
-from tffl.simulation import driver as simulation
-from tffl.simulation import participation
+from tffl.simulation import driver, participation
 
 
 @tff.tensorflow.computation(np.float32)
@@ -41,10 +40,10 @@ def test_the_distribute_runtime_names_the_client_devices_once_per_round_kind(tmp
         return tf.data.Dataset.from_tensor_slices(np.array([round_num], np.float32))
 
     caplog.set_level(logging.INFO, logger="tffl")
-    with runtime.distribute_runtime("CPU:0") as context:
-        result = simulation.run_rounds(
+    with distribute.distribute_runtime("CPU:0") as context:
+        result = driver.run_rounds(
             _ClientStepsProcess(), participation.FullParticipation(["a", "b"]), data, 3, tmp_path,
-            simulation.RunOptions(log=None, tensorboard=False))
+            driver.RunOptions(log=None, tensorboard=False))
     assert float(result.state["total"]) == 2.0 * 2 * 3  # round 3: two clients, 2 × 3 each
     device = context.devices[0]
     assert device.endswith("device:CPU:0")

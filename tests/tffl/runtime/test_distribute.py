@@ -27,7 +27,7 @@ import tensorflow_federated as tff
 
 from tests import forked_python
 from tffl import runtime
-from tffl.runtime import interpreter
+from tffl.runtime import distribute, interpreter
 
 HERE = pathlib.Path(__file__).resolve().parent
 ALGORITHMS = (
@@ -123,7 +123,7 @@ def test_federated_mean_and_broadcast_in_process_equal_numpy():
         return tff.federated_mean(shifted), shifted
 
     values = [1.0, 2.0, 4.0, 8.0, 16.0]
-    with runtime.distribute_runtime("CPU:0") as context:  # OneDeviceStrategy
+    with distribute.distribute_runtime("CPU:0") as context:  # OneDeviceStrategy
         assert isinstance(context.strategy, tf.distribute.OneDeviceStrategy)
         mean, shifted = round_trip(values, 0.5)
     assert float(mean) == pytest.approx(np.mean(values) + 0.5)
@@ -134,7 +134,7 @@ def test_results_fed_back_stay_on_the_device():
     """A round's state, passed back unchanged, is not uploaded again: the context reuses the
     device tensors it returned."""
     add = tff.tensorflow.computation(lambda x: x + 1.0, tff.TensorType(np.float32, [3]))
-    with runtime.distribute_runtime("CPU:0") as context:
+    with distribute.distribute_runtime("CPU:0") as context:
         first = add(np.zeros(3, np.float32))
         assert context.resident_reused == 0
         second = add(first)
@@ -143,16 +143,16 @@ def test_results_fed_back_stay_on_the_device():
 
 
 def test_bad_devices_are_one_line_errors():
-    with pytest.raises(runtime.DeviceError, match=r"device 'GPU:0' does not exist .*CPU:0"):
-        runtime.build_strategy("GPU:0")
-    with pytest.raises(runtime.DeviceError, match="given twice"):
-        runtime.build_strategy("CPU:0,cpu:0")
-    with pytest.raises(runtime.DeviceError, match="no TPU reachable.*TPUClusterResolver"):
-        runtime.build_strategy("tpu")
+    with pytest.raises(distribute.DeviceError, match=r"device 'GPU:0' does not exist .*CPU:0"):
+        distribute.build_strategy("GPU:0")
+    with pytest.raises(distribute.DeviceError, match="given twice"):
+        distribute.build_strategy("CPU:0,cpu:0")
+    with pytest.raises(distribute.DeviceError, match="no TPU reachable.*TPUClusterResolver"):
+        distribute.build_strategy("tpu")
     for bad in ("GPU:0", "tpu"):
         try:
-            runtime.build_strategy(bad)
-        except runtime.DeviceError as e:
+            distribute.build_strategy(bad)
+        except distribute.DeviceError as e:
             assert "\n" not in str(e)
 
 
@@ -161,7 +161,7 @@ def test_an_intrinsic_the_runtime_lacks_is_named():
     def secure(values):
         return tff.federated_secure_sum_bitwidth(values, 8)
 
-    with runtime.distribute_runtime("CPU:0"):
+    with distribute.distribute_runtime("CPU:0"):
         with pytest.raises(interpreter.UnsupportedComputationError,
                            match="federated_secure_sum_bitwidth"):
             secure([1, 2, 3])

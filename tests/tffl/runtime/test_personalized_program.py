@@ -22,6 +22,8 @@ from tests.tffl.algorithms.personalized_models import (build, full_batch_dataset
                                                        initial_weights, linear_clients,
                                                        numpy_round)
 from tffl import runtime
+from tffl.runtime import program
+from tffl.runtime import workers
 from tffl.algorithms import adaptpfl_linear
 from tffl.runtime import personalized_program
 
@@ -48,7 +50,7 @@ def _program(process, state_dir, total_rounds, evaluation_periodicity=3):
     with runtime.program_runtime():
         asyncio.run(personalized_program.train_personalized_model(
             train_process=process,
-            train_data_source=runtime.ClientDataSource(
+            train_data_source=program.ClientDataSource(
                 "personalized", full_batch_datasets(_CLIENTS), seed=_SEED),
             train_config=personalized_program.TrainConfig(per_round_clients=_PER_ROUND,
                                                           total_rounds=total_rounds),
@@ -59,7 +61,7 @@ def _program(process, state_dir, total_rounds, evaluation_periodicity=3):
                 full_batch_datasets(_CLIENTS), full_batch_datasets(_TESTS), evaluations,
                 periodicity=evaluation_periodicity),
         ))
-    assert runtime.running_workers() == []   # no worker_binary child of this process is left
+    assert workers.running_workers() == []   # no worker_binary child of this process is left
     return metrics.values(), evaluations.values(), models.values()
 
 
@@ -123,7 +125,7 @@ def test_train_model_refuses_a_personalized_process_before_saving_program_state(
         with pytest.raises(TypeError) as error:
             asyncio.run(tff.learning.programs.train_model(
                 train_process=_fedrep(),
-                train_data_source=runtime.ClientDataSource(
+                train_data_source=program.ClientDataSource(
                     "refused", full_batch_datasets(_CLIENTS), seed=_SEED),
                 train_per_round_clients=_PER_ROUND,
                 train_total_rounds=2,
@@ -138,11 +140,11 @@ def test_train_model_refuses_a_personalized_process_before_saving_program_state(
     assert message.startswith("fedrep keeps a personal state per client")
     assert message.endswith("tffl.runtime.personalized_program.train_personalized_model")
     assert os.listdir(state_dir) == []
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []
 
 
 def test_bad_arguments_raise_one_line_errors(tmp_path):
-    source = runtime.ClientDataSource("bad", full_batch_datasets(_CLIENTS), seed=_SEED)
+    source = program.ClientDataSource("bad", full_batch_datasets(_CLIENTS), seed=_SEED)
     config = personalized_program.TrainConfig(per_round_clients=1, total_rounds=1)
     managers = dict(program_state_manager=tff.program.FileProgramStateManager(str(tmp_path)),
                     model_output_manager=tff.program.MemoryReleaseManager())
@@ -185,11 +187,11 @@ def test_linear_adaptpfl_with_keyed_personal_states_resumes_exactly(tmp_path):
             asyncio.run(personalized_program.train_personalized_model(
                 train_process=adaptpfl_linear.build_adaptpfl_linear(
                     adaptpfl_linear.AdaptPFLLinearConfig(6, 2, 0.3, 0.1)),
-                train_data_source=runtime.ClientDataSource("linear", clients, seed=1),
+                train_data_source=program.ClientDataSource("linear", clients, seed=1),
                 train_config=personalized_program.TrainConfig(2, total_rounds),
                 program_state_manager=tff.program.FileProgramStateManager(str(state_dir)),
                 model_output_manager=models))
-        assert runtime.running_workers() == []
+        assert workers.running_workers() == []
         final = models.values()[f"training_checkpoint_round_{total_rounds}"]
         return [np.asarray(v) for v in tf.nest.flatten((final.state, final.personal_states))]
 

@@ -18,6 +18,8 @@ from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
 from tffl.algorithms import rolora_linear
 from tffl import runtime
+from tffl.runtime import program
+from tffl.runtime import workers
 from tffl.runtime.tff_internals import context_stack_impl
 from tests.tiers import tiered
 
@@ -44,7 +46,7 @@ def _client_datasets():
 
 
 def _source(name="train", data_names=None):
-    return runtime.ClientDataSource(name, _client_datasets(), seed=7, data_names=data_names)
+    return program.ClientDataSource(name, _client_datasets(), seed=7, data_names=data_names)
 
 
 def _size(dataset) -> int:
@@ -54,7 +56,7 @@ def _size(dataset) -> int:
 # --- the data source, without workers ---------------------------------------------------------
 
 def test_client_data_source_is_seeded_per_round_and_copyable():
-    source = runtime.ClientDataSource("unit", [tf.data.Dataset.range(n) for n in (10, 20, 30, 40)],
+    source = program.ClientDataSource("unit", [tf.data.Dataset.range(n) for n in (10, 20, 30, 40)],
                                       seed=3)
     first, second = source.iterator(), source.iterator()
     rounds = [[int(d.cardinality()) for d in first.select(2)] for _ in range(6)]
@@ -67,7 +69,7 @@ def test_client_data_source_is_seeded_per_round_and_copyable():
     assert [int(d.cardinality()) for d in clone.select(2)] == [
         int(d.cardinality()) for d in first.select(2)]
 
-    restored = runtime.ClientDataIterator.from_bytes(first.to_bytes())
+    restored = program.ClientDataIterator.from_bytes(first.to_bytes())
     assert restored == first
     assert [int(d.cardinality()) for d in restored.select(None)] == [10, 20, 30, 40]
     with pytest.raises(ValueError, match="k=5"):
@@ -78,10 +80,10 @@ def test_client_data_source_is_seeded_per_round_and_copyable():
 def test_client_data_source_serves_one_choice_per_round_of_a_cycle():
     """With `data_names` (RoLoRA's `next`: a B round and an A round), call c serves
     communication rounds 2c − 1 and 2c, each with its own seeded choice and data."""
-    source = runtime.ClientDataSource(
+    source = program.ClientDataSource(
         "cycle", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(4)], seed=5,
         data_names=("b_round", "a_round"))
-    plain = runtime.ClientDataSource(
+    plain = program.ClientDataSource(
         "plain", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(4)], seed=5)
     cycle, rounds = source.iterator(), plain.iterator()
     for _ in range(3):
@@ -95,7 +97,7 @@ def test_client_data_source_serves_one_choice_per_round_of_a_cycle():
     assert source.federated_type == tff.FederatedType(
         tff.StructType([("b_round", sequence), ("a_round", sequence)]), tff.CLIENTS)
     with pytest.raises(ValueError, match="must be distinct names"):
-        runtime.ClientDataSource("bad", [tf.data.Dataset.range(1)], data_names=("x", "x"))
+        program.ClientDataSource("bad", [tf.data.Dataset.range(1)], data_names=("x", "x"))
 
 
 def test_next_clients_names_the_clients_the_next_select_serves():
@@ -103,8 +105,8 @@ def test_next_clients_names_the_clients_the_next_select_serves():
     sorted(default_rng([seed, r]).choice(N, k)); with `data_names` one list per round of the
     call. Asking does not serve: the iterator's position stays."""
     sizes = (10, 20, 30, 40)
-    source = runtime.ClientDataSource("ids", [tf.data.Dataset.range(n) for n in sizes], seed=3)
-    cycle = runtime.ClientDataSource("ids_cycle", [tf.data.Dataset.range(n) for n in sizes],
+    source = program.ClientDataSource("ids", [tf.data.Dataset.range(n) for n in sizes], seed=3)
+    cycle = program.ClientDataSource("ids_cycle", [tf.data.Dataset.range(n) for n in sizes],
                                      seed=3, data_names=("b_round", "a_round"))
     iterator, cycle_iterator = source.iterator(), cycle.iterator()
 
@@ -126,21 +128,21 @@ def test_next_clients_names_the_clients_the_next_select_serves():
 
 
 def test_client_data_source_fresh_data_per_round_and_restore_errors():
-    source = runtime.ClientDataSource(
+    source = program.ClientDataSource(
         "fresh", lambda r: [tf.data.Dataset.range(100 * r + k) for k in range(3)], seed=0)
     iterator = source.iterator()
     assert [int(d.cardinality()) for d in iterator.select()] == [100, 101, 102]
     assert [int(d.cardinality()) for d in iterator.select()] == [200, 201, 202]
 
     saved = iterator.to_bytes()
-    other = runtime.ClientDataSource("fresh", [tf.data.Dataset.range(1)], seed=1)  # replaces it
+    other = program.ClientDataSource("fresh", [tf.data.Dataset.range(1)], seed=1)  # replaces it
     with pytest.raises(ValueError, match="seed 1"):
-        runtime.ClientDataIterator.from_bytes(saved)
+        program.ClientDataIterator.from_bytes(saved)
     with pytest.raises(LookupError, match="no ClientDataSource named 'gone'"):
-        runtime.ClientDataIterator.from_bytes(saved.replace(b'"fresh"', b'"gone"'))
+        program.ClientDataIterator.from_bytes(saved.replace(b'"fresh"', b'"gone"'))
     del other  # sources are held weakly: a dropped one is not found either
     with pytest.raises(LookupError, match="no ClientDataSource named 'fresh'"):
-        runtime.ClientDataIterator.from_bytes(saved)
+        program.ClientDataIterator.from_bytes(saved)
 
 
 # --- the context ------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def test_program_runtime_installs_a_federated_context_and_cleans_up_on_error(tmp
         with runtime.program_runtime(log_dir=tmp_path) as context:
             assert isinstance(context, tff.program.NativeFederatedContext)
             assert context_stack_impl.context_stack.current is context
-            assert len(runtime.running_workers()) == 1
+            assert len(workers.running_workers()) == 1
 
             async def mean():
                 return await tff.program.materialize_value(_mean([1.0, 2.0, 6.0]))
@@ -164,7 +166,7 @@ def test_program_runtime_installs_a_federated_context_and_cleans_up_on_error(tmp
             assert asyncio.run(mean()) == pytest.approx(3.0)
             raise RuntimeError("stop here")
     assert context_stack_impl.context_stack.current is before
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []
     assert (tmp_path / "tff_worker.log").exists()
 
 
@@ -187,7 +189,7 @@ def _train(process, state_dir, total_rounds, log_dir, source=None):
             evaluation_manager=None,
             evaluation_periodicity=1,
         ))
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []
     return metrics.values(), models.values()
 
 
@@ -280,7 +282,7 @@ def _linear_source(algorithm):
         x=rng.normal(size=(n, _D)).astype(np.float32),
         y=rng.normal(size=(n, _D) if algorithm == "rolora_linear" else n).astype(np.float32))
         for n in _SIZES]
-    return runtime.ClientDataSource(f"train_{algorithm}", clients, seed=7)
+    return program.ClientDataSource(f"train_{algorithm}", clients, seed=7)
 
 
 def _leaves(state):
@@ -334,7 +336,7 @@ def test_train_model_runs_and_resumes_the_stateless_linear_algorithms(algorithm,
     versions = asyncio.run(
         tff.program.FileProgramStateManager(str(tmp_path / "resumed")).get_versions())
     assert versions == [0, 1, 2, 3, 4]
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []
 
 
 def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, monkeypatch, capsys):
@@ -347,4 +349,4 @@ def test_the_rolora_program_in_docs_engine_md_runs_as_written(tmp_path, monkeypa
     exec(block, {"__name__": "docs_engine_md"})
     assert capsys.readouterr().out.strip().endswith("24.0 [b'b_round' b'a_round']")
     assert (tmp_path / "runs" / "rolora" / "state" / "program_state_2").is_dir()
-    assert runtime.running_workers() == []
+    assert workers.running_workers() == []

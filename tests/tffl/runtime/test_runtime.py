@@ -27,10 +27,12 @@ from tffl.algorithms import lora_fl
 from tffl.simulation import participation
 from tffl.engine import roles
 from tffl import runtime
-from tffl.simulation import driver as simulation
+from tffl.runtime import worker_connection
+from tffl.runtime import workers as workers_lib
+from tffl.simulation import driver
 from tffl.simulation import metrics_log
 from tests import forked_python
-from tests.tffl.runtime.runtime_helpers import _gone
+from tests.tffl.runtime.runtime_helpers import gone
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,7 +71,7 @@ def test_worker_killed_mid_computation_is_named_at_once(tmp_path, workers):
     with runtime.local_runtime(log_dir=tmp_path, num_workers=workers) as context:
         assert _slow_sum([10, 10, 10, 10]) == pytest.approx(4 * np.sin(np.arange(10)).sum(),
                                                             rel=1e-5)
-        victim = psutil.Process(runtime.running_workers()[-1] if workers == 1
+        victim = psutil.Process(workers_lib.running_workers()[-1] if workers == 1
                                 else context.workers[1].pid)
         busy = sum(victim.cpu_times()[:2]) + 0.3
         killed_at = []
@@ -81,11 +83,11 @@ def test_worker_killed_mid_computation_is_named_at_once(tmp_path, workers):
             killed_at.append(time.monotonic())
 
         threading.Thread(target=kill_when_busy, daemon=True).start()
-        with pytest.raises(runtime.WorkerError, match=rf"TFF worker #{workers - 1} \(pid "
+        with pytest.raises(worker_connection.WorkerError, match=rf"TFF worker #{workers - 1} \(pid "
                            rf"{victim.pid}.*killed by SIGKILL while running a computation"):
             _slow_sum([3_000_000] * 4)  # seconds of CPU per client
         assert killed_at and time.monotonic() - killed_at[0] < 15
-    assert runtime.running_workers() == []
+    assert workers_lib.running_workers() == []
 
 
 def _crash_when_busy(context, times: int) -> list[int]:
@@ -120,24 +122,25 @@ def test_crashed_worker_is_restarted_and_the_computation_run_again(tmp_path, wor
         signalled = _crash_when_busy(context, times=1)
         with caplog.at_level("WARNING", logger="tffl.runtime"):
             crashed_run = _slow_sum(steps)
-        assert len(signalled) == 1 and signalled[0] not in runtime.running_workers()
-        assert len(runtime.running_workers()) == workers
+        assert len(signalled) == 1 and signalled[0] not in workers_lib.running_workers()
+        assert len(workers_lib.running_workers()) == workers
         assert context.workers[-1].generation == 1 and context.workers[0].generation == (
             0 if workers == 2 else 1)
         assert f"pid {signalled[0]}" in caplog.text and "crashed; restarted as" in caplog.text
         assert crashed_run == _slow_sum(steps)  # an undisturbed run, on the restarted worker
-    assert runtime.running_workers() == []
+    assert workers_lib.running_workers() == []
 
 
 def test_worker_that_crashes_again_after_its_restart_ends_the_run(tmp_path):
     with runtime.local_runtime(log_dir=tmp_path) as context:
         signalled = _crash_when_busy(context, times=2)
-        with pytest.raises(runtime.WorkerError, match=r"killed by SIGSEGV while running a "
+        with pytest.raises(worker_connection.WorkerError,
+                           match=r"killed by SIGSEGV while running a "
                            r"computation \(on the second run, after a restart that followed: "
                            r"TFF worker #0 \(pid \d+.*killed by SIGSEGV"):
             _slow_sum([3_000_000] * 4)
         assert len(signalled) == 2
-    assert runtime.running_workers() == []
+    assert workers_lib.running_workers() == []
 
 
 
@@ -190,15 +193,15 @@ _ROUNDS = 3
 
 
 def _run(process, output_dir, resume=False):
-    return simulation.run_rounds(
+    return driver.run_rounds(
         process, participation.UniformSampler(sorted(_CLIENT_DATA), 4, seed=1), _client_dataset,
-        _ROUNDS, output_dir, simulation.RunOptions(resume=resume, log=None))
+        _ROUNDS, output_dir, driver.RunOptions(resume=resume, log=None))
 
 
 def _rows(output_dir):
     drop = set(metrics_log.MACHINE_COLUMNS)
     return [{k: v for k, v in row.items() if k not in drop}
-            for row in metrics_log.read_metrics(output_dir / simulation.METRICS_FILE)]
+            for row in metrics_log.read_metrics(output_dir / driver.METRICS_FILE)]
 
 
 def _assert_same_run(a, b, rtol=1e-5, atol=1e-6):
@@ -224,7 +227,7 @@ def reference_runs(tmp_path_factory):
                 runs[algorithm, workers] = _run(_process(algorithm), out)
                 if workers > 1:
                     assert context.unsplit == {}  # every computation was split across workers
-            assert runtime.running_workers() == []
+            assert workers_lib.running_workers() == []
         return runs[algorithm, workers]
 
     return get
@@ -247,7 +250,7 @@ def _kills_a_worker(process, pid, at):
         calls[0] += 1
         if calls[0] == at:
             os.kill(pid, signal.SIGKILL)
-            assert _gone(pid)  # dead (a zombie until the runtime reaps it)
+            assert gone(pid)  # dead (a zombie until the runtime reaps it)
         return next_round(state, data)
 
     process.next_round = killing_next_round
@@ -259,15 +262,15 @@ def test_killed_worker_stops_the_run_and_resume_matches(reference_runs, tmp_path
     with runtime.local_runtime(log_dir=tmp_path / "logs", num_workers=2) as context:
         victim = context.workers[1]
         try:
-            with pytest.raises(runtime.WorkerError) as error:
+            with pytest.raises(worker_connection.WorkerError) as error:
                 _run(_kills_a_worker(process, victim.pid, at=3), tmp_path / "run")
         finally:
             del process.next_round  # the method again (the process is the module's)
     message = str(error.value)
     assert f"TFF worker #1 (pid {victim.pid}, {victim.address}" in message
     assert "killed by SIGKILL" in message and str(tmp_path / "logs" / "tff_worker_1.log") in message
-    assert runtime.running_workers() == []
-    assert checkpoint.latest(tmp_path / "run" / simulation.CHECKPOINT_DIR)[0] == 2
+    assert workers_lib.running_workers() == []
+    assert checkpoint.latest(tmp_path / "run" / driver.CHECKPOINT_DIR)[0] == 2
 
     with runtime.local_runtime(num_workers=2):
         resumed = _run(process, tmp_path / "run", resume=True)
@@ -287,6 +290,7 @@ _CHILD = textwrap.dedent(
     import numpy as np
     import tensorflow_federated as tff
     from tffl import runtime
+    from tffl.runtime import workers as workers_lib
 
     @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
     def mean(values):
@@ -294,7 +298,7 @@ _CHILD = textwrap.dedent(
 
     with runtime.local_runtime(num_workers=int(sys.argv[1])):
         mean([1.0, 2.0, 3.0])
-        print("READY", *runtime.running_workers(), flush=True)
+        print("READY", *workers_lib.running_workers(), flush=True)
         time.sleep(120)
     """
 )
@@ -315,11 +319,11 @@ def test_no_worker_outlives_a_killed_owner(zygote, sig, workers):
         assert line.startswith("READY"), f"child did not start: {line!r}"
         worker_pids = [int(pid) for pid in line.split()[1:]]
         assert len(worker_pids) == workers
-        assert not any(_gone(pid, timeout_s=0.2) for pid in worker_pids)
+        assert not any(gone(pid, timeout_s=0.2) for pid in worker_pids)
         proc.send_signal(sig)
         proc.wait(timeout=60)
         for pid in worker_pids:
-            assert _gone(pid), f"worker {pid} outlived its owner after {sig.name}"
+            assert gone(pid), f"worker {pid} outlived its owner after {sig.name}"
         # The workers held no copy of our pipe: reading to EOF returns instead of hanging.
         assert proc.stdout.read() is not None
     finally:

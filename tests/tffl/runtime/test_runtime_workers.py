@@ -15,27 +15,30 @@ import pytest
 import tensorflow_federated as tff
 
 from tffl import runtime
-from tests.tffl.runtime.runtime_helpers import _gone, _mean
+from tffl.runtime import multi_worker
+from tffl.runtime import worker_connection
+from tffl.runtime import workers as workers_lib
+from tests.tffl.runtime.runtime_helpers import gone, federated_mean
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_runs_a_computation_and_stops_the_worker(tmp_path):
     with runtime.local_runtime(log_dir=tmp_path):
-        assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
-        pids = runtime.running_workers()
+        assert federated_mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+        pids = workers_lib.running_workers()
         assert len(pids) == 1
-    assert _gone(pids[0])
-    assert runtime.running_workers() == []
+    assert gone(pids[0])
+    assert workers_lib.running_workers() == []
     assert (tmp_path / "tff_worker.log").exists()
 
 
 def test_worker_stopped_when_the_block_raises():
     with pytest.raises(RuntimeError, match="boom"):
         with runtime.local_runtime():
-            pids = runtime.running_workers()
+            pids = workers_lib.running_workers()
             raise RuntimeError("boom")
-    assert pids and all(_gone(p) for p in pids)
+    assert pids and all(gone(p) for p in pids)
 
 
 def test_readiness_timeout_is_a_clear_error(monkeypatch, tmp_path):
@@ -44,8 +47,8 @@ def test_readiness_timeout_is_a_clear_error(monkeypatch, tmp_path):
     silent.write_text("#!/bin/sh\nexec sleep 30\n")
     silent.chmod(0o755)
     monkeypatch.setattr(runtime.workers, "worker_binary_path", lambda: silent)
-    worker = runtime.LocalWorker()
-    with pytest.raises(runtime.WorkerError, match="not ready after 1 s"):
+    worker = workers_lib.LocalWorker()
+    with pytest.raises(worker_connection.WorkerError, match="not ready after 1 s"):
         worker.start(ready_timeout_s=1.0)
     assert worker.process is None
 
@@ -68,18 +71,18 @@ def _variance(values):
 
 
 def test_two_workers_run_a_computation_and_are_stopped(tmp_path):
-    assert len(runtime.compile_to_mergeable_stages(_mean)) == 1
-    assert len(runtime.compile_to_mergeable_stages(_variance)) == 2
+    assert len(multi_worker.compile_to_mergeable_stages(federated_mean)) == 1
+    assert len(multi_worker.compile_to_mergeable_stages(_variance)) == 2
     values = [1.0, 2.0, 6.0, 3.0, 8.0]
     with runtime.local_runtime(log_dir=tmp_path, num_workers=2) as context:
-        assert isinstance(context, runtime.MultiWorkerContext)
-        assert _mean(values) == pytest.approx(4.0)
+        assert isinstance(context, multi_worker.MultiWorkerContext)
+        assert federated_mean(values) == pytest.approx(4.0)
         assert _variance(values) == pytest.approx(np.var(values))
         assert context.unsplit == {}
-        pids = runtime.running_workers()
+        pids = workers_lib.running_workers()
         assert sorted(pids) == sorted(w.pid for w in context.workers) and len(pids) == 2
-    assert all(_gone(p) for p in pids)
-    assert runtime.running_workers() == []
+    assert all(gone(p) for p in pids)
+    assert workers_lib.running_workers() == []
     assert (tmp_path / "tff_worker_0.log").exists() and (tmp_path / "tff_worker_1.log").exists()
 
 
@@ -92,10 +95,10 @@ def test_split_clients_cuts_every_clients_value_alike():
                         tff.FederatedType(np.float32, tff.CLIENTS)]),
         tff.FederatedType(np.int32, tff.SERVER),
     ])
-    parts = runtime.split_clients([[9.0, [1.0, 2.0, 3.0, 4.0, 5.0]], 7], type_spec, 2)
+    parts = multi_worker.split_clients([[9.0, [1.0, 2.0, 3.0, 4.0, 5.0]], 7], type_spec, 2)
     assert [[p[0][0], list(p[0][1]), p[1]] for p in parts] == [
         [9.0, [1.0, 2.0, 3.0], 7], [9.0, [4.0, 5.0], 7]]
-    assert len(runtime.split_clients([[9.0, [1.0]], 7], type_spec, 3)) == 1
+    assert len(multi_worker.split_clients([[9.0, [1.0]], 7], type_spec, 3)) == 1
 
 
 def test_computation_tff_cannot_split_runs_whole_on_worker_0(monkeypatch):
@@ -104,7 +107,7 @@ def test_computation_tff_cannot_split_runs_whole_on_worker_0(monkeypatch):
 
     monkeypatch.setattr(runtime.multi_worker, "compile_to_mergeable_stages", cannot)
     with runtime.local_runtime(num_workers=2) as context:
-        assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+        assert federated_mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
         assert list(context.unsplit.values()) == [
             "ValueError: Detected one aggregate dependent on another. (simulated)"]
 
@@ -115,34 +118,35 @@ def test_computation_tff_cannot_split_runs_whole_on_worker_0(monkeypatch):
 def test_remote_worker_that_stops_answering_is_named(tmp_path):
     """Workers given by address (started elsewhere; here two local ones): one that goes away
     raises WorkerError naming its address after `ready_timeout_s`, not an endless retry."""
-    hosts = [runtime.LocalWorker(index=i).start() for i in range(2)]
+    hosts = [workers_lib.LocalWorker(index=i).start() for i in range(2)]
     try:
         addresses = [w.address for w in hosts]
         with runtime.remote_runtime(addresses, ready_timeout_s=2.0):
-            assert _mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+            assert federated_mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
             hosts[1].stop()
             started = time.monotonic()
-            with pytest.raises(runtime.WorkerError, match=f"TFF worker #1 at {addresses[1]} "
+            with pytest.raises(worker_connection.WorkerError,
+                               match=f"TFF worker #1 at {addresses[1]} "
                                "(stopped answering|was not ready after 2 s)"):
-                _mean([1.0, 2.0, 6.0])
+                federated_mean([1.0, 2.0, 6.0])
             assert time.monotonic() - started < 30
         assert hosts[0].is_alive()  # remote workers are not ours to stop
     finally:
         for w in hosts:
             w.stop()
-    assert runtime.running_workers() == []
+    assert workers_lib.running_workers() == []
 
 
 def test_unreachable_address_is_a_clear_error_within_the_timeout():
     started = time.monotonic()
     address = f"localhost:{portpicker.pick_unused_port()}"
-    with pytest.raises(runtime.WorkerError,
+    with pytest.raises(worker_connection.WorkerError,
                        match=f"TFF worker #0 at {address} was not ready after 1 s; is a worker "
                              "running there"):
         with runtime.remote_runtime([address], ready_timeout_s=1.0):
             pass
     assert time.monotonic() - started < 10
-    with pytest.raises(runtime.WorkerError, match="'nohost' must be host:port"):
+    with pytest.raises(worker_connection.WorkerError, match="'nohost' must be host:port"):
         with runtime.remote_runtime(["nohost"]):
             pass
 
@@ -153,17 +157,18 @@ def test_workers_that_never_answer_time_out_and_are_stopped(monkeypatch, tmp_pat
     silent.chmod(0o755)
     monkeypatch.setattr(runtime.workers, "worker_binary_path", lambda: silent)
     started = []
-    launch = runtime.LocalWorker.launch
+    launch = workers_lib.LocalWorker.launch
 
     def recording_launch(self):
         started.append(launch(self).pid)
         return self
 
-    monkeypatch.setattr(runtime.LocalWorker, "launch", recording_launch)
-    with pytest.raises(runtime.WorkerError, match=r"TFF worker #0 \(pid \d+.*not ready after 1 s"):
+    monkeypatch.setattr(workers_lib.LocalWorker, "launch", recording_launch)
+    with pytest.raises(worker_connection.WorkerError,
+                       match=r"TFF worker #0 \(pid \d+.*not ready after 1 s"):
         with runtime.local_runtime(num_workers=2, ready_timeout_s=1.0):
             pass
-    assert len(started) == 2 and all(_gone(pid) for pid in started)
+    assert len(started) == 2 and all(gone(pid) for pid in started)
 
 
 def _concurrency_flag(pid: int) -> str:
@@ -174,12 +179,12 @@ def _concurrency_flag(pid: int) -> str:
 
 def test_workers_run_one_client_per_core_by_default_and_take_a_given_limit():
     with runtime.local_runtime():
-        (pid,) = runtime.running_workers()
+        (pid,) = workers_lib.running_workers()
         assert _concurrency_flag(pid) == str(os.cpu_count())
-        assert _mean([1.0, 3.0]) == pytest.approx(2.0)
+        assert federated_mean([1.0, 3.0]) == pytest.approx(2.0)
     with runtime.local_runtime(max_concurrent_calls=-1, num_workers=2):
-        assert [_concurrency_flag(p) for p in runtime.running_workers()] == ["-1", "-1"]
-    assert runtime.running_workers() == []
+        assert [_concurrency_flag(p) for p in workers_lib.running_workers()] == ["-1", "-1"]
+    assert workers_lib.running_workers() == []
 
 
 _TFF_ONLY_CHILD = textwrap.dedent(
@@ -222,7 +227,7 @@ def test_tffs_default_context_worker_is_stopped_when_only_tff_was_imported(tmp_p
                        cwd=REPO_ROOT, timeout=600, check=False)   # a worker that outlives it
     lines = dict(line.split(" ", 1) for line in out.read_text().splitlines() if " " in line)
     workers = [int(pid) for pid in lines.get("WORKERS", "").split()]
-    stray = [pid for pid in workers if not _gone(pid)]
+    stray = [pid for pid in workers if not gone(pid)]
     for pid in stray:
         os.kill(pid, 9)
     assert (lines.get("SUM"), lines.get("RUNTIME")) == ("3", "False"), err.read_text()[-2000:]

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tffl.simulation import checkpoint
-from tffl.simulation import driver as simulation
+from tffl.simulation import driver
 from tffl.simulation import metrics_log
 from tffl.simulation import participation
 
@@ -34,10 +34,10 @@ def _data(cid, round_num):
 
 
 def _run(tmp_path, losses, rounds=None, **kw):
-    return simulation.run_rounds(
+    return driver.run_rounds(
         _LossProcess(losses), participation.FullParticipation(_CLIENTS), _data,
         rounds or len(losses), tmp_path,
-        simulation.RunOptions(
+        driver.RunOptions(
             config={"learning_rate": 1000000.0, "server_learning_rate": 1.0, "seed": 0}, log=None,
             tensorboard=False, **kw))
 
@@ -51,8 +51,8 @@ def test_a_blown_up_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert "learning_rate=1000000.0" in message
     assert "(round 1) is kept in" in message
     assert isinstance(raised.value, FloatingPointError)  # train.py: one line, exit status 1
-    assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 1
-    rows = metrics_log.read_metrics(tmp_path / simulation.METRICS_FILE)
+    assert checkpoint.latest(tmp_path / driver.CHECKPOINT_DIR)[0] == 1
+    rows = metrics_log.read_metrics(tmp_path / driver.METRICS_FILE)
     assert [r["round"] for r in rows] == [1]
 
 
@@ -74,7 +74,7 @@ def test_a_resumed_run_compares_with_its_first_round_and_none_disables(tmp_path)
     _run(tmp_path / "cut", [0.5, 0.6, 150.0], rounds=2)
     with pytest.raises(metrics_log.LossDivergedError, match="round 3: .* round 1's 0.5"):
         _run(tmp_path / "cut", [0.5, 0.6, 150.0], rounds=3, resume=True)
-    assert checkpoint.latest(tmp_path / "cut" / simulation.CHECKPOINT_DIR)[0] == 2
+    assert checkpoint.latest(tmp_path / "cut" / driver.CHECKPOINT_DIR)[0] == 2
     result = _run(tmp_path / "free", [0.5, 0.6, 150.0], divergence_factor=None)
     assert result.history[-1]["train_loss"] == 150.0
 

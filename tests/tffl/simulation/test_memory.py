@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tffl.runtime import workers
-from tffl.simulation import driver as simulation
+from tffl.simulation import driver
 from tffl.simulation import metrics_log
 from tffl.simulation import memory
 from tffl.simulation import participation
@@ -77,9 +77,9 @@ class _Count:
 
 
 def test_every_row_records_the_peaks_and_resume_comparisons_ignore_them(tmp_path):
-    result = simulation.run_rounds(
+    result = driver.run_rounds(
         _Count(), participation.FullParticipation(["a"]), lambda cid,
-        t: tf.data.Dataset.from_tensor_slices([1.0]), 2, tmp_path, simulation.RunOptions(log=None))
+        t: tf.data.Dataset.from_tensor_slices([1.0]), 2, tmp_path, driver.RunOptions(log=None))
     rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert all(r["peak_rss_mb"] > 10 for r in rows)
     assert rows[1]["peak_rss_mb"] >= rows[0]["peak_rss_mb"]   # a high-water mark

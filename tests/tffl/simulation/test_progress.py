@@ -5,7 +5,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tffl.simulation import driver as simulation
+from tffl.simulation import driver
 from tffl.simulation import metrics_log
 from tffl.simulation import participation
 
@@ -26,9 +26,9 @@ def _data(cid, round_num):
 
 def _lines(output_dir, rounds, resume=False):
     lines = []
-    simulation.run_rounds(
+    driver.run_rounds(
         _Process(), participation.FullParticipation(["a"]), _data, rounds, output_dir,
-        simulation.RunOptions(resume=resume, log=lines.append, tensorboard=False))
+        driver.RunOptions(resume=resume, log=lines.append, tensorboard=False))
     return [line for line in lines if line.startswith("round")]
 
 

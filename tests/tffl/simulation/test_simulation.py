@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tffl.simulation import checkpoint
 from tffl.simulation import participation
-from tffl import runtime
-from tffl.simulation import driver as simulation
+from tffl.runtime import worker_connection
+from tffl.simulation import driver
 from tffl.simulation import metrics_log
 
 
@@ -44,10 +44,10 @@ def _data(cid, round_num):
 
 
 def _run(tmp_path, rounds, resume=False, process=None, config=None, **kw):
-    return simulation.run_rounds(
+    return driver.run_rounds(
         process or _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), _data, rounds,
         tmp_path,
-        simulation.RunOptions(config=config or {"seed": 1}, resume=resume, log=None, **kw))
+        driver.RunOptions(config=config or {"seed": 1}, resume=resume, log=None, **kw))
 
 
 def _expected_state(rounds):
@@ -99,13 +99,13 @@ def test_rows_after_the_last_checkpoint_are_dropped_on_resume(tmp_path):
 
 def test_existing_run_without_resume_is_refused(tmp_path):
     _run(tmp_path, rounds=2)
-    with pytest.raises(simulation.ResumeError, match="pass --resume"):
+    with pytest.raises(driver.ResumeError, match="pass --resume"):
         _run(tmp_path, rounds=4)
 
 
 def test_resume_with_other_config_is_refused(tmp_path):
     _run(tmp_path, rounds=2, config={"seed": 1, "learning_rate": 0.1})
-    with pytest.raises(simulation.ResumeError, match="differs in: learning_rate"):
+    with pytest.raises(driver.ResumeError, match="differs in: learning_rate"):
         _run(tmp_path, rounds=4, resume=True, config={"seed": 1, "learning_rate": 0.2})
 
 
@@ -162,7 +162,8 @@ class _DiesAt(_SumProcess):
 
     def next(self, state, datasets):
         if int(state["t"]) + 1 == self.at:
-            raise runtime.WorkerError("TFF worker #1 (pid 1, localhost:1) killed by SIGKILL")
+            raise worker_connection.WorkerError(
+                "TFF worker #1 (pid 1, localhost:1) killed by SIGKILL")
         return super().next(state, datasets)
 
 
@@ -170,7 +171,7 @@ def test_worker_death_keeps_completed_rounds_and_resume_matches(tmp_path):
     """A `WorkerError` in round 4 stops the run: rounds 1-3 stay checkpointed and in metrics.csv,
     and resuming completes the run as if it had never stopped."""
     full = _run(tmp_path / "full", rounds=6)
-    with pytest.raises(runtime.WorkerError, match="killed by SIGKILL"):
+    with pytest.raises(worker_connection.WorkerError, match="killed by SIGKILL"):
         _run(tmp_path / "cut", rounds=6, process=_DiesAt(4))
     assert checkpoint.latest(tmp_path / "cut" / "checkpoints")[0] == 3
     assert [r["round"] for r in metrics_log.read_metrics(tmp_path / "cut" / "metrics.csv")] == [
@@ -195,7 +196,7 @@ def test_until_stops_the_run_after_the_first_row_that_satisfies_it(tmp_path):
     result = _run(tmp_path, rounds=10, until=until)
     assert [r["round"] for r in result.history] == [1, 2, 3]
     np.testing.assert_allclose(result.state["s"], _expected_state(3))
-    assert checkpoint.latest(tmp_path / simulation.CHECKPOINT_DIR)[0] == 3
+    assert checkpoint.latest(tmp_path / driver.CHECKPOINT_DIR)[0] == 3
     again = _run(tmp_path, rounds=10, resume=True, until=until)
     assert [r["round"] for r in again.history] == [1, 2, 3]
 
@@ -233,9 +234,9 @@ class _WaitsForTheNextRound(_SumProcess):
 
 def test_the_next_rounds_datasets_are_built_while_a_round_runs(tmp_path):
     process = _WaitsForTheNextRound(rounds=4)
-    result = simulation.run_rounds(
+    result = driver.run_rounds(
         process, participation.UniformSampler(_CLIENTS, 3, seed=1), process.data, 4, tmp_path,
-        simulation.RunOptions(log=None, tensorboard=False))
+        driver.RunOptions(log=None, tensorboard=False))
     assert process.overlapped == [True, True, True]
     assert 5 not in process.asked  # nothing is built beyond the last round
     np.testing.assert_allclose(result.state["s"], _expected_state(4))
@@ -251,10 +252,10 @@ def test_prefetch_gives_the_same_run_as_building_each_round_in_turn(tmp_path):
             log.append((round_num, cid))
             return _data(cid, round_num)
 
-        results[prefetch] = simulation.run_rounds(
+        results[prefetch] = driver.run_rounds(
             _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, 5,
             tmp_path / str(prefetch),
-            simulation.RunOptions(
+            driver.RunOptions(
                 log=None, tensorboard=False,
                 evaluate_fn=lambda st: {"norm": np.linalg.norm(st["s"])}, eval_every=2,
                 prefetch=prefetch))
@@ -283,9 +284,9 @@ def test_each_round_is_sampled_once_in_order_and_a_stopped_run_leaves_no_build_b
         built.append(round_num)
         return _data(cid, round_num)
 
-    simulation.run_rounds(
+    driver.run_rounds(
         _SumProcess(), sampler, slow_data, 6, tmp_path,
-        simulation.RunOptions(log=None, tensorboard=False, until=lambda row: row["round"] == 2))
+        driver.RunOptions(log=None, tensorboard=False, until=lambda row: row["round"] == 2))
     assert sampler.asked == [1, 2, 3]
     assert built == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # round 3's build finished before the return
 
@@ -297,9 +298,9 @@ def test_a_failed_build_of_the_next_round_surfaces_when_that_round_starts(tmp_pa
         return _data(cid, round_num)
 
     with pytest.raises(FileNotFoundError, match="round-3 file is missing"):
-        simulation.run_rounds(
+        driver.run_rounds(
             _SumProcess(), participation.UniformSampler(_CLIENTS, 3, seed=1), data, 5, tmp_path,
-            simulation.RunOptions(log=None, tensorboard=False))
+            driver.RunOptions(log=None, tensorboard=False))
     rows = metrics_log.read_metrics(tmp_path / "metrics.csv")
     assert [r["round"] for r in rows] == [1, 2]  # rounds 1 and 2 are kept, and checkpointed
     assert checkpoint.latest(tmp_path / "checkpoints")[0] == 2
