@@ -51,14 +51,6 @@ def _imports(tree: ast.AST):
                 yield node.module, alias.name, alias.asname, node
 
 
-def _used_names(tree: ast.AST) -> set[str]:
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    for node in ast.walk(tree):  # names in string annotations and doctest-free __all__ aside
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-            used.add(node.value)
-    return used
-
-
 def _all_list(tree: ast.Module) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
@@ -69,7 +61,7 @@ def _all_list(tree: ast.Module) -> list[str]:
 
 def test_no_module_re_exports_a_name_it_imports():
     found = []
-    for name, path in MODULES.items():
+    for path in MODULES.values():
         tree = ast.parse(path.read_text())
         if path.name == "__init__.py" and _all_list(tree):
             continue
@@ -123,10 +115,10 @@ def _graph() -> dict[str, set[str]]:
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, on_stack, stack, components, counter = {}, {}, set(), [], [], [0]
-    for start in graph:
+    for start, targets in graph.items():
         if start in index:
             continue
-        work = [(start, iter(sorted(graph[start])))]
+        work = [(start, iter(sorted(targets)))]
         index[start] = low[start] = counter[0]; counter[0] += 1
         stack.append(start); on_stack.add(start)
         while work:
