@@ -1,5 +1,5 @@
 """scripts/train.py: a diverging run stops with one line naming the learning rate, exit status 1,
-and its last good checkpoint kept (`tffl.simulation.driver.LossDivergedError`), in this process."""
+and its last good checkpoint kept (`tffl.simulation.metrics_log.LossDivergedError`), in this process."""
 
 from tests.scripts import train_runs
 from tffl.simulation import checkpoint, driver

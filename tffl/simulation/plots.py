@@ -1,7 +1,7 @@
 """Comparison plots of runs: test accuracy against communication rounds and against the bytes one
 client has uploaded, the picture federated-LoRA methods are compared by.
 
-A run is its metrics rows (`tffl.simulation.driver.read_metrics`), or one list of rows per seed.
+A run is its metrics rows (`tffl.simulation.metrics_log.read_metrics`), or one list of rows per seed.
 The accuracy is `eval_accuracy` (a global model) or, for personalized runs,
 `eval_personal_accuracy`; the upload after round t is Σ_{s≤t} `bytes_up_per_client`(s). A run of
 several seeds is drawn as their mean with a band from the lowest to the highest seed

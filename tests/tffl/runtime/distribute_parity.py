@@ -35,7 +35,7 @@ DEVICES = distribute.configure_logical_cpus(4)
 import test_adaptpfl_linear  # noqa: E402
 import test_flute_linear  # noqa: E402
 import test_fedrep_linear  # noqa: E402
-import test_lora_fl as lora  # noqa: E402
+import lora_linear  # noqa: E402
 import personalized_models as pers  # noqa: E402
 from tasks.synthetic import rolora_linear  # noqa: E402
 from tffl.algorithms import adaptpfl_linear  # noqa: E402
@@ -49,18 +49,28 @@ from tffl.algorithms import rolora_linear as rolora_linear_lib  # noqa: E402
 ROUNDS = 2
 
 
+def _linear_lora(link=False):
+    """tests/tffl/algorithms/lora_linear.py's LoRA model function (W0, A0) and input spec."""
+    return (lora_linear.linear_model_fn([(lora_linear.W0, lora_linear.A0)], link=link),
+            lora_linear.linear_spec(lora_linear.D_IN, lora_linear.D_OUT))
+
+
+def _linear_datasets():
+    return lora_linear.client_datasets(lora_linear.CLIENTS, lora_linear.BATCH)
+
+
 def _lora(name):
     if name == "flora":
         process = lora_fl.build_lora_process(
-            name, lora._model_fn([(lora._W0, lora._A0)], link=True), lora._spec(lora._D_IN, lora._D_OUT),
-            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
+            name, *_linear_lora(link=True),
+            lora_linear.LR, loss_fn=tf.keras.losses.MeanSquaredError)
     elif name == "rolora_ffa":
         process = lora_fl.build_rolora_then_ffa(
-            0.5, 4, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
-            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
+            0.5, 4, *_linear_lora(),
+            lora_linear.LR, loss_fn=tf.keras.losses.MeanSquaredError)
     else:
-        process = lora._small_process(name)
-    return process, lambda: lora._datasets(lora._CLIENTS, lora._BATCH), None
+        process = lora_linear.small_process(name)
+    return process, _linear_datasets, None
 
 
 def _personalized(name):
@@ -72,9 +82,9 @@ def _personalized(name):
         data = lambda: pers.full_batch_datasets(clients)  # noqa: E731
     elif name == "fedsa_lora":
         process = personalized.build_personalized_process(
-            name, lora._model_fn([(lora._W0, lora._A0)]), lora._spec(lora._D_IN, lora._D_OUT),
-            lora._LR, loss_fn=tf.keras.losses.MeanSquaredError)
-        data = lambda: lora._datasets(lora._CLIENTS, lora._BATCH)  # noqa: E731
+            name, *_linear_lora(),
+            lora_linear.LR, loss_fn=tf.keras.losses.MeanSquaredError)
+        data = _linear_datasets
     elif name == "fedrep_rolora":  # FedRep heads over RoLoRA-alternated adapters, KerasNLP BERT
         x_spec = collections.OrderedDict(
             padding_mask=tf.TensorSpec([None, 8], tf.int32),
