@@ -17,9 +17,9 @@ from tasks.run_task import RunTask
 from tasks.run_task import counted
 from tffl.algorithms import lora_ranks
 from tffl.algorithms import registry
-from tffl.algorithms.adaptpfl import AdaptPflConfig
+from tffl.algorithms.adaptpfl import AdaptPFLConfig
 from tffl.algorithms.flute import FluteConfig
-from tffl.algorithms.lora_plans import LoraConfig
+from tffl.algorithms.lora_plans import FederatedLoraConfig
 from tffl.algorithms.personalized_builders import PersonalizedConfig
 from tffl.engine.federated_model import ModelSource
 from tffl.simulation import evaluation
@@ -88,10 +88,10 @@ def model_source(task: RunTask, frozen_dir=None, initial_weights=None) -> ModelS
                        initial_non_trainable=non_trainable, frozen_dir=frozen_dir)
 
 
-def adaptpfl_config(config: RunConfig) -> AdaptPflConfig:
-    """The `tffl.algorithms.adaptpfl.AdaptPflConfig` of the run's AdaptPFL fields."""
+def adaptpfl_config(config: RunConfig) -> AdaptPFLConfig:
+    """The `tffl.algorithms.adaptpfl.AdaptPFLConfig` of the run's AdaptPFL fields."""
     a = config.algorithm
-    return AdaptPflConfig(
+    return AdaptPFLConfig(
         variant=a.adaptpfl_variant, order=a.adaptpfl_order, shortcut_ridge=a.shortcut_ridge,
         project_shortcut=a.project_shortcut, shortcut_damping=a.shortcut_damping,
         head_damping=a.head_damping)
@@ -131,7 +131,7 @@ def algorithm_config(name: str, source: ModelSource, client_ids, config: RunConf
             client_optimizer=client_optimizer)
     client_ranks = (lora_ranks.assign_ranks(client_ids, list(m.client_ranks))
                     if m.client_ranks else None)
-    return LoraConfig(
+    return FederatedLoraConfig(
         source, client_optimizer, server_optimizer=server_optimizer,
         weight_decay=a.weight_decay, rolora_fraction=a.rolora_fraction, total_rounds=a.rounds,
         client_ranks=client_ranks,

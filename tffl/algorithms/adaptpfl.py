@@ -24,9 +24,9 @@ analysis (`tffl.algorithms.adaptpfl_linear` has them): the exact ridge and least
 cross-entropy has no closed form, so τ gradient epochs stand for them) and the QR of B (φ is
 not an orthonormal basis).
 
->>> AdaptPflConfig(variant="b").order, AdaptPflConfig().order
+>>> AdaptPFLConfig(variant="b").order, AdaptPFLConfig().order
 ('sw', 'ws')
->>> AdaptPflConfig(variant="b", shortcut_damping=0.0)
+>>> AdaptPFLConfig(variant="b", shortcut_damping=0.0)
 Traceback (most recent call last):
 ValueError: shortcut_damping=0.0 must be in (0, 1] (λ_S of the draft's eq. 4; 1: no damping)
 """
@@ -45,7 +45,7 @@ ORDERS = ("ws", "sw")
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptPflConfig:
+class AdaptPFLConfig:
     """AdaptPFL's variant and its ablation switches (the names of `scripts/train.py`'s flags).
 
     `variant`: "a" or "b" (module docstring). `order`: "ws" (head, then shortcut: Algorithm 1)
@@ -137,7 +137,7 @@ def _chain(*functions):
     return after
 
 
-def phases(config: AdaptPflConfig, spec, head, shortcut, representation, head_epochs: int,
+def phases(config: AdaptPFLConfig, spec, head, shortcut, representation, head_epochs: int,
            shortcut_epochs: int, representation_epochs: int
            ) -> tuple[client_training.Phase, ...]:
     """The round's phases of `config` (module docstring) for the trainable positions given."""
@@ -160,4 +160,4 @@ def phases(config: AdaptPflConfig, spec, head, shortcut, representation, head_ep
     return tuple(built)
 
 
-__all__ = ["AdaptPflConfig", "ORDERS", "VARIANTS", "phases", "projection_kernels"]
+__all__ = ["AdaptPFLConfig", "ORDERS", "VARIANTS", "phases", "projection_kernels"]

@@ -90,10 +90,10 @@ _MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelSource)
                        if f.name not in ("model_fn", "input_spec"))
 
 
-def build_schedule(algorithm, config: lora_plans.LoraConfig) -> process_lib.Process:
-    """The process of `algorithm` (one of `lora_plans.ALGORITHMS`, "rolora_ffa", which needs
-    `config.total_rounds`, or a round builder, `lora_plans.plan_schedule`'s) on `config`'s
-    model (`tffl.algorithms.lora_plans.LoraConfig`).
+def build_schedule(algorithm, config: lora_plans.FederatedLoraConfig) -> process_lib.Process:
+    """The process of `algorithm` (one of `lora_plans.FIXED_SCHEDULE_ALGORITHMS`, "rolora_ffa",
+    which needs `config.total_rounds`, or a round builder, `lora_plans.plan_schedule`'s) on
+    `config`'s model (`tffl.algorithms.lora_plans.FederatedLoraConfig`).
 
     With `config.client_ranks` (flexlora, flora) the process is a personalized `Process` whose
     personal state is each client's rank (`tffl.algorithms.lora_ranks`).
@@ -128,32 +128,32 @@ def build_schedule(algorithm, config: lora_plans.LoraConfig) -> process_lib.Proc
 
 
 def lora_config(keras_model_fn, input_spec, client_optimizer, **options
-                ) -> lora_plans.LoraConfig:
-    """A `LoraConfig` from keyword options: those of `ModelSource` (`loss_fn`,
+                ) -> lora_plans.FederatedLoraConfig:
+    """A `FederatedLoraConfig` from keyword options: those of `ModelSource` (`loss_fn`,
     `initial_trainable`, `initial_non_trainable`, `frozen_dir`, `client_device`) go to its
-    model, the others are `LoraConfig`'s fields.
+    model, the others are `FederatedLoraConfig`'s fields.
 
     >>> config = lora_config(model_fn, input_spec, 0.1, frozen_dir="/tmp/f", seed=3)
     >>> config.model.frozen_dir, config.seed, config.client_optimizer
     ('/tmp/f', 3, 0.1)
     """
     model = {k: options.pop(k) for k in _MODEL_OPTIONS if k in options}
-    return lora_plans.LoraConfig(ModelSource(keras_model_fn, input_spec, **model),
+    return lora_plans.FederatedLoraConfig(ModelSource(keras_model_fn, input_spec, **model),
                                  client_optimizer, **options)
 
 
 def build_lora_process(name: str, keras_model_fn, input_spec, client_optimizer, **options
                        ) -> process_lib.Process:
-    """The process of algorithm `name` (one of `ALGORITHMS`) on a Keras model: `client_optimizer`
-    a local SGD step η > 0 or a `tff.learning.optimizers.Optimizer`, `options` as `lora_config`
-    takes them.
+    """The process of algorithm `name` (one of `lora_plans.FIXED_SCHEDULE_ALGORITHMS`) on a Keras
+    model: `client_optimizer` a local SGD step η > 0 or a `tff.learning.optimizers.Optimizer`,
+    `options` as `lora_config` takes them.
 
     Raises:
       ValueError: for an unknown name (and as `build_schedule`).
     """
-    if name not in lora_plans.ALGORITHMS:
+    if name not in lora_plans.FIXED_SCHEDULE_ALGORITHMS:
         raise ValueError(f"unknown LoRA algorithm {name!r}; expected one of "
-                         f"{', '.join(lora_plans.ALGORITHMS)}")
+                         f"{', '.join(lora_plans.FIXED_SCHEDULE_ALGORITHMS)}")
     return build_schedule(name, lora_config(keras_model_fn, input_spec, client_optimizer,
                                             **options))
 

@@ -1,5 +1,5 @@
-"""Federated LoRA algorithms before composition: their configuration (`LoraConfig`), the model's
-LoRA factors, each algorithm's round kinds and schedule (`plan_schedule`), shared by
+"""Federated LoRA algorithms before composition: their configuration (`FederatedLoraConfig`), the
+model's LoRA factors, each algorithm's round kinds and schedule (`plan_schedule`), shared by
 `tffl.algorithms.lora_fl` (equal ranks) and `tffl.algorithms.lora_ranks` (per-client ranks),
 which compose them.
 
@@ -38,9 +38,10 @@ from tffl.engine.switch_round import SwitchRoundSpec
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """How a federated-LoRA algorithm runs (PEFT's `LoraConfig` holds the adapter; this holds its
-    federation). Defaults: the paper's plain mean and SGD server step with η_s = 1.
+class FederatedLoraConfig:
+    """How a federated-LoRA algorithm runs (PEFT's `LoraConfig` and `models.lora_targets.LoraConfig`
+    hold the adapter; this holds its federation). Defaults: the paper's plain mean and SGD server
+    step with η_s = 1.
 
     Attributes:
       model: the Keras model (`tffl.engine.federated_model.ModelSource`), whose variables carry
@@ -88,7 +89,7 @@ class LoraConfig:
         """rolora_ffa's switch: the communication round round(x·T) from which only B rounds
         run (ValueError without T, or for x outside [0, 1] or T < 1)."""
         if self.total_rounds is None:
-            raise ValueError("rolora_ffa needs LoraConfig(total_rounds=T): it switches to "
+            raise ValueError("rolora_ffa needs FederatedLoraConfig(total_rounds=T): it switches to "
                              "FFA-LoRA after round(rolora_fraction·T) communication rounds")
         if not 0.0 <= self.rolora_fraction <= 1.0:
             raise ValueError(f"rolora_fraction={self.rolora_fraction} must be in [0, 1]")
@@ -163,7 +164,7 @@ class Rounds:
     """An algorithm on a model: its round kinds, its schedule, the variables the server holds
     beyond those the rounds train (FLoRA's base kernels, as indices of the model's non-trainable
     and trainable variables), and its own server optimizer (a `tff.learning.optimizers`
-    optimizer; None: `LoraConfig.server_optimizer`'s)."""
+    optimizer; None: `FederatedLoraConfig.server_optimizer`'s)."""
 
     specs: tuple[rounds.RoundSpec, ...]
     schedule: Callable[[int], str]
@@ -237,7 +238,7 @@ def fedavg_lora_momentum(spec, extra_roles, momentum: float = 0.9, **_) -> Round
     FedAvg-LoRA's one-client rounds (the same client updates, stepped by SGD with η_s = 1):
 
     >>> from tffl.algorithms import lora_fl
-    >>> config = LoraConfig(ModelSource(model_fn, input_spec), client_optimizer=0.1)
+    >>> config = FederatedLoraConfig(ModelSource(model_fn, input_spec), client_optimizer=0.1)
     >>> process = lora_fl.build_schedule(fedavg_lora_momentum, config)       # β = 0.9
     >>> fedavg = lora_fl.build_schedule("fedavg_lora", config)
     >>> def mean_upload(w):      # Δ̄ = mean_i Δ_i from w (both clients hold 6 examples)
@@ -273,10 +274,10 @@ ROUND_BUILDERS: dict[str, Callable[..., Rounds]] = {
     "flexlora": _flexlora, "flora": _flora, "rolora_ffa": _rolora_ffa,
 }
 # The ones with a fixed schedule (RoLoRA→FFA also needs its switch round).
-ALGORITHMS = tuple(name for name in ROUND_BUILDERS if name != "rolora_ffa")
+FIXED_SCHEDULE_ALGORITHMS = tuple(name for name in ROUND_BUILDERS if name != "rolora_ffa")
 
 
-def plan_schedule(algorithm, config: LoraConfig) -> SchedulePlan:
+def plan_schedule(algorithm, config: FederatedLoraConfig) -> SchedulePlan:
     """`algorithm`'s plan on `config`'s model, before its rounds are built and composed:
     `algorithm` is a name of `ROUND_BUILDERS`, or a round builder itself (`(spec, extra_roles,
     **options) -> Rounds`, as those are; e.g. `fedavg_lora_momentum`).
@@ -297,7 +298,7 @@ def plan_schedule(algorithm, config: LoraConfig) -> SchedulePlan:
     kinds = builder(spec, extra_roles, seed=int(config.seed), switch_round=switch)
     if kinds.server_optimizer is not None and config.server_optimizer is not None:
         raise ValueError(f"{algorithm_name(algorithm)} brings its own server optimizer; "
-                         "LoraConfig.server_optimizer must stay None")
+                         "FederatedLoraConfig.server_optimizer must stay None")
     federated = {k for s in kinds.specs for p in s.phases for k in p.train_indices}
     _check_all_trained(spec, federated, algorithm_name(algorithm), extra_roles)
     federated |= set(kinds.federated_trainable)

@@ -30,9 +30,10 @@ bytes a rank-r_i client needs are `traffic_at_rank`.
 
 Example:
 
->>> from tffl.algorithms.lora_plans import LoraConfig
+>>> from tffl.algorithms.lora_plans import FederatedLoraConfig
 >>> from tffl.engine.federated_model import ModelSource
->>> config = LoraConfig(ModelSource(model_fn, input_spec), 0.1, client_ranks={"a": 1, "b": 2})
+>>> config = FederatedLoraConfig(ModelSource(model_fn, input_spec), 0.1,
+...                              client_ranks={"a": 1, "b": 2})
 >>> process = build_heterogeneous_rank_process("flexlora", config)  # adapters: r = 2
 >>> personal = [process.initialize_personal(c) for c in ("a", "b")]
 >>> [int(np.asarray(p).reshape(-1)[0]) for p in personal]
@@ -57,7 +58,8 @@ from tffl.engine import rounds
 from tffl.engine.client_hooks import ClientConfig, ClientHook
 from tffl.engine.personal_state import PersonalSpec
 
-ALGORITHMS = ("flexlora", "flora")  # those that aggregate adapters of different ranks
+# The algorithms that aggregate adapters of different ranks.
+RANK_AGGREGATING_ALGORITHMS = ("flexlora", "flora")
 
 
 class RankTruncation(ClientHook):
@@ -134,7 +136,7 @@ def _rank_lookup(client_ranks) -> Callable[[str], int]:
                      f"(4, 8, 16))) or be a function of the client id, got {type(client_ranks)}")
 
 
-def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.LoraConfig
+def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.FederatedLoraConfig
                                      ) -> process_lib.Process:
     """FlexLoRA or FLoRA (`algorithm`) with per-client ranks: `config.client_ranks` maps a client
     id to its rank (a `Mapping` or a function), each between 1 and the model's LoRA rank; the
@@ -145,8 +147,9 @@ def build_heterogeneous_rank_process(algorithm: str, config: lora_plans.LoraConf
     Raises:
       ValueError: another algorithm, a rank outside [1, r] in a mapping, or as `build_schedule`.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"heterogeneous client ranks need {' or '.join(ALGORITHMS)} (they "
+    if algorithm not in RANK_AGGREGATING_ALGORITHMS:
+        raise ValueError("heterogeneous client ranks need "
+                         f"{' or '.join(RANK_AGGREGATING_ALGORITHMS)} (they "
                          f"aggregate adapters of different ranks), got {algorithm!r}")
     client_ranks = config.client_ranks
     lookup = _rank_lookup(client_ranks)
@@ -198,5 +201,5 @@ def traffic_at_rank(process, rank: int) -> dict[str, communication.RoundTraffic]
             for name, traffic in process.traffic.items()}
 
 
-__all__ = ["ALGORITHMS", "ClientRanks", "RankTruncation", "assign_ranks",
+__all__ = ["RANK_AGGREGATING_ALGORITHMS", "ClientRanks", "RankTruncation", "assign_ranks",
            "build_heterogeneous_rank_process", "traffic_at_rank"]

@@ -103,15 +103,15 @@ import tensorflow_federated as tff
 from tffl.algorithms.personalized_builders import BUILDERS, PersonalizedConfig, Plan, Split
 from tffl.engine import client_training
 from tffl.engine import model_spec
-from tffl.engine import process as process_lib
 from tffl.engine import rounds
+from tffl.engine import process as process_lib
 from tffl.engine.client_hooks import ClientConfig
 from tffl.engine.federated_evaluation import build_evaluation
 from tffl.engine.federated_model import ModelSource, build_federated_model, personal_spec
 
-ALGORITHMS = tuple(BUILDERS)
-assert ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft", "flute",
-                      "adaptpfl", "fedsa_lora")
+PERSONALIZED_ALGORITHMS = tuple(BUILDERS)
+assert PERSONALIZED_ALGORITHMS == ("fedrep", "fedper", "lg_fedavg", "fedavg", "fedavg_ft",
+                                   "flute", "adaptpfl", "fedsa_lora")
 # What every client uploads besides its deltas: loss sum, correct, examples and its weight n_i.
 METRIC_UPLOAD_BYTES = rounds.METRIC_UPLOAD_BYTES + rounds.WEIGHT_UPLOAD_BYTES
 # `ModelSource`'s fields that `build_personalized_process` takes as keyword options.
@@ -130,9 +130,9 @@ def build_personalized(algorithm: str, config: PersonalizedConfig) -> process_li
         a finite number > 0; a split that leaves the personal (`head`) or the representation
         role empty; "alternating" without LoRA; no model or client optimizer in `config`.
     """
-    if algorithm not in ALGORITHMS:
+    if algorithm not in PERSONALIZED_ALGORITHMS:
         raise ValueError(f"unknown personalized algorithm {algorithm!r}; expected one of "
-                         f"{', '.join(ALGORITHMS)}")
+                         f"{', '.join(PERSONALIZED_ALGORITHMS)}")
     if config.model is None or config.client_optimizer is None:
         raise ValueError(f"{algorithm} needs PersonalizedConfig(model=ModelSource(...), "
                          "client_optimizer=<SGD step or tff.learning.optimizers optimizer>)")
@@ -154,7 +154,7 @@ def build_personalized_process(
     """`build_personalized` on a Keras model function and the clients' input spec.
 
     Args:
-      algorithm: one of `ALGORITHMS`.
+      algorithm: one of `PERSONALIZED_ALGORITHMS`.
       keras_model_fn: no-arg function returning a fresh Keras model whose personal variables carry
         the role `head` and whose representation carries `shared` / `lora_a` / `lora_b`.
       input_spec: element spec `(x, y)` of a client's batched dataset.
@@ -215,5 +215,5 @@ def personal_state_type(process) -> tff.Type:
     return process.personal.type
 
 
-__all__ = ["ALGORITHMS", "METRIC_UPLOAD_BYTES", "build_personalized",
+__all__ = ["METRIC_UPLOAD_BYTES", "PERSONALIZED_ALGORITHMS", "build_personalized",
            "build_personalized_process", "personal_state_type"]

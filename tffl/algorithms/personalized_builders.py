@@ -27,7 +27,7 @@ import numpy as np
 
 from tffl.algorithms import adaptpfl
 from tffl.algorithms import lora_plans
-from tffl.algorithms.adaptpfl import AdaptPflConfig
+from tffl.algorithms.adaptpfl import AdaptPFLConfig
 from tffl.algorithms.flute import FluteConfig, FluteHook
 from tffl.engine import client_training
 from tffl.engine import model_spec
@@ -70,7 +70,7 @@ class PersonalizedConfig:
         LoRA factors; not for `fedsa_lora`).
       flute: FLUTE's regularizers; default None, i.e. `FluteConfig()` (the official code's
         values) for `flute`; only for `algorithm="flute"`.
-      adaptpfl: AdaptPFL's variant and ablation switches; default None, i.e. `AdaptPflConfig()`
+      adaptpfl: AdaptPFL's variant and ablation switches; default None, i.e. `AdaptPFLConfig()`
         (variant A, `tffl.algorithms.adaptpfl`) for `adaptpfl`; only for `algorithm="adaptpfl"`.
       weight_decay: λ ≥ 0, the clients' coupled L2 (g + λθ). Default 0.
       jit_compile: mark each local step for XLA (`tffl.engine.client_hooks.ClientConfig`). Default False.
@@ -93,7 +93,7 @@ class PersonalizedConfig:
     finetune_epochs: int | None = None
     lora_schedule: str = "joint"
     flute: FluteConfig | None = None
-    adaptpfl: AdaptPflConfig | None = None
+    adaptpfl: AdaptPFLConfig | None = None
     weight_decay: float = 0.0
     jit_compile: bool = False
     aggregator: Any = None
@@ -134,7 +134,7 @@ class PersonalizedConfig:
             raise ValueError(f"flute regularizers were given for algorithm {algorithm!r}; they "
                              "apply only to 'flute'")
         if self.adaptpfl is not None and algorithm != "adaptpfl":
-            raise ValueError(f"an AdaptPflConfig was given for algorithm {algorithm!r}; it "
+            raise ValueError(f"an AdaptPFLConfig was given for algorithm {algorithm!r}; it "
                              "applies only to 'adaptpfl'")
         finetune_epochs = self.finetune_epochs
         if finetune_epochs is None:
@@ -146,7 +146,7 @@ class PersonalizedConfig:
             self, head_epochs=1 if self.head_epochs is None else self.head_epochs,
             finetune_epochs=finetune_epochs,
             flute=FluteConfig() if algorithm == "flute" and self.flute is None else self.flute,
-            adaptpfl=(AdaptPflConfig() if algorithm == "adaptpfl" and self.adaptpfl is None
+            adaptpfl=(AdaptPFLConfig() if algorithm == "adaptpfl" and self.adaptpfl is None
                       else self.adaptpfl))
 
 
@@ -333,7 +333,7 @@ def flute_hook(split: Split, flute: FluteConfig, input_spec) -> FluteHook:
     return FluteHook(flute, kernel_index, num_classes, head)
 
 
-# {algorithm: builder}, in the order of `tffl.algorithms.personalized.ALGORITHMS`.
+# {algorithm: builder}, in the order of `tffl.algorithms.personalized.PERSONALIZED_ALGORITHMS`.
 BUILDERS: dict[str, Callable[..., Plan]] = {
     "fedrep": build_fedrep,
     "fedper": build_fedper,

@@ -5,7 +5,7 @@ one signature for every family, `build(config)`:
 
 | family         | algorithms                                              | config          |
 |----------------|---------------------------------------------------------|-----------------|
-| `lora`         | rolora, fedavg_lora, ffa_lora, flexlora, flora, rolora_ffa | `tffl.algorithms.lora_plans.LoraConfig` |
+| `lora`         | rolora, fedavg_lora, ffa_lora, flexlora, flora, rolora_ffa | `tffl.algorithms.lora_plans.FederatedLoraConfig` |
 | `personalized` | fedrep, fedper, lg_fedavg, fedavg, fedavg_ft, flute, adaptpfl, fedsa_lora | `tffl.algorithms.personalized_builders.PersonalizedConfig` |
 | `linear`       | fedrep_linear, flute_linear, adaptpfl_linear, rolora_linear | `LinearConfig` |
 
@@ -16,14 +16,15 @@ learning_rate, ...)` gives the problem size. Each returns the algorithm's
 state).
 
 The names come from the families' own builder tables (`tffl.algorithms.lora_plans.ROUND_BUILDERS`:
-each algorithm's round kinds and schedule; `tffl.algorithms.personalized.ALGORITHMS`), so this
-mapping is the single list every CLI and experiment reads.
+each algorithm's round kinds and schedule; `tffl.algorithms.personalized.PERSONALIZED_ALGORITHMS`),
+so this mapping is the single list every CLI and experiment reads.
 
 >>> sorted(name for name, a in ALGORITHMS.items() if a.family == "lora")
 ['fedavg_lora', 'ffa_lora', 'flexlora', 'flora', 'rolora', 'rolora_ffa']
->>> from tffl.algorithms.lora_plans import LoraConfig
+>>> from tffl.algorithms.lora_plans import FederatedLoraConfig
 >>> from tffl.engine.federated_model import ModelSource
->>> process = ALGORITHMS["rolora"].build(LoraConfig(ModelSource(model_fn, input_spec), 0.1))
+>>> config = FederatedLoraConfig(ModelSource(model_fn, input_spec), 0.1)
+>>> process = ALGORITHMS["rolora"].build(config)
 >>> process.data_names                         # `next`: a B round then an A round
 ('b_round', 'a_round')
 """
@@ -88,7 +89,7 @@ class Algorithm:
 
 
 # Each family's configuration class.
-CONFIGS = {"lora": lora_plans.LoraConfig, "personalized": PersonalizedConfig,
+CONFIGS = {"lora": lora_plans.FederatedLoraConfig, "personalized": PersonalizedConfig,
            "linear": LinearConfig}
 
 
@@ -100,7 +101,7 @@ def _checked(name: str, family: str, config) -> None:
 
 
 def _lora_builder(name: str) -> Callable[[Any], Any]:
-    def build(config: lora_plans.LoraConfig):
+    def build(config: lora_plans.FederatedLoraConfig):
         _checked(name, "lora", config)
         return lora_fl.build_schedule(name, config)
 
@@ -138,7 +139,7 @@ def _linear_builder(name: str) -> Callable[..., Any]:
 
 def _registry() -> dict[str, Algorithm]:
     entries = [Algorithm(n, "personalized", _personalized_builder(n))
-               for n in personalized.ALGORITHMS]
+               for n in personalized.PERSONALIZED_ALGORITHMS]
     entries += [Algorithm(n, "lora", _lora_builder(n)) for n in lora_plans.ROUND_BUILDERS]
     entries += [Algorithm(n, "linear", _linear_builder(n)) for n in LINEAR_BUILDERS]
     return {entry.name: entry for entry in entries}

@@ -86,7 +86,7 @@ def test_variant_b_round_equals_numpy_of_eqs_2_to_7(tff_runtime, order):
     before the shortcut (ws), both damped toward their stored values, then W's step with the
     damped pair; W averaged by examples."""
     beta, lam_s, lam_w = 0.3, 0.5, 0.7
-    config = adaptpfl.AdaptPflConfig(variant="b", order=order, shortcut_ridge=beta,
+    config = adaptpfl.AdaptPFLConfig(variant="b", order=order, shortcut_ridge=beta,
                                      shortcut_damping=lam_s, head_damping=lam_w)
     process, clients, starts, weights, out = _round(config)
     w0 = np.asarray(weights.trainable[0], np.float64)
@@ -101,7 +101,7 @@ def test_variant_a_with_a_shortcut_ridge_equals_numpy(tff_runtime):
     """Variant A (head, shortcut, representation) with β: only the shortcut's step gets + β·S;
     no projection and no damping."""
     beta = 0.4
-    process, clients, starts, weights, out = _round(adaptpfl.AdaptPflConfig(shortcut_ridge=beta))
+    process, clients, starts, weights, out = _round(adaptpfl.AdaptPFLConfig(shortcut_ridge=beta))
     w0 = np.asarray(weights.trainable[0], np.float64)
     _check(process, clients, out, _numpy_round(clients, starts, w0, "ws", beta))
 
@@ -109,24 +109,24 @@ def test_variant_a_with_a_shortcut_ridge_equals_numpy(tff_runtime):
 def test_phases_and_bad_input():
     spec = model_spec.inspect_model(lambda: classifier(shortcut_alpha=ALPHA), CLASS_SPEC)
     head, shortcut, rep = (1, 2), (3,), (0,)
-    a = adaptpfl.phases(adaptpfl.AdaptPflConfig(), spec, head, shortcut, rep, 2, 3, 4)
+    a = adaptpfl.phases(adaptpfl.AdaptPFLConfig(), spec, head, shortcut, rep, 2, 3, 4)
     assert [(p.train_indices, p.epochs, p.after) for p in a] == [
         (head, 2, None), (shortcut, 3, None), (rep, 4, None)]
-    b = adaptpfl.phases(adaptpfl.AdaptPflConfig("b", project_shortcut=False), spec, head,
+    b = adaptpfl.phases(adaptpfl.AdaptPFLConfig("b", project_shortcut=False), spec, head,
                         shortcut, rep, 2, 3, 4)
     assert [p.train_indices for p in b] == [shortcut, head, rep]
     assert all(p.after is None for p in b)  # no projection, λ = 1: nothing after
     assert adaptpfl.projection_kernels(spec, shortcut, rep) == (3, 0)
     with pytest.raises(ValueError, match="variant='c' must be one of a, b"):
-        adaptpfl.AdaptPflConfig("c")
+        adaptpfl.AdaptPFLConfig("c")
     with pytest.raises(ValueError, match="order='x'"):
-        adaptpfl.AdaptPflConfig("b", order="x")
+        adaptpfl.AdaptPFLConfig("b", order="x")
     with pytest.raises(ValueError, match="shortcut_ridge=-1"):
-        adaptpfl.AdaptPflConfig(shortcut_ridge=-1.0)
+        adaptpfl.AdaptPFLConfig(shortcut_ridge=-1.0)
     with pytest.raises(ValueError, match="head_damping=1.5 must be in"):
-        adaptpfl.AdaptPflConfig("b", head_damping=1.5)
+        adaptpfl.AdaptPFLConfig("b", head_damping=1.5)
     with pytest.raises(ValueError, match="damping is variant B's step"):
-        adaptpfl.AdaptPflConfig("a", shortcut_damping=0.5)
+        adaptpfl.AdaptPFLConfig("a", shortcut_damping=0.5)
     def kernels(*shapes):
         return model_spec.ModelSpec(tuple(
             model_spec.VariableInfo(f"v{i}", shape, np.float32, "shared")
@@ -138,7 +138,7 @@ def test_phases_and_bad_input():
         adaptpfl.projection_kernels(kernels((2, 3), (4, 3)), (1,), (0,))
     with pytest.raises(ValueError, match="applies only to 'adaptpfl'"):
         personalized.build_personalized_process("fedrep", classifier, CLASS_SPEC, LR,
-                                                adaptpfl=adaptpfl.AdaptPflConfig())
+                                                adaptpfl=adaptpfl.AdaptPFLConfig())
 
 
 # ---- AdaptPFL's variant A (the default) -------------------------------------------------------

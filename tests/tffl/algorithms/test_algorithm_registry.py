@@ -11,7 +11,7 @@ from models.paper_models import RoloraMnistNetConfig, build_rolora_mnist_net
 from tffl.algorithms import registry
 from tffl.algorithms import lora_plans
 from tffl.algorithms import personalized
-from tffl.algorithms.lora_plans import LoraConfig
+from tffl.algorithms.lora_plans import FederatedLoraConfig
 from tffl.algorithms.personalized_builders import PersonalizedConfig
 from tffl.engine.federated_model import ModelSource
 from tffl.engine.process import Process
@@ -39,7 +39,8 @@ def _datasets(seed):
 
 
 def test_the_registry_is_the_one_list_of_names():
-    assert list(registry.ALGORITHMS) == [*personalized.ALGORITHMS, *lora_plans.ROUND_BUILDERS,
+    assert list(registry.ALGORITHMS) == [*personalized.PERSONALIZED_ALGORITHMS,
+                                         *lora_plans.ROUND_BUILDERS,
                                            *registry.LINEAR_BUILDERS]
     assert {a.family for a in registry.ALGORITHMS.values()} == {"lora", "personalized",
                                                                   "linear"}
@@ -53,17 +54,18 @@ def _source():
 
 
 def test_every_family_builds_from_its_one_config():
-    with pytest.raises(ValueError, match=r"rolora_ffa needs LoraConfig\(total_rounds=T\)"):
-        registry.get("rolora_ffa").build(LoraConfig(_source(), 0.1))
-    with pytest.raises(TypeError, match="takes a tffl.algorithms.lora_plans.LoraConfig, got dict"):
+    with pytest.raises(ValueError, match=r"rolora_ffa needs FederatedLoraConfig\(total_rounds=T\)"):
+        registry.get("rolora_ffa").build(FederatedLoraConfig(_source(), 0.1))
+    with pytest.raises(TypeError,
+                       match="takes a tffl.algorithms.lora_plans.FederatedLoraConfig, got dict"):
         registry.get("rolora").build({"seed": 1})
     with pytest.raises(TypeError, match="fedrep takes a tffl.algorithms.personalized_builders."
-                                        "PersonalizedConfig, got LoraConfig"):
-        registry.get("fedrep").build(LoraConfig(_source(), 0.1))
+                                        "PersonalizedConfig, got FederatedLoraConfig"):
+        registry.get("fedrep").build(FederatedLoraConfig(_source(), 0.1))
     with pytest.raises(ValueError, match=r"fedrep needs PersonalizedConfig\(model=ModelSource"):
         registry.get("fedrep").build(PersonalizedConfig())
     with pytest.raises(TypeError, match="takes a tffl.algorithms.registry.LinearConfig"):
-        registry.get("fedrep_linear").build(LoraConfig(_source(), 0.1))
+        registry.get("fedrep_linear").build(FederatedLoraConfig(_source(), 0.1))
 
 
 def _flat(weights):
@@ -73,7 +75,7 @@ def _flat(weights):
 @pytest.mark.parametrize("name", _ON_THIS_MODEL)
 def test_every_entry_builds_and_runs_two_rounds(name, tff_runtime):
     entry = registry.get(name)
-    config = (LoraConfig(_source(), 0.1, total_rounds=4) if entry.family == "lora"
+    config = (FederatedLoraConfig(_source(), 0.1, total_rounds=4) if entry.family == "lora"
               else PersonalizedConfig(model=_source(), client_optimizer=0.1))
     process = entry.build(config)
     state = process.initialize()

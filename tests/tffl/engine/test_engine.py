@@ -117,7 +117,7 @@ def _broadcast_shapes(computation):
 
 
 # Fast tier: RoLoRA's two round kinds and FLoRA's extra kernel; large: the others.
-@pytest.mark.parametrize("algorithm", tiered([*lora_plans.ALGORITHMS, "rolora_ffa"],
+@pytest.mark.parametrize("algorithm", tiered([*lora_plans.FIXED_SCHEDULE_ALGORITHMS, "rolora_ffa"],
                                              fast=["rolora", "flora"]))
 def test_no_frozen_variable_is_broadcast(algorithm, tff_runtime):
     """The broadcast (MapReduceForm `prepare`'s result) of every round holds exactly the

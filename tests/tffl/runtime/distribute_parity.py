@@ -133,8 +133,9 @@ def _linear(name):
 
 
 CASES = {
-    **{name: (lambda n=name: _lora(n)) for name in (*lora_plans.ALGORITHMS, "rolora_ffa")},
-    **{name: (lambda n=name: _personalized(n)) for name in (*personalized.ALGORITHMS,
+    **{name: (lambda n=name: _lora(n))
+       for name in (*lora_plans.FIXED_SCHEDULE_ALGORITHMS, "rolora_ffa")},
+    **{name: (lambda n=name: _personalized(n)) for name in (*personalized.PERSONALIZED_ALGORITHMS,
                                                              "fedrep_rolora")},
     **{name: (lambda n=name: _linear(n)) for name in ("fedrep_linear", "flute_linear",
                                                       "adaptpfl_linear", "rolora_linear")},

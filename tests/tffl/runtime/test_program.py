@@ -238,7 +238,8 @@ def _process(algorithm):
 
 # The fast tier: RoLoRA (two round kinds); the large tier every algorithm.
 @pytest.mark.parametrize("algorithm", tiered(
-    (*lora_plans.ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED), fast=["rolora"]))
+    (*lora_plans.FIXED_SCHEDULE_ALGORITHMS, "rolora_ffa", *_STATELESS_PERSONALIZED),
+    fast=["rolora"]))
 def test_train_model_resumes_to_the_uninterrupted_result(algorithm, tmp_path):
     process = _process(algorithm)
     assert isinstance(process, tff.learning.templates.LearningProcess)
