@@ -14,7 +14,7 @@ HTML comments right above a block's fence (blank lines between are allowed) say 
   block another test already runs as written, in-process, checking at least as much);
 - `<!-- docs-example: prints TEXT -->`: what the block prints; its output must contain TEXT;
 - `<!-- docs-example: continues -->`: the block goes on from the file's previous block (its
-  names are that block's), so it runs after that block's code, in the same fresh Python.
+  names are that block's), so it runs after that block's code, in the same process.
 
 Any other `docs-example:` comment is an error, so a typo cannot silently turn a check off.
 The examples train small models on the TFF worker, several seconds each, so they run in the
