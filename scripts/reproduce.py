@@ -127,7 +127,7 @@ the runs finished so far; `--methods=flexlora,flora` runs (or collects) only tho
 `--archive_dir=DIR` keeps every finished run's summary.json and metrics.csv in DIR (the
 --output_dir layout, a few KiB per run), and the newest checkpoint of a stopped run; a finished
 run found there is copied back, a stopped one resumed from its checkpoint. Commit DIR, and the
-next sitting continues on a fresh checkout. docs/runs/ holds ours (docs/RESULTS.md).
+next invocation continues on a fresh checkout. docs/runs/ holds ours (docs/RESULTS.md).
 
 A bad flag is one line on stderr and exit status 2 (TFFL_DEBUG=1 re-raises); a failed step is
 one line and exit status 1. Isolated runs get SIGTERM (and stop their TFF workers) when this

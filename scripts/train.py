@@ -31,6 +31,7 @@ TF/TFF log noise is off unless --verbosity is given.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import warnings
@@ -54,8 +55,8 @@ def _import_heavy() -> None:
     from runner import tensorflow_import
 
     tensorflow_import.import_tensorflow()
-    from runner import run  # noqa: F401
-    from runner import training  # noqa: F401
+    for module in ("runner.run", "runner.training"):  # loaded here, before the flags are read
+        importlib.import_module(module)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""experiments/sst2_instruct in sittings: the runs it makes (one per method and
+"""experiments/sst2_instruct over resumed invocations: the runs it makes (one per method and
 N, the decoder task, all clients every round), --methods, --archive_dir and --collect, with the
 training runs replaced by a recorder of their RunConfigs that writes the summary a finished run
 would."""
