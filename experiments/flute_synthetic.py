@@ -51,17 +51,18 @@ def _fedrep_predictors(b: np.ndarray, problem) -> np.ndarray:
     return np.stack(heads) @ b.T
 
 
-def _run(process, data: list, label: str, rounds: int, checkpoints: list[int], error_fn,
+def _run(process, data: list, label: str, checkpoints: list[int], error_fn,
          run_dir: pathlib.Path | None, diverged: str | None = None,
          initial_state=None) -> dict[int, float]:
-    """`rounds` rounds of `process` (all clients, each on its fixed data, every round) with
-    `tffl.simulation.driver.run_rounds` in `run_dir`; the error at every checkpoint round, with progress
-    lines. `error_fn(state, personal states in client order or None)`; `diverged`: the message of
+    """`checkpoints[-1]` rounds of `process` (all clients, each on its fixed data, every round;
+    `checkpoints` ascending) with `tffl.simulation.driver.run_rounds` in `run_dir`; the error at
+    every checkpoint round, with progress lines. `error_fn(state, personal states in client order or None)`; `diverged`: the message of
     the FloatingPointError raised at the first round whose loss is not finite (None: no check);
     `initial_state`: where round 1 starts (default `process.initialize()`)."""
     from tffl.simulation import participation
     from tffl.simulation import driver
 
+    rounds = checkpoints[-1]
     ids = [f"client_{i:03d}" for i in range(len(data))]
     by_id, started = dict(zip(ids, data)), time.perf_counter()
 
@@ -117,8 +118,7 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
 
     if "flute" in config["methods"]:
         errors = _run(
-            flute, data, f"{tag} flute η={config['learning_rate']:g}", config["rounds"],
-            checkpoints,
+            flute, data, f"{tag} flute η={config['learning_rate']:g}", checkpoints,
             lambda state, personal: _mean_error(flute_linear.predictors(state, personal),
                                                 problem.phi),
             run_dir("flute", config["learning_rate"]),
@@ -138,7 +138,7 @@ def run_setting(num_clients: int, k: int, seed: int, config: dict) -> list[dict]
             else:
                 state = fedrep_linear.initialize_by_moments(fedrep, data)
             errors = _run(
-                fedrep, data, f"{tag} fedrep_{init} η={eta:g}", config["rounds"], checkpoints,
+                fedrep, data, f"{tag} fedrep_{init} η={eta:g}", checkpoints,
                 lambda state, _: _mean_error(_fedrep_predictors(
                     linear_engine.get_representation(state), problem), problem.phi),
                 run_dir(f"fedrep_{init}", eta), initial_state=state)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 
-from experiments import archive
-from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, METHOD_NAMES, Result, eval_curve, need_data,
-                                 run_seconds, run_training, train_config)
 from experiments.sst2_protocol import SST2_CLAIM_NAMES
+from runner import archive
+from runner.report import Column, Panel, Series, Table
 from runner.run_config import RunConfig
-
+from runner.running import (
+    METHOD_NAMES,
+    Context,
+    Result,
+    eval_curve,
+    need_data,
+    run_seconds,
+    run_training,
+    train_config,
+)
 
 # ------------------------------------------------------------------------------------------------
 # 4. reviews_fedrep_rolora

@@ -8,9 +8,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from experiments.report import Column, Panel, Series, Table, missing
-from experiments.running import Context, METHOD_NAMES, Result, mean_of, load_unit, save_unit
-
+from runner.report import Column, Panel, Series, Table, missing
+from runner.running import METHOD_NAMES, Context, Result, load_unit, mean_of, save_unit
 
 # ------------------------------------------------------------------------------------------------
 # 1. rolora_linear
@@ -131,8 +130,7 @@ def linear_unit(config: LinearExperimentConfig, processes: dict, setting: str, m
     import tensorflow as tf
 
     from tasks.subspace import sin_theta
-    from tffl.simulation import participation
-    from tffl.simulation import driver
+    from tffl.simulation import driver, participation
 
     problem, a0 = linear_problem(config, setting, seed)
     m = config.num_samples

@@ -2,7 +2,7 @@
 
 `run_toy(root, ToySweep(...))` runs RoLoRA, FedAvg-LoRA and FFA-LoRA for each setting (N
 clients × K labels) and learning rate of the sweep, one training run
-(`experiments.running.run_training`) per (setting, learning rate) in
+(`runner.running.run_training`) per (setting, learning rate) in
 `<root>/toy_<N>x<K>_lr<lr>/`, and writes `results.csv` and `results.md` (the best final test
 accuracy per method). `scripts/rolora_mnist_toy.py` is its command line; `run_rolora_mnist` is
 `scripts/reproduce.py --experiment=rolora_mnist`.
@@ -18,10 +18,9 @@ import pathlib
 import shutil
 from collections.abc import Callable
 
-from experiments.report import Column, Panel, Series, Table, as_float, read_csv
-from experiments.running import (Context, METHOD_NAMES, Result, eval_curve, need_data,
-                                 run_training)
+from runner.report import Column, Panel, Series, Table, as_float, read_csv
 from runner.run_config import RunConfig
+from runner.running import METHOD_NAMES, Context, Result, eval_curve, need_data, run_training
 
 TOY_ALGORITHMS = ("rolora", "fedavg_lora", "ffa_lora")
 TOY_PAPER_CLAIMS = (

@@ -6,11 +6,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from experiments.report import (Column, Panel, Series, Table, as_float, missing, read_csv,
-                                seed_series)
-from experiments.running import (Context, Result, load_unit, mean_of, mean_std, need_data,
-                                 run_training, save_unit, train_config)
-
+from runner.report import Column, Panel, Series, Table, as_float, missing, read_csv, seed_series
+from runner.running import (
+    Context,
+    Result,
+    load_unit,
+    mean_of,
+    mean_std,
+    need_data,
+    run_training,
+    save_unit,
+    train_config,
+)
 
 # ------------------------------------------------------------------------------------------------
 # 5. srpfl_speedup

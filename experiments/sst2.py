@@ -12,18 +12,6 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.estimate import active_probes
-from experiments.report import Column, Panel, Series, Table
-from experiments.running import (
-    METHOD_NAMES,
-    ROOT,
-    Context,
-    Result,
-    need_data,
-    run_seconds,
-    run_training,
-    train_config,
-)
 from experiments.sst2_protocol import (
     SST2_CLAIM_NAMES,
     SST2_CLAIM_SCALES,
@@ -35,6 +23,18 @@ from experiments.sst2_protocol import (
     sst2_rounds,
 )
 from experiments.sst2_tables import TABLE2_CLAIM, claim_result, iid_claims, table2_claims
+from runner.estimate import active_probes
+from runner.report import Column, Panel, Series, Table
+from runner.running import (
+    METHOD_NAMES,
+    ROOT,
+    Context,
+    Result,
+    need_data,
+    run_seconds,
+    run_training,
+    train_config,
+)
 
 # ------------------------------------------------------------------------------------------------
 # 3. sst2_minilm

@@ -3,11 +3,11 @@
 them every round, beside the untuned decoder (the zero-shot row).
 
 Each run is one training run of `scripts/train.py --task=sst2_instruct`, kept and resumed through
-`experiments.archive` (`--archive_dir`, `--resume`, `--collect`). At N = 3, each method's
+`runner.archive` (`--archive_dir`, `--resume`, `--collect`). At N = 3, each method's
 learning rate is chosen on the dev split from a small grid (`learning_rates`) at the first seed
 (the final evaluation's generation accuracy; of equals, the smallest rate), and the chosen rate
 runs at every seed (`seeds`); the paired per-seed differences of the methods at N = 3 get their
-verdicts (`experiments.verdicts`). At N = 20, one run per method at `learning_rate`. The
+verdicts (`runner.verdicts`). At N = 20, one run per method at `learning_rate`. The
 zero-shot row evaluates the model as every method starts it (LoRA's B = 0: the pretrained base),
 with the same prompts, the same parsing and the same dev sentences
 (`runner.run.evaluate_untrained`).
@@ -26,12 +26,20 @@ from __future__ import annotations
 
 import pathlib
 
-from experiments import archive
-from experiments import verdicts
-from experiments.estimate import active_probes
-from experiments.report import Column, Panel, Series, Table
-from experiments.running import (Context, Result, eval_curve, mean_of, mean_std, need_data,
-                                 run_seconds, run_training, train_config)
+from runner import archive, verdicts
+from runner.estimate import active_probes
+from runner.report import Column, Panel, Series, Table
+from runner.running import (
+    Context,
+    Result,
+    eval_curve,
+    mean_of,
+    mean_std,
+    need_data,
+    run_seconds,
+    run_training,
+    train_config,
+)
 
 SST2_INSTRUCT_METHODS = ("rolora", "fedavg_lora", "ffa_lora")
 SST2_INSTRUCT_LABELS = {"rolora": "RoLoRA", "fedavg_lora": "FedAvg-LoRA",

@@ -2,7 +2,7 @@
 settings, one `RunConfig` per (method, N, seed, learning rate) run (`sst2_claim_config`), the run
 order and learning-rate grids (`Protocol`, `run_protocol`) and each (method, N) cell's row.
 
-The runs go through `archive.train_once` and `experiments.running.run_training`; with
+The runs go through `archive.train_once` and `runner.running.run_training`; with
 --collect they are only read, under --estimate a probe stands in for each N's first run."""
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from experiments import archive
-from experiments.estimate import Probe, active_probes, estimate_progress
-from experiments.report import as_float, missing, read_csv
-from experiments.running import Context, METHOD_NAMES, mean_of, mean_std, run_training
+from runner import archive
+from runner.estimate import Probe, active_probes, estimate_progress
+from runner.report import as_float, missing, read_csv
 from runner.run_config import RunConfig
-
+from runner.running import METHOD_NAMES, Context, mean_of, mean_std, run_training
 
 # rolora.md §3.2, NeurIPS Table 1 (= ICML Tables 1 and 6): SST-2 accuracy (%), RoBERTa-Large,
 # rank 4 on W_q, W_v of layers 18-23, 500 rounds for 3 clients scaled as 3/N, mean ± std.
@@ -309,7 +308,7 @@ class Protocol:
         if probes is not None:
             # --estimate: one probe per N (the first method's, and the centralized run's):
             # seeds and learning rates cost the same, and the methods differ only in what they
-            # upload and in the server step. A run finished in the archive is read as a sitting
+            # upload and in the server step. A run finished in the archive is read as an invocation
             # reads it (its grid's choice follows), and costs nothing.
             done, start_round = estimate_progress(run.run_dir, run.rounds)
             key = (run.method == "centralized", run.clients)

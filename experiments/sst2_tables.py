@@ -1,16 +1,16 @@
 """The tables of the SST-2 protocol experiments (`experiments.sst2`): the main table and plot
 (`claim_result`), each method's degradation as N grows (`degradation_rows`), the paper's claims
-as verdicts (`table1_claims`, `table2_claims`, `experiments.verdicts`) and the words that say
+as verdicts (`table1_claims`, `table2_claims`, `runner.verdicts`) and the words that say
 which classifier and regime the figures are about."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from experiments import verdicts
-from experiments.report import Column, Panel, Series, Table
-from experiments.running import Context, Result, mean_std
 from experiments.sst2_protocol import SST2_CLAIM_NAMES, SST2_CLAIM_SCALES, paper_mean
+from runner import verdicts
+from runner.report import Column, Panel, Series, Table
+from runner.running import Context, Result, mean_std
 
 
 def degradation_rows(rows: Sequence[dict]) -> list[dict]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Callable, Iterable
 
-from experiments.report import Column, Panel, Series, Table, as_float, read_csv
-from experiments.running import Context, Result, mean_of, mean_std
-
+from runner.report import Column, Panel, Series, Table, as_float, read_csv
+from runner.running import Context, Result, mean_of, mean_std
 
 # ------------------------------------------------------------------------------------------------
 # 6. flute_synthetic, 7. adaptpfl_synthetic

@@ -8,11 +8,11 @@ FedSA-LoRA run at N = 3 and its rerun three days later parted at round 2 (traini
 archived the run (c40c859) gives the rerun's figure, and today's code gives the run's once oneDNN
 is held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`): the run had met a CPU without AVX-512.
 `describe()` records what decides the kernels, so such a difference can be read off the runs'
-summaries rather than guessed. A run continued with `--resume` is trained in several sittings
-(a sitting: one process's stretch of the run, from its start or a resume to its end) and may
-have met several machines: `record_sitting` keeps one line per sitting in the run's
-`sittings.jsonl` (the round it began with, when, and `describe()`), which `summary.json` repeats
-as `sittings`.
+summaries rather than guessed. A run continued with `--resume` is trained in several legs
+(a leg: one process's stretch of the run, from its start or a resume to its end) and may
+have met several machines: `record_leg` keeps one line per leg in the run's
+`legs.jsonl` (the round it began with, when, and `describe()`), which `summary.json` repeats
+as `legs`.
 
 Example:
 
@@ -24,8 +24,8 @@ True
 >>> differences(info, dict(info, cpu="another CPU")), differences(info, None)
 (['cpu'], None)
 >>> run = run_dir / "machine_example"
->>> record_sitting(run, 1, info); record_sitting(run, 35, dict(info, cpu="another CPU"))
->>> [(s["first_round"], s["machine"]["cpu"] == info["cpu"]) for s in read_sittings(run)]
+>>> record_leg(run, 1, info); record_leg(run, 35, dict(info, cpu="another CPU"))
+>>> [(s["first_round"], s["machine"]["cpu"] == info["cpu"]) for s in read_legs(run)]
 [(1, True), (35, False)]
 """
 
@@ -141,17 +141,17 @@ def provenance() -> dict[str, Any]:
             "versions": versions, "machine": describe()}
 
 
-SITTINGS_FILE = "sittings.jsonl"
+LEGS_FILE = "legs.jsonl"
 
 
-def record_sitting(run_dir: os.PathLike | str, first_round: int,
-                   info: Mapping[str, Any] | None = None) -> None:
-    """Appends to `run_dir`'s SITTINGS_FILE the sitting that began with round `first_round`:
+def record_leg(run_dir: os.PathLike | str, first_round: int,
+               info: Mapping[str, Any] | None = None) -> None:
+    """Appends to `run_dir`'s LEGS_FILE the leg that began with round `first_round`:
     {"first_round", "started" (UTC, ISO 8601), "machine": `info` or `describe()`}. Lines of
-    sittings that began at `first_round` or later are dropped first: their rounds were not
+    legs that began at `first_round` or later are dropped first: their rounds were not
     checkpointed and are being trained again (a fresh run, `first_round` 1, starts the file)."""
-    path = pathlib.Path(run_dir) / SITTINGS_FILE
-    kept = [s for s in read_sittings(run_dir) if s["first_round"] < first_round]
+    path = pathlib.Path(run_dir) / LEGS_FILE
+    kept = [s for s in read_legs(run_dir) if s["first_round"] < first_round]
     kept.append({"first_round": first_round,
                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds"),
@@ -160,22 +160,22 @@ def record_sitting(run_dir: os.PathLike | str, first_round: int,
     path.write_text("".join(json.dumps(s, sort_keys=True) + "\n" for s in kept))
 
 
-def read_sittings(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
-    """The sittings `record_sitting` recorded for `run_dir`, oldest first ([] for a run from
+def read_legs(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
+    """The legs `record_leg` recorded for `run_dir`, oldest first ([] for a run from
     before the record).
 
     Raises:
-      ValueError: naming the file and line, if a line is not a recorded sitting."""
-    path = pathlib.Path(run_dir) / SITTINGS_FILE
+      ValueError: naming the file and line, if a line is not a recorded leg."""
+    path = pathlib.Path(run_dir) / LEGS_FILE
     if not path.exists():
         return []
-    sittings = []
+    legs = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
-            sitting = json.loads(line)
-            sitting["first_round"] = int(sitting["first_round"])
+            leg = json.loads(line)
+            leg["first_round"] = int(leg["first_round"])
         except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{path}, line {number}: not a recorded sitting ({e!r}); delete "
+            raise ValueError(f"{path}, line {number}: not a recorded leg ({e!r}); delete "
                              "the line (it only records machines)") from None
-        sittings.append(sitting)
-    return sittings
+        legs.append(leg)
+    return legs

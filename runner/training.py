@@ -245,16 +245,16 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
         sampler = algorithms.build_sampler(task, config.participation, config.algorithm.seed)
     except ValueError as e:
         raise _as_usage_error(e, config) from None
-    machine.read_sittings(output_dir)  # a damaged record stops the run here, before any round
-    sitting_recorded = []
+    machine.read_legs(output_dir)  # a damaged record stops the run here, before any round
+    leg_recorded = []
 
-    def record_sitting(row, state):
-        # Once per sitting, after its first round: a sitting that trained no round leaves no
-        # line (runner.machine.record_sitting).
+    def record_leg(row, state):
+        # Once per leg, after its first round: a leg that trained no round leaves no
+        # line (runner.machine.record_leg).
         del state
-        if not sitting_recorded:
-            machine.record_sitting(output_dir, row["round"])
-            sitting_recorded.append(row["round"])
+        if not leg_recorded:
+            machine.record_leg(output_dir, row["round"])
+            leg_recorded.append(row["round"])
 
     result = driver.run_rounds(
         process, sampler, task.client_dataset_fn, rounds, output_dir,
@@ -262,7 +262,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
             evaluate_fn=evaluate_fn, eval_every=config.output.eval_every,
             checkpoint_every=config.output.checkpoint_every, config=identity,
             resume=config.output.resume, log=lambda line: print(line, flush=True),
-            after_round=record_sitting))
+            after_round=record_leg))
     summary = _summary(algorithm, result.history, identity | {"rounds": rounds}, output_dir,
                        started)
     summary.update(eval_split=task.eval_split, num_classes=task.num_classes,
@@ -281,7 +281,7 @@ def run_algorithm(algorithm: str, output_dir: pathlib.Path, config: RunConfig) -
 def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
              output_dir: pathlib.Path, started: float) -> dict:
     """summary.json's content: final and best metrics, bytes, time, peak memory and the
-    sittings."""
+    legs."""
     from tffl.simulation import metrics_log
 
     last = history[-1] if history else {}
@@ -297,13 +297,13 @@ def _summary(algorithm: str, history: list[dict], flags: Mapping[str, Any],
         "upload_bytes_per_client_total": sum(r.get("bytes_up_per_client", 0) for r in history),
         "final": {k: v for k, v in last.items() if k not in metrics_log.MACHINE_COLUMNS},
         "wall_seconds_this_run": time.perf_counter() - started,
-        # MB, the largest over every sitting's rounds (`tffl.simulation.memory`); None: unread.
+        # MB, the largest over every leg's rounds (`tffl.simulation.memory`); None: unread.
         **{column: max((r[column] for r in history if column in r), default=None)
            for column in ("peak_rss_mb", "worker_peak_rss_mb")},
-        "machine": machine.describe(),  # of the sitting that finished the run
+        "machine": machine.describe(),  # of the leg that finished the run
         # The code's commit (and whether its tree was dirty) and the libraries' versions.
         "provenance": machine.provenance(),
-        "sittings": machine.read_sittings(output_dir),  # each sitting's first round and machine
+        "legs": machine.read_legs(output_dir),  # each leg's first round and machine
     }
 
 

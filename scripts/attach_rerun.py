@@ -9,7 +9,7 @@ metric added after it ran (FedSA-LoRA's personalized test accuracy) cannot come 
 
 The run's own figures are left as they are; its summary.json gets `rerun` (the rerun's final
 metrics, wall time and the largest difference of the metrics both report) and its folder the
-rerun's metrics as `metrics_rerun.csv` (`experiments.archive.attach_rerun`). `reproduce.py`'s
+rerun's metrics as `metrics_rerun.csv` (`runner.archive.attach_rerun`). `reproduce.py`'s
 SST-2 tables take a figure from the rerun only where the run lacks it, and say so in a note.
 A rerun on the run's machine repeats it bit for bit; on a machine with another CPU it agrees to
 float rounding (`runner.machine`), so the difference is recorded, with the rerun's
@@ -21,12 +21,10 @@ from __future__ import annotations
 import json
 import pathlib
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
-from experiments import archive
-from runner import cli
-from runner import machine
+from runner import archive, cli, machine
+
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of

@@ -72,7 +72,7 @@ Experiments (`small` finishes in minutes on 2 CPU cores; `full` is the larger se
    method's accuracy lost from N = 3 to N = 20 and 50, paired by seed (mean ± std and per
    seed), beside the paper's drops, and `claims.csv`/`claims.md`: each of Table 1's claims as
    a paired per-seed difference with its 95% Student-t interval and the verdict the interval
-   gives (confirmed, not reproduced at this scale, refuted; `experiments.verdicts`), beside the
+   gives (confirmed, not reproduced at this scale, refuted; `runner.verdicts`), beside the
    regime (local work, LoRA layers, backbone, pooling and head). One training run per (method,
    N, seed, learning rate), each resumable; `--collect` writes the tables from the runs
    finished so far.
@@ -122,7 +122,7 @@ ends that run only. Every unit is seeded, so a resumed run ends with the same fi
 uninterrupted one. Without --resume, an --output_dir that already holds a run is refused.
 
 sst2_clients, sst2_dirichlet, sst2_clients_mean, sst2_dirichlet_mean, reviews_domains and
-sst2_instruct run for hours or days on 2 cores, in sittings. `--collect` writes the table from
+sst2_instruct run for hours or days on 2 cores, over several invocations. `--collect` writes the table from
 the runs finished so far; `--methods=flexlora,flora` runs (or collects) only those methods.
 `--archive_dir=DIR` keeps every finished run's summary.json and metrics.csv in DIR (the
 --output_dir layout, a few KiB per run), and the newest checkpoint of a stopped run; a finished
@@ -144,24 +144,22 @@ import sys
 import time
 from collections.abc import Callable
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
-from experiments import estimate
-from experiments import reviews
-from experiments import rolora_linear
-from experiments import rolora_mnist
-from experiments import running
-from experiments import sst2
-from experiments import sst2_instruct
-from experiments import sst2_protocol
-from experiments import srpfl
-from experiments import synthetic
-from experiments.report import save_plot, write_table
-from experiments.running import Context, StepError
-from runner import cli
-from runner import tensorflow_import
+from experiments import (
+    reviews,
+    rolora_linear,
+    rolora_mnist,
+    srpfl,
+    sst2,
+    sst2_instruct,
+    sst2_protocol,
+    synthetic,
+)
+from runner import cli, estimate, running, tensorflow_import
 from runner.cli import UsageError
+from runner.report import save_plot, write_table
+from runner.running import Context, StepError
 
 # TensorFlow is imported once the flags are checked (`parse`); TFF and matplotlib where needed.
 DEFAULT_DATA_DIR = running.DEFAULT_DATA_DIR
@@ -171,7 +169,7 @@ EXPERIMENTS = ("rolora_linear", "rolora_mnist", "sst2_minilm", "reviews_fedrep_r
                "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
                "sst2_clients_mean", "sst2_dirichlet_mean", "sst2_instruct")
 SCALES = ("small", "full")
-# The experiments made of training runs (`experiments.running.run_training`), which --estimate
+# The experiments made of training runs (`runner.running.run_training`), which --estimate
 # replaces by probes; the others' measured times are in docs/REPRODUCE.md.
 ESTIMABLE = ("rolora_mnist", "sst2_minilm", "reviews_fedrep_rolora", "srpfl_mnist",
              "sst2_clients", "sst2_dirichlet", "reviews_domains", "srpfl_mnist_dynamic",
@@ -204,23 +202,23 @@ _ESTIMATE = flags.DEFINE_bool(
     "probes go to <output_dir>/estimate. Runs finished in --archive_dir (or, with --resume, in "
     "--output_dir) count 0, stopped ones only their rounds after the newest checkpoint.",
     flag_values=FLAGS)
-# The experiments that run in sittings (days on 2 cores), and their --methods names.
-SITTING_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
+# The experiments that run over several invocations (days on 2 cores), and their --methods names.
+RESUMABLE_METHODS = {"sst2_clients": sst2_protocol.SST2_CLAIM_ALL,
                    "sst2_dirichlet": tuple(sst2_protocol.SST2_CLAIM_METHODS),
                    "reviews_domains": tuple(reviews.REVIEWS_DOMAIN_METHODS),
                    "sst2_clients_mean": (*sst2_protocol.SST2_MEAN_METHODS, "centralized"),
                    "sst2_dirichlet_mean": sst2_protocol.SST2_DIRICHLET_MEAN_METHODS,
                    "sst2_instruct": (*sst2_instruct.SST2_INSTRUCT_METHODS, "zero_shot")}
-_SITTINGS = ", ".join(SITTING_METHODS)
+_RESUMABLE = ", ".join(RESUMABLE_METHODS)
 _COLLECT = flags.DEFINE_bool(
-    "collect", False, f"{_SITTINGS}: run nothing; write the table and plot from the runs "
+    "collect", False, f"{_RESUMABLE}: run nothing; write the table and plot from the runs "
     "finished so far (unfinished cells say how many seeds are done).", flag_values=FLAGS)
 _METHODS = flags.DEFINE_list(
-    "methods", None, f"{_SITTINGS}: run (or --collect) only these methods, e.g. flexlora,flora "
-    "(names: " + "; ".join(f"{e}: {', '.join(m)}" for e, m in SITTING_METHODS.items())
+    "methods", None, f"{_RESUMABLE}: run (or --collect) only these methods, e.g. flexlora,flora "
+    "(names: " + "; ".join(f"{e}: {', '.join(m)}" for e, m in RESUMABLE_METHODS.items())
     + "); default: all.", flag_values=FLAGS)
 _ARCHIVE_DIR = flags.DEFINE_string(
-    "archive_dir", None, f"{_SITTINGS}: a folder that keeps every finished run's summary.json "
+    "archive_dir", None, f"{_RESUMABLE}: a folder that keeps every finished run's summary.json "
     "and metrics.csv (the --output_dir layout, a few KiB per run) and a stopped run's newest "
     "checkpoint; a finished run found there is copied back instead of run again, a stopped one "
     "resumes from its checkpoint, so that a long experiment continues on another machine or a "
@@ -270,20 +268,20 @@ def contexts_from_flags() -> list[Context]:
     if _SEED.value < 0:
         raise UsageError(f"flag --seed={_SEED.value}: must be >= 0")
     names = EXPERIMENTS if _EXPERIMENT.value == "all" else (_EXPERIMENT.value,)
-    if _COLLECT.value and any(n not in SITTING_METHODS for n in names):
-        raise UsageError(f"flag --collect: only {_SITTINGS} tabulate finished runs without "
+    if _COLLECT.value and any(n not in RESUMABLE_METHODS for n in names):
+        raise UsageError(f"flag --collect: only {_RESUMABLE} tabulate finished runs without "
                          f"running; --experiment={_EXPERIMENT.value} would run")
     if _ESTIMATE.value and _EXPERIMENT.value != "all" and names[0] not in ESTIMABLE:
         # Refused before anything runs: the experiment has no training runs to probe.
         raise UsageError(f"flag --estimate: {names[0]} has no training runs to probe (only "
                          f"{', '.join(ESTIMABLE)}); docs/REPRODUCE.md has its measured time")
     for flag, value in (("methods", _METHODS.value), ("archive_dir", _ARCHIVE_DIR.value)):
-        if value is not None and any(n not in SITTING_METHODS for n in names):
-            raise UsageError(f"flag --{flag}: only {_SITTINGS} take it, not "
+        if value is not None and any(n not in RESUMABLE_METHODS for n in names):
+            raise UsageError(f"flag --{flag}: only {_RESUMABLE} take it, not "
                              f"--experiment={_EXPERIMENT.value}")
     methods = None
     if _METHODS.value is not None:
-        known = SITTING_METHODS[names[0]]
+        known = RESUMABLE_METHODS[names[0]]
         unknown = [m for m in _METHODS.value if m not in known]
         if unknown or not _METHODS.value:
             raise UsageError(f"flag --methods={','.join(_METHODS.value)}: "

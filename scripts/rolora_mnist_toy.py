@@ -19,13 +19,12 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from experiments import rolora_mnist
-from experiments.running import StepError
-from runner import cli
-from runner import tensorflow_import
+from runner import cli, tensorflow_import
+from runner.running import StepError
+
 
 def define_flags(flag_values: flags.FlagValues) -> None:
     """Defines the script's flags in `flag_values` (absl's global FLAGS when run; a FlagValues of

@@ -1,4 +1,4 @@
-"""experiments/reviews' `reviews_domains` in sittings: --methods, --collect and --archive_dir,
+"""experiments/reviews' `reviews_domains` over several invocations: --methods, --collect and --archive_dir,
 with the training runs replaced by a recorder of their RunConfigs that writes the summary a
 finished run would."""
 
@@ -6,7 +6,7 @@ import json
 import pathlib
 
 from experiments import reviews
-from experiments import running
+from runner import running
 
 
 def _fake_train(runs):

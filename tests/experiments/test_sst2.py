@@ -9,9 +9,8 @@ import pathlib
 
 import pytest
 
-from experiments import running
-from experiments import sst2
-from experiments import sst2_protocol
+from experiments import sst2, sst2_protocol
+from runner import running
 
 
 def _value(config, flag):

@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from experiments import running, sst2_instruct
+from experiments import sst2_instruct
+from runner import running
 
 
 def _fake_train(configs):

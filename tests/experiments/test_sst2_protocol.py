@@ -9,9 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from experiments import estimate
-from experiments import running
 from experiments import sst2_protocol
+from runner import estimate, running
 
 
 def _value(config, flag):
@@ -127,7 +126,7 @@ def test_methods_filter_largest_n_first_and_archive_restores_without_running(
 
 def test_a_stopped_run_keeps_its_newest_checkpoint_in_the_archive_and_resumes_from_it(
         tmp_path, monkeypatch):
-    """A sitting stopped mid-run (here: train.py fails after checkpointing rounds 2 and 3) keeps
+    """An invocation stopped mid-run (here: train.py fails after checkpointing rounds 2 and 3) keeps
     the run's newest checkpoint and metrics in the archive; on a fresh output folder the run is
     resumed from it (--resume); once finished, the archive keeps no checkpoint."""
     cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=1, clients=(3,))
@@ -251,7 +250,7 @@ def test_a_damaged_archived_summary_is_one_error_naming_the_file(tmp_path, monke
         sst2_protocol.run_protocol(ctx, {"partition": "iid"}, cfg["clients"], False)
 
 
-def test_estimate_reads_the_archive_as_a_sitting_would(tmp_path, monkeypatch):
+def test_estimate_reads_the_archive_as_an_invocation_would(tmp_path, monkeypatch):
     """--estimate with --archive_dir: the seed-0 grid finished there (lr 0.3 best) is not probed
     and decides the rate of seeds 1 and 2, stopped at rounds 2 and 4 of 6: one probe is
     trained (seed 1's), and each seed counts its own remaining rounds and evaluations (every

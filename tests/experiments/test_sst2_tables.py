@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from experiments import running, sst2, sst2_protocol, sst2_tables
+from experiments import sst2, sst2_protocol, sst2_tables
+from runner import running
 
 
 def _value(config, flag):
@@ -29,7 +30,7 @@ def _protocol_with_finals(tmp_path, monkeypatch, cfg, final_of, methods):
     """Runs `sst2_protocol.run_protocol` at `cfg` with every train.py run replaced by a summary.json
     whose "final" is `final_of(method, N, seed)` (None: a stopped run, no summary); returns its
     rows, its result and the drops table (drops.csv) by method."""
-    from experiments import report
+    from runner import report
 
     def fake_train(config, what, isolate=False):
         run_dir = pathlib.Path(_value(config, "output_dir"))
@@ -244,7 +245,7 @@ T_975_1, T_975_2 = 12.706205, 4.302653   # Student's t, 0.975 quantile, 1 and 2 
 def test_t_interval_by_hand():
     """Differences 1, 2, 3: mean 2, s = 1 (ddof = 1), half-width t(0.975, 2)·1/√3 = 2.48414;
     differences 1, 3: mean 2, s = √2, half-width t(0.975, 1)·√2/√2 = 12.706205."""
-    from experiments import verdicts
+    from runner import verdicts
 
     i = verdicts.t_interval([1.0, 2.0, 3.0])
     assert (i.n, i.mean, i.std) == (3, 2.0, 1.0)
@@ -286,7 +287,7 @@ def test_collect_gives_the_verdicts_of_hand_set_archived_runs(tmp_path, monkeypa
     (e) RoLoRA − FFA-LoRA at 50 = (−2, −3, −4): [−5.484, −0.516]: opposite.
     With --methods=rolora,fedavg_lora only (a) and (b) have their cells: the others are left
     out."""
-    from experiments import report
+    from runner import report
 
     cfg = dict(sst2_protocol.SST2_CLAIM_SCALES["small"], learning_rates=(0.3,), seeds=3, clients=(3, 50),
                grid_every_n=True)
@@ -333,7 +334,7 @@ def test_the_dirichlet_claim_from_rows_by_hand():
     """(f) RoLoRA − FedAvg-LoRA at N = 20 under label skew, seeds 0, 1: (81 − 79, 80 − 79) =
     (2, 1): mean 1.5, s = √0.5, half-width 12.706205·√0.5/√2 = 6.3531: the interval holds 0
     and the paper's effect weighed (+1.41, its MNLI difference): inconclusive."""
-    from experiments import verdicts
+    from runner import verdicts
 
     rows = [dict(key="rolora", clients=20, by_seed={0: 0.81, 1: 0.80}, measure="test"),
             dict(key="fedavg_lora", clients=20, by_seed={0: 0.79, 1: 0.79, 2: 0.7},

@@ -1,5 +1,5 @@
 """runner.machine: the CPU record read from a cpuinfo file, what counts as a difference, and
-the record of each sitting of a run."""
+the record of each leg of a run."""
 
 import os
 
@@ -50,27 +50,27 @@ def test_differences_ignore_the_platform_string_and_missing_records():
     assert machine.differences(a, None) is None and machine.differences({}, a) is None
 
 
-def test_sittings_are_kept_in_order_and_a_retrained_sitting_replaces_later_ones(tmp_path):
-    """Sittings beginning at rounds 1, 35, 60; the third was stopped before its checkpoint was
+def test_legs_are_kept_in_order_and_a_retrained_leg_replaces_later_ones(tmp_path):
+    """Legs beginning at rounds 1, 35, 60; the third was stopped before its checkpoint was
     kept and round 60 is trained again on a fourth machine: its line replaces the third's. A
     fresh run (round 1) starts the file again."""
     for first, cpu in ((1, "a"), (35, "b"), (60, "c"), (60, "d")):
-        machine.record_sitting(tmp_path, first, {"cpu": cpu})
-    sittings = machine.read_sittings(tmp_path)
-    assert [(s["first_round"], s["machine"]["cpu"]) for s in sittings] == [
+        machine.record_leg(tmp_path, first, {"cpu": cpu})
+    legs = machine.read_legs(tmp_path)
+    assert [(s["first_round"], s["machine"]["cpu"]) for s in legs] == [
         (1, "a"), (35, "b"), (60, "d")]
-    assert all(s["started"].endswith("+00:00") for s in sittings)  # UTC
-    machine.record_sitting(tmp_path, 1, {"cpu": "e"})
-    assert [s["machine"]["cpu"] for s in machine.read_sittings(tmp_path)] == ["e"]
-    assert machine.read_sittings(tmp_path / "absent") == []
+    assert all(s["started"].endswith("+00:00") for s in legs)  # UTC
+    machine.record_leg(tmp_path, 1, {"cpu": "e"})
+    assert [s["machine"]["cpu"] for s in machine.read_legs(tmp_path)] == ["e"]
+    assert machine.read_legs(tmp_path / "absent") == []
 
 
-def test_a_damaged_sittings_line_is_one_line_naming_file_and_line(tmp_path):
-    machine.record_sitting(tmp_path, 1, {"cpu": "a"})
-    with open(tmp_path / machine.SITTINGS_FILE, "a") as f:
+def test_a_damaged_legs_line_is_one_line_naming_file_and_line(tmp_path):
+    machine.record_leg(tmp_path, 1, {"cpu": "a"})
+    with open(tmp_path / machine.LEGS_FILE, "a") as f:
         f.write('{"started": "2026-11-27"}\n')
-    with pytest.raises(ValueError, match=r"sittings.jsonl, line 2: not a recorded sitting"):
-        machine.read_sittings(tmp_path)
+    with pytest.raises(ValueError, match=r"legs.jsonl, line 2: not a recorded leg"):
+        machine.read_legs(tmp_path)
 
 
 def test_provenance_names_this_checkouts_commit_and_the_libraries_versions():

@@ -10,12 +10,8 @@ import sys
 
 import pytest
 
-from experiments import estimate
-from experiments import report
-from experiments import rolora_linear
-from experiments import running
-from experiments import srpfl
-from experiments import sst2_protocol
+from experiments import rolora_linear, srpfl, sst2_protocol
+from runner import estimate, report, running
 from runner.run_config import RunConfig
 from scripts import reproduce
 from tests import forked_python

@@ -92,11 +92,11 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, capsys):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after round" in resumed.stdout
     assert train_runs.rows(cut) == train_runs.rows(full)
-    # Each sitting's first round and machine (runner.machine), in the summary too.
+    # Each leg's first round and machine (runner.machine), in the summary too.
     summary = json.loads((cut / "summary.json").read_text())
-    assert [s["first_round"] for s in summary["sittings"]] == [1, int(found.group(1)) + 1]
-    assert summary["sittings"][-1]["machine"] == summary["machine"]
-    assert [s["first_round"] for s in machine.read_sittings(full)] == [1]
+    assert [s["first_round"] for s in summary["legs"]] == [1, int(found.group(1)) + 1]
+    assert summary["legs"][-1]["machine"] == summary["machine"]
+    assert [s["first_round"] for s in machine.read_legs(full)] == [1]
     # TensorBoard lost no round either: the interrupted run flushed what it released before
     # exiting, and the resumed run released the rest.
     assert _tensorboard_steps(cut, "train_loss") == set(range(1, 61))

@@ -32,13 +32,13 @@ def test_job_writes_results_and_refuses_to_overwrite(tmp_path, capsys):
     assert other.returncode == 2 and len(message) == 1, other.stderr
     assert "--evaluate_only" in message[0] and "learning_rate" in message[0], message
     assert train_runs.rows(tmp_path) == rows and not (tmp_path / "evaluation.json").exists()
-    # A damaged sittings record stops a resumed run in one line before it trains a round.
-    with open(tmp_path / machine.SITTINGS_FILE, "a") as f:
+    # A damaged legs record stops a resumed run in one line before it trains a round.
+    with open(tmp_path / machine.LEGS_FILE, "a") as f:
         f.write("not json\n")
     damaged = _run(capsys, *train_runs.FAST, "--rounds=4", f"--output_dir={tmp_path}", "--resume")
     message = damaged.stderr.strip().splitlines()
     assert damaged.returncode == 1 and len(message) == 1, damaged.stderr
-    assert "sittings.jsonl, line 2: not a recorded sitting" in message[0], message
+    assert "legs.jsonl, line 2: not a recorded leg" in message[0], message
     assert train_runs.rows(tmp_path) == rows
 
 

@@ -33,7 +33,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tffl.engine import feature_cache
-from tffl import runtime  # noqa: F401  (its exit hook stops every TFF worker)
 from tffl.engine import model_spec
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -150,7 +149,7 @@ def build_phased_loop(
     optimizer = as_optimizer(learning_rate)
     _check_phases(phases, weight_decay, features_model)
     splits = [_cached_split(model, trainable, phase, features_model) for phase in phases]
-    steps = [_make_step(model, trainable, features_model, loss_fn, optimizer, weight_decay, phase,
+    steps = [_make_step(model, features_model, loss_fn, optimizer, weight_decay, phase,
                         None if found is None else found[1], jit_compile)
              for phase, found in zip(phases, splits)]
 
@@ -202,13 +201,14 @@ def _cached_split(model: tf.keras.Model, trainable: list, phase: Phase,
     return found
 
 
-def _make_step(model: tf.keras.Model, trainable: list, features_model: tf.keras.Model | None,
-               loss_fn: LossFn, optimizer: tff.learning.optimizers.Optimizer,
-               weight_decay: float, phase: Phase, head, jit_compile: bool) -> Callable:
+def _make_step(model: tf.keras.Model, features_model: tf.keras.Model | None, loss_fn: LossFn,
+               optimizer: tff.learning.optimizers.Optimizer, weight_decay: float, phase: Phase,
+               head, jit_compile: bool) -> Callable:
     """One SGD step of `phase` on a batch: `(x, y, optimizer state) -> (optimizer state,
     batch loss, batch size, correct predictions)`, XLA-compiled with `jit_compile`; with
-    `head`, x is the batch's features and the step runs the head alone."""
-    trained = [trainable[i] for i in phase.train_indices]
+    `head`, x is the batch's features and the step runs the head alone. The phase trains
+    `model.trainable_variables[i]` for i in `phase.train_indices`."""
+    trained = [model.trainable_variables[i] for i in phase.train_indices]
 
     def step(x, y, opt_state):
         with tf.GradientTape() as tape:

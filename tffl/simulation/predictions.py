@@ -1,7 +1,7 @@
 """Every evaluated example's prediction, kept compressed in the run's folder.
 
 A classifier's evaluation reduces N predictions to one accuracy; a paired bootstrap over seeds
-and examples (`experiments.verdicts.paired_bootstrap`) needs the predictions themselves. A
+and examples (`runner.verdicts.paired_bootstrap`) needs the predictions themselves. A
 `PredictionLog` gives each evaluated split a sink (`make_keras_evaluator(on_predictions=...)`)
 that keeps the latest evaluation's predicted class and label of every example, in the split's
 example order; `save(run_dir, round_num)` adds them to the run's `predictions.npz`

@@ -1,4 +1,4 @@
-"""`experiments.running`: an experiment's training runs (`run_training`: in this process, or
+"""`runner.running`: an experiment's training runs (`run_training`: in this process, or
 in a child fed a config file, which must not outlive the experiment), --estimate's probes and
 the shared numeric helpers."""
 
@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from experiments import estimate
-from experiments import running
+from runner import estimate, running
 from runner.run_config import RunConfig
 
 _CHILD = textwrap.dedent("""
@@ -41,7 +40,7 @@ def test_a_run_is_sent_sigterm_when_the_experiment_is_sigkilled(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(_CHILD)
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from experiments import running; "
+        [sys.executable, "-c", "import sys; from runner import running; "
          "running._run_command(sys.argv[1:], 'child')", str(child), str(tmp_path)],
         cwd=running.ROOT, stdout=subprocess.DEVNULL)
     try:

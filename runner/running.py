@@ -1,6 +1,6 @@
 """Running an experiment: its context and result, its training runs (`run_training`: a
 `RunConfig` run by `runner.run`, in this process or in a child fed by a config file; under
---estimate, its probe, `experiments.estimate`), reloadable units and the small helpers the
+--estimate, its probe, `runner.estimate`), reloadable units and the small helpers the
 experiment modules share (means and standard deviations, a run's curve and seconds)."""
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from experiments import estimate
-from experiments.report import Panel, Table, as_float, missing, read_csv
+from runner import estimate
 from runner.cli import UsageError
+from runner.report import Panel, Table, as_float, missing, read_csv
 from runner.run_config import RunConfig
-
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"
@@ -54,13 +53,13 @@ class Context:
     seed: int
     data_dir: pathlib.Path
     log: Callable[[str], None] = print
-    # Run nothing; tables from the runs finished so far (the multi-sitting experiments).
+    # Run nothing; tables from the runs finished so far (the multi-invocation experiments).
     collect: bool = False
     # sst2_clients, sst2_dirichlet, reviews_domains: only these methods (None: all of them).
     methods: tuple[str, ...] | None = None
     # The same three: where finished runs' summary.json and metrics.csv, and a stopped run's
-    # newest checkpoint, are kept (output_dir's layout; experiments.archive), so that a later
-    # sitting on a fresh checkout skips or resumes them.
+    # newest checkpoint, are kept (output_dir's layout; runner.archive), so that a later
+    # invocation on a fresh checkout skips or resumes them.
     archive_dir: pathlib.Path | None = None
     # Each training run in a child process of its own (`python -m runner.run CONFIG.json`),
     # so that a crash ends that run only; False: in this process (`runner.run.run`).

@@ -1,17 +1,17 @@
 """Finished training runs that outlive a checkout: `reproduce.py --archive_dir`.
 
-The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run in sittings, and
+The multi-day experiments (sst2_clients, sst2_dirichlet, reviews_domains) run over several invocations, and
 `runs/` is not committed. The archive keeps, in `--output_dir`'s layout, what a run needs to be
 tabulated or continued elsewhere:
 
 - a finished run (its `summary.json` says every round was completed): `summary.json`,
-  `metrics.csv` and `sittings.jsonl` (`runner.machine`), a few KiB;
-- a run that a sitting stopped: `metrics.csv`, `sittings.jsonl` and its newest complete checkpoint
+  `metrics.csv` and `legs.jsonl` (`runner.machine`), a few KiB;
+- a run that an invocation stopped: `metrics.csv`, `legs.jsonl` and its newest complete checkpoint
   (`checkpoints/round_<n>/`, tffl.simulation.checkpoint's layout: the federated variables only, about
   100 KiB for LoRA on MiniLM), dropped once the run finishes.
 
 `train_once` is the one way these experiments run a training run
-(`experiments.running.run_training`):
+(`runner.running.run_training`):
 
 >>> import json, pathlib
 >>> out, kept = run_dir / "archive_example" / "out", run_dir / "archive_example" / "kept"
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from runner import machine
 from tffl.simulation.predictions import PREDICTIONS_FILE
 
-KEPT_FILES = ("summary.json", "metrics.csv", machine.SITTINGS_FILE, PREDICTIONS_FILE)
+KEPT_FILES = ("summary.json", "metrics.csv", machine.LEGS_FILE, PREDICTIONS_FILE)
 CHECKPOINTS = "checkpoints"
 RERUN = "rerun"   # summary.json's record of a rerun (`attach_rerun`)
 RERUN_METRICS = "metrics_rerun.csv"
@@ -78,8 +78,8 @@ def newest_checkpoint(run_dir: pathlib.Path) -> pathlib.Path | None:
 
 
 def progress(folders, relative: pathlib.Path, rounds: int) -> tuple[pathlib.Path | None, int]:
-    """Where a run stands in `folders` (each in --output_dir's layout, in the order a sitting
-    reads them: the archive, then the run folder, whose own checkpoints a sitting resumes from
+    """Where a run stands in `folders` (each in --output_dir's layout, in the order an
+    invocation reads them: the archive, then the run folder, whose own checkpoints an invocation resumes from
     over the archive's, `restore`), read only: (the run's folder in the one where it finished,
     `rounds`) if it finished in one of them, else (None, the round of the newest complete
     checkpoint of the last one that has one, 0 if none), where --resume would continue.
@@ -118,7 +118,7 @@ def restore(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> dict 
     newest = newest_checkpoint(archived)
     if newest is not None and newest_checkpoint(run_dir) is None:
         shutil.copytree(newest, run_dir / CHECKPOINTS / newest.name, dirs_exist_ok=True)
-        for name in ("metrics.csv", machine.SITTINGS_FILE):
+        for name in ("metrics.csv", machine.LEGS_FILE):
             if (archived / name).exists():
                 shutil.copyfile(archived / name, run_dir / name)
     return None

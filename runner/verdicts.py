@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.report import Column, Table
-from experiments.running import mean_of, sample_std
+from runner.report import Column, Table
+from runner.running import mean_of, sample_std
 
 LEVEL = 0.95
 SCALE = "at this scale"

@@ -1,4 +1,4 @@
-"""experiments/verdicts.py: each verdict word from hand-set intervals, and the paired bootstrap
+"""runner/verdicts.py: each verdict word from hand-set intervals, and the paired bootstrap
 against closed forms."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import verdicts
-from experiments.verdicts import Interval
+from runner import verdicts
+from runner.verdicts import Interval
 
 
 def _interval(low, high, n=3):

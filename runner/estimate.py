@@ -5,8 +5,8 @@ replaced by a probe of ESTIMATE_PROBE_ROUNDS rounds evaluated twice (`probe_conf
 <output_dir>/estimate, and prints each run's predicted time (`Probe.predicted_seconds`) and the
 total. Runs already finished in --archive_dir (or, with --resume, in --output_dir) count 0; a run
 stopped there counts only the rounds after its newest checkpoint, where --resume continues. The
-experiments read those finished runs' summaries as a sitting would, so the runs listed are the
-ones a sitting would train (e.g. the seeds at the rate their grid chose). Nothing is written
+experiments read those finished runs' summaries as the next invocation would, so the runs listed are the
+ones an invocation would train (e.g. the seeds at the rate their grid chose). Nothing is written
 outside <output_dir>/estimate.
 
 >>> probe = Probe("run", rounds=100, evaluations=5, wall_seconds=20.0,
@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from experiments import archive
-from experiments.report import as_float, missing, read_csv
+from runner import archive
 from runner.cli import UsageError
+from runner.report import as_float, missing, read_csv
 from runner.run_config import RunConfig
-
 
 ESTIMATE_PROBE_ROUNDS = 4
 
@@ -112,7 +111,7 @@ def _locate(run_dir: pathlib.Path, rounds: int) -> tuple[pathlib.Path | None, in
 def estimate_progress(run_dir: pathlib.Path, rounds: int) -> tuple[dict | None, int]:
     """Under `estimate_experiment`, where the real run of the probe folder `run_dir` stands in
     --archive_dir and, with --resume, --output_dir: (its summary, rounds) if it finished there,
-    its files then copied into `run_dir` as a sitting restores them (`archive.restore`), for
+    its files then copied into `run_dir` as an invocation restores them (`archive.restore`), for
     the experiment to read; else (None, the round it resumes at); (None, 0) otherwise."""
     found, start_round = _locate(run_dir, rounds)
     if found is None:
@@ -179,7 +178,7 @@ def estimate_experiment(ctx, runner: Callable[[Any], Any]) -> float:
     prints each run's predicted time; returns the total (seconds). A run finished in
     --archive_dir (or, with --resume, in --output_dir) counts 0 and is probed no more, one
     stopped there counts the rounds and evaluations after its newest checkpoint, and the
-    experiment's choices read those finished runs as a real sitting would (e.g. the rate its
+    experiment's choices read those finished runs as a real invocation would (e.g. the rate its
     seeds run at); nothing is written there.
 
     Raises:

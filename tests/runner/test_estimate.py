@@ -1,4 +1,4 @@
-"""experiments/estimate: --estimate's probes, and what it counts of runs already finished or
+"""runner/estimate: --estimate's probes, and what it counts of runs already finished or
 stopped in --archive_dir (or, with --resume, in --output_dir). Training is replaced by a fake
 train.py that writes a probe's metrics.csv; the predicted times are checked against
 `Probe.predicted_seconds`' formula worked by hand."""
@@ -8,10 +8,7 @@ import pathlib
 
 import pytest
 
-from experiments import archive
-from experiments import estimate
-from experiments import report
-from experiments import running
+from runner import archive, estimate, report, running
 
 # A probe's metrics: 4 rounds (the first 5 s with compile, then 1 s each), evaluated after
 # rounds 2 and 4 (3 s, then 2 s): t_round = 1, t_eval = 2, compile extra 4, first evaluation
@@ -159,8 +156,8 @@ def test_each_algorithm_of_a_comparison_run_counts_from_its_own_progress(tmp_pat
     assert total == pytest.approx(-8 + 40 + 2 * 2, abs=1)
 
 
-def test_progress_finds_a_finished_run_and_a_sittings_resume_round(tmp_path):
-    """`archive.progress` over the folders in a sitting's order: a finished run anywhere wins;
+def test_progress_finds_a_finished_run_and_an_invocations_resume_round(tmp_path):
+    """`archive.progress` over the folders in an invocation's order: a finished run anywhere wins;
     else the last folder with a checkpoint gives the round (the run folder's own over the
     archive's, as `archive.restore` has it); a summary of fewer rounds is not a finished
     run."""

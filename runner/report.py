@@ -10,7 +10,6 @@ import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 # ------------------------------------------------------------------------------------------------
 # The shared table writer and plot helper
 

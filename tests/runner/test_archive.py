@@ -1,4 +1,4 @@
-"""experiments.archive: which copy of a finished run wins when the output folder and the archive
+"""runner.archive: which copy of a finished run wins when the output folder and the archive
 both hold one; a rerun recorded beside a finished run (`attach_rerun`)."""
 
 import json
@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from experiments import archive
-from runner import machine
+from runner import archive, machine
 
 
 def _finished(folder, marker, mtime):
@@ -18,7 +17,7 @@ def _finished(folder, marker, mtime):
 
 
 def test_a_stale_output_copy_never_overwrites_a_newer_archived_run(tmp_path):
-    """An output folder left from an earlier sitting (--collect's, say) holds an older
+    """An output folder left from an earlier invocation (--collect's, say) holds an older
     summary.json than the archive, whose copy was re-evaluated since: the archive keeps its
     own, and the summary returned is the output folder's own finished one."""
     out, kept = tmp_path / "out", tmp_path / "kept"
@@ -40,9 +39,9 @@ def test_a_newer_output_copy_replaces_the_archived_run(tmp_path):
     assert "re-evaluated" in (kept / "r" / "metrics.csv").read_text()
 
 
-def test_a_stopped_runs_sittings_travel_with_its_checkpoint(tmp_path):
-    """A sitting stops a run: its newest checkpoint, metrics and sittings record go to the
-    archive; a fresh checkout restores all three before the next sitting resumes."""
+def test_a_stopped_runs_legs_travel_with_its_checkpoint(tmp_path):
+    """An invocation stops a run: its newest checkpoint, metrics and legs record go to the
+    archive; a fresh checkout restores all three before the next invocation resumes."""
     out, kept = tmp_path / "out", tmp_path / "kept"
 
     def stopped(resume):
@@ -50,19 +49,19 @@ def test_a_stopped_runs_sittings_travel_with_its_checkpoint(tmp_path):
         (out / "r" / "checkpoints" / "round_000034").mkdir(parents=True)
         (out / "r" / "checkpoints" / "round_000034" / "meta.json").write_text("{}")
         (out / "r" / "metrics.csv").write_text("round\n34\n")
-        machine.record_sitting(out / "r", 1, {"cpu": "first machine"})
+        machine.record_leg(out / "r", 1, {"cpu": "first machine"})
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         archive.train_once(out / "r", 75, stopped, out, kept)
-    assert sorted(p.name for p in (kept / "r").iterdir()) == [
-        "checkpoints", "metrics.csv", machine.SITTINGS_FILE]
+    assert sorted(p.name for p in (kept / "r").iterdir()) == sorted([
+        "checkpoints", "metrics.csv", machine.LEGS_FILE])
     fresh = tmp_path / "fresh"
     resumed = []
 
     def resume(resume):
         resumed.append(resume)
-        assert [s["machine"]["cpu"] for s in machine.read_sittings(fresh / "r")] == [
+        assert [s["machine"]["cpu"] for s in machine.read_legs(fresh / "r")] == [
             "first machine"]
 
     assert archive.train_once(fresh / "r", 75, resume, fresh, kept) is None
