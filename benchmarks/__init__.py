@@ -6,6 +6,6 @@ TFF, which both suites measure against), `measure` (memory, CPU, compilation and
 helpers), `rounds` (run_rounds' callbacks that measure a configuration's rounds), `run` (TFF and
 plain rounds, alternating, per configuration), `report` (targets, tables, files) and `targets`
 (`--suite=targets`: its main setting and results, with `targets_scale`, its scaling and large
-parts). A client of the runner (`runner.algorithms`, `runner.cli`, `runner.machine`), never
+parts, and `evaluation`, the seconds of a decoder's dev evaluation). A client of the runner (`runner.algorithms`, `runner.cli`, `runner.machine`), never
 imported by it.
 """

@@ -30,6 +30,10 @@ Example (a tiny random model):
 [3, None]
 >>> Gemma3Backbone.from_config(backbone.get_config()).config == config
 True
+>>> inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+>>> x_1 = backbone.layer_input(inputs, 1)   # the input of decoder layer 1
+>>> np.allclose(backbone.from_layer(x_1, inputs["padding_mask"], 1), hidden, atol=1e-6)
+True
 """
 
 from __future__ import annotations
@@ -149,6 +153,21 @@ class Gemma3Backbone(tf.keras.Model):
         self.layer_norm = layer_norm
         self.config = config
         self.initializer = initializer
+
+    def layer_input(self, inputs: dict, layer: int) -> tf.Tensor:
+        """x_layer (B, T, H): the input of decoder layer `layer` (0 ≤ layer ≤ L), from `inputs`
+        `{"token_ids", "padding_mask"}` through the embedding and decoder layers 0..layer−1."""
+        x = self.get_layer("embedding_scale")(self.token_embedding(inputs["token_ids"]))
+        for block in self.transformer_layers[:layer]:
+            x = block(x, decoder_padding_mask=inputs["padding_mask"])
+        return x
+
+    def from_layer(self, x: tf.Tensor, padding_mask: tf.Tensor, layer: int) -> tf.Tensor:
+        """hidden (B, T, H) from x_layer: decoder layers layer..L−1 and the final norm, so that
+        `from_layer(layer_input(inputs, k), inputs["padding_mask"], k)` is `self(inputs)`."""
+        for block in self.transformer_layers[layer:]:
+            x = block(x, decoder_padding_mask=padding_mask)
+        return self.layer_norm(x)
 
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable,

@@ -51,6 +51,9 @@ from tffl.simulation.metrics_log import announce
 INSTRUCT_TASKS = ("sst2_instruct", "reviews_instruct", "instruct")
 # The share of the training rows held out as the dev split when the user gives no dev file.
 DEV_FRACTION = 0.1
+# The most memory the one-pass evaluator keeps its frozen layers' outputs in (float32 bytes);
+# a larger evaluated split runs every layer on every call.
+PREFIX_CACHE_BYTES = 512 * 2**20
 _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
 
 
@@ -167,7 +170,14 @@ def _dev_prompts(task) -> tuple[list[list[int]], np.ndarray]:
 def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_size: int = 32):
     """`weights -> {"loss", "token_accuracy", "accuracy", "unparseable",
     "likelihood_accuracy"}` on `task`'s evaluated split (module docstring), one model built on
-    first call (after TFF has traced its computations)."""
+    first call (after TFF has traced its computations).
+
+    When every answer is one token and end of text (`answers[c] = [a_c, end]`, as " negative"
+    and " positive" are for Gemma 3), one forward pass per batch gives every measure
+    (`_one_pass_evaluator`); otherwise the answers' tokens, greedy generation and the
+    likelihood of each answer are three passes."""
+    if all(len(a) == 2 and a[1] == decoder.eos_id for a in answers):
+        return _one_pass_evaluator(lm_fn, task, decoder, answers, batch_size)
     from models import decoders, lm_evaluation
 
     appender = AnswerAppender(answers, decoder.pad_id)
@@ -197,6 +207,143 @@ def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_siz
                 "likelihood_accuracy": float(np.mean(chosen == labels))}
 
     return evaluate
+
+
+def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_size: int):
+    """`make_evaluator` for one-token answers `answers[c] = [a_c, end]`, from one pass per batch.
+
+    Row i of a batch is its prompt p_i, its answer a_{y_i} and end of text; the causal LM's
+    logits at its two response positions are z_i = h(p_i)·Eᵀ (the next token after the prompt)
+    and z'_i = h(p_i, a_{y_i})·Eᵀ. With ℓ = log softmax:
+
+        loss = −(1/2n) Σ_i (ℓ(z_i)[a_{y_i}] + ℓ(z'_i)[end])      (the answer tokens' mean)
+        token_accuracy = (1/2n) Σ_i ([argmax z_i = a_{y_i}] + [argmax z'_i = end])
+        greedy answer_i = argmax z_i (nothing if it is end of text: the generation stops)
+        likelihood choice_i = argmax_c ℓ(z_i)[a_c]
+
+    the same figures as the three passes (greedy generation of one token,
+    `models.lm_evaluation.choose` over the answers, the answer tokens' loss). The rows are
+    batched in order of prompt length, so that a batch is padded to little more than its
+    rows (each measure is a sum over rows, so their order does not change it).
+
+    The decoder layers below the lowest one holding a trained variable (layer k = 14 of Gemma 3
+    270M's 18 at RoLoRA's budget) never change in a run. When the backbone can be entered at a
+    layer (`models.gemma3_backbone.Gemma3Backbone.layer_input`, `from_layer`), every row's x_k
+    is computed on the first call and kept (if it fits in `PREFIX_CACHE_BYTES`), and later
+    calls run layers k..L−1 only. A fingerprint of a sample of the frozen weights (every
+    ⌈size/4096⌉-th value of each array) is checked on every call: other frozen weights
+    recompute x_k."""
+    from models import causal_lm
+    from tffl.engine import frozen
+
+    appender = AnswerAppender(answers, decoder.pad_id)
+    candidates = tf.constant([a[0] for a in answers], tf.int32)
+    state = {}
+
+    def measures(logits, y):   # logits (2b, V): z_i, z'_i per row
+        log_p = tf.nn.log_softmax(logits)
+        picked = tf.gather(log_p, y, axis=1, batch_dims=1)
+        correct = tf.cast(tf.equal(tf.argmax(log_p, -1, output_type=tf.int32), y), tf.float32)
+        after_prompt = log_p[0::2]
+        return (tf.stack([-tf.reduce_sum(picked), tf.reduce_sum(correct),
+                          tf.cast(tf.shape(y)[0], tf.float32)]),
+                tf.argmax(after_prompt, -1, output_type=tf.int32),
+                tf.gather(after_prompt, candidates, axis=1))
+
+    def build() -> dict:
+        backbone, model = lm_fn()
+        batches = list(_by_length(task.global_test_data).batch(batch_size).map(
+            lambda x, labels: (*appender(x, labels), labels)))
+        start = _frozen_layers(backbone, model)
+        width = int(backbone.token_embedding.embeddings.shape[1])
+        if sum(int(np.prod(x["token_ids"].shape)) for x, _, _ in batches) * width * 4 \
+                > PREFIX_CACHE_BYTES:
+            start = 0
+
+        # One graph per batch (shapes relaxed): batches differ in width.
+        @tf.function(reduce_retracing=True)
+        def whole(x, y):
+            return measures(model(x, training=False), y)
+
+        @tf.function(reduce_retracing=True)
+        def prefix(x):
+            return backbone.layer_input(x, start)
+
+        @tf.function(reduce_retracing=True)
+        def suffix(x, y, x_k):
+            hidden = backbone.from_layer(x_k, x["padding_mask"], start)
+            predicting = tf.gather_nd(hidden[:, :-1],
+                                      causal_lm.response_indices(x["response_mask"]))
+            return measures(backbone.token_embedding(predicting, reverse=True), y)
+
+        return {"model": model, "batches": batches, "start": start, "whole": whole,
+                "prefix": prefix, "suffix": suffix}
+
+    def evaluate(weights) -> dict[str, float]:
+        if not state:
+            state.update(build())
+        weights.assign_weights_to(state["model"])
+        if state["start"]:
+            key = frozen.fingerprint([np.ravel(v)[::max(1, np.size(v) // 4096)]
+                                      for v in weights.non_trainable])
+            if state.get("key") != key:
+                state["x_k"] = [state["prefix"](x) for x, _, _ in state["batches"]]
+                state["key"] = key
+        sums, greedy, scores, labels = np.zeros(3), [], [], []
+        for i, (x, y, batch_labels) in enumerate(state["batches"]):
+            if state["start"]:
+                totals, tokens, answer_scores = state["suffix"](x, y, state["x_k"][i])
+            else:
+                totals, tokens, answer_scores = state["whole"](x, y)
+            sums += totals.numpy().astype(np.float64)
+            greedy.append(tokens.numpy())
+            scores.append(answer_scores.numpy())
+            labels.append(batch_labels.numpy())
+        loss_sum, correct, count = sums
+        if count == 0:
+            raise ValueError("the evaluation dataset has no examples; check the evaluated "
+                             "split (e.g. --data_dir's dev or test file)")
+        labels = np.concatenate(labels)
+        greedy = np.concatenate(greedy)
+        text = {int(t): decoder.detokenize([] if t == decoder.eos_id else [int(t)])
+                for t in np.unique(greedy)}
+        matched = instructions.exact_match_accuracy([text[int(t)] for t in greedy], labels)
+        chosen = np.argmax(np.concatenate(scores), axis=1)
+        return {"loss": loss_sum / count, "token_accuracy": correct / count,
+                "accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
+                "likelihood_accuracy": float(np.mean(chosen == labels))}
+
+    return evaluate
+
+
+def _frozen_layers(backbone: tf.keras.Model, model: tf.keras.Model) -> int:
+    """k: the lowest decoder layer of `backbone` holding one of `model`'s trainable variables,
+    when every one of them lies in layers k..L−1 and the backbone can be entered at a layer
+    (`from_layer`); else 0 (nothing below is fixed, or the backbone cannot be cut)."""
+    if not hasattr(backbone, "from_layer"):
+        return 0
+    trained = {v.ref() for v in model.trainable_variables}
+    held = [{v.ref() for v in layer.trainable_variables} & trained
+            for layer in backbone.transformer_layers]
+    start = next((k for k, refs in enumerate(held) if refs), 0)
+    return start if trained and set().union(*held[start:]) == trained else 0
+
+
+def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The packed prompts `(x, label)` of `dataset` (read once, into memory), shortest prompt
+    first (stable), each padded to the longest prompt."""
+    chunks = list(dataset.batch(4096).as_numpy_iterator())
+    width = max(x["token_ids"].shape[1] for x, _ in chunks)
+
+    def widened(a):
+        return np.pad(a, [(0, 0), (0, width - a.shape[1])])
+
+    token_ids = np.concatenate([widened(x["token_ids"]) for x, _ in chunks])
+    padding_mask = np.concatenate([widened(x["padding_mask"]) for x, _ in chunks])
+    labels = np.concatenate([y for _, y in chunks])
+    order = np.argsort(padding_mask.sum(axis=1), kind="stable")
+    return tf.data.Dataset.from_tensor_slices((
+        {"token_ids": token_ids[order], "padding_mask": padding_mask[order]}, labels[order]))
 
 
 def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tuple]:

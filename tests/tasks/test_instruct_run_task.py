@@ -182,3 +182,80 @@ def test_the_prompt_style_of_each_instruction_task(tmp_path):
         "as_written")
     with pytest.raises(ValueError, match="task=sst2: not an instruction task"):
         instruct_run_task.prompt_style(TaskConfig(task="sst2"))
+
+
+TINY_GEMMA = {"vocabulary_size": 300, "num_layers": 3, "num_query_heads": 2,
+              "num_key_value_heads": 1, "hidden_dim": 16, "intermediate_dim": 32, "head_dim": 8,
+              "sliding_window": 4, "global_layer_every": 2}
+
+
+def _expected_one_token_measures(backbone, decoder, answers):
+    """The evaluator's measures on TEXTS, one prompt at a time: greedy generation, likelihood
+    choice, and the answer tokens' loss and accuracy in float64 numpy."""
+    generated, chosen, log_p, correct = [], [], [], []
+    for sentence, label in zip(TEXTS, LABELS):
+        prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=sentence))
+        ids = causal_lm.greedy_generate(backbone, prompt, 1, stop_ids=[EOS])
+        generated.append(decoder.detokenize(ids))
+        chosen.append(causal_lm.choose_by_likelihood(backbone, prompt, [a[:1] for a in answers]))
+        row = np.array([prompt + answers[label]], np.int32)
+        hidden = backbone({"token_ids": row, "padding_mask": np.ones_like(row)})
+        logits = backbone.token_embedding(hidden[0], reverse=True).numpy().astype(np.float64)
+        for position in (len(prompt) - 1, len(prompt)):
+            z = logits[position]
+            target = row[0, position + 1]
+            log_p.append(z[target] - z.max() - np.log(np.exp(z - z.max()).sum()))
+            correct.append(np.argmax(z) == target)
+    matched = instructions.exact_match_accuracy(generated, LABELS)
+    return {"accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
+            "likelihood_accuracy": np.mean(np.array(chosen) == LABELS),
+            "loss": -np.mean(log_p), "token_accuracy": np.mean(correct)}
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("architecture", ["gpt2_tiny", "tiny_gemma3"])
+def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_and_loss_define(
+        architecture):
+    """Answers of one token and end of text (Gemma 3's " negative", " positive"; here the bytes
+    'n' and 'p'): every measure from one forward pass per batch, against one prompt at a time.
+    On Gemma 3 (LoRA on its last layer only) the frozen layers' outputs are kept from the first
+    call; other frozen weights recompute them, the same weights reuse them."""
+    import dataclasses
+    import types
+
+    import keras_nlp
+
+    from models import lora_targets
+    from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
+
+    decoder = decoders.build_decoder("gpt2_tiny")
+    lora = lora_targets.LoraConfig(rank=2, seed=0)
+    if architecture == "tiny_gemma3":
+        decoder = dataclasses.replace(
+            decoder, backbone_fn=lambda: Gemma3Backbone(Gemma3BackboneConfig(**TINY_GEMMA)))
+        lora = lora_targets.LoraConfig(rank=2, layers=(2,), seed=0)
+    answers = [[ord("n"), EOS], [ord("p"), EOS]]
+
+    def lm_fn():
+        backbone = decoder.backbone_fn()
+        lora_targets.apply_lora(backbone, lora)
+        return backbone, causal_lm.build_causal_lm(backbone)
+
+    packer = instruct_run_task.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False),
+                                            BOS, 0)
+    x = text.tokenize((np.array(TEXTS, object),), packer)
+    dev = types.SimpleNamespace(
+        global_test_data=tf.data.Dataset.from_tensor_slices((dict(x), LABELS)))
+    backbone, lm = lm_fn()
+    for variable in lm.trainable_variables:   # LoRA factors away from their zero start
+        variable.assign(tf.random.stateless_normal(variable.shape, [1, 2], stddev=0.5))
+    evaluate = instruct_run_task.make_evaluator(lm_fn, dev, decoder, answers, batch_size=3)
+    for change_frozen in (False, True, False):
+        if change_frozen:   # another frozen base: the kept outputs are stale
+            embedding = backbone.token_embedding.embeddings
+            embedding.assign(embedding * 1.5 + 0.01)
+        got = evaluate(tff.learning.models.ModelWeights.from_model(lm))
+        expected = _expected_one_token_measures(backbone, decoder, answers)
+        for name in ("accuracy", "unparseable", "likelihood_accuracy", "token_accuracy"):
+            assert got[name] == expected[name], name
+        np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
