@@ -279,7 +279,8 @@ def _main_figures(config: TargetsConfig, paths: _MainPaths, prefix_rows: list[di
 
 
 def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> dict:
-    """Runs the parts `config.parts` names, writes `output_dir/benchmark.json` and `benchmark.md`."""
+    """Runs the parts `config.parts` names; writes `output_dir/benchmark.json` and
+    `benchmark.md`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     unknown = set(config.parts) - {"scaling", "main", "large", "evaluation"}
