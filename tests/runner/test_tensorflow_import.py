@@ -16,7 +16,7 @@ from runner import tensorflow_import
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Scripts whose main builds no Keras model, so TensorFlow may load late (or not at all) there.
-NO_KERAS_SCRIPTS = {"attach_rerun.py", "start_worker.py"}
+NO_KERAS_SCRIPTS = {"attach_rerun.py", "memory_timeline.py", "start_worker.py"}
 
 PROGRAM = """
 import sys
