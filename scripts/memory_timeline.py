@@ -29,7 +29,16 @@ def main(argv):
     if _INTERVAL.value <= 0:
         raise app.UsageError(f"flag --interval={_INTERVAL.value}: pass a positive number of "
                              "seconds")
-    status, samples, marks = run_timeline(command, _INTERVAL.value)
+    try:
+        status, samples, marks = run_timeline(command, _INTERVAL.value)
+    except OSError as e:
+        raise app.UsageError(f"cannot start {command[0]!r} ({e.strerror}); give the command "
+                             "after -- as you would type it, e.g. .venv/bin/python "
+                             "scripts/train.py ...") from None
+    if not samples:
+        print(f"{command[0]} exited (status {status}) before its first reading; nothing to "
+              "tabulate")
+        return status
     output = pathlib.Path(_OUTPUT_DIR.value)
     output.mkdir(parents=True, exist_ok=True)
     with open(output / "samples.csv", "w", newline="") as f:

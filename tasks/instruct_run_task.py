@@ -333,6 +333,9 @@ def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """The packed prompts `(x, label)` of `dataset` (read once, into memory), shortest prompt
     first (stable), each padded to the longest prompt."""
     chunks = list(dataset.batch(4096).as_numpy_iterator())
+    if not chunks:
+        raise ValueError("the evaluation dataset has no examples; check the evaluated split "
+                         "(e.g. --data_dir's dev or test file)")
     width = max(x["token_ids"].shape[1] for x, _ in chunks)
 
     def widened(a):

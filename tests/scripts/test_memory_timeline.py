@@ -1,6 +1,7 @@
 """benchmarks/timeline.py and scripts/memory_timeline.py: a command's memory and CPU seconds cut
 at its progress lines, against a child whose allocations and sleeps are known."""
 
+import pathlib
 import sys
 
 from benchmarks import timeline
@@ -50,3 +51,15 @@ def test_stages_of_hand_set_samples():
          "driver_mb_end": 400, "worker_mb_end": 50, "driver_mb_max": 400, "worker_mb_max": 50},
         {"stage": "round 1/1", "seconds": 1.5, "driver_cpu_s": 0.6, "worker_cpu_s": 6.0,
          "driver_mb_end": 300, "worker_mb_end": 60, "driver_mb_max": 300, "worker_mb_max": 80}]
+
+
+def test_a_command_that_cannot_start_is_one_line(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "scripts/memory_timeline.py",
+                           f"--output_dir={tmp_path}", "--", "no_such_program_here"],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert proc.returncode != 0
+    assert "cannot start 'no_such_program_here'" in proc.stderr
+    assert "Traceback" not in proc.stderr

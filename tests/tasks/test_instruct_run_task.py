@@ -259,3 +259,16 @@ def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_an
         for name in ("accuracy", "unparseable", "likelihood_accuracy", "token_accuracy"):
             assert got[name] == expected[name], name
         np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
+
+
+def test_an_empty_evaluated_split_is_one_line():
+    import types
+
+    empty = types.SimpleNamespace(global_test_data=tf.data.Dataset.from_tensor_slices((
+        {"token_ids": np.zeros([0, 4], np.int32), "padding_mask": np.zeros([0, 4], np.int32)},
+        np.zeros([0], np.int32))))
+    decoder = decoders.build_decoder("gpt2_tiny")
+    evaluate = instruct_run_task.make_evaluator(lambda: (None, None), empty, decoder,
+                                                [[ord("n"), EOS], [ord("p"), EOS]])
+    with pytest.raises(ValueError, match="the evaluation dataset has no examples"):
+        evaluate(None)
