@@ -158,7 +158,10 @@ class Zygote:
             message = self._receive(60.0)
             while message is not None and "pid" not in message:
                 message = self._receive(60.0)
-        assert message, "the zygote did not fork"
+            assert message, "the zygote did not fork"
+            # The kernel reuses pids (pid_max is often 32768, and TensorFlow's threads take pids
+            # too): an exit recorded for an earlier child with this pid is not this child's.
+            self._exits.pop(message["pid"], None)
         return Child(self, message["pid"], *ours)
 
     def returncode(self, pid: int, timeout_s: float) -> int | None:
