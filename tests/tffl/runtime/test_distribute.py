@@ -1,7 +1,8 @@
 """tffl.runtime.distribute: TFF computations run in-process under a tf.distribute strategy.
 
 The parity test runs every algorithm for two rounds on the TFF worker (the reference) and on the
-in-process runtime with `MirroredStrategy` over 2 and 4 logical CPU devices, in child processes
+in-process runtime with `MirroredStrategy` over 2 logical CPU devices, and over 4 for one algorithm
+of each kind of state and round (`FOUR_REPLICA_CASES`), in child processes
 (tests/tffl/runtime/distribute_parity.py: TensorFlow's logical devices are fixed at its first
 op), forked from a Python that has imported TensorFlow but run no op (tests/forked_python.py).
 Every output leaf — the metrics and personal states of both rounds, and the final server state —
@@ -36,6 +37,11 @@ ALGORITHMS = (
     "fedrep_rolora", "fedrep_linear", "flute_linear", "adaptpfl_linear", "rolora_linear",
 )
 STRATEGIES = ("mirrored_2", "mirrored_4")  # distribute_parity.STRATEGIES
+# distribute_parity.FOUR_REPLICA_CASES: one algorithm of each kind of state and round
+FOUR_REPLICA_CASES = ("rolora", "flexlora", "flora", "fedrep", "fedsa_lora", "flute", "adaptpfl",
+                      "rolora_linear", "fedrep_linear")
+PAIRS = [(a, s) for a in ALGORITHMS for s in STRATEGIES
+         if s == "mirrored_2" or a in FOUR_REPLICA_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +81,7 @@ def test_the_parity_child_covers_every_algorithm_train_py_offers():
 
 
 @pytest.mark.large  # two children for about 3 minutes; the in-process tests below stay fast
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm, strategy", PAIRS)
 def test_two_rounds_match_the_tff_worker(parity, algorithm, strategy):
     reference = _run(parity, algorithm, "tff")
     got = _run(parity, algorithm, strategy)
