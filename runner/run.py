@@ -112,9 +112,11 @@ def build_runtime(config: RunConfig):
             raise UsageError(str(e)) from None
         return distribute.distribute_runtime(strategy=strategy)
     if r.worker_addresses:
-        return runtime.remote_runtime(list(r.worker_addresses), ready_timeout_s=r.worker_timeout)
+        return runtime.remote_runtime(list(r.worker_addresses), ready_timeout_s=r.worker_timeout,
+                                      graph_optimization=r.graph_optimization)
     return runtime.local_runtime(log_dir=pathlib.Path(config.output.output_dir),
-                                 num_workers=r.workers, ready_timeout_s=r.worker_timeout)
+                                 num_workers=r.workers, ready_timeout_s=r.worker_timeout,
+                                 graph_optimization=r.graph_optimization)
 
 
 def run(config: RunConfig) -> list[dict]:

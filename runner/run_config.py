@@ -98,6 +98,7 @@ class RuntimeConfig:
     worker_timeout: float = 60.0
     devices: str = ""
     logical_cpus: int = 0
+    graph_optimization: str = "tff"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,6 +317,10 @@ SPECS = (
     Flag("float", "worker_timeout", None,
          "Seconds a TFF worker may take to answer (at start, or again after a failed call) before "
          "the run stops with an error."),
+    Flag("enum", "graph_optimization", ["tff", "none"],
+         "With --runtime=tff: 'tff', TFF's compiler with its Grappler pass over every graph, or "
+         "'none', without it: each round kind is ready to train sooner (on Gemma 3 270M, seconds "
+         "instead of minutes); docs/PERFORMANCE.md compares their round times."),
 )
 
 

@@ -41,6 +41,10 @@ and builds TFF's own execution contexts on top of them:
   (tffl/runtime/program.py); a personalized process runs there under the program logic of
   tffl/runtime/personalized_program.py, which keeps every client's personal state.
 
+Compilation: TFF's compiler for its worker, with its static Grappler pass over every graph (the
+default, "tff") or without it ("none": each round kind is ready to train sooner), chosen by
+`graph_optimization` (tffl/runtime/graph_optimization.py).
+
 Faults: when a worker dies, or stops answering, the computation raises `WorkerError` naming the
 worker (its number, pid or address and log file) instead of TFF's endless retries of a gRPC
 `UNAVAILABLE`; a worker that is not ready within `ready_timeout_s` raises `WorkerError` too.
@@ -78,6 +82,7 @@ import tensorflow_federated as tff
 
 from tffl.runtime.tff_internals import context_base, context_stack_impl
 
+from tffl.runtime.graph_optimization import DEFAULT_GRAPH_OPTIMIZATION, check_graph_optimization
 from tffl.runtime.guarded import create_worker_context
 from tffl.runtime.multi_worker import MultiWorkerContext
 from tffl.runtime.program import program_context
@@ -105,10 +110,12 @@ def _say_gpu_note() -> None:
         logging.getLogger("tffl.runtime").warning(note)
 
 
-def _create_context(workers, default_num_clients, ready_timeout_s) -> context_base.SyncContext:
+def _create_context(workers, default_num_clients, ready_timeout_s,
+                    graph_optimization) -> context_base.SyncContext:
     if len(workers) == 1:
-        return create_worker_context(workers[0], default_num_clients, ready_timeout_s)
-    return MultiWorkerContext(workers, default_num_clients, ready_timeout_s)
+        return create_worker_context(workers[0], default_num_clients, ready_timeout_s,
+                                     graph_optimization)
+    return MultiWorkerContext(workers, default_num_clients, ready_timeout_s, graph_optimization)
 
 
 @contextlib.contextmanager
@@ -129,6 +136,7 @@ def local_runtime(
     default_num_clients: int = 0,
     num_workers: int = 1,
     max_concurrent_calls: int | None = None,
+    graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
 ) -> Iterator[context_base.SyncContext]:
     """Runs the enclosed block on `num_workers` managed local TFF C++ workers; always stops them.
 
@@ -146,6 +154,8 @@ def local_runtime(
       num_workers: how many worker processes to start (>= 1).
       max_concurrent_calls: how many clients each worker trains at once (non-positive:
         unlimited, TFF's default); `None` means one per CPU core (`default_max_concurrent_calls`).
+      graph_optimization: "tff" (TFF's compiler, with its Grappler pass over every graph) or
+        "none" (without it: a round kind is ready sooner; `tffl.runtime.graph_optimization`).
 
     Yields:
       The installed context.
@@ -157,6 +167,7 @@ def local_runtime(
     """
     if num_workers < 1:
         raise ValueError(f"num_workers={num_workers} must be >= 1")
+    check_graph_optimization(graph_optimization)
 
     def log_path(i):
         if not log_dir:
@@ -174,7 +185,8 @@ def local_runtime(
                 worker.launch()
             for worker in workers:
                 worker.wait_ready(ready_timeout_s)
-            context = _create_context(workers, default_num_clients, ready_timeout_s)
+            context = _create_context(workers, default_num_clients, ready_timeout_s,
+                                      graph_optimization)
             with _installed(context):
                 yield context
         finally:
@@ -187,6 +199,7 @@ def remote_runtime(
     addresses: Sequence[str],
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
     default_num_clients: int = 0,
+    graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
 ) -> Iterator[context_base.SyncContext]:
     """Runs the enclosed block on TFF workers started elsewhere, given as `host:port`.
 
@@ -200,6 +213,7 @@ def remote_runtime(
       ready_timeout_s: how long to wait for each worker to answer (at start, and again after a
         failed call) before raising `WorkerError`.
       default_num_clients: CLIENTS cardinality used when a computation cannot infer it.
+      graph_optimization: as for `local_runtime`.
 
     Raises:
       WorkerError: an address is malformed, a worker is not ready in time, or (inside the block)
@@ -207,13 +221,15 @@ def remote_runtime(
     """
     if not addresses:
         raise ValueError("remote_runtime needs at least one worker address")
+    check_graph_optimization(graph_optimization)
     _say_gpu_note()
     workers = [RemoteWorker(address, index=i) for i, address in enumerate(addresses)]
     with sigterm_raises():
         try:
             for worker in workers:
                 worker.connect(ready_timeout_s)
-            context = _create_context(workers, default_num_clients, ready_timeout_s)
+            context = _create_context(workers, default_num_clients, ready_timeout_s,
+                                      graph_optimization)
             with _installed(context):
                 yield context
         finally:
@@ -228,6 +244,7 @@ def program_runtime(
     default_num_clients: int = 0,
     num_workers: int = 1,
     max_concurrent_calls: int | None = None,
+    graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
 ) -> Iterator[tff.program.NativeFederatedContext]:
     """`local_runtime()` for TFF's program layer: installs a `tff.program.NativeFederatedContext`.
 
@@ -252,6 +269,6 @@ def program_runtime(
     []
     """
     with local_runtime(log_dir, ready_timeout_s, default_num_clients, num_workers,
-                       max_concurrent_calls) as context:
+                       max_concurrent_calls, graph_optimization) as context:
         with _installed(program_context(context)) as federated_context:
             yield federated_context

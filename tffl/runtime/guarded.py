@@ -15,7 +15,6 @@ from tensorflow_federated.proto.v0 import executor_pb2
 
 from tffl.runtime.tff_internals import (
     async_execution_context,
-    native_compiler,
     placements,
     python_executor_stacks,
     remote_executor,
@@ -25,6 +24,7 @@ from tffl.runtime.tff_internals import (
     value_serialization,
 )
 
+from tffl.runtime.graph_optimization import DEFAULT_GRAPH_OPTIMIZATION, compiler
 from tffl.runtime.worker_connection import DEFAULT_READY_TIMEOUT_S, Worker, WorkerError
 from tffl.runtime.workers import LocalWorker
 
@@ -245,26 +245,29 @@ def create_worker_context(
     worker: Worker,
     default_num_clients: int = 0,
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
 ) -> sync_execution_context.SyncExecutionContext:
     """TFF's synchronous execution context executing on an already started `worker` (restarted
-    once if it crashes during a call: `rerun_after_a_crash`)."""
+    once if it crashes during a call: `rerun_after_a_crash`), compiling with
+    `graph_optimization.compiler(graph_optimization)`."""
     return _RestartingSyncContext(
         worker,
         ready_timeout_s,
         executor_fn=_executor_factory(worker, default_num_clients, ready_timeout_s),
-        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        compiler_fn=compiler(graph_optimization),
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result,
     )
 
 
 def create_async_worker_context(
-    worker: Worker, default_num_clients: int, ready_timeout_s: float
+    worker: Worker, default_num_clients: int, ready_timeout_s: float,
+    graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
 ) -> async_execution_context.AsyncExecutionContext:
     """TFF's asynchronous execution context on one worker (what the mergeable context drives)."""
     return async_execution_context.AsyncExecutionContext(
         executor_fn=_executor_factory(worker, default_num_clients, ready_timeout_s, threaded=True),
-        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        compiler_fn=compiler(graph_optimization),
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result,
     )

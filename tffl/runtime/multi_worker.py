@@ -30,6 +30,7 @@ from tffl.runtime.tff_internals import (
     type_conversions,
 )
 
+from tffl.runtime.graph_optimization import DEFAULT_GRAPH_OPTIMIZATION
 from tffl.runtime.guarded import (
     create_async_worker_context,
     create_worker_context,
@@ -245,6 +246,8 @@ class MultiWorkerContext(context_base.SyncContext):
       workers: started workers (`LocalWorker` or connected `RemoteWorker`).
       default_num_clients: CLIENTS cardinality used when a computation cannot infer it.
       ready_timeout_s: how long a worker may take to answer again before `WorkerError`.
+      graph_optimization: one of `graph_optimization.GRAPH_OPTIMIZATIONS`: whether TFF's
+        compiler runs its Grappler pass on the graphs.
     """
 
     def __init__(
@@ -252,14 +255,17 @@ class MultiWorkerContext(context_base.SyncContext):
         workers: Sequence[Worker],
         default_num_clients: int = 0,
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+        graph_optimization: str = DEFAULT_GRAPH_OPTIMIZATION,
     ):
         if not workers:
             raise ValueError("MultiWorkerContext needs at least one worker")
         self.workers = list(workers)
         self._ready_timeout_s = ready_timeout_s
-        self.whole = create_worker_context(workers[0], default_num_clients, ready_timeout_s)
+        self.whole = create_worker_context(workers[0], default_num_clients, ready_timeout_s,
+                                           graph_optimization)
         self.async_contexts = [
-            create_async_worker_context(w, default_num_clients, ready_timeout_s)
+            create_async_worker_context(w, default_num_clients, ready_timeout_s,
+                                        graph_optimization)
             for w in workers
         ]
         self._runner = async_utils.AsyncThreadRunner()
