@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import tensorflow as tf
 
-from tffl import runtime
+from tffl.runtime import tff_internals
 
 
 class PeakSampler:
@@ -107,8 +107,9 @@ class Meter:
 
 
 class CompileCounter:
-    """Counts calls of TFF's native compiler in the contexts `tffl.runtime` creates (TFF caches
-    the compiled form per context and computation, so a call is a compilation)."""
+    """Counts calls of TFF's native compiler in the contexts `tffl.runtime` creates with its
+    default graph optimization (TFF caches the compiled form per context and computation, so a
+    call is a compilation)."""
 
     def __init__(self):
         self.calls = 0
@@ -116,7 +117,7 @@ class CompileCounter:
 
     @contextlib.contextmanager
     def installed(self):
-        native = runtime.guarded.native_compiler  # the TFF module the worker contexts call
+        native = tff_internals.native_compiler  # the TFF module the worker contexts call
         original = native.desugar_and_transform_to_native
 
         def counted(comp):

@@ -44,7 +44,10 @@ two algorithms), `memory_200_vs_10`, `large_seconds_per_step`, `large_peak_mb`; 
 `main`, `scaling`, `large`. `TargetsConfig.parts` (`--targets_parts`) runs a subset; the keys of
 the parts not run are absent. **Evaluation** (`--targets_parts=evaluation`, not in the default
 parts: it loads Gemma 3 270M, about 1 GB): `evaluation_seconds`, the seconds of `sst2_instruct`'s
-872-sentence dev evaluation (`benchmarks.evaluation`), details under `evaluation`.
+872-sentence dev evaluation (`benchmarks.evaluation`), details under `evaluation`. **Start-up**
+(`--targets_parts=startup`, not in the default parts either: Gemma 3 270M for 8 rounds, twice):
+`startup_steady_none_vs_tff`, the later rounds' seconds without TFF's Grappler pass over those
+with it, and each choice's first B and A rounds (`benchmarks.startup`), under `startup`.
 
 This module runs the main setting and writes the results; `benchmarks.plain` holds the plain
 loop, `benchmarks.targets_scale` the scaling and large parts, `benchmarks.config` the
@@ -62,6 +65,7 @@ import numpy as np
 
 from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TargetsConfig
 from benchmarks.evaluation import run_evaluation
+from benchmarks.startup import run_startup
 from benchmarks.plain import PlainLoop, lora_sub_rounds
 from benchmarks.targets_scale import run_large, run_scaling
 
@@ -283,15 +287,16 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
     `benchmark.md`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    unknown = set(config.parts) - {"scaling", "main", "large", "evaluation"}
+    unknown = set(config.parts) - {"scaling", "main", "large", "evaluation", "startup"}
     if unknown or not config.parts:
         raise ValueError(f"targets parts {sorted(unknown) or '(none)'}: choose from scaling, main, "
-                         "large, evaluation")
+                         "large, evaluation, startup")
     # scaling first: this process's memory is then the smallest
     scaling = run_scaling(config, log) if "scaling" in config.parts else None
     main = run_main(config, log) if "main" in config.parts else None
     large = run_large(config, log) if "large" in config.parts else None
     evaluation = run_evaluation(config, log) if "evaluation" in config.parts else None
+    startup = run_startup(config, output_dir, log) if "startup" in config.parts else None
     result = {}
     if main is not None:
         algorithms = main["algorithms"].values()
@@ -312,8 +317,11 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
         result["large_peak_mb"] = large["cached"]["peak_mb"]
     if evaluation is not None:
         result["evaluation_seconds"] = evaluation["seconds"]
+    if startup is not None:
+        result["startup_steady_none_vs_tff"] = startup["steady_none_vs_tff"]
     result.update({"targets": TARGETS, "parts": list(config.parts), "main": main,
                    "scaling": scaling, "large": large, "evaluation": evaluation,
+                   "startup": startup,
                    "seconds": time.perf_counter() - started})
     result["met"] = {k: result[k] <= v for k, v in TARGETS.items() if k in result}
     if large is not None:
@@ -332,6 +340,14 @@ def format_targets(result: dict) -> str:
     if "distribute_vs_tff_round_time" in result:
         lines.append(f"| distribute_vs_tff_round_time | {result['distribute_vs_tff_round_time']:.3f}"
                      " | reported | |")
+    if "startup_steady_none_vs_tff" in result:
+        lines.append(f"| startup_steady_none_vs_tff | {result['startup_steady_none_vs_tff']:.3f}"
+                     " | reported | |")
+        for choice in ("tff", "none"):
+            s = result["startup"][choice]
+            lines.append(f"| startup {choice}: first B, first A, later rounds (s) | "
+                         f"{s['first_b_round_seconds']:.1f}, {s['first_a_round_seconds']:.1f}, "
+                         f"{s['steady_round_seconds']:.2f} | reported | |")
     if "large_seconds_per_step" in result:
         lines.append(f"| large_seconds_per_step | {result['large_seconds_per_step']:.2f} | "
                      "reported | |")

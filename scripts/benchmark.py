@@ -156,7 +156,8 @@ _SUITE = flags.DEFINE_enum(
 _TARGETS_PARTS = flags.DEFINE_list(
     "targets_parts", ["scaling", "main", "large"], "--suite=targets: which parts to run "
     "(main: the round times of every path, the in-process runtime's included; scaling; large; "
-    "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M, not run by default).",
+    "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: Gemma 3 270M's RoLoRA "
+    "rounds with and without TFF's Grappler pass; these two not run by default).",
     flag_values=FLAGS)
 _DEVICES = flags.DEFINE_string(
     "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
