@@ -58,4 +58,3 @@ def run_startup(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
     results["steady_none_vs_tff"] = (results["none"]["steady_round_seconds"]
                                      / results["tff"]["steady_round_seconds"])
     return results
-

@@ -65,8 +65,8 @@ import numpy as np
 
 from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TargetsConfig
 from benchmarks.evaluation import run_evaluation
-from benchmarks.startup import run_startup
 from benchmarks.plain import PlainLoop, lora_sub_rounds
+from benchmarks.startup import run_startup
 from benchmarks.targets_scale import run_large, run_scaling
 
 # The main setting's paths, in the order of their rows (and of the log and the results).
