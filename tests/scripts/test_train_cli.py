@@ -185,6 +185,7 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     from tasks import task_config
     from tasks import text_run_task
     from tasks.task_config import TaskConfig
+    from tffl.runtime import graph_optimization
 
     for name in ("KERAS_ALGORITHMS", "LORA_ALGORITHMS", "REPRESENTATIONS", "PARTICIPATIONS",
                  "STRAGGLER_MODELS", "OPTIMIZERS"):
@@ -203,6 +204,9 @@ def test_the_copied_choices_match_the_modules_that_import_tensorflow():
     specs = {f.name: f for f in train_flags.SPECS}
     assert specs["pooling"].choices == classifier_options.POOLINGS
     assert specs["head"].choices == classifier_options.HEADS
+    assert tuple(specs["graph_optimization"].choices) == graph_optimization.GRAPH_OPTIMIZATIONS
+    assert train_options.DEFAULTS["graph_optimization"] == (
+        graph_optimization.DEFAULT_GRAPH_OPTIMIZATION)
     for changes, rank in (({}, 16), ({"client_ranks": ["2", "8"]}, 8),
                           ({"client_ranks": ["2", "8"], "rank": 4, "rank_present": True}, 4)):
         options = dict(train_options.DEFAULTS, **changes)
