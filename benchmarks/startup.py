@@ -31,9 +31,12 @@ def run_startup(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
     from tffl.runtime.graph_optimization import GRAPH_OPTIMIZATIONS
     from tffl.simulation import driver, metrics_log
 
+    folders = {choice: output_dir / f"startup_{choice}" for choice in GRAPH_OPTIMIZATIONS}
+    for folder in folders.values():   # before minutes of loading Gemma, not after
+        if folder.exists() and any(folder.iterdir()):
+            raise ValueError(f"{folder} holds an earlier start-up run; give another --output_dir")
     results = {}
-    for choice in GRAPH_OPTIMIZATIONS:
-        folder = output_dir / f"startup_{choice}"
+    for choice, folder in folders.items():
         run_config = RunConfig().with_changes(
             task="sst2_instruct", backbone="gemma3_270m", data_dir=config.data_dir,
             algorithm=("rolora",), rank=8, lora_targets=("query", "value"),

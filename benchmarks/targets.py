@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TargetsConfig
+from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TARGETS_PARTS, TargetsConfig
 from benchmarks.evaluation import run_evaluation
 from benchmarks.plain import PlainLoop, lora_sub_rounds
 from benchmarks.startup import run_startup
@@ -287,10 +287,10 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
     `benchmark.md`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    unknown = set(config.parts) - {"scaling", "main", "large", "evaluation", "startup"}
+    unknown = set(config.parts) - set(TARGETS_PARTS)
     if unknown or not config.parts:
-        raise ValueError(f"targets parts {sorted(unknown) or '(none)'}: choose from scaling, main, "
-                         "large, evaluation, startup")
+        raise ValueError(f"targets parts {sorted(unknown) or '(none)'}: choose from "
+                         f"{', '.join(TARGETS_PARTS)}")
     # scaling first: this process's memory is then the smallest
     scaling = run_scaling(config, log) if "scaling" in config.parts else None
     main = run_main(config, log) if "main" in config.parts else None

@@ -94,7 +94,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from benchmarks.config import (  # noqa: E402
-    BACKBONES, BENCHMARKED_ALGORITHMS, XLA_SUFFIX, BenchmarkConfig)
+    BACKBONES, BENCHMARKED_ALGORITHMS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
 from runner import cli  # noqa: E402
 from runner import tensorflow_import  # noqa: E402
 from runner.cli import UsageError  # noqa: E402
@@ -229,6 +229,7 @@ def check(argv: list[str]) -> list[str]:
         if len(rest) > 1:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
         config_from_flags()
+        _names("targets_parts", TARGETS_PARTS)
         _output_dir()
         if _SUITE.value == "targets" and not (pathlib.Path(_DATA_DIR.value) / "sst2").is_dir():
             raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
@@ -262,8 +263,11 @@ def main(argv: list[str]) -> int:
         from benchmarks.config import TargetsConfig
         from benchmarks.targets import run_targets
 
-        run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
-                                  parts=tuple(_TARGETS_PARTS.value)), output_dir, log=log)
+        try:
+            run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
+                                      parts=tuple(_TARGETS_PARTS.value)), output_dir, log=log)
+        except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError) as e:
+            return cli.error_exit("benchmark.py", e, 1)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
         return 0
     try:

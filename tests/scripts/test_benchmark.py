@@ -187,6 +187,7 @@ BAD_FLAGS = [
     ("--rounds=1", "flag --rounds=1: must be >= 2"),
     ("--clients_per_round=10,x", "flag --clients_per_round=10,x: 'x' is not an integer"),
     ("--local_steps=abc", "flag --local_steps"),
+    ("--targets_parts=main,startups", "flag --targets_parts=main,startups: unknown startups"),
 ]
 
 
@@ -210,3 +211,13 @@ def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2, (flag, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], (flag, proc.stderr)
+
+
+def test_the_startup_part_refuses_a_folder_holding_an_earlier_run_before_loading_gemma(tmp_path):
+    from benchmarks import startup
+
+    (tmp_path / "startup_none").mkdir()
+    (tmp_path / "startup_none" / "metrics.csv").write_text("round\n1\n")
+    with pytest.raises(ValueError, match="startup_none holds an earlier start-up run; give "
+                                         "another --output_dir"):
+        startup.run_startup(config.TargetsConfig(), tmp_path, log=print)
