@@ -43,7 +43,7 @@ def _compared(proc, folder, algorithms):
 
 @pytest.mark.large
 def test_a_csv_with_a_client_column_compares_rolora_and_fedavg_lora_keeping_every_prediction(
-        tmp_path, capsys):
+        tmp_path, capsys, monkeypatch):
     """One comparison on a CSV with a client column, a dev and a labeled test file
     (--eval_test): the table, the plot, the labels; and each run's predictions.npz holds each
     evaluation's predicted class of every dev and test row (in the files' row order, whatever
@@ -55,6 +55,8 @@ def test_a_csv_with_a_client_column_compares_rolora_and_fedavg_lora_keeping_ever
     _reviews(tmp_path / "dev.csv", 12, 1)
     _reviews(tmp_path / "test.csv", 15, 2)
     out = tmp_path / "run"
+    # The note is said once per process: as if no earlier test of this process had said it.
+    monkeypatch.setattr("runner.training._WARNED", set())
     proc = _run(capsys, "--task=text", f"--train_file={tmp_path / 'train.csv'}",
                 f"--dev_file={tmp_path / 'dev.csv'}", f"--test_file={tmp_path / 'test.csv'}",
                 "--eval_test", "--text_column=review", "--label_column=sentiment",
