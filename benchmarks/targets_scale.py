@@ -169,7 +169,7 @@ def _build_large_path(path: str, config: TargetsConfig, model_fn, lora, spec, va
 
     if path == "cached":
         cached = prefix_cache.split_for_cache(
-            model_fn, lambda: values, prefix_cache.ClassifierLayout(lora, 2, config.seed),
+            model_fn, lambda: values[1], prefix_cache.ClassifierLayout(lora, 2, config.seed),
             spec[1])
         process = lora_fl.build_lora_process(
             "rolora", cached.keras_model_fn, cached.input_spec, config.learning_rate,

@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import instructions
-from tasks.run_task import RunTask, counted, ordered, starting_values, train_size
+from tasks.run_task import RunTask, counted, ordered, starting_non_trainable, train_size
 from tasks.task_config import TaskConfig, TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce
@@ -349,9 +349,9 @@ def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
         {"token_ids": token_ids[order], "padding_mask": padding_mask[order]}, labels[order]))
 
 
-def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tuple]:
-    """`() -> (trainable, non_trainable)` starting weights, drawn once: the LoRA factors' draw,
-    with the checkpoint's backbone for a pretrained decoder."""
+def _starting_non_trainable(lm_fn, decoder, lora_config, input_spec) -> Callable[[], list]:
+    """`() -> non_trainable` starting frozen weights, computed once: the checkpoint's backbone
+    for a pretrained decoder, else the model's random draw."""
 
     def pretrained():
         from models import causal_lm, lora_targets
@@ -360,9 +360,9 @@ def _starting_values(lm_fn, decoder, lora_config, input_spec) -> Callable[[], tu
         lora_targets.apply_lora(backbone, lora_config)
         return [v.numpy() for v in causal_lm.build_causal_lm(backbone).non_trainable_variables]
 
-    return starting_values(lambda: lm_fn()[1], input_spec,
-                           pretrained if decoder.pretrained_fn is not None else None,
-                           decoder.name)
+    return starting_non_trainable(lambda: lm_fn()[1], input_spec,
+                                  pretrained if decoder.pretrained_fn is not None else None,
+                                  decoder.name)
 
 
 def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
@@ -462,8 +462,8 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
         run = _user_instruction_task(spec, decoder, lm_fn, input_spec)
     else:
         run = _sentiment_task(spec, decoder, lm_fn, input_spec)
-    values = _starting_values(lm_fn, decoder, lora_config, input_spec)
-    run.pretrained_non_trainable = (lambda: values()[1]) if decoder.pretrained_fn else None
+    non_trainable = _starting_non_trainable(lm_fn, decoder, lora_config, input_spec)
+    run.pretrained_non_trainable = non_trainable if decoder.pretrained_fn else None
     run.random_backbone = decoder.pretrained_fn is None
     run.decoder = decoder
     return run

@@ -303,14 +303,15 @@ class ClassifierLayout:
 
 
 def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
-                    full_values: Callable[[], tuple[list, list]], layout: ClassifierLayout,
+                    full_non_trainable: Callable[[], list], layout: ClassifierLayout,
                     label_spec: tf.TensorSpec) -> CachedClassifier | None:
     """Splits the classifier `full_model_fn` builds (as `layout` describes it) at its lowest
     trained encoder.
 
-    `full_values() -> (trainable, non_trainable)` gives the whole model's starting weights (a
-    pretrained backbone, or a random draw); the prefix computes h_k with them and the suffix
-    starts from them. Returns None when the prefix cannot be cached
+    `full_non_trainable()` gives the whole model's starting frozen weights (a pretrained
+    backbone, or a random draw); the prefix computes h_k with them and the suffix starts from
+    them. The prefix holds no trainable weight (it lies below the lowest trained layer), so none
+    is needed. Returns None when the prefix cannot be cached
     (`models.prefix.trained_start_layer`).
     """
     from models import prefix as prefix_lib
@@ -331,14 +332,13 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
         _, non_trainable_positions = prefix_lib.matching_positions(full, suffix_fn())
 
     def non_trainable():
-        values = full_values()[1]
+        values = full_non_trainable()
         return [values[p] for p in non_trainable_positions]
 
     def prefix_model():
-        trainable, non_trainable_values = full_values()  # may build models in a graph: first
+        values = full_non_trainable()  # may build models in a graph: first
         model = full_model_fn()
-        for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
-                                   list(trainable) + list(non_trainable_values), strict=True):
+        for variable, value in zip(model.non_trainable_variables, values, strict=True):
             variable.assign(value)
         return prefix_lib.build_prefix_model(prefix_lib.find_backbone(model), start)
 

@@ -34,7 +34,7 @@ from tasks.run_task import (
     ordered,
     scheme_kwargs,
     split_like_clients,
-    starting_values,
+    starting_non_trainable,
     train_size,
 )
 from tasks.task_config import TaskSpec
@@ -254,8 +254,8 @@ class _Classifier:
 
     keras_model_fn: Callable[[], tf.keras.Model]
     input_spec: Any
-    # `() -> (trainable, non-trainable)` starting weights, drawn once.
-    values: Callable[[], tuple]
+    # `() -> non-trainable` starting weights, computed once.
+    non_trainable: Callable[[], list]
     # `() -> non-trainable weights`: the pretrained backbone's for minilm, else None.
     pretrained_non_trainable: Callable[[], Any]
 
@@ -293,13 +293,14 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
         bb, _ = hf_bert.load_hf_bert(folder)
         return [v.numpy() for v in adapted(bb).non_trainable_variables]
 
-    full_values = starting_values(keras_model_fn, full_spec,
-                                  pretrained if backbone == "minilm" else None, folder.name)
+    non_trainable = starting_non_trainable(keras_model_fn, full_spec,
+                                           pretrained if backbone == "minilm" else None,
+                                           folder.name)
 
     def pretrained_non_trainable():
-        return full_values()[1] if backbone == "minilm" else None
+        return non_trainable() if backbone == "minilm" else None
 
-    return _Classifier(keras_model_fn, full_spec, full_values, pretrained_non_trainable)
+    return _Classifier(keras_model_fn, full_spec, non_trainable, pretrained_non_trainable)
 
 
 @dataclasses.dataclass
@@ -322,7 +323,8 @@ def _cached_model(classifier: _Classifier, prefix_cache: bool, layout) -> _Clien
     cached = None
     if prefix_cache:
         announce("building the KerasNLP backbone and splitting it at its lowest LoRA layer")
-        cached = prefix_cache_lib.split_for_cache(classifier.keras_model_fn, classifier.values, layout,
+        cached = prefix_cache_lib.split_for_cache(classifier.keras_model_fn, classifier.non_trainable,
+                                                  layout,
                                             classifier.input_spec[1])
     if cached is None:
         return _ClientModel(classifier.keras_model_fn, classifier.input_spec,

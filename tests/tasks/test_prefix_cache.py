@@ -61,7 +61,7 @@ def setup():
     # BERT's 0.02 init makes a tiny encoder nearly the identity, which would hide a wrong layer:
     # frozen matrices of std 0.3 make every layer count.
     values = (trainable, [v * 15 if v.ndim >= 2 else v for v in values[1]])
-    cached = prefix_cache.split_for_cache(_full_model, lambda: values,
+    cached = prefix_cache.split_for_cache(_full_model, lambda: values[1],
                                           prefix_cache.ClassifierLayout(LORA, 2, seed=0),
                                           label_spec=FULL_SPEC[1])
     with tf.Graph().as_default():
