@@ -77,7 +77,7 @@ TARGETS = {"round_time_vs_previous_path": 1 / 3, "round_time_vs_plain_uncached":
            "cpu_vs_plain_cached": 1.05, "state_io_seconds": 0.05, "memory_200_vs_10": 1.5,
            "evaluation_seconds": 60.0}
 # `--suite=targets`' parts (`--targets_parts`); the default runs the first three.
-TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup")
+TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup", "peer")
 LARGE_MEMORY_LIMIT_MB = 24 * 1024
 
 
@@ -100,3 +100,5 @@ class TargetsConfig:
     seed: int = 0
     devices: str = ""  # the in-process runtime's devices (default: the GPUs, else the CPU)
     parts: tuple[str, ...] = ("scaling", "main", "large")
+    # The peer part's Python: one with torch, transformers and peft (benchmarks/peer.py).
+    peer_python: str = ""

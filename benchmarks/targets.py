@@ -47,7 +47,12 @@ parts: it loads Gemma 3 270M, about 1 GB): `evaluation_seconds`, the seconds of 
 872-sentence dev evaluation (`benchmarks.evaluation`), details under `evaluation`. **Start-up**
 (`--targets_parts=startup`, not in the default parts either: Gemma 3 270M for 8 rounds, twice):
 `startup_steady_none_vs_tff`, the later rounds' seconds without TFF's Grappler pass over those
-with it, and each choice's first B and A rounds (`benchmarks.startup`), under `startup`.
+with it, and each choice's first B and A rounds (`benchmarks.startup`), under `startup`. **Peer**
+(`--targets_parts=peer`, not in the default parts: it needs a Python with torch, transformers and
+peft, `--peer_python`): tffl's FedAvg-LoRA on MiniLM beside a Transformers + PEFT FedAvg loop on
+the same batches, at N = 3 and 20 (`benchmarks.peer`): `peer_seconds_ratio` and
+`peer_memory_ratio`, tffl's seconds per client step and peak memory over the peer's (the larger
+of the two N), details under `peer`.
 
 This module runs the main setting and writes the results; `benchmarks.plain` holds the plain
 loop, `benchmarks.targets_scale` the scaling and large parts, `benchmarks.config` the
@@ -65,6 +70,7 @@ import numpy as np
 
 from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TARGETS_PARTS, TargetsConfig
 from benchmarks.evaluation import run_evaluation
+from benchmarks.peer import run_peer
 from benchmarks.plain import PlainLoop, lora_sub_rounds
 from benchmarks.startup import run_startup
 from benchmarks.targets_scale import run_large, run_scaling
@@ -297,6 +303,7 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
     large = run_large(config, log) if "large" in config.parts else None
     evaluation = run_evaluation(config, log) if "evaluation" in config.parts else None
     startup = run_startup(config, output_dir, log) if "startup" in config.parts else None
+    peer = run_peer(config, output_dir, log) if "peer" in config.parts else None
     result = {}
     if main is not None:
         algorithms = main["algorithms"].values()
@@ -319,9 +326,13 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
         result["evaluation_seconds"] = evaluation["seconds"]
     if startup is not None:
         result["startup_steady_none_vs_tff"] = startup["steady_none_vs_tff"]
+    measured = [v for v in (peer or {}).values() if isinstance(v, dict) and "seconds_ratio" in v]
+    if measured:
+        result["peer_seconds_ratio"] = max(v["seconds_ratio"] for v in measured)
+        result["peer_memory_ratio"] = max(v["memory_ratio"] for v in measured)
     result.update({"targets": TARGETS, "parts": list(config.parts), "main": main,
                    "scaling": scaling, "large": large, "evaluation": evaluation,
-                   "startup": startup,
+                   "startup": startup, "peer": peer,
                    "seconds": time.perf_counter() - started})
     result["met"] = {k: result[k] <= v for k, v in TARGETS.items() if k in result}
     if large is not None:
@@ -348,6 +359,16 @@ def format_targets(result: dict) -> str:
             lines.append(f"| startup {choice}: first B, first A, later rounds (s) | "
                          f"{s['first_b_round_seconds']:.1f}, {s['first_a_round_seconds']:.1f}, "
                          f"{s['steady_round_seconds']:.2f} | reported | |")
+    if "peer_seconds_ratio" in result:
+        for key in ("peer_seconds_ratio", "peer_memory_ratio"):
+            lines.append(f"| {key} | {result[key]:.3f} | reported | |")
+        for clients, v in result["peer"].items():
+            if isinstance(v, dict) and "seconds_ratio" in v:
+                lines.append(
+                    f"| peer N = {clients}: s/client step, peak MB (tffl; Transformers + PEFT) | "
+                    f"{v['tffl']['seconds_per_client_step']:.3f}, {v['tffl']['peak_mb']:.0f}; "
+                    f"{v['peft']['seconds_per_client_step']:.3f}, {v['peft']['peak_mb']:.0f} | "
+                    "reported | |")
     if "large_seconds_per_step" in result:
         lines.append(f"| large_seconds_per_step | {result['large_seconds_per_step']:.2f} | "
                      "reported | |")

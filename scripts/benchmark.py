@@ -157,8 +157,13 @@ _TARGETS_PARTS = flags.DEFINE_list(
     "targets_parts", ["scaling", "main", "large"], "--suite=targets: which parts to run "
     "(main: the round times of every path, the in-process runtime's included; scaling; large; "
     "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: Gemma 3 270M's RoLoRA "
-    "rounds with and without TFF's Grappler pass; these two not run by default).",
+    "rounds with and without TFF's Grappler pass; peer: tffl beside a Transformers + PEFT FedAvg "
+    "loop on the same batches, needs --peer_python; these three not run by default).",
     flag_values=FLAGS)
+_PEER_PYTHON = flags.DEFINE_string(
+    "peer_python", "", "--targets_parts=peer: a Python with torch, transformers and peft (e.g. "
+    "python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers peft safetensors; "
+    "then /tmp/hf/bin/python). Without one the part says so and is skipped.", flag_values=FLAGS)
 _DEVICES = flags.DEFINE_string(
     "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
     "TFF worker (scripts/train.py --devices; default: the GPUs, else the CPU).", flag_values=FLAGS)
@@ -265,7 +270,8 @@ def main(argv: list[str]) -> int:
 
         try:
             run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
-                                      parts=tuple(_TARGETS_PARTS.value)), output_dir, log=log)
+                                      parts=tuple(_TARGETS_PARTS.value),
+                                      peer_python=_PEER_PYTHON.value), output_dir, log=log)
         except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError) as e:
             return cli.error_exit("benchmark.py", e, 1)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
