@@ -78,6 +78,8 @@ TARGETS = {"round_time_vs_previous_path": 1 / 3, "round_time_vs_plain_uncached":
            "evaluation_seconds": 60.0}
 # `--suite=targets`' parts (`--targets_parts`); the default runs the first three.
 TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup", "peer")
+# The peer part's models (benchmarks/peer.py's PEER_SETTINGS).
+PEER_MODELS = ("minilm", "gemma3_270m")
 LARGE_MEMORY_LIMIT_MB = 24 * 1024
 
 
@@ -100,5 +102,6 @@ class TargetsConfig:
     seed: int = 0
     devices: str = ""  # the in-process runtime's devices (default: the GPUs, else the CPU)
     parts: tuple[str, ...] = ("scaling", "main", "large")
-    # The peer part's Python: one with torch, transformers and peft (benchmarks/peer.py).
+    # The peer part's Python: one with torch, transformers and peft, and its models.
     peer_python: str = ""
+    peer_models: tuple[str, ...] = PEER_MODELS

@@ -3,14 +3,19 @@ FedAvg loop over the batches a tffl run trained on, run in a Python that has tor
 transformers and peft (it imports nothing of tffl, and tffl's environment has none of them).
 
 It is what FlowerTune's recipe does without the transport: each round, every client starts from
-the global LoRA factors and head, takes one SGD step per batch of its round, and the server sets
-the global factors and head to the clients' mean weighted by their examples,
+the global trained weights, takes one SGD step per batch of its round, and the server sets the
+global weights to the clients' mean weighted by their examples,
 
     θ_{t+1} = Σ_i n_i θ_i / Σ_i n_i,    θ_i = θ_t − η Σ_k ∇ℓ(θ; batch_{i,k}) (one step per batch).
 
-The model is the checkpoint's `BertModel` (float32, eager attention) with `peft`'s LoRA of rank r,
-α = r, on the attention's query and value of the given layers, the sentence mean of the last
-hidden states over the padding mask, and a linear head: the model tffl trains.
+The models are those tffl trains, float32, eager attention, `peft`'s LoRA of rank r, α = r, on the
+attention's query and value projections of the given layers:
+
+- family "bert": the checkpoint's `BertModel`, the sentence mean of the last hidden states over
+  the padding mask and a linear head (trained too); ℓ is the cross-entropy of the labels;
+- family "gemma3": `Gemma3ForCausalLM`; ℓ is the mean cross-entropy of the answer tokens (the
+  batch's `response_mask`), as `labels` with −100 elsewhere, the usual way (Transformers
+  computes the logits of every position).
 
 Usage (the work folder is what benchmarks/peer.py writes: `setting.json` and `batches.npz`):
 
@@ -33,15 +38,56 @@ import numpy as np
 
 
 def batches_of(arrays, round_num: int, client: int) -> list[dict]:
-    """The batches `(token_ids, padding_mask, segment_ids, labels)` of `client` (its index) in
+    """The batches (feature name -> array, `labels` among them) of `client` (its index) in
     `round_num`, in the order tffl trained them."""
     out, step = [], 0
-    while f"r{round_num}_c{client}_s{step}_token_ids" in arrays:
+    while f"r{round_num}_c{client}_s{step}_labels" in arrays:
         prefix = f"r{round_num}_c{client}_s{step}_"
-        out.append({k: arrays[prefix + k]
-                    for k in ("token_ids", "padding_mask", "segment_ids", "labels")})
+        out.append({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
         step += 1
     return out
+
+
+def _model(setting: dict):
+    """`(model, head, loss(batch))`: the family's model with LoRA, its head (None for a
+    decoder) and its batch loss."""
+    import peft
+    import torch
+    import transformers
+
+    def ids(batch, key):
+        return torch.from_numpy(batch[key].astype(np.int64))
+
+    if setting["family"] == "bert":
+        model = transformers.BertModel.from_pretrained(setting["checkpoint"],
+                                                       attn_implementation="eager")
+        targets, pattern = ["query", "value"], "layer"
+    else:
+        model = transformers.Gemma3ForCausalLM.from_pretrained(
+            setting["checkpoint"], attn_implementation="eager", dtype=torch.float32)
+        targets, pattern = ["q_proj", "v_proj"], "layers"
+    lora = peft.LoraConfig(r=setting["rank"], lora_alpha=setting["rank"], lora_dropout=0.0,
+                           target_modules=targets, layers_to_transform=list(setting["layers"]),
+                           layers_pattern=pattern)
+    model = peft.get_peft_model(model, lora)
+    if setting["family"] != "bert":
+        def decoder_loss(batch):
+            labels = ids(batch, "token_ids").masked_fill(ids(batch, "response_mask") == 0, -100)
+            return model(input_ids=ids(batch, "token_ids"),
+                         attention_mask=ids(batch, "padding_mask"), labels=labels).loss
+
+        return model, None, decoder_loss
+    head = torch.nn.Linear(model.config.hidden_size, setting["num_classes"])
+
+    def classifier_loss(batch):
+        mask = ids(batch, "padding_mask")
+        hidden = model(input_ids=ids(batch, "token_ids"), attention_mask=mask,
+                       token_type_ids=ids(batch, "segment_ids")).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return torch.nn.functional.cross_entropy(head(pooled), ids(batch, "labels"))
+
+    return model, head, classifier_loss
 
 
 def resident_mb(field: str = "VmRSS") -> float:
@@ -60,20 +106,14 @@ def main(argv: list[str]) -> int:
     import transformers
 
     libraries_mb = resident_mb()
-
     work = pathlib.Path(argv[1])
     setting = json.loads((work / "setting.json").read_text())
     arrays = dict(np.load(work / "batches.npz"))
     torch.manual_seed(setting["seed"])
     torch.set_num_threads(setting["threads"])
-    model = transformers.BertModel.from_pretrained(setting["checkpoint"],
-                                                   attn_implementation="eager")
-    lora = peft.LoraConfig(r=setting["rank"], lora_alpha=setting["rank"], lora_dropout=0.0,
-                           target_modules=list(setting["targets"]),
-                           layers_to_transform=list(setting["layers"]), layers_pattern="layer")
-    model = peft.get_peft_model(model, lora)
-    head = torch.nn.Linear(model.config.hidden_size, setting["num_classes"])
-    params = [p for p in model.parameters() if p.requires_grad] + list(head.parameters())
+    model, head, loss_of = _model(setting)
+    params = [p for p in model.parameters() if p.requires_grad]
+    params += list(head.parameters()) if head is not None else []
     global_state = [p.detach().clone() for p in params]
     rounds = []
     for round_num in range(1, setting["rounds"] + 1):
@@ -86,20 +126,12 @@ def main(argv: list[str]) -> int:
             optimizer = torch.optim.SGD(params, lr=setting["learning_rate"])
             examples = 0
             for batch in batches_of(arrays, round_num, client):
-                mask = torch.from_numpy(batch["padding_mask"].astype(np.int64))
-                hidden = model(input_ids=torch.from_numpy(batch["token_ids"].astype(np.int64)),
-                               attention_mask=mask,
-                               token_type_ids=torch.from_numpy(
-                                   batch["segment_ids"].astype(np.int64))).last_hidden_state
-                weights = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-                loss = torch.nn.functional.cross_entropy(
-                    head(pooled), torch.from_numpy(batch["labels"].astype(np.int64)))
+                loss = loss_of(batch)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
                 losses.append(float(loss.detach()))
-                examples += len(batch["labels"])
+                examples += len(batch["token_ids"])
             with torch.no_grad():
                 for s, p in zip(sums, params):
                     s.add_(p, alpha=examples)

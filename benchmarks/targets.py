@@ -49,10 +49,10 @@ parts: it loads Gemma 3 270M, about 1 GB): `evaluation_seconds`, the seconds of 
 `startup_steady_none_vs_tff`, the later rounds' seconds without TFF's Grappler pass over those
 with it, and each choice's first B and A rounds (`benchmarks.startup`), under `startup`. **Peer**
 (`--targets_parts=peer`, not in the default parts: it needs a Python with torch, transformers and
-peft, `--peer_python`): tffl's FedAvg-LoRA on MiniLM beside a Transformers + PEFT FedAvg loop on
-the same batches, at N = 3 and 20 (`benchmarks.peer`): `peer_seconds_ratio` and
-`peer_memory_ratio`, tffl's seconds per client step and peak memory over the peer's (the larger
-of the two N), details under `peer`.
+peft, `--peer_python`): tffl's FedAvg-LoRA beside a Transformers + PEFT FedAvg loop on the same
+batches, on MiniLM and Gemma 3 270M (`--peer_models`) at N = 3 and 20 (`benchmarks.peer`):
+`peer_seconds_ratio` and `peer_memory_ratio`, tffl's seconds per client step and peak memory over
+the peer's (the largest of the runs), details under `peer`.
 
 This module runs the main setting and writes the results; `benchmarks.plain` holds the plain
 loop, `benchmarks.targets_scale` the scaling and large parts, `benchmarks.config` the
@@ -362,10 +362,10 @@ def format_targets(result: dict) -> str:
     if "peer_seconds_ratio" in result:
         for key in ("peer_seconds_ratio", "peer_memory_ratio"):
             lines.append(f"| {key} | {result[key]:.3f} | reported | |")
-        for clients, v in result["peer"].items():
+        for name, v in result["peer"].items():
             if isinstance(v, dict) and "seconds_ratio" in v:
                 lines.append(
-                    f"| peer N = {clients}: s/client step, peak MB (tffl; Transformers + PEFT) | "
+                    f"| peer {name}: s/client step, peak MB (tffl; Transformers + PEFT) | "
                     f"{v['tffl']['seconds_per_client_step']:.3f}, {v['tffl']['peak_mb']:.0f}; "
                     f"{v['peft']['seconds_per_client_step']:.3f}, {v['peft']['peak_mb']:.0f} | "
                     "reported | |")

@@ -94,7 +94,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from benchmarks.config import (  # noqa: E402
-    BACKBONES, BENCHMARKED_ALGORITHMS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
+    BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
 from runner import cli  # noqa: E402
 from runner import tensorflow_import  # noqa: E402
 from runner.cli import UsageError  # noqa: E402
@@ -164,6 +164,9 @@ _PEER_PYTHON = flags.DEFINE_string(
     "peer_python", "", "--targets_parts=peer: a Python with torch, transformers and peft (e.g. "
     "python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers peft safetensors; "
     "then /tmp/hf/bin/python). Without one the part says so and is skipped.", flag_values=FLAGS)
+_PEER_MODELS = flags.DEFINE_list(
+    "peer_models", list(PEER_MODELS), "--targets_parts=peer: the models compared "
+    f"(benchmarks/peer.py; of {', '.join(PEER_MODELS)}).", flag_values=FLAGS)
 _DEVICES = flags.DEFINE_string(
     "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
     "TFF worker (scripts/train.py --devices; default: the GPUs, else the CPU).", flag_values=FLAGS)
@@ -235,6 +238,7 @@ def check(argv: list[str]) -> list[str]:
             raise UsageError(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
         config_from_flags()
         _names("targets_parts", TARGETS_PARTS)
+        _names("peer_models", PEER_MODELS)
         _output_dir()
         if _SUITE.value == "targets" and not (pathlib.Path(_DATA_DIR.value) / "sst2").is_dir():
             raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
@@ -271,7 +275,9 @@ def main(argv: list[str]) -> int:
         try:
             run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
                                       parts=tuple(_TARGETS_PARTS.value),
-                                      peer_python=_PEER_PYTHON.value), output_dir, log=log)
+                                      peer_python=_PEER_PYTHON.value,
+                                      peer_models=tuple(_PEER_MODELS.value)),
+                        output_dir, log=log)
         except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError) as e:
             return cli.error_exit("benchmark.py", e, 1)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)

@@ -188,6 +188,8 @@ BAD_FLAGS = [
     ("--clients_per_round=10,x", "flag --clients_per_round=10,x: 'x' is not an integer"),
     ("--local_steps=abc", "flag --local_steps"),
     ("--targets_parts=main,startups", "flag --targets_parts=main,startups: unknown startups"),
+    ("--peer_models=minilm,gemma", "flag --peer_models=minilm,gemma: unknown gemma; choose "
+     "from minilm, gemma3_270m"),
 ]
 
 
