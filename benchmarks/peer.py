@@ -151,6 +151,10 @@ def run_peer(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
     """{"<model> N = <N>": {"tffl": {...}, "peft": {...}, "seconds_ratio", "memory_ratio"},
     "versions"} for each model of `config.peer_models` and N of `PEER_CLIENTS`, or
     {"skipped": reason} without a peer Python (module docstring)."""
+    unknown = [m for m in config.peer_models if m not in PEER_SETTINGS]
+    if unknown:
+        raise ValueError(f"peer_models={','.join(config.peer_models)}: unknown "
+                         f"{', '.join(unknown)}; choose from {', '.join(PEER_SETTINGS)}")
     problem = peer_python_problem(config.peer_python)
     if problem is not None:
         log(f"peer: skipped: {problem}. Make a Python with the peer's libraries "

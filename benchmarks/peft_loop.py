@@ -1,6 +1,7 @@
 r"""The peer of `--targets_parts=peer` (benchmarks/peer.py): a Hugging Face Transformers + PEFT
 FedAvg loop over the batches a tffl run trained on, run in a Python that has torch,
-transformers and peft (it imports nothing of tffl, and tffl's environment has none of them).
+transformers and peft (tffl's environment has none of them). Of tffl it imports only
+`tffl.simulation.memory`, which needs nothing but the standard library.
 
 It is what FlowerTune's recipe does without the transport: each round, every client starts from
 the global trained weights, takes one SGD step per batch of its round, and the server sets the
@@ -22,9 +23,10 @@ Usage (the work folder is what benchmarks/peer.py writes: `setting.json` and `ba
     /path/to/torch/python benchmarks/peft_loop.py WORK_DIR
 
 It writes `WORK_DIR/peft.json`: per round its wall seconds and mean training loss, the client
-steps per round, the process's peak resident memory (MB, `VmHWM`), its resident memory once
-torch, transformers and peft are imported (`libraries_rss_mb`: PyPI's torch for Linux is the CUDA
-build, whose libraries are resident even on a CPU) and the library versions.
+steps per round, the process's peak resident memory (`peak_rss_mb`, `VmHWM` in MB of 10^6 bytes,
+as tffl's metrics.csv columns), its peak once torch, transformers and peft are imported
+(`libraries_rss_mb`: PyPI's torch for Linux is the CUDA build, whose libraries are resident even
+on a CPU) and the library versions.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ import sys
 import time
 
 import numpy as np
+
+# tffl's own reader of a process's peak memory (standard library only; no TensorFlow here), so
+# that both sides of the benchmark are measured alike: VmHWM, in MB of 10^6 bytes.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from tffl.simulation.memory import peak_rss_mb  # noqa: E402
 
 
 def batches_of(arrays, round_num: int, client: int) -> list[dict]:
@@ -90,22 +97,12 @@ def _model(setting: dict):
     return model, head, classifier_loss
 
 
-def resident_mb(field: str = "VmRSS") -> float:
-    """This process's resident memory (MB) from /proc/self/status: now (`VmRSS`) or its peak
-    since this program started (`VmHWM`, the kernel's high-water mark; unlike `getrusage`'s,
-    it does not carry over the memory of the process this one was forked from)."""
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main(argv: list[str]) -> int:
     import peft
     import torch
     import transformers
 
-    libraries_mb = resident_mb()
+    libraries_mb = peak_rss_mb()   # the peak so far: right after these imports
     work = pathlib.Path(argv[1])
     setting = json.loads((work / "setting.json").read_text())
     arrays = dict(np.load(work / "batches.npz"))
@@ -142,7 +139,7 @@ def main(argv: list[str]) -> int:
         print(f"peft round {round_num}: {rounds[-1]['seconds']:.2f} s, loss "
               f"{rounds[-1]['loss']:.4f}", flush=True)
     result = {"rounds": rounds, "client_steps_per_round": setting["clients"] * setting["steps"],
-              "peak_rss_mb": resident_mb("VmHWM"),
+              "peak_rss_mb": peak_rss_mb(),
               "libraries_rss_mb": libraries_mb,
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                            "peft": peft.__version__}}

@@ -259,6 +259,7 @@ def main(argv: list[str]) -> int:
     config = config_from_flags()
     output_dir = _output_dir()
     from benchmarks import report, run
+    from models.checkpoints import CheckpointUnavailableError
     from tffl.runtime import worker_connection
 
     cli.quiet_python_logs()
@@ -278,7 +279,9 @@ def main(argv: list[str]) -> int:
                                       peer_python=_PEER_PYTHON.value,
                                       peer_models=tuple(_PEER_MODELS.value)),
                         output_dir, log=log)
-        except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError) as e:
+        except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError,
+                CheckpointUnavailableError) as e:
+            # CheckpointUnavailableError: MiniLM or Gemma 3 could not be fetched (offline).
             return cli.error_exit("benchmark.py", e, 1)
         print(f"{time.perf_counter() - started:.0f} s. Results in {output_dir}", flush=True)
         return 0

