@@ -103,10 +103,15 @@ def _gemma3_270m() -> Decoder:
     from models import gemma3_backbone
     from models import gemma3_tokenizer
     from models import gguf_checkpoint
+    from models import gguf_reader
 
-    path = gguf_checkpoint.fetch_gemma3_270m()
-    config = gguf_checkpoint.read_gguf_config(path)
-    tokenizer = gemma3_tokenizer.gemma3_tokenizer(path)
+    # One parse of the file's metadata (the slow part of opening it); the reader goes after
+    # this, and the pretrained weights come from the tensors' stored blocks when asked for.
+    reader = gguf_reader.open_reader(gguf_checkpoint.fetch_gemma3_270m())
+    config = gguf_checkpoint.read_gguf_config(reader)
+    tokenizer = gemma3_tokenizer.gemma3_tokenizer(reader)
+    quantized = gguf_checkpoint.quantized_tensors(reader)
+    del reader
 
     def detokenize(ids):
         text = tokenizer.detokenize(tf.constant(list(ids), tf.int32))
@@ -115,7 +120,7 @@ def _gemma3_270m() -> Decoder:
     return Decoder(
         "gemma3_270m", "Gemma 3 270M (pretrained, dequantized from Q4_K_M)",
         lambda: gemma3_backbone.Gemma3Backbone(config, initializer="zeros"),
-        lambda: gguf_checkpoint.load_gemma3(path)[0],
+        lambda: gguf_checkpoint.load_gemma3_backbone(config, quantized),
         lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,

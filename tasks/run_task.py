@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -143,6 +144,10 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
             if pretrained is not None:
                 announce(f"loading the pretrained weights of {what}")
                 computed["values"] = pretrained()
+                # The checkpoint's Keras model is garbage in reference cycles (Keras layers
+                # and their variables point at each other) that Python's collector may not
+                # reach for a long time; for Gemma 3 270M it held 2.2 GB through the run.
+                gc.collect()
             else:
                 from tffl.engine import frozen as frozen_lib
 

@@ -189,6 +189,13 @@ def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
     assert tokenizer.detokenize(ids[1:]).numpy().decode() == "the ab\nthé"
     logits = _logits(backbone, [ids])[0]
     np.testing.assert_allclose(logits, numpy_logits(tensors, config, ids), rtol=1e-5, atol=1e-4)
+    # The stored blocks, kept without the reader's parsed metadata, give the same backbone.
+    reader = gguf.GGUFReader(str(path))
+    quantized = gguf_checkpoint.quantized_tensors(reader)
+    del reader
+    assert quantized[0].data.base is not None   # a view of the file's map, not a copy
+    kept = gguf_checkpoint.load_gemma3_backbone(Gemma3BackboneConfig(**config), quantized)
+    np.testing.assert_array_equal(_logits(kept, [ids])[0], logits)
     with pytest.raises(ValueError, match=r"missing \['blk.1.ffn_up'\]"):
         gguf_checkpoint.assign_gguf_weights(
             backbone, {k: v for k, v in tensors.items() if k != "blk.1.ffn_up"})

@@ -181,7 +181,10 @@ def build_federated_model(source: ModelSource, federated: Sequence[int],
     """
     spec = spec or source.spec()
     layout = frozen_lib.Layout.from_spec(spec, federated, federated_non_trainable, personal)
-    trainable, non_trainable = frozen_lib.initial_values(source.model_fn, source.input_spec)
+    # Only what `source` does not give is drawn (a pretrained model's frozen part is not).
+    trainable, non_trainable = frozen_lib.initial_values(
+        source.model_fn, source.input_spec, draw_trainable=source.initial_trainable is None,
+        draw_non_trainable=source.initial_non_trainable is None)
 
     def replaced(values, infos, kind):
         given = [np.asarray(v) for v in values]
@@ -190,7 +193,7 @@ def build_federated_model(source: ModelSource, federated: Sequence[int],
             raise ValueError(f"initial weights do not fit the model: {len(given)} {kind} tensors "
                              f"{[v.shape for v in given][:3]}..., the model has {len(expected)} "
                              f"{expected[:3]}...")
-        return [v.astype(info.dtype) for v, info in zip(given, infos)]
+        return [v.astype(info.dtype, copy=False) for v, info in zip(given, infos)]
 
     if source.initial_non_trainable is not None:
         non_trainable = replaced(source.initial_non_trainable, spec.non_trainable, "frozen")

@@ -151,7 +151,7 @@ def fingerprint(values: Sequence[np.ndarray]) -> str:
     for value in values:
         value = np.ascontiguousarray(value)
         digest.update(f"{value.shape}|{value.dtype.str}|".encode())
-        digest.update(value.tobytes())
+        digest.update(value.reshape(-1).view(np.uint8))   # the bytes, without a copy
     return digest.hexdigest()[:16]
 
 
@@ -224,15 +224,24 @@ class FrozenWeights:
                 " rebuild the process to write them again")
 
 
-def initial_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec
-                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def initial_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
+                   draw_trainable: bool = True, draw_non_trainable: bool = True
+                   ) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
     """The model's initial `(trainable, non_trainable)` values, drawn once by its initializers
-    in a throw-away graph and session (no eager Keras model is created, see `tffl.algorithms.lora_fl`)."""
+    in a throw-away graph and session (no eager Keras model is created, see `tffl.algorithms.lora_fl`).
+
+    A part not drawn (`draw_trainable=False` or `draw_non_trainable=False`, for values the caller
+    has, e.g. a checkpoint's frozen weights) is None and costs nothing: only the drawn part's
+    initializers run. Each variable's draw is its own op's, so the drawn values are the same
+    either way."""
     with tf.Graph().as_default() as graph:
         model = model_spec.build_model(keras_model_fn, input_spec)
         trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
+        drawn = (trainable if draw_trainable else []) + (non_trainable if draw_non_trainable
+                                                         else [])
         with tf.compat.v1.Session(graph=graph) as session:
-            session.run([v.initializer for v in model.variables])
-            values = session.run([v.read_value() for v in trainable + non_trainable])
-    return ([np.asarray(v) for v in values[: len(trainable)]],
-            [np.asarray(v) for v in values[len(trainable):]])
+            session.run([v.initializer for v in drawn])
+            values = [np.asarray(v) for v in session.run([v.read_value() for v in drawn])]
+    count = len(trainable) if draw_trainable else 0
+    return (values[:count] if draw_trainable else None,
+            values[count:] if draw_non_trainable else None)

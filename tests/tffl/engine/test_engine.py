@@ -244,6 +244,37 @@ def test_frozen_weights_round_trip_and_fingerprint(tmp_path):
         np.testing.assert_array_equal(got, want)
     other = frozen.FrozenWeights.write([values[0] + 1, values[1]], tmp_path)
     assert other.fingerprint != written.fingerprint
+    # The fingerprint is SHA-256 over each value's shape, dtype and bytes, in order.
+    import hashlib
+
+    digest = hashlib.sha256()
+    for value in values:
+        digest.update(f"{value.shape}|{value.dtype.str}|".encode() + value.tobytes())
+    assert written.fingerprint == digest.hexdigest()[:16]
+
+
+def test_initial_values_draw_only_the_asked_part():
+    """A part not drawn is None, and the drawn part's values are what a whole draw gives
+    (each variable's initializer is its own op, seeded here)."""
+    def model_fn():
+        x = tf.keras.Input((3,))
+        frozen_layer = tf.keras.layers.Dense(
+            4, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3), name="frozen")
+        frozen_layer.trainable = False
+        head = tf.keras.layers.Dense(
+            2, kernel_initializer=tf.keras.initializers.RandomNormal(seed=5), name="head")
+        return tf.keras.Model(x, head(frozen_layer(x)))
+
+    spec = tf.TensorSpec([None, 3], tf.float32)
+    whole = frozen.initial_values(model_fn, spec)
+    only_trainable = frozen.initial_values(model_fn, spec, draw_non_trainable=False)
+    only_frozen = frozen.initial_values(model_fn, spec, draw_trainable=False)
+    assert only_trainable[1] is None and only_frozen[0] is None
+    assert [v.shape for v in whole[0]] == [(4, 2), (2,)]
+    assert [v.shape for v in whole[1]] == [(3, 4), (4,)]
+    for got, want in zip(only_trainable[0] + only_frozen[1], whole[0] + whole[1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert np.abs(whole[0][0]).sum() > 0 and np.abs(whole[1][0]).sum() > 0   # really drawn
 
 
 @pytest.mark.large
