@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import cProfile
 import dataclasses
 import os
@@ -27,6 +26,7 @@ from runner import cli
 from runner import machine
 from tffl import runtime
 from tffl.runtime import workers
+from tffl.simulation import memory
 
 
 def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
@@ -176,11 +176,11 @@ def _profile_round(built: Built, context, state, personal, datasets: list[tf.dat
 
 
 def _record_worker_hwm(worker: psutil.Process, tff_peak: dict[str, int]) -> None:
-    """The worker's lifetime peak (it serves only this configuration): exact on Linux."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in pathlib.Path(f"/proc/{worker.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                tff_peak["worker_hwm"] = int(line.split()[1]) * 1024
+    """The worker's lifetime peak (it serves only this configuration) in bytes: exact on
+    Linux (`tffl.simulation.memory.peak_rss_mb`), absent elsewhere."""
+    peak_mb = memory.peak_rss_mb(worker.pid)
+    if peak_mb is not None:
+        tff_peak["worker_hwm"] = round(peak_mb * 1e6)
 
 
 def _configuration_row(built: Built, num_clients: int, config: BenchmarkConfig, measured: Measurements,
