@@ -213,8 +213,15 @@ class FrozenWeights:
         return [tf.ensure_shape(t, s) for t, s in zip(tensors, self.shapes)]
 
     def load(self) -> list[np.ndarray]:
-        """The values as numpy arrays (eagerly)."""
-        return [t.numpy() for t in self.restore()]
+        """The values as numpy arrays (eagerly). Each restored tensor is let go once copied, so
+        the base is held about once, not twice (1.07 GB for Gemma 3 270M)."""
+        tensors = self.restore()
+        values = []
+        for k, tensor in enumerate(tensors):
+            tensors[k] = None
+            values.append(tensor.numpy())
+            del tensor
+        return values
 
     def check_readable(self) -> None:
         """Raises `FileNotFoundError` naming the file if it is gone (e.g. a cleaned cache)."""
