@@ -139,7 +139,7 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
     Between calls the values are not held in memory (1.07 GB for Gemma 3 270M, through a whole
     run): the first call writes them to a fingerprinted `tffl.engine.frozen.FrozenWeights` file
     (the one a LoRA process writes for its base, when the folders agree) and later calls read
-    them back from it."""
+    them back from it (they stay in memory when that folder cannot be written)."""
     computed = {}
 
     def values():
@@ -148,6 +148,8 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
         if "file" in computed:
             computed["file"].check_readable()
             return computed["file"].load()
+        if "values" in computed:
+            return computed["values"]
         if pretrained is not None:
             from tffl.simulation.metrics_log import announce
 
@@ -160,7 +162,10 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
         else:
             result = frozen_lib.initial_values(keras_model_fn, input_spec)[1]
         result = [np.asarray(v) for v in result]
-        computed["file"] = frozen_lib.FrozenWeights.write(result)
+        try:
+            computed["file"] = frozen_lib.FrozenWeights.write(result)
+        except OSError:   # an unwritable cache folder: held in memory instead
+            computed["values"] = result
         return result
 
     return values

@@ -45,3 +45,16 @@ def test_without_a_checkpoint_the_model_draws_its_own_values_once(tmp_path, monk
     assert np.abs(first[0]).sum() > 0   # the Dense kernel's random draw, not zeros
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)   # one draw, not a draw per call
+
+
+def test_an_unwritable_folder_keeps_the_values_in_memory(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TFFL_FROZEN_DIR", str(blocked / "frozen"))
+    given = [np.ones((2, 2), np.float32)]
+    calls = []
+    values = run_task.starting_non_trainable(
+        _model_fn, _SPEC, lambda: calls.append(1) or [v.copy() for v in given])
+    first, second = values(), values()
+    assert len(calls) == 1 and second is first
+    np.testing.assert_array_equal(second[0], given[0])
