@@ -62,7 +62,7 @@ def _next_token_fn(backbone: tf.keras.Model):
         mask = tf.sequence_mask(lengths, tf.shape(token_ids)[1], dtype=tf.int32)
         hidden = backbone({"token_ids": token_ids, "padding_mask": mask}, training=False)
         last = tf.gather(hidden, lengths - 1, axis=1, batch_dims=1)
-        logits = backbone.token_embedding(last, reverse=True)
+        logits = causal_lm.output_logits(backbone.token_embedding, last)
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
     return next_tokens

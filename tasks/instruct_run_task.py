@@ -274,7 +274,7 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batc
             hidden = backbone.from_layer(x_k, x["padding_mask"], start)
             predicting = tf.gather_nd(hidden[:, :-1],
                                       causal_lm.response_indices(x["response_mask"]))
-            return measures(backbone.token_embedding(predicting, reverse=True), y)
+            return measures(causal_lm.output_logits(backbone.token_embedding, predicting), y)
 
         return {"model": model, "batches": batches, "start": start, "whole": whole,
                 "prefix": prefix, "suffix": suffix}
