@@ -72,8 +72,7 @@ def output_logits(embedding: tf.keras.layers.Layer, hidden: tf.Tensor) -> tf.Ten
     dtype = getattr(embedding, "reverse_dtype", None) or embedding.compute_dtype
     table = tf.cast(tf.convert_to_tensor(embedding.embeddings), dtype)
     hidden = tf.cast(hidden, dtype)
-    rank = hidden.shape.rank
-    if rank == 2:
+    if hidden.shape.rank == 2:
         return tf.matmul(hidden, table, transpose_b=True)
     flat = tf.reshape(hidden, [-1, tf.shape(hidden)[-1]])
     logits = tf.matmul(flat, table, transpose_b=True)

@@ -139,15 +139,19 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
     Between calls the values are not held in memory (1.07 GB for Gemma 3 270M, through a whole
     run): the first call writes them to a fingerprinted `tffl.engine.frozen.FrozenWeights` file
     (the one a LoRA process writes for its base, when the folders agree) and later calls read
-    them back from it (they stay in memory when that folder cannot be written)."""
+    them back from it (they stay in memory when that folder cannot be written, and are computed
+    again if the file is gone)."""
     computed = {}
 
     def values():
         from tffl.engine import frozen as frozen_lib
 
         if "file" in computed:
-            computed["file"].check_readable()
-            return computed["file"].load()
+            try:
+                computed["file"].check_readable()
+                return computed["file"].load()
+            except FileNotFoundError:   # the cache was cleaned meanwhile: computed again
+                del computed["file"]
         if "values" in computed:
             return computed["values"]
         if pretrained is not None:

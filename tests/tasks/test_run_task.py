@@ -58,3 +58,19 @@ def test_an_unwritable_folder_keeps_the_values_in_memory(tmp_path, monkeypatch):
     first, second = values(), values()
     assert len(calls) == 1 and second is first
     np.testing.assert_array_equal(second[0], given[0])
+
+
+def test_a_cleaned_cache_computes_the_values_again(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("TFFL_FROZEN_DIR", str(tmp_path))
+    given = [np.full((2, 3), 0.5, np.float32)]
+    calls = []
+    values = run_task.starting_non_trainable(
+        _model_fn, _SPEC, lambda: calls.append(1) or [v.copy() for v in given])
+    values()
+    shutil.rmtree(tmp_path / frozen.fingerprint(given))
+    again = values()
+    assert len(calls) == 2
+    np.testing.assert_array_equal(again[0], given[0])
+    assert (tmp_path / frozen.fingerprint(given) / "weights.index").is_file()   # written anew
