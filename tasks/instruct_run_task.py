@@ -349,9 +349,11 @@ def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
         {"token_ids": token_ids[order], "padding_mask": padding_mask[order]}, labels[order]))
 
 
-def _starting_non_trainable(lm_fn, decoder, lora_config, input_spec) -> Callable[[], list]:
+def _starting_non_trainable(lm_fn, decoder, lora_config, input_spec,
+                            frozen_dir: str | None) -> Callable[[], list]:
     """`() -> non_trainable` starting frozen weights, computed once: the checkpoint's backbone
-    for a pretrained decoder, else the model's random draw."""
+    for a pretrained decoder, else the model's random draw (kept under `frozen_dir` between
+    calls: `tasks.run_task.starting_non_trainable`)."""
 
     def pretrained():
         from models import causal_lm, lora_targets
@@ -362,7 +364,7 @@ def _starting_non_trainable(lm_fn, decoder, lora_config, input_spec) -> Callable
 
     return starting_non_trainable(lambda: lm_fn()[1], input_spec,
                                   pretrained if decoder.pretrained_fn is not None else None,
-                                  decoder.name)
+                                  decoder.name, frozen_dir)
 
 
 def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
@@ -462,7 +464,8 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
         run = _user_instruction_task(spec, decoder, lm_fn, input_spec)
     else:
         run = _sentiment_task(spec, decoder, lm_fn, input_spec)
-    non_trainable = _starting_non_trainable(lm_fn, decoder, lora_config, input_spec)
+    non_trainable = _starting_non_trainable(lm_fn, decoder, lora_config, input_spec,
+                                            m.frozen_dir)
     run.pretrained_non_trainable = non_trainable if decoder.pretrained_fn else None
     run.random_backbone = decoder.pretrained_fn is None
     run.decoder = decoder

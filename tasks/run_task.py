@@ -127,8 +127,8 @@ def client_eval_data_fn(task, batch_size: int):
 
 
 def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
-                           pretrained: Callable[[], list] | None = None, what: str = ""
-                           ) -> Callable[[], list]:
+                           pretrained: Callable[[], list] | None = None, what: str = "",
+                           frozen_dir: str | None = None) -> Callable[[], list]:
     """`() -> non_trainable`: a model's starting frozen weights, computed once on first call:
     `pretrained()` (e.g. a checkpoint's backbone with the same LoRA applied) when given, with the
     progress line "loading the pretrained weights of `what`"; else `keras_model_fn`'s own random
@@ -138,7 +138,9 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
 
     Between calls the values are not held in memory (1.07 GB for Gemma 3 270M, through a whole
     run): the first call writes them to a fingerprinted `tffl.engine.frozen.FrozenWeights` file
-    (the one a LoRA process writes for its base, when the folders agree) and later calls read
+    under `frozen_dir` (None: `tffl.engine.frozen.default_directory()`; the run's own
+    `ModelConfig.frozen_dir`, so that it is the file the LoRA process writes for its base
+    there) and later calls read
     them back from it (they stay in memory when that folder cannot be written, and are computed
     again if the file is gone)."""
     computed = {}
@@ -167,7 +169,7 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
             result = frozen_lib.initial_values(keras_model_fn, input_spec)[1]
         result = [np.asarray(v) for v in result]
         try:
-            computed["file"] = frozen_lib.FrozenWeights.write(result)
+            computed["file"] = frozen_lib.FrozenWeights.write(result, frozen_dir)
         except OSError:   # an unwritable cache folder: held in memory instead
             computed["values"] = result
         return result

@@ -37,7 +37,7 @@ from tasks.run_task import (
     starting_non_trainable,
     train_size,
 )
-from tasks.task_config import TaskSpec
+from tasks.task_config import ModelConfig, TaskSpec
 from tffl.simulation import evaluation
 from tffl.simulation.metrics_log import announce, announcing
 from tffl.simulation.predictions import PredictionLog
@@ -260,15 +260,17 @@ class _Classifier:
     pretrained_non_trainable: Callable[[], Any]
 
 
-def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: int,
+def _lora_classifier(model_config: ModelConfig, folder: pathlib.Path, hf_config: dict, cap: int,
                      layout, element_spec) -> _Classifier:
     """Builds the backbone (of the checkpoint's `hf_config`: all-MiniLM-L6-v2's architecture, or
     a random tiny BERT with its vocabulary taking `cap` tokens), adds LoRA to it and the pooling
     -> head classifier on top, as `layout` (`tasks.prefix_cache.ClassifierLayout`) says; the
     starting weights are a random draw, with the checkpoint's backbone (in `folder`) for
-    minilm."""
+    minilm; they are kept under `model_config.frozen_dir` between calls."""
     from models import backbones as backbones_lib
     from models import hf_bert, lora_targets
+
+    backbone = model_config.backbone
 
     def backbone_fn():
         if backbone == "minilm":
@@ -295,7 +297,7 @@ def _lora_classifier(backbone: str, folder: pathlib.Path, hf_config: dict, cap: 
 
     non_trainable = starting_non_trainable(keras_model_fn, full_spec,
                                            pretrained if backbone == "minilm" else None,
-                                           folder.name)
+                                           folder.name, model_config.frozen_dir)
 
     def pretrained_non_trainable():
         return non_trainable() if backbone == "minilm" else None
@@ -468,7 +470,7 @@ def text_run_task(spec: TaskSpec) -> RunTask:
                                          targets=m.lora_targets, layers=m.lora_layers, seed=seed)
     layout = prefix_cache_lib.ClassifierLayout(lora_config, task.num_classes, seed, pooling, m.head)
     model = _cached_model(
-        _lora_classifier(m.backbone, folder, hf_config, cap, layout, task.element_spec),
+        _lora_classifier(m, folder, hf_config, cap, layout, task.element_spec),
         m.prefix_cache, layout)
     rounds = _round_maker(spec, model.cache)
     train_rounds = rounds(task.train_data, "train")

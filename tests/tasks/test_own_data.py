@@ -183,3 +183,17 @@ def test_the_users_instructions_are_packed_prompt_then_response_then_end(tmp_pat
     # y: the response tokens the model predicts (`with_response_targets`), in row order.
     assert y.numpy().tolist() == targets
     assert task.eval_split == "dev"
+
+
+def test_the_starting_frozen_weights_go_to_the_runs_frozen_dir(tmp_path, monkeypatch):
+    """The starting values' file (`tasks.run_task.starting_non_trainable`) is written under the
+    run's `frozen_dir`, where its LoRA process writes the base, not under the default folder."""
+    from tasks import registry
+
+    monkeypatch.setenv("TFFL_FROZEN_DIR", str(tmp_path / "default"))
+    _write_reviews(tmp_path / "train.csv")
+    task = registry.build_run_task(_spec(train_file=str(tmp_path / "train.csv"),
+                                         frozen_dir=str(tmp_path / "mine")))
+    task.pretrained_non_trainable()   # the suffix's values, read from the starting ones
+    written = [p.parent.parent.name for p in tmp_path.rglob("weights.index")]
+    assert written == ["mine"]
