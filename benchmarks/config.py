@@ -80,6 +80,8 @@ TARGETS = {"round_time_vs_previous_path": 1 / 3, "round_time_vs_plain_uncached":
 TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup", "peer")
 # The peer part's models (benchmarks/peer.py's PEER_SETTINGS).
 PEER_MODELS = ("minilm", "gemma3_270m")
+# The start-up part's models (benchmarks/startup.py's STARTUP_SETTINGS).
+STARTUP_MODELS = ("gemma3_270m", "minilm")
 LARGE_MEMORY_LIMIT_MB = 24 * 1024
 
 
@@ -105,3 +107,4 @@ class TargetsConfig:
     # The peer part's Python: one with torch, transformers and peft, and its models.
     peer_python: str = ""
     peer_models: tuple[str, ...] = PEER_MODELS
+    startup_models: tuple[str, ...] = STARTUP_MODELS

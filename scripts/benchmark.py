@@ -94,7 +94,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from benchmarks.config import (  # noqa: E402
-    BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
+    BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, STARTUP_MODELS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
 from runner import cli  # noqa: E402
 from runner import tensorflow_import  # noqa: E402
 from runner.cli import UsageError  # noqa: E402
@@ -156,8 +156,8 @@ _SUITE = flags.DEFINE_enum(
 _TARGETS_PARTS = flags.DEFINE_list(
     "targets_parts", ["scaling", "main", "large"], "--suite=targets: which parts to run "
     "(main: the round times of every path, the in-process runtime's included; scaling; large; "
-    "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: Gemma 3 270M's RoLoRA "
-    "rounds with and without TFF's Grappler pass; peer: tffl beside a Transformers + PEFT FedAvg "
+    "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: RoLoRA's first and "
+    "later rounds with and without TFF's Grappler pass (--startup_models); peer: tffl beside a Transformers + PEFT FedAvg "
     "loop on the same batches, needs --peer_python; these three not run by default).",
     flag_values=FLAGS)
 _PEER_PYTHON = flags.DEFINE_string(
@@ -167,6 +167,9 @@ _PEER_PYTHON = flags.DEFINE_string(
 _PEER_MODELS = flags.DEFINE_list(
     "peer_models", list(PEER_MODELS), "--targets_parts=peer: the models compared "
     f"(benchmarks/peer.py; of {', '.join(PEER_MODELS)}).", flag_values=FLAGS)
+_STARTUP_MODELS = flags.DEFINE_list(
+    "startup_models", list(STARTUP_MODELS), "--targets_parts=startup: the models measured "
+    f"(benchmarks/startup.py; of {', '.join(STARTUP_MODELS)}).", flag_values=FLAGS)
 _DEVICES = flags.DEFINE_string(
     "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
     "TFF worker (scripts/train.py --devices; default: the GPUs, else the CPU).", flag_values=FLAGS)
@@ -239,6 +242,7 @@ def check(argv: list[str]) -> list[str]:
         config_from_flags()
         _names("targets_parts", TARGETS_PARTS)
         _names("peer_models", PEER_MODELS)
+        _names("startup_models", STARTUP_MODELS)
         _output_dir()
         if _SUITE.value == "targets" and not (pathlib.Path(_DATA_DIR.value) / "sst2").is_dir():
             raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
@@ -277,7 +281,8 @@ def main(argv: list[str]) -> int:
             run_targets(TargetsConfig(data_dir=_DATA_DIR.value, devices=_DEVICES.value,
                                       parts=tuple(_TARGETS_PARTS.value),
                                       peer_python=_PEER_PYTHON.value,
-                                      peer_models=tuple(_PEER_MODELS.value)),
+                                      peer_models=tuple(_PEER_MODELS.value),
+                                      startup_models=tuple(_STARTUP_MODELS.value)),
                         output_dir, log=log)
         except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError,
                 CheckpointUnavailableError) as e:

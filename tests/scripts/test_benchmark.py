@@ -190,6 +190,8 @@ BAD_FLAGS = [
     ("--targets_parts=main,startups", "flag --targets_parts=main,startups: unknown startups"),
     ("--peer_models=minilm,gemma", "flag --peer_models=minilm,gemma: unknown gemma; choose "
      "from minilm, gemma3_270m"),
+    ("--startup_models=bert", "flag --startup_models=bert: unknown bert; choose from "
+     "gemma3_270m, minilm"),
 ]
 
 
@@ -218,11 +220,15 @@ def test_a_bad_flag_of_the_script_run_is_one_line_and_exit_2(tmp_path):
 def test_the_startup_part_refuses_a_folder_holding_an_earlier_run_before_loading_gemma(tmp_path):
     from benchmarks import startup
 
-    (tmp_path / "startup_none").mkdir()
-    (tmp_path / "startup_none" / "metrics.csv").write_text("round\n1\n")
-    with pytest.raises(ValueError, match="startup_none holds an earlier start-up run; give "
-                                         "another --output_dir"):
+    (tmp_path / "startup_minilm_none").mkdir()
+    (tmp_path / "startup_minilm_none" / "metrics.csv").write_text("round\n1\n")
+    with pytest.raises(ValueError, match="startup_minilm_none holds an earlier start-up run; "
+                                         "give another --output_dir"):
         startup.run_startup(config.TargetsConfig(), tmp_path, log=print)
+    with pytest.raises(ValueError, match="startup_models=minilm,bert: unknown bert; choose "
+                                         "from gemma3_270m, minilm"):
+        startup.run_startup(config.TargetsConfig(startup_models=("minilm", "bert")), tmp_path,
+                            log=print)
 
 
 def test_an_unavailable_checkpoint_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
