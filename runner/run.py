@@ -95,6 +95,27 @@ def read_config(folder: pathlib.Path) -> RunConfig:
         raise UsageError(f"{path}: {e}") from None
 
 
+def graph_optimization(config: RunConfig) -> str:
+    """The run's `tffl.runtime.graph_optimization` choice: `config.runtime.graph_optimization`,
+    or when that is None, the model's. For a decoder (`train_options.DECODERS`) "none": TFF's
+    Grappler pass takes minutes over each round kind of Gemma 3 270M, and the rounds after it are
+    at most 1.1 times slower without it. For the rest "tff": an encoder's round kinds compile in
+    seconds either way, and its later rounds are faster with the pass (docs/PERFORMANCE.md,
+    `scripts/benchmark.py --suite=targets --targets_parts=startup`).
+
+    >>> graph_optimization(RunConfig().with_changes(backbone="gemma3_270m"))
+    'none'
+    >>> graph_optimization(RunConfig().with_changes(backbone="minilm"))
+    'tff'
+    >>> graph_optimization(RunConfig().with_changes(backbone="gemma3_270m",
+    ...                                             graph_optimization="tff"))
+    'tff'
+    """
+    if config.runtime.graph_optimization is not None:
+        return config.runtime.graph_optimization
+    return "none" if config.model.backbone in train_options.DECODERS else "tff"
+
+
 def build_runtime(config: RunConfig):
     """The runtime context of `config.runtime`: in-process under a strategy
     (runtime="distribute"), else TFF workers at `worker_addresses`, else `workers` local ones
@@ -113,10 +134,10 @@ def build_runtime(config: RunConfig):
         return distribute.distribute_runtime(strategy=strategy)
     if r.worker_addresses:
         return runtime.remote_runtime(list(r.worker_addresses), ready_timeout_s=r.worker_timeout,
-                                      graph_optimization=r.graph_optimization)
+                                      graph_optimization=graph_optimization(config))
     return runtime.local_runtime(log_dir=pathlib.Path(config.output.output_dir),
                                  num_workers=r.workers, ready_timeout_s=r.worker_timeout,
-                                 graph_optimization=r.graph_optimization)
+                                 graph_optimization=graph_optimization(config))
 
 
 def run(config: RunConfig) -> list[dict]:

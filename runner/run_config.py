@@ -98,7 +98,8 @@ class RuntimeConfig:
     worker_timeout: float = 60.0
     devices: str = ""
     logical_cpus: int = 0
-    graph_optimization: str = "tff"
+    # None: the model's (`runner.run.graph_optimization`).
+    graph_optimization: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

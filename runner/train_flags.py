@@ -320,7 +320,8 @@ SPECS = (
     Flag("enum", "graph_optimization", ["tff", "none"],
          "With --runtime=tff: 'tff', TFF's compiler with its Grappler pass over every graph, or "
          "'none', without it: each round kind is ready to train sooner (on Gemma 3 270M, seconds "
-         "instead of minutes); docs/PERFORMANCE.md compares their round times."),
+         "instead of minutes), later rounds are slower; default: 'none' for a decoder, 'tff' "
+         "for the rest; docs/PERFORMANCE.md compares their round times."),
 )
 
 

@@ -99,7 +99,7 @@ def _check_workers(options: Mapping[str, Any]) -> None:
     elif options["devices"] or options["logical_cpus"]:
         raise UsageError("flags --devices/--logical_cpus need --runtime=distribute (the TFF "
                          "worker of tensorflow-federated 0.87 runs on the CPU only)")
-    if options["runtime"] == "distribute" and options["graph_optimization"] != "tff":
+    if options["runtime"] == "distribute" and options["graph_optimization"] == "none":
         raise UsageError(f"flag --graph_optimization={options['graph_optimization']}: is for "
                          "--runtime=tff; --runtime=distribute keeps TFF's pass (its function "
                          "inlining keeps dataset inputs off GPUs)")
