@@ -24,12 +24,12 @@ from benchmarks.config import TargetsConfig
 STARTUP_ROUNDS = 8
 # Each model's run (`RunConfig` fields): the experiments' budgets (module docstring).
 STARTUP_SETTINGS = {
-    "gemma3_270m": dict(task="sst2_instruct", backbone="gemma3_270m", rank=8,
-                        lora_layers=(14, 15, 16, 17), local_steps=2, batch_size=8,
-                        learning_rate=0.1),
-    "minilm": dict(task="sst2", backbone="minilm", rank=4, lora_layers=(3, 4, 5),
-                   pooling="mean", head="linear", local_steps=10, batch_size=16,
-                   learning_rate=0.3),
+    "gemma3_270m": {"task": "sst2_instruct", "backbone": "gemma3_270m", "rank": 8,
+                    "lora_layers": (14, 15, 16, 17), "local_steps": 2, "batch_size": 8,
+                    "learning_rate": 0.1},
+    "minilm": {"task": "sst2", "backbone": "minilm", "rank": 4, "lora_layers": (3, 4, 5),
+               "pooling": "mean", "head": "linear", "local_steps": 10, "batch_size": 16,
+               "learning_rate": 0.3},
 }
 
 

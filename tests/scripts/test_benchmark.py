@@ -190,8 +190,8 @@ BAD_FLAGS = [
     ("--targets_parts=main,startups", "flag --targets_parts=main,startups: unknown startups"),
     ("--peer_models=minilm,gemma", "flag --peer_models=minilm,gemma: unknown gemma; choose "
      "from minilm, gemma3_270m"),
-    ("--startup_models=bert", "flag --startup_models=bert: unknown bert; choose from "
-     "gemma3_270m, minilm"),
+    ("--startup_models=bert",
+     "flag --startup_models=bert: unknown bert; choose from gemma3_270m, minilm"),
 ]
 
 
