@@ -97,12 +97,15 @@ class PrefixCache:
       prefix: a Keras model `features -> {"hidden": (B, L, H), "padding_mask": (B, L)}`
         (`models.prefix.build_prefix_model`) holding the frozen weights.
       compute_batch_size: examples per prefix call.
+      dtype: the precision h_k is kept at ("float32", or "float16": half the memory); `batch`
+        widens it back to float32.
     """
 
     def __init__(self, prefix: tf.keras.Model | Callable[[], tf.keras.Model],
-                 compute_batch_size: int = 64):
+                 compute_batch_size: int = 64, dtype: str = "float32"):
         self._prefix = prefix
         self.compute_batch_size = compute_batch_size
+        self.dtype = np.dtype(dtype)
         self._hidden: dict[str, list] = {}
         self.computed = 0  # examples passed through the prefix so far
         self.seconds = 0.0  # time spent computing them
@@ -129,7 +132,8 @@ class PrefixCache:
         return self._call({k: tf.constant(v) for k, v in features.items()}).numpy()
 
     def hidden(self, cid: str, examples: ClientExamples, ids: np.ndarray) -> list[np.ndarray]:
-        """h_k of examples `ids` of client `cid`, each (len_i, H); computes the missing ones."""
+        """h_k of examples `ids` of client `cid`, each (len_i, H) at `dtype`; computes the missing
+        ones."""
         with self._lock:
             return self._hidden_locked(cid, examples, ids)
 
@@ -143,14 +147,14 @@ class PrefixCache:
                 features, _ = examples.batch(chunk, trim=True)
                 out = self._compute(features)
                 for row, i in enumerate(chunk):
-                    store[i] = out[row, :examples.lengths[i]].copy()
+                    store[i] = out[row, :examples.lengths[i]].astype(self.dtype)  # a copy
             self.computed += len(missing)
             self.seconds += time.perf_counter() - started
         return [store[i] for i in ids]
 
     def batch(self, cid: str, examples: ClientExamples, ids: np.ndarray):
         """`({"hidden": (B, L_b, H), "padding_mask": (B, L_b)}, labels)`, L_b the batch's
-        longest example, padded positions zero."""
+        longest example, padded positions zero; `hidden` in float32."""
         states = self.hidden(cid, examples, ids)
         longest = max(max(len(h) for h in states), 1)
         hidden = np.zeros((len(ids), longest, states[0].shape[-1]), np.float32)
@@ -304,14 +308,16 @@ class ClassifierLayout:
 
 def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
                     full_non_trainable: Callable[[], list], layout: ClassifierLayout,
-                    label_spec: tf.TensorSpec) -> CachedClassifier | None:
+                    label_spec: tf.TensorSpec, cache_dtype: str = "float32"
+                    ) -> CachedClassifier | None:
     """Splits the classifier `full_model_fn` builds (as `layout` describes it) at its lowest
     trained encoder.
 
     `full_non_trainable()` gives the whole model's starting frozen weights (a pretrained
     backbone, or a random draw); the prefix computes h_k with them and the suffix starts from
     them. The prefix holds no trainable weight (it lies below the lowest trained layer), so none
-    is needed. Returns None when the prefix cannot be cached
+    is needed. The cache keeps h_k at `cache_dtype` (`PrefixCache`). Returns None when the
+    prefix cannot be cached
     (`models.prefix.trained_start_layer`).
     """
     from models import prefix as prefix_lib
@@ -344,4 +350,4 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
 
     input_spec = (collections.OrderedDict(sorted(spec.input_spec().items())), label_spec)
     return CachedClassifier(start, suffix_fn, input_spec, non_trainable,
-                            PrefixCache(prefix_model))
+                            PrefixCache(prefix_model, dtype=cache_dtype))

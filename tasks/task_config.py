@@ -105,6 +105,8 @@ class ModelConfig:
       lora_targets, lora_layers, lora_alpha: which projections of which layers get adapters,
         and α (the update is scaled by α/r; None: α = r).
       prefix_cache: compute the frozen layers below the lowest adapter once per example.
+      prefix_cache_dtype: the precision those outputs are kept at ("float32"; "float16" holds
+        half the memory, and the layers above read them widened back to float32).
       frozen_dir: where the frozen-weights file goes.
       init_adapters: a PEFT adapter folder the run starts from.
     """
@@ -119,6 +121,7 @@ class ModelConfig:
     lora_layers: tuple[int, ...] | None = None
     lora_alpha: float | None = None
     prefix_cache: bool = True
+    prefix_cache_dtype: str = "float32"
     frozen_dir: str | None = None
     init_adapters: str | None = None
 

@@ -316,18 +316,19 @@ class _ClientModel:
     how: str            # what is cached, for the run's description
 
 
-def _cached_model(classifier: _Classifier, prefix_cache: bool, layout) -> _ClientModel:
-    """With `prefix_cache`, the classifier from its lowest LoRA layer k up, on h_k computed once
-    per example (`tasks.prefix_cache.split_for_cache`; None there: nothing to cache); else the
-    whole classifier on token features."""
+def _cached_model(classifier: _Classifier, model_config: ModelConfig, layout) -> _ClientModel:
+    """With `model_config.prefix_cache`, the classifier from its lowest LoRA layer k up, on h_k
+    computed once per example and kept at `model_config.prefix_cache_dtype`
+    (`tasks.prefix_cache.split_for_cache`; None there: nothing to cache); else the whole
+    classifier on token features."""
     from tasks import prefix_cache as prefix_cache_lib
 
     cached = None
-    if prefix_cache:
+    if model_config.prefix_cache:
         announce("building the KerasNLP backbone and splitting it at its lowest LoRA layer")
         cached = prefix_cache_lib.split_for_cache(classifier.keras_model_fn, classifier.non_trainable,
-                                                  layout,
-                                            classifier.input_spec[1])
+                                                  layout, classifier.input_spec[1],
+                                                  model_config.prefix_cache_dtype)
     if cached is None:
         return _ClientModel(classifier.keras_model_fn, classifier.input_spec,
                             classifier.pretrained_non_trainable, None, "no prefix cache")
@@ -471,7 +472,7 @@ def text_run_task(spec: TaskSpec) -> RunTask:
     layout = prefix_cache_lib.ClassifierLayout(lora_config, task.num_classes, seed, pooling, m.head)
     model = _cached_model(
         _lora_classifier(m, folder, hf_config, cap, layout, task.element_spec),
-        m.prefix_cache, layout)
+        m, layout)
     rounds = _round_maker(spec, model.cache)
     train_rounds = rounds(task.train_data, "train")
     test_examples = prefix_cache_lib.ClientExamples.from_dataset(task.global_test_data.map(ordered))

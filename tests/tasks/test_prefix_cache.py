@@ -270,3 +270,30 @@ def test_text_rounds_loads_a_client_once_when_two_threads_ask_at_once():
                                      client_ids=["0", "2"])
     first, second = _at_once([lambda: rounds.examples("2"), lambda: rounds.examples("2")])
     assert loads == ["2"] and first is second is clients["2"]
+
+
+def test_a_float16_cache_keeps_half_the_bytes_and_batches_its_values_widened():
+    """dtype="float16": each h_k is kept as the float16 rounding of the prefix's float32 output
+    (half the bytes), and `batch` gives exactly those values back as float32."""
+    examples = _clients()["1"]
+    ids = np.arange(len(examples))
+
+    def prefix(features):   # h_k = (token / 3, -token): float16 rounds token / 3
+        return features["token_ids"][..., None].astype(np.float32) * np.float32([1 / 3, -1])
+
+    caches = {}
+    for dtype in ("float32", "float16"):
+        caches[dtype] = prefix_cache.PrefixCache(prefix=None, compute_batch_size=4, dtype=dtype)
+        caches[dtype]._compute = prefix
+    full, half = (caches[d].hidden("train/1", examples, ids) for d in ("float32", "float16"))
+    assert sum(h.nbytes for h in half) * 2 == sum(h.nbytes for h in full)
+    for h32, h16 in zip(full, half, strict=True):
+        assert h16.dtype == np.float16
+        np.testing.assert_array_equal(h16, h32.astype(np.float16))
+    (x, labels), (x32, _) = (caches[d].batch("train/1", examples, ids) for d in ("float16",
+                                                                                  "float32"))
+    assert x["hidden"].dtype == np.float32
+    np.testing.assert_array_equal(x["hidden"], x32["hidden"].astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(x["padding_mask"], x32["padding_mask"])
+    np.testing.assert_array_equal(labels, examples.labels)
+    assert 0 < np.abs(x["hidden"] - x32["hidden"]).max() <= np.abs(x32["hidden"]).max() / 1024
