@@ -210,8 +210,8 @@ SPECS = (
          "--noprefix_cache runs the whole model every step)."),
     Flag("enum", "prefix_cache_dtype", ["float32", "float16"],
          "Text tasks with the prefix cache: the precision its outputs are kept at (float16: half "
-         "the memory, about 1.3 GB less on SST-2's MiniLM layer-3 inputs; docs/PERFORMANCE.md "
-         "gives its accuracy)."),
+         "the memory; SST-2's MiniLM layer-3 inputs take about 1.3 GB in float32; "
+         "docs/PERFORMANCE.md gives its accuracy)."),
     Flag("bool", "bucket_by_length", None,
          "Text tasks: batch a round's examples by length, each batch padded to its longest "
          "(--nobucket_by_length: batches in drawn order, padded to the stored width)."),

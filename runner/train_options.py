@@ -281,6 +281,11 @@ def _check_model(options: Mapping[str, Any]) -> None:
     except ValueError:
         raise UsageError(f"flag --lora_layers={','.join(options['lora_layers'])}: must be "
                          "integer layer indices") from None
+    if options["prefix_cache_dtype"] != "float32" and (options["task"] not in TEXT_TASKS
+                                                      or not options["prefix_cache"]):
+        raise UsageError(f"flag --prefix_cache_dtype={options['prefix_cache_dtype']}: is for "
+                         f"the prefix cache of the text tasks ({', '.join(TEXT_TASKS)}), "
+                         "which --noprefix_cache turns off")
     if options["task"] in TEXT_TASKS and "adaptpfl" in options["algorithm"]:
         raise UsageError(f"flag --task={options['task']}: adaptpfl's shortcut model is defined "
                          "for the image tasks (an MLP representation)")

@@ -94,7 +94,8 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from benchmarks.config import (  # noqa: E402
-    BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, STARTUP_MODELS, TARGETS_PARTS, XLA_SUFFIX, BenchmarkConfig)
+    BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, STARTUP_MODELS, TARGETS_PARTS, XLA_SUFFIX,
+    BenchmarkConfig)
 from runner import cli  # noqa: E402
 from runner import tensorflow_import  # noqa: E402
 from runner.cli import UsageError  # noqa: E402
@@ -157,8 +158,9 @@ _TARGETS_PARTS = flags.DEFINE_list(
     "targets_parts", ["scaling", "main", "large"], "--suite=targets: which parts to run "
     "(main: the round times of every path, the in-process runtime's included; scaling; large; "
     "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: RoLoRA's first and "
-    "later rounds with and without TFF's Grappler pass (--startup_models); peer: tffl beside a Transformers + PEFT FedAvg "
-    "loop on the same batches, needs --peer_python; these three not run by default).",
+    "later rounds with and without TFF's Grappler pass (--startup_models); peer: tffl beside "
+    "a Transformers + PEFT FedAvg loop on the same batches, needs --peer_python; these three "
+    "not run by default).",
     flag_values=FLAGS)
 _PEER_PYTHON = flags.DEFINE_string(
     "peer_python", "", "--targets_parts=peer: a Python with torch, transformers and peft (e.g. "

@@ -101,6 +101,10 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
      "file>"),
     (["--task=text", "--backbone=gpt2_tiny", "--algorithm=rolora", "--tfds_name=x"],
      "for a decoder pass --task=instruct"),
+    (["--prefix_cache_dtype=float16"], "flag --prefix_cache_dtype=float16: is for the prefix "
+     "cache of the text tasks"),
+    (["--task=sst2", "--noprefix_cache", "--prefix_cache_dtype=float16"],
+     "which --noprefix_cache turns off"),
     (["--algorithm=nope"], "flag --algorithm=nope: unknown nope; choose from fedrep"),
     (["--rounds=x"], "flag --rounds=x: "),   # absl's own error for a malformed value
     (["--task=cifar"], "flag --task=cifar: "),
