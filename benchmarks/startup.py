@@ -9,8 +9,7 @@ for `STARTUP_ROUNDS` communication rounds, evaluating only after the last, at th
 14-17, 2 local steps of batch 8), on MiniLM `sst2_clients_mean`'s (r = 4 on query and value of
 layers 3-5, mean pooling, a linear head, whole sentences, 10 local steps of batch 16).
 Round 1 (a B round) and round 2 (an A round) each compile their round kind on first use: their
-`round_seconds` are
-that kind's start-up plus one round. Rounds 3 on are steady. Reported per choice: those two
+`round_seconds` are that kind's start-up plus one round. Rounds 3 on are steady. Reported per choice: those two
 rounds' seconds, the steady rounds' mean, the driver's and the worker's peak resident memory
 (`tffl.simulation.memory`), and the final metrics (the same rounds either way); per model,
 `steady_none_vs_tff` is the steady mean without the pass over the mean with it.
