@@ -111,6 +111,15 @@ def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
             config.with_changes(resume=False)), ctx.output_dir, ctx.archive_dir)
 
 
+def _four_places(value) -> str:
+    """A measure of one run (a number) to 4 places; of several, already "mean ± std" (`_row`).
+
+    >>> _four_places(0.84633), _four_places("0.8100 ± 0.0141")
+    ('0.8463', '0.8100 ± 0.0141')
+    """
+    return value if isinstance(value, str) else f"{value:.4f}"
+
+
 def _row(label: str, num_clients, summaries: list[dict], run_dirs, **extra) -> dict:
     finals = [s["final"] for s in summaries]
 
@@ -187,10 +196,10 @@ def run_sst2_instruct(ctx: Context) -> Result:
         "the 872 dev sentences, final round.")
     columns = [Column("method", "method"), Column("N", "clients"),
                Column("lr", "learning_rate", "{:g}"), Column("seeds done", "seeds_done"),
-               Column("generation acc", "generation_accuracy", "{:.4f}"),
-               Column("unparseable", "unparseable", "{:.4f}"),
-               Column("likelihood acc", "likelihood_accuracy", "{:.4f}"),
-               Column("answer-token loss", "answer_loss", "{:.4f}"),
+               Column("generation acc", "generation_accuracy", _four_places),
+               Column("unparseable", "unparseable", _four_places),
+               Column("likelihood acc", "likelihood_accuracy", _four_places),
+               Column("answer-token loss", "answer_loss", _four_places),
                Column("lr grid (generation acc, first seed)", "grid"),
                Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
                Column("training seconds", "seconds", "{:.0f}")]

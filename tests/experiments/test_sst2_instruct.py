@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from experiments import sst2_instruct
-from runner import running
+from runner import report, running
 
 
 def _fake_train(configs):
@@ -102,6 +102,9 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
     assert rows[("untuned (zero-shot)", "–")]["generation_accuracy"] == 0.55
     assert rows[("RoLoRA", 3)]["learning_rate"] == 0.3
     assert rows[("RoLoRA", 3)]["generation_accuracy"] == "0.8100 ± 0.0141"
+    # The table as --collect writes it: one run's measures and several seeds' side by side.
+    table = report.markdown_table(result.table.columns, result.table.rows)
+    assert "| 0.5500 |" in table and "| 0.8100 ± 0.0141 |" in table
     assert rows[("FFA-LoRA", 3)]["grid"] == "0.1: 0.7000, 0.3: 0.6000"
     claims = {r["claim"][:4]: r for r in result.extra_tables["claims"].rows}
     assert claims["(ii)"]["per_seed"] == "0: +10.00, 1: +11.00"
