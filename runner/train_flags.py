@@ -31,6 +31,7 @@ from runner import train_options
 from runner.cli import UsageError
 from runner.run_config import RunConfig
 from models import classifier_options
+from tasks.task_config import PREFIX_CACHE_DTYPES
 
 
 class Flag(NamedTuple):
@@ -208,7 +209,7 @@ SPECS = (
          "Text tasks: compute the frozen embeddings and encoder layers below the lowest LoRA "
          "layer once per example and train the classifier from there (same results; "
          "--noprefix_cache runs the whole model every step)."),
-    Flag("enum", "prefix_cache_dtype", ["float32", "float16"],
+    Flag("enum", "prefix_cache_dtype", PREFIX_CACHE_DTYPES,
          "Text tasks with the prefix cache: the precision its outputs are kept at (float16: half "
          "the memory; SST-2's MiniLM layer-3 inputs take about 1.3 GB in float32; "
          "docs/PERFORMANCE.md gives its accuracy)."),

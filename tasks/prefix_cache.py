@@ -103,6 +103,11 @@ class PrefixCache:
 
     def __init__(self, prefix: tf.keras.Model | Callable[[], tf.keras.Model],
                  compute_batch_size: int = 64, dtype: str = "float32"):
+        from tasks.task_config import PREFIX_CACHE_DTYPES
+
+        if dtype not in PREFIX_CACHE_DTYPES:
+            raise ValueError(f"prefix cache dtype {dtype!r}: choose from "
+                             f"{', '.join(PREFIX_CACHE_DTYPES)}")
         self._prefix = prefix
         self.compute_batch_size = compute_batch_size
         self.dtype = np.dtype(dtype)

@@ -138,11 +138,10 @@ def starting_non_trainable(keras_model_fn: Callable[[], tf.keras.Model], input_s
 
     Between calls the values are not held in memory (1.07 GB for Gemma 3 270M, through a whole
     run): the first call writes them to a fingerprinted `tffl.engine.frozen.FrozenWeights` file
-    under `frozen_dir` (None: `tffl.engine.frozen.default_directory()`; the run's own
-    `ModelConfig.frozen_dir`, so that it is the file the LoRA process writes for its base
-    there) and later calls read
-    them back from it (they stay in memory when that folder cannot be written, and are computed
-    again if the file is gone)."""
+    under `frozen_dir` (None: `tffl.engine.frozen.default_directory()`; the tasks pass the run's
+    `ModelConfig.frozen_dir`, where its LoRA process writes the base) and later calls read them
+    back from it (they stay in memory when that folder cannot be written, and are computed again
+    if the file is gone)."""
     computed = {}
 
     def values():

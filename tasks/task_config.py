@@ -133,6 +133,10 @@ class ModelConfig:
         return max(self.client_ranks) if self.client_ranks else DEFAULT_RANK
 
 
+# The precisions the text tasks' prefix cache keeps h_k at (`ModelConfig.prefix_cache_dtype`).
+PREFIX_CACHE_DTYPES = ("float32", "float16")
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """One run's task: its data and model configurations and what the run draws from them.

@@ -297,3 +297,6 @@ def test_a_float16_cache_keeps_half_the_bytes_and_batches_its_values_widened():
     np.testing.assert_array_equal(x["padding_mask"], x32["padding_mask"])
     np.testing.assert_array_equal(labels, examples.labels)
     assert 0 < np.abs(x["hidden"] - x32["hidden"]).max() <= np.abs(x32["hidden"]).max() / 1024
+    with pytest.raises(ValueError, match="prefix cache dtype 'bfloat16': choose from float32, "
+                                         "float16"):
+        prefix_cache.PrefixCache(prefix=None, dtype="bfloat16")
