@@ -7,7 +7,9 @@ Each run is one training run of `scripts/train.py --task=sst2_instruct`, kept an
 learning rate is chosen on the dev split from a small grid (`learning_rates`) at the first seed
 (the final evaluation's generation accuracy; of equals, the smallest rate), and the chosen rate
 runs at every seed (`seeds`); the paired per-seed differences of the methods at N = 3 get their
-verdicts (`runner.verdicts`). At N = 20, one run per method at `learning_rate`. The
+verdicts (`runner.verdicts`). A thin choice (`experiments.sst2_protocol.thin_choice`: a tie, a win
+by at most 4 dev sentences, or a rate at the grid's edge) also runs its runner-up rate at every
+seed, after all the chosen cells, and the verdicts are read again with that cell at its runner-up. At N = 20, one run per method at `learning_rate`. The
 zero-shot row evaluates the model as every method starts it (LoRA's B = 0: the pretrained base),
 with the same prompts, the same parsing and the same dev sentences
 (`runner.run.evaluate_untrained`).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import pathlib
 
+from experiments.sst2_protocol import runner_up, thin_choice
 from runner import archive, verdicts
 from runner.estimate import active_probes
 from runner.report import Column, Panel, Series, Table
@@ -139,6 +142,29 @@ def _row(label: str, num_clients, summaries: list[dict], run_dirs, **extra) -> d
             "seconds": mean_of([run_seconds(d) for d in run_dirs]), **extra}
 
 
+def _seeded_row(ctx: Context, cfg: dict, method: str, num_clients: int, lr: float, grid: dict,
+                cells: list, extra: dict) -> dict:
+    """The table row of `method` at `num_clients` and rate `lr` over the scale's seeds (one seed
+    off the seeded N), training (or finding) the seeds after the first; appends the cell
+    (`runner.verdicts`' {seed: dev generation accuracy}) to `cells`. `grid`: {rate: (summary,
+    run folder)} of the first seed, `lr` among them; `extra` overrides the row's keys."""
+    seeds = [ctx.seed + s for s in range(cfg["seeds"])]
+    seeded = num_clients == SST2_INSTRUCT_SEEDED
+    runs = [grid[lr]] + ([_summary(ctx, cfg, method, num_clients, s, lr) for s in seeds[1:]]
+                         if seeded else [])
+    finished = [(s, d) for s, d in runs if s is not None]
+    by_seed = {seed: s["final"].get("eval_accuracy")
+               for seed, (s, _) in zip(seeds, runs) if s is not None}
+    cells.append({"key": method, "clients": num_clients, "by_seed": by_seed,
+                  "measure": "dev generation"})
+    return _row(SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
+                [d for _, d in finished], learning_rate=lr,
+                seeds_done=f"{len(finished)}/{len(runs)}",
+                grid=", ".join(f"{r:g}: {s['final'].get('eval_accuracy', 0.0):.4f}"
+                               for r, (s, _) in sorted(grid.items())) if len(grid) > 1 else None,
+                **extra)
+
+
 def _claims(methods) -> list[verdicts.Claim]:
     """The paired differences of RoLoRA and each other method at the seeded N."""
     n = SST2_INSTRUCT_SEEDED
@@ -160,6 +186,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     if zero is not None:
         rows.append(_row(SST2_INSTRUCT_LABELS["zero_shot"], "–", [zero],
                          [ctx.output_dir / "zero_shot"], learning_rate=None, seeds_done="–"))
+    runner_ups = {}   # method -> (the runner-up rate of a thin choice at the seeded N, why)
     for num_clients in SST2_INSTRUCT_CLIENTS:
         for method in methods:
             seeded = num_clients == SST2_INSTRUCT_SEEDED
@@ -168,22 +195,21 @@ def run_sst2_instruct(ctx: Context) -> Result:
             done = {lr: s for lr, (s, _) in grid.items() if s is not None}
             if len(done) < len(rates):   # the grid is not finished: no choice yet
                 continue
-            chosen = max(rates, key=lambda lr: done[lr]["final"].get("eval_accuracy", 0.0))
-            runs = [grid[chosen]] + ([_summary(ctx, cfg, method, num_clients, s, chosen)
-                                      for s in seeds[1:]] if seeded else [])
-            finished = [(s, d) for s, d in runs if s is not None]
-            by_seed = {seed: s["final"].get("eval_accuracy")
-                       for seed, (s, _) in zip(seeds, runs) if s is not None}
-            rows.append(_row(
-                SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
-                [d for _, d in finished], learning_rate=chosen,
-                seeds_done=f"{len(finished)}/{len(runs)}",
-                grid=", ".join(f"{lr:g}: {done[lr]['final'].get('eval_accuracy', 0.0):.4f}"
-                               for lr in rates) if len(rates) > 1 else None))
-            cells.append(dict(key=method, clients=num_clients, by_seed=by_seed,
-                              measure="dev generation"))
+            scores = {lr: done[lr]["final"].get("eval_accuracy", 0.0) for lr in rates}
+            chosen = max(rates, key=scores.get)
+            why = thin_choice(scores) if seeded else None
+            if why is not None:
+                runner_ups[method] = (runner_up(scores), why)
+            rows.append(_seeded_row(ctx, cfg, method, num_clients, chosen, grid, cells, {
+                "runner_up": runner_up(scores) if why is not None else None}))
             x, y = eval_curve(grid[chosen][1] / "metrics.csv")
             series.append(Series(f"{SST2_INSTRUCT_LABELS[method]}, N={num_clients}", x, y))
+    runner_cells = [c for c in cells if (c["key"], c["clients"]) not in
+                    {(m, SST2_INSTRUCT_SEEDED) for m in runner_ups}]
+    for method, (lr, _) in runner_ups.items():   # after every chosen cell: the runner-ups
+        grid = {lr: _summary(ctx, cfg, method, SST2_INSTRUCT_SEEDED, seeds[0], lr)}
+        rows.append(_seeded_row(ctx, cfg, method, SST2_INSTRUCT_SEEDED, lr, grid, runner_cells,
+                                {"method": f"{SST2_INSTRUCT_LABELS[method]} (runner-up)"}))
     layers = f"layers {cfg['lora_layers']}" if cfg["lora_layers"] else "every layer"
     title = (
         f"SST-2 as instructions for a decoder: {cfg['backbone']}, LoRA rank "
@@ -201,6 +227,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
                Column("likelihood acc", "likelihood_accuracy", _four_places),
                Column("answer-token loss", "answer_loss", _four_places),
                Column("lr grid (generation acc, first seed)", "grid"),
+               Column("thin choice: runner-up lr", "runner_up", "{:g}"),
                Column("upload KiB/client/comm. round", "upload_kib", "{:.1f}"),
                Column("training seconds", "seconds", "{:.0f}")]
     notes = ["Generation: greedy decoding until end of text (at most the longer answer's "
@@ -210,10 +237,21 @@ def run_sst2_instruct(ctx: Context) -> Result:
     panels = [Panel(f"dev generation accuracy ({cfg['backbone']})", "communication round",
                     "generation accuracy", series)]
     extra = {}
-    claims = verdicts.claims_table(_claims(methods), cells, (
-        f"Regime: {cfg['backbone']}, {cfg['rounds']} rounds at N = {SST2_INSTRUCT_SEEDED}; the "
-        "measure is the dev generation accuracy (SST-2's labeled test split is not used here)."))
+    regime = (f"Regime: {cfg['backbone']}, {cfg['rounds']} rounds at N = {SST2_INSTRUCT_SEEDED}; "
+              "the measure is the dev generation accuracy (SST-2's labeled test split is not used "
+              "here).")
+    claims = verdicts.claims_table(_claims(methods), cells, regime)
     if claims is not None:
         extra["claims"] = claims
+    if runner_ups:
+        notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
+                     "edge of those tried), whose runner-up rate also runs at every seed: "
+                     + "; ".join(f"{SST2_INSTRUCT_LABELS[m]}: {why}"
+                                 for m, (_, why) in runner_ups.items()) + ".")
+        claims = verdicts.claims_table(_claims(methods), runner_cells, regime, heading=(
+            "Under the runner-up rates: the same claims with every thin cell at its runner-up "
+            "rate (the other cells at their chosen rate). "))
+        if claims is not None:
+            extra["claims_runner_up"] = claims
     return Result(Table(title, columns, rows, notes), panels,
                   "Federated instruction tuning of a decoder on SST-2", extra)

@@ -97,7 +97,9 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
         ("rolora", 3, 0.1, 0), ("rolora", 3, 0.3, 0), ("rolora", 3, 0.3, 1),
         ("fedavg_lora", 3, 0.1, 0), ("fedavg_lora", 3, 0.3, 0), ("fedavg_lora", 3, 0.1, 1),
         ("ffa_lora", 3, 0.1, 0), ("ffa_lora", 3, 0.3, 0), ("ffa_lora", 3, 0.1, 1),
-        ("rolora", 20, 0.1, 0), ("fedavg_lora", 20, 0.1, 0), ("ffa_lora", 20, 0.1, 0)]
+        ("rolora", 20, 0.1, 0), ("fedavg_lora", 20, 0.1, 0), ("ffa_lora", 20, 0.1, 0),
+        # Every choice of a two-rate grid is at its edge, so thin: the runner-ups' other seed.
+        ("rolora", 3, 0.1, 1), ("fedavg_lora", 3, 0.3, 1), ("ffa_lora", 3, 0.3, 1)]
     rows = {(r["method"], r["clients"]): r for r in result.table.rows}
     assert rows[("untuned (zero-shot)", "–")]["generation_accuracy"] == 0.55
     assert rows[("RoLoRA", 3)]["learning_rate"] == 0.3
@@ -109,3 +111,39 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
     claims = {r["claim"][:4]: r for r in result.extra_tables["claims"].rows}
     assert claims["(ii)"]["per_seed"] == "0: +10.00, 1: +11.00"
     assert claims["(ii)"]["mean"] == pytest.approx(10.5)
+    # Under the runner-up rates: RoLoRA at 0.1 (0.75, 0.5) against FFA-LoRA's runner-up 0.3
+    # (0.60, 0.5): +15 and 0 points.
+    assert rows[("RoLoRA (runner-up)", 3)]["learning_rate"] == 0.1
+    assert rows[("RoLoRA", 3)]["runner_up"] == 0.1 and rows[("RoLoRA", 20)]["runner_up"] is None
+    assert rows[("RoLoRA (runner-up)", 3)]["generation_accuracy"] == "0.6250 ± 0.1768"
+    runner = {r["claim"][:4]: r for r in result.extra_tables["claims_runner_up"].rows}
+    assert runner["(ii)"]["per_seed"] == "0: +15.00, 1: +0.00"
+    assert any("RoLoRA: at the edge of the rates tried" in note for note in result.table.notes)
+
+
+def test_a_clear_choice_inside_the_grid_runs_no_runner_up(tmp_path, monkeypatch):
+    """A grid of three rates whose middle one wins by 87 dev sentences (0.1 of 872): not thin,
+    so no runner-up runs and there is no second verdict table."""
+    cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], learning_rates=(0.1, 0.3, 1.0),
+               learning_rate=0.3, seeds=2)
+    monkeypatch.setitem(sst2_instruct.SST2_INSTRUCT_SCALES, "small", cfg)
+    trained = []
+
+    def fake_train(config, what, isolate=False):
+        run_dir = pathlib.Path(config.output.output_dir)
+        lr = config.algorithm.learning_rate
+        trained.append((config.task.num_clients, lr, config.algorithm.seed))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
+            "upload_bytes_per_client_total": 6 * 2048,
+            "final": {"eval_accuracy": 0.8 if lr == 0.3 else 0.7}}))
+
+    monkeypatch.setattr(sst2_instruct, "run_training", fake_train)
+    monkeypatch.setattr(sst2_instruct, "need_data", lambda ctx, name: None)
+    ctx = running.Context("sst2_instruct", "small", tmp_path, resume=True, seed=0,
+                          data_dir=tmp_path, methods=("rolora",))
+    result = sst2_instruct.run_sst2_instruct(ctx)
+    assert trained == [(3, 0.1, 0), (3, 0.3, 0), (3, 1.0, 0), (3, 0.3, 1), (20, 0.3, 0)]
+    assert [r["runner_up"] for r in result.table.rows] == [None, None]
+    assert "claims_runner_up" not in result.extra_tables
