@@ -327,8 +327,10 @@ def split_for_cache(full_model_fn: Callable[[], tf.keras.Model],
     """
     from models import prefix as prefix_lib
     from tffl.engine.feature_cache import stochastic_layers
+    from tffl.engine.model_spec import graph_building
 
-    with tf.Graph().as_default():  # configs and positions only; no eager model before TFF's
+    # Configs and positions only; no eager model before TFF's.
+    with tf.Graph().as_default(), graph_building():
         full = full_model_fn()
         start = prefix_lib.trained_start_layer(full, stochastic_layers)
         if start is None:
