@@ -5,8 +5,10 @@
     hidden = RMSNorm(x_L)                             `layer_norm`
     logits = hidden · Eᵀ                              `token_embedding(hidden, reverse=True)`
 
-Inputs `{"token_ids": (B, T) int32, "padding_mask": (B, T) int32}`, output `hidden` (B, T, H).
-The architecture is one `Gemma3BackboneConfig`. Decoder layer i is global (RoPE base
+Inputs `{"token_ids": (B, T) int32, "padding_mask": (B, T) int32}`, output `hidden` (B, T, H);
+`call_with_cache` runs new tokens over a key/value cache per layer (a prompt once, then one
+token a call; `models.lm_evaluation.generate` uses it). The architecture is one
+`Gemma3BackboneConfig`. Decoder layer i is global (RoPE base
 `global_rope_base`, full causal attention) iff (i + 1) % `global_layer_every` == 0, otherwise
 local (RoPE base `local_rope_base`, window `sliding_window`); Gemma 3 has five local layers per
 global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output
@@ -168,6 +170,42 @@ class Gemma3Backbone(tf.keras.Model):
         for block in self.transformer_layers[layer:]:
             x = block(x, decoder_padding_mask=padding_mask)
         return self.layer_norm(x)
+
+    def call_with_cache(self, token_ids, cache, cache_update_index, positions, key_positions):
+        """hidden (B, T, H) of T new tokens per row, over a key/value cache: `(hidden, cache)`.
+
+        `token_ids` (B, T) int32 sit at positions `positions` (B, T) int32 (each row its own);
+        `cache` is a tuple of L tensors (B, 2, S, K, D), decoder layer i's keys and values, slot
+        j of row b holding the token at position `key_positions[b, j]` ((B, S) int32; an empty
+        or padding slot: any position later than every query's). Every layer writes the new
+        tokens' keys and values into slots i..i+T−1 (i = `cache_update_index`) and attends
+        over its cache (`Gemma3Decoder.call_with_cache`: causal by position, the local layers'
+        window by position), through the same (possibly LoRA-wrapped) layers as `call`. A
+        prompt pass (i = 0, T = the prompt width) fills the cache; then one token per row a
+        call (T = 1) costs one position. Row b's hidden state at position t equals the uncached
+        `self(inputs)`'s when the cache holds exactly that row's tokens at positions < t.
+
+        >>> import numpy as np, tensorflow as tf
+        >>> config = Gemma3BackboneConfig(vocabulary_size=32, num_layers=2, num_query_heads=2,
+        ...     num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
+        ...     sliding_window=2, global_layer_every=2)
+        >>> backbone = Gemma3Backbone(config)
+        >>> ids = np.array([[2, 5, 7, 9, 4]], np.int32)
+        >>> full = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+        >>> cache = tuple(tf.zeros([1, 2, 5, 1, 4]) for _ in range(2))
+        >>> keys, positions = np.arange(5)[None], np.arange(5)[None]
+        >>> _, cache = backbone.call_with_cache(ids[:, :3], cache, 0, positions[:, :3], keys)
+        >>> step, cache = backbone.call_with_cache(ids[:, 3:4], cache, 3, positions[:, 3:4], keys)
+        >>> bool(np.allclose(step, full[:, 3:4], atol=1e-5))
+        True
+        """
+        x = self.get_layer("embedding_scale")(self.token_embedding(token_ids))
+        updated = []
+        for block, layer_cache in zip(self.transformer_layers, cache):
+            x, layer_cache = block.call_with_cache(x, layer_cache, cache_update_index, positions,
+                                                   key_positions)
+            updated.append(layer_cache)
+        return self.layer_norm(x), tuple(updated)
 
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable,

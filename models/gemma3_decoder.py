@@ -27,6 +27,14 @@ Query t may read key j iff j ≤ t (causal), padding_mask[j] = 1, and, for a loc
 (sliding-window) layer with window W, t − j < W. Gemma 3 alternates five local layers
 (RoPE base 10⁴, W = 512) and one global layer (RoPE base 10⁶, no window).
 
+Cached decoding (`call_with_cache` of `Gemma3Attention` and `Gemma3Decoder`): the keys (after
+QK-norm and RoPE at their own positions) and values of the tokens seen so far stay in a cache
+(B, 2, S, K, D) per layer, slot j of row b holding the key at position key_positions[b, j]. New
+tokens compute only their own q, k, v, write k and v into their slots (`write_cache`), and attend
+over the cache with the same rule (`cached_attention_mask`: key position ≤ query position and,
+locally, within W), so a token's output is the uncached call's at its position, one position's
+work per token instead of the whole sequence's. Rows of one batch may be at different positions.
+
 The projections have the attribute names and kinds of KerasNLP's Llama decoder
 (`_self_attention_layer._query_dense` .. `._output_dense`: EinsumDense;
 `_feedforward_gate_dense`, `_feedforward_intermediate_dense` (up), `_feedforward_output_dense`:
@@ -45,6 +53,16 @@ TensorShape([1, 5, 6])
 True
 >>> layer.config.query_scale                        # D^-1/2, filled in
 0.5
+
+The same layer on the last two positions, the first three in its cache (of 5 slots):
+
+>>> import tensorflow as tf
+>>> full = layer(x, decoder_padding_mask=np.ones((1, 5), "int32"))
+>>> keys = np.array([[0, 1, 2, 3, 4]])     # slot j holds position j
+>>> _, cache = layer.call_with_cache(x[:, :3], tf.zeros([1, 2, 5, 1, 4]), 0, keys[:, :3], keys)
+>>> last, cache = layer.call_with_cache(x[:, 3:], cache, 3, keys[:, 3:], keys)
+>>> bool(np.allclose(last, full[:, 3:], atol=1e-6))
+True
 """
 
 from __future__ import annotations
@@ -117,14 +135,27 @@ def _config_from(layer_class, config: dict):
     return layer_class(Gemma3DecoderConfig(**config.pop("config")), **config)
 
 
-def rotary_embedding(x: tf.Tensor, base: float) -> tf.Tensor:
-    """RoPE on x (B, T, heads, D) at positions 0..T−1, rotating halves (see the module doc)."""
+def rotary_embedding(x: tf.Tensor, base: float, positions: tf.Tensor | None = None
+                     ) -> tf.Tensor:
+    """RoPE on x (B, T, heads, D), rotating halves (see the module doc): row b's vector t at
+    position `positions[b, t]` ((B, T) int32; None: 0..T−1 in every row, the uncached call).
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(size=(2, 3, 1, 4)).astype("float32")
+    >>> shifted = rotary_embedding(x, 100.0, np.array([[0, 1, 2], [5, 6, 7]], np.int32))
+    >>> bool(np.allclose(shifted[:1], rotary_embedding(x, 100.0)[:1], atol=1e-6))
+    True
+    >>> q, k = shifted[1], rotary_embedding(x, 100.0)[1]   # a dot product sees t − s only
+    >>> bool(np.isclose(np.sum(q[2] * q[0]), np.sum(k[2] * k[0]), atol=1e-5))
+    True
+    """
     head_dim = x.shape[-1]
     inverse_freq = 1.0 / (base ** (tf.range(0, head_dim, 2, dtype=tf.float32) / head_dim))
-    positions = tf.range(tf.shape(x)[1], dtype=tf.float32)
-    angles = positions[:, None] * inverse_freq[None, :]                 # (T, D/2)
-    cos = tf.concat([tf.cos(angles)] * 2, axis=-1)[None, :, None, :]     # (1, T, 1, D)
-    sin = tf.concat([tf.sin(angles)] * 2, axis=-1)[None, :, None, :]
+    if positions is None:
+        positions = tf.range(tf.shape(x)[1])[None, :]                      # (1, T)
+    angles = tf.cast(positions, tf.float32)[:, :, None] * inverse_freq      # (B or 1, T, D/2)
+    cos = tf.concat([tf.cos(angles)] * 2, axis=-1)[:, :, None, :]         # (B or 1, T, 1, D)
+    sin = tf.concat([tf.sin(angles)] * 2, axis=-1)[:, :, None, :]
     first, second = tf.split(x, 2, axis=-1)
     return x * cos + tf.concat([-second, first], axis=-1) * sin
 
@@ -143,11 +174,45 @@ def attention_mask(padding_mask: tf.Tensor | None, length: tf.Tensor, batch: tf.
     return allowed
 
 
+def cached_attention_mask(positions: tf.Tensor, key_positions: tf.Tensor,
+                          sliding_window: int | None = None) -> tf.Tensor:
+    """(B, T, S) bool: with a key/value cache of S slots, row b's query t (at position
+    positions[b, t]) may read slot j (holding the key at position key_positions[b, j]) iff
+
+        key_positions[b, j] ≤ positions[b, t]   (causal; an empty slot or a padding token has a
+                                                 key position later than every query's)
+        positions[b, t] − key_positions[b, j] < W   (a local layer's window W).
+
+    >>> import numpy as np
+    >>> cached_attention_mask(np.array([[3]]), np.array([[0, 1, 2, 3, 9]]), 2).numpy()
+    array([[[False, False,  True,  True, False]]])
+    """
+    query = tf.convert_to_tensor(positions)[:, :, None]
+    key = tf.convert_to_tensor(key_positions)[:, None, :]
+    allowed = key <= query
+    if sliding_window is not None:
+        allowed &= query - key < sliding_window
+    return allowed
+
+
+def write_cache(cache: tf.Tensor, update: tf.Tensor, cache_update_index) -> tf.Tensor:
+    """cache (B, 2, S, K, D) (keys, values) with slots i..i+T−1 (i = `cache_update_index`)
+    replaced by update (B, 2, T, K, D); the other slots kept.
+
+    >>> import numpy as np
+    >>> write_cache(np.zeros((1, 2, 4, 1, 1)), np.ones((1, 2, 2, 1, 1)), 1)[0, 0, :, 0, 0].numpy()
+    array([0., 1., 1., 0.])
+    """
+    end = cache_update_index + tf.shape(update)[2]
+    return tf.concat([cache[:, :, :cache_update_index], update, cache[:, :, end:]], axis=2)
+
+
 @tf.keras.utils.register_keras_serializable(package="tffl")
 class Gemma3Attention(tf.keras.layers.Layer):
     """Grouped-query attention with QK-norm, per-layer RoPE base and an optional sliding window
     (module doc), of the `Gemma3DecoderConfig` of its layer (its `intermediate_dim` unused).
-    `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`.
+    `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`; `call_with_cache` the same
+    over a key/value cache (module doc).
 
     The mask is built here from the padding mask, not passed in: Keras 2, building a functional
     model in a TF1 graph (as TFF traces it), evaluates in a session every constant-valued tensor
@@ -206,6 +271,40 @@ class Gemma3Attention(tf.keras.layers.Layer):
         attended = tf.reshape(attended,
                               [shape[0], shape[1], config.num_query_heads * config.head_dim])
         return self._output_dense(attended)
+
+    def call_with_cache(self, x, cache, cache_update_index, positions, key_positions):
+        """Attention of T new tokens over a key/value cache: `(out (B, T, H), cache)`.
+
+        x (B, T, H) are the new tokens' inputs, at positions `positions` (B, T) int32 (RoPE's
+        t). Their keys RoPE(RMSNorm_D(x W_k)) and values x W_v go into slots
+        i..i+T−1 of `cache` (B, 2, S, K, D) (i = `cache_update_index`, `write_cache`), and
+        each query reads the slots `cached_attention_mask(positions, key_positions, W)` allows,
+        `key_positions` (B, S) int32 being the position of the key in each slot. The same
+        projection layers as `call` (LoRA-wrapped ones included); the keys' heads are shared by
+        groups of N/K query heads (query head u = v·N/K + g reads key/value head v) without
+        repeating the cache. With S = T, i = 0, positions 0..T−1 and key positions 0..T−1 this
+        is `call(x)` (up to float rounding).
+        """
+        config = self.config
+        query = rotary_embedding(self._query_norm(self._query_dense(x)), config.rope_base,
+                                 positions)
+        key = rotary_embedding(self._key_norm(self._key_dense(x)), config.rope_base, positions)
+        cache = write_cache(cache, tf.stack([key, self._value_dense(x)], axis=1),
+                            cache_update_index)
+        mask = cached_attention_mask(positions, key_positions, config.sliding_window)
+        groups = config.num_query_heads // config.num_key_value_heads
+        shape = tf.shape(query)
+        # b batch, q query, k cache slot, v kv head, g query head in its group, h head dim.
+        query = tf.reshape(query * config.query_scale, [shape[0], shape[1],
+                                                        config.num_key_value_heads, groups,
+                                                        config.head_dim])
+        scores = tf.einsum("bqvgh,bkvh->bvgqk", query, cache[:, 0])
+        scores = tf.where(mask[:, None, None, :, :], scores, tf.cast(_MASKED, scores.dtype))
+        weights = tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32), axis=-1), cache.dtype)
+        attended = tf.einsum("bvgqk,bkvh->bqvgh", weights, cache[:, 1])
+        attended = tf.reshape(attended,
+                              [shape[0], shape[1], config.num_query_heads * config.head_dim])
+        return self._output_dense(attended), cache
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config),
@@ -266,7 +365,17 @@ class Gemma3Decoder(tf.keras.layers.Layer):
 
     def call(self, x, decoder_padding_mask=None, training=None):
         attended = self._self_attention_layer(self._self_attention_norm(x), decoder_padding_mask)
-        h = x + self._post_attention_norm(attended)
+        return self._feedforward_block(x + self._post_attention_norm(attended))
+
+    def call_with_cache(self, x, cache, cache_update_index, positions, key_positions):
+        """The layer on T new tokens with its attention's key/value cache (B, 2, S, K, D):
+        `(out (B, T, H), cache)`, `Gemma3Attention.call_with_cache` for the arguments."""
+        attended, cache = self._self_attention_layer.call_with_cache(
+            self._self_attention_norm(x), cache, cache_update_index, positions, key_positions)
+        return self._feedforward_block(x + self._post_attention_norm(attended)), cache
+
+    def _feedforward_block(self, h):
+        """h + post_ffw_norm(W_down · (gelu_tanh(W_gate · n) ⊙ (W_up · n))), n = ffn_norm(h)."""
         n = self._feedforward_norm(h)
         gate = tf.keras.activations.gelu(self._feedforward_gate_dense(n), approximate=True)
         up = self._feedforward_intermediate_dense(n)

@@ -11,13 +11,13 @@ import psutil
 import pytest
 import sentencepiece as spm
 
-from models import checkpoints, gguf_checkpoint, lora_targets
+from models import checkpoints, gguf_checkpoint, lm_evaluation, lora_targets
 from models.causal_lm import build_prefix, build_suffix_lm, greedy_generate, response_logits
 from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig, gemma3_270m_config
 from models.gemma3_tokenizer import (GEMMA3_BOS, GEMMA3_END_OF_TURN, GEMMA3_EOS,
                                      read_gguf_vocabulary, sentencepiece_proto)
 from models.lora_targets import LoraConfig, apply_lora
-from tests.models.gemma3_reference import numpy_logits, random_gguf_tensors
+from tests.models.gemma3_reference import numpy_hidden, numpy_logits, random_gguf_tensors
 
 TINY = {"vocabulary_size": 64, "num_layers": 3, "num_query_heads": 2, "num_key_value_heads": 1,
         "hidden_dim": 16, "intermediate_dim": 32, "head_dim": 8, "sliding_window": 2,
@@ -129,6 +129,38 @@ def test_lora_on_all_seven_targets_starts_at_the_base_logits():
     suffix = build_suffix_lm(backbone, 1)({**build_prefix(backbone, 1)(inputs), **response})
     np.testing.assert_allclose(suffix, response_logits(backbone, {**inputs, **response})[0],
                                atol=1e-5)
+
+
+def test_call_with_cache_matches_the_numpy_forward_pass_row_by_row():
+    """Two rows of 6 and 2 prompt tokens (window 2, so the local layers' mask matters) in one
+    cache: a prompt pass (the short row padded), then 2 tokens per row in one call, then 1 per
+    call. Each fed token's hidden state is the numpy pass's on its row alone, at its position."""
+    backbone, tensors = _tiny()
+    rows = _tokens(seed=4, shape=(2, 10)).tolist()
+    lengths, fed = [6, 2], 4
+    width = max(lengths)
+    empty = 1 << 30   # the key position of a slot no query may read (padding)
+    # Slot j < 6: prompt token j (padding beyond the row's length); slot 6 + s: fed token s.
+    key_positions = np.array([[j if j < n else empty for j in range(width)]
+                              + [n + s for s in range(fed)] for n in lengths], np.int32)
+    ids = np.array([row[:n] + [0] * (width - n) for row, n in zip(rows, lengths)], np.int32)
+    cache = tuple(np.zeros((2, 2, width + fed, 1, TINY["head_dim"]), np.float32)
+                  for _ in range(TINY["num_layers"]))
+    positions = np.tile(np.arange(width, dtype=np.int32), (2, 1))
+    prompt_hidden, cache = backbone.call_with_cache(ids, cache, 0, positions, key_positions)
+    got = [[prompt_hidden[b, n - 1].numpy()] for b, n in enumerate(lengths)]
+    for start, count in [(0, 2), (2, 1), (3, 1)]:
+        new_ids = np.array([row[n + start:n + start + count] for row, n in zip(rows, lengths)],
+                           np.int32)
+        new_positions = np.array([[n + start + k for k in range(count)] for n in lengths],
+                                 np.int32)
+        hidden, cache = backbone.call_with_cache(new_ids, cache, width + start, new_positions,
+                                                 key_positions)
+        for b in range(2):
+            got[b].extend(hidden[b].numpy())
+    for b, n in enumerate(lengths):
+        expected = numpy_hidden(tensors, TINY, rows[b][:n + fed])[n - 1:]
+        np.testing.assert_allclose(np.array(got[b]), expected, rtol=1e-5, atol=1e-5)
 
 
 # ---- A tiny GGUF file, written here -----------------------------------------------------------
@@ -335,9 +367,15 @@ def test_gemma3_270m_greedy_continuations_make_sense(gemma3_270m):
     _, backbone, tokenizer = gemma3_270m
     expected = {"The three primary colors are": "red, blue, and yellow",
                 "Water boils at a temperature of": "100 degrees Celsius"}
+    stops = (GEMMA3_EOS, GEMMA3_END_OF_TURN)
+    continuations = []
     for prompt, phrase in expected.items():
         generated = greedy_generate(backbone, _prompt_ids(tokenizer, prompt), max_new_tokens=10,
-                                    stop_ids=(GEMMA3_EOS, GEMMA3_END_OF_TURN))
+                                    stop_ids=stops)
         text = tokenizer.detokenize(generated).numpy().decode()
         print(f"\n{prompt!r} -> {text!r}")
         assert phrase in text
+        continuations.append(generated)
+    # Both prompts in one batch, generated with the key/value cache: the same continuations.
+    ids = [_prompt_ids(tokenizer, prompt) for prompt in expected]
+    assert lm_evaluation.generate(backbone, ids, 10, stop_ids=stops) == continuations
