@@ -277,6 +277,39 @@ def test_initial_values_draw_only_the_asked_part():
     assert np.abs(whole[0][0]).sum() > 0 and np.abs(whole[1][0]).sum() > 0   # really drawn
 
 
+def test_graph_building_gives_the_model_keras_session_reads_would():
+    """A KerasNLP backbone built in a graph under `model_spec.graph_building` (as `build_model`
+    and `initial_values` build it: its constants read from their ops, not by Keras's session)
+    draws the same initial values and computes the same outputs as built without it."""
+    import contextlib
+
+    import keras_nlp
+
+    def model_fn():
+        tf.keras.utils.set_random_seed(0)   # the unseeded initializers draw the same seeds
+        return keras_nlp.models.BertBackbone(vocabulary_size=20, num_layers=1, num_heads=2,
+                                             hidden_dim=8, intermediate_dim=16,
+                                             max_sequence_length=6)
+
+    tokens = np.array([[2, 5, 7, 3, 0, 0], [2, 9, 3, 0, 0, 0]], np.int32)
+    batch = {"token_ids": tokens, "segment_ids": np.zeros_like(tokens),
+             "padding_mask": (tokens > 0).astype(np.int32)}
+
+    def build_and_run(scope):
+        with tf.Graph().as_default() as graph, scope():
+            model = model_fn()
+            output = model({k: tf.constant(v) for k, v in batch.items()})["sequence_output"]
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run([v.initializer for v in model.variables])
+                return session.run([v.read_value() for v in model.variables] + [output])
+
+    with_scope = build_and_run(model_spec.graph_building)
+    without = build_and_run(contextlib.nullcontext)
+    assert len(with_scope) == len(without) > 10
+    for got, want in zip(with_scope, without, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.large
 def test_resume_on_other_frozen_weights_is_refused(tff_runtime, tmp_path):
     """A run's checkpoint holds only A and B; resuming it with a model whose frozen W0 differs
