@@ -44,11 +44,13 @@ two algorithms), `memory_200_vs_10`, `large_seconds_per_step`, `large_peak_mb`; 
 `main`, `scaling`, `large`. `TargetsConfig.parts` (`--targets_parts`) runs a subset; the keys of
 the parts not run are absent. **Evaluation** (`--targets_parts=evaluation`, not in the default
 parts: it loads Gemma 3 270M, about 1 GB): `evaluation_seconds`, the seconds of `sst2_instruct`'s
-872-sentence dev evaluation (`benchmarks.evaluation`), details under `evaluation`. **Start-up**
-(`--targets_parts=startup`, not in the default parts either: each of `--startup_models`, Gemma 3
-270M and MiniLM, for 8 rounds, twice): `startup_steady_none_vs_tff`, the later rounds' seconds
-without TFF's Grappler pass over those with it (the largest of the models), and each model's and
-choice's first B and A rounds (`benchmarks.startup`), under `startup`. **Peer**
+872-sentence dev evaluation (`benchmarks.evaluation`), details under `evaluation`, with
+multi-token generation's seconds with and without the key/value cache (`evaluation.generation`).
+**Start-up** (`--targets_parts=startup`, not in the default parts either: each of
+`--startup_models`, Gemma 3 270M and MiniLM, for 8 rounds, twice): `startup_steady_none_vs_tff`,
+the later rounds' seconds without TFF's Grappler pass over those with it (the largest of the
+models), and each model's and choice's first B and A rounds (`benchmarks.startup`), under
+`startup`. **Peer**
 (`--targets_parts=peer`, not in the default parts: it needs a Python with torch, transformers and
 peft, `--peer_python`): tffl's FedAvg-LoRA beside a Transformers + PEFT FedAvg loop on the same
 batches, on MiniLM and Gemma 3 270M (`--peer_models`) at N = 3 and 20 (`benchmarks.peer`):

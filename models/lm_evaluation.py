@@ -265,15 +265,16 @@ def _generate_uncached(next_tokens: Callable, rows: list[list[int]], max_new_tok
 
 
 def generate(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-             stop_ids: Sequence[int] = (), pad_id: int = 0, batch_size: int = 32
-             ) -> list[list[int]]:
+             stop_ids: Sequence[int] = (), pad_id: int = 0, batch_size: int = 32,
+             use_cache: bool = True) -> list[list[int]]:
     """The greedy continuation of every prompt (at most `max_new_tokens` tokens each, ending
     before the first token of `stop_ids`, which is not returned), `batch_size` prompts a call.
 
-    With a key/value cache when `has_cache(backbone)` (GPT-2, Gemma 3: one prompt pass, then
-    one position per row and token); otherwise (e.g. Llama) each token reruns the backbone on
-    the whole (B, P + n) buffer. Either way row i's continuation is
-    `causal_lm.greedy_generate(backbone, prompts[i], max_new_tokens, stop_ids)`."""
+    With a key/value cache when `use_cache` and `has_cache(backbone)` (GPT-2, Gemma 3: one
+    prompt pass, then one position per row and token); otherwise (e.g. Llama) each token reruns
+    the backbone on the whole (B, P + n) buffer. Either way row i's continuation is
+    `causal_lm.greedy_generate(backbone, prompts[i], max_new_tokens, stop_ids)`
+    (`benchmarks.evaluation` times the two ways on Gemma 3 270M)."""
     _check_prompts(prompts)
     if max_new_tokens < 0 or batch_size < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}, batch_size={batch_size}: need "
@@ -282,7 +283,7 @@ def generate(backbone: tf.keras.Model, prompts: Sequence[Sequence[int]], max_new
         return [[] for _ in prompts]
     _check_positions(backbone, max(len(p) for p in prompts) + max_new_tokens - 1)
     stops = {int(s) for s in stop_ids}
-    if has_cache(backbone):
+    if use_cache and has_cache(backbone):
         decoding, run = _CachedDecoding(backbone), _generate_cached
     else:
         decoding, run = _next_token_fn(backbone), _generate_uncached

@@ -195,6 +195,8 @@ def test_cached_generation_equals_greedy_generate_on_each_prompt_alone(adapted):
     # 4 rows, then 1: the second batch reuses the graphs with another batch size and width.
     got = lm_evaluation.generate(backbone, CACHE_PROMPTS, NEW_TOKENS, batch_size=4)
     assert got == expected
+    # Without the cache (the whole buffer at every step): the same tokens.
+    assert lm_evaluation.generate(backbone, CACHE_PROMPTS, NEW_TOKENS, use_cache=False) == expected
     # A stop token ends its row only, before its first occurrence: one that row 0 generates
     # after its first token and some other row never generates.
     stop = next(t for t in expected[0][1:] if t != expected[0][0]
