@@ -29,6 +29,7 @@ from __future__ import annotations
 import pathlib
 
 from experiments.sst2_protocol import runner_up, thin_choice
+from experiments.sst2_tables import mixed_commit_notes
 from runner import archive, verdicts
 from runner.estimate import active_probes
 from runner.report import Column, Panel, Series, Table
@@ -157,8 +158,10 @@ def _seeded_row(ctx: Context, cfg: dict, method: str, num_clients: int, lr: floa
                for seed, (s, _) in zip(seeds, runs) if s is not None}
     cells.append({"key": method, "clients": num_clients, "by_seed": by_seed,
                   "measure": "dev generation"})
+    commits = {seed: s.get("provenance", {}).get("commit")
+               for seed, (s, _) in zip(seeds, runs) if s is not None}
     return _row(SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
-                [d for _, d in finished], learning_rate=lr,
+                [d for _, d in finished], learning_rate=lr, commits=commits,
                 seeds_done=f"{len(finished)}/{len(runs)}",
                 grid=", ".join(f"{r:g}: {s['final'].get('eval_accuracy', 0.0):.4f}"
                                for r, (s, _) in sorted(grid.items())) if len(grid) > 1 else None,
@@ -243,6 +246,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     claims = verdicts.claims_table(_claims(methods), cells, regime)
     if claims is not None:
         extra["claims"] = claims
+    notes += mixed_commit_notes(rows)
     if runner_ups:
         notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
                      "edge of those tried), whose runner-up rate also runs at every seed: "

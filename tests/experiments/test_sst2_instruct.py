@@ -75,9 +75,12 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
         trained.append((method, config.task.num_clients, lr, seed))
         accuracy = final.get((method, lr, seed), 0.5)
         run_dir.mkdir(parents=True, exist_ok=True)
+        # RoLoRA's seed 1 at another commit than its seed 0; the other cells at one.
+        commit = "b" * 40 if (method, seed) == ("rolora", 1) else "a" * 40
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
-            "upload_bytes_per_client_total": 6 * 2048, "final": {"eval_accuracy": accuracy}}))
+            "upload_bytes_per_client_total": 6 * 2048, "final": {"eval_accuracy": accuracy},
+            "provenance": {"commit": commit}}))
 
     def fake_untrained(config):
         path = pathlib.Path(config.output.output_dir)
@@ -119,6 +122,11 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
     runner = {r["claim"][:4]: r for r in result.extra_tables["claims_runner_up"].rows}
     assert runner["(ii)"]["per_seed"] == "0: +15.00, 1: +0.00"
     assert any("RoLoRA: at the edge of the rates tried" in note for note in result.table.notes)
+    # --collect names each cell whose seeds ran at different commits, and only those.
+    mixed = [note for note in result.table.notes if "different commits" in note]
+    line = "{}, N = 3: its seeds ran at different commits (seed 0: {}; seed 1: {})."
+    assert mixed == [line.format(method, "a" * 12, "b" * 12)
+                     for method in ("RoLoRA", "RoLoRA (runner-up)")]
 
 
 def test_a_clear_choice_inside_the_grid_runs_no_runner_up(tmp_path, monkeypatch):
