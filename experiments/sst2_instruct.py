@@ -10,9 +10,9 @@ runs at every seed (`seeds`); the paired per-seed differences of the methods at 
 verdicts (`runner.verdicts`). A thin choice (`experiments.sst2_protocol.thin_choice`: a tie, a win
 by at most 4 dev sentences, or a rate at the grid's edge) also runs its runner-up rate at every
 seed, after all the chosen cells, and the verdicts are read again with that cell at its
-runner-up. At N = 20, one run per method at `learning_rate`. The zero-shot row evaluates the model as every method starts it (LoRA's B = 0: the pretrained base),
-with the same prompts, the same parsing and the same dev sentences
-(`runner.run.evaluate_untrained`).
+runner-up. At N = 20, one run per method at `learning_rate`. The zero-shot row evaluates the
+model as every method starts it (LoRA's B = 0: the pretrained base), with the same prompts, the
+same parsing and the same dev sentences (`runner.run.evaluate_untrained`).
 
 The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
 by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
