@@ -17,7 +17,11 @@ same parsing and the same dev sentences (`runner.run.evaluate_untrained`).
 The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
 by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
 unparseable answers, the likelihood accuracy (the likelier of the two answers) and the answer
-tokens' loss, with the upload per client and round.
+tokens' loss, with the upload per client and round. At N = 3 the runs also evaluate SST-2's
+1,821 labeled test sentences (`--eval_test`): the table gives their generation accuracy, and the
+claims are read on it, the dev split's interval beside (the dev split chose the rates). A run of
+the claims' cells that finished without the test split gets it later (`_test_later`): from its
+final state when the archive keeps one (`FINAL_STATES`), else from a rerun with the same flags.
 
 Scales: `small` is the random byte-level GPT-2 (`--backbone=gpt2_tiny`, minutes, a smoke run of
 the protocol); `full` is Gemma 3 270M (`--backbone=gemma3_270m`), its budget chosen from
@@ -27,8 +31,9 @@ the protocol); `full` is Gemma 3 270M (`--backbone=gemma3_270m`), its budget cho
 from __future__ import annotations
 
 import pathlib
+import shutil
 
-from experiments.sst2_protocol import runner_up, thin_choice
+from experiments.sst2_protocol import claim_accuracy, runner_up, thin_choice
 from experiments.sst2_tables import mixed_commit_notes
 from runner import archive, verdicts
 from runner.estimate import active_probes
@@ -49,6 +54,10 @@ SST2_INSTRUCT_METHODS = ("rolora", "fedavg_lora", "ffa_lora")
 SST2_INSTRUCT_LABELS = {"rolora": "RoLoRA", "fedavg_lora": "FedAvg-LoRA",
                         "ffa_lora": "FFA-LoRA", "zero_shot": "untuned (zero-shot)"}
 SST2_INSTRUCT_CLIENTS = (3, 20)
+# Under --archive_dir: the final checkpoints of runs that kept one, at their run's path (e.g.
+# final_states/N3/rolora_seed1_lr0.3/round_000030/), so that a finished run can be evaluated
+# again (`_test_later`).
+FINAL_STATES = "final_states"
 # The N whose cells have a rate grid and several seeds, and their claims.
 SST2_INSTRUCT_SEEDED = 3
 SST2_INSTRUCT_SCALES = {
@@ -73,7 +82,8 @@ def _config(ctx: Context, cfg: dict, run_dir, method: str, num_clients: int, see
         rank=cfg["rank"], lora_targets=("query", "value"), **layers, num_clients=num_clients,
         clients_per_round=num_clients, rounds=cfg["rounds"], local_steps=cfg["local_steps"],
         batch_size=cfg["batch_size"], learning_rate=learning_rate,
-        eval_every=max(1, cfg["rounds"] // cfg["evaluations"])).with_changes(seed=seed)
+        eval_every=max(1, cfg["rounds"] // cfg["evaluations"]),
+        eval_test=num_clients == SST2_INSTRUCT_SEEDED).with_changes(seed=seed)
 
 
 def _run_dir(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
@@ -86,8 +96,10 @@ def _run_dir(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
 
 
 def _summary(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
-             learning_rate: float) -> tuple[dict | None, pathlib.Path]:
-    """The run's summary (training it unless --collect; None if unfinished) and its folder."""
+             learning_rate: float, with_test: bool = False) -> tuple[dict | None, pathlib.Path]:
+    """The run's summary (training it unless --collect; None if unfinished) and its folder;
+    `with_test` (a run of the claims' cells): with the test split's figures, evaluated later
+    for a run finished without them (`_test_later`)."""
     run_dir = _run_dir(ctx, cfg, method, num_clients, seed, learning_rate)
     config = _config(ctx, cfg, run_dir, method, num_clients, seed, learning_rate)
     what = (f"training ({method}, N={num_clients}, seed {seed}, lr {learning_rate:g}, "
@@ -97,11 +109,58 @@ def _summary(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
         None if ctx.collect else lambda resume: run_training(
             config.with_changes(resume=resume), what, ctx.isolate),
         ctx.output_dir, ctx.archive_dir)
+    if (summary is not None and with_test and config.output.eval_test and not ctx.collect
+            and active_probes() is None and _test_figure(summary) is None):
+        summary = _test_later(ctx, cfg, config, run_dir, what)
     return summary, run_dir
 
 
+def _test_figure(summary: dict) -> float | None:
+    """The run's test generation accuracy: its own, or its rerun's (`archive.attach_rerun`)."""
+    return claim_accuracy(summary, "eval_test_accuracy")
+
+
+def _test_later(ctx: Context, cfg: dict, config, run_dir: pathlib.Path, what: str) -> dict:
+    """The test split's measures for a finished run that did not evaluate it (trained before
+    --eval_test was set here): its final state, when the archive keeps one under
+    `final_states/<run>/` (`FINAL_STATES`), evaluated with train.py --evaluate_only (the dev
+    measures recomputed beside, `evaluated_later` in summary.json); else the run again with the
+    same flags in `<run>_rerun/`, attached to it (`archive.attach_rerun`). Returns the run's
+    summary, archived."""
+    archived = None if ctx.archive_dir is None else (
+        ctx.archive_dir / run_dir.relative_to(ctx.output_dir))
+    state = None if ctx.archive_dir is None else _newest_state(
+        ctx.archive_dir / FINAL_STATES / run_dir.relative_to(ctx.output_dir))
+    if state is not None:
+        shutil.copytree(state, run_dir / archive.CHECKPOINTS / state.name, dirs_exist_ok=True)
+        run_training(config.with_changes(evaluate_only=True),
+                     what.replace("training", "evaluating", 1), ctx.isolate)
+    else:
+        rerun_dir = run_dir.with_name(run_dir.name + "_rerun")
+        rerun = archive.train_once(
+            rerun_dir, cfg["rounds"], lambda resume: run_training(
+                config.with_changes(output_dir=str(rerun_dir), resume=resume),
+                f"{what} again, for its test split", ctx.isolate),
+            ctx.output_dir, ctx.archive_dir)
+        if rerun is None:
+            raise RuntimeError(f"{rerun_dir}: the rerun did not finish")
+        archive.attach_rerun(run_dir, rerun_dir)
+    if archived is not None:
+        archive.keep(run_dir, cfg["rounds"], archived)
+    return archive.finished_summary(run_dir, cfg["rounds"])
+
+
+def _newest_state(folder: pathlib.Path) -> pathlib.Path | None:
+    """The newest checkpoint folder (`round_xxxxxx/`) in `folder`, or None."""
+    from tffl.simulation import checkpoint
+
+    found = checkpoint.latest(folder)
+    return None if found is None else found[1]
+
+
 def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
-    """The untuned decoder's evaluation (a run of 0 rounds), or None with --collect before it
+    """The untuned decoder's evaluation (a run of 0 rounds; with the test split, evaluated
+    again when it was evaluated before the test split was), or None with --collect before it
     ran (and under --estimate, which times training runs only)."""
     from runner import run
 
@@ -110,9 +169,16 @@ def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
     run_dir = ctx.output_dir / "zero_shot"
     config = _config(ctx, cfg, run_dir, SST2_INSTRUCT_METHODS[0], SST2_INSTRUCT_SEEDED,
                      ctx.seed, cfg["learning_rate"])
-    return archive.train_once(
-        run_dir, 0, None if ctx.collect else lambda resume: run.evaluate_untrained(
-            config.with_changes(resume=False)), ctx.output_dir, ctx.archive_dir)
+    evaluate = None if ctx.collect else lambda resume: run.evaluate_untrained(
+        config.with_changes(resume=False))
+    summary = archive.train_once(run_dir, 0, evaluate, ctx.output_dir, ctx.archive_dir)
+    if summary is not None and evaluate is not None and "eval_test_accuracy" not in summary[
+            "final"]:   # evaluated before the test split was: again, with it (nothing trains)
+        evaluate(False)
+        if ctx.archive_dir is not None:
+            archive.keep(run_dir, 0, ctx.archive_dir / run_dir.relative_to(ctx.output_dir))
+        summary = archive.finished_summary(run_dir, 0)
+    return summary
 
 
 def _four_places(value) -> str:
@@ -136,6 +202,7 @@ def _row(label: str, num_clients, summaries: list[dict], run_dirs, **extra) -> d
     comm = max(1, summaries[0]["communication_rounds"])
     return {"method": label, "clients": num_clients,
             "generation_accuracy": measure("eval_accuracy"),
+            "test_generation_accuracy": measure("eval_test_accuracy"),
             "unparseable": measure("eval_unparseable"),
             "likelihood_accuracy": measure("eval_likelihood_accuracy"),
             "answer_loss": measure("eval_loss"),
@@ -151,21 +218,37 @@ def _seeded_row(ctx: Context, cfg: dict, method: str, num_clients: int, lr: floa
     run folder)} of the first seed, `lr` among them; `extra` overrides the row's keys."""
     seeds = [ctx.seed + s for s in range(cfg["seeds"])]
     seeded = num_clients == SST2_INSTRUCT_SEEDED
-    runs = [grid[lr]] + ([_summary(ctx, cfg, method, num_clients, s, lr) for s in seeds[1:]]
-                         if seeded else [])
+    runs = ([_summary(ctx, cfg, method, num_clients, s, lr, with_test=True) for s in seeds]
+            if seeded else [grid[lr]])
     finished = [(s, d) for s, d in runs if s is not None]
     by_seed = {seed: s["final"].get("eval_accuracy")
                for seed, (s, _) in zip(seeds, runs) if s is not None}
-    cells.append({"key": method, "clients": num_clients, "by_seed": by_seed,
-                  "measure": "dev generation"})
+    cells.append({"key": method, "clients": num_clients, "by_seed_dev": by_seed,
+                  "by_seed_test": {seed: _test_figure(s)
+                                   for seed, (s, _) in zip(seeds, runs) if s is not None}})
     commits = {seed: s.get("provenance", {}).get("commit")
                for seed, (s, _) in zip(seeds, runs) if s is not None}
+    tests = [_test_figure(s) for s, _ in finished]
     return _row(SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
                 [d for _, d in finished], learning_rate=lr, commits=commits,
+                test_generation_accuracy=(
+                    None if not tests or None in tests else
+                    tests[0] if len(tests) == 1 else mean_std(tests, "{:.4f}")),
                 seeds_done=f"{len(finished)}/{len(runs)}",
                 grid=", ".join(f"{r:g}: {s['final'].get('eval_accuracy', 0.0):.4f}"
                                for r, (s, _) in sorted(grid.items())) if len(grid) > 1 else None,
                 **extra)
+
+
+def _with_measure(cells: list[dict]) -> list[dict]:
+    """The claims' cells on one measure: the test generation accuracy when every finished run
+    of every cell at the seeded N (the claims') has it, else the dev's; the dev's beside it
+    (`by_seed_dev`)."""
+    on_test = all(v is not None for c in cells if c["clients"] == SST2_INSTRUCT_SEEDED
+                  for v in c["by_seed_test"].values())
+    split = "test" if on_test else "dev"
+    return [c | {"by_seed": c["by_seed_test" if on_test else "by_seed_dev"],
+                 "measure": f"{split} generation"} for c in cells]
 
 
 def _claims(methods) -> list[verdicts.Claim]:
@@ -226,6 +309,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     columns = [Column("method", "method"), Column("N", "clients"),
                Column("lr", "learning_rate", "{:g}"), Column("seeds done", "seeds_done"),
                Column("generation acc", "generation_accuracy", _four_places),
+               Column("test generation acc", "test_generation_accuracy", _four_places),
                Column("unparseable", "unparseable", _four_places),
                Column("likelihood acc", "likelihood_accuracy", _four_places),
                Column("answer-token loss", "answer_loss", _four_places),
@@ -241,9 +325,10 @@ def run_sst2_instruct(ctx: Context) -> Result:
                     "generation accuracy", series)]
     extra = {}
     regime = (f"Regime: {cfg['backbone']}, {cfg['rounds']} rounds at N = {SST2_INSTRUCT_SEEDED}; "
-              "the measure is the dev generation accuracy (SST-2's labeled test split is not used "
-              "here).")
-    claims = verdicts.claims_table(_claims(methods), cells, regime)
+              "the measure is the generation accuracy on SST-2's labeled test split where every "
+              "run of the claims has it (else on the dev split, which also chose the rates), the "
+              "dev split's beside it.")
+    claims = verdicts.claims_table(_claims(methods), _with_measure(cells), regime)
     if claims is not None:
         extra["claims"] = claims
     notes += mixed_commit_notes(rows)
@@ -252,7 +337,8 @@ def run_sst2_instruct(ctx: Context) -> Result:
                      "edge of those tried), whose runner-up rate also runs at every seed: "
                      + "; ".join(f"{SST2_INSTRUCT_LABELS[m]}: {why}"
                                  for m, (_, why) in runner_ups.items()) + ".")
-        claims = verdicts.claims_table(_claims(methods), runner_cells, regime, heading=(
+        claims = verdicts.claims_table(_claims(methods), _with_measure(runner_cells), regime,
+                                       heading=(
             "Under the runner-up rates: the same claims with every thin cell at its runner-up "
             "rate (the other cells at their chosen rate). "))
         if claims is not None:

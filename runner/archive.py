@@ -35,6 +35,7 @@ import shutil
 from collections.abc import Callable
 
 from runner import machine
+from runner.run_config import EVALUATION_FLAGS
 from tffl.simulation.predictions import PREDICTIONS_FILE
 
 KEPT_FILES = ("summary.json", "metrics.csv", machine.LEGS_FILE, PREDICTIONS_FILE)
@@ -189,9 +190,12 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
 
     Returns the updated summary.
 
+    The rerun may evaluate more than the run did (`runner.run_config.EVALUATION_FLAGS`, e.g.
+    --eval_test for a held-out split added later); every other flag must be the run's.
+
     Raises:
       ValueError: naming the folder, if either run is not finished, they ran a different number
-        of rounds, or their flags differ (naming the flags).
+        of rounds, or their flags other than the evaluation flags differ (naming them).
     """
     summaries = []
     for folder in (run_dir, rerun_dir):
@@ -207,7 +211,8 @@ def attach_rerun(run_dir: pathlib.Path, rerun_dir: pathlib.Path) -> dict:
         raise ValueError(f"{rerun_dir}: ran {rerun['rounds_completed']} rounds, {run_dir} "
                          f"{run['rounds_completed']}; rerun with the run's flags")
     flags, again = run.get("flags", {}), rerun.get("flags", {})
-    differ = sorted(k for k in set(flags) | set(again) if flags.get(k) != again.get(k))
+    differ = sorted(k for k in set(flags) | set(again)
+                    if flags.get(k) != again.get(k) and k not in EVALUATION_FLAGS)
     if differ:
         raise ValueError(f"{rerun_dir}: flags differ from {run_dir}'s ({', '.join(differ)}); "
                          "rerun with the run's flags")

@@ -117,6 +117,11 @@ class OutputConfig:
     eval_per_client: bool = False
 
 
+# The flags that change only what a run evaluates, never what it trains: a checkpoint may be
+# evaluated (train.py --evaluate_only) and a run repeated (`runner.archive.attach_rerun`) with
+# other values, e.g. --eval_test added to a run trained without it.
+EVALUATION_FLAGS = ("eval_test", "eval_per_client")
+
 # config.json's record of the code and machine that ran it (`runner.machine.provenance`):
 # beside the sections, not a part of the configuration.
 PROVENANCE = "provenance"

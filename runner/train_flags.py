@@ -242,9 +242,10 @@ SPECS = (
     Flag("integer", "rank", None,
          "LoRA rank r of the LoRA algorithms' adapters."),
     Flag("bool", "eval_test", None,
-         "sst2: also evaluate the global model on the labeled test split (test-labeled.tsv in "
-         "--data_dir/sst2): eval_test_accuracy beside the dev set's eval_accuracy, so that a "
-         "learning rate chosen on dev is reported on held-out data."),
+         "sst2, sst2_instruct: also evaluate the global model on the labeled test split "
+         "(test-labeled.tsv in --data_dir/sst2): eval_test_accuracy (and every other measure as "
+         "eval_test_<measure>) beside the dev set's eval_accuracy, so that a learning rate "
+         "chosen on dev is reported on held-out data."),
     Flag("bool", "eval_per_client", None,
          "Also report every client's test accuracy at each evaluation (eval_<client id>_accuracy; "
          "for --task=reviews, the per-domain accuracy): personalized algorithms with each "
@@ -299,8 +300,9 @@ SPECS = (
          "Continue the run in --output_dir from its checkpoint."),
     Flag("bool", "evaluate_only", None,
          "Train nothing: evaluate the newest checkpoint of the run in --output_dir (trained with "
-         "these flags) into evaluation.json, and add the metrics its summary.json lacks (e.g. "
-         "--eval_test's personalized test accuracy, added later) to it."),
+         "these flags; the evaluation flags --eval_test and --eval_per_client may differ) into "
+         "evaluation.json, and add the metrics its summary.json lacks (e.g. --eval_test's, for "
+         "a run trained without it) to it."),
     Flag("integer", "workers", None,
          "Local TFF C++ worker processes; each round's clients are split across them "
          "(docs/runtime.md)."),

@@ -192,9 +192,9 @@ def _check_data(options: Mapping[str, Any]) -> None:
                          f"{SEED_LIMIT - 1} (a NumPy seed)")
     if options["task"] == "text":
         return   # its held-out test split: `_check_files`
-    if options["eval_test"] and options["task"] != "sst2":
-        raise UsageError(f"flag --eval_test: only --task=sst2 (and --task=text with "
-                         f"--test_file) has a labeled test split beside its dev set, not "
+    if options["eval_test"] and options["task"] not in ("sst2", "sst2_instruct"):
+        raise UsageError(f"flag --eval_test: only --task=sst2 and sst2_instruct (and --task=text "
+                         f"with --test_file) have a labeled test split beside their dev set, not "
                          f"--task={options['task']}")
     if options["data_dir"] is None and options["eval_test"]:
         raise UsageError("flag --eval_test=True: TFDS's SST-2 test split is unlabelled; pass "

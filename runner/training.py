@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from runner import algorithms, machine
 from runner.cli import UsageError
-from runner.run_config import RunConfig
+from runner.run_config import EVALUATION_FLAGS, RunConfig
 from tasks import registry
 from tasks.run_task import counted
 from tasks.task_config import TaskSpec
@@ -53,7 +53,7 @@ def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:
     """The values that name `algorithm`'s run of `config` (as flag values: the form older
     checkpoints recorded); `--resume` refuses a checkpoint recorded with other ones.
 
-    >>> from runner.run_config import RunConfig
+    >>> from runner.run_config import EVALUATION_FLAGS, RunConfig
     >>> run_identity(RunConfig(), "rolora")["rank"], "srpfl_pool" in run_identity(RunConfig(), "rolora")
     (16, False)
     """
@@ -339,8 +339,8 @@ def evaluate_untrained(algorithm: str, output_dir: pathlib.Path, config: RunConf
 def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: Mapping[str, Any],
                         algorithm: str, started: float) -> dict:
     """--evaluate_only: the newest checkpoint of the run in `output_dir` (trained with the same
-    flags: `config`), evaluated once by `evaluate_fn` and written to `evaluation.json` as
-    {"round", "metrics": {"eval_<name>": value}}; nothing is trained.
+    flags: `config`, but for `EVALUATION_FLAGS`), evaluated once by `evaluate_fn` and written to
+    `evaluation.json` as {"round", "metrics": {"eval_<name>": value}}; nothing is trained.
 
     When that checkpoint is the run's last round (its summary.json's `rounds_completed`), the
     metrics its `final` lacks (e.g. `eval_personal_test_accuracy` after the held-out split was
@@ -354,6 +354,10 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
         raise UsageError(f"flag --evaluate_only: {output_dir} holds no checkpoint; train the run "
                          "first (the same flags without --evaluate_only)")
     done = found[0]
+    # The checkpoint is the run's whatever it evaluated: its evaluation flags are not compared.
+    recorded = json.loads((found[1] / "meta.json").read_text()).get("config", {})
+    config = {k: v for k, v in config.items() if k not in EVALUATION_FLAGS} | {
+        k: recorded[k] for k in EVALUATION_FLAGS if k in recorded}
     try:
         result = driver.run_rounds(
             process, None, None, done, output_dir,

@@ -12,7 +12,8 @@ with their labels, so the label partitions (IID, Dirichlet, shards) and the revi
 natural clients cut them exactly as they cut the classifier's data (`tasks.task`); each batch gets
 its answers appended in the graph (`AnswerAppender`): `response_mask` covers the answer tokens
 only, and the batch is cut to its longest row. Evaluation on the dev (SST-2) or test (reviews)
-split, every `evaluate`:
+split, every `evaluate` (with `eval_test`, sst2_instruct also on SST-2's labeled test split,
+the same measures named `test_<measure>`):
 - `loss`, `token_accuracy`: the answer tokens' mean cross-entropy and next-token accuracy;
 - `accuracy`: greedy generation (up to the longest answer's tokens, stopping at end of text),
   parsed by its first word (`instructions.parse_sentiment`), unparseable counted wrong (the
@@ -55,6 +56,9 @@ DEV_FRACTION = 0.1
 # a larger evaluated split runs every layer on every call.
 PREFIX_CACHE_BYTES = 512 * 2**20
 _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
+# The held-out test split's measures are named with this prefix (test_accuracy, ...), as the
+# classifier's (`tasks.text_run_task`).
+HELDOUT_PREFIX = "test_"
 
 
 class PromptPacker:
@@ -159,58 +163,72 @@ def _check_targets(decoder, lora_config) -> None:
                          f"{', '.join(decoder.lora_targets)}")
 
 
-def _dev_prompts(task) -> tuple[list[list[int]], np.ndarray]:
-    """The evaluated split's prompts (token lists, begin of text first) and labels."""
-    x, y = zip(*task.global_test_data.batch(4096).as_numpy_iterator())
+def _prompts(dataset: tf.data.Dataset) -> tuple[list[list[int]], np.ndarray]:
+    """The prompts of packed `(x, label)` rows (token lists, begin of text first) and labels."""
+    x, y = zip(*dataset.batch(4096).as_numpy_iterator())
     token_ids = np.concatenate([b["token_ids"] for b in x])
     lengths = np.concatenate([b["padding_mask"] for b in x]).sum(1)
     return [list(map(int, row[:n])) for row, n in zip(token_ids, lengths)], np.concatenate(y)
 
 
-def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_size: int = 32):
+def make_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_size: int = 32,
+                   heldout: tf.data.Dataset | None = None):
     """`weights -> {"loss", "token_accuracy", "accuracy", "unparseable",
     "likelihood_accuracy"}` on `task`'s evaluated split (module docstring), one model built on
-    first call (after TFF has traced its computations).
+    first call (after TFF has traced its computations). With `heldout` (packed `(x, label)`
+    prompts of a held-out test split, e.g. SST-2's labeled test sentences), the same measures
+    on it too, named `test_<measure>`, by the same model.
 
     When every answer is one token and end of text (`answers[c] = [a_c, end]`, as " negative"
     and " positive" are for Gemma 3), one forward pass per batch gives every measure
     (`_one_pass_evaluator`); otherwise the answers' tokens, greedy generation and the
     likelihood of each answer are three passes."""
+    splits = {"": task.global_test_data}
+    if heldout is not None:
+        splits[HELDOUT_PREFIX] = heldout
     if all(len(a) == 2 and a[1] == decoder.eos_id for a in answers):
-        return _one_pass_evaluator(lm_fn, task, decoder, answers, batch_size)
+        return _one_pass_evaluator(lm_fn, splits, decoder, answers, batch_size)
     from models import decoders, lm_evaluation
 
     appender = AnswerAppender(answers, decoder.pad_id)
     cache = {}
 
-    def model_fn():   # the answer-token model; its backbone generates and scores answers
-        cache["backbone"], model = lm_fn()
-        cache["prompts"] = _dev_prompts(task)
-        return model
+    def model_fn():   # the answer-token model (one for every split); its backbone generates
+        if "model" not in cache:
+            cache["backbone"], cache["model"] = lm_fn()
+            cache["prompts"] = {prefix: _prompts(data) for prefix, data in splits.items()}
+        return cache["model"]
 
     # One graph per batch: a dataset loop inside one tf.function ran its body eagerly here
     # (Gemma 3's evaluation took minutes longer).
-    answer_tokens = evaluation.make_keras_evaluator(
-        model_fn, lambda: task.global_test_data.batch(batch_size).map(appender),
-        graph_per_batch=True)
+    answer_tokens = {prefix: evaluation.make_keras_evaluator(
+        model_fn, lambda data=data: data.batch(batch_size).map(appender),
+        graph_per_batch=True) for prefix, data in splits.items()}
 
     def evaluate(weights) -> dict[str, float]:
-        tokens = answer_tokens(weights)   # assigns `weights` to the model (and its backbone)
-        backbone, (prompts, labels) = cache["backbone"], cache["prompts"]
-        generated = decoders.continuations(backbone, decoder, prompts,
-                                           max(len(a) for a in answers) - 1, batch_size)
-        matched = instructions.exact_match_accuracy(generated, labels)
-        chosen = lm_evaluation.choose(backbone, prompts, [a[:-1] for a in answers],
-                                      pad_id=decoder.pad_id, batch_size=batch_size)
-        return {"loss": tokens["loss"], "token_accuracy": tokens["accuracy"],
-                "accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
-                "likelihood_accuracy": float(np.mean(chosen == labels))}
+        measures = {}
+        for prefix, split_tokens in answer_tokens.items():
+            tokens = split_tokens(weights)   # assigns `weights` to the model and its backbone
+            backbone, (prompts, labels) = cache["backbone"], cache["prompts"][prefix]
+            generated = decoders.continuations(backbone, decoder, prompts,
+                                               max(len(a) for a in answers) - 1, batch_size)
+            matched = instructions.exact_match_accuracy(generated, labels)
+            chosen = lm_evaluation.choose(backbone, prompts, [a[:-1] for a in answers],
+                                          pad_id=decoder.pad_id, batch_size=batch_size)
+            measures.update({
+                f"{prefix}loss": tokens["loss"], f"{prefix}token_accuracy": tokens["accuracy"],
+                f"{prefix}accuracy": matched["accuracy"],
+                f"{prefix}unparseable": matched["unparseable"],
+                f"{prefix}likelihood_accuracy": float(np.mean(chosen == labels))})
+        return measures
 
     return evaluate
 
 
-def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batch_size: int):
-    """`make_evaluator` for one-token answers `answers[c] = [a_c, end]`, from one pass per batch.
+def _one_pass_evaluator(lm_fn: Callable[[], tuple], splits: dict[str, tf.data.Dataset], decoder,
+                        answers, batch_size: int):
+    """`make_evaluator` for one-token answers `answers[c] = [a_c, end]`, from one pass per batch,
+    on each of `splits` ({metric prefix: packed `(x, label)` prompts}) with one model.
 
     Row i of a batch is its prompt p_i, its answer a_{y_i} and end of text; the causal LM's
     logits at its two response positions are z_i = h(p_i)·Eᵀ (the next token after the prompt)
@@ -229,10 +247,10 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batc
     The decoder layers below the lowest one holding a trained variable (layer k = 14 of Gemma 3
     270M's 18 at RoLoRA's budget) never change in a run. When the backbone can be entered at a
     layer (`models.gemma3_backbone.Gemma3Backbone.layer_input`, `from_layer`), every row's x_k
-    is computed on the first call and kept (if it fits in `PREFIX_CACHE_BYTES`), and later
-    calls run layers k..L−1 only. A fingerprint of a sample of the frozen weights (every
-    ⌈size/4096⌉-th value of each array) is checked on every call: other frozen weights
-    recompute x_k."""
+    is computed on the first call and kept (for each split whose x_k fits in
+    `PREFIX_CACHE_BYTES`), and later calls run layers k..L−1 only. A fingerprint of a sample of
+    the frozen weights (every ⌈size/4096⌉-th value of each array) is checked on every call:
+    other frozen weights recompute x_k."""
     from models import causal_lm
     from tffl.engine import frozen
 
@@ -252,13 +270,15 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batc
 
     def build() -> dict:
         backbone, model = lm_fn()
-        batches = list(_by_length(task.global_test_data).batch(batch_size).map(
-            lambda x, labels: (*appender(x, labels), labels)))
-        start = _frozen_layers(backbone, model)
+        batches = {prefix: list(_by_length(data).batch(batch_size).map(
+            lambda x, labels: (*appender(x, labels), labels))) for prefix, data in splits.items()}
+        frozen_below = _frozen_layers(backbone, model)
         width = int(backbone.token_embedding.embeddings.shape[1])
-        if sum(int(np.prod(x["token_ids"].shape)) for x, _, _ in batches) * width * 4 \
-                > PREFIX_CACHE_BYTES:
-            start = 0
+        starts = {}
+        for prefix in splits:
+            cached = sum(int(np.prod(x["token_ids"].shape))
+                         for x, _, _ in batches[prefix]) * width * 4
+            starts[prefix] = frozen_below if cached <= PREFIX_CACHE_BYTES else 0
 
         # One graph per batch (shapes relaxed): batches differ in width.
         @tf.function(reduce_retracing=True)
@@ -266,33 +286,28 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batc
             return measures(model(x, training=False), y)
 
         @tf.function(reduce_retracing=True)
-        def prefix(x):
-            return backbone.layer_input(x, start)
+        def prefix_pass(x):
+            return backbone.layer_input(x, frozen_below)
 
         @tf.function(reduce_retracing=True)
         def suffix(x, y, x_k):
-            hidden = backbone.from_layer(x_k, x["padding_mask"], start)
+            hidden = backbone.from_layer(x_k, x["padding_mask"], frozen_below)
             predicting = tf.gather_nd(hidden[:, :-1],
                                       causal_lm.response_indices(x["response_mask"]))
             return measures(causal_lm.output_logits(backbone.token_embedding, predicting), y)
 
-        return {"model": model, "batches": batches, "start": start, "whole": whole,
-                "prefix": prefix, "suffix": suffix}
+        return {"model": model, "batches": batches, "starts": starts, "whole": whole,
+                "prefix": prefix_pass, "suffix": suffix, "x_k": {}, "keys": {}}
 
-    def evaluate(weights) -> dict[str, float]:
-        if not state:
-            state.update(build())
-        weights.assign_weights_to(state["model"])
-        if state["start"]:
-            key = frozen.fingerprint([np.ravel(v)[::max(1, np.size(v) // 4096)]
-                                      for v in weights.non_trainable])
-            if state.get("key") != key:
-                state["x_k"] = [state["prefix"](x) for x, _, _ in state["batches"]]
-                state["key"] = key
+    def split_measures(prefix: str, key) -> dict[str, float]:
+        batches, start = state["batches"][prefix], state["starts"][prefix]
+        if start and state["keys"].get(prefix) != key:
+            state["x_k"][prefix] = [state["prefix"](x) for x, _, _ in batches]
+            state["keys"][prefix] = key
         sums, greedy, scores, labels = np.zeros(3), [], [], []
-        for i, (x, y, batch_labels) in enumerate(state["batches"]):
-            if state["start"]:
-                totals, tokens, answer_scores = state["suffix"](x, y, state["x_k"][i])
+        for i, (x, y, batch_labels) in enumerate(batches):
+            if start:
+                totals, tokens, answer_scores = state["suffix"](x, y, state["x_k"][prefix][i])
             else:
                 totals, tokens, answer_scores = state["whole"](x, y)
             sums += totals.numpy().astype(np.float64)
@@ -309,9 +324,23 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], task, decoder, answers, batc
                 for t in np.unique(greedy)}
         matched = instructions.exact_match_accuracy([text[int(t)] for t in greedy], labels)
         chosen = np.argmax(np.concatenate(scores), axis=1)
-        return {"loss": loss_sum / count, "token_accuracy": correct / count,
-                "accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
-                "likelihood_accuracy": float(np.mean(chosen == labels))}
+        return {f"{prefix}loss": loss_sum / count, f"{prefix}token_accuracy": correct / count,
+                f"{prefix}accuracy": matched["accuracy"],
+                f"{prefix}unparseable": matched["unparseable"],
+                f"{prefix}likelihood_accuracy": float(np.mean(chosen == labels))}
+
+    def evaluate(weights) -> dict[str, float]:
+        if not state:
+            state.update(build())
+        weights.assign_weights_to(state["model"])
+        key = None
+        if any(state["starts"].values()):
+            key = frozen.fingerprint([np.ravel(v)[::max(1, np.size(v) // 4096)]
+                                      for v in weights.non_trainable])
+        out = {}
+        for prefix in splits:
+            out.update(split_measures(prefix, key))
+        return out
 
     return evaluate
 
@@ -386,6 +415,12 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
     data = text_run_task.load_text_task(dataclasses.replace(
         spec, task=dataclasses.replace(t, task=t.task.removesuffix("_instruct"))), packer)
     task = data.task
+    heldout = None
+    if data.heldout is not None:   # SST-2's labeled test split (spec.eval_test)
+        from tasks import client_data, text
+
+        heldout = client_data.tensor_dataset(text.tokenize(data.heldout.segments, packer),
+                                             data.heldout.labels)
     appender = AnswerAppender(answers, decoder.pad_id)
     rounds = prefix_cache.TextRounds(
         lambda cid: prefix_cache.ClientExamples.from_dataset(
@@ -399,7 +434,7 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
         client_dataset_fn=lambda cid, round_num: rounds.dataset(cid, round_num).map(appender),
         keras_model_fn=lambda: lm_fn()[1],
         input_spec=input_spec,
-        evaluate=make_evaluator(lm_fn, task, decoder, answers),
+        evaluate=make_evaluator(lm_fn, task, decoder, answers, heldout=heldout),
         eval_split=data.eval_split,
         num_classes=len(answers),
     )
@@ -444,9 +479,12 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
     if t.task == "instruct" and t.train_file is None:
         raise ValueError("task 'instruct' reads its rows from train_file=<Alpaca JSON or JSON "
                          "Lines file>")
-    if spec.eval_test:
+    if spec.eval_test and t.task != "sst2_instruct":
         raise ValueError(f"eval_test=True: task {t.task!r} evaluates one split; it has no "
                          "held-out test split beside it")
+    if spec.eval_test and t.data_dir is None:
+        raise ValueError("eval_test=True: TFDS's SST-2 test split is unlabelled; pass "
+                         "data_dir=<folder with sst2/test-labeled.tsv>")
     if m.backbone not in decoders.DECODERS:
         raise ValueError(f"backbone={m.backbone}: task {t.task!r} trains a decoder language "
                          f"model; choose one of {', '.join(decoders.DECODERS)}")

@@ -24,7 +24,9 @@ def _fake_train(configs):
             "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
             "upload_bytes_per_client_total": 6 * 2048,
             "final": {"eval_accuracy": accuracy, "eval_likelihood_accuracy": accuracy + 0.1,
-                      "eval_unparseable": 0.05, "eval_loss": 0.5}}))
+                      "eval_unparseable": 0.05, "eval_loss": 0.5,
+                      **({"eval_test_accuracy": accuracy - 0.01}
+                         if config.output.eval_test else {})}}))
     return fake_train
 
 
@@ -79,14 +81,16 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
         commit = "b" * 40 if (method, seed) == ("rolora", 1) else "a" * 40
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
-            "upload_bytes_per_client_total": 6 * 2048, "final": {"eval_accuracy": accuracy},
+            "upload_bytes_per_client_total": 6 * 2048,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy + 0.02},
             "provenance": {"commit": commit}}))
 
     def fake_untrained(config):
         path = pathlib.Path(config.output.output_dir)
         path.mkdir(parents=True, exist_ok=True)
         summary = {"rounds_completed": 0, "communication_rounds": 0,
-                   "upload_bytes_per_client_total": 0, "final": {"eval_accuracy": 0.55}}
+                   "upload_bytes_per_client_total": 0,
+                   "final": {"eval_accuracy": 0.55, "eval_test_accuracy": 0.56}}
         (path / "summary.json").write_text(json.dumps(summary))
         return summary
 
@@ -114,6 +118,11 @@ def test_rates_from_a_dev_grid_seeds_at_the_chosen_rate_zero_shot_and_paired_ver
     claims = {r["claim"][:4]: r for r in result.extra_tables["claims"].rows}
     assert claims["(ii)"]["per_seed"] == "0: +10.00, 1: +11.00"
     assert claims["(ii)"]["mean"] == pytest.approx(10.5)
+    # On the test split (every run has it), the dev split's interval beside it.
+    assert claims["(ii)"]["measure"] == "test generation"
+    assert claims["(ii)"]["dev_mean"] == pytest.approx(10.5)
+    assert rows[("RoLoRA", 3)]["test_generation_accuracy"] == "0.8300 ± 0.0141"
+    assert rows[("untuned (zero-shot)", "–")]["test_generation_accuracy"] == 0.56
     # Under the runner-up rates: RoLoRA at 0.1 (0.75, 0.5) against FFA-LoRA's runner-up 0.3
     # (0.60, 0.5): +15 and 0 points.
     assert rows[("RoLoRA (runner-up)", 3)]["learning_rate"] == 0.1
@@ -145,7 +154,7 @@ def test_a_clear_choice_inside_the_grid_runs_no_runner_up(tmp_path, monkeypatch)
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
             "upload_bytes_per_client_total": 6 * 2048,
-            "final": {"eval_accuracy": 0.8 if lr == 0.3 else 0.7}}))
+            "final": {"eval_accuracy": 0.8 if lr == 0.3 else 0.7, "eval_test_accuracy": 0.75}}))
 
     monkeypatch.setattr(sst2_instruct, "run_training", fake_train)
     monkeypatch.setattr(sst2_instruct, "need_data", lambda ctx, name: None)
@@ -155,3 +164,73 @@ def test_a_clear_choice_inside_the_grid_runs_no_runner_up(tmp_path, monkeypatch)
     assert trained == [(3, 0.1, 0), (3, 0.3, 0), (3, 1.0, 0), (3, 0.3, 1), (20, 0.3, 0)]
     assert [r["runner_up"] for r in result.table.rows] == [None, None]
     assert "claims_runner_up" not in result.extra_tables
+
+
+def test_runs_finished_without_the_test_split_are_evaluated_from_their_final_state_or_rerun(
+        tmp_path, monkeypatch):
+    """Archived N = 3 runs trained before --eval_test: one whose final state the archive keeps
+    (final_states/N3/rolora/round_000006/) is evaluated from it with --evaluate_only --eval_test;
+    one without is run again with the same flags in N3/ffa_lora_rerun/ and attached to it. The
+    claims are then read on the test split (RoLoRA − FFA-LoRA = 0.79 − 0.66 = +13 points; on dev
+    0.80 − 0.70), a later invocation trains nothing, and --collect reads the same."""
+    from runner import archive as archive_lib
+
+    archive = tmp_path / "archive"
+    dev = {"rolora": 0.8, "ffa_lora": 0.7}
+    for n, method in [(n, m) for n in (3, 20) for m in dev]:
+        folder = archive / f"N{n}" / method
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({
+            "rounds_completed": 6, "communication_rounds": 6, "flags": {"seed": 0},
+            "upload_bytes_per_client_total": 6 * 2048,
+            "final": {"eval_accuracy": dev[method]}}))
+    state = archive / "final_states" / "N3" / "rolora" / "round_000006"
+    state.mkdir(parents=True)
+    (state / "meta.json").write_text("{}")
+    calls = []
+
+    def fake_train(config, what, isolate=False):
+        run_dir = pathlib.Path(config.output.output_dir)
+        calls.append((run_dir.relative_to(tmp_path / "out"), config.output.evaluate_only,
+                      config.output.eval_test))
+        if config.output.evaluate_only:   # what train.py --evaluate_only adds
+            assert (run_dir / "checkpoints" / "round_000006" / "meta.json").exists()
+            summary = json.loads((run_dir / "summary.json").read_text())
+            summary["final"]["eval_test_accuracy"] = 0.79
+            summary["evaluated_later"] = {"added": ["eval_test_accuracy"]}
+        else:   # the rerun, with the test split
+            summary = {"rounds_completed": 6, "communication_rounds": 6,
+                       "flags": {"seed": 0, "eval_test": True},
+                       "upload_bytes_per_client_total": 6 * 2048,
+                       "final": {"eval_accuracy": 0.7, "eval_test_accuracy": 0.66}}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+
+    monkeypatch.setattr(sst2_instruct, "run_training", fake_train)
+    monkeypatch.setattr(sst2_instruct, "need_data", lambda ctx, name: None)
+
+    def result(output_dir, **kw):
+        ctx = running.Context("sst2_instruct", "small", output_dir, resume=True, seed=0,
+                              data_dir=tmp_path, methods=("rolora", "ffa_lora"),
+                              archive_dir=archive, **kw)
+        return sst2_instruct.run_sst2_instruct(ctx)
+
+    first = result(tmp_path / "out")
+    assert calls == [(pathlib.Path("N3/rolora"), True, True),
+                     (pathlib.Path("N3/ffa_lora_rerun"), False, True)]
+    kept = json.loads((archive / "N3" / "rolora" / "summary.json").read_text())
+    assert kept["final"] == {"eval_accuracy": 0.8, "eval_test_accuracy": 0.79}
+    attached = json.loads((archive / "N3" / "ffa_lora" / "summary.json").read_text())
+    assert attached["final"] == {"eval_accuracy": 0.7}   # the run's own figures stay
+    assert attached[archive_lib.RERUN]["final"]["eval_test_accuracy"] == 0.66
+    assert state.exists()   # the final state stays archived
+    (claim,) = first.extra_tables["claims"].rows
+    assert claim["measure"] == "test generation" and claim["per_seed"] == "0: +13.00"
+    assert claim["dev_mean"] == pytest.approx(10.0)
+    calls.clear()
+    again = result(tmp_path / "again")
+    collected = result(tmp_path / "collected", collect=True)
+    assert calls == []
+    for other in (again, collected):
+        assert other.extra_tables["claims"].rows == first.extra_tables["claims"].rows
+        assert other.table.rows == first.table.rows

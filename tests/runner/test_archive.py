@@ -99,6 +99,18 @@ def test_attach_rerun_keeps_the_runs_figures_and_records_the_reruns(tmp_path):
     assert (tmp_path / "run" / "metrics.csv").read_text() == "round,train_loss\n5,0.2139\n"
 
 
+def test_attach_rerun_takes_a_rerun_that_also_evaluates_the_test_split(tmp_path):
+    """A rerun may evaluate more than the run (--eval_test added): its test figure is kept."""
+    flags = {"seed": 0, "learning_rate": 0.1}
+    _summary(tmp_path / "run", {"eval_accuracy": 0.81}, flags)
+    _summary(tmp_path / "rerun", {"eval_accuracy": 0.81, "eval_test_accuracy": 0.83},
+             flags | {"eval_test": True})
+    summary = archive.attach_rerun(tmp_path / "run", tmp_path / "rerun")
+    assert summary["final"] == {"eval_accuracy": 0.81}
+    assert summary["rerun"]["final"]["eval_test_accuracy"] == 0.83
+    assert summary["rerun"]["max_abs_difference_of_shared_metrics"] == 0
+
+
 @pytest.mark.parametrize("rerun_flags, rounds, expected", [
     ({"seed": 1, "learning_rate": 0.3}, 5, "flags differ"),
     ({"seed": 0, "learning_rate": 0.3}, 4, "ran 4 rounds"),

@@ -17,6 +17,7 @@ from tasks.task_config import TaskSpec
 BOS = EOS = 256
 TEXTS = ["a fine film", "dull", "it is , at best , a mixed bag of moments", "wow"]
 LABELS = np.array([1, 0, 0, 1], np.int32)
+HELDOUT_TEXTS = ["bad", "a moving , funny and wise film about grief", "good"]
 
 
 def _bytes_with_bos(s):
@@ -61,12 +62,13 @@ def test_a_cut_prompt_keeps_its_end_and_its_whole_answer():
 
 @pytest.fixture(scope="module")
 def sst2_folder(tmp_path_factory):
-    """A GLUE-layout SST-2 folder of a few sentences (train 12, dev 5)."""
+    """A GLUE-layout SST-2 folder of a few sentences (train 12, dev 5, labeled test 3)."""
     root = tmp_path_factory.mktemp("instruct_data")
     (root / "sst2").mkdir()
     train = [(f"sentence {i} " + "good " * (i % 3), i % 2) for i in range(12)]
     dev = [("a fine film", 1), ("dull", 0), ("so bad", 0), ("great fun", 1), ("meh", 0)]
-    for split, rows in (("train", train), ("dev", dev)):
+    test = [("bad", 0), ("a moving film", 1), ("good", 1)]
+    for split, rows in (("train", train), ("dev", dev), ("test-labeled", test)):
         lines = ["sentence\tlabel"] + [f"{s}\t{y}" for s, y in rows]
         (root / "sst2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
@@ -129,8 +131,32 @@ def test_the_evaluator_equals_one_prompt_at_a_time_generation_likelihood_and_los
     np.testing.assert_allclose(got["token_accuracy"], float(correct), rtol=1e-6)
 
 
+@pytest.mark.large
+def test_eval_test_adds_the_labeled_test_split_measured_as_the_evaluated_split_is(sst2_folder,
+                                                                                 tmp_path):
+    """With eval_test, every measure also on SST-2's labeled test sentences (test_<measure>):
+    the figures the evaluator gives when those sentences are the evaluated split."""
+    import shutil
+
+    task = _task(sst2_folder, eval_test=True)
+    weights = tff.learning.models.ModelWeights.from_model(task.keras_model_fn())
+    got = task.evaluate(weights)
+    alone = _task(sst2_folder).evaluate(weights)
+    swapped = tmp_path / "swapped"   # the test sentences as the dev split
+    shutil.copytree(sst2_folder, swapped)
+    shutil.copyfile(swapped / "sst2" / "test-labeled.tsv", swapped / "sst2" / "dev.tsv")
+    on_test = _task(swapped).evaluate(weights)
+    names = ("loss", "token_accuracy", "accuracy", "unparseable", "likelihood_accuracy")
+    assert set(got) == set(names) | {f"test_{n}" for n in names}
+    for name in names:
+        np.testing.assert_allclose(got[name], alone[name], rtol=1e-6)
+        np.testing.assert_allclose(got[f"test_{name}"], on_test[name], rtol=1e-6)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"backbone": "tiny"}, "backbone=tiny: task 'sst2_instruct' trains a decoder"),
+    ({"eval_test": True, "data_dir": None},
+     "eval_test=True: TFDS's SST-2 test split is unlabelled; pass data_dir="),
     ({"lora_targets": ("query", "ffn_gate")},
      "lora_targets=query,ffn_gate: gpt2_tiny's decoder layers have no 'ffn_gate' projection"),
     ({"sequence_length": 9}, "sequence_length=9: the answers take up to 10 tokens"),
@@ -141,6 +167,14 @@ def test_bad_values_are_one_line_errors(sst2_folder, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as error:
         _task(sst2_folder, **kwargs)
     assert "\n" not in str(error.value)
+
+
+def test_the_review_domains_have_no_test_split_beside_the_evaluated_one(sample_data):
+    with pytest.raises(ValueError, match="eval_test=True: task 'reviews_instruct' evaluates "
+                                         "one split"):
+        registry.build_run_task(TaskSpec().with_changes(
+            task="reviews_instruct", num_clients=5, batch_size=4, local_steps=1, seed=0,
+            data_dir=sample_data, backbone="gpt2_tiny", partition="iid", eval_test=True))
 
 
 def test_the_review_domains_need_their_folder():
@@ -189,11 +223,11 @@ TINY_GEMMA = {"vocabulary_size": 300, "num_layers": 3, "num_query_heads": 2,
               "sliding_window": 4, "global_layer_every": 2}
 
 
-def _expected_one_token_measures(backbone, decoder, answers):
-    """The evaluator's measures on TEXTS, one prompt at a time: greedy generation, likelihood
+def _expected_one_token_measures(backbone, decoder, answers, texts=TEXTS, labels=LABELS):
+    """The evaluator's measures on `texts`, one prompt at a time: greedy generation, likelihood
     choice, and the answer tokens' loss and accuracy in float64 numpy."""
     generated, chosen, log_p, correct = [], [], [], []
-    for sentence, label in zip(TEXTS, LABELS):
+    for sentence, label in zip(texts, labels):
         prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=sentence))
         ids = causal_lm.greedy_generate(backbone, prompt, 1, stop_ids=[EOS])
         generated.append(decoder.detokenize(ids))
@@ -206,9 +240,9 @@ def _expected_one_token_measures(backbone, decoder, answers):
             target = row[0, position + 1]
             log_p.append(z[target] - z.max() - np.log(np.exp(z - z.max()).sum()))
             correct.append(np.argmax(z) == target)
-    matched = instructions.exact_match_accuracy(generated, LABELS)
+    matched = instructions.exact_match_accuracy(generated, labels)
     return {"accuracy": matched["accuracy"], "unparseable": matched["unparseable"],
-            "likelihood_accuracy": np.mean(np.array(chosen) == LABELS),
+            "likelihood_accuracy": np.mean(np.array(chosen) == labels),
             "loss": -np.mean(log_p), "token_accuracy": np.mean(correct)}
 
 
@@ -219,7 +253,8 @@ def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_an
     """Answers of one token and end of text (Gemma 3's " negative", " positive"; here the bytes
     'n' and 'p'): every measure from one forward pass per batch, against one prompt at a time.
     On Gemma 3 (LoRA on its last layer only) the frozen layers' outputs are kept from the first
-    call; other frozen weights recompute them, the same weights reuse them."""
+    call; other frozen weights recompute them, the same weights reuse them. A held-out split
+    beside the evaluated one gets the same measures on its own rows, named test_<measure>."""
     import dataclasses
     import types
 
@@ -246,19 +281,26 @@ def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_an
     x = text.tokenize((np.array(TEXTS, object),), packer)
     dev = types.SimpleNamespace(
         global_test_data=tf.data.Dataset.from_tensor_slices((dict(x), LABELS)))
+    test_texts, test_labels = HELDOUT_TEXTS, np.array([0, 1, 1], np.int32)
+    heldout = tf.data.Dataset.from_tensor_slices((
+        dict(text.tokenize((np.array(test_texts, object),), packer)), test_labels))
     backbone, lm = lm_fn()
     for variable in lm.trainable_variables:   # LoRA factors away from their zero start
         variable.assign(tf.random.stateless_normal(variable.shape, [1, 2], stddev=0.5))
-    evaluate = instruct_run_task.make_evaluator(lm_fn, dev, decoder, answers, batch_size=3)
+    evaluate = instruct_run_task.make_evaluator(lm_fn, dev, decoder, answers, batch_size=3,
+                                                heldout=heldout)
     for change_frozen in (False, True, False):
         if change_frozen:   # another frozen base: the kept outputs are stale
             embedding = backbone.token_embedding.embeddings
             embedding.assign(embedding * 1.5 + 0.01)
         got = evaluate(tff.learning.models.ModelWeights.from_model(lm))
-        expected = _expected_one_token_measures(backbone, decoder, answers)
-        for name in ("accuracy", "unparseable", "likelihood_accuracy", "token_accuracy"):
-            assert got[name] == expected[name], name
-        np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
+        for prefix, expected in (
+                ("", _expected_one_token_measures(backbone, decoder, answers)),
+                ("test_", _expected_one_token_measures(backbone, decoder, answers, test_texts,
+                                                       test_labels))):
+            for name in ("accuracy", "unparseable", "likelihood_accuracy", "token_accuracy"):
+                assert got[prefix + name] == expected[name], prefix + name
+            np.testing.assert_allclose(got[prefix + "loss"], expected["loss"], rtol=1e-5)
 
 
 def test_an_empty_evaluated_split_is_one_line():
