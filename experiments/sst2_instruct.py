@@ -33,8 +33,8 @@ from __future__ import annotations
 import pathlib
 import shutil
 
-from experiments.sst2_protocol import claim_accuracy, runner_up, thin_choice
-from experiments.sst2_tables import mixed_commit_notes
+from experiments.sst2_protocol import claim_accuracy, rerun_note, runner_up, thin_choice
+from experiments.sst2_tables import mixed_commit_notes, rerun_notes
 from runner import archive, verdicts
 from runner.estimate import active_probes
 from runner.report import Column, Panel, Series, Table
@@ -229,8 +229,12 @@ def _seeded_row(ctx: Context, cfg: dict, method: str, num_clients: int, lr: floa
     commits = {seed: s.get("provenance", {}).get("commit")
                for seed, (s, _) in zip(seeds, runs) if s is not None}
     tests = [_test_figure(s) for s, _ in finished]
+    reran = [f"{extra.get('method', SST2_INSTRUCT_LABELS[method])}, N = {num_clients}, seed {seed}"
+             + (f" ({note})" if note else "")
+             for seed, (s, _) in zip(seeds, runs) if s is not None
+             for note in [rerun_note(s, "eval_test_accuracy")] if note is not None]
     return _row(SST2_INSTRUCT_LABELS[method], num_clients, [s for s, _ in finished],
-                [d for _, d in finished], learning_rate=lr, commits=commits,
+                [d for _, d in finished], learning_rate=lr, commits=commits, reran=reran,
                 test_generation_accuracy=(
                     None if not tests or None in tests else
                     tests[0] if len(tests) == 1 else mean_std(tests, "{:.4f}")),
@@ -331,7 +335,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     claims = verdicts.claims_table(_claims(methods), _with_measure(cells), regime)
     if claims is not None:
         extra["claims"] = claims
-    notes += mixed_commit_notes(rows)
+    notes += mixed_commit_notes(rows) + rerun_notes(rows)
     if runner_ups:
         notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
                      "edge of those tried), whose runner-up rate also runs at every seed: "

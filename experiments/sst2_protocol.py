@@ -160,7 +160,7 @@ def claim_accuracy(summary: dict, key: str) -> float | None:
     return summary.get(archive.RERUN, {}).get("final", {}).get(name)
 
 
-def _rerun_note(summary: dict, key: str) -> str | None:
+def rerun_note(summary: dict, key: str) -> str | None:
     """How the run and its rerun compare, when the `key` figure came from the rerun."""
     final, rerun = summary["final"], summary.get(archive.RERUN, {}).get("final", {})
     name, dev = _claim_name(final, key), _claim_name(final, "eval_accuracy")
@@ -410,7 +410,7 @@ class Protocol:
                 continue
             devs.append(claim_accuracy(summary, "eval_accuracy"))
             tests.append(claim_accuracy(summary, "eval_test_accuracy"))
-            note = _rerun_note(summary, "eval_test_accuracy")
+            note = rerun_note(summary, "eval_test_accuracy")
             if note is not None:
                 reran.append(f"{SST2_CLAIM_NAMES[method]}, N = {n}, seed {seed}"
                              + (f" ({note})" if note else ""))

@@ -253,6 +253,23 @@ def mixed_commit_notes(rows: Sequence[dict]) -> list[str]:
     return lines
 
 
+def rerun_notes(rows: Sequence[dict]) -> list[str]:
+    """A line naming the runs whose test figure came from a rerun (rows' `reran`: "<cell>,
+    seed <s> (dev <run's> → <rerun's>)"), or none.
+
+    >>> rerun_notes([{"reran": ["RoLoRA, N = 3, seed 0 (dev 0.8463 → 0.8463)"]}])[0][-44:]
+    'RoLoRA, N = 3, seed 0 (dev 0.8463 → 0.8463).'
+    >>> rerun_notes([{"reran": []}])
+    []
+    """
+    reran = [entry for r in rows for entry in r.get("reran", ())]
+    if not reran:
+        return []
+    return ["Test figures from a rerun with the same flags and seed, the run having kept no "
+            "checkpoint to evaluate (its summary.json's `rerun`), with the run's dev figure → "
+            "the rerun's: " + "; ".join(reran) + "."]
+
+
 def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
                        paper_column: bool = True, cfg: dict | None = None,
                        claims: Sequence[verdicts.Claim] = (),
@@ -261,12 +278,7 @@ def claim_result(ctx: Context, rows, setting: str, claim: str = TABLE1_CLAIM,
     plot, `drops` (with two N or more) and `claims` (the verdicts of `claims` whose cells ran)."""
     cfg = SST2_CLAIM_SCALES[ctx.scale] if cfg is None else cfg
     notes = [claim, _classifier_note(cfg)]
-    notes += mixed_commit_notes(rows)
-    reran = [entry for r in rows for entry in r.get("reran", ())]
-    if reran:
-        notes.append("Test figures from a rerun with the same flags and seed, the run having "
-                     "kept no checkpoint to evaluate (its summary.json's `rerun`), with the "
-                     "run's dev figure → the rerun's: " + "; ".join(reran) + ".")
+    notes += mixed_commit_notes(rows) + rerun_notes(rows)
     columns = [Column("clients", "clients"), Column("method", "method"),
                Column("lr", "learning_rate", "{:g}"), Column("comm. rounds", "rounds"),
                Column("seeds done", "seeds_done"), Column("test acc", "test_accuracy"),

@@ -227,6 +227,8 @@ def test_runs_finished_without_the_test_split_are_evaluated_from_their_final_sta
     (claim,) = first.extra_tables["claims"].rows
     assert claim["measure"] == "test generation" and claim["per_seed"] == "0: +13.00"
     assert claim["dev_mean"] == pytest.approx(10.0)
+    (note,) = [n for n in first.table.notes if "from a rerun" in n]
+    assert note.endswith("the rerun's: FFA-LoRA, N = 3, seed 0 (dev 0.7000 → 0.7000).")
     calls.clear()
     again = result(tmp_path / "again")
     collected = result(tmp_path / "collected", collect=True)
