@@ -43,44 +43,28 @@ SST2_EVERY = {"train": 100, "dev": 4, "test-labeled": 8}
 REVIEWS_EVERY = {"train": 10, "dev": 4, "test-labeled": 16}
 
 
-def _every_kth_row(source: pathlib.Path, root: pathlib.Path, sst2_every: dict,
-                   reviews_every: dict) -> pathlib.Path:
-    """Writes to `root` a data folder like `source` (`sst2/` in GLUE TSV, `multidomain_sentiment/`
-    in CSV-quoted TSV) holding the header and every k-th row of each split."""
+@pytest.fixture(scope="session")
+def sample_data(shared_data, tmp_path_factory) -> pathlib.Path:
+    """A data folder like `shared_data` holding every k-th row of its SST-2 and review splits
+    (SST-2: train 674, dev 218, test 228 sentences; per review domain: train 170, dev 75, test
+    125, balanced), in the same layouts (GLUE TSV; CSV-quoted TSV for the reviews)."""
     import csv
 
+    root = tmp_path_factory.mktemp("sample_data")
     (root / "sst2").mkdir()
-    for split, every in sst2_every.items():
-        lines = (source / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+    for split, every in SST2_EVERY.items():
+        lines = (shared_data / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
         kept = [lines[0]] + lines[1::every]
         (root / "sst2" / f"{split}.tsv").write_text("\n".join(kept) + "\n", encoding="utf-8")
-    for domain in sorted((source / "multidomain_sentiment").iterdir()):
+    for domain in sorted((shared_data / "multidomain_sentiment").iterdir()):
         (root / "multidomain_sentiment" / domain.name).mkdir(parents=True)
-        for split, every in reviews_every.items():
+        for split, every in REVIEWS_EVERY.items():
             with open(domain / f"{split}.tsv", newline="", encoding="utf-8") as f:
                 rows = list(csv.reader(f, delimiter="\t", quotechar='"'))
             out = root / "multidomain_sentiment" / domain.name / f"{split}.tsv"
             with open(out, "w", newline="", encoding="utf-8") as f:
                 csv.writer(f, delimiter="\t", quotechar='"').writerows([rows[0]] + rows[1::every])
     return root
-
-
-@pytest.fixture(scope="session")
-def sample_data(shared_data, tmp_path_factory) -> pathlib.Path:
-    """A data folder like `shared_data` holding every k-th row of its SST-2 and review splits
-    (SST-2: train 674, dev 218, test 228 sentences; per review domain: train 170, dev 75, test
-    125, balanced), in the same layouts (GLUE TSV; CSV-quoted TSV for the reviews)."""
-    return _every_kth_row(shared_data, tmp_path_factory.mktemp("sample_data"), SST2_EVERY,
-                          REVIEWS_EVERY)
-
-
-@pytest.fixture(scope="session")
-def small_eval_data(sample_data, tmp_path_factory) -> pathlib.Path:
-    """`sample_data` with the same training rows and a quarter of its evaluation rows (SST-2:
-    dev 55, test 57 sentences; per review domain: dev 19, test 32), for the runs whose checks
-    do not depend on how many sentences are evaluated (bytes, checkpoints, restored metrics)."""
-    every = {"train": 1, "dev": 4, "test-labeled": 4}
-    return _every_kth_row(sample_data, tmp_path_factory.mktemp("small_eval_data"), every, every)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,7 @@
 """scripts/train.py end to end on text (SST-2 with MiniLM, the review domains with a tiny BERT),
 in this process (`scripts.train.run_command_line`): the large tier (`pytest -m large`). The runs
-check mechanics (bytes, metrics, checkpoints), so they read every k-th row of the real data, and
-of its dev and test rows every 4th again (`small_eval_data`): no check depends on how many
-sentences are evaluated."""
+check mechanics (bytes, metrics, checkpoints), so they read every k-th row of the real data
+(`sample_data`)."""
 
 import json
 
@@ -14,13 +13,13 @@ pytestmark = pytest.mark.large
 _run = train_runs.run_in_process
 
 
-def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, small_eval_data, capsys):
+def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, sample_data, capsys):
     """The issue's acceptance command: RoLoRA on SST-2 with the pretrained all-MiniLM-L6-v2
     (22.7M frozen parameters, about 91 MB) broadcasts only the LoRA factors and the head:
     12 adapters (query, value of 6 layers) of r = 16 on 384 x 384, and the 384 x 2 head,
     (12 * 2 * 384 * 16 + 384 * 2 + 2) * 4 = 592,904 bytes, far below 1 MB. The bytes do not
-    depend on the data or the sequence length: a sample of SST-2 (`small_eval_data`) cut at 32
-    tokens spares tokenizing 70k sentences and running whole ones through MiniLM."""
+    depend on the data or the sequence length: a sample of SST-2 (`sample_data`) cut at 32 tokens
+    spares tokenizing 70k sentences and running whole ones through MiniLM."""
     from models import checkpoints
 
     try:
@@ -29,7 +28,7 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, small_eval_data
         pytest.skip(f"all-MiniLM-L6-v2 unavailable: {e}")
     proc = _run(capsys, "--task=sst2", "--backbone=minilm", "--algorithm=rolora", "--rounds=1",
                 "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--sequence_length=32",
-                f"--data_dir={small_eval_data}", f"--output_dir={tmp_path}")
+                f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     assert "2 clients per round, 1 communication round ->" in proc.stdout   # singular, not "1 …s"
     assert "done: rolora 1 communication round;" in proc.stdout
@@ -42,17 +41,17 @@ def test_minilm_rolora_sends_adapters_not_the_backbone(tmp_path, small_eval_data
 
 
 def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restores_it(
-        tmp_path, small_eval_data, capsys):
+        tmp_path, sample_data, capsys):
     """FedSA-LoRA on SST-2 with --eval_test reports its personalized accuracy on the labeled test
     split cut per client (eval_personal_test_*) beside the dev shards'. --evaluate_only on the
     finished run trains nothing: it recomputes every metric from the last checkpoint (equal to
     the run's own, so the checkpoint restores shared and personal state) and adds the ones
     summary.json lacks, as for a run from before the test split was cut. On a sample of SST-2
-    (`small_eval_data`): the split sizes are counted from its files."""
+    (`sample_data`): the split sizes are counted from its files."""
 
     args = ["--task=sst2", "--algorithm=fedsa_lora", "--eval_test", "--rounds=2",
             "--num_clients=3", "--clients_per_round=3", "--local_steps=1", "--rank=2",
-            "--sequence_length=16", "--eval_every=0", f"--data_dir={small_eval_data}",
+            "--sequence_length=16", "--eval_every=0", f"--data_dir={sample_data}",
             f"--output_dir={tmp_path}"]
     proc = _run(capsys, *args)
     assert proc.returncode == 0, proc.stderr
@@ -63,7 +62,7 @@ def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restore
             "eval_personal_test_loss", "eval_personal_test_mean_client_accuracy"} <= set(personal)
     # Pooled accuracies: correct sentences over all the test / dev sentences, each scored by the
     # model of the client whose shard holds it.
-    sizes = {split: len((small_eval_data / "sst2" / f"{split}.tsv").read_text().splitlines()) - 1
+    sizes = {split: len((sample_data / "sst2" / f"{split}.tsv").read_text().splitlines()) - 1
              for split in ("test-labeled", "dev")}
     for key, size in (("eval_personal_test_accuracy", sizes["test-labeled"]),
                       ("eval_personal_accuracy", sizes["dev"])):
@@ -88,10 +87,9 @@ def test_fedsa_lora_reports_personalized_test_accuracy_and_evaluate_only_restore
     assert train_runs.rows(tmp_path) == rows   # nothing trained or rewritten
 
 
-def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, small_eval_data,
-                                                                  capsys):
+def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, sample_data, capsys):
     """Experiment 4's shape at toy scale: the five review domains as clients (a sample of their
-    reviews, `small_eval_data`), a tiny BERT with LoRA on query/value (2 layers, width 64), FedRep
+    reviews, `sample_data`), a tiny BERT with LoRA on query/value (2 layers, width 64), FedRep
     heads, adapters averaged RoLoRA-style."""
     from models import checkpoints
 
@@ -103,7 +101,7 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, small
                 "--representation=lora_alternating", "--num_clients=5", "--clients_per_round=5",
                 "--rounds=2", "--local_steps=2", "--batch_size=4", "--sequence_length=16",
                 "--rank=4", "--head_epochs=1", "--learning_rate=0.1", "--eval_every=0",
-                f"--data_dir={small_eval_data}", f"--output_dir={tmp_path}")
+                f"--data_dir={sample_data}", f"--output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     rows = train_runs.rows(tmp_path)
     assert [r["communication_rounds"] for r in rows] == [1, 2]
@@ -117,8 +115,7 @@ def test_fedrep_heads_over_rolora_adapters_on_the_review_domains(tmp_path, small
     assert 0.0 <= rows[1]["eval_personal_accuracy"] <= 1.0
 
 
-def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, small_eval_data,
-                                                                  capsys):
+def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, sample_data, capsys):
     """`--task=sst2_instruct --backbone=gpt2_tiny --algorithm=rolora` (README's flags): the tiny
     GPT-2's LoRA factors travel, r = 16 on query and value of 2 layers of width 64: down A and
     B, 4 * 2 * 16 * 64 * 4 = 32,768 bytes; up the B round's B factors, 16,384 bytes and the
@@ -128,7 +125,7 @@ def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, smal
     trained."""
     args = ["--task=sst2_instruct", "--backbone=gpt2_tiny", "--algorithm=rolora", "--rounds=2",
             "--num_clients=2", "--clients_per_round=2", "--local_steps=1", "--batch_size=4",
-            f"--data_dir={small_eval_data}", f"--output_dir={tmp_path}"]
+            f"--data_dir={sample_data}", f"--output_dir={tmp_path}"]
     proc = _run(capsys, *args)
     assert proc.returncode == 0, proc.stderr
     assert "tiny random GPT-2 over bytes (a test backbone), LoRA r=16 on query,value" in proc.stdout
@@ -147,7 +144,7 @@ def test_rolora_instruction_tunes_a_decoder_from_the_readme_flags(tmp_path, smal
     tested = sorted(n.replace("eval_", "eval_test_") for n in (*names, "eval_loss"))
     assert summary["evaluated_later"]["added"] == tested
     assert summary["evaluated_later"]["max_abs_difference_of_held_metrics"] <= 1e-6
-    test_size = len((small_eval_data / "sst2" / "test-labeled.tsv").read_text().splitlines()) - 1
+    test_size = len((sample_data / "sst2" / "test-labeled.tsv").read_text().splitlines()) - 1
     accuracy = summary["final"]["eval_test_accuracy"] * test_size
     assert accuracy == pytest.approx(round(accuracy), abs=1e-6)   # a share of the test sentences
     assert train_runs.rows(tmp_path) == rows   # nothing trained or rewritten
