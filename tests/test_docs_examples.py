@@ -16,6 +16,11 @@ HTML comments right above a block's fence (blank lines between are allowed) say 
 - `<!-- docs-example: continues -->`: the block goes on from the file's previous block (its
   names are that block's), so it runs after that block's code, in the same process.
 
+A block and the blocks that continue it run as one program, once: after each block's code it
+prints a line marking that block's end. A block passes when its end is reached (for the last
+block of the program, when the program also exits with status 0), and what it prints is looked
+for between the previous block's end and its own.
+
 Any other `docs-example:` comment is an error, so a typo cannot silently turn a check off.
 The examples train small models on the TFF worker, several seconds each, so they run in the
 `large` tier; the parsing of the markers is checked in the fast tier.
@@ -111,12 +116,17 @@ def _all_examples() -> list[Example]:
 
 def _program(example: Example, previous: list[Example]) -> str:
     """The code that runs: the chain of blocks `example` continues, then `example`'s own."""
+    return "".join(e.code for e in _chain(example, previous))
+
+
+def _chain(example: Example, previous: list[Example]) -> list[Example]:
+    """The blocks `example` continues (back to the first that does not continue), then it."""
     chain = [example]
     for earlier in reversed(previous):
         if not chain[0].continues:
             break
         chain.insert(0, earlier)
-    return "".join(e.code for e in chain)
+    return chain
 
 
 def test_the_docs_examples_are_found_and_their_markers_are_well_formed():
@@ -137,33 +147,80 @@ def test_the_docs_examples_are_found_and_their_markers_are_well_formed():
 
 
 def _params():
+    """Each block with the blocks of its file before it, and those after it that continue it."""
     found = _all_examples()
-    return [pytest.param(e, [p for p in found if p.path == e.path and p.line < e.line],
-                         id=e.name, marks=pytest.mark.large) for e in found]
+    params = []
+    for i, e in enumerate(found):
+        following = []
+        for later in found[i + 1:]:
+            if later.path != e.path or not later.continues:
+                break
+            following.append(later)
+        params.append(pytest.param(
+            e, [p for p in found if p.path == e.path and p.line < e.line], following,
+            id=e.name, marks=pytest.mark.large))
+    return params
 
 
-@pytest.mark.parametrize("example, previous", _params())
-def test_the_docs_example_runs_as_written(example, previous, tmp_path):
+def _end_marker(example: Example) -> str:
+    return f"<docs-example end of {example.name}>"
+
+
+# The program of each chain of blocks, run once: its first block's name -> (status, stdout,
+# stderr, names of the blocks it ran).
+_RUNS: dict[str, tuple[int | None, str, str, list[str]]] = {}
+
+
+def _run_chain(chain: list[Example], tmp_path_factory) -> tuple[int | None, str, str, list[str]]:
+    """Runs `chain` as one program (each block's code, then a line marking its end) in a fresh
+    working directory, once per chain."""
+    key = chain[0].name
+    if key not in _RUNS:
+        tmp_path = tmp_path_factory.mktemp("docs_example")
+        shared = ROOT.parent / "shared"
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        if shared.is_dir():
+            (tmp_path / "shared").symlink_to(shared)
+        script = tmp_path / "example.py"
+        script.write_text("".join(
+            f"{e.code}print({_end_marker(e)!r}, flush=True)\n" for e in chain))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        try:
+            done = forked_python.run_script(script, cwd=workdir, env=env, timeout=TIMEOUT_S)
+            _RUNS[key] = (done.returncode, done.stdout, done.stderr, [e.name for e in chain])
+        except subprocess.TimeoutExpired:
+            _RUNS[key] = (None, "", "", [e.name for e in chain])
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize("example, previous, following", _params())
+def test_the_docs_example_runs_as_written(example, previous, following, tmp_path_factory):
     if example.skip:
         pytest.skip(f"{example.name}: {example.skip}")
-    program = _program(example, previous)
     shared = ROOT.parent / "shared"
-    if "../shared" in program and not shared.is_dir():
+    if "../shared" in _program(example, previous) and not shared.is_dir():
         pytest.skip(f"{example.name} reads {shared}, which is absent")
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    if shared.is_dir():
-        (tmp_path / "shared").symlink_to(shared)
-    script = tmp_path / "example.py"
-    script.write_text(program)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    try:
-        done = forked_python.run_script(script, cwd=workdir, env=env, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    # The program: the blocks it continues, it, and the blocks that continue it (up to one that
+    # is skipped or, where the shared data is absent, reads it).
+    chain = _chain(example, previous)
+    for later in following:
+        if later.skip or ("../shared" in later.code and not shared.is_dir()):
+            break
+        chain.append(later)
+    status, stdout, stderr, ran = _run_chain(chain, tmp_path_factory)
+    assert ran == [e.name for e in chain]
+    if status is None:
         pytest.fail(f"{example.name} did not finish within {TIMEOUT_S} s")
-    assert done.returncode == 0, (
-        f"{example.name} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    index = chain.index(example)
+    reached = _end_marker(example) in stdout
+    if not reached or example is chain[-1]:
+        assert status == 0, f"{example.name} exited with {status}:\n{stderr[-4000:]}"
+    assert reached, f"{example.name}: its end was not reached:\n{stdout[-2000:]}"
+    own = stdout.split(_end_marker(example))[0]
+    if index > 0:
+        own = own.split(_end_marker(chain[index - 1]))[-1]
     for text in example.prints:
-        assert text in done.stdout, f"{example.name} should print {text!r}; it printed:\n" + (
-            done.stdout[-2000:])
+        assert text in own, f"{example.name} should print {text!r}; it printed:\n" + (
+            own[-2000:])
