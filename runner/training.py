@@ -336,6 +336,22 @@ def evaluate_untrained(algorithm: str, output_dir: pathlib.Path, config: RunConf
     return summary
 
 
+def evaluated_identity(identity: Mapping[str, Any], recorded: Mapping[str, Any]
+                       ) -> dict[str, Any]:
+    """The identity a checkpoint is checked against under --evaluate_only: `identity` (the
+    flags given) with the evaluation flags (`EVALUATION_FLAGS`) as the checkpoint `recorded`
+    them, since they change what is evaluated, not what was trained.
+
+    >>> trained = {"algorithm": "rolora", "seed": 0}
+    >>> evaluated_identity(trained | {"eval_test": True}, trained) == trained
+    True
+    >>> evaluated_identity({"algorithm": "rolora", "seed": 1}, trained)["seed"]   # refused later
+    1
+    """
+    return {k: v for k, v in identity.items() if k not in EVALUATION_FLAGS} | {
+        k: recorded[k] for k in EVALUATION_FLAGS if k in recorded}
+
+
 def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: Mapping[str, Any],
                         algorithm: str, started: float) -> dict:
     """--evaluate_only: the newest checkpoint of the run in `output_dir` (trained with the same
@@ -354,10 +370,8 @@ def evaluate_checkpoint(process, output_dir: pathlib.Path, evaluate_fn, config: 
         raise UsageError(f"flag --evaluate_only: {output_dir} holds no checkpoint; train the run "
                          "first (the same flags without --evaluate_only)")
     done = found[0]
-    # The checkpoint is the run's whatever it evaluated: its evaluation flags are not compared.
-    recorded = json.loads((found[1] / "meta.json").read_text()).get("config", {})
-    config = {k: v for k, v in config.items() if k not in EVALUATION_FLAGS} | {
-        k: recorded[k] for k in EVALUATION_FLAGS if k in recorded}
+    config = evaluated_identity(
+        config, json.loads((found[1] / "meta.json").read_text()).get("config", {}))
     try:
         result = driver.run_rounds(
             process, None, None, done, output_dir,

@@ -98,10 +98,14 @@ def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2
 
 @pytest.mark.large
 def test_the_evaluator_equals_one_prompt_at_a_time_generation_likelihood_and_loss(sst2_folder):
-    task = _task(sst2_folder)
+    """On the dev split and, with eval_test, on SST-2's labeled test split (its measures named
+    test_<measure>), by the same model."""
+    task = _task(sst2_folder, eval_test=True)
     model = task.keras_model_fn()
     weights = tff.learning.models.ModelWeights.from_model(model)
     got = task.evaluate(weights)
+    names = ("loss", "token_accuracy", "accuracy", "unparseable", "likelihood_accuracy")
+    assert set(got) == set(names) | {f"test_{n}" for n in names}
     decoder = decoders.build_decoder("gpt2_tiny")
     backbone = decoder.backbone_fn()
     from models import lora_targets
@@ -109,48 +113,30 @@ def test_the_evaluator_equals_one_prompt_at_a_time_generation_likelihood_and_los
     lm = causal_lm.build_causal_lm(backbone)
     weights.assign_weights_to(lm)
     dev = [("a fine film", 1), ("dull", 0), ("so bad", 0), ("great fun", 1), ("meh", 0)]
-    generated, chosen = [], []
-    for sentence, _ in dev:
-        prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=sentence))
-        ids = causal_lm.greedy_generate(backbone, prompt, 9, stop_ids=[EOS])
-        generated.append(bytes(i for i in ids if i < 256).decode("utf-8", "replace"))
-        chosen.append(causal_lm.choose_by_likelihood(
-            backbone, prompt, [a[:-1] for a in _answers()]))
-    labels = [y for _, y in dev]
-    expected = instructions.exact_match_accuracy(generated, labels)
-    assert got["accuracy"] == expected["accuracy"]
-    assert got["unparseable"] == expected["unparseable"]
-    assert got["likelihood_accuracy"] == np.mean(np.array(chosen) == labels)
-    packed = instructions.pack(instructions.from_texts([s for s, _ in dev], labels),
-                               _bytes_with_bos, 64, end_id=EOS)
-    logits, targets = causal_lm.response_logits(backbone, packed)
-    losses = tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
-    np.testing.assert_allclose(got["loss"], float(tf.reduce_mean(losses)), rtol=1e-5)
-    correct = tf.reduce_mean(tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == targets,
-                                     tf.float32))
-    np.testing.assert_allclose(got["token_accuracy"], float(correct), rtol=1e-6)
-
-
-@pytest.mark.large
-def test_eval_test_adds_the_labeled_test_split_measured_as_the_evaluated_split_is(sst2_folder,
-                                                                                 tmp_path):
-    """With eval_test, every measure also on SST-2's labeled test sentences (test_<measure>):
-    the figures the evaluator gives when those sentences are the evaluated split."""
-    import shutil
-
-    task = _task(sst2_folder, eval_test=True)
-    weights = tff.learning.models.ModelWeights.from_model(task.keras_model_fn())
-    got = task.evaluate(weights)
-    alone = _task(sst2_folder).evaluate(weights)
-    swapped = tmp_path / "swapped"   # the test sentences as the dev split
-    shutil.copytree(sst2_folder, swapped)
-    shutil.copyfile(swapped / "sst2" / "test-labeled.tsv", swapped / "sst2" / "dev.tsv")
-    on_test = _task(swapped).evaluate(weights)
-    names = ("loss", "token_accuracy", "accuracy", "unparseable", "likelihood_accuracy")
-    assert set(got) == set(names) | {f"test_{n}" for n in names}
-    for name in names:
-        np.testing.assert_allclose(got[name], alone[name], rtol=1e-6)
-        np.testing.assert_allclose(got[f"test_{name}"], on_test[name], rtol=1e-6)
+    test = [("bad", 0), ("a moving film", 1), ("good", 1)]
+    for prefix, rows in (("", dev), ("test_", test)):
+        generated, chosen = [], []
+        for sentence, _ in rows:
+            prompt = _bytes_with_bos(instructions.SENTIMENT_PROMPT.format(text=sentence))
+            ids = causal_lm.greedy_generate(backbone, prompt, 9, stop_ids=[EOS])
+            generated.append(bytes(i for i in ids if i < 256).decode("utf-8", "replace"))
+            chosen.append(causal_lm.choose_by_likelihood(
+                backbone, prompt, [a[:-1] for a in _answers()]))
+        labels = [y for _, y in rows]
+        expected = instructions.exact_match_accuracy(generated, labels)
+        assert got[prefix + "accuracy"] == expected["accuracy"]
+        assert got[prefix + "unparseable"] == expected["unparseable"]
+        assert got[prefix + "likelihood_accuracy"] == np.mean(np.array(chosen) == labels)
+        packed = instructions.pack(instructions.from_texts([s for s, _ in rows], labels),
+                                   _bytes_with_bos, 64, end_id=EOS)
+        logits, targets = causal_lm.response_logits(backbone, packed)
+        losses = tf.keras.losses.sparse_categorical_crossentropy(targets, logits,
+                                                                 from_logits=True)
+        np.testing.assert_allclose(got[prefix + "loss"], float(tf.reduce_mean(losses)),
+                                   rtol=1e-5)
+        correct = tf.reduce_mean(tf.cast(
+            tf.argmax(logits, -1, output_type=tf.int32) == targets, tf.float32))
+        np.testing.assert_allclose(got[prefix + "token_accuracy"], float(correct), rtol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, message", [
