@@ -148,18 +148,27 @@ def keep(run_dir: pathlib.Path, rounds: int, archived: pathlib.Path) -> None:
         shutil.copytree(newest, archived / CHECKPOINTS / newest.name)
 
 
+def _newer(archived: pathlib.Path, run_dir: pathlib.Path, rounds: int) -> bool:
+    """Whether `archived` holds a finished run's summary.json written after `run_dir`'s."""
+    return finished_summary(archived, rounds) is not None and (
+        (archived / "summary.json").stat().st_mtime
+        > (run_dir / "summary.json").stat().st_mtime)
+
+
 def train_once(run_dir: pathlib.Path, rounds: int, train: Callable[[bool], None] | None,
                output_dir: pathlib.Path, archive: pathlib.Path | None) -> dict | None:
     """The summary of the run in `run_dir` (under `output_dir`), training it only if needed.
 
-    Found finished in `run_dir` or in `archive` (same relative path): not run again. Else, if
+    Found finished in `run_dir` or in `archive` (same relative path): not run again; the newer
+    of the two summaries is the run's (the archive's is copied into `run_dir`, e.g. one
+    re-evaluated elsewhere since `run_dir` was written). Else, if
     `train` is given (not with --collect), `train(resume)` runs it, `resume` saying whether
     `run_dir` holds checkpoints (its own, or restored from `archive`) to continue from; stopped
     or failed, its newest checkpoint still goes to `archive`. None if it is not finished."""
     archived = None if archive is None else archive / run_dir.relative_to(output_dir)
     summary = finished_summary(run_dir, rounds)
-    if summary is None and archived is not None:
-        summary = restore(archived, run_dir, rounds)
+    if archived is not None and (summary is None or _newer(archived, run_dir, rounds)):
+        summary = restore(archived, run_dir, rounds) or summary
     if summary is None and train is not None:
         try:
             train((run_dir / CHECKPOINTS).exists())

@@ -19,13 +19,16 @@ def _finished(folder, marker, mtime):
 def test_a_stale_output_copy_never_overwrites_a_newer_archived_run(tmp_path):
     """An output folder left from an earlier invocation (--collect's, say) holds an older
     summary.json than the archive, whose copy was re-evaluated since: the archive keeps its
-    own, and the summary returned is the output folder's own finished one."""
+    own, and it is the run's: copied into the output folder and returned (a --collect into an
+    old output folder reads what the archive holds now)."""
     out, kept = tmp_path / "out", tmp_path / "kept"
     _finished(out / "r", "stale", 1_000)
     _finished(kept / "r", "re-evaluated", 2_000)
-    assert archive.train_once(out / "r", 5, None, out, kept)["marker"] == "stale"
-    assert json.loads((kept / "r" / "summary.json").read_text())["marker"] == "re-evaluated"
-    assert "re-evaluated" in (kept / "r" / "metrics.csv").read_text()
+    assert archive.train_once(out / "r", 5, None, out, kept)["marker"] == "re-evaluated"
+    for folder in (kept, out):
+        assert json.loads((folder / "r" / "summary.json").read_text())["marker"] == (
+            "re-evaluated")
+        assert "re-evaluated" in (folder / "r" / "metrics.csv").read_text()
 
 
 def test_a_newer_output_copy_replaces_the_archived_run(tmp_path):
