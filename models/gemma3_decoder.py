@@ -71,6 +71,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from models import base_precision
+
 _MASKED = -1e9
 
 
@@ -210,7 +212,8 @@ def write_cache(cache: tf.Tensor, update: tf.Tensor, cache_update_index) -> tf.T
 @tf.keras.utils.register_keras_serializable(package="tffl")
 class Gemma3Attention(tf.keras.layers.Layer):
     """Grouped-query attention with QK-norm, per-layer RoPE base and an optional sliding window
-    (module doc), of the `Gemma3DecoderConfig` of its layer (its `intermediate_dim` unused).
+    (module doc), of the `Gemma3DecoderConfig` of its layer (its `intermediate_dim` unused),
+    its four projections' kernels stored at `base_dtype` (`Gemma3Decoder`).
     `call(x (B, T, H), padding_mask (B, T) or None) -> (B, T, H)`; `call_with_cache` the same
     over a key/value cache (module doc).
 
@@ -220,19 +223,22 @@ class Gemma3Attention(tf.keras.layers.Layer):
     the model's variable initializers each time."""
 
     def __init__(self, config: Gemma3DecoderConfig, kernel_initializer="glorot_uniform",
-                 **kwargs):
+                 base_dtype: str = "float32", **kwargs):
         super().__init__(**kwargs)
         if config.num_query_heads % config.num_key_value_heads:
             raise ValueError(f"num_query_heads={config.num_query_heads} is not a multiple of "
                              f"num_key_value_heads={config.num_key_value_heads}")
+        base_precision.check_base_dtype(base_dtype)
         self.config = config
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.base_dtype = base_dtype
 
     def _einsum(self, equation, output_shape, name):
         return tf.keras.layers.EinsumDense(
             equation, output_shape=output_shape, name=name,
             kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()))
+                self.kernel_initializer.get_config()),
+            dtype=base_precision.frozen_policy(self.base_dtype))
 
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
@@ -308,7 +314,8 @@ class Gemma3Attention(tf.keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config),
-                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),
+                "base_dtype": self.base_dtype}
 
     @classmethod
     def from_config(cls, config):
@@ -323,13 +330,18 @@ class Gemma3Decoder(tf.keras.layers.Layer):
     Args:
       config: the layer's architecture (`Gemma3DecoderConfig`: F, N, K, D, s, RoPE base, W, ε).
       kernel_initializer: the starting weights of every projection.
+      base_dtype: what the seven projections' kernels are stored at ("float32"; "bfloat16"
+        halves them, read widened to float32 in the step: `models.base_precision`). The norms'
+        weights stay float32.
     """
 
     def __init__(self, config: Gemma3DecoderConfig, kernel_initializer="glorot_uniform",
-                 **kwargs):
+                 base_dtype: str = "float32", **kwargs):
         super().__init__(**kwargs)
+        base_precision.check_base_dtype(base_dtype)
         self.config = config
         self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
+        self.base_dtype = base_dtype
 
     def _norm(self, name, shape):
         norm = Gemma3RMSNorm(self.config.layer_norm_epsilon, name=name)
@@ -340,7 +352,8 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         dense = tf.keras.layers.Dense(
             units, use_bias=False, name=name,
             kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()))
+                self.kernel_initializer.get_config()),
+            dtype=base_precision.frozen_policy(self.base_dtype))
         dense.build(input_shape)
         return dense
 
@@ -349,7 +362,7 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         hidden_dim = input_shape[-1]
         intermediate_dim = self.config.intermediate_dim
         self._self_attention_layer = Gemma3Attention(self.config, self.kernel_initializer,
-                                                     name="self_attention")
+                                                     self.base_dtype, name="self_attention")
         self._self_attention_layer.build(input_shape)
         self._self_attention_norm = self._norm("self_attention_norm", input_shape)
         self._post_attention_norm = self._norm("post_attention_norm", input_shape)
@@ -386,7 +399,8 @@ class Gemma3Decoder(tf.keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config),
-                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer)}
+                "kernel_initializer": tf.keras.initializers.serialize(self.kernel_initializer),
+                "base_dtype": self.base_dtype}
 
     @classmethod
     def from_config(cls, config):

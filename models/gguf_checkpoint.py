@@ -298,16 +298,18 @@ def assign_gguf_weights(backbone, tensors: dict[str, np.ndarray]) -> None:
         names = [v.name for v in backbone.weights if id(v) in unset]
         raise ValueError(f"backbone weights without a GGUF tensor: {names}")
     for name, (variable, _) in targets.items():
-        variable.assign(values[name])
+        # Rounded to the variable's dtype (a bfloat16 base: `models.base_precision`).
+        variable.assign(np.asarray(values[name], variable.dtype.as_numpy_dtype))
 
 
-def load_gemma3_backbone(config, source):
+def load_gemma3_backbone(config, source, base_dtype: str = "float32"):
     """A `Gemma3Backbone` of `config` (`read_gguf_config`) with every weight from `source` (a
-    path, a `gguf.GGUFReader` or `quantized_tensors`' list), dequantized to float32. Its
+    path, a `gguf.GGUFReader` or `quantized_tensors`' list), dequantized to float32, its base
+    stored at `base_dtype` (`Gemma3Backbone`; bfloat16: each weight rounded to nearest). Its
     variables start at zero (`initializer="zeros"`): `assign_gguf_weights` sets each of them."""
     from models.gemma3_backbone import Gemma3Backbone
 
-    backbone = Gemma3Backbone(config, initializer="zeros")
+    backbone = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
     assign_gguf_weights(backbone, load_gguf_tensors(source))
     return backbone
 

@@ -28,6 +28,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from models import base_precision
 from tffl.engine import roles
 
 
@@ -109,7 +110,8 @@ class LoraLayer(tf.keras.layers.Wrapper):
         self.layer.trainable = False
         for variable in self.layer.weights:
             roles.tag(variable, roles.FROZEN)
-        dtype = self.layer.kernel.dtype
+        # float32 beside a base stored in bfloat16 (`models.base_precision`).
+        dtype = base_precision.trained_dtype(self.layer)
         a_init = self.a_initializer or _default_a_initializer(d_in, self.seed)
         with tf.name_scope(self.name):
             self.lora_a = self.add_weight(
@@ -145,13 +147,15 @@ class LoraLayer(tf.keras.layers.Wrapper):
     def merge(self) -> None:
         """W0 ← W0 + (α/r)·A·B; the LoRA path is then skipped. No-op if already merged."""
         if not self.merged:
-            self.layer.kernel.assign_add(self.delta_kernel())
+            kernel = self.layer.kernel
+            kernel.assign_add(tf.cast(self.delta_kernel(), kernel.dtype))
             self.merged = True
 
     def unmerge(self) -> None:
         """W0 ← W0 − (α/r)·A·B; the LoRA path is used again. No-op if not merged."""
         if self.merged:
-            self.layer.kernel.assign_sub(self.delta_kernel())
+            kernel = self.layer.kernel
+            kernel.assign_sub(tf.cast(self.delta_kernel(), kernel.dtype))
             self.merged = False
 
     def get_config(self):

@@ -379,3 +379,39 @@ def test_gemma3_270m_greedy_continuations_make_sense(gemma3_270m):
     # Both prompts in one batch, generated with the key/value cache: the same continuations.
     ids = [_prompt_ids(tokenizer, prompt) for prompt in expected]
     assert lm_evaluation.generate(backbone, ids, 10, stop_ids=stops) == continuations
+
+
+# The bfloat16 base (`models.base_precision`) against the float32 one on PROMPTS' last-position
+# logits: the rounding of every kernel and of the embedding to bfloat16 moves them by at most
+# this (measured below; the logits themselves span about ±30).
+MAX_BFLOAT16_BASE_LOGIT_SHIFT = 1.0
+
+
+@pytest.mark.large
+def test_gemma3_270m_with_a_bfloat16_base(gemma3_270m):
+    """Stored in bfloat16, the checkpoint computes the numpy forward pass on its weights rounded
+    to bfloat16 (norms kept), and its next-token logits stay within a stated shift of the
+    float32 model's, with the same most likely token."""
+    import tensorflow as tf
+
+    reader, backbone, tokenizer = gemma3_270m
+    config = gguf_checkpoint.read_gguf_config(reader)
+    low = gguf_checkpoint.load_gemma3_backbone(config, reader, base_dtype="bfloat16")
+    assert low.token_embedding.embeddings.dtype == tf.bfloat16
+    stored = sum(v.shape.num_elements() * v.dtype.size for v in low.weights)
+    assert stored < 0.51 * backbone.count_params() * 4          # half the float32 bytes
+    bfloat16 = tf.bfloat16.as_numpy_dtype
+    rounded = {name: value if "norm" in name else value.astype(bfloat16).astype(np.float32)
+               for name, value in gguf_checkpoint.load_gguf_tensors(reader).items()}
+    shifts, differences = [], []
+    for prompt in PROMPTS:
+        ids = _prompt_ids(tokenizer, prompt)
+        low_logits, wide_logits = _logits(low, [ids])[0, -1], _logits(backbone, [ids])[0, -1]
+        expected = numpy_logits(rounded, dataclasses.asdict(config), ids, positions=-1)
+        differences.append(float(np.abs(low_logits - expected).max()))
+        shifts.append(float(np.abs(low_logits - wide_logits).max()))
+        assert int(np.argmax(low_logits)) == int(np.argmax(wide_logits)), prompt
+        print(f"\n{prompt!r}: max |logit shift| from float32 {shifts[-1]:.3f}, from the numpy "
+              f"pass on the rounded weights {differences[-1]:.2e}")
+    assert max(differences) < MAX_LOGIT_DIFFERENCE
+    assert max(shifts) < MAX_BFLOAT16_BASE_LOGIT_SHIFT

@@ -115,3 +115,52 @@ def test_every_lora_algorithm_trains_the_decoder(name):
     # FLoRA merges scale·Σ p_i·A_i·B_i into the frozen query and value kernels; the others
     # never move the backbone.
     assert (max(merged) > 0) == (name == "flora")
+
+
+TINY_GEMMA = {"vocabulary_size": VOCAB, "num_layers": 2, "num_query_heads": 2,
+              "num_key_value_heads": 1, "hidden_dim": 8, "intermediate_dim": 16, "head_dim": 4,
+              "sliding_window": 4, "global_layer_every": 2}
+
+
+def _gemma_lora(base_dtype):
+    """A tiny Gemma 3 causal LM with LoRA on query and value, its base stored at `base_dtype`."""
+    from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
+
+    tf.keras.utils.set_random_seed(0)
+    backbone = Gemma3Backbone(Gemma3BackboneConfig(**TINY_GEMMA), base_dtype=base_dtype)
+    apply_lora(backbone, LoraConfig(rank=2, targets=("query", "value")))
+    return causal_lm.build_causal_lm(backbone)
+
+
+def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
+    """RoLoRA's B and A rounds with the frozen base stored in bfloat16 (`models.base_precision`)
+    equal the same rounds of a float32 model whose base holds bf16(W) widened: the step reads
+    each weight widened and computes in float32. The base file holds half the bytes."""
+    rng = np.random.default_rng(0)
+    low = _gemma_lora("bfloat16")
+    stored = []   # a "pretrained" base: norms near 1, kernels N(0, 0.3²), rounded to its dtype
+    for variable in low.non_trainable_variables:
+        scale = "scale" in variable.name
+        value = (1.0 if scale else 0.0) + rng.normal(0.0, 0.1 if scale else 0.3, variable.shape)
+        stored.append(value.astype(variable.dtype.as_numpy_dtype))
+    dtypes = {v.dtype.name for v in low.non_trainable_variables}
+    assert dtypes == {"bfloat16", "float32"}          # kernels and embedding; the norms
+    assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
+    widened = [v.astype(np.float32) for v in stored]
+    runs, frozen = {}, {}
+    for base_dtype, values in (("bfloat16", stored), ("float32", widened)):
+        process = lora_fl.build_rolora(lambda d=base_dtype: _gemma_lora(d), SPEC, LR,
+                                       initial_non_trainable=values)
+        b_idx = process.spec.indices([roles.LORA_B])
+        runs[base_dtype] = eager_reference.rolora_two_rounds(
+            process, [_client_data(1), _client_data(2)], b_idx, 0.5)
+        frozen[base_dtype] = process.model.frozen
+    for low_weights, wide_weights in zip(runs["bfloat16"], runs["float32"]):
+        for got, expected in zip(low_weights.trainable, wide_weights.trainable):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
+    assert moved.max() > 1e-4                         # the rounds did train
+    size = {d: sum(np.prod(s) * np.dtype(t).itemsize for s, t in zip(f.shapes, f.dtypes))
+            for d, f in frozen.items()}
+    norms = sum(v.size * 4 for v in stored if v.dtype == np.float32)
+    assert size["bfloat16"] - norms == (size["float32"] - norms) // 2
