@@ -100,6 +100,9 @@ class RuntimeConfig:
     logical_cpus: int = 0
     # None: the model's (`runner.run.graph_optimization`).
     graph_optimization: str | None = None
+    # Clients each local TFF worker trains at once; None: the model's
+    # (`runner.run.max_concurrent_calls`).
+    max_concurrent_calls: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from runner import train_options
 from runner.cli import UsageError
 from runner.run_config import RunConfig
 from models import classifier_options
-from tasks.task_config import PREFIX_CACHE_DTYPES
+from tasks.task_config import BASE_DTYPES, PREFIX_CACHE_DTYPES
 
 
 class Flag(NamedTuple):
@@ -213,6 +213,10 @@ SPECS = (
          "Text tasks with the prefix cache: the precision its outputs are kept at (float16: half "
          "the memory; SST-2's MiniLM layer-3 inputs take about 1.3 GB in float32; "
          "docs/PERFORMANCE.md gives its accuracy)."),
+    Flag("enum", "base_dtype", BASE_DTYPES,
+         "Instruction tasks on gemma3_270m: the precision its frozen weights are stored at "
+         "(bfloat16: half their 1.07 GB, read widened to float32 in each step; LoRA factors and "
+         "the arithmetic stay float32; docs/PERFORMANCE.md gives its memory and accuracy)."),
     Flag("bool", "bucket_by_length", None,
          "Text tasks: batch a round's examples by length, each batch padded to its longest "
          "(--nobucket_by_length: batches in drawn order, padded to the stored width)."),
@@ -329,6 +333,11 @@ SPECS = (
          "'none', without it: each round kind is ready to train sooner (on Gemma 3 270M, seconds "
          "instead of minutes), later rounds are slower; default: 'none' for a decoder, 'tff' "
          "for the rest; docs/PERFORMANCE.md compares their round times."),
+    Flag("integer", "max_concurrent_calls", None,
+         "With local TFF workers: how many clients each trains at once (default: 1 for a "
+         "decoder, one per CPU core for the rest). Each holds its own copy of the model's "
+         "variables and activations, so 1 keeps a worker's memory flat in the clients; "
+         "docs/PERFORMANCE.md measures it."),
 )
 
 

@@ -103,6 +103,13 @@ def _check_workers(options: Mapping[str, Any]) -> None:
         raise UsageError(f"flag --graph_optimization={options['graph_optimization']}: is for "
                          "--runtime=tff; --runtime=distribute keeps TFF's pass (its function "
                          "inlining keeps dataset inputs off GPUs)")
+    if options["max_concurrent_calls"] is not None and (
+            options["max_concurrent_calls"] < 1 or options["runtime"] != "tff"
+            or options["worker_addresses"]):
+        raise UsageError(f"flag --max_concurrent_calls={options['max_concurrent_calls']}: must "
+                         "be >= 1, and is for local TFF workers (--runtime=tff without "
+                         "--worker_addresses; a remote worker takes it from "
+                         "scripts/start_worker.py --max_concurrent_computation_calls)")
     if not options["worker_timeout"] > 0:
         raise UsageError(f"flag --worker_timeout={options['worker_timeout']}: must be > 0")
     if options["worker_addresses"] and options["workers"] != 1:
@@ -301,6 +308,15 @@ def _check_backbone(options: Mapping[str, Any]) -> None:
     """An encoder for the classification tasks, a decoder for the instruction tasks, and only
     the LoRA algorithms, evaluated globally, on a decoder."""
     task, backbone = options["task"], options["backbone"]
+    base_dtype = options["base_dtype"]
+    if base_dtype != "float32" and (task not in INSTRUCT_TASKS or backbone != "gemma3_270m"):
+        raise UsageError(f"flag --base_dtype={base_dtype}: a lower-precision base is for the "
+                         f"instruction tasks ({', '.join(INSTRUCT_TASKS)}) on "
+                         "--backbone=gemma3_270m")
+    if base_dtype != "float32" and "flora" in options["algorithm"]:
+        raise UsageError(f"flag --base_dtype={base_dtype}: flora merges the adapters into the "
+                         f"frozen kernels every round, which a {base_dtype} base would round "
+                         "each time; pass --base_dtype=float32")
     if task in TEXT_TASKS and backbone in DECODERS:
         raise UsageError(f"flag --backbone={backbone}: task {task!r} trains a classifier on an "
                          f"encoder ({', '.join(ENCODERS)}); for a decoder pass "

@@ -46,7 +46,7 @@ LATER_RUN_FLAGS = ("srpfl_pool", "flute_variant", "flute_feature_reduction",
                    "shortcut_ridge", "project_shortcut", "shortcut_damping", "head_damping",
                    "init_adapters", "train_file", "dev_file", "test_file", "tfds_name",
                    "tfds_splits", "text_column", "text_pair_column", "label_column",
-                   "client_column", "prefix_cache_dtype")
+                   "client_column", "prefix_cache_dtype", "base_dtype")
 
 
 def run_identity(config: RunConfig, algorithm: str) -> dict[str, Any]:

@@ -492,7 +492,7 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
                                          targets=m.lora_targets, layers=m.lora_layers,
                                          seed=spec.seed)
     announce(f"building the {m.backbone} decoder and its tokenizer")
-    decoder = decoders.build_decoder(m.backbone)
+    decoder = decoders.build_decoder(m.backbone, m.base_dtype)
     _check_targets(decoder, lora_config)
     lm_fn = _lm_builder(decoder, lora_config)
     input_spec = (collections.OrderedDict(

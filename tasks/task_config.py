@@ -107,6 +107,8 @@ class ModelConfig:
       prefix_cache: compute the frozen layers below the lowest adapter once per example.
       prefix_cache_dtype: the precision those outputs are kept at ("float32"; "float16" holds
         half the memory, and the layers above read them widened back to float32).
+      base_dtype: the precision a decoder's frozen weights are stored at ("float32";
+        "bfloat16" holds half, read widened to float32 in the step: `models.base_precision`).
       frozen_dir: where the frozen-weights file goes.
       init_adapters: a PEFT adapter folder the run starts from.
     """
@@ -122,6 +124,7 @@ class ModelConfig:
     lora_alpha: float | None = None
     prefix_cache: bool = True
     prefix_cache_dtype: str = "float32"
+    base_dtype: str = "float32"
     frozen_dir: str | None = None
     init_adapters: str | None = None
 
@@ -135,6 +138,9 @@ class ModelConfig:
 
 # The precisions the text tasks' prefix cache keeps h_k at (`ModelConfig.prefix_cache_dtype`).
 PREFIX_CACHE_DTYPES = ("float32", "float16")
+# The precisions a decoder's frozen base is stored at (`ModelConfig.base_dtype`;
+# `models.base_precision`).
+BASE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)

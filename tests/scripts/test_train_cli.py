@@ -105,6 +105,19 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
      "cache of the text tasks"),
     (["--task=sst2", "--noprefix_cache", "--prefix_cache_dtype=float16"],
      "which --noprefix_cache turns off"),
+    (["--task=sst2", "--base_dtype=bfloat16"], "flag --base_dtype=bfloat16: a lower-precision "
+     "base is for the instruction tasks (sst2_instruct, reviews_instruct, instruct) on "
+     "--backbone=gemma3_270m"),
+    (["--task=sst2_instruct", "--backbone=gpt2_tiny", "--base_dtype=bfloat16"],
+     "on --backbone=gemma3_270m"),
+    (["--task=sst2_instruct", "--backbone=gemma3_270m", "--algorithm=flora",
+      "--base_dtype=bfloat16"], "flag --base_dtype=bfloat16: flora merges the adapters into the "
+     "frozen kernels every round"),
+    (["--base_dtype=int8"], "flag --base_dtype=int8: "),
+    (["--max_concurrent_calls=0"], "flag --max_concurrent_calls=0: must be >= 1, and is for "
+     "local TFF workers"),
+    (["--max_concurrent_calls=1", "--worker_addresses=localhost:8000"],
+     "flag --max_concurrent_calls=1: must be >= 1, and is for local TFF workers"),
     (["--algorithm=nope"], "flag --algorithm=nope: unknown nope; choose from fedrep"),
     (["--rounds=x"], "flag --rounds=x: "),   # absl's own error for a malformed value
     (["--task=cifar"], "flag --task=cifar: "),
