@@ -382,9 +382,10 @@ def test_gemma3_270m_greedy_continuations_make_sense(gemma3_270m):
 
 
 # The bfloat16 base (`models.base_precision`) against the float32 one on PROMPTS' last-position
-# logits: the rounding of every kernel and of the embedding to bfloat16 moves them by at most
-# this (measured below; the logits themselves span about ±30).
-MAX_BFLOAT16_BASE_LOGIT_SHIFT = 1.0
+# logits: rounding every kernel and the embedding to bfloat16 moved them by 0.078-0.112 at most
+# (the test prints it; 2026-12-03), the logits themselves spanning about ±30: this bound is a
+# little over twice that.
+MAX_BFLOAT16_BASE_LOGIT_SHIFT = 0.25
 
 
 @pytest.mark.large
