@@ -12,7 +12,10 @@ by at most 4 dev sentences, or a rate at the grid's edge) also runs its runner-u
 seed, after all the chosen cells, and the verdicts are read again with that cell at its
 runner-up. At N = 20, one run per method at `learning_rate`. The zero-shot row evaluates the
 model as every method starts it (LoRA's B = 0: the pretrained base), with the same prompts, the
-same parsing and the same dev sentences (`runner.run.evaluate_untrained`).
+same parsing and the same dev sentences (`runner.run.evaluate_untrained`). At full scale, RoLoRA's
+run at N = 3, the first seed and the default rate runs again with its frozen base stored in
+bfloat16 (`--base_dtype`), and a note says whether its dev generation accuracy stays within
+`LOWER_BASE_POINTS` of the float32 run's (`_lower_base`).
 
 The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
 by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
@@ -63,11 +66,14 @@ SST2_INSTRUCT_SEEDED = 3
 SST2_INSTRUCT_SCALES = {
     "small": dict(backbone="gpt2_tiny", rank=4, lora_layers=None, rounds=6, local_steps=2,
                   batch_size=8, learning_rate=0.5, learning_rates=(0.5,), seeds=1,
-                  evaluations=1),
+                  evaluations=1, lower_base=None),
     "full": dict(backbone="gemma3_270m", rank=8, lora_layers="14,15,16,17", rounds=30,
                  local_steps=2, batch_size=8, learning_rate=0.1, learning_rates=(0.03, 0.1, 0.3),
-                 seeds=3, evaluations=1),
+                 seeds=3, evaluations=1, lower_base="bfloat16"),
 }
+# The lower-precision base's check (`_lower_base`): its dev generation accuracy within this many
+# points of the float32 base's, the rest of the run the same.
+LOWER_BASE_POINTS = 1.0
 # Full scale: an evaluation of the 872 dev sentences through Gemma 3 270M (answer tokens,
 # generation, both answers' likelihoods) took about 29 s per 40 sentences on the 2 shared cores,
 # so about 10 min: the final round only. LoRA sits on the top 4 of 18 layers (the paper's
@@ -179,6 +185,37 @@ def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
             archive.keep(run_dir, 0, ctx.archive_dir / run_dir.relative_to(ctx.output_dir))
         summary = archive.finished_summary(run_dir, 0)
     return summary
+
+
+def _lower_base(ctx: Context, cfg: dict) -> tuple[dict, str] | None:
+    """RoLoRA at N = 3, the first seed and the default rate, its frozen base stored at
+    `cfg["lower_base"]` (`--base_dtype`; LoRA factors and arithmetic float32), in
+    `N3/rolora_base_<dtype>`: its table row, and the note comparing its dev generation accuracy
+    with the float32 run of the same flags (`N3/rolora`, trained by the grid). None before both
+    finished."""
+    n, lr, dtype = SST2_INSTRUCT_SEEDED, cfg["learning_rate"], cfg["lower_base"]
+    run_dir = ctx.output_dir / f"N{n}" / f"rolora_base_{dtype}"
+    config = _config(ctx, cfg, run_dir, "rolora", n, ctx.seed, lr).with_changes(base_dtype=dtype)
+    what = (f"training (rolora, N={n}, seed {ctx.seed}, lr {lr:g}, {cfg['backbone']}, "
+            f"{dtype} base)")
+    summary = archive.train_once(
+        run_dir, cfg["rounds"],
+        None if ctx.collect else lambda resume: run_training(
+            config.with_changes(resume=resume), what, ctx.isolate),
+        ctx.output_dir, ctx.archive_dir)
+    reference, _ = _summary(ctx, cfg, "rolora", n, ctx.seed, lr)
+    if summary is None or reference is None:
+        return None
+    low, wide = summary["final"]["eval_accuracy"], reference["final"]["eval_accuracy"]
+    points = 100 * (low - wide)
+    verdict = "within" if abs(points) <= LOWER_BASE_POINTS else "not within"
+    note = (f"Base precision: RoLoRA at N = {n}, seed {ctx.seed}, lr {lr:g} with its frozen base "
+            f"stored in {dtype} (--base_dtype={dtype}; LoRA factors and arithmetic in float32): "
+            f"dev generation accuracy {low:.4f} against {wide:.4f} with the float32 base, "
+            f"{points:+.2f} points: {verdict} {LOWER_BASE_POINTS:g} point of it (one seed, the "
+            "same data order: the effect of the rounding, not a claim).")
+    return _row(f"RoLoRA, {dtype} base", n, [summary], [run_dir], learning_rate=lr,
+                seeds_done="1/1"), note
 
 
 def _four_places(value) -> str:
@@ -300,6 +337,10 @@ def run_sst2_instruct(ctx: Context) -> Result:
         grid = {lr: _summary(ctx, cfg, method, SST2_INSTRUCT_SEEDED, seeds[0], lr)}
         rows.append(_seeded_row(ctx, cfg, method, SST2_INSTRUCT_SEEDED, lr, grid, runner_cells,
                                 {"method": f"{SST2_INSTRUCT_LABELS[method]} (runner-up)"}))
+    lower = (_lower_base(ctx, cfg) if cfg["lower_base"] is not None and "rolora" in methods
+             else None)
+    if lower is not None:
+        rows.append(lower[0])
     layers = f"layers {cfg['lora_layers']}" if cfg["lora_layers"] else "every layer"
     title = (
         f"SST-2 as instructions for a decoder: {cfg['backbone']}, LoRA rank "
@@ -335,7 +376,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     claims = verdicts.claims_table(_claims(methods), _with_measure(cells), regime)
     if claims is not None:
         extra["claims"] = claims
-    notes += mixed_commit_notes(rows) + rerun_notes(rows)
+    notes += mixed_commit_notes(rows) + rerun_notes(rows) + ([lower[1]] if lower else [])
     if runner_ups:
         notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
                      "edge of those tried), whose runner-up rate also runs at every seed: "

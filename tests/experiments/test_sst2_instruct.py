@@ -236,3 +236,46 @@ def test_runs_finished_without_the_test_split_are_evaluated_from_their_final_sta
     for other in (again, collected):
         assert other.extra_tables["claims"].rows == first.extra_tables["claims"].rows
         assert other.table.rows == first.table.rows
+
+
+def test_the_lower_precision_base_reruns_rolora_and_says_whether_it_is_within_a_point(
+        tmp_path, monkeypatch):
+    """With `lower_base`, RoLoRA's run at N = 3, seed 0 and the default rate runs again with
+    --base_dtype (its other flags the same), and the note compares the two dev accuracies:
+    0.8463 against 0.8394 is −0.69 points, within 1; 0.8302 would be −1.61, not within."""
+    cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], lower_base="bfloat16")
+    monkeypatch.setitem(sst2_instruct.SST2_INSTRUCT_SCALES, "small", cfg)
+    configs, low = [], {"accuracy": 0.8394}
+
+    def fake_train(config, what, isolate=False):
+        configs.append(config)
+        run_dir = pathlib.Path(config.output.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        accuracy = low["accuracy"] if config.model.base_dtype == "bfloat16" else 0.8463
+        (run_dir / "summary.json").write_text(json.dumps({
+            "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
+            "upload_bytes_per_client_total": 6 * 2048,
+            "final": {"eval_accuracy": accuracy, "eval_test_accuracy": accuracy}}))
+
+    monkeypatch.setattr(sst2_instruct, "run_training", fake_train)
+    monkeypatch.setattr(sst2_instruct, "need_data", lambda ctx, name: None)
+
+    def run(output_dir):
+        ctx = running.Context("sst2_instruct", "small", output_dir, resume=True, seed=0,
+                              data_dir=tmp_path, methods=("rolora",))
+        return sst2_instruct.run_sst2_instruct(ctx)
+
+    result = run(tmp_path / "within")
+    lower = [c for c in configs if c.model.base_dtype == "bfloat16"]
+    assert len(lower) == 1 and lower[0].output.output_dir.endswith("N3/rolora_base_bfloat16")
+    reference = next(c for c in configs if c.output.output_dir.endswith("N3/rolora"))
+    assert lower[0].with_changes(base_dtype="float32", output_dir=".") == (
+        reference.with_changes(output_dir="."))
+    row = result.table.rows[-1]
+    assert (row["method"], row["clients"], row["generation_accuracy"]) == (
+        "RoLoRA, bfloat16 base", 3, 0.8394)
+    [note] = [n for n in result.table.notes if n.startswith("Base precision")]
+    assert "0.8394 against 0.8463 with the float32 base, -0.69 points: within 1 point" in note
+    low["accuracy"] = 0.8302
+    [note] = [n for n in run(tmp_path / "outside").table.notes if n.startswith("Base precision")]
+    assert "-1.61 points: not within 1 point" in note
