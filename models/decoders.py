@@ -10,6 +10,10 @@ special tokens.
   262,144 pieces (`models.gemma3_tokenizer`; begin of text 2, end of text 1, padding 0).
   `build_decoder("gemma3_270m", base_dtype="bfloat16")` stores its frozen weights in bfloat16
   (`models.base_precision`: half their 1.07 GB, read widened to float32 in the step).
+- `gemma3_1b_random`: Gemma 3 1B's published architecture (`gemma3_backbone.gemma3_1b_config`,
+  1.0B parameters, 4.0 GB in float32) with random weights, since no checkpoint of it is here, and
+  Gemma 3 270M's tokenizer (the same vocabulary): for measuring memory and seconds at 1B scale,
+  not for results.
 
 `build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
 weights (what TFF's computations trace), `pretrained_fn()` the same architecture with the
@@ -46,7 +50,7 @@ from models import base_precision
 from models import lm_evaluation
 from models import lora_targets
 
-DECODERS = ("gpt2_tiny", "gemma3_270m")
+DECODERS = ("gpt2_tiny", "gemma3_270m", "gemma3_1b_random")
 # The decoders with a Hugging Face counterpart: its hub name (the base model their PEFT
 # adapters name, `models.peft_export`).
 HUB_NAMES = {"gemma3_270m": "google/gemma-3-270m"}
@@ -75,6 +79,8 @@ class Decoder:
     max_length: int
     # The projections of its decoder layers that can take LoRA (`models.lora_targets`).
     lora_targets: tuple[str, ...]
+    # Whether `pretrained_fn` draws random weights rather than reading a checkpoint's.
+    random_weights: bool = False
 
 
 def _ragged_lists(tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -102,7 +108,9 @@ def _gpt2_tiny() -> Decoder:
                    lora_targets=tuple(lora_targets.TARGETS))
 
 
-def _gemma3_270m(base_dtype: str) -> Decoder:
+def _gemma3(name: str, base_dtype: str) -> Decoder:
+    """`gemma3_270m` (its GGUF checkpoint) or `gemma3_1b_random` (random weights); both take
+    the 270M GGUF's tokenizer."""
     from models import gemma3_backbone
     from models import gemma3_tokenizer
     from models import gguf_checkpoint
@@ -111,36 +119,49 @@ def _gemma3_270m(base_dtype: str) -> Decoder:
     # One parse of the file's metadata (the slow part of opening it); the reader goes after
     # this, and the pretrained weights come from the tensors' stored blocks when asked for.
     reader = gguf_reader.open_reader(gguf_checkpoint.fetch_gemma3_270m())
-    config = gguf_checkpoint.read_gguf_config(reader)
     tokenizer = gemma3_tokenizer.gemma3_tokenizer(reader)
-    quantized = gguf_checkpoint.quantized_tensors(reader)
+    random_weights = name == "gemma3_1b_random"
+    if random_weights:
+        config = gemma3_backbone.gemma3_1b_config()
+        description = "Gemma 3 1B's architecture with random weights (no checkpoint)"
+    else:
+        config = gguf_checkpoint.read_gguf_config(reader)
+        quantized = gguf_checkpoint.quantized_tensors(reader)
+        description = "Gemma 3 270M (pretrained, dequantized from Q4_K_M)"
     del reader
+
+    def pretrained_fn():
+        if random_weights:
+            return gemma3_backbone.Gemma3Backbone(config, initializer="random",
+                                                  base_dtype=base_dtype)
+        return gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype)
 
     def detokenize(ids):
         text = tokenizer.detokenize(tf.constant(list(ids), tf.int32))
         return text.numpy().decode("utf-8", errors="replace")
 
     return Decoder(
-        "gemma3_270m", "Gemma 3 270M (pretrained, dequantized from Q4_K_M)",
+        name, description,
         lambda: gemma3_backbone.Gemma3Backbone(config, initializer="zeros",
                                                base_dtype=base_dtype),
-        lambda: gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype),
-        lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
+        pretrained_fn, lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
-        lora_targets=tuple(lora_targets.GATED_TARGETS))
+        lora_targets=tuple(lora_targets.GATED_TARGETS),
+        random_weights=random_weights)
 
 
 def build_decoder(name: str, base_dtype: str = "float32") -> Decoder:
-    """The decoder `name` (one of `DECODERS`); `gemma3_270m` fetches its checkpoint once.
+    """The decoder `name` (one of `DECODERS`); the Gemma 3 ones fetch the 270M checkpoint once
+    (`gemma3_1b_random` for its tokenizer only).
 
     `base_dtype`: what its frozen weights are stored at (`models.base_precision`; "bfloat16"
-    for `gemma3_270m` only, whose layers are this project's).
+    for the Gemma 3 decoders only, whose layers are this project's).
 
     >>> build_decoder("gpt2_tiny", base_dtype="bfloat16")
     Traceback (most recent call last):
     ...
-    ValueError: base_dtype='bfloat16': gpt2_tiny is KerasNLP's GPT-2, stored in float32; a lower-precision base is for gemma3_270m
+    ValueError: base_dtype='bfloat16': gpt2_tiny is KerasNLP's GPT-2, stored in float32; a lower-precision base is for the Gemma 3 decoders
     """
     base_precision.check_base_dtype(base_dtype)
     if name not in DECODERS:
@@ -148,9 +169,9 @@ def build_decoder(name: str, base_dtype: str = "float32") -> Decoder:
     if name == "gpt2_tiny":
         if base_dtype != "float32":
             raise ValueError(f"base_dtype={base_dtype!r}: gpt2_tiny is KerasNLP's GPT-2, stored "
-                             "in float32; a lower-precision base is for gemma3_270m")
+                             "in float32; a lower-precision base is for the Gemma 3 decoders")
         return _gpt2_tiny()
-    return _gemma3_270m(base_dtype)
+    return _gemma3(name, base_dtype)
 
 
 def prompt_ids(decoder: Decoder, prompts: Sequence[str], max_new_tokens: int = 0

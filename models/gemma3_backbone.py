@@ -15,7 +15,8 @@ global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`).
 embedding is the input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights);
 the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
 
-`gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`).
+`gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`);
+`gemma3_1b_config()` is Gemma 3 1B's published one (no checkpoint here: random weights).
 
 Example (a tiny random model):
 
@@ -103,6 +104,20 @@ def gemma3_270m_config() -> Gemma3BackboneConfig:
     return Gemma3BackboneConfig(
         vocabulary_size=262_144, num_layers=18, num_query_heads=4, num_key_value_heads=1,
         hidden_dim=640, intermediate_dim=2048, head_dim=256, layer_norm_epsilon=1e-6,
+        global_rope_base=1e6, local_rope_base=1e4, sliding_window=512, global_layer_every=6,
+        query_scale=256 ** -0.5)
+
+
+def gemma3_1b_config() -> Gemma3BackboneConfig:
+    """The `Gemma3BackboneConfig` of Gemma 3 1B as Google publishes it (google/gemma-3-1b-pt's
+    config.json: 26 layers, width 1152, FFN 6912, 4 query heads and 1 key/value head of 256,
+    window 512, the same 262,144-piece vocabulary as 270M): 999,885,952 parameters,
+    301,989,888 of them in the tied embedding. This project has no checkpoint of it: the
+    decoder `gemma3_1b_random` (`models.decoders`) gives it random weights, to measure memory
+    and time at that size."""
+    return Gemma3BackboneConfig(
+        vocabulary_size=262_144, num_layers=26, num_query_heads=4, num_key_value_heads=1,
+        hidden_dim=1152, intermediate_dim=6912, head_dim=256, layer_norm_epsilon=1e-6,
         global_rope_base=1e6, local_rope_base=1e4, sliding_window=512, global_layer_every=6,
         query_scale=256 ** -0.5)
 

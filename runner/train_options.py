@@ -54,7 +54,9 @@ TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 INSTRUCTION_SUFFIXES = (*TEXT_SUFFIXES, ".json")
 TASKS = ("digits", "mnist", *TEXT_TASKS, *INSTRUCT_TASKS)
 ENCODERS = ("tiny", "minilm")            # the classification tasks' backbones
-DECODERS = ("gpt2_tiny", "gemma3_270m")  # the instruction tasks' (`models.decoders`)
+DECODERS = ("gpt2_tiny", "gemma3_270m", "gemma3_1b_random")  # the instruction tasks'
+# The decoders whose frozen base can be stored at a lower precision (`models.decoders`).
+LOWER_BASE_DECODERS = ("gemma3_270m", "gemma3_1b_random")
 BACKBONES = (*ENCODERS, *DECODERS)
 PARTITIONS = ("iid", "shards", "dirichlet")
 # The image tasks' input widths (8x8 digits, 28x28 MNIST): the LoRA nets' largest rank.
@@ -309,10 +311,11 @@ def _check_backbone(options: Mapping[str, Any]) -> None:
     the LoRA algorithms, evaluated globally, on a decoder."""
     task, backbone = options["task"], options["backbone"]
     base_dtype = options["base_dtype"]
-    if base_dtype != "float32" and (task not in INSTRUCT_TASKS or backbone != "gemma3_270m"):
+    if base_dtype != "float32" and (task not in INSTRUCT_TASKS
+                                    or backbone not in LOWER_BASE_DECODERS):
         raise UsageError(f"flag --base_dtype={base_dtype}: a lower-precision base is for the "
                          f"instruction tasks ({', '.join(INSTRUCT_TASKS)}) on "
-                         "--backbone=gemma3_270m")
+                         f"--backbone={' or '.join(LOWER_BASE_DECODERS)}")
     if base_dtype != "float32" and "flora" in options["algorithm"]:
         raise UsageError(f"flag --base_dtype={base_dtype}: flora merges the adapters into the "
                          f"frozen kernels every round, which a {base_dtype} base would round "

@@ -201,10 +201,10 @@ def warn_random_backbone(backbone: str) -> None:
     if backbone in _WARNED:
         return
     _WARNED.add(backbone)
-    print(f"tffl: note: --backbone={backbone} is a small random network for tests and smoke "
-          "runs, not a pretrained model: LoRA barely moves it, and its results say nothing "
-          "about the algorithms (use --backbone=minilm for text, gemma3_270m for instructions)",
-          flush=True)
+    print(f"tffl: note: --backbone={backbone} is a random network for tests, smoke runs and "
+          "measurements, not a pretrained model: LoRA barely moves it, and its results say "
+          "nothing about the algorithms (use --backbone=minilm for text, gemma3_270m for "
+          "instructions)", flush=True)
 
 
 def write_labels(output_dir: pathlib.Path, label_names) -> None:

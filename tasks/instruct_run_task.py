@@ -505,7 +505,7 @@ def instruct_run_task(spec: TaskSpec) -> RunTask:
     non_trainable = _starting_non_trainable(lm_fn, decoder, lora_config, input_spec,
                                             m.frozen_dir)
     run.pretrained_non_trainable = non_trainable if decoder.pretrained_fn else None
-    run.random_backbone = decoder.pretrained_fn is None
+    run.random_backbone = decoder.pretrained_fn is None or decoder.random_weights
     run.decoder = decoder
     return run
 

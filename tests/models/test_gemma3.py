@@ -13,7 +13,8 @@ import sentencepiece as spm
 
 from models import checkpoints, gguf_checkpoint, lm_evaluation, lora_targets
 from models.causal_lm import build_prefix, build_suffix_lm, greedy_generate, response_logits
-from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig, gemma3_270m_config
+from models.gemma3_backbone import (Gemma3Backbone, Gemma3BackboneConfig, gemma3_1b_config,
+                                    gemma3_270m_config)
 from models.gemma3_tokenizer import (GEMMA3_BOS, GEMMA3_END_OF_TURN, GEMMA3_EOS,
                                      read_gguf_vocabulary, sentencepiece_proto)
 from models.lora_targets import LoraConfig, apply_lora
@@ -324,6 +325,18 @@ def gemma3_270m():
 
 def _prompt_ids(tokenizer, prompt):
     return [GEMMA3_BOS] + tokenizer(prompt).numpy().tolist()
+
+
+def test_gemma3_1b_config_has_the_published_parameter_count():
+    """Gemma 3 1B has 999,885,952 parameters (google/gemma-3-1b-pt): a one-layer model of its
+    widths over an 8-token vocabulary gives the size of one layer, and 26 of them, the
+    262,144 × 1152 tied embedding and the final norm make that total."""
+    config = gemma3_1b_config()
+    one_layer = Gemma3Backbone(dataclasses.replace(config, vocabulary_size=8, num_layers=1),
+                               initializer="zeros")
+    layer = one_layer.count_params() - 8 * config.hidden_dim - config.hidden_dim
+    assert (config.vocabulary_size * config.hidden_dim + config.num_layers * layer
+            + config.hidden_dim) == 999_885_952
 
 
 @pytest.mark.large

@@ -64,7 +64,7 @@ def test_a_csv_with_a_client_column_compares_rolora_and_fedavg_lora_keeping_ever
                 "--clients_per_round=2", *_FAST, f"--output_dir={out}")
     _compared(proc, out, ("rolora", "fedavg_lora"))
     assert "train.csv (40 train examples, 3 clients, 2 classes;" in proc.stdout
-    assert proc.stdout.count("--backbone=tiny is a small random network") == 1
+    assert proc.stdout.count("--backbone=tiny is a random network") == 1
     labels = json.loads((out / "rolora" / "labels.json").read_text())["labels"]
     assert labels == ["neg", "pos"]
     for name in ("rolora", "fedavg_lora"):
