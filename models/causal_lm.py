@@ -114,16 +114,30 @@ def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROW
     vocabulary = int(table.shape[0])
     sizes = [min(rows, vocabulary - start) for start in range(0, vocabulary, rows)]
 
+    def in_turn(first, blocks, product):
+        """`product(block widened)` for each block, each block widened only once the previous
+        product (the first: once `first`) is computed. A graph runs any op whose inputs are
+        ready, and a frozen block's cast needs none of the step's data, so unchained all of
+        them ran at once as the step began: 32 widened blocks, the whole table twice in
+        float32, were live together in a TFF worker (heaptrack, docs/PERFORMANCE.md)."""
+        out, previous = [], first
+        for block in blocks:
+            with tf.control_dependencies([previous]):
+                previous = product(tf.cast(block, hidden.dtype))
+            out.append(previous)
+        return out
+
     @tf.custom_gradient
     def product(h, stored):
         blocks = tf.split(stored, sizes, axis=0)
-        logits = tf.concat([tf.matmul(h, tf.cast(b, h.dtype), transpose_b=True)
-                            for b in blocks], axis=1)
+        logits = tf.concat(in_turn(h, blocks, lambda b: tf.matmul(h, b, transpose_b=True)),
+                           axis=1)
 
         def gradient(upstream):
-            parts = tf.split(upstream, sizes, axis=1)
-            return tf.add_n([tf.matmul(part, tf.cast(b, h.dtype))
-                             for part, b in zip(parts, tf.split(stored, sizes, axis=0))]), None
+            parts = iter(tf.split(upstream, sizes, axis=1))
+            grads = in_turn(upstream, tf.split(stored, sizes, axis=0),
+                            lambda b: tf.matmul(next(parts), b))
+            return tf.add_n(grads), None
 
         return logits, gradient
 

@@ -12,8 +12,8 @@ token a call; `models.lm_evaluation.generate` uses it). The architecture is one
 `global_rope_base`, full causal attention) iff (i + 1) % `global_layer_every` == 0, otherwise
 local (RoPE base `local_rope_base`, window `sliding_window`); Gemma 3 has five local layers per
 global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output
-embedding is the input embedding (a `keras_nlp.layers.ReversibleEmbedding` with tied weights);
-the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
+embedding is the input embedding (`Gemma3Embedding`, a `keras_nlp.layers.ReversibleEmbedding`
+with tied weights); the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
 
 `gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`);
 `gemma3_1b_config()` is Gemma 3 1B's published one (no checkpoint here: random weights).
@@ -132,6 +132,31 @@ def is_global_layer(index: int, global_layer_every: int) -> bool:
 
 
 @tf.keras.utils.register_keras_serializable(package="tffl")
+class Gemma3Embedding(keras_nlp.layers.ReversibleEmbedding):
+    """KerasNLP's tied `ReversibleEmbedding` whose lookup gathers rows from one plain read of
+    the table, `gather(read(E), ids)`, instead of `embedding_lookup` on the variable. The
+    variable's sparse read (`ResourceGather`) puts it in copy-on-read mode while another tensor
+    shares its buffer (the frozen base restored into it: `tffl.engine.rounds`), so that lookup
+    copied the table once and every later read of it (the output projection's,
+    `causal_lm.output_logits`) once more: a TFF worker held Gemma 3 270M's table three times
+    (3 × 671 MB in float32; heaptrack, docs/PERFORMANCE.md). The same rows either way:
+
+    >>> import numpy as np
+    >>> embedding = Gemma3Embedding(7, 3)
+    >>> ids = np.array([[0, 6, 2]], np.int32)
+    >>> bool(np.array_equal(embedding(ids), embedding.embeddings.numpy()[ids]))
+    True
+    """
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            return super().call(inputs, reverse=True)
+        table = tf.convert_to_tensor(self.embeddings)   # stored dtype: the lookup does not autocast
+        rows = tf.gather(table, tf.cast(inputs, tf.int32))
+        return tf.cast(rows, self.compute_dtype)
+
+
+@tf.keras.utils.register_keras_serializable(package="tffl")
 class Gemma3Backbone(tf.keras.Model):
     """Gemma 3's decoder stack (module doc); `get_config()` / `from_config()` round-trip.
 
@@ -169,7 +194,7 @@ class Gemma3Backbone(tf.keras.Model):
         zeros = initializer == "zeros"
         token_ids = tf.keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = tf.keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        token_embedding = keras_nlp.layers.ReversibleEmbedding(
+        token_embedding = Gemma3Embedding(
             config.vocabulary_size, config.hidden_dim, tie_weights=True,
             embeddings_initializer=("zeros" if zeros
                                     else tf.keras.initializers.RandomNormal(stddev=0.02)),
