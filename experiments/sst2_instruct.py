@@ -110,15 +110,21 @@ def _summary(ctx: Context, cfg: dict, method: str, num_clients: int, seed: int,
     config = _config(ctx, cfg, run_dir, method, num_clients, seed, learning_rate)
     what = (f"training ({method}, N={num_clients}, seed {seed}, lr {learning_rate:g}, "
             f"{cfg['backbone']})")
-    summary = archive.train_once(
-        run_dir, cfg["rounds"],
-        None if ctx.collect else lambda resume: run_training(
-            config.with_changes(resume=resume), what, ctx.isolate),
-        ctx.output_dir, ctx.archive_dir)
+    summary = _trained(ctx, cfg, run_dir, config, what)
     if (summary is not None and with_test and config.output.eval_test and not ctx.collect
             and active_probes() is None and _test_figure(summary) is None):
         summary = _test_later(ctx, cfg, config, run_dir, what)
     return summary, run_dir
+
+
+def _trained(ctx: Context, cfg: dict, run_dir: pathlib.Path, config, what: str) -> dict | None:
+    """The summary of the run `config` in `run_dir`: found (here or archived), else trained
+    unless --collect (`archive.train_once`); None if unfinished."""
+    return archive.train_once(
+        run_dir, cfg["rounds"],
+        None if ctx.collect else lambda resume: run_training(
+            config.with_changes(resume=resume), what, ctx.isolate),
+        ctx.output_dir, ctx.archive_dir)
 
 
 def _test_figure(summary: dict) -> float | None:
@@ -198,11 +204,7 @@ def _lower_base(ctx: Context, cfg: dict) -> tuple[dict, str] | None:
     config = _config(ctx, cfg, run_dir, "rolora", n, ctx.seed, lr).with_changes(base_dtype=dtype)
     what = (f"training (rolora, N={n}, seed {ctx.seed}, lr {lr:g}, {cfg['backbone']}, "
             f"{dtype} base)")
-    summary = archive.train_once(
-        run_dir, cfg["rounds"],
-        None if ctx.collect else lambda resume: run_training(
-            config.with_changes(resume=resume), what, ctx.isolate),
-        ctx.output_dir, ctx.archive_dir)
+    summary = _trained(ctx, cfg, run_dir, config, what)
     reference, _ = _summary(ctx, cfg, "rolora", n, ctx.seed, lr)
     if summary is None or reference is None:
         return None
