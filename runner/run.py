@@ -120,8 +120,9 @@ def max_concurrent_calls(config: RunConfig) -> int | None:
     """How many clients each local TFF worker trains at once: `config.runtime.max_concurrent_calls`,
     or when that is None, the model's. For a decoder 1: each concurrent client holds its own
     copy of the frozen base and activations, so on Gemma 3 270M at N = 20 two at once peaked
-    the worker at 7.7 GB against 4.0 GB one at a time (4.0 GB at N = 3 either way), for rounds
-    about 1.1 times as long. For the rest None: one per CPU core
+    the worker at 7.7 GB against 4.0 GB one at a time (4.0 GB at N = 3 either way), with rounds
+    about as long (1.1 times on a worker started by hand, shorter on the local one). For the
+    rest None: one per CPU core
     (`tffl.runtime.workers.default_max_concurrent_calls`; docs/PERFORMANCE.md).
 
     >>> max_concurrent_calls(RunConfig().with_changes(backbone="gemma3_270m"))
