@@ -1,10 +1,10 @@
 #!/bin/bash
-# usage: run_one.sh TAG DTYPE PORT
+# usage: heaptrack_run_one.sh TAG DTYPE PORT [WORKER_ENV, e.g. TF_ENABLE_ONEDNN_OPTS=0]
 set -u
-TAG=$1; DTYPE=$2; PORT=$3
+TAG=$1; DTYPE=$2; PORT=$3; WENV=${4:-}
 cd /work/exp73b; export PYTHONPATH=/work/exp73b
 H=/work/exp73b/heap
-heaptrack -o $H/worker_$TAG /work/main/.venv/lib/python3.11/site-packages/tensorflow_federated/data/worker_binary --port=$PORT --max_concurrent_computation_calls=1 > $H/worker_$TAG.out 2>&1 &
+env ${WENV:-X_UNUSED=1} heaptrack -o $H/worker_$TAG /work/main/.venv/lib/python3.11/site-packages/tensorflow_federated/data/worker_binary --port=$PORT --max_concurrent_computation_calls=1 > $H/worker_$TAG.out 2>&1 &
 HPID=$!
 echo "heaptrack pid $HPID" > $H/pids_$TAG.txt
 sleep 8
