@@ -55,6 +55,7 @@ DECODERS = ("gpt2_tiny", "gemma3_270m", "gemma3_1b_random")
 # adapters name, `models.peft_export`).
 HUB_NAMES = {"gemma3_270m": "google/gemma-3-270m"}
 GPT2_TINY_MAX_LENGTH = 1024
+GPT2_TINY_LAYERS = 2
 # Gemma 3 270M's context (rotary positions: no table limits it; Google's model card gives 32K).
 GEMMA3_MAX_LENGTH = 32_768
 _BYTES = 256
@@ -81,6 +82,8 @@ class Decoder:
     lora_targets: tuple[str, ...]
     # Whether `pretrained_fn` draws random weights rather than reading a checkpoint's.
     random_weights: bool = False
+    # Its decoder layers (`lora_layers` index them from 0); None: not known before a build.
+    num_layers: int | None = None
 
 
 def _ragged_lists(tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -96,7 +99,7 @@ def _gpt2_tiny() -> Decoder:
 
     def backbone_fn():
         return keras_nlp.models.GPT2Backbone(
-            vocabulary_size=_BYTES + 1, num_layers=2, num_heads=2, hidden_dim=64,
+            vocabulary_size=_BYTES + 1, num_layers=GPT2_TINY_LAYERS, num_heads=2, hidden_dim=64,
             intermediate_dim=128, dropout=0.0, max_sequence_length=GPT2_TINY_MAX_LENGTH)
 
     def detokenize(ids):
@@ -105,7 +108,7 @@ def _gpt2_tiny() -> Decoder:
     return Decoder("gpt2_tiny", "tiny random GPT-2 over bytes", backbone_fn, None,
                    lambda texts: _ragged_lists(tokenizer, texts), detokenize, tokenizer,
                    bos_id=_BYTES, eos_id=_BYTES, pad_id=0, max_length=GPT2_TINY_MAX_LENGTH,
-                   lora_targets=tuple(lora_targets.TARGETS))
+                   lora_targets=tuple(lora_targets.TARGETS), num_layers=GPT2_TINY_LAYERS)
 
 
 def _gemma3(name: str, base_dtype: str) -> Decoder:
@@ -148,7 +151,7 @@ def _gemma3(name: str, base_dtype: str) -> Decoder:
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
         lora_targets=tuple(lora_targets.GATED_TARGETS),
-        random_weights=random_weights)
+        random_weights=random_weights, num_layers=config.num_layers)
 
 
 def build_decoder(name: str, base_dtype: str = "float32") -> Decoder:

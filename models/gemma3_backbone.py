@@ -13,7 +13,8 @@ token a call; `models.lm_evaluation.generate` uses it). The architecture is one
 local (RoPE base `local_rope_base`, window `sliding_window`); Gemma 3 has five local layers per
 global one (`Gemma3BackboneConfig.layer(i)`, the layer's `Gemma3DecoderConfig`). The output
 embedding is the input embedding (`Gemma3Embedding`, a `keras_nlp.layers.ReversibleEmbedding`
-with tied weights); the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse projection uses E itself.
+with tied weights); the sqrt(H) scaling is a separate `Rescaling` layer, so the reverse
+projection uses E itself.
 
 `gemma3_270m_config()` is google/gemma-3-270m's config (the GGUF file's, `models.gguf_checkpoint`);
 `gemma3_1b_config()` is Gemma 3 1B's published one (no checkpoint here: random weights).

@@ -154,13 +154,19 @@ def _lm_builder(decoder, lora_config) -> Callable[[], tuple]:
 
 
 def _check_targets(decoder, lora_config) -> None:
-    """`lora_targets=...` in one line when the decoder's layers lack a target (before any data
-    is read)."""
+    """`lora_targets=...` in one line when the decoder's layers lack a target, `lora_layers=...`
+    when it has no such layer (before any data is read or any weight loaded)."""
     missing = [t for t in lora_config.targets if t not in decoder.lora_targets]
     if missing:
         raise ValueError(f"lora_targets={','.join(lora_config.targets)}: {decoder.name}'s "
                          f"decoder layers have no {missing[0]!r} projection; its targets are "
                          f"{', '.join(decoder.lora_targets)}")
+    n = decoder.num_layers
+    outside = [i for i in lora_config.layers or () if n is not None and not 0 <= i < n]
+    if outside:
+        raise ValueError(f"lora_layers={','.join(map(str, lora_config.layers))}: "
+                         f"{decoder.name} has {n} decoder layers, 0 to {n - 1}; layer "
+                         f"{outside[0]} is not one of them")
 
 
 def _prompts(dataset: tf.data.Dataset) -> tuple[list[list[int]], np.ndarray]:

@@ -145,6 +145,8 @@ def test_the_evaluator_equals_one_prompt_at_a_time_generation_likelihood_and_los
      "eval_test=True: TFDS's SST-2 test split is unlabelled; pass data_dir="),
     ({"lora_targets": ("query", "ffn_gate")},
      "lora_targets=query,ffn_gate: gpt2_tiny's decoder layers have no 'ffn_gate' projection"),
+    ({"lora_layers": (0, 2)},
+     "lora_layers=0,2: gpt2_tiny has 2 decoder layers, 0 to 1; layer 2 is not one of them"),
     ({"sequence_length": 9}, "sequence_length=9: the answers take up to 10 tokens"),
     ({"sequence_length": 4096}, "sequence_length=4096: gpt2_tiny has 1024 positions"),
     ({"partition": "stripes"}, "unknown partition 'stripes'"),
