@@ -17,7 +17,8 @@ special tokens.
 
 `build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
 weights (what TFF's computations trace), `pretrained_fn()` the same architecture with the
-checkpoint's weights (None for `gpt2_tiny`), `tokenize(texts)` the token ids of each string
+checkpoint's weights (None for `gpt2_tiny`; `pretrained_values(backbone)` the same weights as
+numpy values, for a backbone built in a graph), `tokenize(texts)` the token ids of each string
 (no begin-of-text token) and `detokenize(ids)` the text.
 
 Text in, text out, on a backbone of the decoder's (with LoRA or without):
@@ -84,6 +85,10 @@ class Decoder:
     random_weights: bool = False
     # Its decoder layers (`lora_layers` index them from 0); None: not known before a build.
     num_layers: int | None = None
+    # `(backbone) -> {variable.ref(): numpy value}`: the checkpoint's value of every weight of a
+    # `backbone_fn()` backbone, which may be built in a graph (nothing allocated): what
+    # `pretrained_fn()` holds, without an eager model (None: only `pretrained_fn`).
+    pretrained_values: Callable[[tf.keras.Model], dict] | None = None
 
 
 def _ragged_lists(tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -151,7 +156,9 @@ def _gemma3(name: str, base_dtype: str) -> Decoder:
         bos_id=gemma3_tokenizer.GEMMA3_BOS, eos_id=gemma3_tokenizer.GEMMA3_EOS,
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
         lora_targets=tuple(lora_targets.GATED_TARGETS),
-        random_weights=random_weights, num_layers=config.num_layers)
+        random_weights=random_weights, num_layers=config.num_layers,
+        pretrained_values=(None if random_weights else
+                           lambda backbone: gguf_checkpoint.gguf_values(backbone, quantized)))
 
 
 def build_decoder(name: str, base_dtype: str = "float32") -> Decoder:

@@ -267,13 +267,22 @@ def _layer_targets(layer, i: int) -> dict:
     }
 
 
-def assign_gguf_weights(backbone, tensors: dict[str, np.ndarray]) -> None:
-    """Sets every weight of a `Gemma3Backbone` from `load_gguf_tensors`' arrays (module doc).
+def gguf_values(backbone, source) -> dict:
+    """`{variable.ref(): value}`: every weight of a `Gemma3Backbone` from `source`, a GGUF file
+    (a path, a `gguf.GGUFReader` or `quantized_tensors`' list: each tensor dequantized when its
+    turn comes, so the weights are held once, 1.07 GB for Gemma 3 270M in float32) or
+    `load_gguf_tensors`' arrays (module doc). Each value is laid out as its variable is (a
+    matrix transposed, the attention kernels split into heads), rounded to its dtype (a bfloat16
+    base: `models.base_precision`), as a contiguous numpy array. The backbone may be built in a
+    graph (`tf.Graph().as_default()`): nothing is assigned, so its variables never hold memory.
 
     Raises:
       ValueError: a tensor is missing, unused, or of the wrong shape (named), or a backbone
         weight would be left unset (e.g. LoRA was applied before loading).
     """
+    tensors = (source if isinstance(source, dict)
+               else {t.name: t for t in (source if isinstance(source, list)
+                                         else quantized_tensors(source))})
     targets = {"token_embd": (backbone.token_embedding.embeddings, lambda w: w),
                "output_norm": (backbone.layer_norm.scale, lambda w: w)}
     for i, layer in enumerate(backbone.transformer_layers):
@@ -283,23 +292,32 @@ def assign_gguf_weights(backbone, tensors: dict[str, np.ndarray]) -> None:
     if missing or unused:
         raise ValueError(f"GGUF tensors do not match the backbone: missing {missing}, "
                          f"unused {unused}")
-    values = {}
-    for name, (variable, convert) in targets.items():
-        try:
-            value = convert(tensors[name])
-        except ValueError:   # a reshape that cannot hold
-            value = None
-        if value is None or tuple(value.shape) != tuple(variable.shape):
-            raise ValueError(f"GGUF tensor {name!r} of shape {tensors[name].shape} does not fit "
-                             f"the backbone's {variable.name} of shape {tuple(variable.shape)}")
-        values[name] = value
     unset = {id(v) for v in backbone.weights} - {id(v) for v, _ in targets.values()}
     if unset:
         names = [v.name for v in backbone.weights if id(v) in unset]
         raise ValueError(f"backbone weights without a GGUF tensor: {names}")
-    for name, (variable, _) in targets.items():
+    values = {}
+    for name, (variable, convert) in targets.items():
+        tensor, shape = tensors[name], tensors[name].shape
+        try:
+            value = convert(tensor.dequantized() if isinstance(tensor, QuantizedTensor)
+                            else tensor)
+        except ValueError:   # a reshape that cannot hold
+            value = None
+        if value is None or tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"GGUF tensor {name!r} of shape {shape} does not fit the "
+                             f"backbone's {variable.name} of shape {tuple(variable.shape)}")
         # Rounded to the variable's dtype (a bfloat16 base: `models.base_precision`).
-        variable.assign(np.asarray(values[name], variable.dtype.as_numpy_dtype))
+        values[variable.ref()] = np.ascontiguousarray(value, variable.dtype.as_numpy_dtype)
+    return values
+
+
+def assign_gguf_weights(backbone, source) -> None:
+    """Sets every weight of a `Gemma3Backbone` from `source` (`gguf_values`, whose errors it
+    raises)."""
+    values = gguf_values(backbone, source)
+    for variable in backbone.weights:
+        variable.assign(values.pop(variable.ref()))
 
 
 def load_gemma3_backbone(config, source, base_dtype: str = "float32"):
@@ -310,7 +328,7 @@ def load_gemma3_backbone(config, source, base_dtype: str = "float32"):
     from models.gemma3_backbone import Gemma3Backbone
 
     backbone = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
-    assign_gguf_weights(backbone, load_gguf_tensors(source))
+    assign_gguf_weights(backbone, source)
     return backbone
 
 

@@ -393,9 +393,24 @@ def _starting_non_trainable(lm_fn, decoder, lora_config, input_spec,
     def pretrained():
         from models import causal_lm, lora_targets
 
-        backbone = decoder.pretrained_fn()
-        lora_targets.apply_lora(backbone, lora_config)
-        return [v.numpy() for v in causal_lm.build_causal_lm(backbone).non_trainable_variables]
+        if decoder.pretrained_values is None:
+            backbone = decoder.pretrained_fn()
+            lora_targets.apply_lora(backbone, lora_config)
+            return [v.numpy()
+                    for v in causal_lm.build_causal_lm(backbone).non_trainable_variables]
+        # The checkpoint's values in the model's order, without an eager model: built in a
+        # throw-away graph, its variables hold no memory (eagerly, the zeros they start at and
+        # the values assigned to them held the base three times at once).
+        with tf.Graph().as_default():
+            backbone = decoder.backbone_fn()
+            values = decoder.pretrained_values(backbone)
+            lora_targets.apply_lora(backbone, lora_config)
+            frozen = causal_lm.build_causal_lm(backbone).non_trainable_variables
+            unset = [v.name for v in frozen if v.ref() not in values]
+            if unset:
+                raise ValueError(f"{decoder.name}: frozen weights without a checkpoint value: "
+                                 f"{unset}")
+            return [values.pop(v.ref()) for v in frozen]
 
     return starting_non_trainable(lambda: lm_fn()[1], input_spec,
                                   pretrained if decoder.pretrained_fn is not None else None,

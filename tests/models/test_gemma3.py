@@ -237,6 +237,26 @@ def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
             backbone, {**tensors, "blk.0.attn_k": np.zeros((32, 32), np.float32)})
 
 
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
+def test_gguf_values_of_a_backbone_built_in_a_graph_are_the_loaded_weights(tmp_path, base_dtype):
+    # The loaded backbone gives the numpy forward pass (above); a backbone built in a graph,
+    # whose variables never hold memory, gets the same values, dtypes and layout from the file.
+    import tensorflow as tf
+
+    path = tmp_path / "tiny-gemma3.gguf"
+    config = Gemma3BackboneConfig(**_write_tiny_gguf(path)[0])
+    quantized = gguf_checkpoint.quantized_tensors(path)
+    loaded = gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype)
+    with tf.Graph().as_default():
+        built = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
+        values = gguf_checkpoint.gguf_values(built, quantized)
+        ordered = [values.pop(v.ref()) for v in built.weights]
+    assert not values and len(ordered) == len(loaded.weights)
+    for variable, value in zip(loaded.weights, ordered):
+        assert value.dtype == variable.dtype.as_numpy_dtype and value.flags.c_contiguous
+        np.testing.assert_array_equal(value, variable.numpy(), err_msg=variable.name)
+
+
 def test_a_gguf_file_as_a_hugging_face_checkpoint(tmp_path):
     """`save_hf_checkpoint` (PEFT's cross-check loads it in transformers): every tensor under its
     HF name with llama.cpp's "+1" taken off the norms, and transformers' config of the file's."""

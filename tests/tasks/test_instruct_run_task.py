@@ -302,3 +302,45 @@ def test_an_empty_evaluated_split_is_one_line():
                                                 [[ord("n"), EOS], [ord("p"), EOS]])
     with pytest.raises(ValueError, match="the evaluation dataset has no examples"):
         evaluate(None)
+
+
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
+def test_the_checkpoints_frozen_values_without_an_eager_model_are_the_loaded_ones(
+        tmp_path, base_dtype):
+    # A decoder with `pretrained_values` reads the frozen weights in a graph-built model's
+    # order; they equal the loaded backbone's (`pretrained_fn`) with LoRA on, value for value.
+    import dataclasses
+
+    from models import gguf_checkpoint, lora_targets
+    from models.gemma3_backbone import Gemma3Backbone, Gemma3BackboneConfig
+    from tests.models.gemma3_reference import random_gguf_tensors
+
+    tiny = {"vocabulary_size": 64, "num_layers": 2, "num_query_heads": 2,
+            "num_key_value_heads": 1, "hidden_dim": 16, "intermediate_dim": 32, "head_dim": 8,
+            "sliding_window": 2, "global_layer_every": 2, "layer_norm_epsilon": 1e-6,
+            "global_rope_base": 1e6, "local_rope_base": 1e4}
+    config = Gemma3BackboneConfig(**tiny)
+    tensors, _ = random_gguf_tensors(tiny, quantize=False)
+
+    def backbone_fn():
+        return Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
+
+    def pretrained_fn():
+        backbone = backbone_fn()
+        gguf_checkpoint.assign_gguf_weights(backbone, tensors)
+        return backbone
+
+    eager = decoders.Decoder(
+        "gemma3_270m", "tiny Gemma 3", backbone_fn, pretrained_fn, tokenize=None,
+        detokenize=None, tokenizer=None, bos_id=2, eos_id=1, pad_id=0, max_length=64,
+        lora_targets=("query", "value"), num_layers=2)
+    graph = dataclasses.replace(
+        eager, pretrained_values=lambda backbone: gguf_checkpoint.gguf_values(backbone, tensors))
+    lora = lora_targets.LoraConfig(rank=2, targets=("query", "value"), layers=(1,))
+    values = [instruct_run_task._starting_non_trainable(
+        instruct_run_task._lm_builder(d, lora), d, lora, None, tmp_path / name)()
+        for d, name in ((eager, "eager"), (graph, "graph"))]
+    assert len(values[0]) == len(values[1]) == 2 * 13 + 2   # every norm and kernel, no LoRA
+    for loaded, read in zip(*values):
+        assert read.dtype == loaded.dtype
+        np.testing.assert_array_equal(read, loaded)
