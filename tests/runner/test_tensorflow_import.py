@@ -105,3 +105,19 @@ def test_every_model_building_script_imports_tensorflow_before_main(script):
     body = body[:body.index("\ndef ", 1)] if "\ndef " in body[1:] else body
     assert re.search(r"import_tensorflow\(\)|_import_heavy\(\)|importing_tensorflow\(", body), (
         f"{script}: its flags parser {parser.group(1)} does not import TensorFlow")
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("given", [None, "0"])
+def test_the_allocator_choice_leaves_the_environment_as_it_was(given):
+    # The driver takes the system allocator; the workers it starts inherit the user's choice.
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"}
+    if given is not None:
+        env[tensorflow_import.SYSTEM_ALLOCATOR] = given
+    program = ("import os\nfrom runner import tensorflow_import\n"
+               "tensorflow_import.import_tensorflow()\n"
+               f"print(os.environ.get({tensorflow_import.SYSTEM_ALLOCATOR!r}))")
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == str(given)
