@@ -133,7 +133,8 @@ def build_evaluator(algorithm: str, task, process, config: RunConfig):
 
     def evaluate(state, store=None):
         del store  # heterogeneous ranks: the clients' ranks; the global model is evaluated
-        return task.evaluate(process.model_weights(state))
+        # The base by reference: the evaluator's model reads it once, not each evaluation.
+        return task.evaluate(process.model_weights(state, base_by_reference=True))
     return evaluate
 
 

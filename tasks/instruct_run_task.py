@@ -255,8 +255,9 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], splits: dict[str, tf.data.Da
     layer (`models.gemma3_backbone.Gemma3Backbone.layer_input`, `from_layer`), every row's x_k
     is computed on the first call and kept (for each split whose x_k fits in
     `PREFIX_CACHE_BYTES`), and later calls run layers k..L−1 only. A fingerprint of a sample of
-    the frozen weights (every ⌈size/4096⌉-th value of each array) is checked on every call:
-    other frozen weights recompute x_k."""
+    the frozen weights (every ⌈size/4096⌉-th value of each array; a base by reference,
+    `tffl.engine.frozen.FrozenValue`, is named by its file) is checked on every call: other
+    frozen weights recompute x_k."""
     from models import causal_lm
     from tffl.engine import frozen
 
@@ -338,11 +339,12 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], splits: dict[str, tf.data.Da
     def evaluate(weights) -> dict[str, float]:
         if not state:
             state.update(build())
-        weights.assign_weights_to(state["model"])
+        frozen.assign_weights(weights, state["model"])   # a base by reference: read once
         key = None
-        if any(state["starts"].values()):
-            key = frozen.fingerprint([np.ravel(v)[::max(1, np.size(v) // 4096)]
-                                      for v in weights.non_trainable])
+        if any(state["starts"].values()):   # a base by reference is its file's own name
+            key = tuple(v if isinstance(v, frozen.FrozenValue)
+                        else frozen.fingerprint([np.ravel(v)[::max(1, np.size(v) // 4096)]])
+                        for v in weights.non_trainable)
         out = {}
         for prefix in splits:
             out.update(split_measures(prefix, key))

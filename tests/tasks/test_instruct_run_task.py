@@ -237,12 +237,13 @@ def _expected_one_token_measures(backbone, decoder, answers, texts=TEXTS, labels
 @pytest.mark.large
 @pytest.mark.parametrize("architecture", ["gpt2_tiny", "tiny_gemma3"])
 def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_and_loss_define(
-        architecture):
+        architecture, tmp_path):
     """Answers of one token and end of text (Gemma 3's " negative", " positive"; here the bytes
     'n' and 'p'): every measure from one forward pass per batch, against one prompt at a time.
     On Gemma 3 (LoRA on its last layer only) the frozen layers' outputs are kept from the first
     call; other frozen weights recompute them, the same weights reuse them. A held-out split
-    beside the evaluated one gets the same measures on its own rows, named test_<measure>."""
+    beside the evaluated one gets the same measures on its own rows, named test_<measure>.
+    The base by reference (`tffl.engine.frozen.FrozenValue`s of its file) gives the same."""
     import dataclasses
     import types
 
@@ -277,11 +278,19 @@ def test_one_token_answers_are_evaluated_in_one_pass_as_generation_likelihood_an
         variable.assign(tf.random.stateless_normal(variable.shape, [1, 2], stddev=0.5))
     evaluate = instruct_run_task.make_evaluator(lm_fn, dev, decoder, answers, batch_size=3,
                                                 heldout=heldout)
-    for change_frozen in (False, True, False):
-        if change_frozen:   # another frozen base: the kept outputs are stale
+    from tffl.engine import frozen
+
+    for step in ("same", "changed", "same", "by_reference", "by_reference", "same"):
+        if step == "changed":   # another frozen base: the kept outputs are stale
             embedding = backbone.token_embedding.embeddings
             embedding.assign(embedding * 1.5 + 0.01)
-        got = evaluate(tff.learning.models.ModelWeights.from_model(lm))
+        weights = tff.learning.models.ModelWeights.from_model(lm)
+        if step == "by_reference":
+            base = frozen.FrozenWeights.write([np.asarray(v) for v in weights.non_trainable],
+                                              tmp_path)
+            weights = tff.learning.models.ModelWeights(
+                [np.asarray(v) for v in weights.trainable], base.values())
+        got = evaluate(weights)
         for prefix, expected in (
                 ("", _expected_one_token_measures(backbone, decoder, answers)),
                 ("test_", _expected_one_token_measures(backbone, decoder, answers, test_texts,

@@ -97,15 +97,23 @@ class FederatedModel:
 
         return initial_weights
 
-    def full_weights(self, global_weights, personal=None) -> tff.learning.models.ModelWeights:
-        """The whole model's weights (numpy) from the federated ones (+ a personal state)."""
+    def full_weights(self, global_weights, personal=None, base_by_reference: bool = False
+                     ) -> tff.learning.models.ModelWeights:
+        """The whole model's weights (numpy) from the federated ones (+ a personal state). With
+        `base_by_reference`, the base values are `tffl.engine.frozen.FrozenValue`s, read from
+        the file where they are used (`frozen.assign_weights` assigns them once per model)."""
         global_weights = tff.learning.models.ModelWeights(
             trainable=list(global_weights.trainable),
             non_trainable=list(global_weights.non_trainable))
-        weights = self.layout.assemble(global_weights, self.frozen.load(), personal)
+        base = self.frozen.values() if base_by_reference else self.frozen.load()
+        weights = self.layout.assemble(global_weights, base, personal)
+
+        def value(v):
+            return v if isinstance(v, frozen_lib.FrozenValue) else np.asarray(v)
+
         return tff.learning.models.ModelWeights(
-            trainable=[np.asarray(v) for v in weights.trainable],
-            non_trainable=[np.asarray(v) for v in weights.non_trainable])
+            trainable=[value(v) for v in weights.trainable],
+            non_trainable=[value(v) for v in weights.non_trainable])
 
     def check_global_weights(self, weights) -> None:
         """ValueError naming the variable if federated `weights` (`ModelWeights`) do not fit

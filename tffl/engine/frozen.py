@@ -36,6 +36,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -218,16 +219,21 @@ class FrozenWeights:
             dtypes=[tf.as_dtype(d) for d in self.dtypes])
         return [tf.ensure_shape(t, s) for t, s in zip(tensors, self.shapes)]
 
+    def restore_one(self, k: int) -> tf.Tensor:
+        """Value k alone, read from the file (`restore`'s k-th tensor)."""
+        tensor, = tf.raw_ops.RestoreV2(prefix=self.prefix, tensor_names=[_names(k + 1)[k]],
+                                       shape_and_slices=[""],
+                                       dtypes=[tf.as_dtype(self.dtypes[k])])
+        return tf.ensure_shape(tensor, self.shapes[k])
+
     def load(self) -> list[np.ndarray]:
         """The values as numpy arrays (eagerly), read one at a time, so that the base is held
         about once, not twice (1.07 GB for Gemma 3 270M)."""
-        values = []
-        for name, dtype in zip(_names(len(self.shapes)), self.dtypes):
-            tensor, = tf.raw_ops.RestoreV2(prefix=self.prefix, tensor_names=[name],
-                                           shape_and_slices=[""], dtypes=[tf.as_dtype(dtype)])
-            values.append(tensor.numpy())
-            del tensor
-        return values
+        return [self.restore_one(k).numpy() for k in range(len(self.shapes))]
+
+    def values(self) -> list["FrozenValue"]:
+        """Each value as a `FrozenValue`: read from the file only where it is used."""
+        return [FrozenValue(self, k) for k in range(len(self.shapes))]
 
     def check_readable(self) -> None:
         """Raises `FileNotFoundError` naming the file if it is gone (e.g. a cleaned cache)."""
@@ -235,6 +241,77 @@ class FrozenWeights:
             raise FileNotFoundError(
                 f"frozen weights {self.prefix}.index are missing (fingerprint {self.fingerprint});"
                 " rebuild the process to write them again")
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenValue:
+    """Value `index` of the `FrozenWeights` file `weights`, read when it is used: a variable's
+    `assign` (TensorFlow's conversion) and `np.asarray` read this one value from the file, so a
+    whole model's weights (`tffl.engine.federated_model.FederatedModel.full_weights(...,
+    base_by_reference=True)`) do not hold the base in memory, and a model that holds the value
+    already need not read it again (`assign_weights`).
+
+    >>> array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> value = FrozenWeights.write([array], run_dir / "frozen").values()[0]
+    >>> value.shape, np.asarray(value)[1].tolist(), tf.Variable(value).numpy().sum()
+    ((2, 3), [3.0, 4.0, 5.0], 15.0)
+    """
+
+    weights: FrozenWeights
+    index: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.weights.shapes[self.index]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.weights.dtypes[self.index]
+
+    def __array__(self, dtype=None):
+        value = self.weights.restore_one(self.index).numpy()
+        return value if dtype is None else value.astype(dtype, copy=False)
+
+
+def _frozen_value_tensor(value: FrozenValue, dtype=None, name=None, as_ref=False) -> tf.Tensor:
+    del name, as_ref
+    tensor = value.weights.restore_one(value.index)
+    return tensor if dtype is None else tf.cast(tensor, dtype)
+
+
+tf.register_tensor_conversion_function(FrozenValue, _frozen_value_tensor)
+
+# What each Keras model's variables were last given from a frozen-weights file
+# (`assign_weights`): {model: {variable position: FrozenValue}}.
+_HELD = weakref.WeakKeyDictionary()
+
+
+def assign_weights(weights, model: tf.keras.Model) -> None:
+    """`weights.assign_weights_to(model)` (a `ModelWeights` of `model`'s weights), except that
+    a `FrozenValue` the variable was given last time is not read again: a base assigned once
+    stays, and only what changed (the trained weights) is assigned.
+
+    >>> model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+    >>> base = FrozenWeights.write([np.ones((3, 2), np.float32)], run_dir / "frozen").values()
+    >>> weights = tff.learning.models.ModelWeights([base[0], np.zeros(2, np.float32)], [])
+    >>> assign_weights(weights, model)
+    >>> model.layers[0].kernel.numpy().sum(), model.layers[0].bias.numpy().sum()
+    (6.0, 0.0)
+    """
+    held = _HELD.setdefault(model, {})
+    variables = list(model.trainable_weights) + list(model.non_trainable_weights)
+    values = list(weights.trainable) + list(weights.non_trainable)
+    if len(variables) != len(values):
+        raise ValueError(f"assign_weights: the model has {len(variables)} weights, got "
+                         f"{len(values)} values")
+    for k, (variable, value) in enumerate(zip(variables, values)):
+        if isinstance(value, FrozenValue) and held.get(k) == value:
+            continue
+        variable.assign(value)
+        if isinstance(value, FrozenValue):
+            held[k] = value
+        else:
+            held.pop(k, None)
 
 
 def initial_values(keras_model_fn: Callable[[], tf.keras.Model], input_spec,

@@ -350,12 +350,13 @@ class Process(tff.templates.IterativeProcess):
             _check_against_type(weights, self.get_model_weights.type_signature.result,
                                 "set_model_weights: model weights")
 
-    def model_weights(self, state, personal=None):
+    def model_weights(self, state, personal=None, base_by_reference: bool = False):
         """The whole model's weights as numpy (Keras: the state's federated ones, the frozen
-        base and the personal values if given), else `get_model_weights(state)`."""
+        base and the personal values if given; `base_by_reference`: the base as
+        `tffl.engine.frozen.FrozenValue`s, read where used), else `get_model_weights(state)`."""
         if self.model is None:
             return self.get_model_weights(state)
-        return self.model.full_weights(state.global_model_weights, personal)
+        return self.model.full_weights(state.global_model_weights, personal, base_by_reference)
 
     def with_model_weights(self, state, weights):
         """`state` with the federated part of the whole-model `weights` (Keras algorithms;

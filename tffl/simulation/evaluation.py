@@ -23,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tffl.engine import frozen
+
 
 def make_keras_evaluator(
     keras_model_fn: Callable[[], tf.keras.Model],
@@ -94,7 +96,7 @@ def make_keras_evaluator(
     def evaluate(weights: tff.learning.models.ModelWeights) -> dict[str, float]:
         if "model" not in cache:
             cache["model"], cache["totals"] = build()
-        weights.assign_weights_to(cache["model"])
+        frozen.assign_weights(weights, cache["model"])   # a base by reference: read once
         loss_sum, correct, count = (float(v) for v in cache["totals"]())
         if count == 0:
             raise ValueError("the evaluation dataset has no examples; check the evaluated "
