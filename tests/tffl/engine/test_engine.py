@@ -253,6 +253,38 @@ def test_frozen_weights_round_trip_and_fingerprint(tmp_path):
     assert written.fingerprint == digest.hexdigest()[:16]
 
 
+def test_a_base_by_reference_is_read_where_used_and_assigned_once(tmp_path, monkeypatch):
+    values = [np.arange(6, dtype=np.float32).reshape(3, 2), np.full(2, 0.5, np.float32)]
+    written = frozen.FrozenWeights.write(values, tmp_path)
+    (restore_all,) = [t.numpy() for t in written.restore()[:1]]
+    np.testing.assert_array_equal(restore_all, values[0])   # the merged bundles, read whole
+    by_reference = written.values()
+    assert [v.shape for v in by_reference] == [(3, 2), (2,)]
+    for value, want in zip(by_reference, values):
+        np.testing.assert_array_equal(np.asarray(value), want)
+        np.testing.assert_array_equal(tf.convert_to_tensor(value).numpy(), want)
+    reads = []
+    restore_one = frozen.FrozenWeights.restore_one
+    monkeypatch.setattr(frozen.FrozenWeights, "restore_one",
+                        lambda self, k: reads.append(k) or restore_one(self, k))
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,)),
+                                 tf.keras.layers.Dense(1)])
+    model.layers[0].trainable = False   # kernel and bias: non-trainable
+    head = [np.ones((2, 1), np.float32), np.zeros(1, np.float32)]
+    weights = tff.learning.models.ModelWeights(head, [by_reference[0], values[1]])
+    frozen.assign_weights(weights, model)
+    frozen.assign_weights(weights._replace(trainable=[2 * head[0], head[1]]), model)
+    assert reads == [0]   # the base read once; the trained head assigned both times
+    np.testing.assert_array_equal(model.layers[0].kernel.numpy(), values[0])
+    np.testing.assert_array_equal(model.layers[1].kernel.numpy(), 2 * head[0])
+    frozen.assign_weights(weights._replace(non_trainable=[values[0] + 1, values[1]]), model)
+    frozen.assign_weights(weights, model)   # another value came between: read again
+    assert reads == [0, 0]
+    np.testing.assert_array_equal(model.layers[0].kernel.numpy(), values[0])
+    with pytest.raises(ValueError, match="the model has 4 weights, got 2 values"):
+        frozen.assign_weights(tff.learning.models.ModelWeights(head, []), model)
+
+
 def test_initial_values_draw_only_the_asked_part():
     """A part not drawn is None, and the drawn part's values are what a whole draw gives
     (each variable's initializer is its own op, seeded here)."""
