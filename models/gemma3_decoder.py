@@ -67,6 +67,8 @@ True
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 
 import tensorflow as tf
@@ -377,15 +379,29 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         self.built = True
 
     def call(self, x, decoder_padding_mask=None, training=None):
-        attended = self._self_attention_layer(self._self_attention_norm(x), decoder_padding_mask)
-        return self._feedforward_block(x + self._post_attention_norm(attended))
+        with self._widened_after(x):
+            attended = self._self_attention_layer(self._self_attention_norm(x),
+                                                  decoder_padding_mask)
+            return self._feedforward_block(x + self._post_attention_norm(attended))
 
     def call_with_cache(self, x, cache, cache_update_index, positions, key_positions):
         """The layer on T new tokens with its attention's key/value cache (B, 2, S, K, D):
         `(out (B, T, H), cache)`, `Gemma3Attention.call_with_cache` for the arguments."""
-        attended, cache = self._self_attention_layer.call_with_cache(
-            self._self_attention_norm(x), cache, cache_update_index, positions, key_positions)
-        return self._feedforward_block(x + self._post_attention_norm(attended)), cache
+        with self._widened_after(x):
+            attended, cache = self._self_attention_layer.call_with_cache(
+                self._self_attention_norm(x), cache, cache_update_index, positions,
+                key_positions)
+            return self._feedforward_block(x + self._post_attention_norm(attended)), cache
+
+    def _widened_after(self, x):
+        """In a graph, a lower-precision base's kernels read (widened to float32) only once the
+        layer's input x is computed. A graph runs any op whose inputs are ready, and a frozen
+        kernel's cast needs none of the step's data, so every layer's widened kernels were live
+        at once as a pass began (the evaluation's prefix through 14 layers of Gemma 3 270M).
+        A float32 base reads its kernels without a copy: nothing to order."""
+        if self.base_dtype == "float32":
+            return contextlib.nullcontext()
+        return tf.control_dependencies([x])
 
     def _feedforward_block(self, h):
         """h + post_ffw_norm(W_down · (gelu_tanh(W_gate · n) ⊙ (W_up · n))), n = ffn_norm(h)."""
