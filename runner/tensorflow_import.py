@@ -38,6 +38,8 @@ from collections.abc import Callable
 # the rounds of a Gemma 3 270M run that needs 1.5 GB. With this variable set, oneDNN's kernels
 # stay and the buffers come from the system allocator, which returns them.
 SYSTEM_ALLOCATOR = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
+# `tffl.runtime.workers.DRIVER_ONLY_ENV`, named here without importing TensorFlow.
+DRIVER_ONLY_ENV = "TFFL_DRIVER_ONLY_ENV"
 
 
 def import_tensorflow() -> None:
@@ -45,20 +47,17 @@ def import_tensorflow() -> None:
     exit path). Call it before absl's `app.run` enters `main` (module docstring).
 
     This process's TensorFlow allocates from the system allocator (`SYSTEM_ALLOCATOR`, unless
-    the environment sets it); the environment is left as it was, so the TFF workers it starts
-    keep oneDNN's pool, which holds less in their steps (docs/PERFORMANCE.md, "The driver's
-    memory")."""
+    the environment sets it): TensorFlow reads the variable at its first operation, so it stays
+    set, named in `DRIVER_ONLY_ENV` so that the TFF workers this process
+    starts go without it and keep oneDNN's pool, which holds less in their steps
+    (docs/PERFORMANCE.md, "What held the driver's memory")."""
     import os
 
-    chosen = os.environ.get(SYSTEM_ALLOCATOR)
-    os.environ[SYSTEM_ALLOCATOR] = chosen or "1"
-    try:
-        import tensorflow as tf
-
-        tf.zeros([1])   # the CPU allocator is made now, reading the variable
-    finally:
-        if chosen is None:
-            del os.environ[SYSTEM_ALLOCATOR]
+    if SYSTEM_ALLOCATOR not in os.environ:
+        os.environ[SYSTEM_ALLOCATOR] = "1"
+        names = [n for n in os.environ.get(DRIVER_ONLY_ENV, "").split(",") if n]
+        os.environ[DRIVER_ONLY_ENV] = ",".join([*names, SYSTEM_ALLOCATOR])
+    import tensorflow  # noqa: F401
 
     from tffl import runtime  # noqa: F401
 

@@ -109,15 +109,24 @@ def test_every_model_building_script_imports_tensorflow_before_main(script):
 
 @pytest.mark.large
 @pytest.mark.parametrize("given", [None, "0"])
-def test_the_allocator_choice_leaves_the_environment_as_it_was(given):
-    # The driver takes the system allocator; the workers it starts inherit the user's choice.
+def test_the_driver_takes_the_system_allocator_and_its_workers_do_not(given):
+    # Set for the driver unless the user chose; a local worker starts without it then.
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"}
     if given is not None:
         env[tensorflow_import.SYSTEM_ALLOCATOR] = given
     program = ("import os\nfrom runner import tensorflow_import\n"
                "tensorflow_import.import_tensorflow()\n"
-               f"print(os.environ.get({tensorflow_import.SYSTEM_ALLOCATOR!r}))")
+               "from tffl.runtime import workers\n"
+               f"name = {tensorflow_import.SYSTEM_ALLOCATOR!r}\n"
+               "print(os.environ.get(name), workers.worker_environment().get(name))")
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == str(given)
+    expected = "1 None" if given is None else f"{given} {given}"
+    assert proc.stdout.strip().splitlines()[-1] == expected
+
+
+def test_the_marker_is_the_runtimes():
+    from tffl.runtime import workers
+
+    assert tensorflow_import.DRIVER_ONLY_ENV == workers.DRIVER_ONLY_ENV

@@ -93,6 +93,25 @@ def exit_reason(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+# Names (comma-separated) of environment variables set for the driver only: a local worker
+# starts without them, and without this one (e.g. the system allocator of
+# `runner.tensorflow_import`, which the workers' steps hold more with).
+DRIVER_ONLY_ENV = "TFFL_DRIVER_ONLY_ENV"
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment a local worker starts with: this process's, without the variables named
+    in `DRIVER_ONLY_ENV` nor that one.
+
+    >>> os.environ[DRIVER_ONLY_ENV] = "TFFL_EXAMPLE"; os.environ["TFFL_EXAMPLE"] = "1"
+    >>> sorted(k for k in worker_environment() if k in ("TFFL_EXAMPLE", DRIVER_ONLY_ENV))
+    []
+    >>> del os.environ[DRIVER_ONLY_ENV], os.environ["TFFL_EXAMPLE"]
+    """
+    dropped = {DRIVER_ONLY_ENV, *filter(None, os.environ.get(DRIVER_ONLY_ENV, "").split(","))}
+    return {k: v for k, v in os.environ.items() if k not in dropped}
+
+
 class LocalWorker(worker_connection.Worker):
     """One TFF C++ worker process on localhost, owned by this Python process.
 
@@ -153,6 +172,7 @@ class LocalWorker(worker_connection.Worker):
                 stdout=out,
                 stderr=subprocess.STDOUT if self.log_path is not None else subprocess.DEVNULL,
                 close_fds=True,
+                env=worker_environment(),
                 preexec_fn=_die_with_parent,
             )
         finally:
