@@ -220,7 +220,9 @@ class FrozenWeights:
         return [tf.ensure_shape(t, s) for t, s in zip(tensors, self.shapes)]
 
     def restore_one(self, k: int) -> tf.Tensor:
-        """Value k alone, read from the file (`restore`'s k-th tensor)."""
+        """Value k alone, read from the file (`restore`'s k-th tensor); `FileNotFoundError`
+        naming the file when it is gone (`check_readable`)."""
+        self.check_readable()
         tensor, = tf.raw_ops.RestoreV2(prefix=self.prefix, tensor_names=[_names(k + 1)[k]],
                                        shape_and_slices=[""],
                                        dtypes=[tf.as_dtype(self.dtypes[k])])

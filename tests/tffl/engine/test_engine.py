@@ -10,6 +10,8 @@
 - Checkpoints carry the frozen weights' fingerprint; resuming on other frozen weights is refused.
 """
 
+import pathlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -283,6 +285,11 @@ def test_a_base_by_reference_is_read_where_used_and_assigned_once(tmp_path, monk
     np.testing.assert_array_equal(model.layers[0].kernel.numpy(), values[0])
     with pytest.raises(ValueError, match="the model has 4 weights, got 2 values"):
         frozen.assign_weights(tff.learning.models.ModelWeights(head, []), model)
+    import shutil
+
+    shutil.rmtree(pathlib.Path(written.prefix).parent)   # a cleaned cache: one line, the file
+    with pytest.raises(FileNotFoundError, match=r"weights\.index are missing"):
+        np.asarray(written.values()[1])
 
 
 def test_initial_values_draw_only_the_asked_part():
