@@ -14,8 +14,8 @@ runner-up. At N = 20, one run per method at `learning_rate`. The zero-shot row e
 model as every method starts it (LoRA's B = 0: the pretrained base), with the same prompts, the
 same parsing and the same dev sentences (`runner.run.evaluate_untrained`). At full scale, RoLoRA's
 run at N = 3, the first seed and the default rate runs again with its frozen base stored in
-bfloat16 (`--base_dtype`), and a note says whether its dev generation accuracy stays within
-`LOWER_BASE_POINTS` of the float32 run's (`_lower_base`).
+bfloat16 and again in int8 (`--base_dtype`), and a note for each says whether its dev
+generation accuracy stays within `LOWER_BASE_POINTS` of the float32 run's (`_lower_base`).
 
 The table reports, on the 872 dev sentences, the final generation accuracy (greedy answer parsed
 by its first word, unparseable counted wrong: the RoLoRA paper's protocol), the share of
@@ -66,10 +66,10 @@ SST2_INSTRUCT_SEEDED = 3
 SST2_INSTRUCT_SCALES = {
     "small": dict(backbone="gpt2_tiny", rank=4, lora_layers=None, rounds=6, local_steps=2,
                   batch_size=8, learning_rate=0.5, learning_rates=(0.5,), seeds=1,
-                  evaluations=1, lower_base=None),
+                  evaluations=1, lower_bases=()),
     "full": dict(backbone="gemma3_270m", rank=8, lora_layers="14,15,16,17", rounds=30,
                  local_steps=2, batch_size=8, learning_rate=0.1, learning_rates=(0.03, 0.1, 0.3),
-                 seeds=3, evaluations=1, lower_base="bfloat16"),
+                 seeds=3, evaluations=1, lower_bases=("bfloat16", "int8")),
 }
 # The lower-precision base's check (`_lower_base`): its dev generation accuracy within this many
 # points of the float32 base's, the rest of the run the same.
@@ -193,13 +193,13 @@ def _zero_shot(ctx: Context, cfg: dict) -> dict | None:
     return summary
 
 
-def _lower_base(ctx: Context, cfg: dict) -> tuple[dict, str] | None:
+def _lower_base(ctx: Context, cfg: dict, dtype: str) -> tuple[dict, str] | None:
     """RoLoRA at N = 3, the first seed and the default rate, its frozen base stored at
-    `cfg["lower_base"]` (`--base_dtype`; LoRA factors and arithmetic float32), in
+    `dtype` (one of `cfg["lower_bases"]`: `--base_dtype`; LoRA factors and arithmetic float32), in
     `N3/rolora_base_<dtype>`: its table row, and the note comparing its dev generation accuracy
     with the float32 run of the same flags (`N3/rolora`, trained by the grid). None before both
     finished."""
-    n, lr, dtype = SST2_INSTRUCT_SEEDED, cfg["learning_rate"], cfg["lower_base"]
+    n, lr = SST2_INSTRUCT_SEEDED, cfg["learning_rate"]
     run_dir = ctx.output_dir / f"N{n}" / f"rolora_base_{dtype}"
     config = _config(ctx, cfg, run_dir, "rolora", n, ctx.seed, lr).with_changes(base_dtype=dtype)
     what = (f"training (rolora, N={n}, seed {ctx.seed}, lr {lr:g}, {cfg['backbone']}, "
@@ -339,10 +339,9 @@ def run_sst2_instruct(ctx: Context) -> Result:
         grid = {lr: _summary(ctx, cfg, method, SST2_INSTRUCT_SEEDED, seeds[0], lr)}
         rows.append(_seeded_row(ctx, cfg, method, SST2_INSTRUCT_SEEDED, lr, grid, runner_cells,
                                 {"method": f"{SST2_INSTRUCT_LABELS[method]} (runner-up)"}))
-    lower = (_lower_base(ctx, cfg) if cfg["lower_base"] is not None and "rolora" in methods
-             else None)
-    if lower is not None:
-        rows.append(lower[0])
+    lower = [found for found in (_lower_base(ctx, cfg, dtype) for dtype in cfg["lower_bases"]
+                                 if "rolora" in methods) if found is not None]
+    rows += [row for row, _ in lower]
     layers = f"layers {cfg['lora_layers']}" if cfg["lora_layers"] else "every layer"
     title = (
         f"SST-2 as instructions for a decoder: {cfg['backbone']}, LoRA rank "
@@ -378,7 +377,7 @@ def run_sst2_instruct(ctx: Context) -> Result:
     claims = verdicts.claims_table(_claims(methods), _with_measure(cells), regime)
     if claims is not None:
         extra["claims"] = claims
-    notes += mixed_commit_notes(rows) + rerun_notes(rows) + ([lower[1]] if lower else [])
+    notes += mixed_commit_notes(rows) + rerun_notes(rows) + [note for _, note in lower]
     if runner_ups:
         notes.append("Thin choices (a tie, a win by at most 4 dev sentences, or a rate at the "
                      "edge of those tried), whose runner-up rate also runs at every seed: "

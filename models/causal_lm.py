@@ -52,6 +52,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from models import base_precision
+
 
 def output_logits(embedding: tf.keras.layers.Layer, hidden: tf.Tensor) -> tf.Tensor:
     """hidden (..., H) -> logits (..., V) = hidden · Eᵀ: `embedding(hidden, reverse=True)` for a
@@ -73,10 +75,12 @@ def output_logits(embedding: tf.keras.layers.Layer, hidden: tf.Tensor) -> tf.Ten
     table = tf.convert_to_tensor(embedding.embeddings)   # its stored dtype: no autocast here
     hidden = tf.cast(hidden, dtype)
     flat = hidden if hidden.shape.rank == 2 else tf.reshape(hidden, [-1, tf.shape(hidden)[-1]])
+    scale = getattr(embedding, "embeddings_scale", None)   # an int8 table's
     if table.dtype == dtype:
         logits = tf.matmul(flat, table, transpose_b=True)
     else:
-        logits = widened_product(flat, table)
+        logits = widened_product(flat, table, scale=(
+            None if scale is None else tf.convert_to_tensor(scale)))
     if hidden.shape.rank == 2:
         return logits
     return tf.reshape(logits, tf.concat([tf.shape(hidden)[:-1], tf.shape(table)[:1]], 0))
@@ -87,14 +91,15 @@ def output_logits(embedding: tf.keras.layers.Layer, hidden: tf.Tensor) -> tf.Ten
 WIDENED_ROWS = 16_384
 
 
-def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROWS
-                    ) -> tf.Tensor:
-    """hidden (n, H) · cast(table (V, H))ᵀ -> (n, V) in `hidden`'s dtype, for a table stored at
+def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROWS,
+                    scale: tf.Tensor | None = None) -> tf.Tensor:
+    """hidden (n, H) · widen(table (V, H))ᵀ -> (n, V) in `hidden`'s dtype, for a table stored at
     a lower precision (`models.base_precision`), widened `rows` rows at a time: the product of
-    block j is hidden · cast(E_j)ᵀ, the logits their concatenation. The gradient with respect to
-    hidden, Σ_j ∂L/∂logits_j · cast(E_j), widens the blocks again rather than keeping them from
-    the forward pass, so no whole widened copy of the table is ever live; the table (frozen)
-    gets none.
+    block j is hidden · widen(E_j)ᵀ, the logits their concatenation. widen is a cast, or for an
+    int8 table with its `scale` (V, G) (`base_precision.absmax_int8` along H), float32(q)·s
+    (`base_precision.widen`). The gradient with respect to hidden, Σ_j ∂L/∂logits_j · widen(E_j),
+    widens the blocks again rather than keeping them from the forward pass, so no whole widened
+    copy of the table is ever live; the table (frozen) gets none.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -110,6 +115,21 @@ def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROW
     >>> expected = np.cos(hidden.numpy() @ wide.T) @ wide        # d/dh Σ sin(h·Eᵀ)
     >>> bool(np.allclose(tape.gradient(loss, hidden), expected, atol=1e-5))
     True
+
+    An int8 table with a scale per row (G = 1) is the product with E = q·s, gradient included:
+
+    >>> q = tf.constant(rng.integers(-127, 128, size=(10, 3)), tf.int8)
+    >>> s = rng.uniform(0.01, 0.1, size=(10, 1)).astype(np.float32)
+    >>> e = q.numpy().astype(np.float32) * s
+    >>> with tf.GradientTape() as tape:
+    ...     _ = tape.watch(hidden)
+    ...     logits = widened_product(hidden, q, rows=4, scale=s)
+    ...     loss = tf.reduce_sum(tf.sin(logits))
+    >>> bool(np.allclose(logits, hidden.numpy() @ e.T, atol=1e-5))
+    True
+    >>> expected = np.cos(hidden.numpy() @ e.T) @ e
+    >>> bool(np.allclose(tape.gradient(loss, hidden), expected, atol=1e-5))
+    True
     """
     vocabulary = int(table.shape[0])
     sizes = [min(rows, vocabulary - start) for start in range(0, vocabulary, rows)]
@@ -121,22 +141,29 @@ def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROW
         them ran at once as the step began: 32 widened blocks, the whole table twice in
         float32, were live together in a TFF worker (heaptrack, docs/PERFORMANCE.md)."""
         out, previous = [], first
-        for block in blocks:
+        for j, block in enumerate(blocks):
             with tf.control_dependencies([previous]):
-                previous = product(tf.cast(block, hidden.dtype))
+                previous = product(widen(block, j), j)
             out.append(previous)
         return out
+
+    def widen(block, index):
+        if scale is None:
+            return tf.cast(block, hidden.dtype)
+        return tf.cast(base_precision.widen(block, scale_blocks[index], axis=1), hidden.dtype)
+
+    scale_blocks = None if scale is None else tf.split(scale, sizes, axis=0)
 
     @tf.custom_gradient
     def product(h, stored):
         blocks = tf.split(stored, sizes, axis=0)
-        logits = tf.concat(in_turn(h, blocks, lambda b: tf.matmul(h, b, transpose_b=True)),
+        logits = tf.concat(in_turn(h, blocks, lambda b, j: tf.matmul(h, b, transpose_b=True)),
                            axis=1)
 
         def gradient(upstream):
-            parts = iter(tf.split(upstream, sizes, axis=1))
+            parts = tf.split(upstream, sizes, axis=1)
             grads = in_turn(upstream, tf.split(stored, sizes, axis=0),
-                            lambda b: tf.matmul(next(parts), b))
+                            lambda b, j: tf.matmul(parts[j], b))
             return tf.add_n(grads), None
 
         return logits, gradient

@@ -49,6 +49,7 @@ import keras_nlp
 import tensorflow as tf
 
 from models import base_precision
+from models.causal_lm import output_logits
 from models.gemma3_decoder import Gemma3Decoder, Gemma3DecoderConfig, Gemma3RMSNorm
 
 
@@ -147,14 +148,52 @@ class Gemma3Embedding(keras_nlp.layers.ReversibleEmbedding):
     >>> ids = np.array([[0, 6, 2]], np.int32)
     >>> bool(np.array_equal(embedding(ids), embedding.embeddings.numpy()[ids]))
     True
+
+    `base_dtype` stores the table as `models.base_precision` says ("bfloat16": its dtype
+    policy; "int8": `embeddings` int8 and `embeddings_scale` (V, H / 32) float32, a scale per
+    block of 32 of each row's H values (one per row when H is not a multiple of 32), the
+    lookup widening the rows it gathers, E[ids] ≈ float32(q[ids])·s[ids]):
+
+    >>> low = Gemma3Embedding(7, 3, base_dtype="int8")
+    >>> rows = low(ids).numpy()
+    >>> widened = low.embeddings.numpy().astype(np.float32) * low.embeddings_scale.numpy()
+    >>> low.embeddings.dtype.name, bool(np.allclose(rows, widened[ids]))
+    ('int8', True)
+    >>> bool(np.allclose(low(rows[0], reverse=True), rows[0] @ widened.T, atol=1e-6))
+    True
     """
 
+    def __init__(self, input_dim, output_dim, base_dtype: str = "float32", **kwargs):
+        kwargs.setdefault("dtype", base_precision.frozen_policy(base_dtype))
+        super().__init__(input_dim, output_dim, **kwargs)
+        self.base_dtype = base_dtype
+
+    def build(self, inputs_shape=None):
+        if self.base_dtype != "int8":
+            return super().build(inputs_shape)
+        if not self.tie_weights:
+            raise ValueError("an int8 Gemma3Embedding is tied (its table is the output "
+                             "projection): pass tie_weights=True")
+        self.embeddings, self.embeddings_scale = base_precision.add_int8_weight(
+            self, "embeddings", (self.input_dim, self.output_dim),
+            self.embeddings_initializer, axis=1)
+        self.built = True
+
     def call(self, inputs, reverse=False):
+        if reverse and self.base_dtype == "int8":
+            return output_logits(self, inputs)   # the scaled product, a block at a time
         if reverse:
             return super().call(inputs, reverse=True)
         table = tf.convert_to_tensor(self.embeddings)   # stored dtype: the lookup does not autocast
-        rows = tf.gather(table, tf.cast(inputs, tf.int32))
+        ids = tf.cast(inputs, tf.int32)
+        rows = tf.gather(table, ids)
+        if self.base_dtype == "int8":   # each row's blocks times their scales
+            scales = tf.gather(tf.convert_to_tensor(self.embeddings_scale), ids)
+            return base_precision.widen(rows, scales, axis=rows.shape.rank - 1)
         return tf.cast(rows, self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "base_dtype": self.base_dtype}
 
 
 @tf.keras.utils.register_keras_serializable(package="tffl")
@@ -167,8 +206,9 @@ class Gemma3Backbone(tf.keras.Model):
         (N(0, 0.02²) embedding, Glorot-uniform kernels) or "zeros", for a model whose weights
         a checkpoint replaces (it spares 268M random draws per build).
       base_dtype: what the embedding table and the projections' kernels are stored at:
-        "float32", or "bfloat16" (half the bytes, read widened to float32 in the step:
-        `models.base_precision`). The norms' weights, and LoRA factors added later, are float32.
+        "float32", "bfloat16" (half the bytes) or "int8" (a quarter, with a float32 scale per
+        output channel), read widened to float32 in the step (`models.base_precision`). The
+        norms' weights, and LoRA factors added later, are float32.
 
     A bfloat16 base computes what a float32 model with the weights rounded to bfloat16 does:
 
@@ -199,7 +239,7 @@ class Gemma3Backbone(tf.keras.Model):
             config.vocabulary_size, config.hidden_dim, tie_weights=True,
             embeddings_initializer=("zeros" if zeros
                                     else tf.keras.initializers.RandomNormal(stddev=0.02)),
-            dtype=base_precision.frozen_policy(base_dtype), name="token_embedding")
+            base_dtype=base_dtype, name="token_embedding")
         x = token_embedding(token_ids)
         x = tf.keras.layers.Rescaling(math.sqrt(config.hidden_dim), name="embedding_scale")(x)
         transformer_layers = []

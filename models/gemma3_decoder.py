@@ -236,11 +236,10 @@ class Gemma3Attention(tf.keras.layers.Layer):
         self.base_dtype = base_dtype
 
     def _einsum(self, equation, output_shape, name):
-        return tf.keras.layers.EinsumDense(
-            equation, output_shape=output_shape, name=name,
+        return base_precision.projection(
+            self.base_dtype, equation, output_shape=output_shape, name=name,
             kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()),
-            dtype=base_precision.frozen_policy(self.base_dtype))
+                self.kernel_initializer.get_config()))
 
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
@@ -333,8 +332,8 @@ class Gemma3Decoder(tf.keras.layers.Layer):
       config: the layer's architecture (`Gemma3DecoderConfig`: F, N, K, D, s, RoPE base, W, ε).
       kernel_initializer: the starting weights of every projection.
       base_dtype: what the seven projections' kernels are stored at ("float32"; "bfloat16"
-        halves them, read widened to float32 in the step: `models.base_precision`). The norms'
-        weights stay float32.
+        halves them, "int8" quarters them with a float32 scale per output channel; read widened
+        to float32 in the step: `models.base_precision`). The norms' weights stay float32.
     """
 
     def __init__(self, config: Gemma3DecoderConfig, kernel_initializer="glorot_uniform",
@@ -351,11 +350,10 @@ class Gemma3Decoder(tf.keras.layers.Layer):
         return norm
 
     def _dense(self, units, name, input_shape):
-        dense = tf.keras.layers.Dense(
-            units, use_bias=False, name=name,
+        dense = base_precision.projection(
+            self.base_dtype, units=units, use_bias=False, name=name,
             kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()),
-            dtype=base_precision.frozen_policy(self.base_dtype))
+                self.kernel_initializer.get_config()))
         dense.build(input_shape)
         return dense
 

@@ -273,13 +273,16 @@ def gguf_values(backbone, source) -> dict:
     turn comes, so the weights are held once, 1.07 GB for Gemma 3 270M in float32) or
     `load_gguf_tensors`' arrays (module doc). Each value is laid out as its variable is (a
     matrix transposed, the attention kernels split into heads), rounded to its dtype (a bfloat16
-    base: `models.base_precision`), as a contiguous numpy array. The backbone may be built in a
+    base) or quantized with its scales beside (an int8 base: `models.base_precision.absmax_int8`),
+    as a contiguous numpy array. The backbone may be built in a
     graph (`tf.Graph().as_default()`): nothing is assigned, so its variables never hold memory.
 
     Raises:
       ValueError: a tensor is missing, unused, or of the wrong shape (named), or a backbone
         weight would be left unset (e.g. LoRA was applied before loading).
     """
+    from models import base_precision   # TensorFlow, as the backbone given
+
     tensors = (source if isinstance(source, dict)
                else {t.name: t for t in (source if isinstance(source, list)
                                          else quantized_tensors(source))})
@@ -292,7 +295,9 @@ def gguf_values(backbone, source) -> dict:
     if missing or unused:
         raise ValueError(f"GGUF tensors do not match the backbone: missing {missing}, "
                          f"unused {unused}")
-    unset = {id(v) for v in backbone.weights} - {id(v) for v, _ in targets.values()}
+    scales = base_precision.int8_scales(backbone)   # an int8 base's: set with their kernels
+    unset = ({id(v) for v in backbone.weights} - {id(v) for v, _ in targets.values()}
+             - {id(s) for s in scales.values()})
     if unset:
         names = [v.name for v in backbone.weights if id(v) in unset]
         raise ValueError(f"backbone weights without a GGUF tensor: {names}")
@@ -307,6 +312,11 @@ def gguf_values(backbone, source) -> dict:
         if value is None or tuple(value.shape) != tuple(variable.shape):
             raise ValueError(f"GGUF tensor {name!r} of shape {shape} does not fit the "
                              f"backbone's {variable.name} of shape {tuple(variable.shape)}")
+        scale = scales.get(id(variable))
+        if scale is not None:   # int8: quantized per output channel, its scale beside
+            q, s = base_precision.absmax_int8(value, base_precision.scale_axis(variable, scale))
+            values[variable.ref()], values[scale.ref()] = q, s
+            continue
         # Rounded to the variable's dtype (a bfloat16 base: `models.base_precision`).
         values[variable.ref()] = np.ascontiguousarray(value, variable.dtype.as_numpy_dtype)
     return values

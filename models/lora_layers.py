@@ -148,6 +148,10 @@ class LoraLayer(tf.keras.layers.Wrapper):
         """W0 ← W0 + (α/r)·A·B; the LoRA path is then skipped. No-op if already merged."""
         if not self.merged:
             kernel = self.layer.kernel
+            if kernel.dtype.is_integer:
+                raise ValueError(f"LoRA of {self.layer.name!r} cannot merge into its int8 "
+                                 "kernel (a quantized base); keep the adapters apart or load "
+                                 "the base at float32")
             kernel.assign_add(tf.cast(self.delta_kernel(), kernel.dtype))
             self.merged = True
 
@@ -212,9 +216,10 @@ class LoraDense(LoraLayer):
     def _base(self, x):
         # Same operations as Dense.call, so that B = 0 reproduces its output bit for bit.
         if x.shape.rank == 2:
-            outputs = tf.matmul(a=x, b=self.layer.kernel)
+            outputs = tf.matmul(a=x, b=base_precision.kernel_value(self.layer))
         else:
-            outputs = tf.tensordot(x, self.layer.kernel, [[x.shape.rank - 1], [0]])
+            outputs = tf.tensordot(x, base_precision.kernel_value(self.layer),
+                                   [[x.shape.rank - 1], [0]])
         if self.layer.use_bias:
             outputs = tf.nn.bias_add(outputs, self.layer.bias)
         return outputs
@@ -286,7 +291,7 @@ class LoraEinsumDense(LoraLayer):
         return int(np.prod(in_dims)), int(np.prod(out_dims)), tuple(out_dims)
 
     def _base(self, x):
-        outputs = tf.einsum(self.layer.equation, x, self.layer.kernel)
+        outputs = tf.einsum(self.layer.equation, x, base_precision.kernel_value(self.layer))
         if self.layer.bias is not None:
             outputs += self.layer.bias
         return outputs

@@ -216,8 +216,9 @@ SPECS = (
          "docs/PERFORMANCE.md gives its accuracy)."),
     Flag("enum", "base_dtype", BASE_DTYPES,
          "Instruction tasks on the Gemma 3 decoders: the precision their frozen weights are "
-         "stored at (bfloat16: half the bytes, 1.07 GB for gemma3_270m in float32, read widened "
-         "to float32 in each step; LoRA factors and the arithmetic stay float32; "
+         "stored at (bfloat16: half the bytes, 1.07 GB for gemma3_270m in float32; int8: a "
+         "quarter, with a float32 scale per output channel; read widened to float32 in each "
+         "step; LoRA factors and the arithmetic stay float32; "
          "docs/PERFORMANCE.md gives its memory and accuracy)."),
     Flag("bool", "bucket_by_length", None,
          "Text tasks: batch a round's examples by length, each batch padded to its longest "

@@ -318,7 +318,7 @@ def _check_backbone(options: Mapping[str, Any]) -> None:
                          f"--backbone={' or '.join(LOWER_BASE_DECODERS)}")
     if base_dtype != "float32" and "flora" in options["algorithm"]:
         raise UsageError(f"flag --base_dtype={base_dtype}: flora merges the adapters into the "
-                         f"frozen kernels every round, which a {base_dtype} base would round "
+                         f"frozen kernels every round, which the {base_dtype} base would round "
                          "each time; pass --base_dtype=float32")
     if task in TEXT_TASKS and backbone in DECODERS:
         raise UsageError(f"flag --backbone={backbone}: task {task!r} trains a classifier on an "

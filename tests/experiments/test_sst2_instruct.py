@@ -240,10 +240,11 @@ def test_runs_finished_without_the_test_split_are_evaluated_from_their_final_sta
 
 def test_the_lower_precision_base_reruns_rolora_and_says_whether_it_is_within_a_point(
         tmp_path, monkeypatch):
-    """With `lower_base`, RoLoRA's run at N = 3, seed 0 and the default rate runs again with
-    --base_dtype (its other flags the same), and the note compares the two dev accuracies:
-    0.8463 against 0.8394 is −0.69 points, within 1; 0.8302 would be −1.61, not within."""
-    cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], lower_base="bfloat16")
+    """With `lower_bases`, RoLoRA's run at N = 3, seed 0 and the default rate runs again with
+    --base_dtype, once per precision (its other flags the same), and a note compares each dev
+    accuracy with float32's: 0.8463 against 0.8394 is −0.69 points, within 1; 0.8302 would be
+    −1.61, not within."""
+    cfg = dict(sst2_instruct.SST2_INSTRUCT_SCALES["small"], lower_bases=("bfloat16", "int8"))
     monkeypatch.setitem(sst2_instruct.SST2_INSTRUCT_SCALES, "small", cfg)
     configs, low = [], {"accuracy": 0.8394}
 
@@ -251,7 +252,8 @@ def test_the_lower_precision_base_reruns_rolora_and_says_whether_it_is_within_a_
         configs.append(config)
         run_dir = pathlib.Path(config.output.output_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        accuracy = low["accuracy"] if config.model.base_dtype == "bfloat16" else 0.8463
+        accuracy = {"bfloat16": low["accuracy"], "int8": 0.8475}.get(config.model.base_dtype,
+                                                                      0.8463)
         (run_dir / "summary.json").write_text(json.dumps({
             "rounds_completed": config.algorithm.rounds, "communication_rounds": 6,
             "upload_bytes_per_client_total": 6 * 2048,
@@ -271,11 +273,14 @@ def test_the_lower_precision_base_reruns_rolora_and_says_whether_it_is_within_a_
     reference = next(c for c in configs if c.output.output_dir.endswith("N3/rolora"))
     assert lower[0].with_changes(base_dtype="float32", output_dir=".") == (
         reference.with_changes(output_dir="."))
-    row = result.table.rows[-1]
-    assert (row["method"], row["clients"], row["generation_accuracy"]) == (
-        "RoLoRA, bfloat16 base", 3, 0.8394)
-    [note] = [n for n in result.table.notes if n.startswith("Base precision")]
-    assert "0.8394 against 0.8463 with the float32 base, -0.69 points: within 1 point" in note
+    int8 = [c for c in configs if c.model.base_dtype == "int8"]
+    assert len(int8) == 1 and int8[0].output.output_dir.endswith("N3/rolora_base_int8")
+    rows = result.table.rows[-2:]
+    assert [(r["method"], r["clients"], r["generation_accuracy"]) for r in rows] == [
+        ("RoLoRA, bfloat16 base", 3, 0.8394), ("RoLoRA, int8 base", 3, 0.8475)]
+    notes = [n for n in result.table.notes if n.startswith("Base precision")]
+    assert "0.8394 against 0.8463 with the float32 base, -0.69 points: within 1 point" in notes[0]
+    assert "stored in int8" in notes[1] and "+0.12 points: within 1 point" in notes[1]
     low["accuracy"] = 0.8302
-    [note] = [n for n in run(tmp_path / "outside").table.notes if n.startswith("Base precision")]
-    assert "-1.61 points: not within 1 point" in note
+    notes = [n for n in run(tmp_path / "outside").table.notes if n.startswith("Base precision")]
+    assert "-1.61 points: not within 1 point" in notes[0]

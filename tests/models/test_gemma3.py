@@ -237,7 +237,52 @@ def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
             backbone, {**tensors, "blk.0.attn_k": np.zeros((32, 32), np.float32)})
 
 
-@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
+def _int8_rows(tensors):
+    """The weights an int8 base computes with, from the definition (blockwise absmax, as GGUF's
+    Q8_0) written here in the GGUF layout (out, in): each row (an output channel; the
+    embedding's rows are the tied output projection's) cut into blocks of 32 inputs (the whole
+    row when it is not a multiple of 32), each block scaled by s = max |block| / 127, rounded to
+    integers in [−127, 127], times s. The norms are kept."""
+    widened = {}
+    for name, value in tensors.items():
+        if "norm" in name:
+            widened[name] = value
+            continue
+        width = value.shape[1]
+        block = 32 if width % 32 == 0 else width
+        # In float32, as the weights are: a near-tie of W/s rounds as it does in the model.
+        blocks = value.reshape(value.shape[0], width // block, block).astype(np.float32)
+        scale = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
+        scale[scale == 0] = 1.0
+        widened[name] = (np.round(blocks / scale) * scale).reshape(value.shape)
+    return widened
+
+
+def test_an_int8_base_computes_the_numpy_forward_pass_on_its_per_channel_weights(tmp_path):
+    """Loaded with base_dtype="int8", the file's kernels and embedding are stored as int8 with a
+    float32 scale per output channel, and the logits are the numpy forward pass on q·s: the
+    channels are the right axes (the heads' split included) and the tied output projection
+    scales each vocabulary row."""
+    import tensorflow as tf
+
+    path = tmp_path / "tiny-gemma3.gguf"
+    config, tensors = _write_tiny_gguf(path)
+    backbone = gguf_checkpoint.load_gemma3_backbone(Gemma3BackboneConfig(**config), path, "int8")
+    dtypes = {v.name.split("/")[-1].split(":")[0]: v.dtype.name for v in backbone.weights}
+    assert dtypes["embeddings"] == "int8" and dtypes["embeddings_scale"] == "float32"
+    kernels = [v for v in backbone.weights if v.dtype == tf.int8]
+    assert len(kernels) == 1 + 7 * config["num_layers"]          # the embedding, 7 per layer
+    ids = [2, 5, 9, 4, 7, 11, 3]
+    logits = _logits(backbone, [ids])[0]
+    np.testing.assert_allclose(logits, numpy_logits(_int8_rows(tensors), config, ids),
+                               rtol=1e-5, atol=1e-4)
+    assert not np.allclose(logits, numpy_logits(tensors, config, ids), atol=1e-4)   # rounded
+    rebuilt = Gemma3Backbone.from_config(backbone.get_config())
+    rebuilt.set_weights(backbone.get_weights())
+    np.testing.assert_array_equal(_logits(rebuilt, [ids])[0], logits)
+
+
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16", "int8"])
 def test_gguf_values_of_a_backbone_built_in_a_graph_are_the_loaded_weights(tmp_path, base_dtype):
     # The loaded backbone gives the numpy forward pass (above); a backbone built in a graph,
     # whose variables never hold memory, gets the same values, dtypes and layout from the file.
@@ -449,3 +494,39 @@ def test_gemma3_270m_with_a_bfloat16_base(gemma3_270m):
               f"pass on the rounded weights {differences[-1]:.2e}")
     assert max(differences) < MAX_LOGIT_DIFFERENCE
     assert max(shifts) < MAX_BFLOAT16_BASE_LOGIT_SHIFT
+
+
+# The int8 base (blockwise absmax, blocks of 32 inputs: `models.base_precision`) against the
+# float32 one on PROMPTS' last-position logits: 0.265-0.506 at most (the test prints it;
+# 2026-12-03; one scale per whole output channel moved them by up to 0.85 and changed the most
+# likely token of one prompt), the logits spanning about ±30: this bound is about twice that.
+MAX_INT8_BASE_LOGIT_SHIFT = 1.0
+
+
+@pytest.mark.large
+def test_gemma3_270m_with_an_int8_base(gemma3_270m):
+    """Stored as int8 with a float32 scale per block of 32 inputs, the checkpoint computes the
+    numpy forward pass on its weights quantized by the definition (`_int8_rows`, norms kept),
+    in 1.125 bytes per weight (28% of float32's), and its next-token logits stay within a
+    stated shift of the float32 model's, with the same most likely token."""
+    import tensorflow as tf
+
+    reader, backbone, tokenizer = gemma3_270m
+    config = gguf_checkpoint.read_gguf_config(reader)
+    low = gguf_checkpoint.load_gemma3_backbone(config, reader, base_dtype="int8")
+    assert low.token_embedding.embeddings.dtype == tf.int8
+    stored = sum(v.shape.num_elements() * v.dtype.size for v in low.weights)
+    assert stored < 0.29 * backbone.count_params() * 4          # 1.125 of float32's 4 bytes
+    widened = _int8_rows(gguf_checkpoint.load_gguf_tensors(reader))
+    shifts, differences = [], []
+    for prompt in PROMPTS:
+        ids = _prompt_ids(tokenizer, prompt)
+        low_logits, wide_logits = _logits(low, [ids])[0, -1], _logits(backbone, [ids])[0, -1]
+        expected = numpy_logits(widened, dataclasses.asdict(config), ids, positions=-1)
+        differences.append(float(np.abs(low_logits - expected).max()))
+        shifts.append(float(np.abs(low_logits - wide_logits).max()))
+        assert int(np.argmax(low_logits)) == int(np.argmax(wide_logits)), prompt
+        print(f"\n{prompt!r}: max |logit shift| from float32 {shifts[-1]:.3f}, from the numpy "
+              f"pass on the quantized weights {differences[-1]:.2e}")
+    assert max(differences) < MAX_LOGIT_DIFFERENCE
+    assert max(shifts) < MAX_INT8_BASE_LOGIT_SHIFT

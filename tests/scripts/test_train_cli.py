@@ -113,7 +113,9 @@ def test_a_negative_seed_is_refused_before_the_run_directory_is_made(tmp_path, c
     (["--task=sst2_instruct", "--backbone=gemma3_270m", "--algorithm=flora",
       "--base_dtype=bfloat16"], "flag --base_dtype=bfloat16: flora merges the adapters into the "
      "frozen kernels every round"),
-    (["--base_dtype=int8"], "flag --base_dtype=int8: "),
+    (["--base_dtype=int8"], "flag --base_dtype=int8: a lower-precision base is for the "
+     "instruction tasks"),
+    (["--base_dtype=int4"], "flag --base_dtype=int4: "),   # absl's enum error
     (["--max_concurrent_calls=0"], "flag --max_concurrent_calls=0: must be >= 1, and is for "
      "local TFF workers"),
     (["--max_concurrent_calls=1", "--worker_addresses=localhost:8000"],

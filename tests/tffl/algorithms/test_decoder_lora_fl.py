@@ -164,3 +164,41 @@ def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
             for d, f in frozen.items()}
     norms = sum(v.size * 4 for v in stored if v.dtype == np.float32)
     assert size["bfloat16"] - norms == (size["float32"] - norms) // 2
+
+
+def test_an_int8_base_trains_as_a_float32_one_holding_its_widened_weights():
+    """RoLoRA's B and A rounds with the frozen base stored as int8 with a float32 scale per
+    output channel (`models.base_precision`) equal the same rounds of a float32 model whose base
+    holds q·s, computed here in numpy: the step reads each kernel widened (the embedding's
+    lookup and its tied output projection included) and computes in float32."""
+    rng = np.random.default_rng(0)
+    low = _gemma_lora("int8")
+    stored, widened = [], []   # q uniform in [−127, 127], scales around 0.3/127; norms near 1
+    variables = list(low.non_trainable_variables)
+    for k, variable in enumerate(variables):
+        if variable.dtype == tf.int8:
+            stored.append(rng.integers(-127, 128, variable.shape).astype(np.int8))
+        elif k and variables[k - 1].dtype == tf.int8:      # the scale beside its q
+            scale = rng.uniform(0.5, 1.5, variable.shape).astype(np.float32) * 0.3 / 127
+            stored.append(scale)
+            widened.append(stored[-2].astype(np.float32) * scale)
+        else:
+            stored.append((1.0 + rng.normal(0.0, 0.1, variable.shape)).astype(np.float32))
+            widened.append(stored[-1])
+    assert sum(v.dtype == tf.int8 for v in variables) == 1 + 7 * TINY_GEMMA["num_layers"]
+    assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
+    runs = {}
+    for base_dtype, values in (("int8", stored), ("float32", widened)):
+        process = lora_fl.build_rolora(lambda d=base_dtype: _gemma_lora(d), SPEC, LR,
+                                       initial_non_trainable=values)
+        b_idx = process.spec.indices([roles.LORA_B])
+        runs[base_dtype] = eager_reference.rolora_two_rounds(
+            process, [_client_data(1), _client_data(2)], b_idx, 0.5)
+    # The tied output projection scales the products, (h·qᵀ)·s, where the float32 model
+    # multiplies by q·s: the same in exact arithmetic, float32 rounding apart (about 1e-7
+    # relative per logit, grown to about 5e-5 through two rounds of steps).
+    for low_weights, wide_weights in zip(runs["int8"], runs["float32"]):
+        for got, expected in zip(low_weights.trainable, wide_weights.trainable):
+            np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
+    moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
+    assert moved.max() > 1e-4                         # the rounds did train
