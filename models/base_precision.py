@@ -159,13 +159,24 @@ def absmax_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     ((4, 64), (4, 2))
     """
     weight = np.asarray(weight, np.float32)
+    if axis != 0 and weight.shape[0] > _QUANTIZED_ROWS:   # a table: its rows a slice at a time
+        parts = [absmax_int8(weight[start:start + _QUANTIZED_ROWS], axis)
+                 for start in range(0, weight.shape[0], _QUANTIZED_ROWS)]
+        return (np.concatenate([q for q, _ in parts]),
+                np.concatenate([scale for _, scale in parts]))
     blocks = int8_blocks(weight.shape[axis])
     grouped = weight.reshape(_grouped_shape(weight.shape, axis, blocks))
     absmax = np.max(np.abs(grouped), axis=axis + 1, keepdims=True)
     scale = np.where(absmax > 0, absmax / np.float32(INT8_LEVELS), 1.0).astype(np.float32)
-    levels = np.clip(np.round(grouped / scale), -INT8_LEVELS, INT8_LEVELS)
+    levels = grouped / scale
+    np.clip(np.round(levels, out=levels), -INT8_LEVELS, INT8_LEVELS, out=levels)
     return (np.ascontiguousarray(levels.reshape(weight.shape), np.int8),
             np.ascontiguousarray(np.squeeze(scale, axis + 1)))
+
+
+# Rows of a table quantized at once by `absmax_int8` (its float32 temporaries: 42 MB for
+# Gemma 3's width 640, against 671 MB for the whole embedding).
+_QUANTIZED_ROWS = 16_384
 
 
 def _absmax_int8_tensor(weight: tf.Tensor, axis: int):
