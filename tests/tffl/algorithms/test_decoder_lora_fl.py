@@ -166,6 +166,7 @@ def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
     assert size["bfloat16"] - norms == (size["float32"] - norms) // 2
 
 
+@pytest.mark.large   # two more processes (40 s); tests/models/test_base_precision.py is fast
 def test_an_int8_base_trains_as_a_float32_one_holding_its_widened_weights():
     """RoLoRA's B and A rounds with the frozen base stored as int8 with a float32 scale per
     output channel (`models.base_precision`) equal the same rounds of a float32 model whose base
