@@ -466,36 +466,6 @@ def test_gemma3_270m_greedy_continuations_make_sense(gemma3_270m):
 MAX_BFLOAT16_BASE_LOGIT_SHIFT = 0.25
 
 
-@pytest.mark.large
-def test_gemma3_270m_with_a_bfloat16_base(gemma3_270m):
-    """Stored in bfloat16, the checkpoint computes the numpy forward pass on its weights rounded
-    to bfloat16 (norms kept), and its next-token logits stay within a stated shift of the
-    float32 model's, with the same most likely token."""
-    import tensorflow as tf
-
-    reader, backbone, tokenizer = gemma3_270m
-    config = gguf_checkpoint.read_gguf_config(reader)
-    low = gguf_checkpoint.load_gemma3_backbone(config, reader, base_dtype="bfloat16")
-    assert low.token_embedding.embeddings.dtype == tf.bfloat16
-    stored = sum(v.shape.num_elements() * v.dtype.size for v in low.weights)
-    assert stored < 0.51 * backbone.count_params() * 4          # half the float32 bytes
-    bfloat16 = tf.bfloat16.as_numpy_dtype
-    rounded = {name: value if "norm" in name else value.astype(bfloat16).astype(np.float32)
-               for name, value in gguf_checkpoint.load_gguf_tensors(reader).items()}
-    shifts, differences = [], []
-    for prompt in PROMPTS:
-        ids = _prompt_ids(tokenizer, prompt)
-        low_logits, wide_logits = _logits(low, [ids])[0, -1], _logits(backbone, [ids])[0, -1]
-        expected = numpy_logits(rounded, dataclasses.asdict(config), ids, positions=-1)
-        differences.append(float(np.abs(low_logits - expected).max()))
-        shifts.append(float(np.abs(low_logits - wide_logits).max()))
-        assert int(np.argmax(low_logits)) == int(np.argmax(wide_logits)), prompt
-        print(f"\n{prompt!r}: max |logit shift| from float32 {shifts[-1]:.3f}, from the numpy "
-              f"pass on the rounded weights {differences[-1]:.2e}")
-    assert max(differences) < MAX_LOGIT_DIFFERENCE
-    assert max(shifts) < MAX_BFLOAT16_BASE_LOGIT_SHIFT
-
-
 # The int8 base (blockwise absmax, blocks of 32 inputs: `models.base_precision`) against the
 # float32 one on PROMPTS' last-position logits: 0.265-0.506 at most (the test prints it;
 # 2026-12-03; one scale per whole output channel moved them by up to 0.85 and changed the most
@@ -503,21 +473,39 @@ def test_gemma3_270m_with_a_bfloat16_base(gemma3_270m):
 MAX_INT8_BASE_LOGIT_SHIFT = 1.0
 
 
-@pytest.mark.large
-def test_gemma3_270m_with_an_int8_base(gemma3_270m):
-    """Stored as int8 with a float32 scale per block of 32 inputs, the checkpoint computes the
-    numpy forward pass on its weights quantized by the definition (`_int8_rows`, norms kept),
-    in 1.125 bytes per weight (28% of float32's), and its next-token logits stay within a
-    stated shift of the float32 model's, with the same most likely token."""
+def _bfloat16_rows(tensors):
+    """The weights a bfloat16 base computes with: each one rounded to bfloat16 (norms kept)."""
     import tensorflow as tf
 
+    bfloat16 = tf.bfloat16.as_numpy_dtype
+    return {name: value if "norm" in name else value.astype(bfloat16).astype(np.float32)
+            for name, value in tensors.items()}
+
+
+# Per lower base: the weights it computes with (by its definition, written in this file), its
+# stored bytes' bound as a share of float32's, and the bound on its logits' shift.
+LOWER_BASES = {"bfloat16": (_bfloat16_rows, 0.51, MAX_BFLOAT16_BASE_LOGIT_SHIFT),
+               "int8": (_int8_rows, 0.29, MAX_INT8_BASE_LOGIT_SHIFT)}
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("base_dtype", sorted(LOWER_BASES))
+def test_gemma3_270m_with_a_lower_base(gemma3_270m, base_dtype):
+    """Stored in bfloat16 (half float32's bytes) or in int8 with a float32 scale per block of 32
+    inputs (1.125 bytes per weight, 28%), the checkpoint computes the numpy forward pass on its
+    weights rounded or quantized by the definition (`_bfloat16_rows`, `_int8_rows`: norms
+    kept), and its next-token logits stay within a stated shift of the float32 model's, with
+    the same most likely token."""
+    import tensorflow as tf
+
+    widen, share, max_shift = LOWER_BASES[base_dtype]
     reader, backbone, tokenizer = gemma3_270m
     config = gguf_checkpoint.read_gguf_config(reader)
-    low = gguf_checkpoint.load_gemma3_backbone(config, reader, base_dtype="int8")
-    assert low.token_embedding.embeddings.dtype == tf.int8
+    low = gguf_checkpoint.load_gemma3_backbone(config, reader, base_dtype=base_dtype)
+    assert low.token_embedding.embeddings.dtype == tf.as_dtype(base_dtype)
     stored = sum(v.shape.num_elements() * v.dtype.size for v in low.weights)
-    assert stored < 0.29 * backbone.count_params() * 4          # 1.125 of float32's 4 bytes
-    widened = _int8_rows(gguf_checkpoint.load_gguf_tensors(reader))
+    assert stored < share * backbone.count_params() * 4
+    widened = widen(gguf_checkpoint.load_gguf_tensors(reader))
     shifts, differences = [], []
     for prompt in PROMPTS:
         ids = _prompt_ids(tokenizer, prompt)
@@ -527,6 +515,6 @@ def test_gemma3_270m_with_an_int8_base(gemma3_270m):
         shifts.append(float(np.abs(low_logits - wide_logits).max()))
         assert int(np.argmax(low_logits)) == int(np.argmax(wide_logits)), prompt
         print(f"\n{prompt!r}: max |logit shift| from float32 {shifts[-1]:.3f}, from the numpy "
-              f"pass on the quantized weights {differences[-1]:.2e}")
+              f"pass on the {base_dtype} weights {differences[-1]:.2e}")
     assert max(differences) < MAX_LOGIT_DIFFERENCE
-    assert max(shifts) < MAX_INT8_BASE_LOGIT_SHIFT
+    assert max(shifts) < max_shift

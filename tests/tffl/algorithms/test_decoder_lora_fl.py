@@ -132,6 +132,20 @@ def _gemma_lora(base_dtype):
     return causal_lm.build_causal_lm(backbone)
 
 
+def _two_rolora_rounds(values_by_dtype):
+    """`(runs, frozen)`: per base dtype, RoLoRA's two rounds (`eager_reference`) of the tiny
+    Gemma with that base starting at its values, and its process's frozen-weights file."""
+    runs, frozen = {}, {}
+    for base_dtype, values in values_by_dtype.items():
+        process = lora_fl.build_rolora(lambda d=base_dtype: _gemma_lora(d), SPEC, LR,
+                                       initial_non_trainable=values)
+        b_idx = process.spec.indices([roles.LORA_B])
+        runs[base_dtype] = eager_reference.rolora_two_rounds(
+            process, [_client_data(1), _client_data(2)], b_idx, 0.5)
+        frozen[base_dtype] = process.model.frozen
+    return runs, frozen
+
+
 def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
     """RoLoRA's B and A rounds with the frozen base stored in bfloat16 (`models.base_precision`)
     equal the same rounds of a float32 model whose base holds bf16(W) widened: the step reads
@@ -147,14 +161,7 @@ def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
     assert dtypes == {"bfloat16", "float32"}          # kernels and embedding; the norms
     assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
     widened = [v.astype(np.float32) for v in stored]
-    runs, frozen = {}, {}
-    for base_dtype, values in (("bfloat16", stored), ("float32", widened)):
-        process = lora_fl.build_rolora(lambda d=base_dtype: _gemma_lora(d), SPEC, LR,
-                                       initial_non_trainable=values)
-        b_idx = process.spec.indices([roles.LORA_B])
-        runs[base_dtype] = eager_reference.rolora_two_rounds(
-            process, [_client_data(1), _client_data(2)], b_idx, 0.5)
-        frozen[base_dtype] = process.model.frozen
+    runs, frozen = _two_rolora_rounds({"bfloat16": stored, "float32": widened})
     for low_weights, wide_weights in zip(runs["bfloat16"], runs["float32"]):
         for got, expected in zip(low_weights.trainable, wide_weights.trainable):
             np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
@@ -168,10 +175,11 @@ def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
 
 @pytest.mark.large   # two more processes (40 s); tests/models/test_base_precision.py is fast
 def test_an_int8_base_trains_as_a_float32_one_holding_its_widened_weights():
-    """RoLoRA's B and A rounds with the frozen base stored as int8 with a float32 scale per
-    output channel (`models.base_precision`) equal the same rounds of a float32 model whose base
-    holds q·s, computed here in numpy: the step reads each kernel widened (the embedding's
-    lookup and its tied output projection included) and computes in float32."""
+    """RoLoRA's B and A rounds with the frozen base stored as int8 with float32 scales (one per
+    output channel here: the tiny widths are not multiples of 32; `models.base_precision`)
+    equal the same rounds of a float32 model whose base holds q·s, computed here in numpy: the
+    step reads each kernel widened (the embedding's lookup and its tied output projection
+    included) and computes in float32."""
     rng = np.random.default_rng(0)
     low = _gemma_lora("int8")
     stored, widened = [], []   # q uniform in [−127, 127], scales around 0.3/127; norms near 1
@@ -188,18 +196,9 @@ def test_an_int8_base_trains_as_a_float32_one_holding_its_widened_weights():
             widened.append(stored[-1])
     assert sum(v.dtype == tf.int8 for v in variables) == 1 + 7 * TINY_GEMMA["num_layers"]
     assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
-    runs = {}
-    for base_dtype, values in (("int8", stored), ("float32", widened)):
-        process = lora_fl.build_rolora(lambda d=base_dtype: _gemma_lora(d), SPEC, LR,
-                                       initial_non_trainable=values)
-        b_idx = process.spec.indices([roles.LORA_B])
-        runs[base_dtype] = eager_reference.rolora_two_rounds(
-            process, [_client_data(1), _client_data(2)], b_idx, 0.5)
-    # The tied output projection scales the products, (h·qᵀ)·s, where the float32 model
-    # multiplies by q·s: the same in exact arithmetic, float32 rounding apart (about 1e-7
-    # relative per logit, grown to about 5e-5 through two rounds of steps).
+    runs, _ = _two_rolora_rounds({"int8": stored, "float32": widened})
     for low_weights, wide_weights in zip(runs["int8"], runs["float32"]):
         for got, expected in zip(low_weights.trainable, wide_weights.trainable):
-            np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
     moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
     assert moved.max() > 1e-4                         # the rounds did train
