@@ -146,6 +146,16 @@ def _two_rolora_rounds(values_by_dtype):
     return runs, frozen
 
 
+def _assert_same_trained_weights(runs, base_dtype):
+    """The `base_dtype` run's trained weights equal the float32 run's after every round, and
+    the rounds moved them."""
+    for low_weights, wide_weights in zip(runs[base_dtype], runs["float32"]):
+        for got, expected in zip(low_weights.trainable, wide_weights.trainable):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
+    assert moved.max() > 1e-4                         # the rounds did train
+
+
 def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
     """RoLoRA's B and A rounds with the frozen base stored in bfloat16 (`models.base_precision`)
     equal the same rounds of a float32 model whose base holds bf16(W) widened: the step reads
@@ -162,11 +172,7 @@ def test_a_bfloat16_base_trains_as_a_float32_one_holding_its_rounded_weights():
     assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
     widened = [v.astype(np.float32) for v in stored]
     runs, frozen = _two_rolora_rounds({"bfloat16": stored, "float32": widened})
-    for low_weights, wide_weights in zip(runs["bfloat16"], runs["float32"]):
-        for got, expected in zip(low_weights.trainable, wide_weights.trainable):
-            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
-    moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
-    assert moved.max() > 1e-4                         # the rounds did train
+    _assert_same_trained_weights(runs, "bfloat16")
     size = {d: sum(np.prod(s) * np.dtype(t).itemsize for s, t in zip(f.shapes, f.dtypes))
             for d, f in frozen.items()}
     norms = sum(v.size * 4 for v in stored if v.dtype == np.float32)
@@ -197,8 +203,4 @@ def test_an_int8_base_trains_as_a_float32_one_holding_its_widened_weights():
     assert sum(v.dtype == tf.int8 for v in variables) == 1 + 7 * TINY_GEMMA["num_layers"]
     assert {v.dtype.name for v in low.trainable_variables} == {"float32"}   # LoRA's factors
     runs, _ = _two_rolora_rounds({"int8": stored, "float32": widened})
-    for low_weights, wide_weights in zip(runs["int8"], runs["float32"]):
-        for got, expected in zip(low_weights.trainable, wide_weights.trainable):
-            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
-    moved = np.abs(np.asarray(runs["float32"][2].trainable[0]) - runs["float32"][0].trainable[0])
-    assert moved.max() > 1e-4                         # the rounds did train
+    _assert_same_trained_weights(runs, "int8")
