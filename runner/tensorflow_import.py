@@ -51,15 +51,16 @@ def import_tensorflow() -> None:
     set, named in `DRIVER_ONLY_ENV` so that the TFF workers this process
     starts go without it and keep oneDNN's pool, which holds less in their steps
     (docs/PERFORMANCE.md, "What held the driver's memory")."""
+    import importlib
     import os
 
     if SYSTEM_ALLOCATOR not in os.environ:
         os.environ[SYSTEM_ALLOCATOR] = "1"
         names = [n for n in os.environ.get(DRIVER_ONLY_ENV, "").split(",") if n]
         os.environ[DRIVER_ONLY_ENV] = ",".join([*names, SYSTEM_ALLOCATOR])
-    import tensorflow  # noqa: F401
-
-    from tffl import runtime  # noqa: F401
+    # Imported for their effects: TensorFlow's absl hook, then tffl.runtime's exit hook.
+    importlib.import_module("tensorflow")
+    importlib.import_module("tffl.runtime")
 
 
 def importing_tensorflow(parser: Callable[[list[str]], list[str]]
