@@ -206,8 +206,8 @@ class Gemma3Backbone(tf.keras.Model):
         (N(0, 0.02²) embedding, Glorot-uniform kernels) or "zeros", for a model whose weights
         a checkpoint replaces (it spares 268M random draws per build).
       base_dtype: what the embedding table and the projections' kernels are stored at:
-        "float32", "bfloat16" (half the bytes) or "int8" (a quarter, with a float32 scale per
-        output channel), read widened to float32 in the step (`models.base_precision`). The
+        "float32", "bfloat16" (half the bytes) or "int8" (28%: a float32 scale per block of 32
+        inputs of each output channel), read widened to float32 in the step (`models.base_precision`). The
         norms' weights, and LoRA factors added later, are float32.
 
     A bfloat16 base computes what a float32 model with the weights rounded to bfloat16 does:

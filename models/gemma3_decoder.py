@@ -332,7 +332,7 @@ class Gemma3Decoder(tf.keras.layers.Layer):
       config: the layer's architecture (`Gemma3DecoderConfig`: F, N, K, D, s, RoPE base, W, ε).
       kernel_initializer: the starting weights of every projection.
       base_dtype: what the seven projections' kernels are stored at ("float32"; "bfloat16"
-        halves them, "int8" quarters them with a float32 scale per output channel; read widened
+        halves them, "int8" stores them at 28% with a float32 scale per 32 inputs; read widened
         to float32 in the step: `models.base_precision`). The norms' weights stay float32.
     """
 

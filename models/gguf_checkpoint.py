@@ -313,7 +313,11 @@ def gguf_values(backbone, source) -> dict:
             raise ValueError(f"GGUF tensor {name!r} of shape {shape} does not fit the "
                              f"backbone's {variable.name} of shape {tuple(variable.shape)}")
         scale = scales.get(id(variable))
-        if scale is not None:   # int8: quantized per output channel, its scale beside
+        if scale is not None:   # int8: quantized in blocks, its scales beside
+            if not np.isfinite(value).all():
+                raise ValueError(f"GGUF tensor {name!r} holds NaN or infinite values, which "
+                                 "int8 cannot store; check the file, or load it at "
+                                 "base_dtype float32")
             q, s = base_precision.absmax_int8(value, base_precision.scale_axis(variable, scale))
             values[variable.ref()], values[scale.ref()] = q, s
             continue

@@ -217,7 +217,7 @@ SPECS = (
     Flag("enum", "base_dtype", BASE_DTYPES,
          "Instruction tasks on the Gemma 3 decoders: the precision their frozen weights are "
          "stored at (bfloat16: half the bytes, 1.07 GB for gemma3_270m in float32; int8: a "
-         "quarter, with a float32 scale per output channel; read widened to float32 in each "
+         "28%, with a float32 scale per 32 inputs of each output channel; read widened to float32 in each "
          "step; LoRA factors and the arithmetic stay float32; "
          "docs/PERFORMANCE.md gives its memory and accuracy)."),
     Flag("bool", "bucket_by_length", None,

@@ -108,7 +108,7 @@ class ModelConfig:
       prefix_cache_dtype: the precision those outputs are kept at ("float32"; "float16" holds
         half the memory, and the layers above read them widened back to float32).
       base_dtype: the precision a decoder's frozen weights are stored at ("float32";
-        "bfloat16" holds half, "int8" a quarter with a float32 scale per output channel, read
+        "bfloat16" holds half, "int8" 28% with a float32 scale per 32 inputs of each output channel, read
         widened to float32 in the step: `models.base_precision`).
       frozen_dir: where the frozen-weights file goes.
       init_adapters: a PEFT adapter folder the run starts from.

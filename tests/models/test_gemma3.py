@@ -258,11 +258,12 @@ def _int8_rows(tensors):
     return widened
 
 
-def test_an_int8_base_computes_the_numpy_forward_pass_on_its_per_channel_weights(tmp_path):
+def test_an_int8_base_computes_the_numpy_forward_pass_on_its_blockwise_weights(tmp_path):
     """Loaded with base_dtype="int8", the file's kernels and embedding are stored as int8 with a
-    float32 scale per output channel, and the logits are the numpy forward pass on q·s: the
-    channels are the right axes (the heads' split included) and the tied output projection
-    scales each vocabulary row."""
+    float32 scale per block of 32 inputs of each output channel, and the logits are the numpy
+    forward pass on q·s: the blocks run along the right axes (the heads' split included) and
+    the tied output projection widens each vocabulary row's blocks. A non-finite weight is
+    named rather than stored."""
     import tensorflow as tf
 
     path = tmp_path / "tiny-gemma3.gguf"
@@ -280,6 +281,9 @@ def test_an_int8_base_computes_the_numpy_forward_pass_on_its_per_channel_weights
     rebuilt = Gemma3Backbone.from_config(backbone.get_config())
     rebuilt.set_weights(backbone.get_weights())
     np.testing.assert_array_equal(_logits(rebuilt, [ids])[0], logits)
+    broken = {**tensors, "blk.1.ffn_up": np.full_like(tensors["blk.1.ffn_up"], np.nan)}
+    with pytest.raises(ValueError, match="GGUF tensor 'blk.1.ffn_up' holds NaN or infinite"):
+        gguf_checkpoint.assign_gguf_weights(rebuilt, broken)
 
 
 @pytest.mark.parametrize("base_dtype", ["float32", "bfloat16", "int8"])
