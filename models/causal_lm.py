@@ -99,7 +99,9 @@ def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROW
     int8 table with its `scale` (V, G) (`base_precision.absmax_int8` along H), float32(q)·s
     (`base_precision.widen`). The gradient with respect to hidden, Σ_j ∂L/∂logits_j · widen(E_j),
     widens the blocks again rather than keeping them from the forward pass, so no whole widened
-    copy of the table is ever live; the table (frozen) gets none.
+    copy of the table is ever live; the table (frozen) gets none. Eagerly the gradient is a
+    `tf.custom_gradient`; in a graph it is registered once for every graph
+    (`_recorded_product`), so that a traced graph is freed with its last reference.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -131,44 +133,103 @@ def widened_product(hidden: tf.Tensor, table: tf.Tensor, rows: int = WIDENED_ROW
     >>> bool(np.allclose(tape.gradient(loss, hidden), expected, atol=1e-5))
     True
     """
-    vocabulary = int(table.shape[0])
-    sizes = [min(rows, vocabulary - start) for start in range(0, vocabulary, rows)]
+    if tf.executing_eagerly():
+        @tf.custom_gradient
+        def product(h, stored):
+            def gradient(upstream):
+                return _input_gradient(upstream, stored, scale, rows), None
+            return _blockwise_logits(h, stored, scale, rows), gradient
 
-    def in_turn(first, blocks, product):
-        """`product(block widened)` for each block, each block widened only once the previous
-        product (the first: once `first`) is computed. A graph runs any op whose inputs are
-        ready, and a frozen block's cast needs none of the step's data, so unchained all of
-        them ran at once as the step began: 32 widened blocks, the whole table twice in
-        float32, were live together in a TFF worker (heaptrack, docs/PERFORMANCE.md)."""
-        out, previous = [], first
-        for j, block in enumerate(blocks):
-            with tf.control_dependencies([previous]):
-                previous = product(widen(block, j), j)
-            out.append(previous)
-        return out
+        return product(hidden, table)
+    return _recorded_product(hidden, table, scale, rows)
 
-    def widen(block, index):
-        if scale is None:
-            return tf.cast(block, hidden.dtype)
-        return tf.cast(base_precision.widen(block, scale_blocks[index], axis=1), hidden.dtype)
 
-    scale_blocks = None if scale is None else tf.split(scale, sizes, axis=0)
+# The gradient of `widened_product` in a graph, registered once: `tf.custom_gradient` registers
+# a new gradient function for every graph it is traced in, and that function holds the graph's
+# tensors, so every traced graph (a TFF computation's, with its whole model) stayed in memory
+# for the rest of the process.
+_PRODUCT_GRADIENT = "TfflWidenedProduct"
 
-    @tf.custom_gradient
-    def product(h, stored):
-        blocks = tf.split(stored, sizes, axis=0)
-        logits = tf.concat(in_turn(h, blocks, lambda b, j: tf.matmul(h, b, transpose_b=True)),
-                           axis=1)
 
-        def gradient(upstream):
-            parts = tf.split(upstream, sizes, axis=1)
-            grads = in_turn(upstream, tf.split(stored, sizes, axis=0),
-                            lambda b, j: tf.matmul(parts[j], b))
-            return tf.add_n(grads), None
+def _block_sizes(vocabulary: int, rows: int) -> list[int]:
+    return [min(rows, vocabulary - start) for start in range(0, vocabulary, rows)]
 
-        return logits, gradient
 
-    return product(hidden, table)
+def _in_turn(first, count: int, product):
+    """`product(j)` for j < `count`, each computed only once the previous product (the first:
+    once `first`) is. A graph runs any op whose inputs are ready, and a frozen block's widening
+    needs none of the step's data, so unchained all of them ran at once as the step began: 32
+    widened blocks, the whole table twice in float32, were live together in a TFF worker
+    (heaptrack, docs/PERFORMANCE.md)."""
+    out, previous = [], first
+    for j in range(count):
+        with tf.control_dependencies([previous]):
+            previous = product(j)
+        out.append(previous)
+    return out
+
+
+def _widened_blocks(table, scale, rows: int, dtype):
+    """`block(j)` -> widen(E_j) in `dtype`, E_j rows [j·rows, (j + 1)·rows) of `table`."""
+    sizes = _block_sizes(int(table.shape[0]), rows)
+    blocks = tf.split(table, sizes, axis=0)
+    scales = None if scale is None else tf.split(scale, sizes, axis=0)
+
+    def block(j):
+        if scales is None:
+            return tf.cast(blocks[j], dtype)
+        return tf.cast(base_precision.widen(blocks[j], scales[j], axis=1), dtype)
+
+    return block, sizes
+
+
+def _blockwise_logits(hidden, table, scale, rows: int):
+    """hidden · widen(table)ᵀ, one block of rows widened at a time."""
+    block, sizes = _widened_blocks(table, scale, rows, hidden.dtype)
+    return tf.concat(_in_turn(hidden, len(sizes),
+                              lambda j: tf.matmul(hidden, block(j), transpose_b=True)), axis=1)
+
+
+def _input_gradient(upstream, table, scale, rows: int):
+    """Σ_j ∂L/∂logits_j · widen(E_j), each block widened again."""
+    block, sizes = _widened_blocks(table, scale, rows, upstream.dtype)
+    parts = tf.split(upstream, sizes, axis=1)
+    return tf.add_n(_in_turn(upstream, len(sizes), lambda j: tf.matmul(parts[j], block(j))))
+
+
+def _recorded_product(hidden, table, scale, rows: int):
+    """`widened_product` in a graph, with the gradient of `tf.custom_gradient` but not its
+    per-graph registration: the logits pass through an IdentityN whose gradient is
+    `_PRODUCT_GRADIENT` (for `tf.gradients`, reading its inputs [logits, hidden, table, rows,
+    scale?]), recorded on any active tape with the same gradient (for `tf.GradientTape`,
+    whose record ends with the tape)."""
+    from tensorflow.python.eager import record
+
+    logits = _blockwise_logits(hidden, table, scale, rows)
+    inputs = [logits, hidden, table, tf.constant(rows, tf.int32)]
+    if scale is not None:
+        inputs.append(tf.convert_to_tensor(scale))
+    with tf.compat.v1.get_default_graph().gradient_override_map(
+            {"IdentityN": _PRODUCT_GRADIENT}):
+        outputs = tf.identity_n(inputs)
+
+    def backward(upstream, *unused):
+        del unused
+        return [None, _input_gradient(upstream, table, scale, rows)] + [None] * (
+            len(inputs) - 2)
+
+    record.record_operation("WidenedProduct", outputs, inputs, backward)
+    return outputs[0]
+
+
+@tf.RegisterGradient(_PRODUCT_GRADIENT)
+def _product_gradient(op, upstream, *unused):
+    """`_recorded_product`'s gradient for `tf.gradients`: ∂L/∂hidden only."""
+    del unused
+    table, rows = op.inputs[2], int(tf.get_static_value(op.inputs[3]))
+    scale = op.inputs[4] if len(op.inputs) > 4 else None
+    return [None, _input_gradient(upstream, table, scale, rows)] + [None] * (
+        len(op.inputs) - 2)
 
 
 def response_indices(response_mask: tf.Tensor) -> tf.Tensor:

@@ -214,3 +214,57 @@ def test_the_response_layer_says_how_to_rebuild_instead_of_serializing(backbone)
     model = causal_lm.build_causal_lm(backbone)
     with pytest.raises(NotImplementedError, match="rebuild the model with models.causal_lm"):
         model.get_layer("response_logits").get_config()
+
+
+def _stored_table(dtype: str, rng):
+    """(table, scale, E): a (10, 3) table stored at `dtype`, its scale (int8) and the float32
+    E it stands for, written here (int8: E = q·s, one scale per row)."""
+    if dtype == "bfloat16":
+        table = tf.cast(rng.normal(size=(10, 3)), tf.bfloat16)
+        return table, None, tf.cast(table, tf.float32).numpy()
+    q = rng.integers(-127, 128, size=(10, 3)).astype(np.int8)
+    s = rng.uniform(0.01, 0.1, size=(10, 1)).astype(np.float32)
+    return tf.constant(q), tf.constant(s), q.astype(np.float32) * s
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_widened_product_in_a_graph_has_the_gradient_of_the_widened_table(dtype):
+    """In a graph, d/dh Σ sin(h·Eᵀ) = cos(h·Eᵀ)·E (numpy), by a tape and by `tf.gradients`
+    (the registered gradient), and the logits are h·Eᵀ: blocks of 4, 4 and 2 rows."""
+    rng = np.random.default_rng(0)
+    table, scale, wide = _stored_table(dtype, rng)
+    hidden = rng.normal(size=(2, 3)).astype(np.float32)
+
+    @tf.function
+    def measured(h):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            logits = causal_lm.widened_product(h, table, rows=4, scale=scale)
+            loss = tf.reduce_sum(tf.sin(logits))
+        return logits, tape.gradient(loss, h), tf.gradients(loss, h)[0]
+
+    logits, by_tape, by_gradients = measured(tf.constant(hidden))
+    expected = np.cos(hidden @ wide.T) @ wide
+    np.testing.assert_allclose(logits, hidden @ wide.T, atol=1e-5)
+    np.testing.assert_allclose(by_tape, expected, atol=1e-5)
+    np.testing.assert_allclose(by_gradients, expected, atol=1e-5)
+
+
+def test_a_graph_that_traced_widened_product_is_freed():
+    """A graph holding the product and its gradient is collected once nothing refers to it
+    (`tf.custom_gradient` registered a gradient per graph that kept it, and with it a TFF
+    computation's whole traced model, for the rest of the process)."""
+    import gc
+    import weakref
+
+    table, scale, _ = _stored_table("int8", np.random.default_rng(1))
+    graph = tf.Graph()
+    with graph.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        loss = tf.reduce_sum(causal_lm.widened_product(h, tf.constant(table.numpy()), rows=4,
+                                                       scale=tf.constant(scale.numpy())))
+        tf.gradients(loss, h)
+    alive = weakref.ref(graph)
+    del graph, h, loss
+    gc.collect()
+    assert alive() is None
