@@ -13,8 +13,8 @@ matrix as (out, in) like PyTorch's `nn.Linear.weight`; `load_gemma3(path)` the b
 every weight assigned, and its tokenizer (`models.gemma3_tokenizer`). Each of them takes an open
 `gguf.GGUFReader` too: `gguf` parses every metadata field when it opens a file (the 262,144
 vocabulary pieces: about 20 s and 0.7 GB for Gemma 3 270M), so a caller that needs several opens
-it once. `quantized_tensors(reader)` keeps only the tensors' stored blocks (views of the
-memory-mapped file) so that the parsed fields can go, and `load_gemma3_backbone(config,
+it once. `quantized_tensors(reader)` keeps only where the tensors' stored blocks lie in the
+file (each mapped while it is read) so that the parsed fields and the file's map can go, and `load_gemma3_backbone(config,
 quantized)` dequantizes them later into a backbone (`models.decoders` does this). The weights are the
 dequantized values of the Q4_K_M file (Q4_K, Q6_K, Q5_0 and Q8_0 blocks by tensor; norms
 float32), not Google's original bfloat16 ones.
@@ -202,14 +202,25 @@ def read_gguf_config(path_or_reader):
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedTensor:
-    """One GGUF tensor as stored: `name` (GGUF's, `.weight` dropped), `data` (its blocks, a view
-    of the memory-mapped file, no copy), `tensor_type` (a `gguf.GGMLQuantizationType`) and
-    `shape` (numpy order, `_tensor_shape`)."""
+    """One GGUF tensor as stored: `name` (GGUF's, `.weight` dropped), where its blocks lie in
+    the file (`path`, byte `offset`, the blocks' numpy `layout` as (dtype, shape)),
+    `tensor_type` (a `gguf.GGMLQuantizationType`) and `shape` (numpy order, `_tensor_shape`).
+    `data` maps the blocks from the file for as long as that array lives (no copy), so that
+    the file's pages leave the process once the weights are read: a map kept for the run held
+    Gemma 3 270M's whole file (253 MB) resident in the driver after its values were written."""
 
     name: str
-    data: np.ndarray
+    path: str
+    offset: int
+    layout: tuple[str, tuple[int, ...]]
     tensor_type: int
     shape: tuple[int, ...]
+
+    @property
+    def data(self) -> np.ndarray:
+        """The stored blocks, a view of the file mapped for this array."""
+        dtype, shape = self.layout
+        return np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=shape)
 
     def dequantized(self) -> np.ndarray:
         """The float32 values, of shape `shape`."""
@@ -220,10 +231,13 @@ class QuantizedTensor:
 
 def quantized_tensors(path_or_reader) -> list[QuantizedTensor]:
     """Every tensor of a GGUF file (path or `gguf.GGUFReader`) as stored, in file order; they
-    hold the file's memory map, not the reader's parsed metadata."""
-    return [QuantizedTensor(t.name.removesuffix(".weight"), t.data, t.tensor_type,
+    hold neither the reader's parsed metadata nor the file's memory map."""
+    reader = open_reader(path_or_reader)
+    path = os.fspath(reader.data.filename)
+    return [QuantizedTensor(t.name.removesuffix(".weight"), path, int(t.data_offset),
+                            (t.data.dtype.str, tuple(t.data.shape)), t.tensor_type,
                             _tensor_shape(t))
-            for t in open_reader(path_or_reader).tensors]
+            for t in reader.tensors]
 
 
 def load_gguf_tensors(source) -> dict[str, np.ndarray]:

@@ -207,6 +207,22 @@ def _write_tiny_gguf(path):
     return config, tensors
 
 
+def test_stored_tensors_map_the_file_only_while_read(tmp_path):
+    """`quantized_tensors` keeps where each tensor lies, not the file's map: once its reader
+    and the arrays read from it are gone, the file is mapped nowhere in the process
+    (/proc/self/maps), and reading again gives the reader's own blocks."""
+    path = tmp_path / "tiny-gemma3.gguf"
+    _write_tiny_gguf(path)
+    reader = gguf.GGUFReader(str(path))
+    expected = {t.name.removesuffix(".weight"): np.array(t.data) for t in reader.tensors}
+    quantized = gguf_checkpoint.quantized_tensors(reader)
+    del reader
+    assert str(path) not in open("/proc/self/maps").read()
+    for tensor in quantized:
+        np.testing.assert_array_equal(tensor.data, expected[tensor.name])
+    assert str(path) not in open("/proc/self/maps").read()
+
+
 def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
     path = tmp_path / "tiny-gemma3.gguf"
     config, tensors = _write_tiny_gguf(path)
