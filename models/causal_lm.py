@@ -215,8 +215,7 @@ def _recorded_product(hidden, table, scale, rows: int):
 
     def backward(upstream, *unused):
         del unused
-        return [None, _input_gradient(upstream, table, scale, rows)] + [None] * (
-            len(inputs) - 2)
+        return _identity_gradients(len(inputs), upstream, table, scale, rows)
 
     record.record_operation("WidenedProduct", outputs, inputs, backward)
     return outputs[0]
@@ -228,8 +227,13 @@ def _product_gradient(op, upstream, *unused):
     del unused
     table, rows = op.inputs[2], int(tf.get_static_value(op.inputs[3]))
     scale = op.inputs[4] if len(op.inputs) > 4 else None
-    return [None, _input_gradient(upstream, table, scale, rows)] + [None] * (
-        len(op.inputs) - 2)
+    return _identity_gradients(len(op.inputs), upstream, table, scale, rows)
+
+
+def _identity_gradients(count: int, upstream, table, scale, rows: int) -> list:
+    """The gradients of `_recorded_product`'s IdentityN inputs [logits, hidden, ...]: none for
+    the logits (nothing flows back through the forward blocks), ∂L/∂hidden, none for the rest."""
+    return [None, _input_gradient(upstream, table, scale, rows)] + [None] * (count - 2)
 
 
 def response_indices(response_mask: tf.Tensor) -> tf.Tensor:

@@ -215,10 +215,18 @@ class QuantizedTensor:
     layout: tuple[str, tuple[int, ...]]
     tensor_type: int
     shape: tuple[int, ...]
+    # The file as it was opened (inode, size, modification time in ns): a file replaced or
+    # removed since would be read at offsets that are no longer its tensors'.
+    stamp: tuple[int, int, int]
 
     @property
     def data(self) -> np.ndarray:
-        """The stored blocks, a view of the file mapped for this array."""
+        """The stored blocks, a view of the file mapped for this array (`ValueError` naming the
+        file when it changed or went away since it was opened)."""
+        if _file_stamp(self.path) != self.stamp:
+            raise ValueError(f"GGUF file {self.path} changed or was removed after it was "
+                             f"opened, so tensor {self.name!r} cannot be read from it; start "
+                             "again to read the file afresh")
         dtype, shape = self.layout
         return np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=shape)
 
@@ -234,10 +242,20 @@ def quantized_tensors(path_or_reader) -> list[QuantizedTensor]:
     hold neither the reader's parsed metadata nor the file's memory map."""
     reader = open_reader(path_or_reader)
     path = os.fspath(reader.data.filename)
+    stamp = _file_stamp(path)
     return [QuantizedTensor(t.name.removesuffix(".weight"), path, int(t.data_offset),
                             (t.data.dtype.str, tuple(t.data.shape)), t.tensor_type,
-                            _tensor_shape(t))
+                            _tensor_shape(t), stamp)
             for t in reader.tensors]
+
+
+def _file_stamp(path: str) -> tuple[int, int, int]:
+    """(inode, size, modification time in ns) of `path`; (0, 0, 0) when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def load_gguf_tensors(source) -> dict[str, np.ndarray]:

@@ -210,7 +210,8 @@ def _write_tiny_gguf(path):
 def test_stored_tensors_map_the_file_only_while_read(tmp_path):
     """`quantized_tensors` keeps where each tensor lies, not the file's map: once its reader
     and the arrays read from it are gone, the file is mapped nowhere in the process
-    (/proc/self/maps), and reading again gives the reader's own blocks."""
+    (/proc/self/maps), and reading again gives the reader's own blocks; a file changed or
+    removed since is a ValueError naming it."""
     path = tmp_path / "tiny-gemma3.gguf"
     _write_tiny_gguf(path)
     reader = gguf.GGUFReader(str(path))
@@ -221,6 +222,15 @@ def test_stored_tensors_map_the_file_only_while_read(tmp_path):
     for tensor in quantized:
         np.testing.assert_array_equal(tensor.data, expected[tensor.name])
     assert str(path) not in open("/proc/self/maps").read()
+    # A file replaced or removed since it was opened is named, not read at stale offsets.
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ValueError, match=r"tiny-gemma3.gguf changed or was removed .* "
+                                         rf"tensor {quantized[0].name!r}"):
+        quantized[0].dequantized()
+    path.unlink()
+    with pytest.raises(ValueError, match="changed or was removed"):
+        _ = quantized[-1].data
 
 
 def test_a_written_gguf_file_loads_to_the_numpy_forward_pass(tmp_path):
