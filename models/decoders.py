@@ -14,7 +14,8 @@ special tokens.
 - `gemma3_1b_random`: Gemma 3 1B's published architecture (`gemma3_backbone.gemma3_1b_config`,
   1.0B parameters, 4.0 GB in float32) with random weights, since no checkpoint of it is here, and
   Gemma 3 270M's tokenizer (the same vocabulary): for measuring memory and seconds at 1B scale,
-  not for results.
+  not for results. Its weights are the same numpy draw in every build
+  (`gemma3_backbone.random_values`, seed 0), a weight at a time.
 
 `build_decoder(name)` returns a `Decoder`: `backbone_fn()` builds the architecture with random
 weights (what TFF's computations trace), `pretrained_fn()` the same architecture with the
@@ -140,10 +141,17 @@ def _gemma3(name: str, base_dtype: str) -> Decoder:
     del reader
 
     def pretrained_fn():
-        if random_weights:
-            return gemma3_backbone.Gemma3Backbone(config, initializer="random",
+        if not random_weights:
+            return gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype)
+        backbone = gemma3_backbone.Gemma3Backbone(config, initializer="zeros",
                                                   base_dtype=base_dtype)
-        return gguf_checkpoint.load_gemma3_backbone(config, quantized, base_dtype)
+        values = random_values(backbone)
+        for variable in backbone.weights:
+            variable.assign(values.pop(variable.ref()))
+        return backbone
+
+    def random_values(backbone):   # the same draw every build, without an eager model
+        return gemma3_backbone.random_values(backbone, seed=0)
 
     def detokenize(ids):
         text = tokenizer.detokenize(tf.constant(list(ids), tf.int32))
@@ -158,7 +166,7 @@ def _gemma3(name: str, base_dtype: str) -> Decoder:
         pad_id=gemma3_tokenizer.GEMMA3_PAD, max_length=GEMMA3_MAX_LENGTH,
         lora_targets=tuple(lora_targets.GATED_TARGETS),
         random_weights=random_weights, num_layers=config.num_layers,
-        pretrained_values=(None if random_weights else
+        pretrained_values=(random_values if random_weights else
                            lambda backbone: gguf_checkpoint.gguf_values(backbone, quantized)))
 
 

@@ -434,6 +434,61 @@ def test_gemma3_1b_config_has_the_published_parameter_count():
             + config.hidden_dim) == 999_885_952
 
 
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16", "int8"])
+def test_random_values_draw_the_random_initializers_distributions(monkeypatch, base_dtype):
+    """`random_values` (the 1B-shaped decoder's weights, without an eager model): the table
+    ~ N(0, 0.02²), each kernel ~ U(−a, a) with a = sqrt(6 / (fan_in + fan_out)) as Keras's
+    Glorot defines the fans, the norms 1; stored at the base dtype (int8: absmax blocks, each
+    block's largest |q| 127), the table a slice of rows at a time, and the same each call."""
+    import tensorflow as tf
+
+    from models import base_precision, gemma3_backbone
+
+    monkeypatch.setattr(gemma3_backbone, "_DRAWN_ROWS", 96)   # the table in 6 slices
+    config = Gemma3BackboneConfig(**{**TINY, "vocabulary_size": 512, "hidden_dim": 64,
+                                     "intermediate_dim": 96, "head_dim": 32})
+    with tf.Graph().as_default():
+        backbone = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
+        values = gemma3_backbone.random_values(backbone, seed=3)
+        again = gemma3_backbone.random_values(backbone, seed=3)
+        scales = base_precision.int8_scales(backbone)
+        weights = backbone.weights
+    assert {v.ref() for v in weights} == set(values)
+    table = backbone.token_embedding.embeddings
+    scale_ids = {id(scale) for scale in scales.values()}
+    for variable in weights:
+        value = values[variable.ref()]
+        assert value.shape == tuple(variable.shape) and value.dtype == variable.dtype.as_numpy_dtype
+        assert np.array_equal(value, again[variable.ref()])
+        if id(variable) in scale_ids:   # read with its kernel's values
+            continue
+        scale = scales.get(id(variable))
+        if scale is not None:
+            assert np.abs(value).max() <= 127
+            axis = base_precision.scale_axis(variable, scale)
+            blocks = base_precision.int8_blocks(value.shape[axis])
+            grouped = np.abs(value.astype(np.int32)).reshape(
+                value.shape[:axis] + (blocks, -1) + value.shape[axis + 1:])
+            assert (grouped.max(axis=axis + 1) == 127).all()
+            value = base_precision.widen(value, values[scale.ref()], axis).numpy()
+        value = value.astype(np.float64)
+        if variable is table:
+            # 32,768 draws: the sample's std is within 3% of 0.02 (its own std is 0.4%).
+            assert abs(value.std() - 0.02) < 0.03 * 0.02 and abs(value.mean()) < 1e-3
+            continue
+        if value.ndim == 1:
+            assert (value == 1).all()
+            continue
+        shape = value.shape
+        field = int(np.prod(shape[:-2]))
+        limit = np.sqrt(6.0 / (shape[-2] * field + shape[-1] * field))
+        # Below the limit (int8: up to its rounding) and reaching near it; variance a²/3.
+        assert np.abs(value).max() <= limit * (1 + 2 ** -7) and np.abs(value).max() > 0.95 * limit
+        assert abs(value.var() / (limit ** 2 / 3) - 1) < 0.1
+        keras_draw = np.abs(tf.keras.initializers.GlorotUniform(seed=1)(shape).numpy())
+        assert keras_draw.max() <= limit and keras_draw.max() > 0.95 * limit   # the same a
+
+
 @pytest.mark.large
 def test_gemma3_270m_config_vocabulary_and_tokens(gemma3_270m):
     reader, backbone, tokenizer = gemma3_270m
