@@ -240,6 +240,39 @@ def add_int8_weight(layer: tf.keras.layers.Layer, name: str, shape: tuple[int, .
     return q, scale
 
 
+def stored_in_slices(variable, scale, rows, step: int) -> dict:
+    """`{ref: value}`: `variable`'s value at its stored dtype (bfloat16: rounded to nearest)
+    and, with its int8 `scale` (None otherwise), its levels and scales (`absmax_int8` along
+    `scale_axis`), from the float32 values `rows(start, stop)` gives a slice of `step` rows at a
+    time. Beside the stored value, one slice's float32 values are held at a time, not the whole
+    weight's (an embedding table of 262,144 rows is 0.7-1.2 GB in float32). Each slice holds
+    whole blocks: a table's run along its columns; a kernel, whose blocks may run along its
+    rows, comes as one slice (`step` = its rows).
+
+    >>> w = np.arange(-64, 64, dtype=np.float32).reshape(2, 64)
+    >>> q = tf.Variable(tf.zeros((2, 64), tf.int8)); s = tf.Variable(tf.ones((2, 2)))
+    >>> values = stored_in_slices(q, s, lambda start, stop: w[start:stop], step=1)
+    >>> whole = absmax_int8(w, axis=1)   # the same as the whole weight at once
+    >>> [bool(np.array_equal(values[v.ref()], part)) for v, part in zip((q, s), whole)]
+    [True, True]
+    """
+    shape = tuple(int(d) for d in variable.shape)
+    stored = np.empty(shape, variable.dtype.as_numpy_dtype)
+    if scale is not None:
+        scales = np.empty(tuple(int(d) for d in scale.shape), np.float32)
+        axis = scale_axis(variable, scale)
+    for start in range(0, shape[0], step):
+        value = rows(start, min(start + step, shape[0]))
+        end = start + len(value)
+        if scale is None:
+            stored[start:end] = value
+        else:
+            stored[start:end], scales[start:end] = absmax_int8(value, axis)
+    if scale is None:
+        return {variable.ref(): stored}
+    return {variable.ref(): stored, scale.ref(): scales}
+
+
 @tf.keras.utils.register_keras_serializable(package="tffl")
 class Int8Dense(tf.keras.layers.Dense):
     """A `Dense` without bias whose kernel W (d_in, d_out) is stored as int8 (module doc):

@@ -372,32 +372,18 @@ def random_values(backbone: Gemma3Backbone, seed: int = 0) -> dict:
             values[variable.ref()] = np.ones(shape, variable.dtype.as_numpy_dtype)
             continue
         if variable is table:
-            rows = _DRAWN_ROWS
-
-            def draw(count, width=shape[1]):
-                return rng.standard_normal((count, width), np.float32) * np.float32(0.02)
+            def rows(start, stop, width=shape[1]):
+                return rng.standard_normal((stop - start, width), np.float32) * np.float32(0.02)
+            step = _DRAWN_ROWS
         elif len(shape) >= 2:
-            rows = shape[0]   # a kernel whole: its blocks may run along its rows
             field = math.prod(shape[:-2])
             limit = np.float32(math.sqrt(6.0 / (shape[-2] * field + shape[-1] * field)))
 
-            def draw(count, rest=shape[1:], limit=limit):   # float32 draws: U[0, 1) → [−a, a)
-                return rng.random((count,) + rest, np.float32) * (2 * limit) - limit
+            def rows(start, stop, rest=shape[1:], limit=limit):   # U[0, 1) → [−a, a)
+                return rng.random((stop - start,) + rest, np.float32) * (2 * limit) - limit
+            step = shape[0]   # a kernel whole: its int8 blocks may run along its rows
         else:
             raise ValueError(f"{variable.name}: no random draw for a weight of shape {shape}")
-        scale = scales.get(id(variable))
-        stored = np.empty(shape, variable.dtype.as_numpy_dtype)
-        if scale is not None:
-            widths = np.empty(tuple(int(d) for d in scale.shape), np.float32)
-            axis = base_precision.scale_axis(variable, scale)
-        for start in range(0, shape[0], rows):
-            drawn = draw(min(rows, shape[0] - start))
-            end = start + len(drawn)
-            if scale is None:
-                stored[start:end] = drawn
-            else:   # rows are whole blocks: the table's blocks run along its columns
-                stored[start:end], widths[start:end] = base_precision.absmax_int8(drawn, axis)
-        values[variable.ref()] = stored
-        if scale is not None:
-            values[scale.ref()] = widths
+        values.update(base_precision.stored_in_slices(variable, scales.get(id(variable)), rows,
+                                                      step))
     return values

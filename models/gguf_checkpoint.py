@@ -230,11 +230,15 @@ class QuantizedTensor:
         dtype, shape = self.layout
         return np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=shape)
 
-    def dequantized(self) -> np.ndarray:
-        """The float32 values, of shape `shape`."""
+    def dequantized(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The float32 values of rows `start`..`stop`−1 (every row by default), of shape `shape`
+        with its first dimension cut: each row's blocks are its own (GGUF quantizes along the
+        last dimension), so a slice of rows dequantizes alone."""
         from gguf.quants import dequantize
 
-        return np.asarray(dequantize(self.data, self.tensor_type), np.float32).reshape(self.shape)
+        data = self.data if (start, stop) == (0, None) else self.data[start:stop]
+        return np.asarray(dequantize(data, self.tensor_type), np.float32).reshape(
+            (len(data),) + tuple(self.shape[1:]))
 
 
 def quantized_tensors(path_or_reader) -> list[QuantizedTensor]:
@@ -336,6 +340,14 @@ def gguf_values(backbone, source) -> dict:
     values = {}
     for name, (variable, convert) in targets.items():
         tensor, shape = tensors[name], tensors[name].shape
+        scale = scales.get(id(variable))
+        if (name == "token_embd" and isinstance(tensor, QuantizedTensor)
+                and tuple(shape) == tuple(variable.shape)):
+            def rows(start, stop, tensor=tensor, name=name, int8=scale is not None):
+                value = tensor.dequantized(start, stop)
+                return _int8_ready(name, value) if int8 else value
+            values.update(base_precision.stored_in_slices(variable, scale, rows, _TABLE_ROWS))
+            continue
         try:
             value = convert(tensor.dequantized() if isinstance(tensor, QuantizedTensor)
                             else tensor)
@@ -344,18 +356,28 @@ def gguf_values(backbone, source) -> dict:
         if value is None or tuple(value.shape) != tuple(variable.shape):
             raise ValueError(f"GGUF tensor {name!r} of shape {shape} does not fit the "
                              f"backbone's {variable.name} of shape {tuple(variable.shape)}")
-        scale = scales.get(id(variable))
         if scale is not None:   # int8: quantized in blocks, its scales beside
-            if not np.isfinite(value).all():
-                raise ValueError(f"GGUF tensor {name!r} holds NaN or infinite values, which "
-                                 "int8 cannot store; check the file, or load it at "
-                                 "base_dtype float32")
-            q, s = base_precision.absmax_int8(value, base_precision.scale_axis(variable, scale))
+            q, s = base_precision.absmax_int8(_int8_ready(name, value),
+                                              base_precision.scale_axis(variable, scale))
             values[variable.ref()], values[scale.ref()] = q, s
             continue
         # Rounded to the variable's dtype (a bfloat16 base: `models.base_precision`).
         values[variable.ref()] = np.ascontiguousarray(value, variable.dtype.as_numpy_dtype)
     return values
+
+
+# The embedding table's rows dequantized (and stored) a slice at a time by `gguf_values`: beside
+# the stored table, one slice's float32 values and `gguf.quants`' temporaries, not the whole
+# table's several times over (Gemma 3 270M's table is 671 MB in float32).
+_TABLE_ROWS = 16_384
+
+
+def _int8_ready(name: str, value: np.ndarray) -> np.ndarray:
+    """`value`, checked finite before it is quantized to int8 (which cannot store NaN or ∞)."""
+    if not np.isfinite(value).all():
+        raise ValueError(f"GGUF tensor {name!r} holds NaN or infinite values, which int8 "
+                         "cannot store; check the file, or load it at base_dtype float32")
+    return value
 
 
 def assign_gguf_weights(backbone, source) -> None:

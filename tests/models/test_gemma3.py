@@ -332,6 +332,51 @@ def test_gguf_values_of_a_backbone_built_in_a_graph_are_the_loaded_weights(tmp_p
         np.testing.assert_array_equal(value, variable.numpy(), err_msg=variable.name)
 
 
+def test_the_table_is_read_a_slice_of_rows_at_a_time(tmp_path, monkeypatch):
+    """A stored tensor's rows dequantize alone (Q8_0 and float16 blocks alike), and the table
+    read 5 rows at a time is the whole table's value at each base: float32, bfloat16 rounded
+    to nearest, int8 quantized blockwise along its rows (`absmax_int8` of the whole table)."""
+    import tensorflow as tf
+
+    from models import base_precision
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(0, 1, (37, 64)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "two.gguf"), "gemma3")
+    writer.add_tensor("q8.weight", gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("f16.weight", table.astype(np.float16))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                  writer.write_tensors_to_file):
+        write()
+    writer.close()
+    for tensor in gguf_checkpoint.quantized_tensors(tmp_path / "two.gguf"):
+        whole = tensor.dequantized()
+        assert whole.shape == (37, 64) and np.abs(whole - table).max() < 0.05
+        parts = [tensor.dequantized(start, start + 5) for start in range(0, 37, 5)]
+        np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+    path = tmp_path / "tiny-gemma3.gguf"
+    config = Gemma3BackboneConfig(**_write_tiny_gguf(path)[0])
+    quantized = gguf_checkpoint.quantized_tensors(path)
+    whole = next(t for t in quantized if t.name == "token_embd").dequantized()
+    assert whole.shape[0] > 5
+    monkeypatch.setattr(gguf_checkpoint, "_TABLE_ROWS", 5)
+    for base_dtype in ("float32", "bfloat16", "int8"):
+        with tf.Graph().as_default():
+            built = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
+            values = gguf_checkpoint.gguf_values(built, quantized)
+            embedding = built.token_embedding
+            stored = values[embedding.embeddings.ref()]
+            if base_dtype != "int8":
+                np.testing.assert_array_equal(
+                    stored, whole.astype(embedding.embeddings.dtype.as_numpy_dtype))
+                continue
+            q, scale = base_precision.absmax_int8(whole, axis=1)
+            np.testing.assert_array_equal(stored, q)
+            np.testing.assert_array_equal(values[embedding.embeddings_scale.ref()], scale)
+
+
 def test_a_gguf_file_as_a_hugging_face_checkpoint(tmp_path):
     """`save_hf_checkpoint` (PEFT's cross-check loads it in transformers): every tensor under its
     HF name with llama.cpp's "+1" taken off the norms, and transformers' config of the file's."""
