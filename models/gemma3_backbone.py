@@ -339,9 +339,9 @@ def random_values(backbone: Gemma3Backbone, seed: int = 0) -> dict:
     beside (`base_precision.absmax_int8`, the same blocks as a checkpoint's). The backbone may be
     built in a graph (`tf.Graph().as_default()`: its variables hold no memory). A weight at a
     time, and the table a slice of rows at a time, so that beside the stored values at most one
-    float32 slice is held: drawn eagerly by TensorFlow, Gemma 3 1B's table (1.2 GB in float32)
-    and its quantization's temporaries stayed in the allocator's pool for the rest of the
-    process (6.5 GB resident after the draw of its int8 model, 1.8 GB with oneDNN's pool off).
+    float32 slice is held: drawn eagerly by TensorFlow, Gemma 3 1B's whole model with an int8
+    base peaked at 5.4 GB (its table is 1.2 GB in float32, and each step of its quantization
+    another), and at 1.9 GB so.
 
     >>> import numpy as np
     >>> config = Gemma3BackboneConfig(vocabulary_size=32, num_layers=2, num_query_heads=2,
