@@ -236,7 +236,13 @@ class QuantizedTensor:
         last dimension), so a slice of rows dequantizes alone."""
         from gguf.quants import dequantize
 
-        data = self.data if (start, stop) == (0, None) else self.data[start:stop]
+        if (start, stop) == (0, None):
+            return np.asarray(dequantize(self.data, self.tensor_type), np.float32).reshape(
+                self.shape)
+        if len(self.shape) < 2:
+            raise ValueError(f"GGUF tensor {self.name!r} of shape {self.shape} has no rows to "
+                             "slice: read it whole")
+        data = self.data[start:stop]   # (rows, the row's blocks)
         return np.asarray(dequantize(data, self.tensor_type), np.float32).reshape(
             (len(data),) + tuple(self.shape[1:]))
 

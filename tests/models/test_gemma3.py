@@ -333,9 +333,10 @@ def test_gguf_values_of_a_backbone_built_in_a_graph_are_the_loaded_weights(tmp_p
 
 
 def test_the_table_is_read_a_slice_of_rows_at_a_time(tmp_path, monkeypatch):
-    """A stored tensor's rows dequantize alone (Q8_0 and float16 blocks alike), and the table
-    read 5 rows at a time is the whole table's value at each base: float32, bfloat16 rounded
-    to nearest, int8 quantized blockwise along its rows (`absmax_int8` of the whole table)."""
+    """A stored tensor's rows dequantize alone (Q8_0 and float16 blocks alike; a vector has
+    none to slice), and the table read 5 rows at a time is the whole table's value at each
+    base: float32, bfloat16 rounded to nearest, int8 quantized blockwise along its rows
+    (`absmax_int8` of the whole table)."""
     import tensorflow as tf
 
     from models import base_precision
@@ -346,11 +347,16 @@ def test_the_table_is_read_a_slice_of_rows_at_a_time(tmp_path, monkeypatch):
     writer.add_tensor("q8.weight", gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
                       raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     writer.add_tensor("f16.weight", table.astype(np.float16))
+    writer.add_tensor("norm.weight", table[0])
     for write in (writer.write_header_to_file, writer.write_kv_data_to_file,
                   writer.write_tensors_to_file):
         write()
     writer.close()
-    for tensor in gguf_checkpoint.quantized_tensors(tmp_path / "two.gguf"):
+    *tables, norm = gguf_checkpoint.quantized_tensors(tmp_path / "two.gguf")
+    np.testing.assert_array_equal(norm.dequantized(), table[0])
+    with pytest.raises(ValueError, match="'norm' of shape \\(64,\\) has no rows to slice"):
+        norm.dequantized(0, 5)
+    for tensor in tables:
         whole = tensor.dequantized()
         assert whole.shape == (37, 64) and np.abs(whole - table).max() < 0.05
         parts = [tensor.dequantized(start, start + 5) for start in range(0, 37, 5)]
