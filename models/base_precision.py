@@ -159,9 +159,9 @@ def absmax_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     ((4, 64), (4, 2))
     """
     weight = np.asarray(weight, np.float32)
-    if axis != 0 and weight.shape[0] > _QUANTIZED_ROWS:   # a table: its rows a slice at a time
-        parts = [absmax_int8(weight[start:start + _QUANTIZED_ROWS], axis)
-                 for start in range(0, weight.shape[0], _QUANTIZED_ROWS)]
+    if axis != 0 and weight.shape[0] > TABLE_ROWS:   # a table: its rows a slice at a time
+        parts = [absmax_int8(weight[start:start + TABLE_ROWS], axis)
+                 for start in range(0, weight.shape[0], TABLE_ROWS)]
         return (np.concatenate([q for q, _ in parts]),
                 np.concatenate([scale for _, scale in parts]))
     blocks = int8_blocks(weight.shape[axis])
@@ -174,9 +174,10 @@ def absmax_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
             np.ascontiguousarray(np.squeeze(scale, axis + 1)))
 
 
-# Rows of a table quantized at once by `absmax_int8` (its float32 temporaries: 42 MB for
-# Gemma 3's width 640, against 671 MB for the whole embedding).
-_QUANTIZED_ROWS = 16_384
+# Rows of an embedding table handled at once: quantized by `absmax_int8`, dequantized from a
+# checkpoint or drawn (`stored_in_slices`' callers). Their float32 values: 42 MB at Gemma 3
+# 270M's width 640, against 671 MB for the whole table.
+TABLE_ROWS = 16_384
 
 
 def _absmax_int8_tensor(weight: tf.Tensor, axis: int):
@@ -244,10 +245,10 @@ def stored_in_slices(variable, scale, rows, step: int) -> dict:
     """`{ref: value}`: `variable`'s value at its stored dtype (bfloat16: rounded to nearest)
     and, with its int8 `scale` (None otherwise), its levels and scales (`absmax_int8` along
     `scale_axis`), from the float32 values `rows(start, stop)` gives a slice of `step` rows at a
-    time. Beside the stored value, one slice's float32 values are held at a time, not the whole
-    weight's (an embedding table of 262,144 rows is 0.7-1.2 GB in float32). Each slice holds
-    whole blocks: a table's run along its columns; a kernel, whose blocks may run along its
-    rows, comes as one slice (`step` = its rows).
+    time (a table's `TABLE_ROWS`). Beside the stored value, one slice's float32 values are held
+    at a time, not the whole weight's (a table of 262,144 rows is 0.7-1.2 GB in float32). Each
+    slice holds whole blocks: a table's run along its columns; a kernel, whose blocks may run
+    along its rows, comes as one slice (`step` = its rows).
 
     >>> w = np.arange(-64, 64, dtype=np.float32).reshape(2, 64)
     >>> q = tf.Variable(tf.zeros((2, 64), tf.int8)); s = tf.Variable(tf.ones((2, 2)))

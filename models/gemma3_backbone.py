@@ -322,10 +322,6 @@ class Gemma3Backbone(tf.keras.Model):
         return cls(Gemma3BackboneConfig(**config.pop("config")), **config)
 
 
-# The embedding table's rows drawn (and stored) a slice at a time by `random_values`.
-_DRAWN_ROWS = 16_384
-
-
 def random_values(backbone: Gemma3Backbone, seed: int = 0) -> dict:
     """`{variable.ref(): numpy value}`: every weight of `backbone` drawn from the distributions
     `initializer="random"` draws from, in numpy from `seed`, stored at the backbone's base dtype:
@@ -338,10 +334,9 @@ def random_values(backbone: Gemma3Backbone, seed: int = 0) -> dict:
     A bfloat16 base rounds each draw to nearest; an int8 base quantizes it with its scales
     beside (`base_precision.absmax_int8`, the same blocks as a checkpoint's). The backbone may be
     built in a graph (`tf.Graph().as_default()`: its variables hold no memory). A weight at a
-    time, and the table a slice of rows at a time, so that beside the stored values at most one
-    float32 slice is held: drawn eagerly by TensorFlow, Gemma 3 1B's whole model with an int8
-    base peaked at 5.4 GB (its table is 1.2 GB in float32, and each step of its quantization
-    another), and at 1.9 GB so.
+    time, and the table `base_precision.TABLE_ROWS` rows at a time, so that beside the stored
+    values at most one float32 slice is held (Gemma 3 1B's table is 1.2 GB in float32, and each
+    step of its quantization as much again; docs/models.md has the peaks).
 
     >>> import numpy as np
     >>> config = Gemma3BackboneConfig(vocabulary_size=32, num_layers=2, num_query_heads=2,
@@ -374,7 +369,7 @@ def random_values(backbone: Gemma3Backbone, seed: int = 0) -> dict:
         if variable is table:
             def rows(start, stop, width=shape[1]):
                 return rng.standard_normal((stop - start, width), np.float32) * np.float32(0.02)
-            step = _DRAWN_ROWS
+            step = base_precision.TABLE_ROWS
         elif len(shape) >= 2:
             field = math.prod(shape[:-2])
             limit = np.float32(math.sqrt(6.0 / (shape[-2] * field + shape[-1] * field)))

