@@ -75,9 +75,9 @@ class BenchmarkConfig:
 
 TARGETS = {"round_time_vs_previous_path": 1 / 3, "round_time_vs_plain_uncached": 0.5,
            "cpu_vs_plain_cached": 1.05, "state_io_seconds": 0.05, "memory_200_vs_10": 1.5,
-           "evaluation_seconds": 60.0}
+           "evaluation_seconds": 60.0, "round_time_vs_baseline": 1.1}
 # `--suite=targets`' parts (`--targets_parts`); the default runs the first three.
-TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup", "peer")
+TARGETS_PARTS = ("scaling", "main", "large", "evaluation", "startup", "peer", "baseline")
 # The peer part's models (benchmarks/peer.py's PEER_SETTINGS).
 PEER_MODELS = ("minilm", "gemma3_270m")
 # The start-up part's models (benchmarks/startup.py's STARTUP_SETTINGS).
@@ -108,3 +108,5 @@ class TargetsConfig:
     peer_python: str = ""
     peer_models: tuple[str, ...] = PEER_MODELS
     startup_models: tuple[str, ...] = STARTUP_MODELS
+    # The baseline part's other checkout (a clone at the commit compared with).
+    baseline_checkout: str = ""

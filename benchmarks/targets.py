@@ -55,7 +55,11 @@ models), and each model's and choice's first B and A rounds (`benchmarks.startup
 peft, `--peer_python`): tffl's FedAvg-LoRA beside a Transformers + PEFT FedAvg loop on the same
 batches, on MiniLM and Gemma 3 270M (`--peer_models`) at N = 3 and 20 (`benchmarks.peer`):
 `peer_seconds_ratio` and `peer_memory_ratio`, tffl's seconds per client step and peak memory over
-the peer's (the largest of the runs), details under `peer`.
+the peer's (the largest of the runs), details under `peer`. **Baseline**
+(`--targets_parts=baseline`, not in the default parts: it needs `--baseline_checkout`, a clone at
+the commit compared with): `round_time_vs_baseline`, RoLoRA's later rounds on Gemma 3 270M in
+this checkout over the same rounds in the other (`benchmarks.baseline`), details under
+`baseline`.
 
 This module runs the main setting and writes the results; `benchmarks.plain` holds the plain
 loop, `benchmarks.targets_scale` the scaling and large parts, `benchmarks.config` the
@@ -71,6 +75,7 @@ import time
 
 import numpy as np
 
+from benchmarks.baseline import run_baseline
 from benchmarks.config import LARGE_MEMORY_LIMIT_MB, TARGETS, TARGETS_PARTS, TargetsConfig
 from benchmarks.evaluation import run_evaluation
 from benchmarks.peer import run_peer
@@ -307,6 +312,7 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
     evaluation = run_evaluation(config, log) if "evaluation" in config.parts else None
     startup = run_startup(config, output_dir, log) if "startup" in config.parts else None
     peer = run_peer(config, output_dir, log) if "peer" in config.parts else None
+    baseline = run_baseline(config, output_dir, log) if "baseline" in config.parts else None
     result = {}
     if main is not None:
         algorithms = main["algorithms"].values()
@@ -334,9 +340,11 @@ def run_targets(config: TargetsConfig, output_dir: pathlib.Path, log=print) -> d
     if measured:
         result["peer_seconds_ratio"] = max(v["seconds_ratio"] for v in measured)
         result["peer_memory_ratio"] = max(v["memory_ratio"] for v in measured)
+    if baseline is not None:
+        result["round_time_vs_baseline"] = baseline["round_time_vs_baseline"]
     result.update({"targets": TARGETS, "parts": list(config.parts), "main": main,
                    "scaling": scaling, "large": large, "evaluation": evaluation,
-                   "startup": startup, "peer": peer,
+                   "startup": startup, "peer": peer, "baseline": baseline,
                    "seconds": time.perf_counter() - started})
     result["met"] = {k: result[k] <= v for k, v in TARGETS.items() if k in result}
     if large is not None:
@@ -377,6 +385,14 @@ def format_targets(result: dict) -> str:
                     f"{v['tffl']['seconds_per_client_step']:.3f}, {v['tffl']['peak_mb']:.0f}; "
                     f"{v['peft']['seconds_per_client_step']:.3f}, {v['peft']['peak_mb']:.0f} | "
                     "reported | |")
+    if "round_time_vs_baseline" in result:
+        for name in ("baseline", "this"):
+            r = result["baseline"][name]
+            lines.append(f"| baseline: {name} checkout ({r['commit']}): first B, first A, later "
+                         f"rounds (s); driver, worker peak (MB) | "
+                         f"{r['first_b_round_seconds']:.1f}, {r['first_a_round_seconds']:.1f}, "
+                         f"{r['steady_round_seconds']:.2f}; {r['driver_peak_mb']:.0f}, "
+                         f"{r['worker_peak_mb']:.0f} | reported | |")
     if "large_seconds_per_step" in result:
         lines.append(f"| large_seconds_per_step | {result['large_seconds_per_step']:.2f} | "
                      "reported | |")

@@ -93,6 +93,7 @@ from collections.abc import Sequence  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from benchmarks import baseline  # noqa: E402
 from benchmarks.config import (  # noqa: E402
     BACKBONES, BENCHMARKED_ALGORITHMS, PEER_MODELS, STARTUP_MODELS, TARGETS_PARTS, XLA_SUFFIX,
     BenchmarkConfig)
@@ -159,7 +160,8 @@ _TARGETS_PARTS = flags.DEFINE_list(
     "(main: the round times of every path, the in-process runtime's included; scaling; large; "
     "evaluation: sst2_instruct's dev evaluation on Gemma 3 270M; startup: RoLoRA's first and "
     "later rounds with and without TFF's Grappler pass (--startup_models); peer: tffl beside "
-    "a Transformers + PEFT FedAvg loop on the same batches, needs --peer_python; these three "
+    "a Transformers + PEFT FedAvg loop on the same batches, needs --peer_python; baseline: "
+    "RoLoRA's rounds on Gemma 3 270M in this checkout over --baseline_checkout's; these four "
     "not run by default).",
     flag_values=FLAGS)
 _PEER_PYTHON = flags.DEFINE_string(
@@ -172,6 +174,10 @@ _PEER_MODELS = flags.DEFINE_list(
 _STARTUP_MODELS = flags.DEFINE_list(
     "startup_models", list(STARTUP_MODELS), "--targets_parts=startup: the models measured "
     f"(benchmarks/startup.py; of {', '.join(STARTUP_MODELS)}).", flag_values=FLAGS)
+_BASELINE_CHECKOUT = flags.DEFINE_string(
+    "baseline_checkout", "", "--targets_parts=baseline: a clone of this repository at the commit "
+    "to compare with (git clone . ../base && git -C ../base checkout COMMIT); its train.py runs "
+    "with this Python (benchmarks/baseline.py).", flag_values=FLAGS)
 _DEVICES = flags.DEFINE_string(
     "devices", "", "--suite=targets: the devices of the in-process runtime measured against the "
     "TFF worker (scripts/train.py --devices; default: the GPUs, else the CPU).", flag_values=FLAGS)
@@ -245,6 +251,11 @@ def check(argv: list[str]) -> list[str]:
         _names("targets_parts", TARGETS_PARTS)
         _names("peer_models", PEER_MODELS)
         _names("startup_models", STARTUP_MODELS)
+        if _SUITE.value == "targets" and "baseline" in _TARGETS_PARTS.value:
+            try:
+                baseline.checkout_root(_BASELINE_CHECKOUT.value)
+            except ValueError as e:
+                raise UsageError(f"flag --baseline_checkout: {e}") from None
         _output_dir()
         if _SUITE.value == "targets" and not (pathlib.Path(_DATA_DIR.value) / "sst2").is_dir():
             raise UsageError(f"flag --data_dir={_DATA_DIR.value}: no sst2/ folder there (the "
@@ -284,7 +295,8 @@ def main(argv: list[str]) -> int:
                                       parts=tuple(_TARGETS_PARTS.value),
                                       peer_python=_PEER_PYTHON.value,
                                       peer_models=tuple(_PEER_MODELS.value),
-                                      startup_models=tuple(_STARTUP_MODELS.value)),
+                                      startup_models=tuple(_STARTUP_MODELS.value),
+                                      baseline_checkout=_BASELINE_CHECKOUT.value),
                         output_dir, log=log)
         except (ValueError, OSError, FloatingPointError, worker_connection.WorkerError,
                 CheckpointUnavailableError) as e:

@@ -249,3 +249,84 @@ def test_an_unavailable_checkpoint_is_one_line_and_exit_1(tmp_path, monkeypatch,
     assert benchmark.main(["benchmark.py"]) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "is unavailable: no network" in lines[0], lines
+
+
+# A stand-in for another checkout's scripts/train.py: records what it was given and writes a
+# metrics.csv of known round seconds (a seed of 7 fails).
+FAKE_TRAIN = '''
+import os, pathlib, sys
+flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+out = pathlib.Path(flags["output_dir"])
+(out / "given.txt").write_text("\\n".join([os.getcwd(), os.environ["PYTHONPATH"], *sys.argv[1:]]))
+if flags["seed"] == "7":
+    sys.exit(3)
+rows = ["round,round_seconds,peak_rss_mb,worker_peak_rss_mb,train_loss,eval_accuracy"]
+for t in range(1, int(flags["rounds"]) + 1):
+    accuracy = "0.8" if t == int(flags["rounds"]) else ""
+    rows.append(f"{t},{[20.0, 30.0, 2.0, 4.0][min(t, 4) - 1]},{1000 + t},{600 - t},0.5,{accuracy}")
+(out / "metrics.csv").write_text("\\n".join(rows) + "\\n")
+'''
+
+
+def test_the_baseline_part_runs_a_checkouts_train_py_and_reads_its_rounds(tmp_path):
+    from benchmarks import baseline
+
+    checkout = tmp_path / "base"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "train.py").write_text(FAKE_TRAIN)
+    targets = config.TargetsConfig(data_dir=str(tmp_path / "data"))
+    r = baseline.measure_checkout(checkout, tmp_path / "out", targets)
+    rounds = baseline.STARTUP_ROUNDS
+    # Rounds 3.. are 2.0 then 4.0 each: their mean by hand.
+    steady = [2.0] + [4.0] * (rounds - 3)
+    assert r["steady_round_seconds"] == pytest.approx(sum(steady) / len(steady))
+    assert (r["first_b_round_seconds"], r["first_a_round_seconds"]) == (20.0, 30.0)
+    assert (r["driver_peak_mb"], r["worker_peak_mb"]) == (1000 + rounds, 599)
+    assert r["final"] == {"train_loss": 0.5, "eval_accuracy": 0.8}
+    assert r["checkout"] == str(checkout)
+    cwd, pythonpath, *argv = (tmp_path / "out" / "given.txt").read_text().split("\n")
+    assert cwd == pythonpath == str(checkout)
+    assert argv == baseline.train_flags(str(tmp_path / "data"), tmp_path / "out", 0)
+    with pytest.raises(RuntimeError, match=r"base's train.py exited with status 3; see .*"
+                                           r"failed/train.log"):
+        baseline.measure_checkout(checkout, tmp_path / "failed",
+                                  config.TargetsConfig(data_dir=str(tmp_path), seed=7))
+
+
+def test_the_baseline_parts_flags_are_train_pys(tmp_path):
+    """What the part gives every checkout's train.py parses into this checkout's RunConfig as
+    the part's setting (benchmarks.startup's Gemma 3 270M budget)."""
+    from absl import flags
+
+    from benchmarks import baseline
+    from runner import train_flags
+
+    flag_values = flags.FlagValues()
+    train_flags.define(flag_values)
+    run = train_flags.parse(["train.py", *baseline.train_flags(str(tmp_path), tmp_path / "o", 3)],
+                            flag_values)
+    names = ("task", "backbone", "algorithm", "rank", "lora_targets", "lora_layers",
+             "num_clients", "clients_per_round", "local_steps", "batch_size", "learning_rate",
+             "rounds", "eval_every", "seed")
+    assert {name: run.get(name) for name in names} == {
+        "task": "sst2_instruct", "backbone": "gemma3_270m", "algorithm": ("rolora",), "rank": 8,
+        "lora_targets": ("query", "value"), "lora_layers": (14, 15, 16, 17), "num_clients": 3,
+        "clients_per_round": 3, "local_steps": 2, "batch_size": 8, "learning_rate": 0.1,
+        "rounds": baseline.STARTUP_ROUNDS, "eval_every": baseline.STARTUP_ROUNDS, "seed": 3}
+
+
+@pytest.mark.parametrize("given, message", [
+    ("", "the baseline part needs --baseline_checkout"),
+    ("nowhere", "no scripts/train.py there"),
+    (str(REPO), "is this checkout; give a clone at the commit to compare with"),
+])
+def test_a_bad_baseline_checkout_is_one_line_and_exit_2(given, message, tmp_path, capsys):
+    (tmp_path / "data" / "sst2").mkdir(parents=True)
+    given = str(tmp_path / given) if given == "nowhere" else given
+    with pytest.raises(SystemExit) as exited:
+        benchmark.check(["benchmark.py", "--suite=targets", "--targets_parts=baseline",
+                         f"--baseline_checkout={given}", f"--data_dir={tmp_path / 'data'}",
+                         f"--output_dir={tmp_path / 'out'}"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exited.value.code == 2
+    assert len(lines) == 1 and "flag --baseline_checkout: " in lines[0] and message in lines[0]
