@@ -4,11 +4,12 @@ a change), measured in one benchmark run.
 
 Each checkout runs its own `scripts/train.py` in a child process of this one, with this Python and
 that checkout's code first on `PYTHONPATH`, the baseline first and then this checkout, nothing
-else running between them. Both are given the same flags, the ones every checkout since the
-start-up part knows: RoLoRA on Gemma 3 270M at `sst2_instruct`'s budget
+else running between them. Both are given the same flags (ones train.py has had since before
+issue 73's start, f321d8b): RoLoRA on Gemma 3 270M at `sst2_instruct`'s budget
 (`benchmarks.startup.STARTUP_SETTINGS`: LoRA r = 8 on query and value of layers 14-17, 2 local
 steps of batch 8), N = 3 clients, all of them every round, `STARTUP_ROUNDS` rounds, evaluated
-only after the last, each with its own frozen-weights folder; every other choice is that
+only after the last, each with its own frozen-weights folder (deleted after the run: a float32
+base's is 1 GB); every other choice is that
 checkout's own default (a float32 base, its worker's concurrency). Round 1 (a B round) and
 round 2 (an A round) each compile their round kind; rounds 3 on are steady. From each run's
 `metrics.csv`:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -36,8 +38,8 @@ from benchmarks.startup import STARTUP_ROUNDS, STARTUP_SETTINGS
 
 BASELINE_MODEL = "gemma3_270m"
 THIS_CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
-# A run's child process is stopped after this long (the baseline's two compiling rounds took
-# 118 s each and its evaluation up to 14 minutes).
+# A run's child process is stopped after this long (at f321d8b, a run took 12.5 minutes here:
+# its two compiling rounds 225-247 s each).
 RUN_TIMEOUT_SECONDS = 3600
 # The final metrics reported beside the seconds (each run's last row).
 FINAL_COLUMNS = ("train_loss", "eval_accuracy", "eval_likelihood_accuracy", "eval_loss")
@@ -84,8 +86,8 @@ def run_baseline(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
 
 def measure_checkout(checkout: pathlib.Path, folder: pathlib.Path, config: TargetsConfig) -> dict:
     """Runs `checkout`'s scripts/train.py with `train_flags` in a child process (this Python,
-    `PYTHONPATH=checkout`, its output in `folder`/train.log); returns {"checkout", "commit"} and
-    its `metrics.csv`'s figures (`run_baseline`'s)."""
+    `PYTHONPATH=checkout`, its output in `folder`/train.log), then deletes the run's frozen-weights
+    folder; returns {"checkout", "commit"} and its `metrics.csv`'s figures (`run_baseline`'s)."""
     from tffl.simulation import driver
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,6 +97,7 @@ def measure_checkout(checkout: pathlib.Path, folder: pathlib.Path, config: Targe
     with open(folder / "train.log", "w") as out:
         status = subprocess.run(command, cwd=checkout, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_SECONDS).returncode
+    shutil.rmtree(folder / "frozen", ignore_errors=True)   # the run's copy of the base
     if status:
         raise RuntimeError(f"{checkout}'s train.py exited with status {status}; see "
                            f"{folder / 'train.log'}")

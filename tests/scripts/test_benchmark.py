@@ -258,6 +258,8 @@ import os, pathlib, sys
 flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 out = pathlib.Path(flags["output_dir"])
 (out / "given.txt").write_text("\\n".join([os.getcwd(), os.environ["PYTHONPATH"], *sys.argv[1:]]))
+pathlib.Path(flags["frozen_dir"]).mkdir()
+(pathlib.Path(flags["frozen_dir"]) / "base.data").write_bytes(b"weights")
 if flags["seed"] == "7":
     sys.exit(3)
 rows = ["round,round_seconds,peak_rss_mb,worker_peak_rss_mb,train_loss,eval_accuracy"]
@@ -284,6 +286,7 @@ def test_the_baseline_part_runs_a_checkouts_train_py_and_reads_its_rounds(tmp_pa
     assert (r["driver_peak_mb"], r["worker_peak_mb"]) == (1000 + rounds, 599)
     assert r["final"] == {"train_loss": 0.5, "eval_accuracy": 0.8}
     assert r["checkout"] == str(checkout)
+    assert not (tmp_path / "out" / "frozen").exists()   # the run's base is deleted
     cwd, pythonpath, *argv = (tmp_path / "out" / "given.txt").read_text().split("\n")
     assert cwd == pythonpath == str(checkout)
     assert argv == baseline.train_flags(str(tmp_path / "data"), tmp_path / "out", 0)
