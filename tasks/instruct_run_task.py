@@ -367,8 +367,10 @@ def _frozen_layers(backbone: tf.keras.Model, model: tf.keras.Model) -> int:
 
 
 def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """The packed prompts `(x, label)` of `dataset` (read once, into memory), shortest prompt
-    first (stable), each padded to the longest prompt."""
+    """The packed prompts `(x, label)` of `dataset` (read once, into memory), longest prompt
+    first (stable), each padded to the longest prompt. Longest first, so that each batch's
+    buffers fit in the larger ones the batches before it freed: in increasing length, glibc's
+    heap (the driver's allocator) could not reuse them (docs/PERFORMANCE.md)."""
     chunks = list(dataset.batch(4096).as_numpy_iterator())
     if not chunks:
         raise ValueError("the evaluation dataset has no examples; check the evaluated split "
@@ -381,7 +383,7 @@ def _by_length(dataset: tf.data.Dataset) -> tf.data.Dataset:
     token_ids = np.concatenate([widened(x["token_ids"]) for x, _ in chunks])
     padding_mask = np.concatenate([widened(x["padding_mask"]) for x, _ in chunks])
     labels = np.concatenate([y for _, y in chunks])
-    order = np.argsort(padding_mask.sum(axis=1), kind="stable")
+    order = np.argsort(-padding_mask.sum(axis=1), kind="stable")
     return tf.data.Dataset.from_tensor_slices((
         {"token_ids": token_ids[order], "padding_mask": padding_mask[order]}, labels[order]))
 
