@@ -4,8 +4,8 @@ a change), measured in one benchmark run.
 
 Each checkout runs its own `scripts/train.py` in a child process of this one, with this Python and
 that checkout's code first on `PYTHONPATH`, the baseline first and then this checkout, nothing
-else running between them. Both are given the same flags (ones train.py has had since before
-issue 73's start, f321d8b): RoLoRA on Gemma 3 270M at `sst2_instruct`'s budget
+else running between them. Both are given the same flags (ones train.py has had since
+f321d8b): RoLoRA on Gemma 3 270M at `sst2_instruct`'s budget
 (`benchmarks.startup.STARTUP_SETTINGS`: LoRA r = 8 on query and value of layers 14-17, 2 local
 steps of batch 8), N = 3 clients, all of them every round, `STARTUP_ROUNDS` rounds, evaluated
 only after the last, each with its own frozen-weights folder (deleted after the run: a float32
@@ -94,13 +94,18 @@ def measure_checkout(checkout: pathlib.Path, folder: pathlib.Path, config: Targe
     command = [sys.executable, str(checkout / "scripts" / "train.py"),
                *train_flags(str(pathlib.Path(config.data_dir).resolve()), folder, config.seed)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    with open(folder / "train.log", "w") as out:
-        status = subprocess.run(command, cwd=checkout, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_SECONDS).returncode
-    shutil.rmtree(folder / "frozen", ignore_errors=True)   # the run's copy of the base
-    if status:
-        raise RuntimeError(f"{checkout}'s train.py exited with status {status}; see "
-                           f"{folder / 'train.log'}")
+    try:
+        with open(folder / "train.log", "w") as out:
+            status = subprocess.run(command, cwd=checkout, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT,
+                                    timeout=RUN_TIMEOUT_SECONDS).returncode
+    except subprocess.TimeoutExpired:
+        status = f"no exit after {RUN_TIMEOUT_SECONDS} s (stopped)"
+    finally:
+        shutil.rmtree(folder / "frozen", ignore_errors=True)   # the run's copy of the base
+    if status:   # an OSError: scripts/benchmark.py prints it as one line
+        raise ChildProcessError(f"{checkout}'s train.py: status {status}; see "
+                                f"{folder / 'train.log'}")
     return {"checkout": str(checkout), "commit": _commit(checkout),
             **_round_figures(folder / driver.METRICS_FILE)}
 
@@ -111,7 +116,8 @@ def _round_figures(metrics_file: pathlib.Path) -> dict:
 
     rows = metrics_log.read_metrics(metrics_file)
     if len(rows) != STARTUP_ROUNDS:
-        raise RuntimeError(f"{metrics_file} has {len(rows)} rounds, not {STARTUP_ROUNDS}")
+        raise ValueError(f"{metrics_file} has {len(rows)} rounds, not {STARTUP_ROUNDS}; see "
+                         "train.log beside it")
     seconds = [float(row["round_seconds"]) for row in rows]
     steady = seconds[2:]
     return {"first_b_round_seconds": seconds[0], "first_a_round_seconds": seconds[1],

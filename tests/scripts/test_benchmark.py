@@ -290,8 +290,8 @@ def test_the_baseline_part_runs_a_checkouts_train_py_and_reads_its_rounds(tmp_pa
     cwd, pythonpath, *argv = (tmp_path / "out" / "given.txt").read_text().split("\n")
     assert cwd == pythonpath == str(checkout)
     assert argv == baseline.train_flags(str(tmp_path / "data"), tmp_path / "out", 0)
-    with pytest.raises(RuntimeError, match=r"base's train.py exited with status 3; see .*"
-                                           r"failed/train.log"):
+    with pytest.raises(ChildProcessError, match=r"base's train.py: status 3; see .*"
+                                                r"failed/train.log"):
         baseline.measure_checkout(checkout, tmp_path / "failed",
                                   config.TargetsConfig(data_dir=str(tmp_path), seed=7))
 
