@@ -56,6 +56,10 @@ DEV_FRACTION = 0.1
 # a larger evaluated split runs every layer on every call.
 PREFIX_CACHE_BYTES = 512 * 2**20
 _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
+# Training batches are cut at a multiple of this many tokens (`AnswerAppender`): on SST-2 a
+# round's batches then come in about 8 widths, not 60, and a TFF worker keeps oneDNN primitives
+# for each (docs/PERFORMANCE.md, "The int8 worker at N = 20").
+TRAIN_WIDTH_MULTIPLE = 8
 # The held-out test split's measures are named with this prefix (test_accuracy, ...), as the
 # classifier's (`tasks.text_run_task`).
 HELDOUT_PREFIX = "test_"
@@ -86,21 +90,37 @@ class PromptPacker:
 class AnswerAppender:
     """`(x, labels) -> (x', y)` on a batch of packed prompts: the rows widened by the longest
     answer, answer `answers[label]` written after each prompt, `response_mask` on it, the batch
-    cut to its longest row, and y its answer tokens (`models.causal_lm.with_response_targets`).
+    cut to its longest row w, and y its answer tokens (`models.causal_lm.with_response_targets`).
+
+    With `width_multiple` m > 1 the batch is cut at ⌈w/m⌉·m instead (at most `max_width`), the
+    extra columns padding (`pad_id`, both masks 0): a causal LM's logits at the response
+    positions, and so the loss, do not see them. Batches then come in few widths, and a TFF
+    worker's oneDNN kernels, which keep primitives per thread for each input shape they meet
+    (TensorFlow's `MklPrimitiveFactory`), keep few (docs/PERFORMANCE.md).
+
+    >>> appender = AnswerAppender([[7, 1], [8, 1]], pad_id=0, width_multiple=4)
+    >>> x = {"token_ids": tf.constant([[2, 5, 6]]), "padding_mask": tf.constant([[1, 1, 1]])}
+    >>> batch, y = appender(x, tf.constant([1]))
+    >>> batch["token_ids"].numpy().tolist(), batch["response_mask"].numpy().tolist(), y.numpy()
+    ([[2, 5, 6, 8, 1, 0, 0, 0]], [[0, 0, 0, 1, 1, 0, 0, 0]], array([8, 1], dtype=int32))
     """
 
-    def __init__(self, answers: Sequence[Sequence[int]], pad_id: int):
+    def __init__(self, answers: Sequence[Sequence[int]], pad_id: int, width_multiple: int = 1,
+                 max_width: int | None = None):
+        if width_multiple < 1:
+            raise ValueError(f"width_multiple={width_multiple}: pass 1 (no rounding) or more")
         width = max(len(a) for a in answers)
         self.pad_id = pad_id
         self.table = tf.constant([list(a) + [pad_id] * (width - len(a)) for a in answers],
                                  tf.int32)
         self.lengths = tf.constant([len(a) for a in answers], tf.int32)
         self.width = width
+        self.width_multiple, self.max_width = width_multiple, max_width
 
     def __call__(self, x, labels):
         from models import causal_lm
 
-        widen = [[0, 0], [0, self.width]]
+        widen = [[0, 0], [0, self.width + self.width_multiple - 1]]
         token_ids = tf.pad(tf.convert_to_tensor(x["token_ids"]), widen,
                            constant_values=self.pad_id)
         prompt_mask = tf.pad(tf.cast(x["padding_mask"], tf.int32), widen)
@@ -111,7 +131,11 @@ class AnswerAppender:
         in_answer = (offset >= 0) & (offset < answer_lengths[:, None])
         tokens = tf.gather(tf.gather(self.table, labels),
                            tf.clip_by_value(offset, 0, self.width - 1), batch_dims=1)
-        width = tf.reduce_max(prompt_lengths + answer_lengths)
+        width = longest = tf.reduce_max(prompt_lengths + answer_lengths)
+        if self.width_multiple > 1:
+            width = -(-longest // self.width_multiple) * self.width_multiple
+            if self.max_width is not None:
+                width = tf.minimum(width, tf.maximum(self.max_width, longest))
         batch = collections.OrderedDict(
             padding_mask=tf.cast(tf.cast(prompt_mask, tf.bool) | in_answer, tf.int32)[:, :width],
             response_mask=tf.cast(in_answer, tf.int32)[:, :width],
@@ -434,8 +458,8 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
     t = spec.task
     answers = _answers(decoder)
     answer_width = max(len(a) for a in answers)
-    packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id,
-                          _check_lengths(t.sequence_length, decoder, answer_width))
+    max_prompt = _check_lengths(t.sequence_length, decoder, answer_width)
+    packer = PromptPacker(decoder.tokenizer, decoder.bos_id, decoder.pad_id, max_prompt)
     # The classifier's loader, on the same data and partitions (`tasks.text_run_task`).
     data = text_run_task.load_text_task(dataclasses.replace(
         spec, task=dataclasses.replace(t, task=t.task.removesuffix("_instruct"))), packer)
@@ -446,7 +470,8 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
 
         heldout = client_data.tensor_dataset(text.tokenize(data.heldout.segments, packer),
                                              data.heldout.labels)
-    appender = AnswerAppender(answers, decoder.pad_id)
+    appender = AnswerAppender(answers, decoder.pad_id, TRAIN_WIDTH_MULTIPLE,
+                              max_prompt + answer_width)
     rounds = prefix_cache.TextRounds(
         lambda cid: prefix_cache.ClientExamples.from_dataset(
             task.train_data.create_tf_dataset_for_client(cid).map(ordered)),

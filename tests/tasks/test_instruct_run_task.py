@@ -51,6 +51,31 @@ def test_answers_appended_in_the_graph_equal_instructions_pack():
     np.testing.assert_array_equal(y.numpy(), targets)
 
 
+def test_a_width_multiple_pads_the_batch_and_leaves_the_response_loss_unchanged():
+    """Cut at ⌈w/m⌉·m (at most max_width): the batch of m = 1 and padding columns, and a causal
+    LM's loss on its responses the same."""
+    import keras_nlp
+
+    packer = instruct_run_task.PromptPacker(keras_nlp.tokenizers.ByteTokenizer(lowercase=False),
+                                            BOS, 0)
+    x = text.tokenize((np.array(TEXTS, object),), packer)
+    (exact, y), (rounded, y16) = (instruct_run_task.AnswerAppender(_answers(), 0, m)(x, LABELS)
+                                  for m in (1, 16))
+    w = int(exact["token_ids"].shape[1])
+    assert rounded["token_ids"].shape[1] == -(-w // 16) * 16 > w
+    for key in ("token_ids", "padding_mask", "response_mask"):
+        np.testing.assert_array_equal(rounded[key][:, :w], exact[key], err_msg=key)
+        assert not rounded[key][:, w:].numpy().any(), key
+    np.testing.assert_array_equal(y16, y)
+    capped, _ = instruct_run_task.AnswerAppender(_answers(), 0, 16, max_width=w + 1)(x, LABELS)
+    assert capped["token_ids"].shape[1] == w + 1
+    decoder = decoders.build_decoder("gpt2_tiny")
+    lm = causal_lm.build_causal_lm(decoder.backbone_fn())
+    loss = [tf.keras.losses.sparse_categorical_crossentropy(y, lm(batch), from_logits=True)
+            for batch in (exact, rounded)]
+    np.testing.assert_allclose(loss[1], loss[0], rtol=1e-5, atol=1e-6)
+
+
 def test_a_cut_prompt_keeps_its_end_and_its_whole_answer():
     x, _ = _packed_batch(max_prompt=12)
     for row, label, txt in zip(range(len(TEXTS)), LABELS, TEXTS):
@@ -88,7 +113,9 @@ def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2
     answer_sets = {tuple(a) for a in _answers()}
     for x, y in batches:
         rows = x["response_mask"].numpy().astype(bool)
-        assert x["padding_mask"].numpy()[:, -1].any()   # cut to its longest row
+        width, m = x["token_ids"].shape[1], instruct_run_task.TRAIN_WIDTH_MULTIPLE
+        longest = x["padding_mask"].numpy().sum(axis=1).max()
+        assert width % m == 0 and width - m < longest <= width   # its longest row, rounded up
         answers = [tuple(t[m]) for t, m in zip(x["token_ids"].numpy(), rows)]
         assert set(answers) <= answer_sets
         np.testing.assert_array_equal(y.numpy(), np.concatenate(answers))
