@@ -78,14 +78,39 @@ def length_bucketed(ids: np.ndarray, lengths: np.ndarray, batch_size: int, seed:
     return [batches[k] for k in order]
 
 
-def trim_to_longest(batch, lengths: np.ndarray, sequence_keys: Sequence[str]):
-    """`batch` (a dict of arrays (B, L, ...), possibly nested in a tuple with labels) with the
-    `sequence_keys` cut to the batch's longest example, `max(lengths)` positions."""
+# Trimmed batches are cut at a multiple of this many positions. TensorFlow's oneDNN kernels keep
+# their primitives per thread for each input shape they meet (`MklPrimitiveFactory`), in the
+# driver and in a TFF worker alike; batches of a few widths, not one per length, keep few and
+# build few (docs/PERFORMANCE.md, "Batch widths in multiples of 8").
+WIDTH_MULTIPLE = 8
+
+
+def trimmed_width(lengths: np.ndarray, multiple: int = 1, limit: int | None = None) -> int:
+    """The width a batch of examples of `lengths` is cut at: its longest, rounded up to a
+    multiple of `multiple`, at most `limit` (the stored width) but never below the longest.
+
+    >>> trimmed_width(np.array([3, 9, 5])), trimmed_width(np.array([3, 9, 5]), 8)
+    (9, 16)
+    >>> trimmed_width(np.array([3, 9, 5]), 8, limit=12)
+    12
+    """
     longest = max(int(np.max(lengths)), 1)
+    if multiple < 1:
+        raise ValueError(f"width multiple {multiple}: pass 1 (no rounding) or more")
+    width = -(-longest // multiple) * multiple
+    return width if limit is None else max(min(width, int(limit)), longest)
+
+
+def trim_to_longest(batch, lengths: np.ndarray, sequence_keys: Sequence[str], multiple: int = 1):
+    """`batch` (a dict of arrays (B, L, ...), possibly nested in a tuple with labels) with the
+    `sequence_keys` cut to the batch's longest example, `max(lengths)` positions, rounded up to
+    a multiple of `multiple` (at most L: `trimmed_width`)."""
 
     def cut(features):
+        stored = min(v.shape[1] for k, v in features.items() if k in sequence_keys)
+        width = trimmed_width(lengths, multiple, stored)
         return collections.OrderedDict(
-            (k, v[:, :longest] if k in sequence_keys else v) for k, v in features.items())
+            (k, v[:, :width] if k in sequence_keys else v) for k, v in features.items())
 
     if isinstance(batch, tuple):
         return (cut(batch[0]), *batch[1:])

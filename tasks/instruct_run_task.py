@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tasks import instructions
+from tasks import batching, instructions
 from tasks.run_task import RunTask, counted, ordered, starting_non_trainable, train_size
 from tasks.task_config import TaskConfig, TaskSpec
 from tffl.simulation import evaluation
@@ -56,10 +56,6 @@ DEV_FRACTION = 0.1
 # a larger evaluated split runs every layer on every call.
 PREFIX_CACHE_BYTES = 512 * 2**20
 _PROMPT_HEAD, _PROMPT_TAIL = instructions.SENTIMENT_PROMPT.split("{text}")
-# Training batches are cut at a multiple of this many tokens (`AnswerAppender`): on SST-2 a
-# round's batches then come in about 8 widths, not 60, and a TFF worker keeps oneDNN primitives
-# for each (docs/PERFORMANCE.md, "The int8 worker at N = 20").
-TRAIN_WIDTH_MULTIPLE = 8
 # The held-out test split's measures are named with this prefix (test_accuracy, ...), as the
 # classifier's (`tasks.text_run_task`).
 HELDOUT_PREFIX = "test_"
@@ -470,7 +466,7 @@ def _sentiment_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTask:
 
         heldout = client_data.tensor_dataset(text.tokenize(data.heldout.segments, packer),
                                              data.heldout.labels)
-    appender = AnswerAppender(answers, decoder.pad_id, TRAIN_WIDTH_MULTIPLE,
+    appender = AnswerAppender(answers, decoder.pad_id, batching.WIDTH_MULTIPLE,
                               max_prompt + answer_width)
     rounds = prefix_cache.TextRounds(
         lambda cid: prefix_cache.ClientExamples.from_dataset(
@@ -624,7 +620,8 @@ def _user_instruction_task(spec: TaskSpec, decoder, lm_fn, input_spec) -> RunTas
     rounds = prefix_cache.TextRounds(
         lambda cid: prefix_cache.ClientExamples.from_dataset(
             train_data.create_tf_dataset_for_client(cid).map(ordered)),
-        prefix_cache.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length),
+        prefix_cache.RoundDraw(spec.local_steps, t.batch_size, spec.seed, t.bucket_by_length,
+                               batching.WIDTH_MULTIPLE),
         client_ids=train_data.client_ids, name="train")
 
     def targets(x, labels):

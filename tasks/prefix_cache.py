@@ -81,12 +81,14 @@ class ClientExamples:
             (k, np.stack([r[0][k] for r in rows])) for k in sorted(rows[0][0]))
         return cls(features, np.array([r[1] for r in rows]))
 
-    def batch(self, ids: np.ndarray, trim: bool):
-        """`(features, labels)` of `ids`, cut to their longest example when `trim`."""
+    def batch(self, ids: np.ndarray, trim: bool, width_multiple: int = 1):
+        """`(features, labels)` of `ids`, cut to their longest example when `trim` (rounded up
+        to a multiple of `width_multiple`, `batching.trim_to_longest`)."""
         batch = (collections.OrderedDict((k, v[ids]) for k, v in self.features.items()),
                  self.labels[ids])
         if trim:
-            return batching.trim_to_longest(batch, self.lengths[ids], tuple(self.features))
+            return batching.trim_to_longest(batch, self.lengths[ids], tuple(self.features),
+                                            width_multiple)
         return batch
 
 
@@ -157,11 +159,13 @@ class PrefixCache:
             self.seconds += time.perf_counter() - started
         return [store[i] for i in ids]
 
-    def batch(self, cid: str, examples: ClientExamples, ids: np.ndarray):
+    def batch(self, cid: str, examples: ClientExamples, ids: np.ndarray, width_multiple: int = 1):
         """`({"hidden": (B, L_b, H), "padding_mask": (B, L_b)}, labels)`, L_b the batch's
-        longest example, padded positions zero; `hidden` in float32."""
+        longest example rounded up to a multiple of `width_multiple` (at most the stored width,
+        `batching.trimmed_width`), padded positions zero; `hidden` in float32."""
         states = self.hidden(cid, examples, ids)
-        longest = max(max(len(h) for h in states), 1)
+        longest = batching.trimmed_width(np.array([len(h) for h in states]), width_multiple,
+                                         examples.features[PADDING_MASK].shape[1])
         hidden = np.zeros((len(ids), longest, states[0].shape[-1]), np.float32)
         mask = np.zeros((len(ids), longest), np.int32)
         for row, h in enumerate(states):
@@ -179,12 +183,14 @@ class PrefixCache:
 class RoundDraw:
     """How a client's round is drawn: `local_steps` (K) batches of `batch_size` (B), seeded by
     (`seed`, round, client); with `bucket_by_length`, batches of similar length, each cut to its
-    longest example, else the drawn order and the stored padding (the classic path)."""
+    longest example (rounded up to a multiple of `width_multiple`), else the drawn order and the
+    stored padding (the classic path)."""
 
     local_steps: int
     batch_size: int
     seed: int = 0
     bucket_by_length: bool = True
+    width_multiple: int = 1
 
 
 class TextRounds:
@@ -248,9 +254,11 @@ class TextRounds:
 
     def make_batches(self, cid: str, batch_ids) -> list:
         examples = self.examples(cid)
+        multiple = self.draw.width_multiple
         if self.cache is not None:
-            return [self.cache.batch(f"{self.name}/{cid}", examples, ids) for ids in batch_ids]
-        return [examples.batch(ids, trim=self.bucket_by_length) for ids in batch_ids]
+            return [self.cache.batch(f"{self.name}/{cid}", examples, ids, multiple)
+                    for ids in batch_ids]
+        return [examples.batch(ids, self.bucket_by_length, multiple) for ids in batch_ids]
 
     def dataset(self, cid: str, round_num: int) -> tf.data.Dataset:
         batches = self.batches(cid, round_num)

@@ -28,6 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tasks import batching
 from tasks.run_task import (
     RunTask,
     counted,
@@ -356,7 +357,8 @@ def _round_maker(spec: TaskSpec, cache) -> Callable:
         return prefix_cache_lib.TextRounds(
             lambda cid: prefix_cache_lib.ClientExamples.from_dataset(
                 client_data.create_tf_dataset_for_client(cid).map(ordered)),
-            prefix_cache_lib.RoundDraw(steps, size, spec.seed, t.bucket_by_length), cache=cache,
+            prefix_cache_lib.RoundDraw(steps, size, spec.seed, t.bucket_by_length,
+                                      batching.WIDTH_MULTIPLE), cache=cache,
             client_ids=client_data.client_ids, name=name, storage_dir=storage)
 
     return rounds
@@ -395,7 +397,8 @@ def _with_heldout_test(evaluate: Callable, data: TextData, packer, spec: TaskSpe
     test_data = client_data_lib.tensor_dataset(test_data_x, test.labels)
     held_out = prefix_cache_lib.TextRounds(
         {"all": prefix_cache_lib.ClientExamples.from_dataset(test_data.map(ordered))},
-        prefix_cache_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length), cache=model.cache,
+        prefix_cache_lib.RoundDraw(1, 128, spec.seed, spec.task.bucket_by_length,
+                                   batching.WIDTH_MULTIPLE), cache=model.cache,
         name="heldout_test")
     on_test = evaluation.make_keras_evaluator(
         model.keras_model_fn, lambda: held_out.one_pass("all", 128),
@@ -477,7 +480,8 @@ def text_run_task(spec: TaskSpec) -> RunTask:
     train_rounds = rounds(task.train_data, "train")
     test_examples = prefix_cache_lib.ClientExamples.from_dataset(task.global_test_data.map(ordered))
     global_test = prefix_cache_lib.TextRounds(   # evaluated in this process
-        {"all": test_examples}, prefix_cache_lib.RoundDraw(1, 128, seed, t.bucket_by_length),
+        {"all": test_examples}, prefix_cache_lib.RoundDraw(1, 128, seed, t.bucket_by_length,
+                                                           batching.WIDTH_MULTIPLE),
         cache=model.cache, name="global_test")
     client_eval_data = _text_client_eval_data(task, train_rounds, rounds, t.batch_size)
     log = PredictionLog()

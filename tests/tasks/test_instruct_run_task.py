@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from models import causal_lm, decoders
-from tasks import instruct_run_task, instructions, registry, text
+from tasks import batching, instruct_run_task, instructions, registry, text
 from tasks.task_config import TaskSpec
 
 BOS = EOS = 256
@@ -113,7 +113,7 @@ def test_round_batches_hold_prompts_answers_and_the_answer_tokens_as_labels(sst2
     answer_sets = {tuple(a) for a in _answers()}
     for x, y in batches:
         rows = x["response_mask"].numpy().astype(bool)
-        width, m = x["token_ids"].shape[1], instruct_run_task.TRAIN_WIDTH_MULTIPLE
+        width, m = x["token_ids"].shape[1], batching.WIDTH_MULTIPLE
         longest = x["padding_mask"].numpy().sum(axis=1).max()
         assert width % m == 0 and width - m < longest <= width   # its longest row, rounded up
         answers = [tuple(t[m]) for t, m in zip(x["token_ids"].numpy(), rows)]

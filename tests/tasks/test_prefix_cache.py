@@ -300,3 +300,33 @@ def test_a_float16_cache_keeps_half_the_bytes_and_batches_its_values_widened():
     with pytest.raises(ValueError, match="prefix cache dtype 'bfloat16': choose from float32, "
                                          "float16"):
         prefix_cache.PrefixCache(prefix=None, dtype="bfloat16")
+
+
+def test_a_width_multiple_pads_token_and_cached_batches_and_keeps_the_losses():
+    """`RoundDraw.width_multiple` m: every batch, of tokens or of cached h_k, is the m = 1 batch
+    with zero columns up to ⌈w/m⌉·m (at most the stored SEQ), and the classifier's
+    per-example losses on the token batches are the m = 1 ones."""
+    model = _full_model()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    clients = _clients()
+    cache = prefix_cache.PrefixCache(prefix=None, compute_batch_size=4)
+    cache._compute = lambda f: f["token_ids"][..., None].astype(np.float32) * np.float32([1, -2])
+    for with_cache in (False, True):
+        exact, rounded = (prefix_cache.TextRounds(clients, prefix_cache.RoundDraw(
+            K_STEPS, BATCH, seed=3, width_multiple=m), cache=cache if with_cache else None)
+            for m in (1, 5))
+        widths = set()
+        for cid in clients:
+            for (x, y), (x5, y5) in zip(exact.batches(cid, 2), rounded.batches(cid, 2),
+                                        strict=True):
+                w, w5 = x["padding_mask"].shape[1], x5["padding_mask"].shape[1]
+                assert w5 == min(-(-w // 5) * 5, SEQ), (w, w5)
+                widths.add(w5)
+                np.testing.assert_array_equal(y5, y)
+                for key in x:
+                    np.testing.assert_array_equal(x5[key][:, :w], x[key], err_msg=key)
+                    assert not x5[key][:, w:].any(), key
+                if not with_cache:
+                    np.testing.assert_allclose(loss(y5, model(dict(x5))), loss(y, model(dict(x))),
+                                               atol=1e-5)
+        assert widths <= {5, 10, SEQ} and len(widths) > 1
