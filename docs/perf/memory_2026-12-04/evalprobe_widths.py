@@ -1,32 +1,21 @@
-import sys, time, ctypes
-from benchmarks.config import TargetsConfig
-from benchmarks import evaluation
-import tensorflow_federated as tff
-from tasks import registry
+"""../memory_2026-12-03/41b8b4b/evalprobe_hwm.py (argv: calls, base dtype) with, when EVAL_M is
+set, every `AnswerAppender` the task builds rounding its batches up to a multiple of EVAL_M
+(the dev evaluation's included). Run as that probe's `evalhwm.sh` runs it, in place of it."""
 import os
-from tasks import instruct_run_task as irt
+import pathlib
+import runpy
+
+from tasks import instruct_run_task
+
 if os.environ.get("EVAL_M"):
-    _orig = irt.AnswerAppender
-    class _A(_orig):
+    multiple = int(os.environ["EVAL_M"])
+    original = instruct_run_task.AnswerAppender
+
+    class RoundedAppender(original):
         def __init__(self, answers, pad_id, width_multiple=1, max_width=None):
-            super().__init__(answers, pad_id, max(width_multiple, int(os.environ["EVAL_M"])), max_width)
-    irt.AnswerAppender = _A
-    print("EVAL_M", os.environ["EVAL_M"], flush=True)
-from tasks.task_config import TaskSpec
-def mem():
-    d = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmHWM", "VmRSS")): d[line.split(":")[0]] = int(line.split()[1]) // 1024
-    return d
-spec = TaskSpec().with_changes(task="sst2_instruct", backbone="gemma3_270m", data_dir="/work/shared/data", num_clients=3, rank=8, lora_layers=(14, 15, 16, 17), seed=0, base_dtype=sys.argv[2])
-task = registry.build_run_task(spec)
-model = task.keras_model_fn()
-weights = tff.learning.models.ModelWeights([v.numpy() for v in model.trainable_variables], task.pretrained_non_trainable())
-print("BEFORE", mem(), flush=True)
-# reset the high-water mark so that the calls' own peak shows
-open("/proc/self/clear_refs", "w").write("5")
-print("RESET", mem(), flush=True)
-for call in range(int(sys.argv[1])):
-    t = time.perf_counter()
-    m = task.evaluate(weights)
-    print("CALL", call, round(time.perf_counter() - t, 1), m["accuracy"], m["likelihood_accuracy"], mem(), flush=True)
+            super().__init__(answers, pad_id, max(width_multiple, multiple), max_width)
+
+    instruct_run_task.AnswerAppender = RoundedAppender
+    print("EVAL_M", multiple, flush=True)
+runpy.run_path(str(pathlib.Path(__file__).parent.parent / "memory_2026-12-03" / "41b8b4b"
+                   / "evalprobe_hwm.py"), run_name="__main__")
