@@ -7,8 +7,8 @@ K·B examples `round_example_ids` draws, and either
 * keeps them in drawn order, K consecutive batches (`in_order`), each padded to the stored
   length (the classic path), or
 * sorts them by length and cuts K batches of neighbours (`length_bucketed`), each padded only
-  to its own longest example (`trim_to_longest`), the K batches then visited in a seeded random
-  order.
+  to its own longest example, rounded up to a multiple of `WIDTH_MULTIPLE` by the text tasks
+  (`trim_to_longest`), the K batches then visited in a seeded random order.
 
 Both use the same K·B examples. A transformer with a padding mask gives each example the same
 output whatever its padding, so the two differ only in which examples share a batch.
