@@ -164,7 +164,7 @@ def run_large(config: TargetsConfig, log) -> dict:
 def _build_large_path(path: str, config: TargetsConfig, model_fn, lora, spec, values, clients):
     """The RoLoRA process and the clients' rounds of one path: `cached`, the suffix fed the cached
     prefix outputs; `uncached`, the whole model."""
-    from tasks import prefix_cache
+    from tasks import batching, prefix_cache
     from tffl.algorithms import lora_fl
 
     if path == "cached":
@@ -175,13 +175,15 @@ def _build_large_path(path: str, config: TargetsConfig, model_fn, lora, spec, va
             "rolora", cached.keras_model_fn, cached.input_spec, config.learning_rate,
             initial_non_trainable=cached.non_trainable())
         rounds = prefix_cache.TextRounds(
-            clients, prefix_cache.RoundDraw(2, config.batch_size, config.seed), cache=cached.cache)
+            clients, prefix_cache.RoundDraw(2, config.batch_size, config.seed,
+                                            width_multiple=batching.WIDTH_MULTIPLE),
+            cache=cached.cache)
     else:
         process = lora_fl.build_lora_process(
             "rolora", model_fn, spec, config.learning_rate,
             initial_non_trainable=values[1])
-        rounds = prefix_cache.TextRounds(clients,
-                                         prefix_cache.RoundDraw(2, config.batch_size, config.seed))
+        rounds = prefix_cache.TextRounds(clients, prefix_cache.RoundDraw(
+            2, config.batch_size, config.seed, width_multiple=batching.WIDTH_MULTIPLE))
     return process, rounds
 
 

@@ -252,7 +252,7 @@ def test_an_unavailable_checkpoint_is_one_line_and_exit_1(tmp_path, monkeypatch,
 
 
 # A stand-in for another checkout's scripts/train.py: records what it was given and writes a
-# metrics.csv of known round seconds (a seed of 7 fails).
+# metrics.csv of known round seconds (a seed of 7 fails, a seed of 8 does not end).
 FAKE_TRAIN = '''
 import os, pathlib, sys
 flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
@@ -262,6 +262,9 @@ pathlib.Path(flags["frozen_dir"]).mkdir()
 (pathlib.Path(flags["frozen_dir"]) / "base.data").write_bytes(b"weights")
 if flags["seed"] == "7":
     sys.exit(3)
+if flags["seed"] == "8":
+    import time
+    time.sleep(60)
 rows = ["round,round_seconds,peak_rss_mb,worker_peak_rss_mb,train_loss,eval_accuracy"]
 for t in range(1, int(flags["rounds"]) + 1):
     accuracy = "0.8" if t == int(flags["rounds"]) else ""
@@ -294,6 +297,23 @@ def test_the_baseline_part_runs_a_checkouts_train_py_and_reads_its_rounds(tmp_pa
                                                 r"failed/train.log"):
         baseline.measure_checkout(checkout, tmp_path / "failed",
                                   config.TargetsConfig(data_dir=str(tmp_path), seed=7))
+    assert not (tmp_path / "failed" / "frozen").exists()
+
+
+def test_a_baseline_run_past_its_timeout_is_stopped_and_one_error(tmp_path, monkeypatch):
+    """A child train.py still running at RUN_TIMEOUT_SECONDS is stopped: a ChildProcessError
+    naming its log, its frozen folder deleted."""
+    from benchmarks import baseline
+
+    checkout = tmp_path / "base"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "train.py").write_text(FAKE_TRAIN)
+    monkeypatch.setattr(baseline, "RUN_TIMEOUT_SECONDS", 2)
+    with pytest.raises(ChildProcessError, match=r"base's train.py: status no exit after 2 s "
+                                                r"\(stopped\); see .*slow/train.log"):
+        baseline.measure_checkout(checkout, tmp_path / "slow",
+                                  config.TargetsConfig(data_dir=str(tmp_path), seed=8))
+    assert not (tmp_path / "slow" / "frozen").exists()
 
 
 def test_the_baseline_parts_flags_are_train_pys(tmp_path):
