@@ -297,8 +297,9 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], splits: dict[str, tf.data.Da
 
     def build() -> dict:
         backbone, model = lm_fn()
-        batches = {prefix: list(_by_length(data).batch(batch_size).map(
-            lambda x, labels: (*appender(x, labels), labels))) for prefix, data in splits.items()}
+        datasets = {prefix: _by_length(data).batch(batch_size).map(
+            lambda x, labels: (*appender(x, labels), labels)) for prefix, data in splits.items()}
+        batches = {prefix: list(dataset) for prefix, dataset in datasets.items()}
         frozen_below = _frozen_layers(backbone, model)
         width = int(backbone.token_embedding.embeddings.shape[1])
         starts = {}
@@ -307,21 +308,29 @@ def _one_pass_evaluator(lm_fn: Callable[[], tuple], splits: dict[str, tf.data.Da
                          for x, _, _ in batches[prefix]) * width * 4
             starts[prefix] = frozen_below if cached <= PREFIX_CACHE_BYTES else 0
 
-        # One graph per batch (shapes relaxed): batches differ in width.
-        @tf.function(reduce_retracing=True)
+        # One graph for every batch, traced once for the batches' element spec (their width
+        # and size unknown). Traced at a first batch's shape and then relaxed (another width,
+        # a smaller last batch), the first evaluation took 13-44 s longer (docs/PERFORMANCE.md).
+        x_spec, y_spec, _ = next(iter(datasets.values())).element_spec
+
+        @tf.function(input_signature=[x_spec, y_spec])
         def whole(x, y):
             return measures(model(x, training=False), y)
 
-        @tf.function(reduce_retracing=True)
-        def prefix_pass(x):
-            return backbone.layer_input(x, frozen_below)
+        prefix_pass = suffix = None
+        if any(starts.values()):
+            prefix_pass = tf.function(lambda x: backbone.layer_input(x, frozen_below),
+                                      input_signature=[x_spec])
+            x_k = prefix_pass.get_concrete_function().structured_outputs
 
-        @tf.function(reduce_retracing=True)
-        def suffix(x, y, x_k):
-            hidden = backbone.from_layer(x_k, x["padding_mask"], frozen_below)
-            predicting = tf.gather_nd(hidden[:, :-1],
-                                      causal_lm.response_indices(x["response_mask"]))
-            return measures(causal_lm.output_logits(backbone.token_embedding, predicting), y)
+            @tf.function(input_signature=[
+                x_spec, y_spec, tf.TensorSpec([None, None, x_k.shape[-1]], x_k.dtype)])
+            def suffix(x, y, x_k):
+                hidden = backbone.from_layer(x_k, x["padding_mask"], frozen_below)
+                predicting = tf.gather_nd(hidden[:, :-1],
+                                          causal_lm.response_indices(x["response_mask"]))
+                return measures(causal_lm.output_logits(backbone.token_embedding, predicting),
+                                y)
 
         return {"model": model, "batches": batches, "starts": starts, "whole": whole,
                 "prefix": prefix_pass, "suffix": suffix, "x_k": {}, "keys": {}}

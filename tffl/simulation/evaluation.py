@@ -38,8 +38,9 @@ def make_keras_evaluator(
     `num_examples`, the examples evaluated (so that evaluations of parts can be pooled).
 
     The loop over batches runs inside one `tf.function`; with `graph_per_batch` it runs in Python
-    over one graph per batch (shapes relaxed), for models whose batches vary in shape and
-    whose graph the dataset loop would otherwise run eagerly (a decoder LM on bucketed prompts).
+    over one graph for every batch (traced once, for the dataset's element spec), for models
+    whose batches vary in shape and whose graph the dataset loop would otherwise run eagerly (a
+    decoder LM on bucketed prompts).
     `on_predictions(predicted, labels)`, if given, receives every evaluation's per-example
     argmax z(x_n) and y_n (int64, in the dataset's order; one graph per batch then too).
 
@@ -78,7 +79,10 @@ def make_keras_evaluator(
                 on_predictions(np.concatenate(predicted), np.concatenate(labels))
                 return sums
         elif graph_per_batch:
-            one_batch = tf.function(batch_totals, reduce_retracing=True)
+            # Traced once, for the dataset's element spec: a batch's shape first, then relaxed
+            # ones (another width, a smaller last batch) would trace again, seconds each for
+            # a decoder.
+            one_batch = tf.function(batch_totals, input_signature=list(data.element_spec))
 
             def totals():
                 return sum((one_batch(x, y).numpy().astype("float64") for x, y in data),
