@@ -24,7 +24,9 @@ one after the other:
 
 Reported per model and N: each side's seconds per client step (the mean of rounds 2.. over the
 client steps of a round; round 1 holds tffl's compilation), its peak memory (tffl: driver +
-worker), and `seconds_ratio` and `memory_ratio`, tffl's over the peer's. tffl's driver prepares
+worker), and `seconds_ratio` and `memory_ratio`, tffl's over the peer's. tffl's run evaluates
+the dev set once, after its last round, and the peer's loop evaluates nothing, so tffl's peak
+before that evaluation is reported too, with `training_memory_ratio` (`tffl_measures`). tffl's driver prepares
 round t + 1's data while round t runs (`tffl.simulation.driver`); with the cached prefix that
 includes computing h_k of every example the round sees for the first time, so rounds 2..R-1
 share the cores with it and the last round does not: its figure is reported apart
@@ -147,6 +149,35 @@ def _steady_per_step(round_seconds: list[float], client_steps: int) -> float:
     return sum(steady) / len(steady) / client_steps
 
 
+def tffl_measures(rows: list[dict], client_steps: int) -> dict:
+    """tffl's side of one comparison, from the `rows` of its run's metrics.csv (one per round,
+    R of them; the run evaluates the dev set once, after round R). Its peak memory two ways:
+    "peak_mb", the run's (driver + worker, that evaluation included), and "training_peak_mb",
+    the driver's high-water mark at the end of round R − 1 (rounds 1..R−1 and the preparation
+    of round R's batches, before the evaluation) plus the worker's: the peer evaluates nothing.
+
+    >>> rows = [{"round_seconds": s, "data_seconds": "0.5", "peak_rss_mb": d,
+    ...          "worker_peak_rss_mb": w, "train_loss": "0.7"}
+    ...         for s, d, w in (("9", "1000", "400"), ("3", "1200", "450"), ("5", "1700", "460"))]
+    >>> m = tffl_measures(rows, client_steps=4)
+    >>> m["seconds_per_client_step"], m["peak_mb"], m["training_peak_mb"]
+    (1.0, 2160.0, 1660.0)
+    """
+    seconds = [float(row["round_seconds"]) for row in rows]
+    measures = {"round_seconds": seconds,
+                "data_seconds": [float(row["data_seconds"]) for row in rows],
+                "seconds_per_client_step": _steady_per_step(seconds, client_steps),
+                "last_round_seconds_per_client_step": seconds[-1] / client_steps,
+                "driver_peak_mb": max(float(row["peak_rss_mb"]) for row in rows),
+                "driver_training_peak_mb": max(float(row["peak_rss_mb"]) for row in rows[:-1]),
+                "worker_peak_mb": max(float(row["worker_peak_rss_mb"]) for row in rows),
+                "losses": [float(row["train_loss"]) for row in rows]}
+    measures["peak_mb"] = measures["driver_peak_mb"] + measures["worker_peak_mb"]
+    measures["training_peak_mb"] = (measures["driver_training_peak_mb"]
+                                    + measures["worker_peak_mb"])
+    return measures
+
+
 def run_peer(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
     """{"<model> N = <N>": {"tffl": {...}, "peft": {...}, "seconds_ratio", "memory_ratio"},
     "versions"} for each model of `config.peer_models` and N of `PEER_CLIENTS`, or
@@ -193,15 +224,7 @@ def run_peer(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
                              f"failed with status {status}; its output is above")
         peft = json.loads((work / "peft.json").read_text())
         client_steps = num_clients * steps
-        tffl_seconds = [float(row["round_seconds"]) for row in rows]
-        tffl = {"round_seconds": tffl_seconds,
-                "data_seconds": [float(row["data_seconds"]) for row in rows],
-                "seconds_per_client_step": _steady_per_step(tffl_seconds, client_steps),
-                "last_round_seconds_per_client_step": tffl_seconds[-1] / client_steps,
-                "driver_peak_mb": max(float(row["peak_rss_mb"]) for row in rows),
-                "worker_peak_mb": max(float(row["worker_peak_rss_mb"]) for row in rows),
-                "losses": [float(row["train_loss"]) for row in rows]}
-        tffl["peak_mb"] = tffl["driver_peak_mb"] + tffl["worker_peak_mb"]
+        tffl = tffl_measures(rows, client_steps)
         peft_seconds = [r["seconds"] for r in peft["rounds"]]
         side = {"round_seconds": peft_seconds,
                 "seconds_per_client_step": _steady_per_step(peft_seconds, client_steps),
@@ -210,9 +233,11 @@ def run_peer(config: TargetsConfig, output_dir: pathlib.Path, log) -> dict:
         results[f"{model} N = {clients}"] = {
             "client_steps_per_round": client_steps, "tffl": tffl, "peft": side,
             "seconds_ratio": tffl["seconds_per_client_step"] / side["seconds_per_client_step"],
-            "memory_ratio": tffl["peak_mb"] / side["peak_mb"]}
+            "memory_ratio": tffl["peak_mb"] / side["peak_mb"],
+            "training_memory_ratio": tffl["training_peak_mb"] / side["peak_mb"]}
         results["versions"] = peft["versions"]
         log(f"peer {model} N = {clients}: tffl {tffl['seconds_per_client_step']:.3f} s/client "
-            f"step, {tffl['peak_mb']:.0f} MB; Transformers + PEFT "
+            f"step, {tffl['peak_mb']:.0f} MB ({tffl['training_peak_mb']:.0f} MB before its dev "
+            f"evaluation); Transformers + PEFT "
             f"{side['seconds_per_client_step']:.3f} s/client step, {side['peak_mb']:.0f} MB")
     return results
