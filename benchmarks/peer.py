@@ -26,12 +26,12 @@ Reported per model and N: each side's seconds per client step (the mean of round
 client steps of a round; round 1 holds tffl's compilation), its peak memory (tffl: driver +
 worker), and `seconds_ratio` and `memory_ratio`, tffl's over the peer's. tffl's run evaluates
 the dev set once, after its last round, and the peer's loop evaluates nothing, so tffl's peak
-before that evaluation is reported too, with `training_memory_ratio` (`tffl_measures`). tffl's driver prepares
-round t + 1's data while round t runs (`tffl.simulation.driver`); with the cached prefix that
-includes computing h_k of every example the round sees for the first time, so rounds 2..R-1
-share the cores with it and the last round does not: its figure is reported apart
-(`last_round_seconds_per_client_step`), with each round's `data_seconds`. Without a peer Python
-the part says how to make one and reports `{"skipped": reason}`.
+before that evaluation is reported too, with `training_memory_ratio` (`tffl_measures`).
+tffl's driver prepares round t + 1's data while round t runs (`tffl.simulation.driver`); with
+the cached prefix that includes computing h_k of every example the round sees for the first
+time, so rounds 2..R-1 share the cores with it and the last round does not: its figure is
+reported apart (`last_round_seconds_per_client_step`), with each round's `data_seconds`.
+Without a peer Python the part says how to make one and reports `{"skipped": reason}`.
 
 >>> PEER_SETUP.split(" && ")[0]
 'python3 -m venv /tmp/hf'
@@ -151,10 +151,11 @@ def _steady_per_step(round_seconds: list[float], client_steps: int) -> float:
 
 def tffl_measures(rows: list[dict], client_steps: int) -> dict:
     """tffl's side of one comparison, from the `rows` of its run's metrics.csv (one per round,
-    R of them; the run evaluates the dev set once, after round R). Its peak memory two ways:
-    "peak_mb", the run's (driver + worker, that evaluation included), and "training_peak_mb",
-    the driver's high-water mark at the end of round R − 1 (rounds 1..R−1 and the preparation
-    of round R's batches, before the evaluation) plus the worker's: the peer evaluates nothing.
+    R ≥ 2 of them: `PEER_ROUNDS`; the run evaluates the dev set once, after round R). Its peak
+    memory two ways: "peak_mb", the run's (driver + worker, that evaluation included), and
+    "training_peak_mb", the driver's high-water mark at the end of round R − 1 (rounds 1..R−1
+    and the preparation of round R's batches, before the evaluation) plus the worker's: the
+    peer evaluates nothing.
 
     >>> rows = [{"round_seconds": s, "data_seconds": "0.5", "peak_rss_mb": d,
     ...          "worker_peak_rss_mb": w, "train_loss": "0.7"}

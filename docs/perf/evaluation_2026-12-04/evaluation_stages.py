@@ -2,7 +2,6 @@
 benchmarks/evaluation.py makes them, with the stages (PROBE lines) that evaluation_stages.patch
 prints. Run by evaluation_stages.sh."""
 import sys, time
-from benchmarks import evaluation  # noqa: F401  (as the benchmark imports)
 import tensorflow_federated as tff
 from tasks import registry
 from tasks.task_config import TaskSpec

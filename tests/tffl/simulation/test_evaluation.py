@@ -1,5 +1,5 @@
 """`make_keras_evaluator`: both loops equal numpy's cross-entropy and accuracy; an empty dataset
-is a one-line error, not a division by zero."""
+is a one-line error, not a division by zero; one graph per batch is traced once."""
 
 import numpy as np
 import pytest
@@ -38,3 +38,28 @@ def test_an_empty_dataset_is_a_one_line_error(graph_per_batch):
                                                 np.zeros(2, np.float32)], [])
     with pytest.raises(ValueError, match="no examples"):
         evaluate(weights)
+
+
+def test_one_graph_per_batch_is_traced_once_for_batches_of_every_size():
+    """Batches of 3, 3 and 1 rows, evaluated twice: the graph is traced once (for the dataset's
+    element spec), not again for the smaller last batch."""
+    traced = []
+
+    def counting_model():
+        def count(t):
+            traced.append(t.shape.as_list())
+            return t
+        return tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Lambda(count),
+                                    tf.keras.layers.Dense(2)])
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(7, 3)).astype(np.float32), rng.integers(0, 2, 7)
+    evaluate = evaluation.make_keras_evaluator(
+        counting_model, tf.data.Dataset.from_tensor_slices((x, y)).batch(3), graph_per_batch=True)
+    weights = tff.learning.models.ModelWeights([np.ones((3, 2), np.float32),
+                                                np.zeros(2, np.float32)], [])
+    first = evaluate(weights)
+    assert evaluate(weights) == first
+    # The model's build, then one trace (traced at the first batch's shape, the graph was
+    # traced again for the last batch: [[None, 3], [3, 3], [None, 3]]).
+    assert traced == [[None, 3], [None, 3]]
